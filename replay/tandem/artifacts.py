@@ -1,0 +1,48 @@
+"""Where the build put things: QEMU, guest kernels, the guest image.
+
+The meson build (`meson.build` at the repository root) runs the scripts in
+`scripts/`, which build into the content-addressed cache and describe each
+result in `build/NAME.json`. This module only reads those files.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .errors import TandemError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def build_dir() -> Path:
+    return Path(os.environ.get("TANDEM_BUILD_DIR", REPO / "build"))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
+
+
+def _load(name: str) -> dict:
+    path = build_dir() / f"{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TandemError(f"{path}: not built yet (run ./tandem build)") from None
+    except json.JSONDecodeError as e:
+        raise TandemError(f"{path}: unreadable ({e})") from None
+
+
+def qemu() -> dict:
+    """{binary, img, firmware_dir, build_id, patch_series, version}"""
+    return _load("qemu")
+
+
+def kernel(flavor: str = "native") -> dict:
+    """{flavor, bzImage, vmlinux, system_map, config, bzImage_sha256, version}"""
+    return _load(f"kernel-{flavor}")
+
+
+def guest() -> dict:
+    """{initramfs_native, initramfs_asan, disk_base, and their _sha256}"""
+    return _load("guest")

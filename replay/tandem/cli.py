@@ -1,0 +1,152 @@
+"""The `tandem` command line: record, replay, inspect, demo.
+
+Every failure the user can cause ends as one line `tandem: error: ...` naming
+the culprit and a non-zero exit; tracebacks are for bugs only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from . import __version__
+from .errors import TandemError
+
+console = Console(stderr=True, highlight=False)
+
+
+def parse_duration(text: str) -> int:
+    """'10s', '500ms', '2m' or plain seconds -> nanoseconds of VM time."""
+    units = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000}
+    for suffix in sorted(units, key=len, reverse=True):
+        if text.endswith(suffix):
+            num, mult = text[: -len(suffix)], units[suffix]
+            break
+    else:
+        num, mult = text, units["s"]
+    try:
+        value = float(num)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 10s, 500ms, 2m)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"duration must be positive: {text!r}")
+    return int(value * mult)
+
+
+def _progress(label: str, status):
+    def show(st: dict):
+        if st:
+            status.update(f"{label}: VM time {st.get('vm-clock-ns', 0) / 1e9:7.2f}s, "
+                          f"{st.get('events', 0)} device events, "
+                          f"{st.get('icount', 0) / 1e6:,.0f}M instructions")
+    return show
+
+
+def cmd_record(args) -> int:
+    from .record import Recording
+    from .vm import Guest
+    guest = Guest.default(args.kernel, args.userland)
+    if args.kernel_image:
+        guest.kernel = args.kernel_image
+    rec = Recording(args.bundle, guest, duration_ns=args.duration or 0, port=args.port)
+    rec.start()
+    console.print(f"recording {args.bundle}: guest service on 127.0.0.1:{rec.port}, "
+                  f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
+    interrupted = False
+
+    def on_sigint(*_):
+        nonlocal interrupted
+        interrupted = True
+        rec.stop()
+    signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGTERM, on_sigint)
+    with console.status("booting") as status:
+        rec.wait(progress=_progress("recording", status))
+    m = rec.finish()
+    console.print(f"[bold]recorded[/] {args.bundle}: stop={m['stop']['reason']}, "
+                  f"VM time {m['stop']['vm_ns'] / 1e9:.2f}s, "
+                  f"{sum(c['in']['events'] + c['out']['events'] for c in m['channels'].values())} "
+                  f"device events, wall {m['wall_time_s']:.1f}s")
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from .replay_exact import replay
+    if args.analysis:
+        raise TandemError("--analysis (semantic replay) is not implemented yet; exact replay only")
+    with console.status("replaying") as status:
+        v = replay(args.bundle, follow=args.follow, partial=args.partial,
+                   progress=_progress("replaying", status))
+    if args.json:
+        print(json.dumps({"ok": v.ok, "events": v.events, "mismatch": str(v.mismatch) if v.mismatch else None,
+                          "replay_wall_s": v.replay_wall_s, "partial": v.partial}))
+    console.print(("[bold green]" if v.ok else "[bold red]") + v.summary())
+    return 0 if v.ok else 1
+
+
+def cmd_inspect(args) -> int:
+    from .inspect_bundle import inspect, render
+    info = inspect(args.bundle)
+    print(json.dumps(info, indent=2, default=str) if args.json else render(info))
+    return 0 if info["integrity"]["ok"] else 1
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+    return run_demo(console, Path(args.workdir) if args.workdir else None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tandem", description="Record a guest at its device "
+                                "boundary and replay it exactly.")
+    p.add_argument("--version", action="version", version=f"tandem {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("record", help="boot a guest and record it into a bundle")
+    r.add_argument("bundle", help="bundle directory to create (NAME.tdm)")
+    r.add_argument("--duration", type=parse_duration, help="stop after this much VM time (e.g. 30s)")
+    r.add_argument("--port", type=int, help="host port forwarded to the guest service (default: free port)")
+    r.add_argument("--kernel", default="native", choices=["native", "kasan", "ubsan", "lockdep"],
+                   help="guest kernel flavor (default native)")
+    r.add_argument("--kernel-image", help="boot this bzImage instead of a built flavor")
+    r.add_argument("--userland", default="native", choices=["native", "asan"])
+    r.set_defaults(func=cmd_record)
+
+    r = sub.add_parser("replay", help="replay a bundle exactly and verify its outputs")
+    r.add_argument("bundle")
+    r.add_argument("--follow", action="store_true", help="replay a recording that is still running")
+    r.add_argument("--partial", action="store_true", help="replay up to the last intact segment")
+    r.add_argument("--analysis", action="append", help="(semantic replay, not yet available)")
+    r.add_argument("--json", action="store_true", help="also print the verdict as JSON on stdout")
+    r.set_defaults(func=cmd_replay)
+
+    r = sub.add_parser("inspect", help="per-channel counts, sizes, integrity of a bundle")
+    r.add_argument("bundle")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_inspect)
+
+    r = sub.add_parser("demo", help="record the demo guest under client traffic and replay it")
+    r.add_argument("--workdir", help="where to keep the demo bundle (default: a temp dir)")
+    r.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TandemError as e:
+        console.print(f"tandem: error: {e}", markup=False)
+        return e.exit_code
+    except KeyboardInterrupt:
+        console.print("tandem: interrupted", markup=False)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Reader (and a small writer) for the pcapng device log `devices.pcapng`.
+
+See docs/formats.md. Only what tandem writes is supported: one little-endian
+section with SHB, IDB, EPB and ISB blocks; any other block type is skipped by
+its length. A file that ends mid-block is the normal result of a crash, so
+the torn tail is reported (`torn_at`) rather than treated as corruption.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import BinaryIO, Iterator, NamedTuple
+
+from .errors import BundleError
+
+SHB, IDB, EPB, ISB = 0x0A0D0D0A, 0x00000001, 0x00000006, 0x00000005
+BYTE_ORDER_MAGIC = 0x1A2B3C4D
+
+OPT_END, OPT_COMMENT = 0, 1
+IF_NAME, IF_DESCRIPTION, IF_TSRESOL = 2, 3, 9
+EPB_FLAGS = 2
+ISB_ENDTIME, ISB_IFRECV = 3, 4
+OPT_CUSTOM_BIN = 2989  # copyable custom binary option
+TANDEM_PEN = 32473     # the PEN the patch puts in its custom option (icount)
+
+LINKTYPES = {"net": 1, "serial": 147, "block": 148, "rng": 149}
+KIND_OF_LINKTYPE = {v: k for k, v in LINKTYPES.items()}
+DIRECTIONS = {1: "in", 2: "out"}
+
+BLOCK_OPS = {1: "write", 2: "flush", 3: "discard", 4: "write-zeroes"}
+_BLOCK_HDR = struct.Struct("<B7xQQ")
+
+
+class Interface(NamedTuple):
+    id: int
+    name: str
+    kind: str
+    linktype: int
+    tsresol: int
+
+
+class Event(NamedTuple):
+    seq: int            # index of the event among all EPBs of the file
+    iface: int
+    channel: str
+    kind: str
+    direction: str | None  # 'in' | 'out' (None if the flags say neither)
+    vm_ns: int
+    icount: int | None
+    data: bytes
+    file_offset: int    # offset of the EPB
+
+
+class IfaceStats(NamedTuple):
+    end_vm_ns: int | None
+    count: int | None
+    icount: int | None
+
+
+@dataclass
+class Devlog:
+    interfaces: list[Interface] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    stats: list[IfaceStats | None] = field(default_factory=list)  # indexed by interface id
+    torn_at: int | None = None
+
+    @property
+    def closed_cleanly(self) -> bool:
+        return bool(self.stats) and all(s is not None for s in self.stats)
+
+
+def block_record(data: bytes) -> tuple[int, int, int, bytes]:
+    """Split a block-channel payload into (op, offset, nbytes, payload)."""
+    if len(data) < _BLOCK_HDR.size:
+        raise BundleError(f"block record of {len(data)} bytes, shorter than its 24-byte header")
+    op, offset, nbytes = _BLOCK_HDR.unpack_from(data)
+    return op, offset, nbytes, bytes(data[_BLOCK_HDR.size:])
+
+
+def _ts_to_ns(ts: int, tsresol: int) -> int:
+    # if_tsresol: MSB clear -> units of 10^-n s, MSB set -> 2^-n s.
+    n = tsresol & 0x7F
+    if tsresol & 0x80:
+        return ts * 10**9 >> n
+    if n <= 9:
+        return ts * 10 ** (9 - n)
+    return ts // 10 ** (n - 9)
+
+
+def _options(body: bytes, start: int) -> Iterator[tuple[int, bytes]]:
+    """Yield (code, value) of an options list; raises ValueError on overrun."""
+    pos = start
+    while pos + 4 <= len(body):
+        code, length = struct.unpack_from("<HH", body, pos)
+        pos += 4
+        if code == OPT_END:
+            return
+        if pos + length > len(body):
+            raise ValueError(f"option {code} overruns its block")
+        yield code, body[pos:pos + length]
+        pos += (length + 3) & ~3
+
+
+def _icount_option(value: bytes) -> int | None:
+    if len(value) >= 12 and struct.unpack_from("<I", value)[0] == TANDEM_PEN:
+        return struct.unpack_from("<Q", value, 4)[0]
+    return None
+
+
+class DevlogReader:
+    """Iterate the events of a device log; `interfaces`, `stats` and `torn_at`
+    fill in as the file is read (complete once iteration is exhausted)."""
+
+    def __init__(self, path: str | os.PathLike, *, allow_torn: bool = True):
+        self.path = os.fspath(path)
+        self.allow_torn = allow_torn
+        self.interfaces: list[Interface] = []
+        self.stats: list[IfaceStats | None] = []
+        self.torn_at: int | None = None
+
+    def _fail(self, what: str, offset: int) -> BundleError:
+        return BundleError(f"{self.path}: {what} at offset {offset}")
+
+    def _torn(self, offset: int) -> None:
+        if not self.allow_torn:
+            raise self._fail("torn (incomplete) block", offset)
+        self.torn_at = offset
+
+    def __iter__(self) -> Iterator[Event]:
+        with open(self.path, "rb", buffering=1 << 20) as f:
+            yield from self._read(f, os.fstat(f.fileno()).st_size)
+
+    def _read(self, f: BinaryIO, size: int) -> Iterator[Event]:
+        offset, seq, seen_shb = 0, 0, False
+        while True:
+            head = f.read(8)
+            if not head:
+                if not seen_shb:
+                    self._torn(0)  # empty file: the writer died before its first block
+                return
+            if len(head) < 8:
+                return self._torn(offset)
+            btype, blen = struct.unpack("<II", head)
+            if not seen_shb:
+                if btype != SHB:
+                    raise self._fail("bad SHB magic (not a pcapng file)", offset)
+                # Check the byte order before trusting the (maybe swapped) length.
+                bom = f.read(4)
+                if len(bom) < 4:
+                    return self._torn(offset)
+                order = struct.unpack("<I", bom)[0]
+                if order == 0x4D3C2B1A:
+                    raise self._fail("big-endian pcapng section (unsupported)", offset)
+                if order != BYTE_ORDER_MAGIC:
+                    raise self._fail("bad SHB byte-order magic", offset)
+                head += bom
+            elif btype == SHB:
+                raise self._fail("second section header (tandem writes one section)", offset)
+            if blen < 12 or blen % 4:
+                raise self._fail(f"bad block length {blen}", offset)
+            if offset + blen > size:  # checked first: a garbage length must not drive a huge read
+                return self._torn(offset)
+            rest = f.read(blen - len(head))
+            if len(rest) < blen - len(head):  # file shrank since we looked
+                return self._torn(offset)
+            block = head + rest
+            if struct.unpack_from("<I", block, blen - 4)[0] != blen:
+                raise self._fail("trailing block length does not match", offset)
+            body = block[8:blen - 4]
+            try:
+                if btype == SHB:
+                    seen_shb = True
+                elif btype == IDB:
+                    self._idb(body)
+                elif btype == EPB:
+                    ev = self._epb(body, seq, offset)
+                    seq += 1
+                    yield ev
+                elif btype == ISB:
+                    self._isb(body, offset)
+            except (ValueError, struct.error) as e:
+                raise self._fail(str(e), offset) from None
+            offset += blen
+
+    def _idb(self, body: bytes) -> None:
+        linktype, _snaplen = struct.unpack_from("<H2xI", body)
+        name, kind, tsresol = f"if{len(self.interfaces)}", None, 6  # pcapng default: us
+        for code, value in _options(body, 8):
+            if code == IF_NAME:
+                name = value.decode("utf-8", "replace")
+            elif code == IF_DESCRIPTION:
+                kind = value.decode("utf-8", "replace")
+            elif code == IF_TSRESOL and value:
+                tsresol = value[0]
+        kind = kind or KIND_OF_LINKTYPE.get(linktype, "unknown")
+        self.interfaces.append(Interface(len(self.interfaces), name, kind, linktype, tsresol))
+        self.stats.append(None)
+
+    def _iface(self, iface_id: int) -> Interface:
+        if iface_id >= len(self.interfaces):
+            raise ValueError(f"unknown interface {iface_id}")
+        return self.interfaces[iface_id]
+
+    def _epb(self, body: bytes, seq: int, offset: int) -> Event:
+        iface_id, ts_hi, ts_lo, caplen, _origlen = struct.unpack_from("<5I", body)
+        iface = self._iface(iface_id)
+        if 20 + caplen > len(body):
+            raise ValueError(f"captured length {caplen} overruns its block")
+        data = body[20:20 + caplen]
+        direction, icount = None, None
+        for code, value in _options(body, 20 + ((caplen + 3) & ~3)):
+            if code == EPB_FLAGS and len(value) >= 4:
+                direction = DIRECTIONS.get(struct.unpack_from("<I", value)[0] & 3)
+            elif code == OPT_CUSTOM_BIN:
+                icount = _icount_option(value) if icount is None else icount
+        vm_ns = _ts_to_ns((ts_hi << 32) | ts_lo, iface.tsresol)
+        return Event(seq, iface_id, iface.name, iface.kind, direction, vm_ns, icount, data, offset)
+
+    def _isb(self, body: bytes, offset: int) -> None:
+        iface_id, _ts_hi, _ts_lo = struct.unpack_from("<3I", body)
+        iface = self._iface(iface_id)
+        end, count, icount = None, None, None
+        for code, value in _options(body, 12):
+            if code == ISB_ENDTIME and len(value) >= 8:
+                hi, lo = struct.unpack_from("<II", value)
+                end = _ts_to_ns((hi << 32) | lo, iface.tsresol)
+            elif code == ISB_IFRECV and len(value) >= 8:
+                count = struct.unpack_from("<Q", value)[0]
+            elif code == OPT_CUSTOM_BIN:
+                icount = _icount_option(value)
+        self.stats[iface_id] = IfaceStats(end, count, icount)
+
+
+def iter_events(path: str | os.PathLike, *, allow_torn: bool = True) -> Iterator[Event]:
+    """Stream the events of a (possibly huge) device log."""
+    return iter(DevlogReader(path, allow_torn=allow_torn))
+
+
+def read_devlog(path: str | os.PathLike, *, allow_torn: bool = True) -> Devlog:
+    reader = DevlogReader(path, allow_torn=allow_torn)
+    events = list(reader)
+    return Devlog(reader.interfaces, events, reader.stats, reader.torn_at)
+
+
+# --- writer (tests and tools; the real writer is the QEMU devlog object) ---
+
+def _opt(code: int, value: bytes) -> bytes:
+    return struct.pack("<HH", code, len(value)) + value + b"\0" * (-len(value) % 4)
+
+
+def _opts(*opts: bytes) -> bytes:
+    return b"".join(opts) + struct.pack("<HH", OPT_END, 0)
+
+
+def _block(btype: int, body: bytes) -> bytes:
+    body += b"\0" * (-len(body) % 4)
+    n = len(body) + 12
+    return struct.pack("<II", btype, n) + body + struct.pack("<I", n)
+
+
+def _icount_opt(icount: int) -> bytes:
+    return _opt(OPT_CUSTOM_BIN, struct.pack("<IQ", TANDEM_PEN, icount))
+
+
+class PcapngWriter:
+    """Writes the layout of docs/formats.md to a path or binary file object."""
+
+    def __init__(self, out: str | os.PathLike | BinaryIO):
+        self._own = not hasattr(out, "write")
+        self.f: BinaryIO = open(out, "wb") if self._own else out  # type: ignore[arg-type]
+        self.counts: list[int] = []
+        self.f.write(_block(SHB, struct.pack("<IHHq", BYTE_ORDER_MAGIC, 1, 0, -1)
+                            + _opts(_opt(4, b"tandem"))))
+
+    def add_interface(self, name: str, kind: str, linktype: int | None = None) -> int:
+        linktype = LINKTYPES[kind] if linktype is None else linktype
+        self.f.write(_block(IDB, struct.pack("<HHI", linktype, 0, 0) + _opts(
+            _opt(IF_NAME, name.encode()), _opt(IF_DESCRIPTION, kind.encode()),
+            _opt(IF_TSRESOL, bytes([9])))))
+        self.counts.append(0)
+        return len(self.counts) - 1
+
+    def event(self, iface: int, direction: str, vm_ns: int, data: bytes,
+              icount: int | None = None) -> None:
+        flags = {"in": 1, "out": 2}[direction]
+        opts = [_opt(EPB_FLAGS, struct.pack("<I", flags))]
+        if icount is not None:
+            opts.append(_icount_opt(icount))
+        body = struct.pack("<5I", iface, vm_ns >> 32, vm_ns & 0xFFFFFFFF, len(data), len(data))
+        body += data + b"\0" * (-len(data) % 4) + _opts(*opts)
+        self.f.write(_block(EPB, body))
+        self.counts[iface] += 1
+
+    def stats(self, iface: int, end_vm_ns: int, count: int | None = None,
+              icount: int | None = None) -> None:
+        count = self.counts[iface] if count is None else count
+        opts = [_opt(ISB_ENDTIME, struct.pack("<II", end_vm_ns >> 32, end_vm_ns & 0xFFFFFFFF)),
+                _opt(ISB_IFRECV, struct.pack("<Q", count))]
+        if icount is not None:
+            opts.append(_icount_opt(icount))
+        body = struct.pack("<3I", iface, end_vm_ns >> 32, end_vm_ns & 0xFFFFFFFF) + _opts(*opts)
+        self.f.write(_block(ISB, body))
+
+    def close(self, end_vm_ns: int | None = None, icount: int | None = None) -> None:
+        """With end_vm_ns, close cleanly (one ISB per interface); without, just stop."""
+        if end_vm_ns is not None:
+            for i in range(len(self.counts)):
+                self.stats(i, end_vm_ns, icount=icount)
+        self.f.flush()
+        if self._own:
+            self.f.close()

@@ -1,0 +1,145 @@
+"""Record a guest: boot it under rr=record with the device tap, write a bundle.
+
+The caller (CLI, demo, tests) drives traffic through `Recording.port` and the
+serial console while the recording runs; the bundle is readable up to its last
+complete segment at any time, and finished with a manifest at the end.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from . import artifacts, bundle, pcapng
+from .errors import TandemError
+from .vm import ICOUNT_SHIFT, VM, Guest, Run, free_port, make_overlay
+
+OVERLAY = "disk-overlay.qcow2"
+
+
+def channel_stats(devlog: pcapng.Devlog) -> dict:
+    """Per channel: kind, and events/bytes per direction, from the device log."""
+    out = {i.name: {"kind": i.kind, "in": {"events": 0, "bytes": 0},
+                    "out": {"events": 0, "bytes": 0}} for i in devlog.interfaces}
+    for e in devlog.events:
+        d = out[e.channel][e.direction or "out"]
+        d["events"] += 1
+        d["bytes"] += len(e.data)
+    return out
+
+
+def qemu_identity() -> dict:
+    q = artifacts.qemu()
+    return {k: q[k] for k in ("binary", "build_id", "patch_series", "version")}
+
+
+class Recording:
+    """One recording in progress. Use as a context manager, or start()/finish()."""
+
+    def __init__(self, path: str | Path, guest: Guest | None = None, *,
+                 duration_ns: int = 0, port: int | None = None):
+        self.path = Path(path)
+        self.guest = guest or Guest.default()
+        self.duration_ns = duration_ns
+        self.port = port or free_port()
+        self.vm: VM | None = None
+        self.stop_reason: str | None = None
+        self._tmp = None
+
+    def start(self) -> "Recording":
+        g = self.guest
+        for what, p in (("kernel", g.kernel), ("initrd", g.initrd), ("disk base", g.disk_base)):
+            if p and not Path(p).is_file():
+                raise TandemError(f"{what} {p}: not found")
+        bundle.new_bundle(self.path)
+        if g.disk_base:
+            make_overlay(g.disk_base, self.path / OVERLAY)
+        m = bundle.new_manifest()
+        m["qemu"] = qemu_identity()
+        m["inputs"] = {k: bundle.input_entry(p) for k, p in
+                       (("kernel", g.kernel), ("initrd", g.initrd), ("disk_base", g.disk_base)) if p}
+        m["machine"] = {"accel": "tcg", "machine": "pc", "icount_shift": ICOUNT_SHIFT,
+                        "memory_mb": g.memory_mb, "cmdline": g.cmdline, "smp": 1,
+                        "devices": ["isa-serial", "virtio-net-pci", "virtio-blk-pci", "virtio-rng-pci"],
+                        "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000}}
+        self.manifest = m
+        bundle.write_manifest(self.path, m)
+        # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).
+        self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
+        run = Run("record", Path(self._tmp), rrfile=self.path / bundle.STREAM,
+                  devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
+                  hostfwd_port=self.port, stop_after_ns=self.duration_ns)
+        self.vm = VM(g, run)
+        self.t0 = time.monotonic()
+        self.vm.start()
+        return self
+
+    @property
+    def serial(self):
+        return self.vm.serial
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Wait for the guest agent's TANDEM-READY line on the serial console."""
+        self.serial.wait_for(b"TANDEM-READY", timeout)
+
+    def stop(self) -> None:
+        """End the recording now (recorded as a host shutdown, so replay stops there too)."""
+        if self.stop_reason is None:
+            self.stop_reason = "interrupt"
+        self.vm.quit()
+
+    def wait(self, timeout: float | None = None, progress=None) -> None:
+        """Wait for the guest to stop by itself (poweroff or --duration)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.vm.proc.poll() is None:
+            if progress:
+                progress(self.vm.vm_status())
+            if deadline and time.monotonic() > deadline:
+                raise TandemError(f"{self.path}: guest still running after {timeout:.0f}s")
+            time.sleep(0.2)
+
+    def finish(self, timeout: float = 60.0) -> dict:
+        """Wait for QEMU to exit, then seal the bundle with its manifest."""
+        try:
+            status = self.vm.wait(timeout)
+        except TandemError:
+            self.vm.kill()
+            status = -9
+        wall = time.monotonic() - self.t0
+        self.vm.close()
+        shutil.copyfile(self.vm.log_path, self.path / "qemu.log")
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+        m = self.manifest
+        dl = pcapng.read_devlog(self.path / bundle.DEVLOG)
+        m["channels"] = channel_stats(dl)
+        end = next((s for s in dl.stats if s), None)
+        if self.stop_reason is None:
+            self.stop_reason = "duration" if self.duration_ns else "poweroff"
+        m["stop"] = {"reason": self.stop_reason, "exit_status": status,
+                     "vm_ns": end.end_vm_ns if end else None,
+                     "icount": end.icount if end else None}
+        m["wall_time_s"] = round(wall, 3)
+        m["state"] = "complete" if status == 0 and dl.closed_cleanly else "interrupted"
+        m["files"] = {name: bundle.file_entry(self.path / name)
+                      for name in (bundle.STREAM, bundle.DEVLOG, OVERLAY, "qemu.log")
+                      if (self.path / name).exists()}
+        bundle.write_manifest(self.path, m)
+        if m["state"] != "complete":
+            raise TandemError(f"{self.path}: QEMU exited with status {status} during recording "
+                              f"(bundle kept as 'interrupted'; replay it with --partial)")
+        return m
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, exc_type, *_):
+        if self.vm and self.vm.proc and self.vm.proc.poll() is None and exc_type is not None:
+            self.stop()
+        if self.vm:
+            try:
+                self.finish()
+            except TandemError:
+                if exc_type is None:
+                    raise

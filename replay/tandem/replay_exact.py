@@ -1,0 +1,144 @@
+"""Exact replay: re-execute a bundle under icount replay and verify its outputs.
+
+The replay re-captures the device boundary with the same tap; verify.py then
+checks it against the recording byte for byte, plus the final instruction count.
+`follow` replays a recording that is still being written; `partial` replays the
+intact prefix of an unfinished or damaged one.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import artifacts, bundle, pcapng, rrstream
+from .errors import BundleError, TandemError
+from .verify import Mismatch, final_state, first_mismatch
+from .vm import VM, Guest, Run, make_overlay
+
+HANG_SECONDS = 60   # no VM-clock progress for this long (wall time) is a hang
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    events: int
+    mismatch: Mismatch | None
+    recorded_end: tuple
+    replayed_end: tuple
+    replay_wall_s: float
+    record_wall_s: float | None
+    partial: bool
+    note: str = ""
+
+    def summary(self) -> str:
+        vm_ns, icount = self.replayed_end
+        t = f"{vm_ns / 1e9:.3f}s" if vm_ns is not None else "?"
+        speed = ""
+        if self.record_wall_s:
+            speed = f", replay took {self.replay_wall_s:.1f}s wall vs {self.record_wall_s:.1f}s recording"
+        if self.ok:
+            scope = "intact prefix: " if self.partial else ""
+            return (f"VERIFIED: {scope}{self.events} device events reproduced byte for byte, "
+                    f"VM time {t}, final instruction count {icount}{speed}{self.note}")
+        return f"MISMATCH: {self.mismatch}{self.note}"
+
+
+def _wait_for(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise BundleError(f"{path}: did not appear within {timeout:.0f}s (is the recording running?)")
+        time.sleep(0.1)
+
+
+def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = False,
+           progress=None, keep: Path | None = None) -> Verdict:
+    d = Path(bundle_dir)
+    q = artifacts.qemu()
+    if follow:
+        _wait_for(d / bundle.MANIFEST, 30)
+        manifest = bundle.check_bundle(d, qemu_build_id=q["build_id"], partial=True)
+        _wait_for(d / bundle.STREAM, 30)
+    else:
+        manifest = bundle.check_bundle(d, qemu_build_id=q["build_id"], partial=partial)
+    inputs, machine = manifest["inputs"], manifest["machine"]
+    guest = Guest(kernel=inputs["kernel"]["path"], initrd=inputs["initrd"]["path"],
+                  disk_base=(inputs.get("disk_base") or {}).get("path"),
+                  memory_mb=machine["memory_mb"], cmdline=machine["cmdline"])
+
+    tmp = Path(tempfile.mkdtemp(prefix="tandem-replay-"))
+    try:
+        stream = d / bundle.STREAM
+        if not follow:
+            info = rrstream.scan(stream)
+            if not info.finished:
+                where = f"torn at offset {info.torn_at}" if info.torn_at is not None else "has no END segment"
+                if not partial:
+                    raise BundleError(f"{stream}: unfinished recording ({where}); "
+                                      f"replay the intact prefix with --partial")
+            if partial:
+                # QEMU reads a clean copy: only whole, checked segments.
+                info = rrstream.write_intact_prefix(stream, tmp / "prefix.tdrs")
+                stream = tmp / "prefix.tdrs"
+                partial = not info.finished
+        overlay = tmp / "disk.qcow2"
+        if guest.disk_base:
+            make_overlay(guest.disk_base, overlay)
+        run = Run("replay", tmp, rrfile=stream, devlog=tmp / "replay.pcapng", overlay=overlay,
+                  follow=follow, partial=partial)
+        vm = VM(guest, run)
+        t0 = time.monotonic()
+        with vm:
+            _run_to_end(vm, partial, progress)
+        wall = time.monotonic() - t0
+        if keep:
+            shutil.copyfile(tmp / "replay.pcapng", keep)
+
+        if follow:   # the recording must be sealed before its log can be compared
+            deadline = time.monotonic() + 120
+            while bundle.load_manifest(d)["state"] == "recording":
+                if time.monotonic() > deadline:
+                    raise BundleError(f"{d}: recording did not finish within 120s of the replay")
+                time.sleep(0.2)
+            manifest = bundle.load_manifest(d)
+        recorded = pcapng.read_devlog(d / bundle.DEVLOG)
+        replayed = pcapng.read_devlog(tmp / "replay.pcapng")
+        mm = first_mismatch(recorded, replayed, prefix=partial)
+        rec_end, rep_end = final_state(recorded), final_state(replayed)
+        note = ""
+        if mm is None and not partial and rec_end[1] != rep_end[1]:
+            mm = Mismatch(len(replayed.events), "-", rep_end[0],
+                          f"final instruction count: recorded {rec_end[1]}, replayed {rep_end[1]}")
+        if partial:
+            note = f" (recording has {len(recorded.events)} events; replay stopped at the intact end)"
+        return Verdict(ok=mm is None, events=len(replayed.events), mismatch=mm,
+                       recorded_end=rec_end, replayed_end=rep_end, replay_wall_s=wall,
+                       record_wall_s=manifest.get("wall_time_s"), partial=partial, note=note)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_to_end(vm: VM, partial: bool, progress) -> None:
+    """Run until QEMU exits (the recorded shutdown) or, for a prefix, pauses at its end."""
+    last_clock, last_change = None, time.monotonic()
+    while vm.proc.poll() is None:
+        st = vm.vm_status()
+        if progress:
+            progress(st)
+        clock = st.get("vm-clock-ns")
+        if clock != last_clock:
+            last_clock, last_change = clock, time.monotonic()
+        elif vm.status() == "paused":
+            # A prefix replay pauses at the end of its log ("replay file is over").
+            vm.quit()
+            vm.wait(30)
+            return
+        elif time.monotonic() - last_change > HANG_SECONDS:
+            raise TandemError(f"replay hung: VM clock stuck at {clock} ns for {HANG_SECONDS}s "
+                              f"({vm.log_tail()})")
+        time.sleep(0.2)
+    if vm.proc.returncode != 0:
+        raise TandemError(f"replay QEMU exited with status {vm.proc.returncode}: {vm.log_tail()}")

@@ -1,0 +1,288 @@
+"""Launch the patched QEMU for a guest and talk to it (QMP, serial console).
+
+One place builds the QEMU command line for every mode (record, replay, plain),
+so that record and replay can only differ where they must.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qemu.qmp.legacy import QEMUMonitorProtocol
+
+from . import artifacts
+from .errors import TandemError
+
+GUEST_PORT = 7000          # the demo service inside the guest
+ICOUNT_SHIFT = 2           # fixed: record and replay must use the same shift
+DEFAULT_CMDLINE = "console=ttyS0 panic=-1 oops=panic"
+
+
+@dataclass
+class Guest:
+    """What runs: kernel, initramfs, disk base image, memory."""
+    kernel: str
+    initrd: str
+    disk_base: str | None
+    memory_mb: int = 256
+    cmdline: str = DEFAULT_CMDLINE
+
+    @classmethod
+    def default(cls, flavor: str = "native", userland: str = "native") -> "Guest":
+        k, g = artifacts.kernel(flavor), artifacts.guest()
+        cmdline = DEFAULT_CMDLINE + (" tandem.asan=1" if userland == "asan" else "")
+        return cls(kernel=k["bzImage"], initrd=g[f"initramfs_{userland}"],
+                   disk_base=g["disk_base"], cmdline=cmdline,
+                   memory_mb=512 if flavor == "kasan" else 256)
+
+
+@dataclass
+class Run:
+    """How it runs: the rr mode and where its files go."""
+    mode: str                      # "record", "replay" or "plain"
+    rundir: Path                   # sockets and scratch files
+    rrfile: Path | None = None
+    devlog: Path | None = None
+    overlay: Path | None = None    # qcow2 over the disk base
+    hostfwd_port: int | None = None
+    stop_after_ns: int = 0
+    follow: bool = False
+    partial: bool = False
+    icount: bool = True            # plain mode: with or without -icount
+    extra: list[str] = field(default_factory=list)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_overlay(base: str, overlay: Path) -> None:
+    """A qcow2 overlay so the base image is never written."""
+    img = artifacts.qemu()["img"]
+    r = subprocess.run([img, "create", "-q", "-f", "qcow2", "-b", str(Path(base).resolve()),
+                        "-F", "raw", str(overlay)], capture_output=True, text=True)
+    if r.returncode:
+        raise TandemError(f"{overlay}: qemu-img create failed: {r.stderr.strip()}")
+
+
+def qemu_argv(guest: Guest, run: Run) -> list[str]:
+    q = artifacts.qemu()
+    argv = [q["binary"], "-L", q["firmware_dir"], "-M", "pc", "-m", str(guest.memory_mb),
+            "-smp", "1", "-nodefaults", "-no-user-config", "-display", "none",
+            "-no-reboot", "-accel", "tcg",
+            "-kernel", guest.kernel, "-initrd", guest.initrd, "-append", guest.cmdline,
+            "-qmp", f"unix:{run.rundir}/qmp.sock,server=on,wait=off"]
+    if run.mode == "record":
+        argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=on,rr=record,rrfile={run.rrfile}"]
+    elif run.mode == "replay":
+        # sleep=off: idle periods are skipped instead of waited out.
+        opts = f"shift={ICOUNT_SHIFT},sleep=off,rr=replay,rrfile={run.rrfile}"
+        opts += ",rrfollow=on" if run.follow else ""
+        opts += ",rrpartial=on" if run.partial else ""
+        argv += ["-icount", opts]
+    elif run.icount:
+        argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=on"]
+    rr = run.mode in ("record", "replay")
+
+    # Serial console: a socket while live, nothing in replay (input comes from the log).
+    if run.mode == "replay":
+        argv += ["-chardev", "null,id=serial0"]
+    else:
+        argv += ["-chardev", f"socket,id=serial0,path={run.rundir}/serial.sock,server=on,wait=off"]
+    argv += ["-serial", "chardev:serial0"]
+
+    if guest.disk_base:
+        overlay = run.overlay
+        argv += ["-drive", f"file={overlay},if=none,id=disk0-img,format=qcow2"]
+        if rr:   # block completions must be ordered by the replay log
+            argv += ["-drive", "driver=blkreplay,if=none,image=disk0-img,id=disk0"]
+        else:
+            argv[-1] = argv[-1].replace("id=disk0-img", "id=disk0")
+        argv += ["-device", "virtio-blk-pci,drive=disk0"]
+
+    fwd = f",hostfwd=tcp:127.0.0.1:{run.hostfwd_port}-:{GUEST_PORT}" if run.hostfwd_port else ""
+    argv += ["-netdev", f"user,id=net0{fwd}", "-device", "virtio-net-pci,netdev=net0,romfile=",
+             "-object", "rng-builtin,id=rng0", "-device", "virtio-rng-pci,rng=rng0"]
+    if rr:
+        argv += ["-object", "filter-replay,id=rr-net0,netdev=net0"]
+    if run.devlog:
+        dl = f"devlog,id=devlog,path={run.devlog},chardev=serial0,rng=rng0"
+        dl += ",drive=disk0" if guest.disk_base else ""
+        dl += f",stop-after={run.stop_after_ns}" if run.stop_after_ns else ""
+        argv += ["-object", dl,
+                 "-object", "filter-devlog,id=devlog-net0,netdev=net0,devlog=devlog,position=tail"]
+    return argv + run.extra
+
+
+class Serial:
+    """The guest's serial console over QEMU's socket chardev: read lines, type lines."""
+
+    def __init__(self, path: Path):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(str(path))
+        self.buf = bytearray()
+        self.cond = threading.Condition()
+        self.closed = False
+        threading.Thread(target=self._reader, daemon=True).start()
+
+    def _reader(self):
+        while True:
+            try:
+                data = self.sock.recv(4096)
+            except OSError:
+                data = b""
+            with self.cond:
+                if not data:
+                    self.closed = True
+                else:
+                    self.buf += data
+                self.cond.notify_all()
+            if not data:
+                return
+
+    def wait_for(self, text: bytes, timeout: float, start: int = 0) -> int:
+        """Wait until text appears in the console output after `start`; return its end."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                i = self.buf.find(text, start)
+                if i >= 0:
+                    return i + len(text)
+                left = deadline - time.monotonic()
+                if left <= 0 or self.closed:
+                    tail = bytes(self.buf[-300:]).decode(errors="replace")
+                    raise TandemError(f"guest console: no {text.decode()!r} within {timeout:.0f}s"
+                                      f"{' (console closed)' if self.closed else ''}; last output: {tail!r}")
+                self.cond.wait(left)
+
+    def type(self, line: str) -> None:
+        self.sock.sendall(line.encode() + b"\n")
+
+    def output(self) -> bytes:
+        with self.cond:
+            return bytes(self.buf)
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class VM:
+    """A running QEMU: process, QMP connection, optional serial console."""
+
+    def __init__(self, guest: Guest, run: Run):
+        self.guest, self.run = guest, run
+        run.rundir.mkdir(parents=True, exist_ok=True)
+        self.argv = qemu_argv(guest, run)
+        self.log_path = run.rundir / "qemu.log"
+        self.proc: subprocess.Popen | None = None
+        self.qmp: QEMUMonitorProtocol | None = None
+        self.serial: Serial | None = None
+        self.events: list[dict] = []
+
+    def start(self, timeout: float = 30.0) -> "VM":
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        qmp_path = self.run.rundir / "qmp.sock"
+        while True:
+            if self.proc.poll() is not None:
+                raise TandemError(f"QEMU exited at start (status {self.proc.returncode}): {self.log_tail()}")
+            if qmp_path.exists():
+                try:
+                    self.qmp = QEMUMonitorProtocol(str(qmp_path))
+                    self.qmp.connect()
+                    break
+                except OSError:
+                    self.qmp = None
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TandemError(f"QEMU did not open QMP within {timeout:.0f}s: {self.log_tail()}")
+            time.sleep(0.02)
+        if self.run.mode != "replay":
+            self.serial = Serial(self.run.rundir / "serial.sock")
+        return self
+
+    def log_tail(self, n: int = 400) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").strip()
+        except OSError:
+            return ""
+        return " | ".join(text[-n:].splitlines())
+
+    def vm_status(self) -> dict:
+        """VM clock (ns), instruction count and device events so far, from the devlog."""
+        out = {}
+        for prop in ("vm-clock-ns", "icount", "events"):
+            try:
+                out[prop] = self.qmp.command("qom-get", path="/objects/devlog", property=prop)
+            except Exception:
+                return out
+        return out
+
+    def status(self) -> str:
+        try:
+            return self.qmp.command("query-status")["status"]
+        except Exception:
+            return "gone"
+
+    def quit(self) -> None:
+        """Ask QEMU to quit; in record mode this is recorded as a shutdown."""
+        try:
+            self.qmp.command("quit")
+        except Exception:
+            pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TandemError(f"QEMU still running after {timeout:.0f}s") from None
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.serial:
+            self.serial.close()
+        if self.qmp:
+            try:
+                self.qmp.close()
+            except Exception:
+                pass
+        self.kill()
+        if hasattr(self, "_log"):
+            self._log.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def which(name: str) -> str:
+    p = shutil.which(name)
+    if not p:
+        raise TandemError(f"{name}: not installed (run ./tandem setup)")
+    return p
+
+
+def env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        raise TandemError(f"${name}: not an integer: {os.environ[name]!r}") from None

@@ -1,0 +1,70 @@
+"""Shared fixtures: real recordings of the real demo guest under the patched QEMU.
+
+Nothing here is mocked: `./tandem test` builds QEMU, the kernels and the guest
+image first, and these fixtures boot them.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "replay"))
+
+from tandem import artifacts  # noqa: E402
+from tandem.record import Recording  # noqa: E402
+from tandem.workload import demo_traffic  # noqa: E402
+
+
+def record_demo(path: Path, *, rounds: int = 10) -> Path:
+    """Record the demo guest: client traffic, serial lines, disk writes, poweroff."""
+    with Recording(path) as rec:
+        rec.wait_ready()
+        demo_traffic(rec.port, rounds=rounds)
+        rec.serial.type("echo serial says hi")
+        rec.serial.wait_for(b"serial says hi", 30)
+        rec.serial.type("poweroff")
+        rec.wait(timeout=120)
+    return path
+
+
+@pytest.fixture(scope="session")
+def built():
+    """The build's artifacts; a clear failure if ./tandem build has not run."""
+    return {"qemu": artifacts.qemu(), "kernel": artifacts.kernel("native"), "guest": artifacts.guest()}
+
+
+@pytest.fixture(scope="session")
+def demo_bundle(built, tmp_path_factory) -> Path:
+    """One recording shared by the read-only tests; copy it before damaging it."""
+    return record_demo(tmp_path_factory.mktemp("rec") / "demo.tdm")
+
+
+@pytest.fixture
+def bundle_copy(demo_bundle, tmp_path) -> Path:
+    dst = tmp_path / "copy.tdm"
+    shutil.copytree(demo_bundle, dst)
+    return dst
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the tandem CLI as a user would (a subprocess), capturing its output."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    return subprocess.run([sys.executable, "-m", "tandem", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
+    """A user error: non-zero exit, one line on stderr naming the culprit, no traceback."""
+    assert r.returncode != 0, r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert "Traceback" not in r.stderr, r.stderr
+    assert len(lines) == 1, r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
