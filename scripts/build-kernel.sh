@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# Build a tandem guest kernel flavor into a content-addressed cache.
+#
+#   scripts/build-kernel.sh FLAVOR OUT_JSON
+#   TANDEM_KERNEL_CONFIG_ONLY=1 scripts/build-kernel.sh FLAVOR x   # only generate + check .config
+#
+# FLAVOR is one of guest-kernel/linux/*.config other than base (native, kasan, ubsan,
+# lockdep). The result lives in ${TANDEM_CACHE:-~/.cache/tandem}/kernel/FLAVOR-KEY/
+# with KEY = sha256(sha256(tarball), base.config, FLAVOR.config, this script)[:16].
+# A finished directory is only ever created by an atomic rename, so an interrupted
+# build never looks finished. OUT_JSON describes the result.
+set -euo pipefail
+# The whole script is one function so bash parses it fully before running: editing
+# this file while a build runs cannot corrupt that build.
+main() {
+
+die() { echo "tandem: error: $*" >&2; exit 1; }
+log() { echo "tandem: $*" >&2; }
+
+[ $# -eq 2 ] || die "usage: $0 FLAVOR OUT_JSON"
+FLAVOR=$1
+OUT_JSON=$2
+case $FLAVOR in *[!a-z0-9_-]*|"") die "bad flavor name '$FLAVOR'";; esac
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+SELF="$HERE/$(basename "${BASH_SOURCE[0]}")"
+CFGDIR="$ROOT/guest-kernel/linux"
+BASE_CFG="$CFGDIR/base.config"
+FLAVOR_CFG="$CFGDIR/$FLAVOR.config"
+TARBALL=${TANDEM_LINUX_TARBALL:-/usr/src/linux-source-6.12.tar.xz}
+CACHE=${TANDEM_CACHE:-$HOME/.cache/tandem}
+KDIR="$CACHE/kernel"
+
+[ "$FLAVOR" != base ] && [ -f "$FLAVOR_CFG" ] || die "unknown flavor '$FLAVOR' (no $FLAVOR_CFG)"
+[ -f "$TARBALL" ] || die "kernel source $TARBALL missing (run scripts/host-deps.sh)"
+mkdir -p "$KDIR"
+
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+# The tarball hash is costly-ish (150 MB); memoize it by path+size+mtime.
+tb_stamp=$(stat -c '%s-%Y' "$TARBALL")
+tb_memo="$KDIR/.tarball-sha256-$(printf '%s' "$TARBALL:$tb_stamp" | sha256sum | cut -c1-16)"
+if [ -s "$tb_memo" ]; then
+  TB_SHA=$(cat "$tb_memo")
+else
+  TB_SHA=$(sha "$TARBALL")
+  echo "$TB_SHA" >"$tb_memo.$$" && mv -f "$tb_memo.$$" "$tb_memo"
+fi
+TB_KEY=${TB_SHA:0:16}
+KEY=$({ echo "$TB_SHA"; sha "$BASE_CFG"; sha "$FLAVOR_CFG"; sha "$SELF"; } | sha256sum | cut -c1-16)
+FINAL="$KDIR/$FLAVOR-$KEY"
+
+write_json() {
+  local d=$1
+  python3 - "$OUT_JSON" "$FLAVOR" "$KEY" "$d" <<'PY'
+import hashlib, json, os, sys
+out, flavor, key, d = sys.argv[1:]
+h = hashlib.sha256()
+with open(os.path.join(d, "bzImage"), "rb") as f:
+    for b in iter(lambda: f.read(1 << 20), b""):
+        h.update(b)
+j = {
+    "flavor": flavor,
+    "key": key,
+    "bzImage": os.path.join(d, "bzImage"),
+    "vmlinux": os.path.join(d, "vmlinux"),
+    "system_map": os.path.join(d, "System.map"),
+    "config": os.path.join(d, "config"),
+    "bzImage_sha256": h.hexdigest(),
+    "version": open(os.path.join(d, "version")).read().strip(),
+}
+tmp = out + ".tmp%d" % os.getpid()
+with open(tmp, "w") as f:
+    json.dump(j, f, indent=2)
+    f.write("\n")
+os.replace(tmp, out)
+PY
+}
+
+if [ -f "$FINAL/version" ]; then
+  write_json "$FINAL"
+  exit 0
+fi
+
+# One builder per flavor at a time; re-check after getting the lock.
+exec 9>"$KDIR/.lock-$FLAVOR"
+flock 9
+if [ -f "$FINAL/version" ]; then
+  write_json "$FINAL"
+  exit 0
+fi
+
+# --- source tree, extracted once per tarball hash --------------------------------
+SRC="$CACHE/linux-src/$TB_KEY"
+if [ ! -f "$SRC/Makefile" ]; then
+  mkdir -p "$CACHE/linux-src"
+  exec 8>"$CACHE/linux-src/.lock"
+  flock 8
+  if [ ! -f "$SRC/Makefile" ]; then
+    log "extracting $(basename "$TARBALL") (once, ~1 min)..."
+    tmp="$CACHE/linux-src/.tmp-$TB_KEY-$$"
+    rm -rf "$tmp"; mkdir -p "$tmp"
+    tar -C "$tmp" --strip-components=1 -xf "$TARBALL" || { rm -rf "$tmp"; die "extracting $TARBALL failed"; }
+    [ -f "$tmp/Makefile" ] || { rm -rf "$tmp"; die "$TARBALL does not look like a kernel tree"; }
+    rm -rf "$SRC"
+    mv -T "$tmp" "$SRC"
+  fi
+  flock -u 8
+fi
+
+# --- configure + build ----------------------------------------------------------
+# The object dir has a stable path per flavor so that rebuilds after a config change
+# are incremental and ccache sees stable paths. It is wiped when the source changes.
+OBJ="$KDIR/obj-$FLAVOR"
+if [ "$(cat "$OBJ/.tandem-src" 2>/dev/null)" != "$TB_KEY" ]; then
+  rm -rf "$OBJ"
+  mkdir -p "$OBJ"
+  echo "$TB_KEY" >"$OBJ/.tandem-src"
+fi
+BUILD_LOG="$KDIR/build-$FLAVOR.log"
+: >"$BUILD_LOG"
+
+export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache}
+export CCACHE_BASEDIR="$CACHE"
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-10G}
+export KBUILD_BUILD_TIMESTAMP="1970-01-01 00:00:00 UTC"
+export KBUILD_BUILD_USER=tandem KBUILD_BUILD_HOST=tandem KBUILD_BUILD_VERSION=1
+MAKE=(make -C "$SRC" O="$OBJ" ARCH=x86_64 CC="ccache gcc" HOSTCC=gcc)
+
+
+fail() {
+  echo "tandem: kernel $FLAVOR build failed: $*; last lines of $BUILD_LOG:" >&2
+  tail -n 40 "$BUILD_LOG" >&2
+  exit 1
+}
+
+# allnoconfig + our fragments, then olddefconfig.
+(cd "$SRC" && ARCH=x86_64 CC="ccache gcc" \
+   scripts/kconfig/merge_config.sh -n -O "$OBJ" "$BASE_CFG" "$FLAVOR_CFG") >>"$BUILD_LOG" 2>&1 \
+  || fail "merge_config"
+"${MAKE[@]}" olddefconfig >>"$BUILD_LOG" 2>&1 || fail "olddefconfig"
+
+# Verify every requested option actually ended up with the requested value.
+bad=()
+while IFS= read -r line; do
+  case $line in
+    CONFIG_*=*)
+      opt=${line%%=*}
+      grep -qxF -- "$line" "$OBJ/.config" || bad+=("$line (got: $(grep -E "^$opt=|^# $opt is not set" "$OBJ/.config" || echo unset))")
+      ;;
+    "# CONFIG_"*" is not set")
+      opt=${line#\# }; opt=${opt%% *}
+      grep -qE "^$opt=[ym]" "$OBJ/.config" && bad+=("$opt should be unset (got: $(grep -E "^$opt=" "$OBJ/.config"))")
+      ;;
+  esac
+done < <(cat "$BASE_CFG" "$FLAVOR_CFG")
+if [ ${#bad[@]} -gt 0 ]; then
+  echo "tandem: kernel $FLAVOR config check failed; requested but not in .config:" >&2
+  printf '  %s\n' "${bad[@]}" >&2
+  exit 1
+fi
+
+if [ "${TANDEM_KERNEL_CONFIG_ONLY:-0}" = 1 ]; then
+  log "kernel $FLAVOR config OK ($OBJ/.config); TANDEM_KERNEL_CONFIG_ONLY=1, not building"
+  exit 0
+fi
+
+if [ -f "$OBJ/vmlinux" ]; then
+  log "building kernel $FLAVOR (incremental, ~1-4 min)..."
+else
+  case $FLAVOR in
+    native) t="~8 min";; *) t="~12 min";;
+  esac
+  log "building kernel $FLAVOR (cold, $t on $(nproc) cores)..."
+fi
+start=$(date +%s)
+"${MAKE[@]}" -j"$(nproc)" bzImage >>"$BUILD_LOG" 2>&1 || fail "make"
+log "kernel $FLAVOR built in $(( $(date +%s) - start ))s"
+
+# --- publish atomically ------------------------------------------------------------
+tmp="$KDIR/.tmp-$FLAVOR-$KEY-$$"
+rm -rf "$tmp"; mkdir -p "$tmp"
+cp "$OBJ/arch/x86/boot/bzImage" "$tmp/bzImage"
+cp "$OBJ/vmlinux" "$tmp/vmlinux"
+cp "$OBJ/System.map" "$tmp/System.map"
+cp "$OBJ/.config" "$tmp/config"
+cp "$BUILD_LOG" "$tmp/build.log"
+"${MAKE[@]}" -s kernelrelease 2>/dev/null | tail -n1 >"$tmp/version"
+[ -s "$tmp/version" ] || cat "$OBJ/include/config/kernel.release" >"$tmp/version"
+sync -f "$tmp/vmlinux" 2>/dev/null || true
+rm -rf "$FINAL"
+mv -T "$tmp" "$FINAL"
+write_json "$FINAL"
+log "kernel $FLAVOR ready: $FINAL"
+}
+main "$@"
