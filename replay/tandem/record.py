@@ -61,6 +61,7 @@ class Recording:
                        (("kernel", g.kernel), ("initrd", g.initrd), ("disk_base", g.disk_base)) if p}
         m["machine"] = {"accel": "tcg", "machine": "pc", "icount_shift": ICOUNT_SHIFT,
                         "memory_mb": g.memory_mb, "cmdline": g.cmdline, "smp": 1,
+                        "stop_after_ns": self.duration_ns,
                         "devices": ["isa-serial", "virtio-net-pci", "virtio-blk-pci", "virtio-rng-pci"],
                         "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000}}
         self.manifest = m

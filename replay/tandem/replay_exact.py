@@ -88,7 +88,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
         if guest.disk_base:
             make_overlay(guest.disk_base, overlay)
         run = Run("replay", tmp, rrfile=stream, devlog=tmp / "replay.pcapng", overlay=overlay,
-                  follow=follow, partial=partial)
+                  follow=follow, partial=partial, stop_after_ns=machine.get("stop_after_ns", 0))
         vm = VM(guest, run)
         t0 = time.monotonic()
         with vm:

@@ -5,6 +5,7 @@ so that record and replay can only differ where they must.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -193,6 +194,10 @@ class VM:
         self.events: list[dict] = []
 
     def start(self, timeout: float = 30.0) -> "VM":
+        try:   # qemu.qmp's sync wrapper needs an asyncio loop in this thread
+            asyncio.get_event_loop()
+        except RuntimeError:
+            asyncio.set_event_loop(asyncio.new_event_loop())
         for stale in ("qmp.sock", "serial.sock"):
             (self.run.rundir / stale).unlink(missing_ok=True)
         self._log = open(self.log_path, "wb")
