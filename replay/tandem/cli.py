@@ -17,7 +17,8 @@ from rich.console import Console
 from . import __version__
 from .errors import TandemError
 
-console = Console(stderr=True, highlight=False)
+# soft_wrap: one message, one line, whatever the terminal width (tests and logs grep them).
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def parse_duration(text: str) -> int:
