@@ -141,8 +141,9 @@ def main() -> int:
                      ("tandem replay.tdrs (zstd segments)", "tdrs"),
                      ("devices.pcapng", "devlog"), ("devices.pcapng gzipped", "devlog_gz")):
         lines.append(f"| {label} | {s[k]:.0f} | {s[k] / s['vm_s']:.0f} | {s[k] / s['ginsn']:.0f} |")
-    lines += ["", f"tandem record log + device log = {(s['tdrs'] + s['devlog']) / s['stock_log']:.2f}x "
-              f"the stock-format log ({s['tdrs'] / s['stock_log']:.2f}x for the record log alone).", ""]
+    both, alone = (s['tdrs'] + s['devlog']) / s['stock_log'], s['tdrs'] / s['stock_log']
+    lines += ["", f"tandem record log + device log = {both:.4f}x the stock-format log (1/{1 / both:.0f}); "
+              f"the record log alone {alone:.4f}x (1/{1 / alone:.0f}).", ""]
     text = "\n".join(lines)
     print(text)
     if args.out:
