@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 
-from tandem import bundle, pcapng, rrstream  # noqa: E402
+from tandem import bundle, rrstream  # noqa: E402
 from tandem.record import Recording  # noqa: E402
 from tandem.replay_exact import replay  # noqa: E402
 from tandem.vm import VM, Guest, Run, free_port, make_overlay  # noqa: E402
@@ -97,7 +97,7 @@ def main() -> int:
             res["replay-rr"].append(replay_rr_only(rrdir))
             m = bundle.load_manifest(b)
             info = rrstream.scan(b / bundle.STREAM)
-            stock = rrstream.to_stock(b / bundle.STREAM, tmp / "stock.bin")
+            rrstream.to_stock(b / bundle.STREAM, tmp / "stock.bin")
             devlog = (b / bundle.DEVLOG).stat().st_size
             devlog_gz = len(gzip.compress((b / bundle.DEVLOG).read_bytes()))
             sizes.append({"vm_s": m["stop"]["vm_ns"] / 1e9, "ginsn": m["stop"]["icount"] / 1e9,

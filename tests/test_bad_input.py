@@ -3,10 +3,8 @@ traceback; --partial replays the intact prefix."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
-import pytest
 from conftest import assert_one_line_error, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

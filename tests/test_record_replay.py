@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 
-from conftest import record_demo, run_cli
+from conftest import run_cli
 
 from tandem import bundle, pcapng
 from tandem.record import Recording

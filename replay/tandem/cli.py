@@ -9,7 +9,6 @@ import argparse
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 
 from rich.console import Console

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 from .inspect_bundle import inspect, render
@@ -45,7 +44,6 @@ def run_demo(console, workdir: Path | None = None) -> int:
         console.print(render(inspect(path)))
 
         console.rule("[bold]2. exact replay")
-        t0 = time.monotonic()
         with console.status("replaying under icount (idle time skipped)"):
             v = replay(path)
         console.print(("[bold green]" if v.ok else "[bold red]") + v.summary())

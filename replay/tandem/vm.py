@@ -6,8 +6,6 @@ so that record and replay can only differ where they must.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -191,7 +189,6 @@ class VM:
         self.proc: subprocess.Popen | None = None
         self.qmp: QEMUMonitorProtocol | None = None
         self.serial: Serial | None = None
-        self.events: list[dict] = []
 
     def start(self, timeout: float = 30.0) -> "VM":
         try:   # qemu.qmp's sync wrapper needs an asyncio loop in this thread
@@ -282,16 +279,3 @@ class VM:
     def __exit__(self, *exc):
         self.close()
 
-
-def which(name: str) -> str:
-    p = shutil.which(name)
-    if not p:
-        raise TandemError(f"{name}: not installed (run ./tandem setup)")
-    return p
-
-
-def env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        raise TandemError(f"${name}: not an integer: {os.environ[name]!r}") from None
