@@ -90,3 +90,21 @@ def test_record_duration_in_vm_time(built, tmp_path):
     assert 4e9 <= m["stop"]["vm_ns"] < 4.5e9
     v = replay(path)
     assert v.ok, v.summary()
+
+
+def test_guest_that_panics_is_not_a_clean_stop(built, tmp_path):
+    """No init: the kernel panics at boot. The recording is kept, labeled for what it is,
+    and replays exactly (the panic is reproducible)."""
+    from tandem.vm import Guest
+    g = Guest.default()
+    g.cmdline += " rdinit=/nonexistent"
+    path = tmp_path / "panic.tdm"
+    with Recording(path, g) as rec:
+        rec.wait(timeout=120)
+    m = bundle.load_manifest(path)
+    assert m["state"] == "complete" and m["stop"]["reason"] == "guest-reset"
+    console = b"".join(e.data for e in pcapng.read_devlog(path / bundle.DEVLOG).events
+                       if e.channel == "serial0")
+    assert b"Kernel panic" in console
+    v = replay(path)
+    assert v.ok, v.summary()

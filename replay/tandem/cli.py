@@ -68,6 +68,10 @@ def cmd_record(args) -> int:
     with console.status("booting") as status:
         rec.wait(progress=_progress("recording", status))
     m = rec.finish()
+    if m["stop"]["reason"] in ("guest-reset", "guest-panic"):
+        console.print(f"tandem: warning: the guest stopped by {m['stop']['reason']} (a kernel panic "
+                      f"reboots with panic=-1); its console is in {args.bundle}/devices.pcapng",
+                      markup=False)
     console.print(f"[bold]recorded[/] {args.bundle}: stop={m['stop']['reason']}, "
                   f"VM time {m['stop']['vm_ns'] / 1e9:.2f}s, "
                   f"{sum(c['in']['events'] + c['out']['events'] for c in m['channels'].values())} "

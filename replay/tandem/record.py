@@ -94,6 +94,7 @@ class Recording:
         """Wait for the guest to stop by itself (poweroff or --duration)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.vm.proc.poll() is None:
+            self.vm.poll_events()
             if progress:
                 progress(self.vm.vm_status())
             if deadline and time.monotonic() > deadline:
@@ -108,6 +109,7 @@ class Recording:
             self.vm.kill()
             status = -9
         wall = time.monotonic() - self.t0
+        self.vm.poll_events()
         self.vm.close()
         shutil.copyfile(self.vm.log_path, self.path / "qemu.log")
         shutil.rmtree(self._tmp, ignore_errors=True)
@@ -117,7 +119,13 @@ class Recording:
         m["channels"] = channel_stats(dl)
         end = next((s for s in dl.stats if s), None)
         if self.stop_reason is None:
-            self.stop_reason = "duration" if self.duration_ns else "poweroff"
+            # QEMU says why it stopped: guest-shutdown is a poweroff; guest-reset is a
+            # reboot or a kernel panic (panic=-1 with -no-reboot), kept distinct so a
+            # panicking guest never passes for a clean stop.
+            reason = self.vm.shutdown_reason
+            self.stop_reason = {"guest-shutdown": "poweroff", "host-qmp-quit": "duration",
+                                None: "duration" if self.duration_ns else "qemu-exit"
+                                }.get(reason, reason)
         m["stop"] = {"reason": self.stop_reason, "exit_status": status,
                      "vm_ns": end.end_vm_ns if end else None,
                      "icount": end.icount if end else None}

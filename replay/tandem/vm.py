@@ -189,6 +189,7 @@ class VM:
         self.proc: subprocess.Popen | None = None
         self.qmp: QEMUMonitorProtocol | None = None
         self.serial: Serial | None = None
+        self.shutdown_reason: str | None = None   # from QEMU's SHUTDOWN event
 
     def start(self, timeout: float = 30.0) -> "VM":
         try:   # qemu.qmp's sync wrapper needs an asyncio loop in this thread
@@ -236,6 +237,15 @@ class VM:
             except Exception:
                 return out
         return out
+
+    def poll_events(self) -> None:
+        """Drain QMP events; remember why the guest stopped (guest-shutdown, guest-reset, ...)."""
+        try:
+            for ev in self.qmp.get_events(wait=False):
+                if ev.get("event") == "SHUTDOWN" and self.shutdown_reason is None:
+                    self.shutdown_reason = ev.get("data", {}).get("reason")
+        except Exception:
+            pass   # QEMU is gone; what was received is kept
 
     def status(self) -> str:
         try:
