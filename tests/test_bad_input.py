@@ -115,3 +115,12 @@ def test_partial_replay_cut_at_random_offset(demo_bundle, tmp_path_factory, frac
         assert_one_line_error(r)
     else:
         assert "VERIFIED: intact prefix" in r.stderr
+
+
+def test_kernel_qemu_cannot_boot(tmp_path):
+    """QEMU refuses the kernel at start: one line with QEMU's reason, bundle marked interrupted."""
+    junk = tmp_path / "not-a-kernel"
+    junk.write_bytes(b"\0" * 4096)
+    path = tmp_path / "bad.tdm"
+    assert_one_line_error(run_cli("record", str(path), "--kernel-image", str(junk)), "QEMU exited at start")
+    assert bundle.load_manifest(path)["state"] == "interrupted"

@@ -73,7 +73,15 @@ class Recording:
                   hostfwd_port=self.port, stop_after_ns=self.duration_ns)
         self.vm = VM(g, run)
         self.t0 = time.monotonic()
-        self.vm.start()
+        try:
+            self.vm.start()
+        except TandemError:
+            # Keep the bundle honest: it exists, holds what QEMU wrote, and says so.
+            m["state"] = "interrupted"
+            bundle.write_manifest(self.path, m)
+            shutil.copyfile(self.vm.log_path, self.path / "qemu.log")
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
         return self
 
     @property
