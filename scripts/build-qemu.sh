@@ -2,9 +2,13 @@
 # Build tandem's QEMU: Debian's trixie QEMU 10.0 source + qemu-patches/series,
 # x86_64-softmmu with TCG plugins, slirp, capstone, zstd; firmware from Debian's
 # seabios and qemu-system-data. Content-addressed under $TANDEM_CACHE/qemu/KEY.
-# Usage: build-qemu.sh OUT_JSON
+# Usage: build-qemu.sh OUT_JSON [stock]
+#   stock: the benchmarks' baseline, Debian's QEMU with only qemu-patches/stock-series
+#   (the device-set config, no code changes), so its speed is stock QEMU's.
 set -euo pipefail
 OUT=$(realpath -m "$1")
+FLAVOR=${2:-tandem}
+SERIES=series; [ "$FLAVOR" = stock ] && SERIES=stock-series
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${TANDEM_CACHE:-$HOME/.cache/tandem}
 PY=${TANDEM_PYTHON:-python3}
@@ -29,19 +33,19 @@ if [ -z "$DSC" ]; then
   DSC=$(ls "$DL"/qemu_10.0.*.dsc | sort -V | tail -n1)
 fi
 
-KEY=$( { sha256sum "$DSC"; cat "$ROOT/qemu-patches/series";
-         (cd "$ROOT/qemu-patches" && sha256sum $(cat series)); sha256sum "$0";
+KEY=$( { sha256sum "$DSC"; cat "$ROOT/qemu-patches/$SERIES";
+         (cd "$ROOT/qemu-patches" && sha256sum $(cat $SERIES)); sha256sum "$0";
          echo "${CONFIGURE[*]}"; } | sha256sum | cut -c1-16)
-PATCH_HASH=$( (cd "$ROOT/qemu-patches" && cat series $(cat series)) | sha256sum | cut -d' ' -f1)
+PATCH_HASH=$( (cd "$ROOT/qemu-patches" && cat $SERIES $(cat $SERIES)) | sha256sum | cut -d' ' -f1)
 DIR=$CACHE/qemu/$KEY
 BIN=$DIR/install/bin/qemu-system-x86_64
 
 if [ ! -f "$DIR/.complete" ]; then
-  say "building QEMU $KEY (cold: ~10-20 min on 2 cores; cached afterwards)"
+  say "building QEMU ($FLAVOR) $KEY (cold: ~10-20 min on 2 cores; cached afterwards)"
   # .complete is written last: anything without it is a leftover and is redone.
   rm -rf "$DIR" && mkdir -p "$DIR" && cd "$DIR"
   dpkg-source -q -x "$DSC" src >/dev/null
-  (cd src && for p in $(cat "$ROOT/qemu-patches/series"); do
+  (cd src && for p in $(cat "$ROOT/qemu-patches/$SERIES"); do
      patch -s -p1 --forward < "$ROOT/qemu-patches/$p" || { say "patch $p does not apply"; exit 1; }
    done)
   mkdir build && cd build
@@ -81,6 +85,7 @@ mkdir -p "$(dirname "$OUT")"
 cat > "$OUT.tmp" <<JSON
 {"key": "$KEY", "binary": "$BIN", "img": "$DIR/install/bin/qemu-img",
  "firmware_dir": "$DIR/firmware", "plugin_include": "$DIR/install/include",
- "build_id": "$BUILD_ID", "patch_series": "$PATCH_HASH", "version": "$VERSION"}
+ "build_id": "$BUILD_ID", "patch_series": "$PATCH_HASH", "version": "$VERSION",
+ "stock": $([ "$FLAVOR" = stock ] && echo true || echo false)}
 JSON
 mv "$OUT.tmp" "$OUT"

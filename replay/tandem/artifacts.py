@@ -38,6 +38,11 @@ def qemu() -> dict:
     return _load("qemu")
 
 
+def qemu_stock() -> dict:
+    """The benchmarks' baseline: the same QEMU without tandem's code patches."""
+    return _load("qemu-stock")
+
+
 def kernel(flavor: str = "native") -> dict:
     """{flavor, bzImage, vmlinux, system_map, config, bzImage_sha256, version}"""
     return _load(f"kernel-{flavor}")

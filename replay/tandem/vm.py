@@ -55,6 +55,7 @@ class Run:
     follow: bool = False
     partial: bool = False
     icount: bool = True            # plain mode: with or without -icount
+    qemu: dict | None = None       # artifacts.qemu() unless given (benchmarks: qemu_stock())
     extra: list[str] = field(default_factory=list)
 
 
@@ -74,7 +75,7 @@ def make_overlay(base: str, overlay: Path) -> None:
 
 
 def qemu_argv(guest: Guest, run: Run) -> list[str]:
-    q = artifacts.qemu()
+    q = run.qemu or artifacts.qemu()
     argv = [q["binary"], "-L", q["firmware_dir"], "-M", "pc", "-m", str(guest.memory_mb),
             "-smp", "1", "-nodefaults", "-no-user-config", "-display", "none",
             "-no-reboot", "-accel", "tcg",
@@ -83,9 +84,12 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     if run.mode == "record":
         argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=on,rr=record,rrfile={run.rrfile}"]
     elif run.mode == "replay":
-        # sleep=off would skip idle periods, but QEMU 10 deadlocks on the replay
-        # mutex with it (both threads wait; see docs/benchmarks.md).
+        # The VM clock's idle warps come from the log, so the replay need not
+        # wait them out: rrskipidle=on (qemu-patches/0004) stops the main loop
+        # sleeping while the replay waits on it. sleep stays on to match the
+        # recording's warp accounting.
         opts = f"shift={ICOUNT_SHIFT},sleep=on,rr=replay,rrfile={run.rrfile}"
+        opts += "" if q.get("stock") else ",rrskipidle=on"
         opts += ",rrfollow=on" if run.follow else ""
         opts += ",rrpartial=on" if run.partial else ""
         argv += ["-icount", opts]
