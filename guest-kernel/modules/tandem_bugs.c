@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * tandem_bugs: planted kernel bugs for tandem's tests and demo (docs/planted-bugs.md).
+ *
+ * The demo service kvd forwards network requests here, one command per write() to
+ * /proc/tandem_bugs:
+ *
+ *   oob TEXT   store TEXT as a note       slab-out-of-bounds write of 1 byte if
+ *                                         len(TEXT) == 52  (KASAN; UBSAN: index 52)
+ *   uaf        open + close a session     use-after-free read of the session (KASAN)
+ *   lock-ab    table lock, then stats lock
+ *   lock-ba    stats lock, then table lock  circular lock dependency      (lockdep)
+ *   shift N    bucket mask 1 << N         shift-out-of-bounds if N >= 32  (UBSAN)
+ *   index N    read histogram slot N      array-index-out-of-bounds if N == 8 (UBSAN)
+ *
+ * Every bug is chosen to be invisible on a kernel without sanitizers: the overflow
+ * stays inside the slack of its kmalloc slot, freed memory and the word after the
+ * array are only read, the shift wraps silently on x86, and the two lock orders are
+ * never taken at the same time. A write returns its length, so kvd answers OK
+ * whichever kernel runs.
+ */
+#include <linux/kernel.h>
+#include <linux/module.h>
+#include <linux/mutex.h>
+#include <linux/proc_fs.h>
+#include <linux/slab.h>
+#include <linux/string.h>
+#include <linux/uaccess.h>
+
+#define TB_CMD_MAX 256
+
+/* --- oob: a note whose length check is off by one --------------------------- */
+
+#define TB_NOTE_TEXT 52
+struct tb_note {
+	u16 len;
+	u16 flags;
+	char text[TB_NOTE_TEXT];	/* NUL-terminated; sizeof(struct tb_note) == 56 */
+};
+
+static struct tb_note *tb_last_note;
+
+static noinline int tb_note_store(const char *text, size_t len)
+{
+	struct tb_note *note;
+
+	/*
+	 * BUG: off by one, the terminating NUL needs len < TB_NOTE_TEXT. A 52-byte text
+	 * puts the NUL one byte past the 56-byte object, inside the 64-byte kmalloc
+	 * slot that nothing else uses: only KASAN, which poisons the slot past the
+	 * requested size, sees the write.
+	 */
+	if (len > TB_NOTE_TEXT)
+		return -EMSGSIZE;
+	note = kmalloc(sizeof(*note), GFP_KERNEL);
+	if (!note)
+		return -ENOMEM;
+	note->len = len;
+	note->flags = 0;
+	memcpy(note->text, text, len);
+	note->text[len] = '\0';
+	kfree(tb_last_note);
+	tb_last_note = note;
+	return 0;
+}
+
+/* --- uaf: a cached session pointer that outlives the session ----------------- */
+
+struct tb_session {
+	u32 id;
+	u32 requests;
+	u64 bytes;
+	char peer[48];
+};
+
+static struct tb_session *tb_cached_session;	/* fast path for the "current" session */
+static u32 tb_next_session_id = 1;
+static u64 tb_session_bytes;
+
+static noinline struct tb_session *tb_session_open(void)
+{
+	struct tb_session *s = kzalloc(sizeof(*s), GFP_KERNEL);
+
+	if (!s)
+		return NULL;
+	s->id = tb_next_session_id++;
+	s->bytes = 64;
+	tb_cached_session = s;
+	return s;
+}
+
+static noinline void tb_session_close(struct tb_session *s)
+{
+	/* BUG: frees the session but leaves tb_cached_session pointing at it. */
+	kfree(s);
+}
+
+static noinline void tb_session_account(void)
+{
+	/*
+	 * Reads the freed session through the stale cache. Without KASAN the memory
+	 * is still mapped and SLUB keeps its free pointer in the middle of the object,
+	 * so this reads an unchanged counter: nothing visible happens.
+	 */
+	if (tb_cached_session)
+		tb_session_bytes += READ_ONCE(tb_cached_session->bytes);
+}
+
+static int tb_uaf(void)
+{
+	struct tb_session *s = tb_session_open();
+
+	if (!s)
+		return -ENOMEM;
+	tb_session_close(s);
+	tb_session_account();
+	return 0;
+}
+
+/* --- lock-ab / lock-ba: two paths taking the same two mutexes in opposite order -- */
+
+static DEFINE_MUTEX(tb_table_lock);
+static DEFINE_MUTEX(tb_stats_lock);
+static unsigned long tb_table_updates, tb_stats_writes;
+
+static noinline void tb_table_update(void)	/* table -> stats */
+{
+	mutex_lock(&tb_table_lock);
+	tb_table_updates++;
+	mutex_lock(&tb_stats_lock);
+	tb_stats_writes++;
+	mutex_unlock(&tb_stats_lock);
+	mutex_unlock(&tb_table_lock);
+}
+
+static noinline void tb_stats_reset(void)	/* stats -> table */
+{
+	/*
+	 * BUG: takes the stats lock before the table lock, the reverse of
+	 * tb_table_update(). Two tasks running both paths at once can deadlock; kvd is
+	 * a single-threaded process, so they never overlap and only lockdep notices.
+	 */
+	mutex_lock(&tb_stats_lock);
+	tb_stats_writes = 0;
+	mutex_lock(&tb_table_lock);
+	tb_table_updates = 0;
+	mutex_unlock(&tb_table_lock);
+	mutex_unlock(&tb_stats_lock);
+}
+
+/* --- shift / index: request-derived shift count and array index ------------------ */
+
+static u32 tb_bucket_mask;
+static u32 tb_hist[8];
+static u32 tb_hist_last;
+
+static noinline void tb_set_buckets(unsigned int order)
+{
+	/* BUG: order is not checked; 1U << 32 and up is undefined (x86 wraps the count). */
+	tb_bucket_mask = (1U << order) - 1;
+}
+
+static noinline int tb_hist_read(unsigned int slot)
+{
+	/* BUG: off by one: slot 8 reads the word after tb_hist[] (only read). */
+	if (slot > ARRAY_SIZE(tb_hist))
+		return -EINVAL;
+	tb_hist_last = tb_hist[slot];
+	return 0;
+}
+
+/* --- /proc/tandem_bugs ------------------------------------------------------------- */
+
+static int tb_dispatch(char *cmd)
+{
+	char *arg = strchr(cmd, ' ');
+	unsigned int n;
+
+	if (arg)
+		*arg++ = '\0';
+	if (!strcmp(cmd, "oob") && arg)
+		return tb_note_store(arg, strlen(arg));
+	if (!strcmp(cmd, "uaf") && !arg)
+		return tb_uaf();
+	if (!strcmp(cmd, "lock-ab") && !arg) {
+		tb_table_update();
+		return 0;
+	}
+	if (!strcmp(cmd, "lock-ba") && !arg) {
+		tb_stats_reset();
+		return 0;
+	}
+	if (!strcmp(cmd, "shift") && arg && !kstrtouint(arg, 0, &n)) {
+		tb_set_buckets(n);
+		return 0;
+	}
+	if (!strcmp(cmd, "index") && arg && !kstrtouint(arg, 0, &n))
+		return tb_hist_read(n);
+	return -EINVAL;
+}
+
+static ssize_t tb_write(struct file *file, const char __user *ubuf, size_t count,
+			loff_t *ppos)
+{
+	char *cmd;
+	int ret;
+
+	if (count == 0 || count >= TB_CMD_MAX)
+		return -EINVAL;
+	cmd = memdup_user_nul(ubuf, count);
+	if (IS_ERR(cmd))
+		return PTR_ERR(cmd);
+	ret = tb_dispatch(strim(cmd));
+	kfree(cmd);
+	return ret < 0 ? ret : count;
+}
+
+static const struct proc_ops tb_proc_ops = {
+	.proc_write = tb_write,
+	.proc_lseek = noop_llseek,
+};
+
+static int __init tb_init(void)
+{
+	if (!proc_create("tandem_bugs", 0200, NULL, &tb_proc_ops))
+		return -ENOMEM;
+	return 0;
+}
+
+static void __exit tb_exit(void)
+{
+	remove_proc_entry("tandem_bugs", NULL);
+	kfree(tb_last_note);
+}
+
+module_init(tb_init);
+module_exit(tb_exit);
+MODULE_DESCRIPTION("tandem: planted bugs reachable from the demo service");
+MODULE_LICENSE("GPL");
