@@ -9,6 +9,14 @@
  *   STATS          -> STATS keys=N requests=N
  *   QUIT           -> connection closed; anything else -> ERR
  * With --data DIR, DIR/kv.log is replayed at start and every SET/DEL is appended to it.
+ *
+ * Planted bugs for tandem's analyses (docs/planted-bugs.md); every one answers as a
+ * healthy server would, so a native guest serves them without noticing:
+ *   BUG OP [ARG]   -> OK | ERR   forwards "OP [ARG]" to the tandem_bugs kernel module
+ *                                (/proc/tandem_bugs): oob TEXT, uaf, lock-ab, lock-ba,
+ *                                shift N, index N
+ *   LKDTM TYPE     -> OK | ERR   writes TYPE to LKDTM's provoke-crash/DIRECT
+ *   GET of a missing key of 40-43 bytes overflows kvd's own heap (see miss_cache_put).
  * Portable POSIX C (Linux, FreeBSD): poll(), no threads.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -50,6 +58,15 @@ struct client {
 static struct entry *table[NBUCKETS];
 static unsigned long nkeys, nrequests;
 static int logfd = -1;
+
+/* The last key a GET did not find: a client polling for a key that does not exist
+ * yet is answered without walking its hash chain. Allocated once at start. */
+#define MISS_KEY_MAX 40
+struct miss_cache {
+    unsigned hits;
+    char key[MISS_KEY_MAX];
+};
+static struct miss_cache *last_miss;
 static struct client *clients[MAX_CLIENTS];
 static unsigned next_id = 1;
 
@@ -81,9 +98,49 @@ static struct entry **lookup(const char *key)
     return pp;
 }
 
+static int miss_cache_hit(const char *key)
+{
+    if (!last_miss || strcmp(last_miss->key, key) != 0)
+        return 0;
+    last_miss->hits++;
+    return 1;
+}
+
+static void miss_cache_put(const char *key)
+{
+    size_t n = strlen(key);
+    if (!last_miss)
+        return;
+    /* BUG: bounded by the size of the struct, not of key[]: a 40-43 byte key writes
+     * 1-4 bytes past the 44-byte allocation. glibc rounds that allocation up to 56
+     * usable bytes, so the native build never notices; ASan does. */
+    if (n >= sizeof *last_miss)
+        return;
+    memcpy(last_miss->key, key, n + 1);
+    last_miss->hits = 0;
+}
+
+static void miss_cache_forget(const char *key)
+{
+    if (last_miss && strcmp(last_miss->key, key) == 0)
+        last_miss->key[0] = '\0';
+}
+
+/* Write one command to a control file (the planted-bug module, LKDTM). */
+static int write_ctl(const char *path, const char *cmd)
+{
+    int fd = open(path, O_WRONLY);
+    if (fd < 0)
+        return -1;
+    ssize_t w = write(fd, cmd, strlen(cmd));
+    close(fd);
+    return w == (ssize_t)strlen(cmd) ? 0 : -1;
+}
+
 static int kv_set(const char *key, const char *val)
 {
     struct entry **pp = lookup(key);
+    miss_cache_forget(key);
     char *v = strdup(val);
     if (!v)
         return -1;
@@ -227,12 +284,13 @@ static void handle_line(struct client *c, char *line)
         else
             out_str(c, "OK\n");
     } else if (strcmp(cmd, "GET") == 0 && arg && *arg && !strchr(arg, ' ')) {
-        struct entry *e = *lookup(arg);
+        struct entry *e = miss_cache_hit(arg) ? NULL : *lookup(arg);
         if (e) {
             out_str(c, "VALUE ");
             out_str(c, e->val);
             out_str(c, "\n");
         } else {
+            miss_cache_put(arg);
             out_str(c, "NOTFOUND\n");
         }
     } else if (strcmp(cmd, "DEL") == 0 && arg && *arg && !strchr(arg, ' ')) {
@@ -249,6 +307,10 @@ static void handle_line(struct client *c, char *line)
         char buf[96];
         snprintf(buf, sizeof buf, "STATS keys=%lu requests=%lu\n", nkeys, nrequests);
         out_str(c, buf);
+    } else if (strcmp(cmd, "BUG") == 0 && arg && *arg) {
+        out_str(c, write_ctl("/proc/tandem_bugs", arg) < 0 ? "ERR\n" : "OK\n");
+    } else if (strcmp(cmd, "LKDTM") == 0 && arg && *arg && !strchr(arg, ' ')) {
+        out_str(c, write_ctl("/sys/kernel/debug/provoke-crash/DIRECT", arg) < 0 ? "ERR\n" : "OK\n");
     } else if (strcmp(cmd, "QUIT") == 0 && !arg) {
         c->closing = 1;
     } else {
@@ -338,6 +400,7 @@ int main(int argc, char **argv)
     if (port <= 0 || port > 65535)
         usage();
     signal(SIGPIPE, SIG_IGN);
+    last_miss = calloc(1, sizeof *last_miss);
 
     if (datadir) {
         char path[1024];
