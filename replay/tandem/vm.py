@@ -6,6 +6,9 @@ so that record and replay can only differ where they must.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -24,6 +27,29 @@ ICOUNT_SHIFT = 2           # fixed: record and replay must use the same shift
 DEFAULT_CMDLINE = "console=ttyS0 panic=-1 oops=panic"
 
 
+def initrd_with_modules(initramfs: str, initramfs_sha256: str, modules: dict) -> str:
+    """The initramfs followed by a kernel flavor's module cpio, as one file.
+
+    The initramfs is shared by all kernel flavors but modules must match their
+    kernel, so each flavor's modules come as a separate gzipped cpio
+    (scripts/build-modules.sh) and Linux unpacks the concatenation of both. The
+    result is cached under a name derived from both hashes: it is the file QEMU
+    loads, and recordings name it (and its hash) as their initrd, so it must
+    outlive the run.
+    """
+    key = hashlib.sha256(f"{initramfs_sha256} {modules['cpio_sha256']}".encode()).hexdigest()[:16]
+    out = artifacts.cache_dir() / "initrd" / f"{Path(initramfs).name.split('.')[0]}+{modules['flavor']}-{key}.cpio.gz"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}")
+        with open(tmp, "wb") as f:
+            for part in (initramfs, modules["cpio"]):
+                with open(part, "rb") as src:
+                    shutil.copyfileobj(src, f)
+        os.replace(tmp, out)
+    return str(out)
+
+
 @dataclass
 class Guest:
     """What runs: kernel, initramfs, disk base image, memory."""
@@ -37,8 +63,11 @@ class Guest:
     def default(cls, flavor: str = "native", userland: str = "native") -> "Guest":
         k, g = artifacts.kernel(flavor), artifacts.guest()
         cmdline = DEFAULT_CMDLINE + (" tandem.asan=1" if userland == "asan" else "")
-        return cls(kernel=k["bzImage"], initrd=g[f"initramfs_{userland}"],
-                   disk_base=g["disk_base"], cmdline=cmdline,
+        if flavor == "kasan":   # report every bug, not only the first one of the boot
+            cmdline += " kasan_multi_shot"
+        initrd = initrd_with_modules(g[f"initramfs_{userland}"], g[f"initramfs_{userland}_sha256"],
+                                     artifacts._load(f"modules-{flavor}"))
+        return cls(kernel=k["bzImage"], initrd=initrd, disk_base=g["disk_base"], cmdline=cmdline,
                    memory_mb=512 if flavor == "kasan" else 256)
 
 

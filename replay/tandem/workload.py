@@ -72,3 +72,44 @@ def demo_traffic(port: int, rounds: int = 20) -> dict:
     if not out or not out[0].startswith("VALUE"):
         raise TandemError(f"nc client: unexpected replies {out!r}")
     return {"requests": replies}
+
+
+# The planted bugs (docs/planted-bugs.md): each is one request to kvd, and a native guest
+# answers it like any other request. Which analysis reports it, and what the native
+# guest answers:
+#   kind                 request                        reported by                 native reply
+PLANTED_BUGS = {
+    "kasan-oob":          ("BUG oob " + "n" * 52,        "KASAN slab-out-of-bounds",  "OK"),
+    "kasan-uaf":          ("BUG uaf",                    "KASAN slab-use-after-free", "OK"),
+    "lockdep-ab":         ("BUG lock-ab",                "(the order lock-ba breaks)", "OK"),
+    "lockdep-ba":         ("BUG lock-ba",                "lockdep circular locking",  "OK"),
+    "ubsan-shift":        ("BUG shift 40",               "UBSAN shift-out-of-bounds", "OK"),
+    "ubsan-index":        ("BUG index 8",                "UBSAN array-index-out-of-bounds", "OK"),
+    "lkdtm-uaf":          ("LKDTM READ_AFTER_FREE",      "KASAN slab-use-after-free", "OK"),
+    # Last: kvd-asan aborts on it, which closes the connection.
+    "asan-heap-overflow": ("GET " + "k" * 43,            "ASan heap-buffer-overflow", "NOTFOUND"),
+}
+
+
+def bad_requests(port: int, kinds: list[str] | None = None, *, check: bool = True) -> dict[str, str | None]:
+    """Send the planted-bug requests (all, or `kinds`, in PLANTED_BUGS order) on one
+    connection; return {kind: reply}, None once the service has closed the connection
+    (the ASan build aborts on its bug). check=True: every reply must be the native one."""
+    want = [k for k in PLANTED_BUGS if kinds is None or k in kinds]
+    unknown = set(kinds or ()) - set(PLANTED_BUGS)
+    if unknown:
+        raise TandemError(f"unknown planted bugs: {', '.join(sorted(unknown))}")
+    replies: dict[str, str | None] = {}
+    with KV(port) as kv:
+        for kind in want:
+            line, _, native = PLANTED_BUGS[kind]
+            try:
+                replies[kind] = reply = kv.request(line)
+            except (TandemError, OSError):
+                if check:
+                    raise
+                replies.update({k: None for k in want if k not in replies})
+                break
+            if check and reply != native:
+                raise TandemError(f"guest service: {kind} ({line[:30]!r}): expected {native}, got {reply!r}")
+    return replies
