@@ -1,0 +1,84 @@
+"""Crash reports in guest console output (the model is syzkaller's pkg/report).
+
+    parse(text, os)       every report in a console log, in order
+    Scanner(os).feed(b)   the same, incrementally, for live consoles
+    symbolize(rep, vmlinux)  source locations of a report's frames
+
+A Linux or FreeBSD console also yields the sanitizer reports of guest userland
+processes (os "userland"). Report types are the closed set TYPES; titles follow
+syzkaller's: stable across runs (no addresses, pids, numbers), naming the
+guilty frame. docs/reports.md has the rules.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from . import freebsd, linux, userland
+from .scanner import Scanner
+from .symbolize import symbolize
+
+TYPES = {
+    # Linux
+    "KASAN": "KASAN memory error (out-of-bounds, use-after-free, double/invalid free, wild access)",
+    "KMSAN": "use of uninitialized memory or an infoleak found by KMSAN",
+    "KFENCE": "memory error found by the sampling KFENCE allocator",
+    "UBSAN": "kernel undefined behaviour (array index, shift, overflow, ...)",
+    "KCSAN": "data race found by KCSAN",
+    "LOCKDEP": "lockdep: deadlock, inconsistent lock state, suspicious RCU, unlock balance, held lock",
+    "WARNING": "WARN_ON() and friends",
+    "BUG": "BUG_ON(), bad page fault / NULL dereference, sleeping in atomic context, soft lockup",
+    "OOPS": "other oopses: invalid opcode, divide error, stack segment, double fault",
+    "GPF": "general protection fault",
+    "PANIC": "Kernel panic - not syncing, with no report before it (Linux); panic() (FreeBSD)",
+    "HUNG_TASK": "task blocked for too long",
+    "RCU_STALL": "RCU grace period stall",
+    # FreeBSD (also KASAN, KMSAN, PANIC)
+    "KASSERT": "failed KASSERT/MPASS: a panic naming the source file and line",
+    "FATAL_TRAP": "fatal trap (page fault, protection fault) in kernel mode",
+    "WITNESS_LOR": "WITNESS lock order reversal",
+    # guest userland processes
+    "ASAN": "AddressSanitizer error in a guest process",
+    "LSAN": "LeakSanitizer leak report in a guest process",
+    "UBSAN_USER": "UndefinedBehaviorSanitizer runtime error in a guest process",
+}
+USERLAND_TYPES = frozenset({"ASAN", "LSAN", "UBSAN_USER"})
+OSES = ("linux", "freebsd", "userland")
+
+
+@dataclass
+class Report:
+    os: str                   # "linux" | "freebsd" | "userland"
+    type: str                 # a key of TYPES
+    title: str                # stable, for deduplication
+    frames: list[str]         # function names, guilty frame first, helpers skipped
+    text: str                 # the report's own lines, console prefixes stripped
+    start: int                # byte offsets of the report in the console output
+    end: int
+    corrupted: bool = False
+    corrupted_reason: str = ""
+    locations: list[tuple[str, str, int]] = field(default_factory=list)  # (function, file, line)
+
+
+def dialect(os: str) -> SimpleNamespace:
+    """The report kinds recognized on one OS's console."""
+    tables = {"linux": [linux, userland], "freebsd": [freebsd, userland], "userland": [userland]}
+    if os not in tables:
+        raise ValueError(f"unknown OS {os!r}: expected one of {', '.join(OSES)}")
+
+    def start(text: str):
+        for table in tables[os]:
+            kind = table.start(text)
+            if kind:
+                return kind
+        return None
+    return SimpleNamespace(start=start)
+
+
+def parse(text: str | bytes, os: str = "linux") -> list[Report]:
+    """All reports in a console log, in order."""
+    scanner = Scanner(os)
+    return scanner.feed(text) + scanner.flush()
+
+
+__all__ = ["Report", "Scanner", "TYPES", "parse", "symbolize"]

@@ -1,0 +1,45 @@
+"""Console lines with their byte offsets, and the prefixes consoles add to them.
+
+The console is handled as bytes decoded as latin-1, so one character is one
+byte and every offset is a byte offset into the raw console output.
+"""
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+# printk: optional "<4>" level, "[   12.345678]" timestamp, optional caller
+# "[  T123]" / "[    C0]" (CONFIG_PRINTK_CALLER); FreeBSD's msgbuf: "[19] ".
+_PRINTK = re.compile(r"^(?:<\d+>)?\[ *\d+\.\d+\](\[ *[CT]\d+\])? ?")
+_BSD_UPTIME = re.compile(r"^\[\d+\] ")
+
+
+class Line(NamedTuple):
+    start: int      # offset of the line's first byte
+    end: int        # offset just past the line's newline (or its last byte at EOF)
+    text: str       # the line without its prefix, "\r" and "\n"
+    ctx: str        # printk caller ("T123"/"C0"), "kernel" for other printk lines, "" if none
+
+
+def decode(text: str | bytes) -> str:
+    """Console text as one character per byte (see the module doc)."""
+    if isinstance(text, str):
+        text = text.encode("utf-8", "surrogateescape")
+    return text.decode("latin-1")
+
+
+def readable(text: str) -> str:
+    """Undo decode() for display: latin-1 characters back to UTF-8 text."""
+    return text.encode("latin-1").decode("utf-8", "replace")
+
+
+def make_line(raw: str, start: int, end: int) -> Line:
+    text = raw.rstrip("\n").rstrip("\r").replace("\r", "")
+    m = _PRINTK.match(text)
+    if m:
+        ctx = m.group(1).strip("[] ") if m.group(1) else "kernel"
+        return Line(start, end, text[m.end():], ctx)
+    m = _BSD_UPTIME.match(text)
+    if m:
+        return Line(start, end, text[m.end():], "kernel")
+    return Line(start, end, text, "")

@@ -1,0 +1,25 @@
+"""What an OS parser declares about one kind of report."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+
+class Description(NamedTuple):
+    type: str
+    title: str
+    frames: list[str]           # guilty frame first
+    corrupted: str | None       # why the report looks damaged, or None
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    start: re.Pattern                       # searched in a prefix-stripped line
+    describe: Callable[[list[str]], Description]
+    end: re.Pattern | None = None           # the report's own last line (e.g. "=====")
+    task_end: bool = False                  # ends with the "</TASK>" closing its last stack
+    tail: bool = False                      # may be the aftermath of the report before it
+    absorbs: frozenset[str] = field(default_factory=frozenset)  # kinds that continue this one
+    continues: Callable[[str], bool] | None = None  # single-message kinds: is this line still ours?

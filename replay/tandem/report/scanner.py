@@ -1,0 +1,111 @@
+"""Cut a console into reports, incrementally: the same code serves parse() and live consoles."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .console import Line, decode, make_line, readable
+from .kind import Kind
+
+# A panic this close after a report is that report's aftermath (panic_on_warn, Fatal exception).
+TAIL_LINES = 30
+
+
+@dataclass
+class _Open:
+    kind: Kind
+    lines: list[Line]
+    ctx: str
+    absorbed: set = field(default_factory=set)
+    in_trace: bool = False
+
+
+class Scanner:
+    """Feed console output as it arrives; get each report once it is complete.
+
+    A report is complete at its end marker, at the start of the next report, or
+    at flush(). Offsets count bytes from the first byte ever fed.
+    """
+
+    def __init__(self, os: str = "linux"):
+        from . import dialect  # the OS tables import this package's modules
+        self.os = os
+        self._dialect = dialect(os)
+        self._buf = ""          # undecoded remainder: a partial last line
+        self._pos = 0           # offset of _buf[0]
+        self._open: _Open | None = None
+        self._since_end = TAIL_LINES + 1
+
+    def feed(self, data: bytes | str) -> list:
+        self._buf += decode(data)
+        out = []
+        while (nl := self._buf.find("\n")) >= 0:
+            raw, self._buf = self._buf[:nl + 1], self._buf[nl + 1:]
+            out += self._line(make_line(raw, self._pos, self._pos + len(raw)))
+            self._pos += len(raw)
+        return out
+
+    def flush(self) -> list:
+        out = []
+        if self._buf:
+            raw, self._buf = self._buf, ""
+            out += self._line(make_line(raw, self._pos, self._pos + len(raw)))
+            self._pos += len(raw)
+        if self._open:
+            out.append(self._close(None))
+        return out
+
+    def _line(self, line: Line) -> list:
+        out = []
+        cur = self._open
+        if cur and cur.kind.continues and not cur.kind.continues(line.text):
+            out.append(self._close(None))
+            cur = None
+        if cur:
+            kind = self._dialect.start(line.text)
+            continued = kind and (kind.tail or kind.name in cur.kind.absorbs - cur.absorbed)
+            if kind and not continued:
+                out.append(self._close(f"interrupted by {kind.name}" if cur.kind.end else None))
+                cur = None
+            else:
+                if kind:
+                    cur.absorbed.add(kind.name)
+                self._append(cur, line)
+                if self._ends(cur, line):
+                    out.append(self._close(None))
+                return out
+        self._since_end += 1
+        kind = self._dialect.start(line.text)
+        if kind and not (kind.tail and self._since_end <= TAIL_LINES):
+            self._open = _Open(kind, [line], line.ctx)
+            if kind.end is None and kind.continues is None and self._ends(self._open, line):
+                out.append(self._close(None))
+        return out
+
+    def _append(self, cur: _Open, line: Line) -> None:
+        # With printk caller ids, another task's lines are not this report's.
+        if cur.ctx not in ("", "kernel") and line.ctx not in (cur.ctx, ""):
+            return
+        cur.lines.append(line)
+
+    def _ends(self, cur: _Open, line: Line) -> bool:
+        text = line.text
+        if cur.kind.end is not None and len(cur.lines) > 1 and cur.kind.end.search(text):
+            return True
+        if cur.kind.task_end:
+            if "Call Trace:" in text or "<TASK>" in text:
+                cur.in_trace = True
+            elif cur.in_trace and "</TASK>" in text:
+                return True
+        return False
+
+    def _close(self, corrupted: str | None):
+        from . import USERLAND_TYPES, Report
+        cur, self._open = self._open, None
+        self._since_end = 0
+        lines = cur.lines
+        desc = cur.kind.describe([l.text for l in lines])
+        return Report(os="userland" if desc.type in USERLAND_TYPES else self.os, type=desc.type, title=desc.title, frames=desc.frames,
+                      text="\n".join(readable(l.text) for l in lines),
+                      start=lines[0].start, end=lines[-1].end,
+                      corrupted=bool(corrupted or desc.corrupted),
+                      corrupted_reason=corrupted or desc.corrupted or "")

@@ -1,0 +1,122 @@
+"""Source locations of a report's frames, from the kernel's DWARF (via addr2line).
+
+Symbol addresses come from the ELF symbol table (pyelftools); file:line from
+binutils' addr2line, which reads DWARF 5 quickly. Both are cached per vmlinux.
+A vmlinux without debug info (or no addr2line) leaves locations empty.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+# " func+0x12/0x40", "[<ffffffff81234567>] func+0x12/0x40", "RIP: 0010:func+0x12/0x40",
+# FreeBSD "at func+0x12", and a bare "[<ffffffff81234567>]".
+_FRAME = re.compile(r"(?P<rip>^(?:RIP|IP): (?:[0-9a-f]{4}:)?)?(?:\[<(?P<addr>[0-9a-f]+)>\]\s*)?"
+                    r"(?:(?P<name>[A-Za-z_][\w.]*)\+0x(?P<off>[0-9a-f]+)(?:/0x(?P<size>[0-9a-f]+))?)?")
+
+
+class _Symbols:
+    def __init__(self, path: Path):
+        self.path = path
+        self.by_name: dict[str, list[tuple[int, int]]] = {}
+        self.has_dwarf = False
+        self._cache: dict[int, list[tuple[str, str, int]]] = {}
+        try:
+            with open(path, "rb") as f:
+                elf = ELFFile(f)
+                self.has_dwarf = elf.get_section_by_name(".debug_info") is not None
+                symtab = elf.get_section_by_name(".symtab")
+                for sym in symtab.iter_symbols() if symtab else ():
+                    if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"]:
+                        self.by_name.setdefault(sym.name, []).append((sym["st_value"], sym["st_size"]))
+        except (OSError, ELFError):
+            pass
+
+    def address(self, name: str, off: int, size: int | None) -> int | None:
+        cands = self.by_name.get(name)
+        if not cands:
+            return None
+        # Static functions share names: the size printed with the frame picks one.
+        start = next((a for a, s in cands if size is not None and s == size), cands[0][0])
+        return start + off
+
+    def lines(self, pcs: list[int]) -> dict[int, list[tuple[str, str, int]]]:
+        todo = sorted({pc for pc in pcs if pc not in self._cache})
+        tool = shutil.which("addr2line")
+        if todo and self.has_dwarf and tool:
+            out = subprocess.run([tool, "-f", "-i", "-a", "-e", str(self.path)] + [hex(pc) for pc in todo],
+                                 capture_output=True, text=True, timeout=300).stdout
+            self._cache.update(_parse_addr2line(out))
+        for pc in todo:
+            self._cache.setdefault(pc, [])
+        return {pc: self._cache[pc] for pc in pcs}
+
+
+def _parse_addr2line(out: str) -> dict[int, list[tuple[str, str, int]]]:
+    """addr2line -f -i -a: "0xADDR", then (function, "file:line") pairs, innermost first."""
+    result: dict[int, list[tuple[str, str, int]]] = {}
+    pc, lines = None, out.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("0x"):
+            pc = int(lines[i], 16)
+            result[pc] = []
+            i += 1
+            continue
+        func, loc = lines[i], lines[i + 1] if i + 1 < len(lines) else "??:0"
+        i += 2
+        file, _, line = loc.split(" ", 1)[0].rpartition(":")
+        if pc is not None and func != "??" and file != "??" and line.isdigit() and line != "0":
+            result[pc].append((func, file, int(line)))
+    return result
+
+
+@lru_cache(maxsize=8)
+def _symbols(path: str, mtime: float, size: int) -> _Symbols:
+    return _Symbols(Path(path))
+
+
+def symbolize(report, vmlinux: Path | str):
+    """Fill report.locations for its frames (guilty first); returns the report."""
+    path = Path(vmlinux)
+    try:
+        st = path.stat()
+    except OSError:
+        return report
+    syms = _symbols(str(path.resolve()), st.st_mtime, st.st_size)
+    wanted = set(report.frames)
+    pcs: list[int] = []
+    for text in report.text.splitlines():
+        m = _FRAME.search(text.strip())
+        if not m or not (m.group("name") or m.group("addr")):
+            continue
+        if m.group("name"):
+            if m.group("name").split(".", 1)[0] not in wanted:
+                continue
+            size = int(m.group("size"), 16) if m.group("size") else None
+            pc = syms.address(m.group("name"), int(m.group("off"), 16), size)
+        else:
+            pc = int(m.group("addr"), 16)
+        if pc is None:
+            continue
+        # Stack frames hold return addresses: the call is the instruction before.
+        pcs.append(pc if m.group("rip") else pc - 1)
+    found = syms.lines(pcs)
+    locations: list[tuple[str, str, int]] = []
+    for pc in pcs:
+        for loc in found[pc]:
+            if loc not in locations:
+                locations.append(loc)
+    report.locations = _guilty_first(locations, report.frames)
+    return report
+
+
+def _guilty_first(locations: list[tuple[str, str, int]], frames: list[str]) -> list[tuple[str, str, int]]:
+    order = {name: i for i, name in reversed(list(enumerate(frames)))}
+    return sorted(locations, key=lambda loc: order.get(loc[0], len(frames)))

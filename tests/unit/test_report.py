@@ -1,0 +1,169 @@
+"""Console report parser: a corpus of real reports (tests/report-corpus), the
+incremental scanner against parse(), offsets, and symbolization with a real vmlinux."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tandem.report import TYPES, Report, Scanner, parse, symbolize
+from tandem.report.console import decode
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "tests" / "report-corpus"
+CORPUS_FILES = sorted(p for p in CORPUS.glob("*/*") if p.is_file())
+
+
+def load(path: Path) -> tuple[list[dict], bytes]:
+    """A corpus file: header lines (TITLE starts each expected report), a blank line, raw console."""
+    data = path.read_bytes()
+    header, _, console = (b"", b"", data[1:]) if data.startswith(b"\n") else data.partition(b"\n\n")
+    expected: list[dict] = []
+    for line in header.decode().splitlines():
+        key, _, value = line.partition(": ")
+        if key == "TITLE":
+            expected.append({"TITLE": value})
+        else:
+            assert expected and key in ("TYPE", "FRAME", "CORRUPTED"), f"{path}: bad header line {line!r}"
+            expected[-1][key] = value
+    return expected, console
+
+
+def test_corpus_is_big_and_covers_every_type():
+    assert len(CORPUS_FILES) >= 60
+    seen = {e["TYPE"] for p in CORPUS_FILES for e in load(p)[0]}
+    assert seen == set(TYPES), f"types without a corpus report: {set(TYPES) - seen}"
+
+
+@pytest.mark.parametrize("path", CORPUS_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_corpus(path):
+    expected, console = load(path)
+    os_name = path.parent.name
+    reports = parse(console, "linux" if os_name == "userland" else os_name)
+    if os_name == "userland":  # a userland process's output also parses as itself
+        assert [r.title for r in parse(console, "userland")] == [r.title for r in reports]
+    assert [r.title for r in reports] == [e["TITLE"] for e in expected]
+    for r, e in zip(reports, expected):
+        assert r.type == e["TYPE"] and r.type in TYPES
+        assert r.os == ("userland" if r.type in {"ASAN", "LSAN", "UBSAN_USER"} else os_name)
+        assert r.corrupted == (e.get("CORRUPTED") == "Y"), r.corrupted_reason
+        if "FRAME" in e:
+            assert r.frames[0] == e["FRAME"]
+        assert not re.search(r"0x[0-9a-f]|\+0x|\[ *\d+\.\d+\]", r.title), r.title
+
+
+@pytest.mark.parametrize("path", CORPUS_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_offsets_slice_back_to_the_report(path):
+    _, console = load(path)
+    raw = decode(console)
+    previous_end = 0
+    for r in parse(console, path.parent.name):
+        assert previous_end <= r.start < r.end <= len(console)
+        span = raw[r.start:r.end]
+        assert r.text.splitlines()[0] in span.splitlines()[0]
+        assert all(line in span for line in r.text.splitlines())
+        previous_end = r.end
+
+
+def test_boot_logs_give_no_report():
+    boots = [p for p in CORPUS_FILES if not load(p)[0]]
+    assert len(boots) >= 3
+    for p in boots:
+        assert parse(load(p)[1], p.parent.name) == []
+
+
+def test_several_reports_in_order():
+    reports = parse(load(CORPUS / "linux" / "lkdtm-warning-null-deref-bug")[1])
+    assert [r.type for r in reports] == ["WARNING", "BUG", "BUG"]
+    assert [r.frames[0] for r in reports] == ["lkdtm_WARNING", "lkdtm_EXCEPTION", "lkdtm_BUG"]
+    assert reports[0].end <= reports[1].start and reports[1].end <= reports[2].start
+
+
+def test_concatenated_consoles_give_all_reports():
+    a, b = (load(CORPUS / "linux" / n)[1] for n in ("lkdtm-kasan-slab-out-of-bounds", "syz-189"))
+    titles = [r.title for r in parse(a + b"\n" + b)]
+    assert titles == [r.title for r in parse(a)] + [r.title for r in parse(b)]
+
+
+def test_end_marker_completes_a_report_before_flush():
+    console = load(CORPUS / "linux" / "lkdtm-kasan-slab-out-of-bounds")[1]
+    [kasan] = parse(console)
+    assert console[:kasan.end].rstrip().endswith(b"=" * 66)   # KASAN's closing ruler
+    scanner = Scanner("linux")
+    assert [r.title for r in scanner.feed(console[:kasan.end])] == [kasan.title]
+    assert scanner.flush() == []
+
+
+def test_aftermath_panic_is_not_a_new_report():
+    console = load(CORPUS / "linux" / "lkdtm-warning")[1]
+    tail = b"[    0.634000] Kernel panic - not syncing: kernel: panic_on_warn set ...\n"
+    assert [r.type for r in parse(console + tail)] == ["WARNING"]
+    alone = parse(b"boot\n" * 40 + tail)
+    assert [(r.type, r.corrupted) for r in alone] == [("PANIC", True)]
+
+
+def test_printk_caller_filters_other_tasks():
+    lines = ["[   1.0][ T10] BUG: sleeping function called from invalid context at mm/slab.h:1",
+             "[   1.1][ T99] unrelated line from another task",
+             "[   1.2][ T10] Call Trace:", "[   1.3][ T10]  <TASK>", "[   1.4][ T10]  foo_write+0x1/0x2",
+             "[   1.5][ T10]  </TASK>"]
+    [r] = parse("\n".join(lines) + "\n")
+    assert r.title == "BUG: sleeping function called from invalid context in foo_write"
+    assert "unrelated" not in r.text
+
+
+def test_unknown_os_is_an_error():
+    with pytest.raises(ValueError, match="unknown OS"):
+        parse("", "plan9")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([p for p in CORPUS_FILES if load(p)[0]]), st.data())
+def test_scanner_in_random_chunks_matches_parse(path, data):
+    console = load(path)[1]
+    os_name = path.parent.name
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(console)), max_size=30)))
+    scanner = Scanner(os_name)
+    got: list[Report] = []
+    for lo, hi in zip([0] + cuts, cuts + [len(console)]):
+        got += scanner.feed(console[lo:hi])
+    got += scanner.flush()
+    assert got == parse(console, os_name)
+
+
+def _kernel_build() -> dict:
+    path = ROOT / "build" / "kernel-kasan.json"
+    if not path.exists():
+        pytest.skip("no kernel build (build/kernel-kasan.json): run ./tandem build")
+    return json.loads(path.read_text())
+
+
+def test_symbolize_real_vmlinux():
+    build = _kernel_build()
+    symbols = {}
+    for line in Path(build["system_map"]).read_text().splitlines():
+        addr, kind, name = line.split()[:3]
+        symbols.setdefault(name, (int(addr, 16), kind))
+    func = next(f for f in ("kmalloc_trace", "__kmalloc_noprof", "vfs_write", "do_sys_open") if f in symbols)
+    text = f"Call Trace:\n <TASK>\n {func}+0x10/0x40\n </TASK>"
+    rep = Report(os="linux", type="WARNING", title=f"WARNING in {func}", frames=[func], text=text, start=0, end=0)
+    symbolize(rep, Path(build["vmlinux"]))
+    assert rep.locations, "no location for a real function"
+    name, file, line = rep.locations[-1]
+    assert file.endswith((".c", ".h")) and line > 0
+    assert any(loc[0] == func for loc in rep.locations)
+    # A raw return address symbolizes too.
+    raw = Report(os="linux", type="WARNING", title="t", frames=[], start=0, end=0,
+                 text=f" [<{symbols[func][0] + 0x10:x}>]")
+    assert symbolize(raw, Path(build["vmlinux"])).locations
+
+
+def test_symbolize_without_debug_info_leaves_locations_empty(tmp_path):
+    stripped = tmp_path / "vmlinux"
+    stripped.write_bytes(b"\x7fELF not really an ELF file")
+    rep = parse(load(CORPUS / "linux" / "lkdtm-warning")[1])[0]
+    assert symbolize(rep, stripped).locations == []
+    assert symbolize(rep, tmp_path / "missing").locations == []
