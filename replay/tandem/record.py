@@ -7,6 +7,7 @@ complete segment at any time, and finished with a manifest at the end.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -107,7 +108,10 @@ class Recording:
                 progress(self.vm.vm_status())
             if deadline and time.monotonic() > deadline:
                 raise TandemError(f"{self.path}: guest still running after {timeout:.0f}s")
-            time.sleep(0.2)
+            try:    # returns as soon as QEMU exits, so the recording's end is not delayed
+                self.vm.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
 
     def finish(self, timeout: float = 60.0) -> dict:
         """Wait for QEMU to exit, then seal the bundle with its manifest."""
