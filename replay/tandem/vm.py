@@ -85,6 +85,8 @@ class Run:
     partial: bool = False
     icount: bool = True            # plain mode: with or without -icount
     qemu: dict | None = None       # artifacts.qemu() unless given (benchmarks: qemu_stock())
+    feed_socket: Path | None = None  # analysis mode: the feed controller's unix socket
+    feed_lookahead_ns: int = 0       # analysis mode: outputs pull the horizon in by this
     extra: list[str] = field(default_factory=list)
 
 
@@ -122,12 +124,16 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         opts += ",rrfollow=on" if run.follow else ""
         opts += ",rrpartial=on" if run.partial else ""
         argv += ["-icount", opts]
+    elif run.mode == "analysis":
+        # sleep=off: an idle analysis guest warps straight to its next input.
+        argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=off"]
     elif run.icount:
         argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=on"]
     rr = run.mode in ("record", "replay")
 
-    # Serial console: a socket while live, nothing in replay (input comes from the log).
-    if run.mode == "replay":
+    # Serial console: a socket while live, nothing in replay (input comes from the log)
+    # or in analysis (the feed carries both directions).
+    if run.mode in ("replay", "analysis"):
         argv += ["-chardev", "null,id=serial0"]
     else:
         argv += ["-chardev", f"socket,id=serial0,path={run.rundir}/serial.sock,server=on,wait=off"]
@@ -142,9 +148,18 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
             argv[-1] = argv[-1].replace("id=disk0-img", "id=disk0")
         argv += ["-device", "virtio-blk-pci,drive=disk0"]
 
-    fwd = f",hostfwd=tcp:127.0.0.1:{run.hostfwd_port}-:{GUEST_PORT}" if run.hostfwd_port else ""
-    argv += ["-netdev", f"user,id=net0{fwd}", "-device", "virtio-net-pci,netdev=net0,romfile=",
-             "-object", "rng-builtin,id=rng0", "-device", "virtio-rng-pci,rng=rng0"]
+    if run.mode == "analysis":
+        # The feed (qemu-patches/0006) is the network, the serial input and the entropy:
+        # the NIC's backend is an unconnected hub port whose frames filter-feed replaces.
+        argv += ["-chardev", f"socket,id=feedsock,path={run.feed_socket}",
+                 "-netdev", "hubport,id=net0,hubid=0", "-device", "virtio-net-pci,netdev=net0,romfile=",
+                 "-object", "rng-feed,id=rng0,feed=feed", "-device", "virtio-rng-pci,rng=rng0",
+                 "-object", f"feed,id=feed,chardev=feedsock,serial=serial0,lookahead={run.feed_lookahead_ns}",
+                 "-object", "filter-feed,id=feed-net0,netdev=net0,feed=feed,position=head"]
+    else:
+        fwd = f",hostfwd=tcp:127.0.0.1:{run.hostfwd_port}-:{GUEST_PORT}" if run.hostfwd_port else ""
+        argv += ["-netdev", f"user,id=net0{fwd}", "-device", "virtio-net-pci,netdev=net0,romfile=",
+                 "-object", "rng-builtin,id=rng0", "-device", "virtio-rng-pci,rng=rng0"]
     if rr:
         argv += ["-object", "filter-replay,id=rr-net0,netdev=net0"]
     if run.devlog:
@@ -250,7 +265,7 @@ class VM:
                 self.kill()
                 raise TandemError(f"QEMU did not open QMP within {timeout:.0f}s: {self.log_tail()}")
             time.sleep(0.02)
-        if self.run.mode != "replay":
+        if self.run.mode not in ("replay", "analysis"):
             self.serial = Serial(self.run.rundir / "serial.sock")
         return self
 

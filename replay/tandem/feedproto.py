@@ -1,0 +1,92 @@
+"""The feed's wire protocol between tandem and an analysis QEMU (qemu-patches/0006).
+
+Both directions: a 16-byte little-endian header {u32 payload length, u16 type,
+u16 channel, u64 VM-clock ns} and the payload. tandem sends inputs and horizon
+advances; QEMU sends what the guest outputs and WAIT when the VM stops at the
+horizon. QEMU connects to tandem's unix socket at start.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import TandemError
+
+HEADER = struct.Struct("<IHHQ")
+INPUT, HORIZON, END, OUTPUT, WAIT = 1, 2, 3, 16, 17
+NET, SERIAL, RNG = 1, 2, 3
+MAX_PAYLOAD = 1 << 20
+
+
+@dataclass
+class Message:
+    type: int
+    channel: int
+    vm_ns: int
+    data: bytes
+
+
+class FeedServer:
+    """Listens for one QEMU; sends inputs, receives outputs and waits."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(str(path))
+        self.listener.listen(1)
+        self.conn: socket.socket | None = None
+        self.buf = bytearray()
+        self.out = bytearray()
+
+    def accept(self, timeout: float) -> None:
+        self.listener.settimeout(timeout)
+        try:
+            self.conn, _ = self.listener.accept()
+        except socket.timeout:
+            raise TandemError(f"analysis QEMU did not connect to {self.path} within {timeout:.0f}s") from None
+        self.conn.settimeout(None)
+
+    def input(self, channel: int, vm_ns: int, data: bytes) -> None:
+        self.out += HEADER.pack(len(data), INPUT, channel, vm_ns) + data
+
+    def horizon(self, vm_ns: int) -> None:
+        self.out += HEADER.pack(0, HORIZON, 0, vm_ns)
+
+    def end(self) -> None:
+        self.out += HEADER.pack(0, END, 0, 0)
+
+    def flush(self) -> None:
+        if self.out:
+            self.conn.sendall(self.out)
+            self.out.clear()
+
+    def receive(self, timeout: float) -> list[Message] | None:
+        """Messages that arrived within timeout ([] if none); None once QEMU closed."""
+        self.conn.settimeout(timeout)
+        try:
+            chunk = self.conn.recv(1 << 20)
+        except socket.timeout:
+            return []
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        self.buf += chunk
+        msgs = []
+        while len(self.buf) >= HEADER.size:
+            ln, typ, ch, ns = HEADER.unpack_from(self.buf)
+            if ln > MAX_PAYLOAD:
+                raise TandemError(f"feed {self.path}: message of {ln} bytes, stream out of sync")
+            if len(self.buf) < HEADER.size + ln:
+                break
+            msgs.append(Message(typ, ch, ns, bytes(self.buf[HEADER.size:HEADER.size + ln])))
+            del self.buf[:HEADER.size + ln]
+        return msgs
+
+    def close(self) -> None:
+        for s in (self.conn, self.listener):
+            if s:
+                s.close()
+        self.path.unlink(missing_ok=True)

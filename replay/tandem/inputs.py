@@ -1,0 +1,189 @@
+"""What the native guest received, as inputs a semantic replay can re-deliver.
+
+From the native's device log (`devices.pcapng`) this builds the ordered list of
+inputs for an analysis VM: serial bytes, entropy, the remote peers' TCP payload
+per flow (not their packets: a different kernel gets its own sequence numbers),
+UDP/ICMP datagrams. Each input carries what the native had already *output*
+when the input arrived (its dependencies), because the remote client reacted to
+those outputs: the replayer holds the input until the analysis guest has
+produced them too.
+
+Dependencies are counted per output stream: payload bytes per TCP flow, and
+userland lines on the serial console (kernel printk lines, which differ between
+kernels, are not counted). A dependency on a line is the line's text and its
+occurrence number, so a sanitizer's extra lines do not satisfy it early.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import netpkt, pcapng
+from .netpkt import ACK, FIN, RST, SYN
+
+KERNEL_LINE = re.compile(rb"^\s*(<\d>)?\[\s*\d+\.\d+\]")
+
+
+@dataclass
+class Input:
+    kind: str                   # tcp-open | tcp-data | tcp-fin | tcp-rst | frame | serial | rng
+    vm_ns: int                  # when the native received it
+    data: bytes = b""
+    flow: int | None = None     # index into Recording.flows
+    offset: int = 0             # byte offset of data in the flow's client stream / serial input
+    seq: int = 0                # devlog event number (attribution)
+    needs_bytes: dict[int, int] = field(default_factory=dict)   # flow -> guest bytes
+    needs_line: tuple[bytes, int] | None = None                 # (serial line, occurrence)
+
+    def describe(self) -> str:
+        where = f"flow {self.flow} offset {self.offset}" if self.flow is not None else \
+            f"serial offset {self.offset}" if self.kind == "serial" else self.kind
+        return f"{self.kind} at VM {self.vm_ns / 1e9:.6f}s ({where}, devlog event {self.seq})"
+
+
+@dataclass
+class Flow:
+    """A TCP connection the remote side opened to the guest."""
+    index: int
+    client: tuple[bytes, int]   # remote ip, port
+    server: tuple[bytes, int]   # guest ip, port
+    client_mac: bytes
+    guest_mac: bytes
+    opened_ns: int
+    client_bytes: int = 0
+    guest_bytes: int = 0
+
+    def name(self) -> str:
+        return (f"{netpkt.ip_str(self.client[0])}:{self.client[1]}->"
+                f"{netpkt.ip_str(self.server[0])}:{self.server[1]}")
+
+
+@dataclass
+class Recording:
+    inputs: list[Input]
+    flows: list[Flow]
+    end_ns: int | None
+    limits: list[str]           # what cannot be replayed, said once each
+
+
+class _Serial:
+    """Userland lines of the native's serial output, for line dependencies."""
+
+    def __init__(self):
+        self.partial = b""
+        self.counts: dict[bytes, int] = {}
+        self.last: tuple[bytes, int] | None = None
+
+    def feed(self, data: bytes) -> None:
+        self.partial += data
+        *lines, self.partial = self.partial.split(b"\n")
+        for line in lines:
+            line = line.rstrip(b"\r")
+            if line.strip() and not KERNEL_LINE.match(line):
+                n = self.counts.get(line, 0) + 1
+                self.counts[line] = n
+                self.last = (line, n)
+
+
+def load(bundle_dir: str | Path) -> Recording:
+    from . import bundle
+    dl = pcapng.read_devlog(Path(bundle_dir) / bundle.DEVLOG)
+    end = next((s.end_vm_ns for s in dl.stats if s and s.end_vm_ns), None)
+    return from_events(dl.events, end)
+
+
+def from_events(events, end_ns: int | None = None) -> Recording:
+    inputs: list[Input] = []
+    flows: list[Flow] = []
+    by_tuple: dict[tuple, Flow] = {}
+    client_next: dict[int, int] = {}    # flow -> next expected client seq
+    guest_next: dict[int, int] = {}     # flow -> next expected guest seq
+    serial = _Serial()
+    serial_in = 0
+    limits: dict[str, None] = {}
+
+    def deps(inp: Input) -> Input:
+        inp.needs_bytes = {f.index: f.guest_bytes for f in flows if f.guest_bytes}
+        inp.needs_line = serial.last
+        return inp
+
+    for e in events:
+        if e.kind == "serial":
+            if e.direction == "out":
+                serial.feed(e.data)
+            elif e.direction == "in":
+                inputs.append(deps(Input("serial", e.vm_ns, e.data, offset=serial_in, seq=e.seq)))
+                serial_in += len(e.data)
+        elif e.kind == "rng" and e.direction == "in":
+            inputs.append(Input("rng", e.vm_ns, e.data, seq=e.seq))
+        elif e.kind == "net":
+            f = netpkt.parse(e.data)
+            if f is None:
+                continue
+            if f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_TCP and not f.fragment:
+                if e.direction == "in":
+                    _client_segment(f, e, flows, by_tuple, client_next, guest_next, inputs, deps, limits)
+                else:
+                    fl = by_tuple.get((f.ip_dst, f.dport, f.ip_src, f.sport))
+                    if fl is None:
+                        if f.flags & SYN and not f.flags & ACK:
+                            limits["the guest opened TCP connections (only remote-opened ones are replayed)"] = None
+                        continue
+                    if f.flags & SYN:
+                        guest_next[fl.index] = (f.seq + 1) & 0xFFFFFFFF
+                    elif f.payload and fl.index in guest_next:
+                        # New guest bytes only: a retransmission is not output twice.
+                        new = _new_bytes(guest_next[fl.index], f.seq, f.payload)
+                        if new:
+                            fl.guest_bytes += len(new)
+                            guest_next[fl.index] = (guest_next[fl.index] + len(new)) & 0xFFFFFFFF
+            elif e.direction == "in" and f.eth_type == netpkt.ETH_IP:
+                if f.fragment:
+                    limits["IPv4 fragments"] = None
+                    continue
+                # UDP and ICMP: re-sent as datagrams at their recorded time.
+                inputs.append(deps(Input("frame", e.vm_ns, e.data, seq=e.seq)))
+            elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
+                limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
+            # ARP from the network is not replayed: the replayer answers the guest's own.
+    return Recording(inputs, flows, end_ns, list(limits))
+
+
+def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:
+    """The part of payload at or after the expected sequence number (mod 2^32)."""
+    skip = (expected - seq) & 0xFFFFFFFF
+    if skip >= 0x80000000:      # a gap: data beyond what was expected (not on a virtual link)
+        return payload
+    return payload[skip:] if skip < len(payload) else b""
+
+
+def _client_segment(f, e, flows, by_tuple, client_next, guest_next, inputs, deps, limits):
+    key = (f.ip_src, f.sport, f.ip_dst, f.dport)
+    fl = by_tuple.get(key)
+    if f.flags & SYN and not f.flags & ACK:
+        if fl is not None and fl.index in client_next:
+            return      # a retransmitted SYN
+        fl = Flow(len(flows), (f.ip_src, f.sport), (f.ip_dst, f.dport), f.src, f.dst, e.vm_ns)
+        flows.append(fl)
+        by_tuple[key] = fl
+        client_next[fl.index] = (f.seq + 1) & 0xFFFFFFFF
+        inputs.append(deps(Input("tcp-open", e.vm_ns, flow=fl.index, seq=e.seq)))
+        return
+    if fl is None:
+        limits["TCP segments of connections opened before the recording"] = None
+        return
+    if f.flags & RST:
+        inputs.append(deps(Input("tcp-rst", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
+        del by_tuple[key]
+        return
+    nxt = client_next[fl.index]
+    new = _new_bytes(nxt, f.seq, f.payload) if f.payload else b""
+    if new:
+        inputs.append(deps(Input("tcp-data", e.vm_ns, new, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
+        fl.client_bytes += len(new)
+        nxt = (nxt + len(new)) & 0xFFFFFFFF
+    if f.flags & FIN and ((f.seq + len(f.payload)) & 0xFFFFFFFF) == nxt:
+        inputs.append(deps(Input("tcp-fin", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
+        nxt = (nxt + 1) & 0xFFFFFFFF
+    client_next[fl.index] = nxt

@@ -1,0 +1,147 @@
+"""Ethernet/ARP/IPv4/TCP/UDP/ICMP: parse and build the frames a guest NIC sees.
+
+Only what the replayer and the comparator need, with struct for speed (the
+comparator's throughput target is hundreds of MB/s): no options beyond TCP MSS
+and window scale, no IPv4 fragments (reported by the caller as a replay limit).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+ETH_IP, ETH_ARP, ETH_IP6 = 0x0800, 0x0806, 0x86DD
+PROTO_ICMP, PROTO_TCP, PROTO_UDP = 1, 6, 17
+FIN, SYN, RST, PSH, ACK = 0x01, 0x02, 0x04, 0x08, 0x10
+
+# QEMU user networking's addresses: tandem's analysis VMs meet the same network.
+GATEWAY_MAC = bytes.fromhex("52550a000202")   # slirp's virtual host
+GATEWAY_IP = bytes([10, 0, 2, 2])
+
+
+def ip_str(b: bytes) -> str:
+    return ".".join(str(x) for x in b)
+
+
+@dataclass
+class Frame:
+    """A parsed frame. Fields beyond `eth_type` are set for the protocols present."""
+    dst: bytes
+    src: bytes
+    eth_type: int
+    # IPv4
+    ip_src: bytes = b""
+    ip_dst: bytes = b""
+    proto: int = 0
+    fragment: bool = False
+    # TCP/UDP
+    sport: int = 0
+    dport: int = 0
+    seq: int = 0
+    ack: int = 0
+    flags: int = 0
+    window: int = 0
+    mss: int | None = None
+    wscale: int | None = None
+    payload: bytes = b""
+    # ARP
+    arp_op: int = 0
+    arp_sha: bytes = b""
+    arp_spa: bytes = b""
+    arp_tpa: bytes = b""
+
+    def flow(self) -> tuple:
+        """(src ip, src port, dst ip, dst port) for TCP/UDP."""
+        return (self.ip_src, self.sport, self.ip_dst, self.dport)
+
+
+def parse(frame: bytes) -> Frame | None:
+    """Parse an Ethernet frame; None if it is too short to be one."""
+    if len(frame) < 14:
+        return None
+    dst, src, et = frame[:6], frame[6:12], struct.unpack_from("!H", frame, 12)[0]
+    f = Frame(dst, src, et)
+    if et == ETH_ARP and len(frame) >= 42:
+        f.arp_op = struct.unpack_from("!H", frame, 20)[0]
+        f.arp_sha, f.arp_spa, f.arp_tpa = frame[22:28], frame[28:32], frame[38:42]
+    elif et == ETH_IP and len(frame) >= 34:
+        ihl = (frame[14] & 0x0F) * 4
+        total, frag = struct.unpack_from("!H2xH", frame, 16)
+        f.proto = frame[23]
+        f.ip_src, f.ip_dst = frame[26:30], frame[30:34]
+        f.fragment = bool(frag & 0x3FFF)
+        l4 = 14 + ihl
+        end = min(len(frame), 14 + total)
+        if f.fragment:
+            return f
+        if f.proto == PROTO_TCP and end >= l4 + 20:
+            f.sport, f.dport, f.seq, f.ack, off, f.flags, f.window = struct.unpack_from(
+                "!HHIIBBH", frame, l4)
+            hl = (off >> 4) * 4
+            _tcp_options(f, frame[l4 + 20:l4 + hl])
+            f.payload = frame[l4 + hl:end]
+        elif f.proto == PROTO_UDP and end >= l4 + 8:
+            f.sport, f.dport = struct.unpack_from("!HH", frame, l4)
+            f.payload = frame[l4 + 8:end]
+        elif f.proto == PROTO_ICMP:
+            f.payload = frame[l4:end]
+    return f
+
+
+def _tcp_options(f: Frame, opts: bytes) -> None:
+    i = 0
+    while i < len(opts):
+        kind = opts[i]
+        if kind == 0:
+            break
+        if kind == 1:
+            i += 1
+            continue
+        if i + 1 >= len(opts):
+            break
+        ln = opts[i + 1]
+        if kind == 2 and ln == 4:
+            f.mss = struct.unpack_from("!H", opts, i + 2)[0]
+        elif kind == 3 and ln == 3:
+            f.wscale = opts[i + 2]
+        i += max(ln, 2)
+
+
+def _checksum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def _ipv4(src: bytes, dst: bytes, proto: int, l4: bytes, ident: int) -> bytes:
+    hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(l4), ident & 0xFFFF, 0x4000, 64,
+                      proto, 0, src, dst)
+    return hdr[:10] + struct.pack("!H", _checksum(hdr)) + hdr[12:] + l4
+
+
+def tcp(src_mac: bytes, dst_mac: bytes, src: bytes, dst: bytes, sport: int, dport: int,
+        seq: int, ack: int, flags: int, window: int, payload: bytes = b"",
+        mss: int | None = None, ident: int = 0) -> bytes:
+    opts = struct.pack("!BBH", 2, 4, mss) if mss else b""
+    hl = 20 + len(opts)
+    seg = struct.pack("!HHIIBBHHH", sport, dport, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF,
+                      (hl // 4) << 4, flags, min(window, 0xFFFF), 0, 0) + opts + payload
+    pseudo = struct.pack("!4s4sBBH", src, dst, 0, PROTO_TCP, len(seg))
+    seg = seg[:16] + struct.pack("!H", _checksum(pseudo + seg)) + seg[18:]
+    return dst_mac + src_mac + struct.pack("!H", ETH_IP) + _ipv4(src, dst, PROTO_TCP, seg, ident)
+
+
+def udp(src_mac: bytes, dst_mac: bytes, src: bytes, dst: bytes, sport: int, dport: int,
+        payload: bytes, ident: int = 0) -> bytes:
+    seg = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
+    pseudo = struct.pack("!4s4sBBH", src, dst, 0, PROTO_UDP, len(seg))
+    c = _checksum(pseudo + seg) or 0xFFFF
+    seg = seg[:6] + struct.pack("!H", c) + seg[8:]
+    return dst_mac + src_mac + struct.pack("!H", ETH_IP) + _ipv4(src, dst, PROTO_UDP, seg, ident)
+
+
+def arp_reply(my_mac: bytes, my_ip: bytes, to_mac: bytes, to_ip: bytes) -> bytes:
+    body = struct.pack("!HHBBH6s4s6s4s", 1, ETH_IP, 6, 4, 2, my_mac, my_ip, to_mac, to_ip)
+    return to_mac + my_mac + struct.pack("!H", ETH_ARP) + body

@@ -1,0 +1,286 @@
+"""Semantic replay: a recording's inputs re-delivered into an analysis VM.
+
+The analysis VM runs a different kernel or userland. Its network, serial input
+and entropy come from a feed (qemu-patches/0006): tandem sends each input with
+the VM time to deliver it at and grants the VM clock a horizon it may not pass;
+QEMU returns every frame and serial byte the guest sends and stops at the
+horizon. Each output also pulls the horizon in by the link's lookahead, so the
+replayer (tcp_peer) answers the guest within that VM time, as the real network
+did: the two advance conservatively in VM time, and with -icount sleep=off the
+guest never waits out idle time.
+
+An input is released no earlier than its recorded VM time, and not before the
+analysis guest has produced the outputs the native had produced when the input
+arrived (inputs.py); one that waits longer than the dependency timeout is sent
+anyway and reported as a replay limit.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import feedproto, inputs as inputs_mod
+from .errors import TandemError
+from .feedproto import FeedServer
+from .tcp_peer import RTO_NS, Peer
+from .vm import VM, Guest, Run, make_overlay
+
+# analysis name -> (kernel flavor, userland)
+ANALYSES = {
+    "native": ("native", "native"),         # the null analysis: same kernel, semantic path
+    "kasan": ("kasan", "native"),
+    "ubsan": ("ubsan", "native"),
+    "lockdep": ("lockdep", "native"),
+    "asan-userland": ("native", "asan"),
+}
+
+LOOKAHEAD_NS = 1_000_000            # the replayer answers an output within 1 ms of VM time
+DEP_TIMEOUT_NS = 5_000_000_000      # an input waits at most this long for its dependencies
+SETTLE_NS = 1_000_000_000           # run this long after the last input (and the native's end)
+MAX_LAG_NS = 30_000_000_000         # beyond the native's end: the analysis is hung
+HANG_WALL_S = 60.0                  # no word from QEMU for this long (wall): it is hung
+
+
+def analysis_guest(name: str) -> Guest:
+    if name not in ANALYSES:
+        raise TandemError(f"unknown analysis {name!r} (known: {', '.join(ANALYSES)})")
+    flavor, userland = ANALYSES[name]
+    return Guest.default(flavor, userland)
+
+
+@dataclass
+class Delivered:
+    vm_ns: int                  # when the analysis VM got it
+    input: inputs_mod.Input
+
+
+@dataclass
+class AnalysisRun:
+    analysis: str
+    outcome: str = "running"    # poweroff | finished | crashed | hung | lagging | error
+    detail: str = ""
+    end_ns: int = 0
+    wall_s: float = 0.0
+    console: bytearray = field(default_factory=bytearray)
+    console_times: list[tuple[int, int]] = field(default_factory=list)   # (offset, vm_ns)
+    net_out: list[tuple[int, bytes]] = field(default_factory=list)       # (vm_ns, frame)
+    delivered: list[Delivered] = field(default_factory=list)
+    limits: list[str] = field(default_factory=list)
+    waits: int = 0
+    peer: Peer | None = None
+    qemu_log: str = ""
+
+    def vm_time_at(self, offset: int) -> int:
+        """VM time at which console byte `offset` was written."""
+        t = 0
+        for off, ns in self.console_times:
+            if off > offset:
+                break
+            t = ns
+        return t
+
+    def input_before(self, vm_ns: int) -> Delivered | None:
+        """The last input delivered at or before vm_ns: what a finding is attributed to."""
+        last = None
+        for d in self.delivered:
+            if d.vm_ns > vm_ns:
+                break
+            if d.input.kind != "rng":
+                last = d
+        return last
+
+
+class _Lines:
+    """Userland serial lines of the analysis guest (same rule as inputs._Serial)."""
+
+    def __init__(self):
+        self.s = inputs_mod._Serial()
+
+    def feed(self, data: bytes):
+        self.s.feed(data)
+
+    def has(self, need: tuple[bytes, int] | None) -> bool:
+        return need is None or self.s.counts.get(need[0], 0) >= need[1]
+
+
+def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
+        lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
+        progress=None) -> AnalysisRun:
+    """Replay rec into one analysis VM; never raises for what the guest does."""
+    guest = guest or analysis_guest(analysis)
+    res = AnalysisRun(analysis)
+    tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    overlay = None
+    if guest.disk_base:
+        overlay = tmp / "disk-overlay.qcow2"
+        make_overlay(guest.disk_base, overlay)
+    server = FeedServer(tmp / "feed.sock")
+    vm = VM(guest, Run("analysis", tmp, overlay=overlay, feed_socket=server.path,
+                       feed_lookahead_ns=lookahead_ns, devlog=workdir / f"{analysis}.pcapng"))
+    t0 = time.monotonic()
+    try:
+        vm.start()
+        server.accept(30)
+        _drive(rec, res, vm, server, lookahead_ns, progress)
+    except TandemError as e:
+        res.outcome, res.detail = "error", str(e)
+    finally:
+        if vm.proc and vm.proc.poll() is None:
+            vm.kill()
+        res.wall_s = time.monotonic() - t0
+        res.qemu_log = vm.log_tail(2000)
+        vm.close()
+        server.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return res
+
+
+def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int, progress) -> None:
+    peer = res.peer = Peer()
+    lines = _Lines()
+    todo = [i for i in rec.inputs if i.kind != "rng"]
+    for i in rec.inputs:                    # entropy is a pool the guest draws from in order
+        if i.kind == "rng":
+            server.input(feedproto.RNG, 0, i.data)
+            res.delivered.append(Delivered(0, i))
+    server.flush()
+    nxt = 0
+    blocked_since: int | None = None
+    last_input_ns = 0
+    pending: list[bytes] = []               # frames to send at the next stop
+    native_end = rec.end_ns or 0
+    last_word = last_events = time.monotonic()
+
+    def deps_met(inp) -> bool:
+        if not lines.has(inp.needs_line):
+            return False
+        for flow, need in inp.needs_bytes.items():
+            pf = peer.flows.get(flow)
+            if pf is None or pf.guest_bytes < need:
+                return False
+        return True
+
+    def unmet(inp) -> str:
+        parts = []
+        if not lines.has(inp.needs_line):
+            parts.append(f"serial line {inp.needs_line[0][:60]!r} (#{inp.needs_line[1]})")
+        for flow, need in inp.needs_bytes.items():
+            pf = peer.flows.get(flow)
+            have = pf.guest_bytes if pf else 0
+            if have < need:
+                parts.append(f"flow {flow}: {have}/{need} guest bytes")
+        return ", ".join(parts)
+
+    while True:
+        msgs = server.receive(1.0)
+        if msgs is None:                    # QEMU exited
+            break
+        if time.monotonic() - last_events > 0.5:
+            vm.poll_events()                # why the guest stops comes as a QMP event
+            last_events = time.monotonic()
+        if not msgs:
+            if time.monotonic() - last_word > HANG_WALL_S:
+                res.outcome, res.detail = "hung", f"QEMU silent for {HANG_WALL_S:.0f}s of wall time"
+                return
+            continue
+        last_word = time.monotonic()
+        for m in msgs:
+            if m.type == feedproto.OUTPUT and m.channel == feedproto.NET:
+                res.net_out.append((m.vm_ns, m.data))
+                pending += peer.on_frame(m.data, m.vm_ns)
+            elif m.type == feedproto.OUTPUT and m.channel == feedproto.SERIAL:
+                res.console_times.append((len(res.console), m.vm_ns))
+                res.console += m.data
+                lines.feed(m.data)
+            elif m.type == feedproto.WAIT:
+                now = res.end_ns = m.vm_ns
+                res.waits += 1
+                frames = pending + peer.retransmit(now)
+                pending = []
+                while nxt < len(todo) and todo[nxt].vm_ns <= now:
+                    inp = todo[nxt]
+                    if not deps_met(inp):
+                        blocked_since = blocked_since if blocked_since is not None else now
+                        if now - blocked_since < DEP_TIMEOUT_NS:
+                            break
+                        res.limits.append(f"{inp.describe()}: sent after waiting "
+                                          f"{DEP_TIMEOUT_NS / 1e9:.0f}s of VM time for {unmet(inp)}")
+                    blocked_since = None
+                    frames += _release(inp, rec, peer, server, now, res)
+                    res.delivered.append(Delivered(now, inp))
+                    last_input_ns = now
+                    nxt += 1
+                for fr in frames:
+                    server.input(feedproto.NET, now, fr)
+                horizon = _next_horizon(now, todo, nxt, blocked_since, peer, native_end, last_input_ns)
+                if horizon is None:
+                    res.outcome = "finished"
+                    server.flush()
+                    vm.quit()
+                    return
+                if now > native_end + MAX_LAG_NS:
+                    res.outcome = "lagging"
+                    res.detail = (f"still running {MAX_LAG_NS / 1e9:.0f}s of VM time past the native's end "
+                                  f"({nxt}/{len(todo)} inputs delivered)")
+                    vm.kill()
+                    return
+                server.horizon(horizon)
+                if progress:
+                    progress(res, nxt, len(todo))
+        server.flush()
+    vm.poll_events()
+    status = vm.wait(30)
+    vm.poll_events()
+    reason = vm.shutdown_reason
+    if reason == "guest-shutdown":
+        res.outcome = "poweroff"
+    elif reason in ("guest-reset", "guest-panic"):
+        res.outcome, res.detail = "crashed", f"the guest stopped with {reason} (kernel panic or reboot)"
+    else:
+        res.outcome, res.detail = "crashed", f"QEMU exited with status {status} ({reason or 'no reason given'})"
+    if nxt < len(todo):
+        res.detail += f"; {len(todo) - nxt} of {len(todo)} inputs not delivered"
+
+
+def _release(inp, rec, peer: Peer, server: FeedServer, now: int, res: AnalysisRun) -> list[bytes]:
+    if inp.kind == "serial":
+        server.input(feedproto.SERIAL, now, inp.data)
+        return []
+    if inp.kind == "frame":
+        return [inp.data]
+    fl = rec.flows[inp.flow]
+    if inp.kind == "tcp-open":
+        return peer.open(fl.index, fl.client, fl.server, fl.client_mac, fl.guest_mac, now)
+    if inp.flow not in peer.flows:
+        return []
+    if inp.kind == "tcp-data":
+        return peer.send(inp.flow, inp.data, now)
+    if inp.kind == "tcp-fin":
+        return peer.close(inp.flow, now)
+    if inp.kind == "tcp-rst":
+        return peer.reset(inp.flow, now)
+    return []
+
+
+def _next_horizon(now, todo, nxt, blocked_since, peer: Peer, native_end, last_input_ns) -> int | None:
+    """Where the VM may run to next; None when the replay is over."""
+    cands = []
+    if nxt < len(todo):
+        inp = todo[nxt]
+        # Blocked on dependencies: the guest's outputs pull the horizon in as they
+        # come; otherwise give up waiting at the dependency timeout.
+        cands.append(blocked_since + DEP_TIMEOUT_NS if blocked_since is not None and inp.vm_ns <= now
+                     else inp.vm_ns)
+    for fl in peer.flows.values():
+        if fl.state in ("syn-sent", "established") and fl.snd_una < fl.snd_nxt:
+            cands.append(fl.last_send_ns + RTO_NS)
+    if nxt >= len(todo):
+        end = max(native_end, last_input_ns) + SETTLE_NS
+        if now >= end:
+            return None
+        cands.append(end)
+    return max(min(cands), now + 1)
