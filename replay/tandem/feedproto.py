@@ -3,7 +3,8 @@
 Both directions: a 16-byte little-endian header {u32 payload length, u16 type,
 u16 channel, u64 VM-clock ns} and the payload. tandem sends inputs and horizon
 advances; QEMU sends what the guest outputs and WAIT when the VM stops at the
-horizon. QEMU connects to tandem's unix socket at start.
+horizon, and SHUTDOWN (with QEMU's reason) after the guest's last output.
+QEMU connects to tandem's unix socket at start.
 """
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ from pathlib import Path
 from .errors import TandemError
 
 HEADER = struct.Struct("<IHHQ")
-INPUT, HORIZON, END, OUTPUT, WAIT = 1, 2, 3, 16, 17
+INPUT, HORIZON, END, OUTPUT, WAIT, SHUTDOWN = 1, 2, 3, 16, 17, 18
+# QEMU's ShutdownCause, in its QAPI order: the channel of a SHUTDOWN message.
+SHUTDOWN_CAUSES = ["none", "host-error", "host-qmp-quit", "host-qmp-system-reset", "host-signal",
+                   "host-ui", "guest-shutdown", "guest-reset", "guest-panic", "subsystem-reset",
+                   "snapshot-load"]
 NET, SERIAL, RNG = 1, 2, 3
 MAX_PAYLOAD = 1 << 20
 

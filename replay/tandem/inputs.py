@@ -53,6 +53,7 @@ class Flow:
     opened_ns: int
     client_bytes: int = 0
     guest_bytes: int = 0
+    guest_data: list[tuple[int, bytes]] = field(default_factory=list)   # (VM ns, in-order payload)
 
     def name(self) -> str:
         return (f"{netpkt.ip_str(self.client[0])}:{self.client[1]}->"
@@ -65,6 +66,8 @@ class Recording:
     flows: list[Flow]
     end_ns: int | None
     limits: list[str]           # what cannot be replayed, said once each
+    serial_out: list[tuple[int, bytes]] = field(default_factory=list)   # the native's console
+    udp_out: list[tuple[int, tuple, bytes]] = field(default_factory=list)  # (ns, (dst ip, port), payload)
 
 
 class _Serial:
@@ -101,6 +104,8 @@ def from_events(events, end_ns: int | None = None) -> Recording:
     guest_next: dict[int, int] = {}     # flow -> next expected guest seq
     serial = _Serial()
     serial_in = 0
+    serial_out: list[tuple[int, bytes]] = []
+    udp_out: list[tuple[int, tuple, bytes]] = []
     limits: dict[str, None] = {}
 
     def deps(inp: Input) -> Input:
@@ -112,6 +117,7 @@ def from_events(events, end_ns: int | None = None) -> Recording:
         if e.kind == "serial":
             if e.direction == "out":
                 serial.feed(e.data)
+                serial_out.append((e.vm_ns, e.data))
             elif e.direction == "in":
                 inputs.append(deps(Input("serial", e.vm_ns, e.data, offset=serial_in, seq=e.seq)))
                 serial_in += len(e.data)
@@ -137,7 +143,10 @@ def from_events(events, end_ns: int | None = None) -> Recording:
                         new = _new_bytes(guest_next[fl.index], f.seq, f.payload)
                         if new:
                             fl.guest_bytes += len(new)
+                            fl.guest_data.append((e.vm_ns, new))
                             guest_next[fl.index] = (guest_next[fl.index] + len(new)) & 0xFFFFFFFF
+            elif e.direction == "out" and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP:
+                udp_out.append((e.vm_ns, (f.ip_dst, f.dport), f.payload))
             elif e.direction == "in" and f.eth_type == netpkt.ETH_IP:
                 if f.fragment:
                     limits["IPv4 fragments"] = None
@@ -147,7 +156,7 @@ def from_events(events, end_ns: int | None = None) -> Recording:
             elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
                 limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
             # ARP from the network is not replayed: the replayer answers the guest's own.
-    return Recording(inputs, flows, end_ns, list(limits))
+    return Recording(inputs, flows, end_ns, list(limits), serial_out, udp_out)
 
 
 def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:

@@ -38,9 +38,10 @@ ANALYSES = {
 }
 
 LOOKAHEAD_NS = 1_000_000            # the replayer answers an output within 1 ms of VM time
-DEP_TIMEOUT_NS = 5_000_000_000      # an input waits at most this long for its dependencies
+DEP_TIMEOUT_NS = 5_000_000_000      # an input waiting on dependencies is sent anyway after
+                                    # this much VM time without any output from the guest
 SETTLE_NS = 1_000_000_000           # run this long after the last input (and the native's end)
-MAX_LAG_NS = 30_000_000_000         # beyond the native's end: the analysis is hung
+MAX_LAG_NS = 60_000_000_000         # beyond the native's end: the analysis is lagging
 HANG_WALL_S = 60.0                  # no word from QEMU for this long (wall): it is hung
 
 
@@ -153,7 +154,9 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int,
     last_input_ns = 0
     pending: list[bytes] = []               # frames to send at the next stop
     native_end = rec.end_ns or 0
-    last_word = last_events = time.monotonic()
+    last_word = time.monotonic()
+    last_output_ns = 0
+    shutdown = None
 
     def deps_met(inp) -> bool:
         if not lines.has(inp.needs_line):
@@ -179,9 +182,6 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int,
         msgs = server.receive(1.0)
         if msgs is None:                    # QEMU exited
             break
-        if time.monotonic() - last_events > 0.5:
-            vm.poll_events()                # why the guest stops comes as a QMP event
-            last_events = time.monotonic()
         if not msgs:
             if time.monotonic() - last_word > HANG_WALL_S:
                 res.outcome, res.detail = "hung", f"QEMU silent for {HANG_WALL_S:.0f}s of wall time"
@@ -189,7 +189,13 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int,
             continue
         last_word = time.monotonic()
         for m in msgs:
-            if m.type == feedproto.OUTPUT and m.channel == feedproto.NET:
+            if m.type == feedproto.OUTPUT:
+                last_output_ns = m.vm_ns
+            if m.type == feedproto.SHUTDOWN:
+                c = feedproto.SHUTDOWN_CAUSES
+                shutdown = c[m.channel] if m.channel < len(c) else f"cause {m.channel}"
+                res.end_ns = m.vm_ns
+            elif m.type == feedproto.OUTPUT and m.channel == feedproto.NET:
                 res.net_out.append((m.vm_ns, m.data))
                 pending += peer.on_frame(m.data, m.vm_ns)
             elif m.type == feedproto.OUTPUT and m.channel == feedproto.SERIAL:
@@ -205,7 +211,7 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int,
                     inp = todo[nxt]
                     if not deps_met(inp):
                         blocked_since = blocked_since if blocked_since is not None else now
-                        if now - blocked_since < DEP_TIMEOUT_NS:
+                        if now - max(blocked_since, last_output_ns) < DEP_TIMEOUT_NS:
                             break
                         res.limits.append(f"{inp.describe()}: sent after waiting "
                                           f"{DEP_TIMEOUT_NS / 1e9:.0f}s of VM time for {unmet(inp)}")
@@ -216,12 +222,12 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int,
                     nxt += 1
                 for fr in frames:
                     server.input(feedproto.NET, now, fr)
-                horizon = _next_horizon(now, todo, nxt, blocked_since, peer, native_end, last_input_ns)
+                horizon = _next_horizon(now, todo, nxt, blocked_since, last_output_ns, peer,
+                                        native_end, last_input_ns)
                 if horizon is None:
-                    res.outcome = "finished"
                     server.flush()
-                    vm.quit()
-                    return
+                    vm.quit()           # reported back as SHUTDOWN host-qmp-quit
+                    continue
                 if now > native_end + MAX_LAG_NS:
                     res.outcome = "lagging"
                     res.detail = (f"still running {MAX_LAG_NS / 1e9:.0f}s of VM time past the native's end "
@@ -232,16 +238,16 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int,
                 if progress:
                     progress(res, nxt, len(todo))
         server.flush()
-    vm.poll_events()
-    status = vm.wait(30)
-    vm.poll_events()
-    reason = vm.shutdown_reason
-    if reason == "guest-shutdown":
+    vm.wait(30)
+    if shutdown == "guest-shutdown":
         res.outcome = "poweroff"
-    elif reason in ("guest-reset", "guest-panic"):
-        res.outcome, res.detail = "crashed", f"the guest stopped with {reason} (kernel panic or reboot)"
+    elif shutdown == "host-qmp-quit":
+        res.outcome = "finished"
+    elif shutdown in ("guest-reset", "guest-panic"):
+        res.outcome, res.detail = "crashed", f"the guest stopped with {shutdown} (kernel panic or reboot)"
     else:
-        res.outcome, res.detail = "crashed", f"QEMU exited with status {status} ({reason or 'no reason given'})"
+        res.outcome = "crashed"
+        res.detail = f"QEMU exited ({shutdown or 'without saying why'}): {vm.log_tail(300)}"
     if nxt < len(todo):
         res.detail += f"; {len(todo) - nxt} of {len(todo)} inputs not delivered"
 
@@ -266,15 +272,16 @@ def _release(inp, rec, peer: Peer, server: FeedServer, now: int, res: AnalysisRu
     return []
 
 
-def _next_horizon(now, todo, nxt, blocked_since, peer: Peer, native_end, last_input_ns) -> int | None:
+def _next_horizon(now, todo, nxt, blocked_since, last_output_ns, peer: Peer, native_end,
+                  last_input_ns) -> int | None:
     """Where the VM may run to next; None when the replay is over."""
     cands = []
     if nxt < len(todo):
         inp = todo[nxt]
         # Blocked on dependencies: the guest's outputs pull the horizon in as they
-        # come; otherwise give up waiting at the dependency timeout.
-        cands.append(blocked_since + DEP_TIMEOUT_NS if blocked_since is not None and inp.vm_ns <= now
-                     else inp.vm_ns)
+        # come; without any, give up waiting at the dependency timeout.
+        cands.append(max(blocked_since, last_output_ns) + DEP_TIMEOUT_NS
+                     if blocked_since is not None and inp.vm_ns <= now else inp.vm_ns)
     for fl in peer.flows.values():
         if fl.state in ("syn-sent", "established") and fl.snd_una < fl.snd_nxt:
             cands.append(fl.last_send_ns + RTO_NS)

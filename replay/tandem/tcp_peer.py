@@ -40,6 +40,7 @@ class PeerFlow:
     guest_window: int = 0
     guest_mss: int = 536
     guest_bytes: int = 0        # payload received from the guest, in order
+    guest_data: list[tuple[int, bytes]] = field(default_factory=list)   # (VM ns, in-order payload)
     guest_fin: bool = False
     last_send_ns: int = 0
     reset: str | None = None    # why the guest reset the connection
@@ -134,6 +135,7 @@ class Peer:
             if f.seq == fl.rcv_nxt:
                 fl.rcv_nxt = (fl.rcv_nxt + len(f.payload)) & 0xFFFFFFFF
                 fl.guest_bytes += len(f.payload)
+                fl.guest_data.append((now, f.payload))
             need_ack = True                             # in order, retransmitted or early
         if f.flags & FIN and ((f.seq + len(f.payload)) & 0xFFFFFFFF) == fl.rcv_nxt and not fl.guest_fin:
             fl.guest_fin = True

@@ -1,0 +1,61 @@
+"""Findings of an analysis run: sanitizer reports on its console, and the run's
+own failures (a panic, a hang, a lagging VM), each attributed to the input after
+which it appeared."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from . import artifacts, report
+from .replay_semantic import ANALYSES, AnalysisRun
+
+
+@dataclass
+class Finding:
+    analysis: str
+    type: str                   # a report type (report.TYPES) or VM-CRASH | VM-HANG | VM-LAG | REPLAY-ERROR
+    title: str
+    vm_ns: int
+    after_input: str            # the recorded input delivered last before it
+    input_channel: str | None
+    input_flow: int | None
+    input_offset: int | None
+    text: str
+    frames: list[str]
+    locations: list[tuple[str, str, int]]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def _attributed(run: AnalysisRun, vm_ns: int) -> dict:
+    d = run.input_before(vm_ns)
+    if d is None:
+        return {"after_input": "none (before the first input)", "input_channel": None,
+                "input_flow": None, "input_offset": None}
+    i = d.input
+    chan = "net" if i.kind.startswith("tcp") or i.kind == "frame" else i.kind
+    return {"after_input": i.describe(), "input_channel": chan, "input_flow": i.flow,
+            "input_offset": i.offset}
+
+
+def findings(run: AnalysisRun, symbolize: bool = True) -> list[Finding]:
+    out = []
+    vmlinux = None
+    if symbolize:
+        try:
+            vmlinux = artifacts.kernel(ANALYSES.get(run.analysis, (run.analysis,))[0])["vmlinux"]
+        except Exception:
+            vmlinux = None
+    for rep in report.parse(bytes(run.console), "linux"):
+        if vmlinux and rep.os == "linux":
+            rep = report.symbolize(rep, vmlinux)
+        ns = run.vm_time_at(rep.start)
+        out.append(Finding(run.analysis, rep.type, rep.title, ns, text=rep.text, frames=rep.frames,
+                           locations=rep.locations, **_attributed(run, ns)))
+    kind = {"crashed": "VM-CRASH", "hung": "VM-HANG", "lagging": "VM-LAG", "error": "REPLAY-ERROR"}
+    if run.outcome in kind:
+        out.append(Finding(run.analysis, kind[run.outcome], f"analysis VM {run.outcome}: {run.detail}",
+                           run.end_ns, text=run.qemu_log, frames=[], locations=[],
+                           **_attributed(run, run.end_ns)))
+    return out
