@@ -82,7 +82,7 @@ def cmd_record(args) -> int:
 def cmd_replay(args) -> int:
     from .replay_exact import replay
     if args.analysis:
-        raise TandemError("--analysis (semantic replay) is not implemented yet; exact replay only")
+        return cmd_analyze(args)
     with console.status("replaying") as status:
         v = replay(args.bundle, follow=args.follow, partial=args.partial,
                    progress=_progress("replaying", status))
@@ -91,6 +91,57 @@ def cmd_replay(args) -> int:
                           "replay_wall_s": v.replay_wall_s, "partial": v.partial}))
     console.print(("[bold green]" if v.ok else "[bold red]") + v.summary())
     return 0 if v.ok else 1
+
+
+def print_summary(s, out=console) -> None:
+    """Findings first (what the analyses found), then divergences, then the verdict."""
+    for r in s.results:
+        run = r.run
+        head = (f"[bold]{r.analysis}[/]: {run.outcome}, VM time {run.end_ns / 1e9:.2f}s, "
+                f"wall {run.wall_s:.1f}s, {len(r.findings)} finding(s), "
+                f"{len(r.divergences)} divergence(s)" + (f" ({r.noise} noise)" if r.noise else ""))
+        out.print(head)
+        for f in r.findings:
+            # The guilty frame's own source line, when it could be found.
+            at = [x for x in f.locations if f.frames and x[0] == f.frames[0]]
+            loc = f" at {at[0][1]}:{at[0][2]}" if at else ""
+            out.print(f"  [red]FINDING[/] {f.title}{loc}", markup=True)
+            out.print(f"    VM {f.vm_ns / 1e9:.6f}s, after {f.after_input}", markup=False)
+        for d in r.divergences:
+            out.print(f"  [yellow]DIVERGENCE[/] {d.channel}: {d.kind}", markup=True)
+            t = lambda ns: "-" if ns is None else f"{ns / 1e9:.6f}s"  # noqa: E731
+            out.print(f"    native VM {t(d.native_ns)}, analysis VM {t(d.analysis_ns)}, "
+                      f"after {d.after_input}", markup=False)
+            lines = d.diff.splitlines()
+            for line in lines[2:14]:
+                out.print("    " + line, markup=False)
+            if len(lines) > 14:
+                out.print(f"    ... {len(lines) - 14} more lines", markup=False)
+    for lim in s.limits:
+        out.print(f"  replay limit: {lim}", markup=False)
+    n_f = sum(len(r.findings) for r in s.results)
+    n_d = sum(len(r.divergences) for r in s.results)
+    out.print(("[bold green]CLEAN" if s.ok else "[bold red]FOUND") +
+              f"[/]: {n_f} finding(s), {n_d} divergence(s) across {len(s.results)} analysis VM(s)")
+
+
+def cmd_analyze(args) -> int:
+    from .semantic import analyze
+    if args.follow or args.partial:
+        raise TandemError("--follow and --partial are for exact replay; not with --analysis")
+    names = [a for item in args.analysis for a in item.split(",") if a]
+    state: dict[str, str] = {}
+    with console.status("replaying into analysis VMs") as status:
+        def progress(name, run, done, total):
+            state[name] = f"{name} {run.end_ns / 1e9:.1f}s {done}/{total}"
+            status.update("semantic replay: " + ", ".join(state.values()))
+        s = analyze(args.bundle, names, spec_path=args.spec, jobs=args.jobs, noise=not args.no_noise,
+                    workdir=Path(args.workdir) if args.workdir else None, progress=progress)
+    print_summary(s)
+    if args.json:
+        print((Path(args.workdir) if args.workdir else Path(args.bundle) / "analysis").joinpath(
+            "summary.json").read_text())
+    return 0 if s.ok else 1
 
 
 def cmd_inspect(args) -> int:
@@ -121,11 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--userland", default="native", choices=["native", "asan"])
     r.set_defaults(func=cmd_record)
 
-    r = sub.add_parser("replay", help="replay a bundle exactly and verify its outputs")
+    r = sub.add_parser("replay", help="replay a bundle exactly and verify its outputs, or "
+                       "semantically into analysis VMs (--analysis)")
     r.add_argument("bundle")
     r.add_argument("--follow", action="store_true", help="replay a recording that is still running")
     r.add_argument("--partial", action="store_true", help="replay up to the last intact segment")
-    r.add_argument("--analysis", action="append", help="(semantic replay, not yet available)")
+    r.add_argument("--analysis", action="append", metavar="NAME",
+                   help="semantic replay into this analysis VM (repeatable, or comma-separated): "
+                        "native, kasan, ubsan, lockdep, asan-userland")
+    r.add_argument("--spec", help="equivalence spec (TOML) added to the built-in one (docs/equivalence.md)")
+    r.add_argument("--jobs", type=int, default=2, help="analysis VMs run at once (default 2)")
+    r.add_argument("--no-noise", action="store_true",
+                   help="do not replay into the native kernel to learn what differs between runs")
+    r.add_argument("--workdir", help="where analysis logs go (default BUNDLE/analysis)")
     r.add_argument("--json", action="store_true", help="also print the verdict as JSON on stdout")
     r.set_defaults(func=cmd_replay)
 

@@ -28,6 +28,15 @@ class Finding:
         return json.dumps(asdict(self))
 
 
+def _short_path(path: str) -> str:
+    """Kernel sources relative to the kernel tree, module sources to this repository."""
+    for marker in ("guest-kernel/", "/linux-src/"):
+        if marker in path:
+            rest = path.split(marker, 1)[1]
+            return marker.strip("/") + "/" + rest if marker == "guest-kernel/" else rest.split("/", 1)[-1]
+    return path
+
+
 def _attributed(run: AnalysisRun, vm_ns: int) -> dict:
     d = run.input_before(vm_ns)
     if d is None:
@@ -41,18 +50,21 @@ def _attributed(run: AnalysisRun, vm_ns: int) -> dict:
 
 def findings(run: AnalysisRun, symbolize: bool = True) -> list[Finding]:
     out = []
-    vmlinux = None
+    vmlinux, modules = None, []
     if symbolize:
+        flavor = ANALYSES.get(run.analysis, (run.analysis,))[0]
         try:
-            vmlinux = artifacts.kernel(ANALYSES.get(run.analysis, (run.analysis,))[0])["vmlinux"]
+            vmlinux = artifacts.kernel(flavor)["vmlinux"]
+            modules = artifacts._load(f"modules-{flavor}").get("modules", [])
         except Exception:
-            vmlinux = None
+            pass
     for rep in report.parse(bytes(run.console), "linux"):
         if vmlinux and rep.os == "linux":
-            rep = report.symbolize(rep, vmlinux)
+            rep = report.symbolize(rep, vmlinux, modules)
         ns = run.vm_time_at(rep.start)
+        locs = [(fn, _short_path(f), ln) for fn, f, ln in rep.locations]
         out.append(Finding(run.analysis, rep.type, rep.title, ns, text=rep.text, frames=rep.frames,
-                           locations=rep.locations, **_attributed(run, ns)))
+                           locations=locs, **_attributed(run, ns)))
     kind = {"crashed": "VM-CRASH", "hung": "VM-HANG", "lagging": "VM-LAG", "error": "REPLAY-ERROR"}
     if run.outcome in kind:
         out.append(Finding(run.analysis, kind[run.outcome], f"analysis VM {run.outcome}: {run.detail}",

@@ -8,10 +8,11 @@ when the input arrived (its dependencies), because the remote client reacted to
 those outputs: the replayer holds the input until the analysis guest has
 produced them too.
 
-Dependencies are counted per output stream: payload bytes per TCP flow, and
-userland lines on the serial console (kernel printk lines, which differ between
-kernels, are not counted). A dependency on a line is the line's text and its
-occurrence number, so a sanitizer's extra lines do not satisfy it early.
+Dependencies are counted per output stream: payload bytes per TCP flow, and,
+for serial input, userland lines on the serial console (kernel printk lines,
+which differ between kernels, are not counted). A dependency on a line is the
+line's text and its occurrence number, so a sanitizer's extra lines do not
+satisfy it early.
 """
 from __future__ import annotations
 
@@ -110,7 +111,10 @@ def from_events(events, end_ns: int | None = None) -> Recording:
 
     def deps(inp: Input) -> Input:
         inp.needs_bytes = {f.index: f.guest_bytes for f in flows if f.guest_bytes}
-        inp.needs_line = serial.last
+        # Serial lines gate serial input only: a network client does not read the
+        # console (and kernel messages can split a userland line mid-way). A
+        # connection opened before the service listens is retried by the peer.
+        inp.needs_line = serial.last if inp.kind == "serial" else None
         return inp
 
     for e in events:

@@ -25,7 +25,7 @@ from pathlib import Path
 from . import feedproto, inputs as inputs_mod
 from .errors import TandemError
 from .feedproto import FeedServer
-from .tcp_peer import RTO_NS, Peer
+from .tcp_peer import Peer
 from .vm import VM, Guest, Run, make_overlay
 
 # analysis name -> (kernel flavor, userland)
@@ -158,14 +158,26 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int,
     last_output_ns = 0
     shutdown = None
 
+    # Outputs given up on: after one dependency timeout, the bytes a flow never
+    # produced (and lines never printed) are not waited for again.
+    short: dict[int, int] = {}
+    lost_lines: set[bytes] = set()
+
+    def have(flow: int) -> int:
+        pf = peer.flows.get(flow)
+        return (pf.guest_bytes if pf else 0) + short.get(flow, 0)
+
     def deps_met(inp) -> bool:
-        if not lines.has(inp.needs_line):
+        if inp.needs_line and inp.needs_line[0] not in lost_lines and not lines.has(inp.needs_line):
             return False
+        return all(have(flow) >= need for flow, need in inp.needs_bytes.items())
+
+    def give_up(inp) -> None:
+        if inp.needs_line and not lines.has(inp.needs_line):
+            lost_lines.add(inp.needs_line[0])
         for flow, need in inp.needs_bytes.items():
-            pf = peer.flows.get(flow)
-            if pf is None or pf.guest_bytes < need:
-                return False
-        return True
+            if have(flow) < need:
+                short[flow] = short.get(flow, 0) + need - have(flow)
 
     def unmet(inp) -> str:
         parts = []
@@ -215,6 +227,7 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int,
                             break
                         res.limits.append(f"{inp.describe()}: sent after waiting "
                                           f"{DEP_TIMEOUT_NS / 1e9:.0f}s of VM time for {unmet(inp)}")
+                        give_up(inp)
                     blocked_since = None
                     frames += _release(inp, rec, peer, server, now, res)
                     res.delivered.append(Delivered(now, inp))
@@ -282,9 +295,8 @@ def _next_horizon(now, todo, nxt, blocked_since, last_output_ns, peer: Peer, nat
         # come; without any, give up waiting at the dependency timeout.
         cands.append(max(blocked_since, last_output_ns) + DEP_TIMEOUT_NS
                      if blocked_since is not None and inp.vm_ns <= now else inp.vm_ns)
-    for fl in peer.flows.values():
-        if fl.state in ("syn-sent", "established") and fl.snd_una < fl.snd_nxt:
-            cands.append(fl.last_send_ns + RTO_NS)
+    if (t := peer.next_timer()) is not None:
+        cands.append(t)
     if nxt >= len(todo):
         end = max(native_end, last_input_ns) + SETTLE_NS
         if now >= end:

@@ -19,6 +19,8 @@ from .netpkt import ACK, FIN, PSH, RST, SYN
 PEER_WINDOW = 65535
 PEER_MSS = 1460
 RTO_NS = 200_000_000        # VM time before unacknowledged data is sent again
+SYN_RETRY_NS = 50_000_000   # a refused connection (service not listening yet) is retried
+SYN_RETRY_FOR_NS = 60_000_000_000   # ... for this long, like a patient client
 
 
 @dataclass
@@ -29,7 +31,7 @@ class PeerFlow:
     client_mac: bytes
     guest_mac: bytes
     isn: int
-    state: str = "closed"       # closed | syn-sent | established | done
+    state: str = "closed"       # closed | syn-sent | refused | established | done
     snd_una: int = 0            # offsets into our stream (0 = SYN)
     snd_nxt: int = 0
     sendbuf: bytearray = field(default_factory=bytearray)   # client bytes from offset 1
@@ -43,6 +45,8 @@ class PeerFlow:
     guest_data: list[tuple[int, bytes]] = field(default_factory=list)   # (VM ns, in-order payload)
     guest_fin: bool = False
     last_send_ns: int = 0
+    opened_ns: int = 0
+    refusals: int = 0
     reset: str | None = None    # why the guest reset the connection
 
     def seq(self, off: int) -> int:
@@ -64,7 +68,7 @@ class Peer:
         self.by_tuple[(server[0], server[1], client[0], client[1])] = fl
         fl.state = "syn-sent"
         fl.snd_nxt = 1
-        fl.last_send_ns = now
+        fl.last_send_ns = fl.opened_ns = now
         return [self._seg(fl, 0, SYN, mss=PEER_MSS)]
 
     def send(self, index: int, data: bytes, now: int) -> list[bytes]:
@@ -106,6 +110,11 @@ class Peer:
     def _on_segment(self, fl: PeerFlow, f, now: int) -> list[bytes]:
         out: list[bytes] = []
         if f.flags & RST:
+            if fl.state == "syn-sent" and now - fl.opened_ns < SYN_RETRY_FOR_NS:
+                fl.state = "refused"            # not listening yet: retry (retransmit())
+                fl.refusals += 1
+                fl.last_send_ns = now
+                return out
             if fl.state != "done":
                 fl.reset = "refused" if fl.state == "syn-sent" else "reset by the guest"
             fl.state = "done"
@@ -178,7 +187,9 @@ class Peer:
         """Resend unacknowledged data older than the retransmission timeout."""
         out = []
         for fl in self.flows.values():
-            if fl.state == "syn-sent" and now - fl.last_send_ns >= RTO_NS:
+            if (fl.state == "syn-sent" and now - fl.last_send_ns >= RTO_NS) or \
+                    (fl.state == "refused" and now - fl.last_send_ns >= SYN_RETRY_NS):
+                fl.state = "syn-sent"
                 fl.last_send_ns = now
                 out.append(self._seg(fl, 0, SYN, mss=PEER_MSS))
             elif fl.state == "established" and fl.snd_una < fl.snd_nxt and now - fl.last_send_ns >= RTO_NS:
@@ -187,6 +198,16 @@ class Peer:
                     fl.fin_sent = False
                 out += self._transmit(fl, now)
         return out
+
+    def next_timer(self) -> int | None:
+        """VM time of the next retransmission or connection retry, if any."""
+        t = []
+        for fl in self.flows.values():
+            if fl.state == "refused":
+                t.append(fl.last_send_ns + SYN_RETRY_NS)
+            elif fl.state == "syn-sent" or (fl.state == "established" and fl.snd_una < fl.snd_nxt):
+                t.append(fl.last_send_ns + RTO_NS)
+        return min(t) if t else None
 
     def waiting_for_guest(self) -> bool:
         """Whether some connection expects the guest to answer (the peer must keep up)."""

@@ -22,19 +22,26 @@ _FRAME = re.compile(r"(?P<rip>^(?:RIP|IP): (?:[0-9a-f]{4}:)?)?(?:\[<(?P<addr>[0-
 
 
 class _Symbols:
+    """Function symbols of a vmlinux, or of a module (.ko, a relocatable object whose
+    symbol values are offsets into their section: addr2line is told the section)."""
+
     def __init__(self, path: Path):
         self.path = path
         self.by_name: dict[str, list[tuple[int, int]]] = {}
+        self.section: dict[str, str] = {}       # module only: function -> its section
         self.has_dwarf = False
-        self._cache: dict[int, list[tuple[str, str, int]]] = {}
+        self._cache: dict[tuple[str, int], list[tuple[str, str, int]]] = {}
         try:
             with open(path, "rb") as f:
                 elf = ELFFile(f)
+                rel = elf["e_type"] == "ET_REL"
                 self.has_dwarf = elf.get_section_by_name(".debug_info") is not None
                 symtab = elf.get_section_by_name(".symtab")
                 for sym in symtab.iter_symbols() if symtab else ():
-                    if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"]:
+                    if sym["st_info"]["type"] == "STT_FUNC" and (sym["st_value"] or rel):
                         self.by_name.setdefault(sym.name, []).append((sym["st_value"], sym["st_size"]))
+                        if rel and isinstance(sym["st_shndx"], int):
+                            self.section[sym.name] = elf.get_section(sym["st_shndx"]).name
         except (OSError, ELFError):
             pass
 
@@ -46,16 +53,17 @@ class _Symbols:
         start = next((a for a, s in cands if size is not None and s == size), cands[0][0])
         return start + off
 
-    def lines(self, pcs: list[int]) -> dict[int, list[tuple[str, str, int]]]:
-        todo = sorted({pc for pc in pcs if pc not in self._cache})
+    def lines(self, pcs: list[int], section: str = "") -> dict[int, list[tuple[str, str, int]]]:
+        todo = sorted({pc for pc in pcs if (section, pc) not in self._cache})
         tool = shutil.which("addr2line")
         if todo and self.has_dwarf and tool:
-            out = subprocess.run([tool, "-f", "-i", "-a", "-e", str(self.path)] + [hex(pc) for pc in todo],
-                                 capture_output=True, text=True, timeout=300).stdout
-            self._cache.update(_parse_addr2line(out))
+            sect = ["-j", section] if section else []
+            out = subprocess.run([tool, "-f", "-i", "-a", *sect, "-e", str(self.path)] +
+                                 [hex(pc) for pc in todo], capture_output=True, text=True, timeout=300).stdout
+            self._cache.update({(section, pc): v for pc, v in _parse_addr2line(out).items()})
         for pc in todo:
-            self._cache.setdefault(pc, [])
-        return {pc: self._cache[pc] for pc in pcs}
+            self._cache.setdefault((section, pc), [])
+        return {pc: self._cache[(section, pc)] for pc in pcs}
 
 
 def _parse_addr2line(out: str) -> dict[int, list[tuple[str, str, int]]]:
@@ -82,16 +90,25 @@ def _symbols(path: str, mtime: float, size: int) -> _Symbols:
     return _Symbols(Path(path))
 
 
-def symbolize(report, vmlinux: Path | str):
-    """Fill report.locations for its frames (guilty first); returns the report."""
-    path = Path(vmlinux)
+def _load(path: Path) -> _Symbols | None:
     try:
         st = path.stat()
     except OSError:
+        return None
+    return _symbols(str(path.resolve()), st.st_mtime, st.st_size)
+
+
+def symbolize(report, vmlinux: Path | str, modules: list[Path | str] = ()):
+    """Fill report.locations for its frames (guilty first); returns the report.
+    Frames of out-of-tree modules are found in `modules` (their .ko files)."""
+    syms = _load(Path(vmlinux))
+    if syms is None:
         return report
-    syms = _symbols(str(path.resolve()), st.st_mtime, st.st_size)
+    mods = [m for m in (_load(Path(p)) for p in modules) if m is not None]
     wanted = set(report.frames)
     pcs: list[int] = []
+    # (symbols, section, pc) for frames found in a module
+    in_mods: list[tuple[_Symbols, str, int]] = []
     for text in report.text.splitlines():
         m = _FRAME.search(text.strip())
         if not m or not (m.group("name") or m.group("addr")):
@@ -101,6 +118,13 @@ def symbolize(report, vmlinux: Path | str):
                 continue
             size = int(m.group("size"), 16) if m.group("size") else None
             pc = syms.address(m.group("name"), int(m.group("off"), 16), size)
+            if pc is None:
+                mod = next((x for x in mods if m.group("name") in x.by_name), None)
+                if mod is not None:
+                    mpc = mod.address(m.group("name"), int(m.group("off"), 16), size)
+                    in_mods.append((mod, mod.section.get(m.group("name"), ".text"),
+                                    mpc if m.group("rip") else mpc - 1))
+                continue
         else:
             pc = int(m.group("addr"), 16)
         if pc is None:
@@ -111,6 +135,10 @@ def symbolize(report, vmlinux: Path | str):
     locations: list[tuple[str, str, int]] = []
     for pc in pcs:
         for loc in found[pc]:
+            if loc not in locations:
+                locations.append(loc)
+    for mod, section, pc in in_mods:
+        for loc in mod.lines([pc], section)[pc]:
             if loc not in locations:
                 locations.append(loc)
     report.locations = _guilty_first(locations, report.frames)

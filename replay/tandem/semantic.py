@@ -1,0 +1,105 @@
+"""`tandem replay BUNDLE --analysis A ...`: replay a recording into analysis VMs in
+parallel, then report their findings and their divergences from the native.
+
+record -> inputs.load (what the native received) -> replay_semantic.run per
+analysis (feed + TCP peer) -> compare (equivalence spec, noise from a replay
+into the native kernel) + findings (console reports) -> this summary.
+"""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import bundle, compare, equivalence, findings as findings_mod, inputs, replay_semantic
+from .errors import TandemError
+
+NOISE = "native"
+
+
+@dataclass
+class AnalysisResult:
+    analysis: str
+    run: replay_semantic.AnalysisRun
+    findings: list[findings_mod.Finding]
+    divergences: list[compare.Divergence]
+    noise: int                      # differences also seen between two runs of the native kernel
+    spec: list[str]
+
+
+@dataclass
+class Summary:
+    bundle: str
+    results: list[AnalysisResult] = field(default_factory=list)
+    limits: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.findings or r.divergences for r in self.results)
+
+
+def check_request(bundle_dir: Path, analyses: list[str], spec_path: str | None) -> dict:
+    """Fail early, with one line, on anything wrong with the request."""
+    if not analyses:
+        raise TandemError("no --analysis given")
+    for a in analyses:
+        replay_semantic.analysis_guest(a)       # unknown name, missing kernel or image
+        equivalence.load(a, spec_path)          # malformed spec
+    m = bundle.load_manifest(bundle_dir)
+    problems = bundle.verify_files(bundle_dir, m)
+    devlog = [p for p in problems if p.file == bundle.DEVLOG]
+    if devlog:
+        raise TandemError(devlog[0].message)
+    return m
+
+
+def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | None = None,
+            workdir: Path | None = None, noise: bool = True, jobs: int = 2,
+            lookahead_ns: int = replay_semantic.LOOKAHEAD_NS, progress=None) -> Summary:
+    bundle_dir = Path(bundle_dir)
+    analyses = list(dict.fromkeys(analyses))
+    check_request(bundle_dir, analyses, spec_path)
+    workdir = workdir or bundle_dir / "analysis"
+    rec = inputs.load(bundle_dir)
+    runs_wanted = analyses + ([NOISE] if noise and NOISE not in analyses else [])
+
+    def one(name: str) -> replay_semantic.AnalysisRun:
+        return replay_semantic.run(rec, name, workdir, lookahead_ns=lookahead_ns,
+                                   progress=(lambda r, n, t: progress(name, r, n, t)) if progress else None)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        runs = dict(zip(runs_wanted, pool.map(one, runs_wanted)))
+
+    summary = Summary(str(bundle_dir), limits=list(rec.limits))
+    for name in analyses:
+        run = runs[name]
+        spec = equivalence.load(name, spec_path)
+        divs = compare.compare(rec, run, spec)
+        n_noise = 0
+        if noise and name != NOISE:
+            divs, n_noise = compare.split_noise(divs, compare.compare(rec, runs[NOISE], spec))
+        summary.results.append(AnalysisResult(name, run, findings_mod.findings(run), divs, n_noise,
+                                              spec.sources))
+        summary.limits += [f"{name}: {x}" for x in run.limits + run.peer.unknown[:5]] if run.peer else \
+            [f"{name}: {x}" for x in run.limits]
+    _write(workdir, summary)
+    return summary
+
+
+def _write(workdir: Path, s: Summary) -> None:
+    """findings.jsonl (one finding per line) and summary.json, next to the analysis logs."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with open(workdir / "findings.jsonl", "w") as f:
+        for r in s.results:
+            for fd in r.findings:
+                f.write(fd.to_json() + "\n")
+    out = {"bundle": s.bundle, "ok": s.ok, "limits": s.limits, "analyses": [
+        {"analysis": r.analysis, "outcome": r.run.outcome, "detail": r.run.detail,
+         "end_vm_ns": r.run.end_ns, "wall_s": round(r.run.wall_s, 3), "waits": r.run.waits,
+         "findings": [asdict(x) for x in r.findings], "noise": r.noise, "spec": r.spec,
+         "divergences": [{"channel": d.channel, "kind": d.kind, "native_vm_ns": d.native_ns,
+                          "analysis_vm_ns": d.analysis_ns, "after_input": d.after_input,
+                          "diff": d.diff} for d in r.divergences]}
+        for r in s.results]}
+    (workdir / "summary.json").write_text(json.dumps(out, indent=1, default=str))
