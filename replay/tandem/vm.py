@@ -41,7 +41,7 @@ def initrd_with_modules(initramfs: str, initramfs_sha256: str, modules: dict) ->
     out = artifacts.cache_dir() / "initrd" / f"{Path(initramfs).name.split('.')[0]}+{modules['flavor']}-{key}.cpio.gz"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}")
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}")
         with open(tmp, "wb") as f:
             for part in (initramfs, modules["cpio"]):
                 with open(part, "rb") as src:
