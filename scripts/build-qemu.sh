@@ -40,6 +40,10 @@ PATCH_HASH=$( (cd "$ROOT/qemu-patches" && cat $SERIES $(cat $SERIES)) | sha256su
 DIR=$CACHE/qemu/$KEY
 BIN=$DIR/install/bin/qemu-system-x86_64
 
+# One build per key at a time (the test suite and a user may both ask for it).
+mkdir -p "$CACHE/qemu"
+exec 9>"$CACHE/qemu/.lock-$KEY"
+flock 9
 if [ ! -f "$DIR/.complete" ]; then
   say "building QEMU ($FLAVOR) $KEY (cold: ~10-20 min on 2 cores; cached afterwards)"
   # .complete is written last: anything without it is a leftover and is redone.

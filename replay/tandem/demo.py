@@ -1,8 +1,11 @@
 """`tandem demo`: the embedded default, end to end.
 
-Record the demo guest while real clients talk to it over the port forward and
-lines are typed on its serial console; power it off; inspect the bundle; replay
-it exactly and show the verdict.
+Record the demo guest while real clients talk to it over the port forward (some
+requests hit the planted bugs, which the native guest serves without noticing)
+and lines are typed on its serial console; power it off; inspect the bundle;
+replay it exactly and show the verdict; then replay it into the analysis VMs
+(sanitizer kernels, ASan userland) and show what they found, attributed to the
+requests.
 """
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ from pathlib import Path
 from .inspect_bundle import inspect, render
 from .record import Recording
 from .replay_exact import replay
-from .workload import demo_traffic
+from .workload import PLANTED_BUGS, bad_requests, demo_traffic
+
+DEMO_ANALYSES = ["kasan", "ubsan", "lockdep", "asan-userland"]
 
 
 def run_demo(console, workdir: Path | None = None) -> int:
@@ -34,6 +39,10 @@ def run_demo(console, workdir: Path | None = None) -> int:
             with console.status("driving client traffic (python sockets + nc)"):
                 stats = demo_traffic(rec.port)
             console.print(f"clients made {stats['requests']} requests")
+            replies = bad_requests(rec.port)
+            console.print(f"planted-bug requests, answered normally by the native guest: "
+                          + ", ".join(f"{PLANTED_BUGS[k][0][:14]!r}->{v}" for k, v in replies.items()),
+                          markup=False)
             rec.serial.type("echo hello from the serial console")
             mark = rec.serial.wait_for(b"hello from the serial console", 30)
             rec.serial.type("stats")
@@ -47,9 +56,17 @@ def run_demo(console, workdir: Path | None = None) -> int:
         with console.status("replaying under icount (idle time skipped)"):
             v = replay(path)
         console.print(("[bold green]" if v.ok else "[bold red]") + v.summary())
+
+        console.rule("[bold]3. semantic replay into analysis VMs")
+        from .cli import print_summary
+        from .semantic import analyze
+        with console.status(f"replaying into {', '.join(DEMO_ANALYSES)} (+ the native kernel, for noise)"):
+            s = analyze(path, DEMO_ANALYSES)
+        print_summary(s, console)
         console.print(f"bundle kept at {path}" if tmp is None else
                       f"(bundle in {path}; removed at exit, use --workdir to keep it)")
-        return 0 if v.ok else 1
+        completed = all(r.run.outcome in ("poweroff", "finished") for r in s.results)
+        return 0 if v.ok and completed else 1
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -64,7 +64,10 @@ class FeedServer:
 
     def flush(self) -> None:
         if self.out:
-            self.conn.sendall(self.out)
+            try:
+                self.conn.sendall(self.out)
+            except (BrokenPipeError, ConnectionResetError):
+                pass    # QEMU has exited; receive() reports it
             self.out.clear()
 
     def receive(self, timeout: float) -> list[Message] | None:

@@ -196,7 +196,9 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int,
             break
         if not msgs:
             if time.monotonic() - last_word > HANG_WALL_S:
-                res.outcome, res.detail = "hung", f"QEMU silent for {HANG_WALL_S:.0f}s of wall time"
+                res.outcome = "hung"
+                res.detail = (f"QEMU silent for {HANG_WALL_S:.0f}s of wall time (QEMU state "
+                              f"{vm.status()}, {_feed_state(vm)}, last stop at VM {res.end_ns / 1e9:.6f}s)")
                 return
             continue
         last_word = time.monotonic()
@@ -263,6 +265,17 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int,
         res.detail = f"QEMU exited ({shutdown or 'without saying why'}): {vm.log_tail(300)}"
     if nxt < len(todo):
         res.detail += f"; {len(todo) - nxt} of {len(todo)} inputs not delivered"
+
+
+def _feed_state(vm: VM) -> str:
+    """The feed object's counters, for diagnosing a stuck analysis VM."""
+    out = []
+    for prop in ("horizon", "waits", "delivered", "late"):
+        try:
+            out.append(f"{prop}={vm.qmp.command('qom-get', path='/objects/feed', property=prop)}")
+        except Exception:
+            pass
+    return "feed " + " ".join(out)
 
 
 def _release(inp, rec, peer: Peer, server: FeedServer, now: int, res: AnalysisRun) -> list[bytes]:
