@@ -112,13 +112,20 @@ def _merge(spec: Spec, data: dict, where: str) -> None:
                 fail(f"unknown key {c}.{k}")
 
 
+# The embedded default guest's own spec, used when the user gives none.
+DEMO_SPEC = Path(__file__).resolve().parents[2] / "agent" / "kvd.equiv.toml"
+
+
 def load(analysis: str, path: str | Path | None = None) -> Spec:
-    """The built-in defaults for this analysis, plus the user's spec file if given."""
+    """The built-in defaults for this analysis, plus the user's spec file if given
+    (else the demo service's, agent/kvd.equiv.toml)."""
     spec = Spec()
     for key in ("*", analysis):
         if key in BUILTIN:
             _merge(spec, BUILTIN[key], f"built-in spec {key!r}")
             spec.sources.append(f"built-in:{key}")
+    if path is None and DEMO_SPEC.is_file():
+        path = DEMO_SPEC
     if path is not None:
         p = Path(path)
         try:

@@ -67,6 +67,7 @@ class Recording:
     flows: list[Flow]
     end_ns: int | None
     limits: list[str]           # what cannot be replayed, said once each
+    created: str = "2026-01-01T00:00:00"     # when the native started (UTC), for the RTC
     serial_out: list[tuple[int, bytes]] = field(default_factory=list)   # the native's console
     udp_out: list[tuple[int, tuple, bytes]] = field(default_factory=list)  # (ns, (dst ip, port), payload)
 
@@ -94,7 +95,11 @@ def load(bundle_dir: str | Path) -> Recording:
     from . import bundle
     dl = pcapng.read_devlog(Path(bundle_dir) / bundle.DEVLOG)
     end = next((s.end_vm_ns for s in dl.stats if s and s.end_vm_ns), None)
-    return from_events(dl.events, end)
+    rec = from_events(dl.events, end)
+    created = bundle.load_manifest(bundle_dir).get("created")
+    if isinstance(created, str) and len(created) >= 19:
+        rec.created = created[:19]
+    return rec
 
 
 def from_events(events, end_ns: int | None = None) -> Recording:
@@ -111,10 +116,11 @@ def from_events(events, end_ns: int | None = None) -> Recording:
 
     def deps(inp: Input) -> Input:
         inp.needs_bytes = {f.index: f.guest_bytes for f in flows if f.guest_bytes}
-        # Serial lines gate serial input only: a network client does not read the
-        # console (and kernel messages can split a userland line mid-way). A
-        # connection opened before the service listens is retried by the peer.
-        inp.needs_line = serial.last if inp.kind == "serial" else None
+        # Serial lines gate serial input and new connections (a client that waited
+        # for the guest to say it is ready), not data on open connections: kernel
+        # messages can split a userland line mid-way, and a connection refused
+        # because the service is not listening yet is retried by the peer anyway.
+        inp.needs_line = serial.last if inp.kind in ("serial", "tcp-open") else None
         return inp
 
     for e in events:
@@ -160,7 +166,7 @@ def from_events(events, end_ns: int | None = None) -> Recording:
             elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
                 limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
             # ARP from the network is not replayed: the replayer answers the guest's own.
-    return Recording(inputs, flows, end_ns, list(limits), serial_out, udp_out)
+    return Recording(inputs, flows, end_ns, list(limits), serial_out=serial_out, udp_out=udp_out)
 
 
 def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:

@@ -109,7 +109,7 @@ class _Lines:
 
 def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
-        progress=None) -> AnalysisRun:
+        max_lag_ns: int = MAX_LAG_NS, progress=None) -> AnalysisRun:
     """Replay rec into one analysis VM; never raises for what the guest does."""
     guest = guest or analysis_guest(analysis)
     res = AnalysisRun(analysis)
@@ -121,12 +121,13 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         make_overlay(guest.disk_base, overlay)
     server = FeedServer(tmp / "feed.sock")
     vm = VM(guest, Run("analysis", tmp, overlay=overlay, feed_socket=server.path,
-                       feed_lookahead_ns=lookahead_ns, devlog=workdir / f"{analysis}.pcapng"))
+                       feed_lookahead_ns=lookahead_ns, devlog=workdir / f"{analysis}.pcapng",
+                       rtc_base=rec.created))
     t0 = time.monotonic()
     try:
         vm.start()
         server.accept(30)
-        _drive(rec, res, vm, server, lookahead_ns, progress)
+        _drive(rec, res, vm, server, max_lag_ns, progress)
     except TandemError as e:
         res.outcome, res.detail = "error", str(e)
     finally:
@@ -140,7 +141,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
     return res
 
 
-def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int, progress) -> None:
+def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, progress) -> None:
     peer = res.peer = Peer()
     lines = _Lines()
     todo = [i for i in rec.inputs if i.kind != "rng"]
@@ -243,9 +244,9 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, lookahead_ns: int,
                     server.flush()
                     vm.quit()           # reported back as SHUTDOWN host-qmp-quit
                     continue
-                if now > native_end + MAX_LAG_NS:
+                if now > native_end + max_lag_ns:
                     res.outcome = "lagging"
-                    res.detail = (f"still running {MAX_LAG_NS / 1e9:.0f}s of VM time past the native's end "
+                    res.detail = (f"still running {max_lag_ns / 1e9:.0f}s of VM time past the native's end "
                                   f"({nxt}/{len(todo)} inputs delivered)")
                     vm.kill()
                     return

@@ -87,6 +87,7 @@ class Run:
     qemu: dict | None = None       # artifacts.qemu() unless given (benchmarks: qemu_stock())
     feed_socket: Path | None = None  # analysis mode: the feed controller's unix socket
     feed_lookahead_ns: int = 0       # analysis mode: outputs pull the horizon in by this
+    rtc_base: str = "2026-01-01T00:00:00"  # analysis mode: the guest's wall clock at boot
     extra: list[str] = field(default_factory=list)
 
 
@@ -125,8 +126,10 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         opts += ",rrpartial=on" if run.partial else ""
         argv += ["-icount", opts]
     elif run.mode == "analysis":
-        # sleep=off: an idle analysis guest warps straight to its next input.
-        argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=off"]
+        # sleep=off: an idle analysis guest warps straight to its next input. The RTC
+        # runs on the VM clock from the recording's start time: a host-clock RTC
+        # would interrupt the guest at host-dependent VM times.
+        argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=off", "-rtc", f"base={run.rtc_base},clock=vm"]
     elif run.icount:
         argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=on"]
     rr = run.mode in ("record", "replay")
@@ -146,14 +149,20 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
             argv += ["-drive", "driver=blkreplay,if=none,image=disk0-img,id=disk0"]
         else:
             argv[-1] = argv[-1].replace("id=disk0-img", "id=disk0")
-        argv += ["-device", "virtio-blk-pci,drive=disk0"]
+        # Analysis VMs: ioeventfd=off runs a queue kick in the vCPU thread, at the
+        # instruction that made it; with an eventfd the main loop takes it later,
+        # at a host-dependent VM time.
+        argv += ["-device", "virtio-blk-pci,drive=disk0" + (",ioeventfd=off" if run.mode == "analysis" else "")]
 
     if run.mode == "analysis":
         # The feed (qemu-patches/0006) is the network, the serial input and the entropy:
         # the NIC's backend is an unconnected hub port whose frames filter-feed replaces.
         argv += ["-chardev", f"socket,id=feedsock,path={run.feed_socket}",
-                 "-netdev", "hubport,id=net0,hubid=0", "-device", "virtio-net-pci,netdev=net0,romfile=",
-                 "-object", "rng-feed,id=rng0,feed=feed", "-device", "virtio-rng-pci,rng=rng0",
+                 # tx=timer: transmit from a VM-clock timer, not a main-loop bottom half,
+                 # so the guest's frames leave at the same VM time in every run.
+                 "-netdev", "hubport,id=net0,hubid=0",
+                 "-device", "virtio-net-pci,netdev=net0,romfile=,tx=timer,ioeventfd=off",
+                 "-object", "rng-feed,id=rng0,feed=feed", "-device", "virtio-rng-pci,rng=rng0,ioeventfd=off",
                  "-object", f"feed,id=feed,chardev=feedsock,serial=serial0,lookahead={run.feed_lookahead_ns}",
                  "-object", "filter-feed,id=feed-net0,netdev=net0,feed=feed,position=head"]
     else:
