@@ -80,9 +80,9 @@ def replay_stock(rrdir: Path, qemu: dict) -> float:
 SECTION = "record_replay"
 
 
-def replace_section(path: Path, text: str) -> None:
-    """Put TEXT between this benchmark's markers in PATH, keeping everything else."""
-    begin, end = f"<!-- bench:{SECTION} -->", f"<!-- /bench:{SECTION} -->"
+def replace_section(path: Path, text: str, section: str = SECTION) -> None:
+    """Put TEXT between a benchmark's markers in PATH, keeping everything else."""
+    begin, end = f"<!-- bench:{section} -->", f"<!-- /bench:{section} -->"
     block = f"{begin}\n{text}\n{end}"
     old = path.read_text() if path.exists() else "# Benchmarks\n"
     if begin in old and end in old:
