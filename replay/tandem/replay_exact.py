@@ -8,6 +8,7 @@ intact prefix of an unfinished or damaged one.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -139,6 +140,9 @@ def _run_to_end(vm: VM, partial: bool, progress) -> None:
         elif time.monotonic() - last_change > HANG_SECONDS:
             raise TandemError(f"replay hung: VM clock stuck at {clock} ns for {HANG_SECONDS}s "
                               f"({vm.log_tail()})")
-        time.sleep(0.2)
+        try:    # returns as soon as QEMU exits: the replay's end is not rounded up
+            vm.proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
     if vm.proc.returncode != 0:
         raise TandemError(f"replay QEMU exited with status {vm.proc.returncode}: {vm.log_tail()}")
