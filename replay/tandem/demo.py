@@ -40,7 +40,7 @@ def run_demo(console, workdir: Path | None = None) -> int:
                 stats = demo_traffic(rec.port)
             console.print(f"clients made {stats['requests']} requests")
             replies = bad_requests(rec.port)
-            console.print(f"planted-bug requests, answered normally by the native guest: "
+            console.print("planted-bug requests, answered normally by the native guest: "
                           + ", ".join(f"{PLANTED_BUGS[k][0][:14]!r}->{v}" for k, v in replies.items()),
                           markup=False)
             rec.serial.type("echo hello from the serial console")

@@ -59,9 +59,6 @@ class FeedServer:
     def horizon(self, vm_ns: int) -> None:
         self.out += HEADER.pack(0, HORIZON, 0, vm_ns)
 
-    def end(self) -> None:
-        self.out += HEADER.pack(0, END, 0, 0)
-
     def flush(self) -> None:
         if self.out:
             try:

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import netpkt, pcapng
+from . import bundle, netpkt, pcapng
 from .netpkt import ACK, FIN, RST, SYN
 
 KERNEL_LINE = re.compile(rb"^\s*(<\d>)?\[\s*\d+\.\d+\]")
@@ -92,7 +92,6 @@ class _Serial:
 
 
 def load(bundle_dir: str | Path) -> Recording:
-    from . import bundle
     dl = pcapng.read_devlog(Path(bundle_dir) / bundle.DEVLOG)
     end = next((s.end_vm_ns for s in dl.stats if s and s.end_vm_ns), None)
     rec = from_events(dl.events, end)

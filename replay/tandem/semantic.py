@@ -81,8 +81,8 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
             divs, n_noise = compare.split_noise(divs, compare.compare(rec, runs[NOISE], spec))
         summary.results.append(AnalysisResult(name, run, findings_mod.findings(run), divs, n_noise,
                                               spec.sources))
-        summary.limits += [f"{name}: {x}" for x in run.limits + run.peer.unknown[:5]] if run.peer else \
-            [f"{name}: {x}" for x in run.limits]
+        unknown = run.peer.unknown[:5] if run.peer else []
+        summary.limits += [f"{name}: {x}" for x in run.limits + unknown]
     _write(workdir, summary)
     return summary
 
