@@ -10,6 +10,7 @@ idea), reported only as a count.
 """
 from __future__ import annotations
 
+import bisect
 import difflib
 from dataclasses import dataclass
 
@@ -45,19 +46,23 @@ class Divergence:
 
 
 def _lines(chunks: list[tuple[int, bytes]]) -> list[Line]:
-    """Split a timed byte stream into lines, each timed by the chunk that ends it."""
-    out, cur, cur_ns = [], bytearray(), None
-    for ns, data in chunks:
-        parts = data.split(b"\n")
-        for i, p in enumerate(parts):
-            if cur_ns is None:
-                cur_ns = ns
-            cur += p
-            if i < len(parts) - 1:
-                out.append(Line(cur_ns, bytes(cur).rstrip(b"\r")))
-                cur, cur_ns = bytearray(), None
-    if cur:
-        out.append(Line(cur_ns or 0, bytes(cur).rstrip(b"\r")))
+    """Split a timed byte stream into lines, each timed by the chunk its first byte
+    came in. One join and one split: a console arrives a few bytes per chunk."""
+    if not chunks:
+        return []
+    starts, off = [], 0
+    for _, data in chunks:
+        starts.append(off)
+        off += len(data)
+    text = b"".join(d for _, d in chunks)
+    out, pos = [], 0
+    parts = text.split(b"\n")
+    if not parts[-1]:
+        parts.pop()
+    for p in parts:
+        ns = chunks[bisect.bisect_right(starts, pos) - 1][0]
+        out.append(Line(ns, p.rstrip(b"\r")))
+        pos += len(p) + 1
     return out
 
 
