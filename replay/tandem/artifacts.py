@@ -48,6 +48,11 @@ def kernel(flavor: str = "native") -> dict:
     return _load(f"kernel-{flavor}")
 
 
+def modules(flavor: str = "native") -> dict:
+    """{flavor, modules (.ko paths), cpio, cpio_sha256}: the planted-bug module for a kernel"""
+    return _load(f"modules-{flavor}")
+
+
 def guest() -> dict:
     """{initramfs_native, initramfs_asan, disk_base, and their _sha256}"""
     return _load("guest")

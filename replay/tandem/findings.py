@@ -55,7 +55,7 @@ def findings(run: AnalysisRun, symbolize: bool = True) -> list[Finding]:
         flavor = ANALYSES.get(run.analysis, (run.analysis,))[0]
         try:
             vmlinux = artifacts.kernel(flavor)["vmlinux"]
-            modules = artifacts._load(f"modules-{flavor}").get("modules", [])
+            modules = artifacts.modules(flavor).get("modules", [])
         except Exception:
             pass
     for rep in report.parse(bytes(run.console), "linux"):

@@ -72,8 +72,9 @@ class Recording:
     udp_out: list[tuple[int, tuple, bytes]] = field(default_factory=list)  # (ns, (dst ip, port), payload)
 
 
-class _Serial:
-    """Userland lines of the native's serial output, for line dependencies."""
+class SerialLines:
+    """Userland lines of a console, counted per text: the native's to record line
+    dependencies, an analysis guest's to check them."""
 
     def __init__(self):
         self.partial = b""
@@ -89,6 +90,9 @@ class _Serial:
                 n = self.counts.get(line, 0) + 1
                 self.counts[line] = n
                 self.last = (line, n)
+
+    def has(self, need: tuple[bytes, int] | None) -> bool:
+        return need is None or self.counts.get(need[0], 0) >= need[1]
 
 
 def load(bundle_dir: str | Path) -> Recording:
@@ -107,7 +111,7 @@ def from_events(events, end_ns: int | None = None) -> Recording:
     by_tuple: dict[tuple, Flow] = {}
     client_next: dict[int, int] = {}    # flow -> next expected client seq
     guest_next: dict[int, int] = {}     # flow -> next expected guest seq
-    serial = _Serial()
+    serial = SerialLines()
     serial_in = 0
     serial_out: list[tuple[int, bytes]] = []
     udp_out: list[tuple[int, tuple, bytes]] = []

@@ -94,19 +94,6 @@ class AnalysisRun:
         return last
 
 
-class _Lines:
-    """Userland serial lines of the analysis guest (same rule as inputs._Serial)."""
-
-    def __init__(self):
-        self.s = inputs_mod._Serial()
-
-    def feed(self, data: bytes):
-        self.s.feed(data)
-
-    def has(self, need: tuple[bytes, int] | None) -> bool:
-        return need is None or self.s.counts.get(need[0], 0) >= need[1]
-
-
 def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
         max_lag_ns: int = MAX_LAG_NS, progress=None) -> AnalysisRun:
@@ -143,7 +130,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
 
 def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, progress) -> None:
     peer = res.peer = Peer()
-    lines = _Lines()
+    lines = inputs_mod.SerialLines()
     todo = [i for i in rec.inputs if i.kind != "rng"]
     for i in rec.inputs:                    # entropy is a pool the guest draws from in order
         if i.kind == "rng":
@@ -182,13 +169,10 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
 
     def unmet(inp) -> str:
         parts = []
-        if not lines.has(inp.needs_line):
+        if inp.needs_line and inp.needs_line[0] not in lost_lines and not lines.has(inp.needs_line):
             parts.append(f"serial line {inp.needs_line[0][:60]!r} (#{inp.needs_line[1]})")
-        for flow, need in inp.needs_bytes.items():
-            pf = peer.flows.get(flow)
-            have = pf.guest_bytes if pf else 0
-            if have < need:
-                parts.append(f"flow {flow}: {have}/{need} guest bytes")
+        parts += [f"flow {flow}: {have(flow)}/{need} guest bytes"
+                  for flow, need in inp.needs_bytes.items() if have(flow) < need]
         return ", ".join(parts)
 
     while True:
@@ -232,7 +216,7 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
                                           f"{DEP_TIMEOUT_NS / 1e9:.0f}s of VM time for {unmet(inp)}")
                         give_up(inp)
                     blocked_since = None
-                    frames += _release(inp, rec, peer, server, now, res)
+                    frames += _release(inp, rec, peer, server, now)
                     res.delivered.append(Delivered(now, inp))
                     last_input_ns = now
                     nxt += 1
@@ -279,7 +263,7 @@ def _feed_state(vm: VM) -> str:
     return "feed " + " ".join(out)
 
 
-def _release(inp, rec, peer: Peer, server: FeedServer, now: int, res: AnalysisRun) -> list[bytes]:
+def _release(inp, rec, peer: Peer, server: FeedServer, now: int) -> list[bytes]:
     if inp.kind == "serial":
         server.input(feedproto.SERIAL, now, inp.data)
         return []

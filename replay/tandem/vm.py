@@ -66,7 +66,7 @@ class Guest:
         if flavor == "kasan":   # report every bug, not only the first one of the boot
             cmdline += " kasan_multi_shot"
         initrd = initrd_with_modules(g[f"initramfs_{userland}"], g[f"initramfs_{userland}_sha256"],
-                                     artifacts._load(f"modules-{flavor}"))
+                                     artifacts.modules(flavor))
         return cls(kernel=k["bzImage"], initrd=initrd, disk_base=g["disk_base"], cmdline=cmdline,
                    memory_mb=512 if flavor == "kasan" else 256)
 
