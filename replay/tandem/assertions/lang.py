@@ -265,6 +265,7 @@ class _Parser:
                 if w == "call":
                     raise self.err(eq, "a call has no return value: use returnfrom(...) == value")
                 ret = self.pattern()
+                ret = None if ret.kind == "any" else ret    # == _ says nothing
             kind = "call" if w == "call" else "return"
             return _Node("ev", t.line, t.col, spec=EventSpec(kind, fn.text, args, ret, t.line, t.col))
         if w == "within":
@@ -276,6 +277,7 @@ class _Parser:
             raise self.err(self.tok, f"syntax error: write call({fn.text}) or returnfrom({fn.text}) == value")
         self.take("==")
         ret = self.pattern()
+        ret = None if ret.kind == "any" else ret
         return _Node("ev", t.line, t.col, spec=EventSpec("return", fn.text, args, ret, t.line, t.col))
 
     # normalisation and static checks
