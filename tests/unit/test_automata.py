@@ -1,12 +1,13 @@
 """ThinTESLA semantics, one rule at a time, over synthetic event streams."""
 import json
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tandem.assertions import automata
 from tandem.assertions.automata import Checker, bench_ns_per_event
 from tandem.assertions.events import Event
-from tandem.assertions.lang import parse_text
+from tandem.assertions.lang import parse_file, parse_text
 
 T1, T2 = 0xFFFF888000001000, 0xFFFF888000002000
 
@@ -414,5 +415,8 @@ def test_unrelated_events_cost_a_lookup():
 
 
 def test_bench_ns_per_event():
-    ns = bench_ns_per_event(2000)
-    assert 0 < ns < 1_000_000
+    assert 0 < bench_ns_per_event(2000) < 1_000_000
+    linux = Path(__file__).resolve().parents[2] / "guest-kernel" / "assertions" / "linux-6.12.tesla"
+    assert bench_ns_per_event(2000, parse_file(linux)) > 0     # its synthetic stream satisfies the pack
+    bad = [Event("call", "sys", (0,) * 6, None, T1, 0, 0, 0), Event("call", "use", (1,) + (0,) * 5, None, T1, 1, 1, 0)]
+    assert bench_ns_per_event(assertion_set=parse_text(PREV.format(mode="conditional")), events=bad) > 0
