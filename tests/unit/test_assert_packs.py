@@ -38,9 +38,10 @@ def kernel_syms():
     return load_symbols(k[0]), k[1]
 
 
-def module_functions() -> set[str]:
-    """Functions tandem_bugs.c defines (definitions start in column 0)."""
-    return set(re.findall(r"^[a-z][^;\n]*?\b(tb_\w+)\(", MODULE_SRC.read_text(), re.MULTILINE))
+def module_functions() -> dict[str, str]:
+    """Functions tandem_bugs.c defines (definitions start in column 0) -> their line."""
+    return {m.group(1): m.group(0)
+            for m in re.finditer(r"^[a-z][^;\n]*?\b(tb_\w+)\(", MODULE_SRC.read_text(), re.MULTILINE)}
 
 
 @pytest.mark.parametrize("pack", [LINUX, LSM, FREEBSD], ids=lambda p: p.name)
@@ -61,7 +62,10 @@ def test_linux_pack_module_functions_match_the_module():
     defined = module_functions()
     if "tb_proc_write" not in defined:
         pytest.skip("tandem_bugs.c does not define the audit/table functions yet (issue 4 module work)")
-    assert sorted(MODULE_CONTRACT - defined) == []
+    assert sorted(MODULE_CONTRACT - set(defined)) == []
+    # a static function the compiler may inline has no entry to put a breakpoint on;
+    # the /proc handler is called through proc_ops, so it stays out of line anyway
+    assert [f for f in sorted(MODULE_CONTRACT - {"tb_proc_write"}) if "noinline" not in defined[f]] == []
 
 
 def test_lsm_pack_operations_exist(kernel_syms):
