@@ -262,3 +262,28 @@ def test_parse_file_names_the_file(tmp_path):
     assert str(e.value) == f"{p}:3:47: syntax error: expected ')' or ',', found 'call'"
     with pytest.raises(TandemError, match="cannot read assertions"):
         parse_file(tmp_path / "missing.tesla")
+
+
+TOKENS = ['assert', '"a"', '"', 'at', 'f', 'f+0x10', '(', ')', ',', ':', 'within', 'sequence', 'previously',
+          'eventually', 'optional', 'call', 'returnfrom', 'site', '||', '==', '_', 'x', '-', '3', '0x1f', 'strict',
+          'global', 'bogus', '#', '\n', ';', '+']
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(TOKENS), max_size=60).map(" ".join))
+def test_any_text_parses_or_gives_a_positioned_error(text):
+    try:
+        parse_text(text)
+    except AssertionLangError as e:
+        assert "\n" not in str(e) and re.match(r"<string>:\d+:\d+: ", str(e))
+
+
+@settings(max_examples=200, deadline=None)
+@given(assertion_texts(), st.integers(0, 200), st.sampled_from(["", ")", "(", ",", "||", "==", "site", "x"]))
+def test_mangled_assertions_give_a_positioned_error(text, cut, junk):
+    mangled = text[:cut] + junk + text[cut:]
+    try:
+        parse_text(mangled)
+    except AssertionLangError as e:
+        line, col = map(int, re.match(r"<string>:(\d+):(\d+): ", str(e)).groups())
+        assert line == 1 and 1 <= col <= len(mangled) + 1
