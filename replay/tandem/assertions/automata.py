@@ -453,8 +453,9 @@ class Checker:
     """Feed events in trace order; get the violations each one reveals."""
 
     def __init__(self, assertion_set: AssertionSet):
-        self.stats = CheckerStats()
-        self.rules = [_Rule(a, self.stats) for a in assertion_set.assertions]
+        self._stats = CheckerStats()
+        self._seen = self._matched = 0     # plain attributes: feed() is the hot path
+        self.rules = [_Rule(a, self._stats) for a in assertion_set.assertions]
         self._last: Event | None = None
         # func -> kind -> ops; per rule the bound's call goes first (a site at the
         # bound's entry is inside the bound) and its return last
@@ -474,15 +475,21 @@ class Checker:
             lst.sort(key=lambda o: o[0])
             self._index.setdefault(func, {})[kind] = tuple((f, x, y) for _, f, x, y in lst)
 
+    @property
+    def stats(self) -> CheckerStats:
+        s = self._stats
+        s.events_seen, s.events_matched = self._seen, self._matched
+        return s
+
     def feed(self, event: Event) -> list[Violation]:
-        self.stats.events_seen += 1
+        self._seen += 1
         by_kind = self._index.get(event.func)
         if by_kind is None:
             return []
         ops = by_kind.get(event.kind)
         if ops is None:
             return []
-        self.stats.events_matched += 1
+        self._matched += 1
         self._last = event
         out: list[Violation] = []
         for f, x, y in ops:
@@ -498,7 +505,7 @@ class Checker:
         out: list[Violation] = []
         for r in self.rules:
             insts = r.open_instances()
-            self.stats.open_at_finish += len(insts)
+            self._stats.open_at_finish += len(insts)
             if close_open and self._last is not None:
                 for inst in insts:
                     r.close(inst, self._last, out)
