@@ -230,8 +230,9 @@ class _Rule:
         self.per_thread = a.scope == "per-thread"
         self.site = _Site(a)
         self.branches = [_Branch(b) for b in a.branches]
-        self.insts: dict[int, _Instance] = {}       # per-thread: task -> instance
-        self.ginst: _Instance | None = None         # global: the one instance
+        # live instances: per-thread task -> instance; global None -> the one instance.
+        # Checker.feed skips a rule whose dict is empty without calling it.
+        self.insts: dict[int | None, _Instance] = {}
         self.gdepth: dict[int, int] = {}            # global: open bound activations per task
         self.gtotal = 0
 
@@ -248,7 +249,7 @@ class _Rule:
             self.gtotal += 1
             if self.gtotal > 1:
                 return
-            self.ginst = _Instance(len(self.branches))
+            self.insts[None] = _Instance(len(self.branches))
         self.stats.instances_created += 1
 
     def bound_return(self, ev, out, _a, _b):
@@ -271,7 +272,7 @@ class _Rule:
             self.gtotal -= 1
             if self.gtotal:
                 return
-            inst, self.ginst = self.ginst, None
+            inst = self.insts.pop(None)
         self.close(inst, ev, out)
 
     def close(self, inst: _Instance, ev: Event, out: list) -> None:
@@ -305,7 +306,7 @@ class _Rule:
 
     # the assertion site
     def site_hit(self, ev, out, _a, _b):
-        inst = self.insts.get(ev.task) if self.per_thread else self.ginst
+        inst = self.insts.get(ev.task if self.per_thread else None)
         if inst is None:
             self.stats.sites_outside_bound += 1
             return
@@ -370,7 +371,7 @@ class _Rule:
 
     # the events of the sequence
     def event(self, ev, out, bi, c: _Spec):
-        inst = self.insts.get(ev.task) if self.per_thread else self.ginst
+        inst = self.insts.get(ev.task if self.per_thread else None)
         if inst is None or not c.lit_ok(ev):
             return
         st = inst.states[bi]
@@ -442,7 +443,10 @@ class _Rule:
             self.stats.violations += 1
 
     def open_instances(self) -> list[_Instance]:
-        return list(self.insts.values()) if self.per_thread else [self.ginst] if self.ginst else []
+        return list(self.insts.values())
+
+
+_SITE = object()     # marks a site op in Checker's index
 
 
 def _one_of(texts: list[str]) -> str:
@@ -459,21 +463,23 @@ class Checker:
         self._last: Event | None = None
         # func -> kind -> ops; per rule the bound's call goes first (a site at the
         # bound's entry is inside the bound) and its return last
+        # op: (handler, arg, arg, live) where live is the rule's instance dict, or None
+        # for the bound's call and return, which run whether or not an instance lives
         ops: dict[tuple[str, str], list] = {}
         for r in self.rules:
             a = r.a
-            ops.setdefault((a.bound, "call"), []).append((0, r.bound_call, None, None))
-            ops.setdefault((a.site.event_func, a.site.event_kind), []).append((1, r.site_hit, None, None))
+            ops.setdefault((a.bound, "call"), []).append((0, r.bound_call, None, None, None))
+            ops.setdefault((a.site.event_func, a.site.event_kind), []).append((1, r.site_hit, _SITE, None, r.insts))
             for bi, br in enumerate(r.branches):
                 for specs in br.specs:
                     for c in specs:
                         e = br.steps[c.step].alts[c.alt]
-                        ops.setdefault((e.func, e.kind), []).append((2, r.event, bi, c))
-            ops.setdefault((a.bound, "return"), []).append((3, r.bound_return, None, None))
+                        ops.setdefault((e.func, e.kind), []).append((2, r.event, bi, c, r.insts))
+            ops.setdefault((a.bound, "return"), []).append((3, r.bound_return, None, None, None))
         self._index: dict[str, dict[str, tuple]] = {}
         for (func, kind), lst in ops.items():
             lst.sort(key=lambda o: o[0])
-            self._index.setdefault(func, {})[kind] = tuple((f, x, y) for _, f, x, y in lst)
+            self._index.setdefault(func, {})[kind] = tuple(o[1:] for o in lst)
 
     @property
     def stats(self) -> CheckerStats:
@@ -492,7 +498,11 @@ class Checker:
         self._matched += 1
         self._last = event
         out: list[Violation] = []
-        for f, x, y in ops:
+        for f, x, y, live in ops:
+            if live is not None and not live:   # no thread inside this rule's bound
+                if x is _SITE:
+                    self._stats.sites_outside_bound += 1
+                continue
             f(event, out, x, y)
         return out
 
@@ -510,7 +520,7 @@ class Checker:
                 for inst in insts:
                     r.close(inst, self._last, out)
             r.insts.clear()
-            r.ginst, r.gdepth, r.gtotal = None, {}, 0
+            r.gdepth, r.gtotal = {}, 0
         return out
 
 
