@@ -107,6 +107,8 @@ def print_summary(s, out=console) -> None:
             loc = f" at {at[0][1]}:{at[0][2]}" if at else ""
             out.print(f"  [red]FINDING[/] {f.title}{loc}", markup=True)
             out.print(f"    VM {f.vm_ns / 1e9:.6f}s, after {f.after_input}", markup=False)
+        if r.findings and run.bundle:
+            out.print(f"  reproduce exactly: tandem replay {run.bundle}", markup=False)
         for d in r.divergences:
             out.print(f"  [yellow]DIVERGENCE[/] {d.channel}: {d.kind}", markup=True)
             t = lambda ns: "-" if ns is None else f"{ns / 1e9:.6f}s"  # noqa: E731
@@ -136,7 +138,8 @@ def cmd_analyze(args) -> int:
             state[name] = f"{name} {run.end_ns / 1e9:.1f}s {done}/{total}"
             status.update("semantic replay: " + ", ".join(state.values()))
         s = analyze(args.bundle, names, spec_path=args.spec, jobs=args.jobs, noise=not args.no_noise,
-                    workdir=Path(args.workdir) if args.workdir else None, progress=progress)
+                    workdir=Path(args.workdir) if args.workdir else None, progress=progress,
+                    record=not args.no_record)
     print_summary(s)
     if args.json:
         print((Path(args.workdir) if args.workdir else Path(args.bundle) / "analysis").joinpath(
@@ -184,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--jobs", type=int, default=2, help="analysis VMs run at once (default 2)")
     r.add_argument("--no-noise", action="store_true",
                    help="do not replay into the native kernel to learn what differs between runs")
+    r.add_argument("--no-record", action="store_true",
+                   help="do not record the analysis VMs (by default each leaves WORKDIR/NAME.tdm, "
+                        "which `tandem replay` replays exactly)")
     r.add_argument("--workdir", help="where analysis logs go (default BUNDLE/analysis)")
     r.add_argument("--json", action="store_true", help="also print the verdict as JSON on stdout")
     r.set_defaults(func=cmd_replay)

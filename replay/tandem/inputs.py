@@ -68,6 +68,7 @@ class Recording:
     end_ns: int | None
     limits: list[str]           # what cannot be replayed, said once each
     created: str = "2026-01-01T00:00:00"     # when the native started (UTC), for the RTC
+    path: str = ""                            # the bundle it was loaded from
     serial_out: list[tuple[int, bytes]] = field(default_factory=list)   # the native's console
     udp_out: list[tuple[int, tuple, bytes]] = field(default_factory=list)  # (ns, (dst ip, port), payload)
 
@@ -99,6 +100,7 @@ def load(bundle_dir: str | Path) -> Recording:
     dl = pcapng.read_devlog(Path(bundle_dir) / bundle.DEVLOG)
     end = next((s.end_vm_ns for s in dl.stats if s and s.end_vm_ns), None)
     rec = from_events(dl.events, end)
+    rec.path = str(Path(bundle_dir))
     created = bundle.load_manifest(bundle_dir).get("created")
     if isinstance(created, str) and len(created) >= 19:
         rec.created = created[:19]

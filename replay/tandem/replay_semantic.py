@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import feedproto, inputs as inputs_mod
+from . import bundle, feedproto, inputs as inputs_mod, record as record_mod
 from .errors import TandemError
 from .feedproto import FeedServer
 from .tcp_peer import Peer
@@ -73,6 +73,8 @@ class AnalysisRun:
     waits: int = 0
     peer: Peer | None = None
     qemu_log: str = ""
+    bundle: Path | None = None  # the run's own recording, replayable exactly
+
 
     def vm_time_at(self, offset: int) -> int:
         """VM time at which console byte `offset` was written."""
@@ -96,20 +98,38 @@ class AnalysisRun:
 
 def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
-        max_lag_ns: int = MAX_LAG_NS, progress=None) -> AnalysisRun:
-    """Replay rec into one analysis VM; never raises for what the guest does."""
+        max_lag_ns: int = MAX_LAG_NS, progress=None, record: bool = True) -> AnalysisRun:
+    """Replay rec into one analysis VM; never raises for what the guest does.
+
+    With record (the default) the analysis VM runs under QEMU's record/replay and
+    leaves its own bundle, workdir/ANALYSIS.tdm, which `tandem replay` replays
+    exactly: every finding can be reproduced instruction for instruction.
+    """
     guest = guest or analysis_guest(analysis)
     res = AnalysisRun(analysis)
     tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    overlay = None
-    if guest.disk_base:
-        overlay = tmp / "disk-overlay.qcow2"
-        make_overlay(guest.disk_base, overlay)
+    run_args = dict(feed_lookahead_ns=lookahead_ns, rtc_base=rec.created)
+    manifest = None
+    if record:
+        res.bundle = workdir / f"{analysis}.tdm"
+        if res.bundle.exists():
+            shutil.rmtree(res.bundle)
+        manifest = record_mod.start_manifest(res.bundle, guest, {
+            "mode": "analysis", "analysis": analysis, "rtc_base": rec.created,
+            "lookahead_ns": lookahead_ns, "source": str(rec.path),
+            "devices": ["isa-serial", "virtio-net-pci", "virtio-blk-pci", "virtio-rng-pci"],
+            "net": {"backend": "feed"}})
+        run_args.update(rr="record", rrfile=res.bundle / bundle.STREAM,
+                        devlog=res.bundle / bundle.DEVLOG,
+                        overlay=res.bundle / record_mod.OVERLAY if guest.disk_base else None)
+    else:
+        run_args.update(devlog=workdir / f"{analysis}.pcapng")
+        if guest.disk_base:
+            run_args["overlay"] = tmp / "disk-overlay.qcow2"
+            make_overlay(guest.disk_base, run_args["overlay"])
     server = FeedServer(tmp / "feed.sock")
-    vm = VM(guest, Run("analysis", tmp, overlay=overlay, feed_socket=server.path,
-                       feed_lookahead_ns=lookahead_ns, devlog=workdir / f"{analysis}.pcapng",
-                       rtc_base=rec.created))
+    vm = VM(guest, Run("analysis", tmp, feed_socket=server.path, **run_args))
     t0 = time.monotonic()
     try:
         vm.start()
@@ -124,8 +144,21 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         res.qemu_log = vm.log_tail(2000)
         vm.close()
         server.close()
+        if manifest is not None:
+            _seal(res, vm, manifest)
         shutil.rmtree(tmp, ignore_errors=True)
     return res
+
+
+def _seal(res: AnalysisRun, vm: VM, manifest: dict) -> None:
+    """Finish the analysis run's bundle; a run that did not end cleanly stays 'interrupted'."""
+    try:
+        shutil.copyfile(vm.log_path, res.bundle / "qemu.log")
+        status = vm.proc.returncode if vm.proc and vm.proc.returncode is not None else -9
+        record_mod.seal(res.bundle, manifest, status=status, wall_s=res.wall_s,
+                        stop_reason=res.outcome)
+    except (OSError, TandemError) as e:
+        res.limits.append(f"the run's recording could not be sealed: {e}")
 
 
 def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, progress) -> None:
