@@ -134,7 +134,7 @@ def from_events(events, end_ns: int | None = None) -> Recording:
         return inp
 
     def guest_segment(seg, vm_ns: int) -> None:
-        _smac, _dmac, ip_src, sport, ip_dst, dport, seq, flags, payload = seg
+        ip_src, sport, ip_dst, dport, seq, flags, payload = seg
         fl = by_tuple.get((ip_dst, dport, ip_src, sport))
         if fl is None:
             if flags & SYN and not flags & ACK:
@@ -171,7 +171,7 @@ def from_events(events, end_ns: int | None = None) -> Recording:
             if f is None:
                 continue
             if f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_TCP and not f.fragment:
-                seg = (f.src, f.dst, f.ip_src, f.sport, f.ip_dst, f.dport, f.seq, f.flags, f.payload)
+                seg = (f.ip_src, f.sport, f.ip_dst, f.dport, f.seq, f.flags, f.payload)
                 if e.direction == "in":
                     _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits)
                 else:
@@ -208,13 +208,13 @@ def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:
 
 
 def _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits):
-    src_mac, dst_mac, ip_src, sport, ip_dst, dport, seq, flags, payload = seg
+    ip_src, sport, ip_dst, dport, seq, flags, payload = seg
     key = (ip_src, sport, ip_dst, dport)
     fl = by_tuple.get(key)
     if flags & SYN and not flags & ACK:
         if fl is not None and fl.index in client_next:
             return      # a retransmitted SYN
-        fl = Flow(len(flows), (ip_src, sport), (ip_dst, dport), src_mac, dst_mac, e.vm_ns)
+        fl = Flow(len(flows), (ip_src, sport), (ip_dst, dport), e.data[6:12], e.data[:6], e.vm_ns)
         flows.append(fl)
         by_tuple[key] = fl
         client_next[fl.index] = (seq + 1) & 0xFFFFFFFF

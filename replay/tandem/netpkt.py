@@ -93,20 +93,22 @@ _TCP_HEAD = struct.Struct("!HHIIBB")            # ports, seq, ack, data offset, 
 
 def tcp4(frame: bytes) -> tuple | None:
     """The fields parse() would give an unfragmented IPv4 TCP segment with a complete
-    header, without building a Frame: (src mac, dst mac, ip src, sport, ip dst, dport,
-    seq, flags, payload); None for anything else (use parse() for it)."""
+    header, without building a Frame: (ip src, sport, ip dst, dport, seq, flags,
+    payload); None for anything else (use parse() for it). The MACs are frame[6:12]
+    (source) and frame[:6]."""
     if len(frame) < 54 or frame[23] != PROTO_TCP or frame[12:14] != b"\x08\x00":
         return None
     total, frag, _ttl, _proto, ip_src, ip_dst = _IP4_TCP.unpack_from(frame, 14)
     if frag & 0x3FFF:
         return None
     l4 = 14 + (frame[14] & 0x0F) * 4
-    end = min(len(frame), 14 + total)
+    end = 14 + total
+    if end > len(frame):
+        end = len(frame)
     if end < l4 + 20:
         return None
     sport, dport, seq, _ack, off, flags = _TCP_HEAD.unpack_from(frame, l4)
-    return (frame[6:12], frame[:6], ip_src, sport, ip_dst, dport, seq, flags,
-            frame[l4 + (off >> 4) * 4:end])
+    return ip_src, sport, ip_dst, dport, seq, flags, frame[l4 + (off >> 4) * 4:end]
 
 
 def _tcp_options(f: Frame, opts: bytes) -> None:
