@@ -158,45 +158,50 @@ def from_events(events, end_ns: int | None = None) -> Recording:
                     guest_out.update(ordered)
 
     for e in events:
-        kind = e.kind
+        _, _, _, kind, direction, vm_ns, _, data, _ = e
         if kind == "net":
-            seg = tcp4(e.data)      # the common case, without building a Frame
-            if seg is not None:
-                if e.direction == "in":
-                    _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits)
-                else:
-                    guest_segment(seg, e.vm_ns)
-                continue
-            f = parse(e.data)
-            if f is None:
-                continue
-            if f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_TCP and not f.fragment:
-                seg = (f.ip_src, f.sport, f.ip_dst, f.dport, f.seq, f.flags, f.payload)
-                if e.direction == "in":
-                    _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits)
-                else:
-                    guest_segment(seg, e.vm_ns)
-            elif e.direction == "out" and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP:
-                udp_out.append((e.vm_ns, (f.ip_dst, f.dport), f.payload))
-            elif e.direction == "in" and f.eth_type == netpkt.ETH_IP:
-                if f.fragment:
-                    limits["IPv4 fragments"] = None
+            seg = tcp4(data)        # the common case, without building a Frame
+            if seg is None:
+                f = parse(data)
+                if f is None:
                     continue
-                # UDP and ICMP: re-sent as datagrams at their recorded time.
-                inputs.append(deps(Input("frame", e.vm_ns, e.data, seq=e.seq)))
-            elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
-                limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
-            # ARP from the network is not replayed: the replayer answers the guest's own.
+                if not (f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_TCP and not f.fragment):
+                    _other_frame(f, e, inputs, udp_out, limits, deps)
+                    continue
+                seg = (f.ip_src, f.sport, f.ip_dst, f.dport, f.seq, f.flags, f.payload)
+            if direction != "in":
+                guest_segment(seg, vm_ns)
+                continue
+            # The remote client's segment: its new payload is an input of its flow.
+            if seg[5] & (SYN | FIN | RST) or seg[6]:
+                _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits)
+            elif (seg[0], seg[1], seg[2], seg[3]) not in by_tuple:      # a bare ACK
+                limits["TCP segments of connections opened before the recording"] = None
         elif kind == "serial":
-            if e.direction == "out":
-                serial.feed(e.data)
-                serial_out.append((e.vm_ns, e.data))
-            elif e.direction == "in":
-                inputs.append(deps(Input("serial", e.vm_ns, e.data, offset=serial_in, seq=e.seq)))
-                serial_in += len(e.data)
-        elif kind == "rng" and e.direction == "in":
-            inputs.append(Input("rng", e.vm_ns, e.data, seq=e.seq))
+            if direction == "out":
+                serial.feed(data)
+                serial_out.append((vm_ns, data))
+            elif direction == "in":
+                inputs.append(deps(Input("serial", vm_ns, data, offset=serial_in, seq=e.seq)))
+                serial_in += len(data)
+        elif kind == "rng" and direction == "in":
+            inputs.append(Input("rng", vm_ns, data, seq=e.seq))
     return Recording(inputs, flows, end_ns, list(limits), serial_out=serial_out, udp_out=udp_out)
+
+
+def _other_frame(f, e, inputs, udp_out, limits, deps) -> None:
+    """A frame that is not an IPv4 TCP segment."""
+    if e.direction == "out" and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP:
+        udp_out.append((e.vm_ns, (f.ip_dst, f.dport), f.payload))
+    elif e.direction == "in" and f.eth_type == netpkt.ETH_IP:
+        if f.fragment:
+            limits["IPv4 fragments"] = None
+            return
+        # UDP and ICMP: re-sent as datagrams at their recorded time.
+        inputs.append(deps(Input("frame", e.vm_ns, e.data, seq=e.seq)))
+    elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
+        limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
+    # ARP from the network is not replayed: the replayer answers the guest's own.
 
 
 def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:

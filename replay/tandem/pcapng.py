@@ -38,7 +38,8 @@ _EPB = struct.Struct("<7I")
 # The options of every EPB tandem writes (flags, the icount custom option, end), and the
 # block's trailing length.
 _EPB_OPTS = struct.Struct("<HHIHHIQHHI")
-_CHUNK = 1 << 22                            # read size: blocks are parsed in place from it
+_CHUNK = 1 << 18                            # read size (blocks are parsed in place from it): small
+                                            # enough to be reused by malloc, not mmapped afresh
 
 
 class Interface(NamedTuple):
