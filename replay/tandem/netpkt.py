@@ -102,9 +102,7 @@ def tcp4(frame: bytes) -> tuple | None:
     if frag & 0x3FFF:
         return None
     l4 = 14 + (frame[14] & 0x0F) * 4
-    end = 14 + total
-    if end > len(frame):
-        end = len(frame)
+    end = min(14 + total, len(frame))
     if end < l4 + 20:
         return None
     sport, dport, seq, _ack, off, flags = _TCP_HEAD.unpack_from(frame, l4)
