@@ -226,12 +226,18 @@ def streams_analysis(run: AnalysisRun, rec: inputs_mod.Recording) -> dict[str, _
     for fl in rec.flows:
         pf = run.peer.flows.get(fl.index) if run.peer else None
         s[f"tcp flow {fl.index} ({fl.name()})"] = _Stream.of_chunks(pf.guest_data if pf else [])
+    # The guest's UDP datagrams: the replayer's peer kept them as it parsed each frame.
+    if run.peer is not None:
+        datagrams = run.peer.udp_out
+    else:                           # a run that stopped before replaying: parse what it has
+        datagrams = []
+        for ns, frame in run.net_out:
+            f = netpkt.parse(frame)
+            if f and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP and not f.fragment:
+                datagrams.append((ns, (f.ip_dst, f.dport), f.payload))
     udp: dict[str, list[tuple[int, bytes]]] = {}
-    # Only IPv4 frames with protocol byte 17 can be UDP: most frames skip the full parse.
-    for ns, frame in [o for o in run.net_out if o[1][23:24] == b"\x11"]:
-        f = netpkt.parse(frame)
-        if f and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP and not f.fragment:
-            udp.setdefault(f"udp {netpkt.ip_str(f.ip_dst)}:{f.dport}", []).append((ns, f.payload + b"\n"))
+    for ns, (ip, port), payload in datagrams:
+        udp.setdefault(f"udp {netpkt.ip_str(ip)}:{port}", []).append((ns, payload + b"\n"))
     s.update((k, _Stream.of_chunks(v)) for k, v in udp.items())
     return s
 
