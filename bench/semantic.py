@@ -234,7 +234,9 @@ def part_comparator(tmp: Path, reps: int) -> list[str]:
                "bytes, every flow's TCP payload, UDP payload. Loading (`inputs.load`: read the log, "
                "reassemble every flow, build the inputs and their dependencies) is timed from the file; "
                "comparing (`compare.compare` with the native spec) from the loaded recording and the "
-               "analysis run in memory.")
+               "analysis run in memory, whose streams (console writes, each flow's in-order TCP payload, "
+               "UDP datagrams) the replayer collected while the analysis VM ran, as it parses every guest "
+               "frame anyway; the comparator joins, splits, masks and diffs them.")
     targets = (f"Targets: compare >= {CMP_TARGET_MBS} MB/s and >= {CMP_TARGET_EVS // 1000}k events/s; load "
                f">= {LOAD_TARGET_EVS // 1000}k events/s (its MB/s is shown, not a target).")
     lines = ["### Comparator throughput", "", command, "", workloads, "", small_text, bulk_text, "",
