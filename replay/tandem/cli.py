@@ -1,4 +1,4 @@
-"""The `tandem` command line: record, replay, inspect, demo.
+"""The `tandem` command line: record, replay, inspect, demo, attach/detach (libvirt).
 
 Every failure the user can cause ends as one line `tandem: error: ...` naming
 the culprit and a non-zero exit; tracebacks are for bugs only.
@@ -9,6 +9,7 @@ import argparse
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -159,6 +160,54 @@ def cmd_demo(args) -> int:
     return run_demo(console, Path(args.workdir) if args.workdir else None)
 
 
+def _analysis_names(items: list[str] | None) -> list[str]:
+    return [a for item in items or [] for a in item.split(",") if a]
+
+
+def cmd_attach(args) -> int:
+    from . import virt
+    conn = virt.connect(args.uri)
+    shadows = virt.attach(conn, args.domain, _analysis_names(args.analysis), state_dir=args.state_dir,
+                          rtc_base=args.rtc_base, start=not args.no_start)
+    for s in shadows:
+        console.print(f"[bold]{s.name}[/]: {s.analysis} analysis of {s.native}"
+                      f"{'' if args.no_start else ', waiting for its feed'}", markup=True)
+        console.print(f"  feed {s.feed_socket}, qmp {s.qmp_socket}"
+                      + (f", overlay {s.overlay}" if s.overlay else ""), markup=False)
+    if args.json:
+        print(json.dumps([s.to_json() for s in shadows], indent=1))
+    return 0
+
+
+def cmd_detach(args) -> int:
+    from . import virt
+    conn = virt.connect(args.uri)
+    removed = virt.detach(conn, args.domain)
+    for s in removed:
+        console.print(f"removed {s.name} and {s.state_dir}", markup=False)
+    if args.json:
+        print(json.dumps([s.to_json() for s in removed], indent=1))
+    return 0
+
+
+def cmd_libvirtd(args) -> int:
+    from .virt import Libvirtd
+    d = Libvirtd(args.dir)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    d.start()
+    try:
+        console.print(f"private libvirtd running; stop with Ctrl-C\nexport LIBVIRT_DEFAULT_URI='{d.uri}'",
+                      markup=False)
+        while not stop:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        d.stop()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem", description="Record a guest at its device "
                                 "boundary and replay it exactly.")
@@ -198,6 +247,31 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("bundle")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_inspect)
+
+    r = sub.add_parser("attach", help="create shadow analysis domains for a libvirt domain "
+                       "(DOMAIN-tandem-NAME), waiting for their feed")
+    r.add_argument("domain", help="the native libvirt domain")
+    r.add_argument("--analysis", action="append", metavar="NAME", required=True,
+                   help="analysis VM to create (repeatable, or comma-separated): "
+                        "native, kasan, ubsan, lockdep, asan-userland")
+    r.add_argument("--uri", help="libvirt URI (default: libvirt's, e.g. $LIBVIRT_DEFAULT_URI)")
+    r.add_argument("--state-dir", help="where the shadows' overlays and sockets go "
+                   "(default ~/.cache/tandem/shadows/DOMAIN)")
+    r.add_argument("--rtc-base", help="the shadows' wall clock at boot, UTC (default: now)")
+    r.add_argument("--no-start", action="store_true", help="define the shadows, do not start them")
+    r.add_argument("--json", action="store_true", help="also print the shadows as JSON on stdout")
+    r.set_defaults(func=cmd_attach)
+
+    r = sub.add_parser("detach", help="remove a libvirt domain's shadows, their overlays and sockets")
+    r.add_argument("domain")
+    r.add_argument("--uri", help="libvirt URI (default: libvirt's)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_detach)
+
+    r = sub.add_parser("libvirtd", help="run a private libvirtd (and virtlogd) with all its files "
+                       "in DIR, until Ctrl-C")
+    r.add_argument("dir", help="an empty or new directory, not under /etc, /var or /run")
+    r.set_defaults(func=cmd_libvirtd)
 
     r = sub.add_parser("demo", help="record the demo guest under client traffic and replay it")
     r.add_argument("--workdir", help="where to keep the demo bundle (default: a temp dir)")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import calendar
 import datetime
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from . import artifacts
 from .errors import TandemError
@@ -58,6 +60,7 @@ LIBVIRT_OWNS = {
     "-append": "<os><cmdline>",
     "-rtc": "<clock> and <timer name='rtc'>",
 }
+UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 NO_ARG = {"-nodefaults", "-no-user-config", "-no-reboot", "-no-shutdown", "-S"}
 
 # libvirt NIC <model type> -> QEMU device. tandem's QEMU is built with a small device
@@ -172,7 +175,7 @@ class Libvirtd:
         """Where libvirt's QEMU log of a domain lands (written in the namespace's /var)."""
         return self.dir / "var" / "log" / "libvirt" / "qemu" / f"{domain}.log"
 
-    def start(self, timeout: float = 30.0) -> "Libvirtd":
+    def start(self, timeout: float = 30.0) -> Libvirtd:
         if os.geteuid() != 0:
             raise TandemError("a private libvirtd needs root (it runs QEMU as root in a mount namespace)")
         for tool in ("libvirtd", "virtlogd", "unshare"):
@@ -244,6 +247,11 @@ class Libvirtd:
                     pass
         return found
 
+    def others(self) -> list[int]:
+        """processes() less the daemons and their launcher: the domains' QEMU, mostly."""
+        ours = set(self.pids().values()) | ({self.proc.pid} if self.proc else set())
+        return [p for p in self.processes() if p not in ours]
+
     def stop(self, timeout: float = 20.0) -> None:
         """Destroy the running domains, end the daemons, remove the directory."""
         if self.proc is None:
@@ -306,7 +314,7 @@ class Libvirtd:
     def _cleanup(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "Libvirtd":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -369,9 +377,21 @@ def _clock(rtc: str | None) -> ET.Element:
     return clock
 
 
+def replay_args(libvirt_machine: dict) -> list[str]:
+    """What libvirt adds to QEMU's command line that the guest sees, for a replay run
+    outside libvirt: the SMBIOS system UUID (-uuid) and the firmware's boot order
+    (-boot strict=on puts HALT in fw_cfg's bootorder). Without them the replay of a
+    run recorded in a libvirt domain diverges during boot. libvirt_machine is the
+    manifest's machine.libvirt: {"uuid": ...}."""
+    uuid = str(libvirt_machine.get("uuid", ""))
+    if not UUID_RE.fullmatch(uuid):
+        raise TandemError(f"manifest machine.libvirt.uuid {uuid!r}: not a UUID")
+    return ["-uuid", uuid, "-boot", "strict=on"]
+
+
 def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str = "qemu",
                metadata: ET.Element | None = None, title: str | None = None,
-               argv: list[str] | None = None) -> str:
+               argv: list[str] | None = None, uuid: str | None = None) -> str:
     """A libvirt domain that runs exactly tandem's QEMU command line for (guest, run).
 
     virt_type 'qemu' (TCG) or 'kvm'. record, replay and analysis runs use -icount,
@@ -392,6 +412,8 @@ def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str = "qemu",
 
     dom = ET.Element("domain", type=virt_type)
     ET.SubElement(dom, "name").text = name
+    if uuid:        # guest-visible (SMBIOS): pinned when a replay must match the run
+        ET.SubElement(dom, "uuid").text = uuid
     if title:
         ET.SubElement(dom, "title").text = title
     if metadata is not None:
@@ -516,7 +538,7 @@ _device_help: dict[str, str] = {}
 
 def _has_device(binary: str, device: str) -> bool:
     if binary not in _device_help:
-        r = subprocess.run([binary, "-device", "help"], capture_output=True, text=True, timeout=30)
+        r = subprocess.run([binary, "-device", "help"], check=False, capture_output=True, text=True, timeout=30)
         _device_help[binary] = r.stdout + r.stderr
     return f'name "{device}"' in _device_help[binary]
 
@@ -549,7 +571,7 @@ def _metadata(native: NativeInfo, analysis: str, guest: Guest, sh: Shadow, backi
     md = ET.Element(f"{{{NS}}}shadow", native=native.name, analysis=analysis)
     if native.uuid:
         md.set("native-uuid", native.uuid)
-    md.set("created", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    md.set("created", datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
     ET.SubElement(md, f"{{{NS}}}statedir", path=str(sh.state_dir))
     if sh.overlay:
         ET.SubElement(md, f"{{{NS}}}overlay", path=str(sh.overlay), backing=str(backing),
@@ -564,7 +586,7 @@ def _metadata(native: NativeInfo, analysis: str, guest: Guest, sh: Shadow, backi
 def _make_overlay(backing: Path, fmt: str, overlay: Path) -> None:
     img = artifacts.qemu()["img"]
     r = subprocess.run([img, "create", "-q", "-f", "qcow2", "-b", str(backing.resolve()), "-F", fmt,
-                        str(overlay)], capture_output=True, text=True)
+                        str(overlay)], check=False, capture_output=True, text=True)
     if r.returncode:
         raise TandemError(f"{overlay}: qemu-img create failed: {r.stderr.strip()}")
 
@@ -608,7 +630,7 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
         if shadow_name(domain, a) in existing:
             raise TandemError(f"{shadow_name(domain, a)}: already defined (tandem detach {domain})")
     base = Path(state_dir).absolute() if state_dir else default_state_dir(domain)
-    rtc_base = rtc_base or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    rtc_base = rtc_base or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
     lookahead_ns = LOOKAHEAD_NS if lookahead_ns is None else lookahead_ns
 
     shadows: list[Shadow] = []
