@@ -69,6 +69,10 @@ class Recording:
     limits: list[str]           # what cannot be replayed, said once each
     created: str = "2026-01-01T00:00:00"     # when the native started (UTC), for the RTC
     path: str = ""                            # the bundle it was loaded from
+    # A live native (FreeDA's leader) fills these in as it runs: every input before
+    # known_ns is in `inputs`; finished once the native's device log is complete.
+    known_ns: int = 0
+    finished: bool = True
     serial_out: list[tuple[int, bytes]] = field(default_factory=list)   # the native's console
     udp_out: list[tuple[int, tuple, bytes]] = field(default_factory=list)  # (ns, (dst ip, port), payload)
 
@@ -110,9 +114,12 @@ def load(bundle_dir: str | Path) -> Recording:
     return rec
 
 
-def from_events(events, end_ns: int | None = None) -> Recording:
-    inputs: list[Input] = []
-    flows: list[Flow] = []
+def from_events(events, end_ns: int | None = None, rec: Recording | None = None) -> Recording:
+    """The inputs of a device log's events. Given rec (a live native's), it is filled in
+    place as the events come, so a replayer can follow it."""
+    if rec is None:
+        rec = Recording([], [], end_ns, [])
+    inputs, flows = rec.inputs, rec.flows
     by_tuple: dict[tuple, Flow] = {}
     client_next: dict[int, int] = {}    # flow -> next expected client seq
     guest_next: dict[int, int] = {}     # flow -> next expected guest seq
@@ -121,8 +128,7 @@ def from_events(events, end_ns: int | None = None) -> Recording:
     guest_out: dict[int, int] = {}
     serial = SerialLines()
     serial_in = 0
-    serial_out: list[tuple[int, bytes]] = []
-    udp_out: list[tuple[int, tuple, bytes]] = []
+    serial_out, udp_out = rec.serial_out, rec.udp_out
     limits: dict[str, None] = {}
     tcp4, parse = netpkt.tcp4, netpkt.parse
 
@@ -188,7 +194,11 @@ def from_events(events, end_ns: int | None = None) -> Recording:
                 serial_in += len(data)
         elif kind == "rng" and direction == "in":
             inputs.append(Input("rng", vm_ns, data, seq=e.seq))
-    return Recording(inputs, flows, end_ns, list(limits), serial_out=serial_out, udp_out=udp_out)
+        if len(limits) != len(rec.limits):
+            rec.limits = list(limits)
+        rec.known_ns = max(rec.known_ns, vm_ns)
+    rec.limits = list(limits)
+    return rec
 
 
 def _other_frame(f, e, inputs, udp_out, limits, deps) -> None:

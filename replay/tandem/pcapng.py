@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator, NamedTuple
+from typing import BinaryIO, Callable, Iterator, NamedTuple
 
 from .errors import BundleError
 
@@ -136,15 +137,27 @@ class DevlogReader:
     """Iterate the events of a device log; `interfaces`, `stats` and `torn_at`
     fill in as the file is read (complete once iteration is exhausted)."""
 
-    def __init__(self, path: str | os.PathLike, *, allow_torn: bool = True):
+    def __init__(self, path: str | os.PathLike, *, allow_torn: bool = True,
+                 follow: Callable[[], bool] | None = None):
+        """follow: for a log still being written (a live native): while it returns
+        True, the end of the file is waited on instead of ending the iteration."""
         self.path = os.fspath(path)
         self.allow_torn = allow_torn
+        self.follow = follow
         self.interfaces: list[Interface] = []
         self.stats: list[IfaceStats | None] = []
         self.torn_at: int | None = None
 
     def _fail(self, what: str, offset: int) -> BundleError:
         return BundleError(f"{self.path}: {what} at offset {offset}")
+
+    def _more(self, f) -> int | None:
+        """Following a live log: wait for it to grow; its new size, or None once
+        the writer is done (then read what is there as a finished log)."""
+        if self.follow is None or not self.follow():
+            return None
+        time.sleep(0.02)
+        return os.fstat(f.fileno()).st_size
 
     def _torn(self, offset: int) -> None:
         if not self.allow_torn:
@@ -193,6 +206,9 @@ class DevlogReader:
                 # General path: the block at `offset`, checked as the format says.
                 buf, base = _fill(f, buf, base, offset, 8)
                 got = min(len(buf) - (offset - base), 8)
+                if got < 8 and (grown := self._more(f)) is not None:
+                    size = grown
+                    continue
                 if got == 0:
                     if not seen_shb:
                         self._torn(0)  # empty file: the writer died before its first block
@@ -219,6 +235,9 @@ class DevlogReader:
                 if blen < 12 or blen % 4:
                     raise self._fail(f"bad block length {blen}", offset)
                 if offset + blen > size:  # checked first: a garbage length must not drive a huge read
+                    if (grown := self._more(f)) is not None:
+                        size = grown
+                        continue
                     return self._torn(offset)
                 buf, base = _fill(f, buf, base, offset, blen)
                 if len(buf) - (offset - base) < blen:  # file shrank since we looked

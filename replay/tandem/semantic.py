@@ -72,13 +72,21 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         runs = dict(zip(runs_wanted, pool.map(one, runs_wanted)))
 
+    return summarize(bundle_dir, rec, analyses, runs, spec_path, noise, workdir)
+
+
+def summarize(bundle_dir, rec: inputs.Recording, analyses: list[str],
+              runs: dict[str, replay_semantic.AnalysisRun], spec_path: str | None, noise: bool,
+              workdir: Path) -> Summary:
+    """Findings and divergences of finished analysis runs; writes summary.json and
+    findings.jsonl into workdir."""
     summary = Summary(str(bundle_dir), limits=list(rec.limits))
     for name in analyses:
         run = runs[name]
         spec = equivalence.load(name, spec_path)
         divs = compare.compare(rec, run, spec)
         n_noise = 0
-        if noise and name != NOISE:
+        if noise and name != NOISE and NOISE in runs:
             divs, n_noise = compare.split_noise(divs, compare.compare(rec, runs[NOISE], spec))
         summary.results.append(AnalysisResult(name, run, findings_mod.findings(run), divs, n_noise,
                                               spec.sources))
