@@ -231,6 +231,16 @@ def cmd_detach(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from .plan import plan, render
+    p = plan(args.bundle, slowdown=args.slowdown, concurrency=args.concurrency,
+             from_workdir=args.from_workdir, analysis=args.analysis, stat=args.per_request)
+    console.print(render(p), markup=False)
+    if args.json:
+        print(json.dumps(p.to_json(), indent=1))
+    return 0
+
+
 def cmd_libvirtd(args) -> int:
     from .virt import Libvirtd
     d = Libvirtd(args.dir)
@@ -303,6 +313,23 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("bundle")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_inspect)
+
+    r = sub.add_parser("plan", help="predict the input buffer an analysis needs (FreeDA's "
+                       "equation 2) from a recording's requests")
+    r.add_argument("bundle", help="the native's recording")
+    r.add_argument("--slowdown", type=float, metavar="F",
+                   help="how many times slower the analysis runs than the native")
+    r.add_argument("--from", dest="from_workdir", metavar="WORKDIR",
+                   help="measure the slowdown from a finished semantic replay's summary.json "
+                        "(tandem replay BUNDLE --analysis NAME --workdir WORKDIR)")
+    r.add_argument("--analysis", help="with --from: that analysis only (default: each, and the largest)")
+    r.add_argument("--concurrency", type=int, metavar="N_T",
+                   help="requests in flight over the period the analysis must catch up in "
+                        "(default: the most the recording had at once)")
+    r.add_argument("--per-request", choices=["mean", "max"], default="mean",
+                   help="S_req as the mean request (FreeDA's choice, default) or the largest")
+    r.add_argument("--json", action="store_true", help="also print the inputs and result as JSON on stdout")
+    r.set_defaults(func=cmd_plan)
 
     r = sub.add_parser("attach", help="create shadow analysis domains for a libvirt domain "
                        "(DOMAIN-tandem-NAME), waiting for their feed")

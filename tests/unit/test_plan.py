@@ -1,0 +1,161 @@
+"""`tandem plan`: FreeDA's equation 2 on the paper's own cases, and on a device log
+whose requests, sizes and overlaps are known by construction (worked by hand below)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import assert_one_line_error, run_cli
+from tandem import bundle, netpkt, pcapng
+from tandem.errors import TandemError
+from tandem.inputs import from_events
+from tandem.plan import equation2, measure, plan
+
+
+def pow2(n: float) -> int:
+    """FreeDA's buffers are powers of two: the smallest one that holds n entries."""
+    return 1 << math.ceil(math.log2(n))
+
+
+# --- the equation, on the numbers the paper gives (N_sys = 2 there: entry and exit) ---
+
+def test_nginx_asan():          # §5.2.1: S_req 15, N_T 4 (4 threads), F 1.5 -> buffer 128
+    assert equation2(4, 15, 1.5, 2) == pytest.approx((60 - 40 + 15) * 2) == pytest.approx(70)
+    assert pow2(equation2(4, 15, 1.5, 2)) == 128
+
+
+def test_redis_and_memcached():  # §5.2.3: (4, 17, 1.5) -> 128 and (4, 25, 2) -> 256
+    assert equation2(4, 17, 1.5, 2) == pytest.approx((68 - 68 / 1.5 + 17) * 2)
+    assert pow2(equation2(4, 17, 1.5, 2)) == 128
+    assert equation2(4, 25, 2, 2) == pytest.approx((100 - 50 + 25) * 2) == pytest.approx(150)
+    assert pow2(equation2(4, 25, 2, 2)) == 256
+
+
+def test_htop_valgrind():        # §5.1: S_req 13Ki, N_T 1, F 13 -> 64Ki
+    assert equation2(1, 13 * 1024, 13, 2) == pytest.approx((13 * 1024 - 1024 + 13 * 1024) * 2)
+    assert pow2(equation2(1, 13 * 1024, 13, 2)) == 64 * 1024
+
+
+def test_section3_load_balancer():   # 12 requests, F 3: 12 - 4 + 1 = 9 requests' worth
+    assert equation2(12, 1, 3, 1) == pytest.approx(9)
+    assert equation2(12, 10, 3) == pytest.approx(90)
+
+
+def test_no_slower_than_native_holds_one_request():
+    assert equation2(4, 15, 1.0) == pytest.approx(15)
+    assert equation2(4, 15, 0.5) == pytest.approx(15)       # the N_T terms would go negative
+    with pytest.raises(TandemError):
+        equation2(4, 15, 0)
+    with pytest.raises(TandemError):
+        equation2(0, 15, 2)
+
+
+# --- measuring a recording --------------------------------------------------------------
+
+GUEST = (bytes([10, 0, 2, 15]), 7000)
+A, B = (bytes([10, 0, 2, 2]), 40001), (bytes([10, 0, 2, 2]), 40002)
+GMAC, CMAC = bytes.fromhex("525400123456"), netpkt.GATEWAY_MAC
+ACK, PSH, SYN, FIN, RST = netpkt.ACK, 0x08, netpkt.SYN, netpkt.FIN, netpkt.RST
+
+
+def write_devlog(path):
+    """Two clients. A: open@10, "SET a 1\\n"@20 answered @30, "GET a\\n"@40 answered @50,
+    close @60: two requests, (open + 8 bytes) and (6 bytes + close). B: open@25, two
+    pipelined lines @26 and @28 answered together @45, reset @70: one request of four
+    inputs, 12 bytes. A typed serial line @5 and entropy @1 are outside any request."""
+    w = pcapng.PcapngWriter(path)
+    net, ser, rng = w.add_interface("net0", "net"), w.add_interface("serial0", "serial"), w.add_interface("rng0", "rng")
+    seqs = {A: [1000, 5000], B: [2000, 9000]}           # client, guest next sequence numbers
+
+    def seg(client, direction, ns, flags, payload=b""):
+        c, g = seqs[client]
+        if direction == "in":
+            frame = netpkt.tcp(CMAC, GMAC, client[0], GUEST[0], client[1], GUEST[1], c, g, flags, 64240, payload)
+            seqs[client][0] = c + len(payload) + (1 if flags & (SYN | FIN) else 0)
+        else:
+            frame = netpkt.tcp(GMAC, CMAC, GUEST[0], client[0], GUEST[1], client[1], g, c, flags, 64240, payload)
+            seqs[client][1] = g + len(payload) + (1 if flags & (SYN | FIN) else 0)
+        w.event(net, direction, ns, frame, icount=ns)
+
+    w.event(rng, "in", 1, b"\x42" * 16, icount=1)
+    w.event(ser, "in", 5, b"ls\n", icount=5)
+    seg(A, "in", 10, SYN)
+    seg(A, "out", 11, SYN | ACK)
+    seg(A, "in", 12, ACK)
+    seg(A, "in", 20, ACK | PSH, b"SET a 1\n")
+    seg(B, "in", 25, SYN)
+    seg(B, "out", 25, SYN | ACK)
+    seg(B, "in", 26, ACK | PSH, b"GET a\n")
+    seg(B, "in", 28, ACK | PSH, b"GET b\n")
+    seg(A, "out", 30, ACK | PSH, b"OK\n")
+    seg(A, "in", 40, ACK | PSH, b"GET a\n")
+    seg(B, "out", 45, ACK | PSH, b"VALUE 1\nNOTFOUND\n")
+    seg(A, "out", 50, ACK | PSH, b"VALUE 1\n")
+    seg(A, "in", 60, ACK | FIN)
+    seg(B, "in", 70, RST)
+    w.close(end_vm_ns=100)
+
+
+def test_requests_sizes_and_concurrency(tmp_path):
+    write_devlog(tmp_path / "d.pcapng")
+    w = measure(from_events(pcapng.iter_events(tmp_path / "d.pcapng"), end_ns=100))
+    got = sorted((r.flow, r.start_ns, r.end_ns, r.events, r.bytes) for r in w.requests)
+    assert got == [(0, 10, 30, 2, 8), (0, 40, 50, 2, 6), (1, 25, 45, 4, 12)]
+    assert w.flows == 2 and w.peak_concurrency == 2      # A's first with B's, B's with A's second
+    assert (w.background_events, w.background_bytes, w.entropy_events) == (1, 3, 1)
+    assert w.per_request("mean") == (pytest.approx(8 / 3), pytest.approx(26 / 3))
+    assert w.per_request("max") == (4, 12)
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    d = bundle.new_bundle(tmp_path / "n.tdm")
+    write_devlog(d / bundle.DEVLOG)
+    m = bundle.new_manifest()
+    m.update(state="complete", wall_time_s=2.0, stop={"reason": "poweroff", "vm_ns": 100, "icount": 100})
+    m["files"] = {bundle.DEVLOG: bundle.file_entry(d / bundle.DEVLOG)}
+    bundle.write_manifest(d, m)
+    return d
+
+
+def test_plan_by_hand(recorded):
+    # S_req = 8/3 inputs, 26/3 bytes; N_T = 2 (measured); F = 3:
+    # events 2*8/3 - 2/3*8/3 + 8/3 = 56/9 = 6.2 -> 7; bytes 2*26/3 - 2/3*26/3 + 26/3 = 182/9 -> 21
+    p = plan(recorded, slowdown=3)
+    assert (p.n_t, p.events, p.bytes) == (2, 7, 21)
+    # The largest request instead (S_req 4 inputs, 12 bytes): 8 - 8/3 + 4 = 9.3 -> 10; 24 - 8 + 12 = 28
+    p = plan(recorded, slowdown=3, stat="max")
+    assert (p.events, p.bytes) == (10, 28)
+    # N_T 4, F 1.5: 4*8/3*(1 - 1/1.5) + 8/3 = 56/9 -> 7; 4*26/3/3 + 26/3 = 182/9 -> 21
+    p = plan(recorded, slowdown=1.5, concurrency=4)
+    assert (p.n_t, p.events, p.bytes) == (4, 7, 21)
+
+
+def test_slowdown_from_a_semantic_replay(recorded, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "summary.json").write_text(json.dumps({"bundle": str(recorded), "analyses": [
+        {"analysis": "kasan", "outcome": "poweroff", "wall_s": 6.0, "end_vm_ns": 5_000_000_000},
+        {"analysis": "ubsan", "outcome": "finished", "wall_s": 3.0, "end_vm_ns": 200}]}))
+    p = plan(recorded, from_workdir=work)
+    # kasan F = 6.0 / 2.0 = 3 -> (7, 21) as above; ubsan F = 1.5 with N_T 2:
+    # 2*8/3/3 + 8/3 = 40/9 -> 5; 2*26/3/3 + 26/3 = 130/9 -> 15. The larger is kept.
+    assert [(b["analysis"], b["f"], b["events"], b["bytes"]) for b in p.buffers] == [
+        ("kasan", 3.0, 7, 21), ("ubsan", 1.5, 5, 15)]
+    assert (p.events, p.bytes) == (7, 21)
+    assert plan(recorded, from_workdir=work, analysis="ubsan").events == 5
+    with pytest.raises(TandemError, match="no analysis 'lockdep'"):
+        plan(recorded, from_workdir=work, analysis="lockdep")
+
+
+def test_cli(recorded):
+    r = run_cli("plan", str(recorded), "--slowdown", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["events"], out["bytes"], out["n_t"], out["n_sys"]) == (7, 21, 2, 1)
+    assert out["workload"]["requests"] == 3 and out["workload"]["peak_concurrency"] == 2
+    assert "S_req" in r.stderr and "buffer needed: 7 inputs, 21 bytes" in r.stderr
+    assert_one_line_error(run_cli("plan", str(recorded)), "--slowdown")
+    assert_one_line_error(run_cli("plan", str(recorded), "--slowdown", "-1"), "--slowdown")
+    assert_one_line_error(run_cli("plan", str(recorded), "--from", str(recorded / "nope")), "summary.json")
