@@ -234,7 +234,8 @@ def cmd_detach(args) -> int:
 def cmd_plan(args) -> int:
     from .plan import plan, render
     p = plan(args.bundle, slowdown=args.slowdown, concurrency=args.concurrency,
-             from_workdir=args.from_workdir, analysis=args.analysis, stat=args.per_request)
+             from_workdir=args.from_workdir, analysis=args.analysis, stat=args.per_request,
+             boot=not args.no_boot)
     console.print(render(p), markup=False)
     if args.json:
         print(json.dumps(p.to_json(), indent=1))
@@ -324,8 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(tandem replay BUNDLE --analysis NAME --workdir WORKDIR)")
     r.add_argument("--analysis", help="with --from: that analysis only (default: each, and the largest)")
     r.add_argument("--concurrency", type=int, metavar="N_T",
-                   help="requests in flight over the period the analysis must catch up in "
-                        "(default: the most the recording had at once)")
+                   help="requests the native issues before the analysis catches up (default: "
+                        "measured from the recording for the slowdown)")
+    r.add_argument("--no-boot", action="store_true",
+                   help="the analysis is booted before the native serves: no boot backlog")
     r.add_argument("--per-request", choices=["mean", "max"], default="mean",
                    help="S_req as the mean request (FreeDA's choice, default) or the largest")
     r.add_argument("--json", action="store_true", help="also print the inputs and result as JSON on stdout")

@@ -1,21 +1,28 @@
 """`tandem plan`: how much input buffer an analysis needs, by FreeDA's model.
 
-FreeDA (Pina, Andronidis, Cadar; CF'18), section 3, equation 2: a native serving
-N_T requests over a period T in which the load stays within what the analysis can
-take, each request making S_req buffer entries of N_sys slots each, and an analysis
-F times slower than the native, needs
+FreeDA (Pina, Andronidis, Cadar; CF'18), section 3, equation 2. A native issues N_T
+requests during a period T over which the analysis keeps up on average, each request
+makes S_req buffer entries of N_sys slots each, and the analysis is F times slower than
+the native. The analysis then needs
 
     B = (N_T * S_req - N_T / F * S_req + S_req) * N_sys
 
 entries: the native's N_T requests, less the N_T / F the analysis has consumed
 meanwhile, plus the one it is consuming.
 
-In tandem the buffer holds the native's inputs an analysis VM has not taken yet
-(replay_semantic.Buffer): one entry per input (N_SYS = 1), the network, serial and
-datagram inputs; entropy is handed to the analysis at once and never waits in it.
-From a recording this measures S_req (inputs per request, and their bytes) and the
-concurrency it saw; the slowdown F is given, or measured from a finished semantic
-replay. docs/plan.md says what is measured and how.
+In tandem the buffer holds the native's inputs that an analysis VM has not taken yet
+(replay_semantic.Buffer). That is one entry per input (N_SYS = 1): network, serial and
+datagram inputs. Entropy goes to the analysis at once and never waits in the buffer.
+From a recording, this module measures:
+
+- S_req: inputs and bytes per request.
+- N_T, unless given: the most requests the native issued before an analysis F times
+  slower caught up.
+- The boot backlog: the inputs that arrive while an analysis started with the native is
+  still booting. The paper's model leaves this out; a live run from boot holds it on
+  top.
+
+F is given, or measured from a finished semantic replay. docs/plan.md has the details.
 """
 from __future__ import annotations
 
@@ -29,23 +36,28 @@ from .errors import TandemError
 
 N_SYS = 1                   # buffer entries per input
 EQUATION = "B = (N_T*S_req - N_T/F*S_req + S_req) * N_sys"
-CONNECTION = ("tcp-open", "tcp-fin", "tcp-rst")
+READY = b"TANDEM-READY"     # the guest agent's line once the service listens
 
 
 def equation2(n_t: float, s_req: float, f: float, n_sys: float = N_SYS) -> float:
-    """FreeDA's equation 2, as printed. F <= 1 (an analysis no slower than the native)
-    consumes each request as it comes: the N_T terms cancel at F = 1 and would go
-    negative below it, so the buffer is then one request, S_req * N_sys."""
+    """FreeDA's equation 2, as printed. An analysis no slower than the native (F <= 1)
+    consumes each request as it comes. At F = 1 the N_T terms cancel, and below it they
+    would go negative, so the buffer is then one request: S_req * N_sys."""
     if n_t <= 0 or f <= 0:
         raise TandemError(f"the model needs N_T > 0 and F > 0 (got N_T={n_t}, F={f})")
     trailing = max(0.0, n_t * s_req - n_t / f * s_req)
     return (trailing + s_req) * n_sys
 
 
+def entries(x: float) -> int:
+    """Whole entries that hold x. Float error must not add one: 8.000000001 is 8."""
+    return math.ceil(x - 1e-9)
+
+
 @dataclass
 class Request:
-    """One request: a turn of client data on a connection that the guest answers
-    before the client sends more (pipelined lines sent at once are one turn)."""
+    """One request: a turn of client data on a connection, which the guest answers
+    before the client sends more. Pipelined lines sent at once are one turn."""
     flow: int
     start_ns: int
     end_ns: int                 # the guest's last output before the flow's next request
@@ -56,13 +68,16 @@ class Request:
 @dataclass
 class Workload:
     """What a recording says about its requests."""
-    requests: list[Request]
+    requests: list[Request]     # in order of arrival
     flows: int
     vm_ns: int
+    ready_ns: int               # the native was booted and serving (TANDEM-READY)
+    ready_source: str
+    buffered: list[tuple[int, int]]     # (VM ns, bytes) of every input that waits in a buffer
     background_events: int      # serial and datagram inputs, outside any connection
     background_bytes: int
     entropy_events: int         # never buffered
-    peak_concurrency: int
+    peak_concurrency: int       # requests the native had in progress at once
 
     def per_request(self, stat: str) -> tuple[float, float]:
         """(events, bytes) per request: 'mean' or 'max'."""
@@ -72,14 +87,39 @@ class Workload:
             return float(max(ev)), float(max(by))
         return sum(ev) / len(ev), sum(by) / len(by)
 
+    def busy_period_requests(self, f: float) -> int:
+        """N_T for an analysis F times slower than the native: the most requests the
+        native issued within one busy period of the analysis. A busy period runs from a
+        request that finds the analysis idle until the analysis has caught up. Each
+        request costs the analysis F times the native's time for it, from the request to
+        the guest's reply. Boot is left out: that is the boot backlog."""
+        free_at, n, most = -math.inf, 0, 0
+        for r in self.requests:
+            if r.start_ns >= free_at:
+                n = 0               # caught up: a new period
+            n += 1
+            most = max(most, n)
+            free_at = max(free_at, r.start_ns) + f * (r.end_ns - r.start_ns)
+        return max(1, most)
+
+    def boot_backlog(self, f: float) -> tuple[int, int]:
+        """(inputs, bytes) that arrive before an analysis started with the native has
+        booted: F times the native's boot."""
+        until = f * self.ready_ns
+        got = [b for ns, b in self.buffered if ns < until]
+        return len(got), sum(got)
+
 
 def measure(rec: inputs.Recording) -> Workload:
     by_flow: dict[int, list[inputs.Input]] = {}
     background = background_bytes = entropy = 0
+    buffered = []
     for i in rec.inputs:
         if i.kind == "rng":
             entropy += 1
-        elif i.flow is None:
+            continue
+        buffered.append((i.vm_ns, len(i.data)))
+        if i.flow is None:
             background += 1
             background_bytes += len(i.data)
         else:
@@ -88,17 +128,31 @@ def measure(rec: inputs.Recording) -> Workload:
     for index, ins in sorted(by_flow.items()):
         out_ns = [ns for ns, _ in rec.flows[index].guest_data]
         requests += _turns(index, ins, out_ns)
+    requests.sort(key=lambda r: (r.start_ns, r.flow))
     end = rec.end_ns or max([r.end_ns for r in requests] + [i.vm_ns for i in rec.inputs] + [0])
-    return Workload(requests, len(by_flow), end, background, background_bytes, entropy,
-                    _peak(requests))
+    ready, source = _ready(rec, requests)
+    return Workload(requests, len(by_flow), end, ready, source, buffered, background,
+                    background_bytes, entropy, _peak(requests))
+
+
+def _ready(rec: inputs.Recording, requests: list[Request]) -> tuple[int, str]:
+    """When the native was booted: its agent's READY line, else its first request."""
+    tail = b""
+    for ns, data in rec.serial_out:
+        tail = (tail + data)[-(len(READY) + len(data)):]
+        if READY in tail:
+            return ns, "the guest's TANDEM-READY line"
+    if requests:
+        return requests[0].start_ns, "its first request (no TANDEM-READY line on its console)"
+    return 0, "unknown (no TANDEM-READY line, no request)"
 
 
 def _turns(flow: int, ins: list[inputs.Input], out_ns: list[int]) -> list[Request]:
-    """A flow's inputs cut into requests. Connection set-up counts with the first
-    request, the close with the last; a connection without data is one request."""
+    """A flow's inputs cut into requests. The connection's opening counts with the
+    first request and its close with the last; a connection without data is one request."""
     turns: list[Request] = []
     last_data: int | None = None
-    pending = []                # inputs before the first data (the open)
+    pending = []                # inputs before the first data (the opening)
     for i in ins:
         if i.kind == "tcp-data":
             answered = last_data is not None and any(last_data < t < i.vm_ns for t in out_ns)
@@ -124,7 +178,7 @@ def _turns(flow: int, ins: list[inputs.Input], out_ns: list[int]) -> list[Reques
     for k, r in enumerate(turns):
         limit = turns[k + 1].start_ns if k + 1 < len(turns) else math.inf
         outs = [t for t in out_ns if r.start_ns <= t < limit]
-        r.end_ns = max([r.end_ns] + outs)
+        r.end_ns = max([r.end_ns, *outs])
     return turns
 
 
@@ -145,15 +199,14 @@ class Slowdown:
     source: str
     analysis: str | None = None
     analysis_wall_s: float | None = None
-    analysis_vm_s: float | None = None
     native_wall_s: float | None = None
-    native_vm_s: float | None = None
 
 
 def slowdowns_from(workdir: Path, manifest: dict, analysis: str | None) -> list[Slowdown]:
-    """F per analysis of a finished semantic replay (`tandem replay --analysis`): the
-    wall time it took over the native recording's, from WORKDIR/summary.json and the
-    native bundle's manifest. Only runs that reached the end count."""
+    """F for each analysis of a finished semantic replay (`tandem replay --analysis`):
+    the wall time it took, over the native recording's wall time. Comes from
+    WORKDIR/summary.json and the native bundle's manifest. Only runs that reached the
+    end count."""
     path = Path(workdir) / "summary.json"
     try:
         summary = json.loads(path.read_text())
@@ -161,24 +214,23 @@ def slowdowns_from(workdir: Path, manifest: dict, analysis: str | None) -> list[
         raise TandemError(f"{path}: not found (run tandem replay BUNDLE --analysis NAME --workdir DIR)") from None
     except json.JSONDecodeError as e:
         raise TandemError(f"{path}: unreadable ({e})") from None
-    native_wall, native_vm = manifest.get("wall_time_s"), (manifest.get("stop") or {}).get("vm_ns")
-    if not native_wall or not native_vm:
-        raise TandemError("the native bundle's manifest has no wall and VM time (an unfinished recording?)")
+    native_wall = manifest.get("wall_time_s")
+    if not native_wall:
+        raise TandemError("the native bundle's manifest has no wall time (an unfinished recording?)")
     rows = [a for a in summary.get("analyses", []) if analysis in (None, a.get("analysis"))]
     if not rows:
         known = ", ".join(a.get("analysis", "?") for a in summary.get("analyses", []))
         raise TandemError(f"{path}: no analysis {analysis!r} (it has: {known or 'none'})")
     out = []
     for a in rows:
-        if a.get("outcome") not in ("finished", "poweroff") or not a.get("end_vm_ns") or not a.get("wall_s"):
+        if a.get("outcome") not in ("finished", "poweroff") or not a.get("wall_s"):
             raise TandemError(f"{path}: analysis {a.get('analysis')!r} did not finish "
                               f"(outcome {a.get('outcome')!r}): no slowdown to measure")
-        # The same inputs, start to end: the analysis took this many times the native's
-        # wall time. (Not per VM second: VM time counts instructions under icount, and an
-        # analysis kernel runs more of them for the same request.)
-        f = a["wall_s"] / native_wall
-        out.append(Slowdown(f, f"measured: {path}", a["analysis"], a["wall_s"], a["end_vm_ns"] / 1e9,
-                            native_wall, native_vm / 1e9))
+        # Both runs had the same inputs, start to end. The ratio is not per VM second:
+        # under icount, VM time counts instructions, and an analysis kernel runs more of
+        # them for the same request.
+        out.append(Slowdown(a["wall_s"] / native_wall, f"measured: {path}", a["analysis"],
+                            a["wall_s"], native_wall))
     return out
 
 
@@ -186,13 +238,12 @@ def slowdowns_from(workdir: Path, manifest: dict, analysis: str | None) -> list[
 class Plan:
     bundle: str
     workload: dict
-    n_t: int
-    n_t_source: str
     s_req_events: float
     s_req_bytes: float
     stat: str
+    boot: bool
     slowdowns: list[Slowdown]
-    buffers: list[dict] = field(default_factory=list)   # per slowdown: events, bytes
+    buffers: list[dict] = field(default_factory=list)   # one per slowdown
 
     @property
     def events(self) -> int:
@@ -210,7 +261,7 @@ class Plan:
 
 def plan(bundle_dir: str | Path, *, slowdown: float | None = None, concurrency: int | None = None,
          from_workdir: str | Path | None = None, analysis: str | None = None,
-         stat: str = "mean") -> Plan:
+         stat: str = "mean", boot: bool = True) -> Plan:
     bundle_dir = Path(bundle_dir)
     if (slowdown is None) == (from_workdir is None):
         raise TandemError("give the analysis slowdown: --slowdown F, or --from WORKDIR of a semantic replay")
@@ -230,45 +281,56 @@ def plan(bundle_dir: str | Path, *, slowdown: float | None = None, concurrency: 
         sds = [Slowdown(slowdown, "given", analysis)]
     else:
         sds = slowdowns_from(Path(from_workdir), manifest, analysis)
-    n_t = concurrency or w.peak_concurrency
     p = Plan(str(bundle_dir), {
-        "requests": len(w.requests), "flows": w.flows, "vm_s": round(w.vm_ns / 1e9, 3),
+        "requests": len(w.requests), "flows": w.flows, "vm_s": round(w.vm_ns / 1e9, 6),
+        "ready_vm_s": round(w.ready_ns / 1e9, 6), "ready_source": w.ready_source,
         "events_per_request": {"mean": round(sum(r.events for r in w.requests) / len(w.requests), 3),
                                "max": max(r.events for r in w.requests)},
         "bytes_per_request": {"mean": round(sum(r.bytes for r in w.requests) / len(w.requests), 1),
                               "max": max(r.bytes for r in w.requests)},
         "peak_concurrency": w.peak_concurrency, "background_events": w.background_events,
         "background_bytes": w.background_bytes, "entropy_events": w.entropy_events},
-        n_t, "given" if concurrency else "measured: the most requests in progress at once in the recording",
-        ev, by, stat, sds)
+        ev, by, stat, boot, sds)
     for sd in sds:
-        p.buffers.append({"analysis": sd.analysis, "f": round(sd.f, 4),
-                          "events": math.ceil(equation2(n_t, ev, sd.f)),
-                          "bytes": math.ceil(equation2(n_t, by, sd.f))})
+        n_t = concurrency or w.busy_period_requests(sd.f)
+        eq_ev, eq_by = entries(equation2(n_t, ev, sd.f)), entries(equation2(n_t, by, sd.f))
+        bl_ev, bl_by = w.boot_backlog(sd.f) if boot else (0, 0)
+        p.buffers.append({"analysis": sd.analysis, "f": round(sd.f, 4), "n_t": n_t,
+                          "n_t_source": "given" if concurrency else "measured",
+                          "equation": {"events": eq_ev, "bytes": eq_by},
+                          "boot_backlog": {"events": bl_ev, "bytes": bl_by,
+                                           "until_vm_s": round(sd.f * w.ready_ns / 1e9, 6)},
+                          "events": eq_ev + bl_ev, "bytes": eq_by + bl_by})
     return p
 
 
 def render(p: Plan) -> str:
     w = p.workload
     lines = [f"tandem plan {p.bundle}: FreeDA equation 2, {EQUATION}",
-             f"  requests   {w['requests']} in {w['flows']} connection(s) over {w['vm_s']:.3f}s of VM time",
+             (f"  requests   {w['requests']} in {w['flows']} connection(s) over {w['vm_s']:.3f}s of VM time; "
+             f"booted at {w['ready_vm_s']:.3f}s ({w['ready_source']})"),
              (f"  S_req      {p.s_req_events:.2f} inputs, {p.s_req_bytes:.1f} bytes per request ({p.stat}; "
-             f"mean {w['events_per_request']['mean']:.2f} / {w['bytes_per_request']['mean']:.1f}, "
-             f"max {w['events_per_request']['max']} / {w['bytes_per_request']['max']})"),
-             f"  N_T        {p.n_t} ({p.n_t_source}; measured peak {w['peak_concurrency']})"]
-    for sd in p.slowdowns:
-        who = f" {sd.analysis}" if sd.analysis else ""
+              f"the largest: {w['events_per_request']['max']} inputs, {w['bytes_per_request']['max']} bytes)"),
+             f"  N_sys      {N_SYS} (one buffer entry per input)",
+             (f"  not in S_req: {w['background_events']} serial/datagram input(s) outside connections "
+             f"({w['background_bytes']} bytes); {w['entropy_events']} entropy input(s), never buffered; "
+             f"the native had at most {w['peak_concurrency']} request(s) in progress at once")]
+    for sd, b in zip(p.slowdowns, p.buffers):
+        who = f"{sd.analysis}: " if sd.analysis else ""
         if sd.source == "given":
-            lines.append(f"  F{who:<10}{sd.f:.3f} (given)")
+            lines.append(f"{who}F {sd.f:.3f} (given)")
         else:
-            lines.append(f"  F{who:<10}{sd.f:.3f} ({sd.source}: replayed in {sd.analysis_wall_s:.2f}s wall, "
+            lines.append(f"{who}F {sd.f:.3f} ({sd.source}: replayed in {sd.analysis_wall_s:.2f}s wall, "
                          f"the native recorded in {sd.native_wall_s:.2f}s)")
-    lines.append(f"  N_sys      {N_SYS} (one buffer entry per input)")
-    lines.append(f"  not in S_req: {w['background_events']} serial/datagram input(s) outside connections "
-                 f"({w['background_bytes']} bytes); {w['entropy_events']} entropy input(s), never buffered")
-    for b in p.buffers:
-        who = f" for {b['analysis']}" if b["analysis"] else ""
-        lines.append(f"buffer needed{who}: {b['events']} inputs, {b['bytes']} bytes")
+        why = "given" if b["n_t_source"] == "given" else \
+            "measured: the most requests the native issued before this analysis caught up"
+        lines.append(f"  N_T        {b['n_t']} ({why})")
+        lines.append(f"  equation 2 {b['equation']['events']} inputs, {b['equation']['bytes']} bytes")
+        if p.boot:
+            bl = b["boot_backlog"]
+            lines.append(f"  boot       {bl['events']} inputs, {bl['bytes']} bytes arrive before it has booted "
+                         f"(F x {w['ready_vm_s']:.3f}s = {bl['until_vm_s']:.3f}s of the native's VM time)")
+        lines.append(f"  buffer needed: {b['events']} inputs, {b['bytes']} bytes")
     if len(p.buffers) > 1:
         lines.append(f"buffer for all of them (the largest): {p.events} inputs, {p.bytes} bytes")
     lines.append(f"  e.g. tandem shadow ... --buffer-events {p.events} --buffer-bytes {p.bytes}")

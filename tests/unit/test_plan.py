@@ -60,10 +60,11 @@ ACK, PSH, SYN, FIN, RST = netpkt.ACK, 0x08, netpkt.SYN, netpkt.FIN, netpkt.RST
 
 
 def write_devlog(path):
-    """Two clients. A: open@10, "SET a 1\\n"@20 answered @30, "GET a\\n"@40 answered @50,
-    close @60: two requests, (open + 8 bytes) and (6 bytes + close). B: open@25, two
-    pipelined lines @26 and @28 answered together @45, reset @70: one request of four
-    inputs, 12 bytes. A typed serial line @5 and entropy @1 are outside any request."""
+    """The guest is ready @8. Two clients. A: open@10, "SET a 1\\n"@20 answered @30,
+    "GET a\\n"@40 answered @50, close @60: two requests, (open + 8 bytes) over [10, 30]
+    and (6 bytes + close) over [40, 50]. B: open@25, two pipelined lines @26 and @28
+    answered together @45, reset @70: one request of four inputs and 12 bytes over
+    [25, 45]. A typed serial line @5 and entropy @1 are outside any request."""
     w = pcapng.PcapngWriter(path)
     net, ser, rng = w.add_interface("net0", "net"), w.add_interface("serial0", "serial"), w.add_interface("rng0", "rng")
     seqs = {A: [1000, 5000], B: [2000, 9000]}           # client, guest next sequence numbers
@@ -80,6 +81,8 @@ def write_devlog(path):
 
     w.event(rng, "in", 1, b"\x42" * 16, icount=1)
     w.event(ser, "in", 5, b"ls\n", icount=5)
+    w.event(ser, "out", 7, b"TANDEM-RE", icount=7)
+    w.event(ser, "out", 8, b"ADY\n", icount=8)
     seg(A, "in", 10, SYN)
     seg(A, "out", 11, SYN | ACK)
     seg(A, "in", 12, ACK)
@@ -100,12 +103,29 @@ def write_devlog(path):
 def test_requests_sizes_and_concurrency(tmp_path):
     write_devlog(tmp_path / "d.pcapng")
     w = measure(from_events(pcapng.iter_events(tmp_path / "d.pcapng"), end_ns=100))
-    got = sorted((r.flow, r.start_ns, r.end_ns, r.events, r.bytes) for r in w.requests)
-    assert got == [(0, 10, 30, 2, 8), (0, 40, 50, 2, 6), (1, 25, 45, 4, 12)]
+    got = [(r.flow, r.start_ns, r.end_ns, r.events, r.bytes) for r in w.requests]
+    assert got == [(0, 10, 30, 2, 8), (1, 25, 45, 4, 12), (0, 40, 50, 2, 6)]
     assert w.flows == 2 and w.peak_concurrency == 2      # A's first with B's, B's with A's second
     assert (w.background_events, w.background_bytes, w.entropy_events) == (1, 3, 1)
+    assert w.ready_ns == 8 and "TANDEM-READY" in w.ready_source
     assert w.per_request("mean") == (pytest.approx(8 / 3), pytest.approx(26 / 3))
     assert w.per_request("max") == (4, 12)
+
+
+def test_busy_periods_and_boot_backlog(tmp_path):
+    write_devlog(tmp_path / "d.pcapng")
+    w = measure(from_events(pcapng.iter_events(tmp_path / "d.pcapng"), end_ns=100))
+    # F 3: A1 @10 costs 3*20, done @70; B1 @25 waits, done @130; A2 @40 waits: one period of 3.
+    assert w.busy_period_requests(3) == 3
+    # F 1.5: A1 done @40; B1 @25 done @70; A2 @40 < 70 still in it: 3.
+    assert w.busy_period_requests(1.5) == 3
+    # F 0.5: A1 done @20 < B1 @25, done @35 < A2 @40: every request finds it idle.
+    assert w.busy_period_requests(0.5) == 1
+    # Booted at 8: an analysis 3x slower is ready at 24, after the serial line @5, A's
+    # open @10 and A's 8 bytes @20; 1.5x: at 12, after the serial line and the open.
+    assert w.boot_backlog(3) == (3, 11)
+    assert w.boot_backlog(1.5) == (2, 3)
+    assert w.boot_backlog(0.5) == (0, 0)
 
 
 @pytest.fixture
@@ -120,16 +140,24 @@ def recorded(tmp_path):
 
 
 def test_plan_by_hand(recorded):
-    # S_req = 8/3 inputs, 26/3 bytes; N_T = 2 (measured); F = 3:
-    # events 2*8/3 - 2/3*8/3 + 8/3 = 56/9 = 6.2 -> 7; bytes 2*26/3 - 2/3*26/3 + 26/3 = 182/9 -> 21
+    # S_req = 8/3 inputs, 26/3 bytes; F 3 -> N_T 3 (measured):
+    # events 3*8/3 - 3/3*8/3 + 8/3 = 8; bytes 3*26/3 - 26/3 + 26/3 = 26; boot backlog 3, 11
     p = plan(recorded, slowdown=3)
-    assert (p.n_t, p.events, p.bytes) == (2, 7, 21)
-    # The largest request instead (S_req 4 inputs, 12 bytes): 8 - 8/3 + 4 = 9.3 -> 10; 24 - 8 + 12 = 28
+    (b,) = p.buffers
+    assert (b["n_t"], b["equation"], b["boot_backlog"]["events"], b["boot_backlog"]["bytes"]) == (
+        3, {"events": 8, "bytes": 26}, 3, 11)
+    assert (p.events, p.bytes) == (11, 37)
+    assert plan(recorded, slowdown=3, boot=False).events == 8
+    # The largest request (S_req 4 inputs, 12 bytes): 12 - 4 + 4 = 12; 36 - 12 + 12 = 36; + boot
     p = plan(recorded, slowdown=3, stat="max")
-    assert (p.events, p.bytes) == (10, 28)
-    # N_T 4, F 1.5: 4*8/3*(1 - 1/1.5) + 8/3 = 56/9 -> 7; 4*26/3/3 + 26/3 = 182/9 -> 21
+    assert (p.events, p.bytes) == (12 + 3, 36 + 11)
+    # N_T 4 given, F 1.5: 4*8/3*(1 - 1/1.5) + 8/3 = 56/9 -> 7; 4*26/3/3 + 26/3 = 182/9 -> 21;
+    # boot backlog at 1.5: 2 inputs, 3 bytes
     p = plan(recorded, slowdown=1.5, concurrency=4)
-    assert (p.n_t, p.events, p.bytes) == (4, 7, 21)
+    assert (p.buffers[0]["n_t"], p.events, p.bytes) == (4, 7 + 2, 21 + 3)
+    # F 0.5: N_T 1, no slower than the native: one request, 8/3 -> 3 and 26/3 -> 9
+    p = plan(recorded, slowdown=0.5)
+    assert (p.buffers[0]["n_t"], p.events, p.bytes) == (1, 3, 9)
 
 
 def test_slowdown_from_a_semantic_replay(recorded, tmp_path):
@@ -139,12 +167,12 @@ def test_slowdown_from_a_semantic_replay(recorded, tmp_path):
         {"analysis": "kasan", "outcome": "poweroff", "wall_s": 6.0, "end_vm_ns": 5_000_000_000},
         {"analysis": "ubsan", "outcome": "finished", "wall_s": 3.0, "end_vm_ns": 200}]}))
     p = plan(recorded, from_workdir=work)
-    # kasan F = 6.0 / 2.0 = 3 -> (7, 21) as above; ubsan F = 1.5 with N_T 2:
-    # 2*8/3/3 + 8/3 = 40/9 -> 5; 2*26/3/3 + 26/3 = 130/9 -> 15. The larger is kept.
+    # kasan F = 6.0 / 2.0 = 3 -> 11, 37 as above. ubsan F = 1.5, N_T 3:
+    # 3*8/3/3 + 8/3 = 16/3 -> 6; 3*26/3/3 + 26/3 = 52/3 -> 18; boot 2, 3. The larger is kept.
     assert [(b["analysis"], b["f"], b["events"], b["bytes"]) for b in p.buffers] == [
-        ("kasan", 3.0, 7, 21), ("ubsan", 1.5, 5, 15)]
-    assert (p.events, p.bytes) == (7, 21)
-    assert plan(recorded, from_workdir=work, analysis="ubsan").events == 5
+        ("kasan", 3.0, 11, 37), ("ubsan", 1.5, 8, 21)]
+    assert (p.events, p.bytes) == (11, 37)
+    assert plan(recorded, from_workdir=work, analysis="ubsan").events == 8
     with pytest.raises(TandemError, match="no analysis 'lockdep'"):
         plan(recorded, from_workdir=work, analysis="lockdep")
 
@@ -153,9 +181,12 @@ def test_cli(recorded):
     r = run_cli("plan", str(recorded), "--slowdown", "3", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert (out["events"], out["bytes"], out["n_t"], out["n_sys"]) == (7, 21, 2, 1)
-    assert out["workload"]["requests"] == 3 and out["workload"]["peak_concurrency"] == 2
-    assert "S_req" in r.stderr and "buffer needed: 7 inputs, 21 bytes" in r.stderr
+    assert (out["events"], out["bytes"], out["n_sys"]) == (11, 37, 1)
+    assert out["workload"]["requests"] == 3 and out["buffers"][0]["n_t"] == 3
+    assert "S_req" in r.stderr and "buffer needed: 11 inputs, 37 bytes" in r.stderr
+    r = run_cli("plan", str(recorded), "--slowdown", "3", "--no-boot", "--concurrency", "2", "--json")
+    # 2*8/3*2/3 + 8/3 = 56/9 -> 7; 2*26/3*2/3 + 26/3 = 182/9 -> 21
+    assert (json.loads(r.stdout)["events"], json.loads(r.stdout)["bytes"]) == (7, 21)
     assert_one_line_error(run_cli("plan", str(recorded)), "--slowdown")
     assert_one_line_error(run_cli("plan", str(recorded), "--slowdown", "-1"), "--slowdown")
     assert_one_line_error(run_cli("plan", str(recorded), "--from", str(recorded / "nope")), "summary.json")
