@@ -37,6 +37,7 @@ from .errors import TandemError
 N_SYS = 1                   # buffer entries per input
 EQUATION = "B = (N_T*S_req - N_T/F*S_req + S_req) * N_sys"
 READY = b"TANDEM-READY"     # the guest agent's line once the service listens
+BASE = "native"             # the null analysis: the native kernel, replayed as the analyses are
 
 
 def equation2(n_t: float, s_req: float, f: float, n_sys: float = N_SYS) -> float:
@@ -199,14 +200,20 @@ class Slowdown:
     source: str
     analysis: str | None = None
     analysis_wall_s: float | None = None
-    native_wall_s: float | None = None
+    base_wall_s: float | None = None
+    base: str = ""
 
 
 def slowdowns_from(workdir: Path, manifest: dict, analysis: str | None) -> list[Slowdown]:
-    """F for each analysis of a finished semantic replay (`tandem replay --analysis`):
-    the wall time it took, over the native recording's wall time. Comes from
-    WORKDIR/summary.json and the native bundle's manifest. Only runs that reached the
-    end count."""
+    """F for each analysis of a finished semantic replay (`tandem replay --analysis`),
+    from WORKDIR/summary.json. Only runs that reached the end count.
+
+    The base is the replay's run of the native kernel (the `native` analysis), if it has
+    one: same inputs, same replay, same skipping of idle time (sleep=off), so F is the
+    analysis kernel's slowdown alone. Otherwise the base is the native recording's wall
+    time from its manifest. The recording waited out its idle time and the analysis did
+    not, so that F is too low for an idle-heavy recording.
+    """
     path = Path(workdir) / "summary.json"
     try:
         summary = json.loads(path.read_text())
@@ -214,23 +221,31 @@ def slowdowns_from(workdir: Path, manifest: dict, analysis: str | None) -> list[
         raise TandemError(f"{path}: not found (run tandem replay BUNDLE --analysis NAME --workdir DIR)") from None
     except json.JSONDecodeError as e:
         raise TandemError(f"{path}: unreadable ({e})") from None
-    native_wall = manifest.get("wall_time_s")
-    if not native_wall:
-        raise TandemError("the native bundle's manifest has no wall time (an unfinished recording?)")
-    rows = [a for a in summary.get("analyses", []) if analysis in (None, a.get("analysis"))]
+    runs = summary.get("analyses", [])
+    done = [a for a in runs if a.get("outcome") in ("finished", "poweroff") and a.get("wall_s")]
+    base = next((a for a in done if a.get("analysis") == BASE), None)
+    if analysis is None:
+        rows = [a for a in runs if not (base and a is base)]
+    else:
+        rows = [a for a in runs if a.get("analysis") == analysis]
     if not rows:
-        known = ", ".join(a.get("analysis", "?") for a in summary.get("analyses", []))
-        raise TandemError(f"{path}: no analysis {analysis!r} (it has: {known or 'none'})")
+        known = ", ".join(a.get("analysis", "?") for a in runs)
+        raise TandemError(f"{path}: no analysis {analysis or '(other than native)'!r} (it has: {known or 'none'})")
+    if base and analysis != BASE:
+        base_wall, how = base["wall_s"], f"the native kernel's replay took {base['wall_s']:.2f}s"
+    else:
+        base_wall = manifest.get("wall_time_s")
+        if not base_wall:
+            raise TandemError("the native bundle's manifest has no wall time (an unfinished recording?)")
+        how = (f"the native recorded in {base_wall:.2f}s, idle included (replay --analysis "
+               f"{BASE},... for a base without idle)")
     out = []
     for a in rows:
-        if a.get("outcome") not in ("finished", "poweroff") or not a.get("wall_s"):
+        if a not in done:
             raise TandemError(f"{path}: analysis {a.get('analysis')!r} did not finish "
                               f"(outcome {a.get('outcome')!r}): no slowdown to measure")
-        # Both runs had the same inputs, start to end. The ratio is not per VM second:
-        # under icount, VM time counts instructions, and an analysis kernel runs more of
-        # them for the same request.
-        out.append(Slowdown(a["wall_s"] / native_wall, f"measured: {path}", a["analysis"],
-                            a["wall_s"], native_wall))
+        out.append(Slowdown(a["wall_s"] / base_wall, f"measured: {path}", a["analysis"], a["wall_s"],
+                            base_wall, how))
     return out
 
 
@@ -320,8 +335,8 @@ def render(p: Plan) -> str:
         if sd.source == "given":
             lines.append(f"{who}F {sd.f:.3f} (given)")
         else:
-            lines.append(f"{who}F {sd.f:.3f} ({sd.source}: replayed in {sd.analysis_wall_s:.2f}s wall, "
-                         f"the native recorded in {sd.native_wall_s:.2f}s)")
+            lines.append(f"{who}F {sd.f:.3f} ({sd.source}: replayed in {sd.analysis_wall_s:.2f}s wall; "
+                         f"{sd.base})")
         why = "given" if b["n_t_source"] == "given" else \
             "measured: the most requests the native issued before this analysis caught up"
         lines.append(f"  N_T        {b['n_t']} ({why})")

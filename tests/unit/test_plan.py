@@ -177,6 +177,23 @@ def test_slowdown_from_a_semantic_replay(recorded, tmp_path):
         plan(recorded, from_workdir=work, analysis="lockdep")
 
 
+def test_slowdown_over_the_native_kernels_replay(recorded, tmp_path):
+    """With the native kernel replayed alongside, it is the base: the same replay, the
+    same idle skipping. kasan 6.0s over native 4.0s: F 1.5 (not 6.0 / 2.0 = 3)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "summary.json").write_text(json.dumps({"bundle": str(recorded), "analyses": [
+        {"analysis": "native", "outcome": "poweroff", "wall_s": 4.0},
+        {"analysis": "kasan", "outcome": "poweroff", "wall_s": 6.0},
+        {"analysis": "lockdep", "outcome": "crashed", "wall_s": 1.0}]}))
+    p = plan(recorded, from_workdir=work, analysis="kasan")
+    assert (p.buffers[0]["f"], p.events, p.bytes) == (1.5, 8, 21)      # as ubsan above
+    assert "native kernel" in p.slowdowns[0].base
+    with pytest.raises(TandemError, match="'lockdep' did not finish"):
+        plan(recorded, from_workdir=work)
+    assert plan(recorded, from_workdir=work, analysis="native").buffers[0]["f"] == 2.0   # over the recording
+
+
 def test_cli(recorded):
     r = run_cli("plan", str(recorded), "--slowdown", "3", "--json")
     assert r.returncode == 0, r.stderr
