@@ -247,8 +247,8 @@ def cmd_libvirtd(args) -> int:
     d = Libvirtd(args.dir)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    d.start()
     try:
+        d.start()
         console.print(f"private libvirtd running; stop with Ctrl-C\nexport LIBVIRT_DEFAULT_URI='{d.uri}'",
                       markup=False)
         while not stop:
