@@ -93,6 +93,11 @@ def test_domain_xml_resolves_libvirt_conflicts(libvirtd, tmp_path):
     assert argv[argv.index("-accel") + 1] == "tcg" and "-no-acpi" not in argv
     with pytest.raises(virt.TandemError, match="only under TCG"):
         virt.domain_xml("k", g, run, virt_type="kvm")
+    # A plain run without icount may be a kvm domain (written, not run here: docs/libvirt.md).
+    kvm = ET.fromstring(virt.domain_xml("k", g, Run("plain", tmp_path, overlay=tmp_path / "d.qcow2", icount=False),
+                                        virt_type="kvm"))
+    passed = [a.get("value") for a in kvm.iter(f"{{{virt.QEMU_NS}}}arg")]
+    assert kvm.get("type") == "kvm" and "-accel" not in passed and "-icount" not in passed
 
 
 def test_tandem_domain_boots_serves_and_replays(libvirtd, tmp_path):
