@@ -271,7 +271,7 @@ class Libvirtd:
             # libvirtd first: virtlogd keeps QEMU's logs until libvirtd lets go of them.
             for name in ("libvirtd", "virtlogd"):
                 pid = self.pids().get(name)
-                if pid:
+                if pid and pid in self.processes():     # never a stale pid file's reused pid
                     self._end(pid, timeout / 2)
             try:
                 self.proc.wait(timeout)
