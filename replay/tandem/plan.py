@@ -156,7 +156,9 @@ def _turns(flow: int, ins: list[inputs.Input], out_ns: list[int]) -> list[Reques
     pending = []                # inputs before the first data (the opening)
     for i in ins:
         if i.kind == "tcp-data":
-            answered = last_data is not None and any(last_data < t < i.vm_ns for t in out_ns)
+            # Answered since the last data: an output at this input's own VM time came
+            # before it (a reply takes instructions, and so VM time).
+            answered = last_data is not None and any(last_data < t <= i.vm_ns for t in out_ns)
             if not turns or answered:
                 turns.append(Request(flow, (pending[0] if pending else i).vm_ns, i.vm_ns))
                 for p in pending:
@@ -175,10 +177,11 @@ def _turns(flow: int, ins: list[inputs.Input], out_ns: list[int]) -> list[Reques
     if not turns and pending:
         turns.append(Request(flow, pending[0].vm_ns, pending[-1].vm_ns, len(pending),
                              sum(len(p.data) for p in pending)))
-    # A request lasts until the guest's last output before the next one starts.
+    # A request lasts until the guest's last output before the next one starts (an
+    # output at the next one's VM time came before it, as above).
     for k, r in enumerate(turns):
         limit = turns[k + 1].start_ns if k + 1 < len(turns) else math.inf
-        outs = [t for t in out_ns if r.start_ns <= t < limit]
+        outs = [t for t in out_ns if r.start_ns < t <= limit]
         r.end_ns = max([r.end_ns, *outs])
     return turns
 

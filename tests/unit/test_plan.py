@@ -9,7 +9,7 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 from tandem import bundle, netpkt, pcapng
 from tandem.errors import TandemError
-from tandem.inputs import from_events
+from tandem.inputs import Flow, Input, Recording, from_events
 from tandem.plan import equation2, measure, plan
 
 
@@ -207,3 +207,13 @@ def test_cli(recorded):
     assert_one_line_error(run_cli("plan", str(recorded)), "--slowdown")
     assert_one_line_error(run_cli("plan", str(recorded), "--slowdown", "-1"), "--slowdown")
     assert_one_line_error(run_cli("plan", str(recorded), "--from", str(recorded / "nope")), "summary.json")
+
+
+def test_a_reply_at_the_next_requests_vm_time_came_before_it():
+    """VM time may not move between the guest's reply and the client's next line (an
+    idle guest under icount): they are still two requests."""
+    rec = Recording([Input("tcp-open", 10, flow=0), Input("tcp-data", 20, b"a\n", flow=0),
+                     Input("tcp-data", 30, b"b\n", flow=0)],
+                    [Flow(0, A, GUEST, CMAC, GMAC, 10, guest_data=[(30, b"x\n"), (40, b"y\n")])], 100, [])
+    w = measure(rec)
+    assert [(r.start_ns, r.end_ns, r.events) for r in w.requests] == [(10, 30, 2), (30, 40, 1)]
