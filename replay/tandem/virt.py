@@ -631,6 +631,8 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
             raise TandemError(f"{shadow_name(domain, a)}: already defined (tandem detach {domain})")
     base = Path(state_dir).absolute() if state_dir else default_state_dir(domain)
     rtc_base = rtc_base or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    if not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", rtc_base):
+        raise TandemError(f"--rtc-base {rtc_base!r}: give UTC as YYYY-MM-DDTHH:MM:SS")
     lookahead_ns = LOOKAHEAD_NS if lookahead_ns is None else lookahead_ns
 
     shadows: list[Shadow] = []
