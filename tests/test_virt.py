@@ -225,6 +225,8 @@ def test_attach_refuses_with_one_line(libvirtd, tmp_path):
     try:
         assert_one_line_error(run_cli("attach", "nosuch", "--analysis", "kasan", "--uri", uri), "nosuch")
         assert_one_line_error(run_cli("attach", "db", "--analysis", "valgrind", "--uri", uri), "valgrind")
+        assert_one_line_error(run_cli("attach", "db", "--analysis", "native", "--uri", uri,
+                                      "--rtc-base", "yesterday"), "--rtc-base")
         assert_one_line_error(run_cli("attach", "old", "--analysis", "native", "--uri", uri,
                                       "--state-dir", str(tmp_path / "s1")), "e1000")
         assert not (tmp_path / "s1").exists() or not any((tmp_path / "s1").iterdir())
