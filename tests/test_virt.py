@@ -62,6 +62,10 @@ def test_private_libvirtd_starts_and_leaves_nothing(built, tmp_path):
         assert hashlib.sha256(Path("/etc/passwd").read_bytes()).hexdigest() == passwd
         assert "tandem-libvirt" not in Path("/proc/self/mountinfo").read_text()
         assert (d.dir / "run" / "libvirt" / "virtlogd-sock").exists()
+        # The daemon sees its own libvirt directories only, not the host's (/etc/libvirt
+        # has libvirt.conf from libvirt-clients).
+        seen = {p.name for p in Path(f"/proc/{pids['libvirtd']}/root/etc/libvirt").iterdir()}
+        assert "qemu.conf" in seen and "libvirt.conf" not in seen, seen
         assert set(pids.values()) <= set(d.processes())
     finally:
         d.stop()

@@ -153,6 +153,7 @@ class Libvirtd:
     """
 
     SHADOWED = ("/etc", "/var", "/run")    # the namespace's own views of these
+    OWN = ("etc/libvirt", "var/lib/libvirt", "var/log/libvirt", "var/cache/libvirt")  # only ours in there
 
     def __init__(self, dir: str | Path):
         self.dir = Path(dir).absolute()
@@ -189,8 +190,12 @@ class Libvirtd:
             raise TandemError(f"{self.socket}: too long for a unix socket path (max 107 bytes)")
         if self.dir.exists() and any(self.dir.iterdir()):
             raise TandemError(f"{self.dir}: not empty (a private libvirtd starts in an empty directory)")
-        for sub in ("run", "etc/libvirt", ".etc-work", "var", ".var-work", "sock", "log"):
+        for sub in ("run", ".etc-work", ".var-work", "sock", "log", *self.OWN):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        # Opaque in the overlays: a host with a system libvirt has domains, networks and
+        # state in these, which this daemon must neither see nor autostart.
+        for sub in self.OWN:
+            os.setxattr(self.dir / sub, "trusted.overlay.opaque", b"y")
         (self.dir / "libvirtd.conf").write_text(LIBVIRTD_CONF.format(sock=self.socket.parent, log=self.log_dir))
         (self.dir / "virtlogd.conf").write_text(VIRTLOGD_CONF.format(log=self.log_dir))
         (self.dir / "etc/libvirt/qemu.conf").write_text(QEMU_CONF)
