@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bundle, inputs, pcapng, replay_semantic, report
+from . import bundle, inputs, metrics, pcapng, replay_semantic, report
 from . import findings as findings_mod
 from .errors import TandemError
 from .record import Recording
@@ -49,7 +49,8 @@ class Shadow:
     def __init__(self, bundle_dir: str | Path, analyses: list[str], *, workdir: Path | None = None,
                  duration_ns: int = 0, port: int | None = None, buffer_events: int = 100_000,
                  buffer_bytes: int = 64 << 20, record_analyses: bool = True, on_finding=None,
-                 buffer_events_of: dict[str, int] | None = None):
+                 buffer_events_of: dict[str, int] | None = None,
+                 hang_wall_s: float = replay_semantic.HANG_WALL_S, metrics_port: int | None = None):
         self.path = Path(bundle_dir)
         self.analyses = list(dict.fromkeys(analyses))
         if not self.analyses:
@@ -63,6 +64,8 @@ class Shadow:
         self.followers = [Follower(a, replay_semantic.Buffer(per.get(a, buffer_events), buffer_bytes))
                           for a in self.analyses]
         self.record_analyses = record_analyses
+        self.hang_wall_s = hang_wall_s
+        self.metrics_port = metrics_port
         self.on_finding = on_finding
         self._samples: list[tuple[int, float]] = []     # (native VM clock, wall time)
         self._stop = False
@@ -79,6 +82,8 @@ class Shadow:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._findings_file = open(self.workdir / "findings.jsonl", "w")
         threading.Thread(target=self._follow, name="tandem-follow", daemon=True).start()
+        if self.metrics_port is not None:
+            self.metrics_port = metrics.serve(self.status, self.metrics_port)
         for f in self.followers:
             f.thread = threading.Thread(target=self._analyse, args=(f,), name=f"tandem-{f.analysis}",
                                         daemon=True)
@@ -123,7 +128,7 @@ class Shadow:
             self._emit_findings(f, run)
         f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
                                     record=self.record_analyses, progress=progress,
-                                    stop=lambda: self._stop)
+                                    stop=lambda: self._stop, hang_wall_s=self.hang_wall_s)
         self._emit_findings(f, f.run)
 
     def _emit_findings(self, f: Follower, run) -> None:
