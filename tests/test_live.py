@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 
 from tandem import inputs, replay_exact
 from tandem.live import Shadow
@@ -37,12 +38,17 @@ def run_until_native_stops(sh: Shadow, each=None, timeout: float = 300) -> None:
 def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
     live = []
     sh = Shadow(tmp_path / "native.tdm", ["kasan", "lockdep"], workdir=tmp_path / "an",
-                on_finding=lambda f: live.append((time.monotonic(), f)))
+                on_finding=lambda f: live.append((time.monotonic(), f)), metrics_port=0)
     sh.start()
+    scraped = []
     t = drive(sh, lambda: (demo_traffic(sh.port, rounds=3),
                            bad_requests(sh.port, ["kasan-oob", "lockdep-ab", "lockdep-ba"])))
     lags = []
-    run_until_native_stops(sh, lambda: lags.append(max(r["lag_ns"] for r in sh.status())))
+    def each():
+        lags.append(max(r["lag_ns"] for r in sh.status()))
+        if not scraped and len(lags) >= 5:   # the Prometheus endpoint shows what the live view shows
+            scraped.append(urllib.request.urlopen(f"http://127.0.0.1:{sh.metrics_port}/metrics").read().decode())
+    run_until_native_stops(sh, each)
     t.join(10)
     s = sh.finish()
     rec = inputs.load(tmp_path / "native.tdm")
@@ -62,6 +68,8 @@ def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
         assert r.run.outcome == "poweroff", (r.analysis, r.run.detail)
         assert not r.divergences, [d.diff for d in r.divergences]
     assert any(lag > 0 for lag in lags)       # the analyses trailed, and it was reported
+    assert scraped and 'tandem_lag_vm_seconds{vm="kasan"}' in scraped[0]
+    assert 'tandem_findings_total{vm=' in scraped[0]
     # The native's recording, made alongside, replays exactly.
     v = replay_exact.replay(tmp_path / "native.tdm")
     assert v.ok, v.summary()
@@ -96,3 +104,55 @@ def test_a_dying_or_overflowing_analysis_never_stops_the_native(tmp_path):
     assert [f.type for f in by["lockdep"].findings] == ["VM-DETACHED"]
     v = replay_exact.replay(tmp_path / "native.tdm")      # nothing recorded was lost
     assert v.ok, v.summary()
+
+
+def test_a_hung_analysis_is_a_finding_and_the_native_goes_on(tmp_path):
+    sh = Shadow(tmp_path / "native.tdm", ["native"], workdir=tmp_path / "an", record_analyses=False,
+                hang_wall_s=3)
+    sh.start()
+    answers = []
+
+    def work():
+        pid = sh.followers[0].run.qemu_pid
+        os.kill(pid, signal.SIGSTOP)            # the analysis QEMU stops answering
+        with KV(sh.port) as kv:
+            for i in range(20):
+                answers.append(kv.request(f"SET k{i} v{i}"))
+        time.sleep(4)
+    t = drive(sh, work)
+    run_until_native_stops(sh)
+    t.join(10)
+    s = sh.finish()
+    assert answers == ["OK"] * 20
+    (r,) = s.results
+    assert r.run.outcome == "hung", r.run.detail
+    assert [f.type for f in r.findings] == ["VM-HANG"]
+    assert replay_exact.replay(tmp_path / "native.tdm").ok
+
+
+def test_agreed_release_keeps_a_diverging_answer_from_the_client(tmp_path):
+    """--release agreed: the native's answer leaves only once the analysis gave the same one.
+    The ASan-built service dies on the planted overflow; the native answers it, but that
+    answer never reaches the client (what the client receives is the capture)."""
+    sh = Shadow(tmp_path / "native.tdm", ["asan-userland"], workdir=tmp_path / "an",
+                release="agreed", record_analyses=False)
+    sh.start()
+    got = {}
+
+    def work():
+        with KV(sh.port) as kv:
+            got["set"], got["get"] = kv.request("SET a 1"), kv.request("GET a")
+        try:
+            with KV(sh.port, timeout=8) as kv:
+                got["bug"] = kv.request(PLANTED_BUGS["asan-heap-overflow"][0])
+        except OSError:
+            got["bug"] = None                   # nothing came back
+    t = drive(sh, work)
+    run_until_native_stops(sh)
+    t.join(10)
+    s = sh.finish()
+    assert got == {"set": "OK", "get": "VALUE 1", "bug": None}, got
+    (e,) = [e for e in sh.gate.events if e.kind == "dropped"]
+    assert e.analysis == "asan-userland" and e.native == f"{PLANTED_BUGS['asan-heap-overflow'][2]}\n".encode()
+    assert any("held and dropped" in x for x in s.limits)
+    assert replay_exact.replay(tmp_path / "native.tdm").ok    # holding frames never touches the guest

@@ -101,12 +101,15 @@ def cmd_shadow(args) -> int:
     sh = Shadow(args.bundle, names, workdir=Path(args.workdir) if args.workdir else None,
                 duration_ns=args.duration or 0, port=args.port, buffer_events=args.buffer_events,
                 buffer_bytes=args.buffer_bytes, record_analyses=not args.no_record,
+                metrics_port=args.metrics_port, release=args.release,
+                agree_timeout_ns=args.agree_timeout,
                 on_finding=lambda f: console.print(
                     f"[red]FINDING[/] {f.analysis}: {f.title} (VM {f.vm_ns / 1e9:.3f}s, after {f.after_input})"))
     sh.start()
     console.print(f"shadowing {args.bundle}: guest service on 127.0.0.1:{sh.port}; analyses "
                   f"{', '.join(sh.analyses)} trail it; findings in {sh.workdir / 'findings.jsonl'}; "
-                  f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
+                  + (f"metrics on http://127.0.0.1:{sh.metrics_port}/metrics; " if sh.metrics_port is not None else "")
+                  + f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
     signal.signal(signal.SIGINT, lambda *_: sh.stop_native())
     signal.signal(signal.SIGTERM, lambda *_: sh.stop_native())
     with Live(_shadow_table(sh.status()), console=console, refresh_per_second=4) as live:
@@ -277,7 +280,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inputs an analysis may trail by before it is detached (default 100000)")
     r.add_argument("--buffer-bytes", type=int, default=64 << 20,
                    help="bytes of inputs an analysis may trail by before it is detached (default 64 MiB)")
+    r.add_argument("--release", choices=["now", "agreed"], default="now",
+                   help="now: the native's outputs leave at once (default); agreed: each network output "
+                        "leaves only once every analysis produced the same one")
+    r.add_argument("--agree-timeout", type=parse_duration, default=2_000_000_000,
+                   help="with --release agreed: VM time an analysis may take to answer before the "
+                        "output is released without it (default 2s)")
     r.add_argument("--no-record", action="store_true", help="do not record the analysis VMs themselves")
+    r.add_argument("--metrics-port", type=int,
+                   help="serve Prometheus metrics (lag, buffer, findings) on 127.0.0.1:PORT (0: any free port)")
     r.add_argument("--workdir", help="analysis logs and findings.jsonl (default NAME.tdm.analysis)")
     r.set_defaults(func=cmd_shadow)
 

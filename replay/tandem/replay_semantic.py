@@ -120,7 +120,7 @@ class Buffer:
 def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
         max_lag_ns: int = MAX_LAG_NS, progress=None, record: bool = True,
-        buffer: Buffer | None = None, stop=None) -> AnalysisRun:
+        buffer: Buffer | None = None, stop=None, hang_wall_s: float = HANG_WALL_S) -> AnalysisRun:
     """Replay rec into one analysis VM; never raises for what the guest does.
 
     With record (the default) the analysis VM runs under QEMU's record/replay and
@@ -162,7 +162,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         vm.start()
         res.qemu_pid = vm.proc.pid
         server.accept(30)
-        _drive(rec, res, vm, server, max_lag_ns, progress, buffer or Buffer(), stop)
+        _drive(rec, res, vm, server, max_lag_ns, progress, buffer or Buffer(), stop, hang_wall_s)
     except TandemError as e:
         res.outcome, res.detail = "error", str(e)
     finally:
@@ -190,7 +190,7 @@ def _seal(res: AnalysisRun, vm: VM, manifest: dict) -> None:
 
 
 def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, progress,
-           buffer: Buffer, stop) -> None:
+           buffer: Buffer, stop, hang_wall_s: float) -> None:
     peer = res.peer = Peer()
     lines = inputs_mod.SerialLines()
     todo: list = []
@@ -313,9 +313,11 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
         if msgs is None:                    # QEMU exited
             break
         if not msgs:
-            if time.monotonic() - last_word > HANG_WALL_S:
+            if time.monotonic() - last_word > hang_wall_s:
                 res.outcome = "hung"
-                res.detail = (f"QEMU silent for {HANG_WALL_S:.0f}s of wall time (QEMU state "
+                # QMP may be as stuck as the feed: ask it with a deadline.
+                vm.qmp.settimeout(2.0)
+                res.detail = (f"QEMU silent for {hang_wall_s:.0f}s of wall time (QEMU state "
                               f"{vm.status()}, {_feed_state(vm)}, last stop at VM {res.end_ns / 1e9:.6f}s)")
                 return
             continue
