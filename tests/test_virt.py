@@ -187,7 +187,15 @@ def test_attach_and_detach(libvirtd, tmp_path):
     assert "<tandem:shadow" in virsh(uri, "dumpxml", "web-tandem-kasan")
     assert "Max memory:     524288 KiB" in virsh(uri, "dominfo", "web-tandem-kasan")
 
-    # Its QEMU waits at VM time 0 for the feed; fed a horizon, it runs there and says WAIT.
+    # tandem's own QMP monitor, next to libvirt's: the feed holds the VM at time 0.
+    sh = virt.Shadow(**{k: Path(v) if k.endswith(("dir", "socket", "overlay")) else v
+                        for k, v in kasan.items()})
+    qmp = sh.qmp()
+    assert qmp.command("query-status")["status"] == "running"           # held, not stopped
+    assert qmp.command("qom-get", path="/objects/feed", property="horizon") == 0
+    qmp.close()
+
+    # Fed a horizon, it runs there and says WAIT.
     srv = feedproto.FeedServer(Path(kasan["feed_socket"]))
     try:
         srv.accept(10)
