@@ -145,7 +145,7 @@ static noinline void tb_table_lock_release(void)
 static noinline void tb_table_update(u32 key)	/* table -> stats */
 {
 	tb_table_lock_acquire();
-	tb_table[key % ARRAY_SIZE(tb_table)] = key;
+	WRITE_ONCE(tb_table[key % ARRAY_SIZE(tb_table)], key);
 	tb_table_updates++;
 	mutex_lock(&tb_stats_lock);
 	tb_stats_writes++;

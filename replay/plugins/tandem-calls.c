@@ -103,6 +103,19 @@ static unsigned n_text;
 static FILE *out;
 static uint64_t n_events, n_abandoned, n_readfail, n_overflow;
 
+/* A counting filter of the entry stack pointers of all open frames (all tasks): an
+ * exit instruction whose rsp is not in it returns at once, without reading the
+ * current task. Most exit callbacks are rets of functions reached without a watched
+ * caller (a tail-call target such as mutex_unlock runs for everyone). */
+#define SP_FILTER 4096
+static uint32_t sp_filter[SP_FILTER];
+static uint64_t open_frames;
+
+static inline uint32_t *sp_slot(uint64_t sp)
+{
+    return &sp_filter[((sp >> 3) ^ (sp >> 15)) & (SP_FILTER - 1)];
+}
+
 /* Registers: rdi rsi rdx rcx r8 r9 (arguments), rax, rsp. */
 static const char *reg_names[] = { "rdi", "rsi", "rdx", "rcx", "r8", "r9", "rax", "rsp" };
 #define R_RAX 6
@@ -235,6 +248,8 @@ static void on_entry(struct watch *w, uint16_t back, uint64_t pc)
                     s->frames = g_renew(struct frame, s->frames, s->cap);
                 }
                 struct frame *f = &s->frames[s->n++];
+                (*sp_slot(r.sp))++;
+                open_frames++;
                 f->sp = r.sp;
                 f->id = w->id;
                 memcpy(f->args, r.args, sizeof(f->args));
@@ -248,12 +263,27 @@ static void on_entry(struct watch *w, uint16_t back, uint64_t pc)
     }
 }
 
+static void pop_frame(struct task_stack *s)
+{
+    (*sp_slot(s->frames[--s->n].sp))--;
+    open_frames--;
+}
+
 static void on_exit_insn(uint16_t back, uint64_t pc)
 {
-    uint64_t sp = read_reg(R_RSP);
-    uint64_t task = current_task();
-    struct task_stack *s = task_stack(task);
+    uint64_t sp, task;
+    struct task_stack *s;
     int i;
+
+    if (!open_frames) {
+        return;
+    }
+    sp = read_reg(R_RSP);
+    if (!*sp_slot(sp)) {
+        return;
+    }
+    task = current_task();
+    s = task_stack(task);
 
     /* The frame this ret pops is the topmost with entry rsp == rsp (a tail-called
      * watched function has the same entry rsp as its caller: both return here). */
@@ -262,14 +292,17 @@ static void on_exit_insn(uint16_t back, uint64_t pc)
     if (i < 0) {
         return;     /* a ret of an unwatched call (tail-call target reached directly) */
     }
-    n_abandoned += s->n - 1 - i;   /* never returned through a watched exit */
-    s->n = i + 1;
+    while (s->n > (unsigned)i + 1) {    /* never returned through a watched exit */
+        pop_frame(s);
+        n_abandoned++;
+    }
     uint64_t rax = read_reg(R_RAX);
     while (s->n && s->frames[s->n - 1].sp == sp) {
-        struct frame *f = &s->frames[--s->n];
+        struct frame *f = &s->frames[s->n - 1];
         struct record r = { .type = EV_RETURN, .back = back, .id = f->id, .pc = pc,
                             .task = task, .ret = rax, .sp = sp };
         memcpy(r.args, f->args, sizeof(r.args));
+        pop_frame(s);
         emit(&r);
     }
 }
@@ -333,17 +366,9 @@ static void on_vcpu_init(qemu_plugin_id_t id, unsigned int vcpu)
 static void on_atexit(qemu_plugin_id_t id, void *p)
 {
     struct record r = { .type = EV_END };
-    GHashTableIter it;
-    gpointer key, val;
-    uint64_t open = 0;
-
-    g_hash_table_iter_init(&it, stacks);
-    while (g_hash_table_iter_next(&it, &key, &val)) {
-        open += ((struct task_stack *)val)->n;
-    }
     r.args[0] = n_events;
     r.args[1] = n_abandoned;
-    r.args[2] = open;
+    r.args[2] = open_frames;
     r.args[3] = n_readfail;
     r.args[4] = n_overflow;
     fwrite(&r, RECORD_SIZE, 1, out);

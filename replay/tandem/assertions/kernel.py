@@ -1,0 +1,364 @@
+"""The guest kernel's code as the event source and the violation reports see it.
+
+`Kernel` holds vmlinux (symbols from System.map and its ELF symbol table, bytes of
+its executable sections) and the modules a recording loaded, relocated to where
+/init loaded them (agent/init prints each module's section addresses on the
+console; `module_sections` reads them back). With it:
+
+- function entries and their exit instructions: every `ret` (or `jmp
+  __x86_return_thunk` on a rethunk kernel) in the function's body and, through
+  direct tail calls (a `jmp`/`jcc` out of the body), in the functions it tail-calls,
+  transitively: the return of a function that ends in a tail call is the callee's
+  `ret` (the plugin tells them apart by the stack pointer);
+- return-address checks for the stack words the plugin scans (a word is kept when
+  the instruction before it is a call);
+- disassembly (capstone) and source lines (addr2line, report/symbolize.py).
+
+The kernel has no KASLR (base.config: CONFIG_RELOCATABLE off), so vmlinux's link
+addresses are its run-time addresses. Code the kernel patches at boot (alternatives,
+jump labels, static calls) is seen as it is in the file.
+"""
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import capstone
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.relocation import RelocationSection
+
+from ..errors import TandemError
+from ..report.symbolize import source_lines
+
+MODULE_LINE = re.compile(rb"tandem-init: module (\S+) ([^\r\n]*)")
+_SECTION = re.compile(r"(\.?[\w.$-]+)=0x([0-9a-f]+)")
+
+
+@dataclass(frozen=True)
+class Func:
+    name: str
+    addr: int
+    size: int
+    image: str      # "vmlinux" or the module name
+
+    def contains(self, a: int) -> bool:
+        return self.addr <= a < self.addr + self.size
+
+
+def module_sections(console: bytes) -> dict[str, dict[str, int]]:
+    """{module: {section: address}} from /init's `tandem-init: module` lines."""
+    out: dict[str, dict[str, int]] = {}
+    for m in MODULE_LINE.finditer(console):
+        out[m.group(1).decode()] = {s: int(a, 16) for s, a in _SECTION.findall(m.group(2).decode())}
+    return out
+
+
+class _Image:
+    """One loaded object: its functions and executable bytes at run-time addresses."""
+
+    def __init__(self, name: str, path: Path):
+        self.name, self.path = name, path
+        self.funcs: list[Func] = []
+        self.code: list[tuple[int, bytes]] = []      # (start, bytes), executable sections
+        self.objects: dict[str, int] = {}            # every named symbol -> address
+        self.exec_sections: list[tuple[str, int, int]] = []   # modules: (name, address, size)
+
+
+def _load_vmlinux(path: Path, system_map: Path) -> _Image:
+    img = _Image("vmlinux", path)
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            for sec in elf.iter_sections():
+                if sec["sh_flags"] & 0x4 and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_addr"]:
+                    img.code.append((sec["sh_addr"], sec.data()))
+            symtab = elf.get_section_by_name(".symtab")
+            for sym in symtab.iter_symbols() if symtab else ():
+                if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"] and sym["st_size"]:
+                    img.funcs.append(Func(sym.name, sym["st_value"], sym["st_size"], "vmlinux"))
+    except (OSError, ELFError) as e:
+        raise TandemError(f"{path}: cannot read the kernel image ({e})") from None
+    try:
+        for line in system_map.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3:
+                img.objects.setdefault(parts[2], int(parts[0], 16))
+    except (OSError, ValueError) as e:
+        raise TandemError(f"{system_map}: unreadable ({e})") from None
+    return img
+
+
+def _load_module(name: str, path: Path, bases: dict[str, int], kernel_syms: dict[str, int]) -> _Image:
+    """A module .ko relocated to the section addresses it was loaded at."""
+    img = _Image(name, path)
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            secs = list(elf.iter_sections())
+            symtab = elf.get_section_by_name(".symtab")
+            syms = list(symtab.iter_symbols()) if symtab else []
+
+            def sym_addr(sym) -> int | None:
+                ndx = sym["st_shndx"]
+                if ndx == "SHN_UNDEF":
+                    return kernel_syms.get(sym.name)
+                if isinstance(ndx, int):
+                    base = bases.get(secs[ndx].name)
+                    return None if base is None else base + sym["st_value"]
+                return sym["st_value"] if ndx == "SHN_ABS" else None
+
+            for sym in syms:
+                a = sym_addr(sym)
+                if a is None or not sym.name or sym["st_shndx"] == "SHN_UNDEF":
+                    continue
+                img.objects.setdefault(sym.name, a)
+                if sym["st_info"]["type"] == "STT_FUNC" and sym["st_size"]:
+                    img.funcs.append(Func(sym.name, a, sym["st_size"], name))
+            for i, sec in enumerate(secs):
+                if not (sec["sh_flags"] & 0x4) or sec.name not in bases:
+                    continue
+                data = bytearray(sec.data())
+                for rsec in elf.iter_sections():
+                    if isinstance(rsec, RelocationSection) and rsec["sh_info"] == i and rsec.is_RELA():
+                        _relocate(data, bases[sec.name], rsec, syms, sym_addr)
+                img.code.append((bases[sec.name], bytes(data)))
+                img.exec_sections.append((sec.name, bases[sec.name], len(data)))
+    except (OSError, ELFError) as e:
+        raise TandemError(f"{path}: cannot read the module ({e})") from None
+    return img
+
+
+def _relocate(data: bytearray, base: int, rsec, syms, sym_addr) -> None:
+    """Apply x86-64 RELA relocations (64, PC32, PLT32, 32, 32S) as the module loader does."""
+    for r in rsec.iter_relocations():
+        s = sym_addr(syms[r["r_info_sym"]])
+        if s is None:
+            continue
+        off, a, t = r["r_offset"], r["r_addend"], r["r_info_type"]
+        p = base + off
+        if t == 1:                      # R_X86_64_64
+            data[off:off + 8] = ((s + a) & (2**64 - 1)).to_bytes(8, "little")
+        elif t in (2, 4):               # PC32, PLT32
+            data[off:off + 4] = ((s + a - p) & 0xFFFFFFFF).to_bytes(4, "little")
+        elif t in (10, 11):             # 32, 32S
+            data[off:off + 4] = ((s + a) & 0xFFFFFFFF).to_bytes(4, "little")
+
+
+class Kernel:
+    """vmlinux plus loaded modules: symbols, code bytes, exits, disassembly, lines."""
+
+    def __init__(self, vmlinux: str | Path, system_map: str | Path,
+                 modules: dict[str, tuple[Path, dict[str, int]]] | None = None):
+        self.vmlinux = Path(vmlinux)
+        k = _load_vmlinux(self.vmlinux, Path(system_map))
+        self.images = [k]
+        for name, (path, bases) in (modules or {}).items():
+            self.images.append(_load_module(name, Path(path), bases, k.objects))
+        self._funcs = sorted((f for img in self.images for f in img.funcs), key=lambda f: f.addr)
+        self._starts = [f.addr for f in self._funcs]
+        self._by_name: dict[str, Func] = {}
+        for img in self.images:           # vmlinux first: a module's local name never shadows it
+            for f in img.funcs:
+                self._by_name.setdefault(f.name, f)
+        self._code = sorted((c for img in self.images for c in img.code), key=lambda c: c[0])
+        self._code_starts = [c[0] for c in self._code]
+        self.md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        self.return_thunk = k.objects.get("__x86_return_thunk")
+        self._exits: dict[str, frozenset[int]] = {}
+        self._retaddr: dict[int, bool] = {}
+
+    # --- symbols -----------------------------------------------------------------
+
+    def symbols(self) -> dict[str, int]:
+        """Every symbol name -> address: System.map, then the modules' symbols."""
+        out: dict[str, int] = {}
+        for img in self.images:
+            for name, a in img.objects.items():
+                out.setdefault(name, a)
+        return out
+
+    def function(self, name: str) -> Func:
+        f = self._by_name.get(name)
+        if f is None:
+            raise TandemError(f"{name}: no such function in this kernel ({self.vmlinux}) "
+                              f"or its loaded modules")
+        return f
+
+    def function_at(self, a: int) -> Func | None:
+        i = bisect.bisect_right(self._starts, a) - 1
+        while i >= 0:
+            f = self._funcs[i]
+            if f.contains(a):
+                return f
+            if a - f.addr > 1 << 20:
+                break
+            i -= 1          # an enclosing function may start before a smaller one
+        return None
+
+    def describe(self, a: int) -> str:
+        f = self.function_at(a)
+        if f is None:
+            return f"{a:#x}"
+        mod = f" [{f.image}]" if f.image != "vmlinux" else ""
+        return f"{f.name}+{a - f.addr:#x}/{f.size:#x}{mod}"
+
+    # --- code --------------------------------------------------------------------
+
+    def code(self, a: int, n: int) -> bytes | None:
+        i = bisect.bisect_right(self._code_starts, a) - 1
+        if i < 0:
+            return None
+        start, data = self._code[i]
+        if a + n > start + len(data):
+            return None
+        return data[a - start:a - start + n]
+
+    def disasm(self, start: int, end: int) -> list:
+        data = self.code(start, end - start)
+        return list(self.md.disasm(data, start)) if data else []
+
+    def instructions(self, f: Func) -> list:
+        return self.disasm(f.addr, f.addr + f.size)
+
+    def is_return_address(self, a: int) -> bool:
+        """Is the instruction right before `a` a call (so `a` can be a return address)?"""
+        hit = self._retaddr.get(a)
+        if hit is None:
+            hit = False
+            for k in (5, 6, 2, 3, 7, 4):
+                data = self.code(a - k, k)
+                if data:
+                    insn = next(self.md.disasm(data, a - k, 1), None)
+                    if insn is not None and insn.size == k and insn.mnemonic == "call":
+                        hit = True
+                        break
+            self._retaddr[a] = hit
+        return hit
+
+    def call_before(self, a: int):
+        """The call instruction that returns to `a`, or None."""
+        for k in (5, 6, 2, 3, 7, 4):
+            data = self.code(a - k, k)
+            if data:
+                insn = next(self.md.disasm(data, a - k, 1), None)
+                if insn is not None and insn.size == k and insn.mnemonic == "call":
+                    return insn
+        return None
+
+    def around(self, a: int, before: int = 6, after: int = 3) -> list[tuple[int, str, bool]]:
+        """Instructions around `a` within its function: (address, text, is_a)."""
+        f = self.function_at(a)
+        if f is None:
+            return []
+        insns = self.instructions(f)
+        idx = next((i for i, x in enumerate(insns) if x.address == a), None)
+        if idx is None:
+            return []
+        return [(x.address, f"{x.mnemonic} {x.op_str}".strip(), x.address == a)
+                for x in insns[max(0, idx - before):idx + after + 1]]
+
+    # --- exits -------------------------------------------------------------------
+
+    def exits(self, f: Func) -> tuple[frozenset[int], list[str]]:
+        """The instructions where a call of f returns to its caller, and what could
+        not be followed (indirect jumps out of the body, unknown jump targets)."""
+        if f.name in self._exits:
+            return self._exits[f.name], []
+        out: set[int] = set()
+        notes: list[str] = []
+        seen = {f.addr}
+        todo = [f]
+        while todo:
+            g = todo.pop()
+            for insn in self.instructions(g):
+                m = insn.mnemonic
+                if m == "ret":
+                    out.add(insn.address)
+                elif m.startswith("j"):
+                    target = _imm(insn.op_str)
+                    if target is None:
+                        if m == "jmp" and g is f and "[" not in insn.op_str:
+                            notes.append(f"{f.name}: indirect jump at {insn.address:#x} "
+                                         f"(a tail call through it is not followed)")
+                        continue
+                    if target == self.return_thunk:
+                        out.add(insn.address)       # rethunk: `jmp __x86_return_thunk` is the ret
+                    elif not g.contains(target):
+                        h = self.function_at(target)
+                        if h is None:
+                            notes.append(f"{g.name}: jump to {target:#x} outside any function")
+                        elif h.addr not in seen:
+                            seen.add(h.addr)
+                            todo.append(h)
+        result = frozenset(out)
+        self._exits[f.name] = result
+        return result, notes
+
+    # --- source lines ------------------------------------------------------------
+
+    def lines(self, pcs: list[int]) -> dict[int, list[tuple[str, str, int]]]:
+        """Source lines (function, file, line; inlined frames first) of code addresses."""
+        out: dict[int, list[tuple[str, str, int]]] = {pc: [] for pc in pcs}
+        by_image: dict[int, list[int]] = {}
+        for pc in pcs:
+            f = self.function_at(pc)
+            img = next((i for i, x in enumerate(self.images) if f and x.name == f.image), 0)
+            by_image.setdefault(img, []).append(pc)
+        for i, group in by_image.items():
+            img = self.images[i]
+            if img.name == "vmlinux":
+                out.update(source_lines(img.path, group))
+                continue
+            for pc in group:      # module: addr2line wants section-relative addresses
+                for sec, base, size in img.exec_sections:
+                    if base <= pc < base + size:
+                        out[pc] = source_lines(img.path, [pc - base], sec)[pc - base]
+        return out
+
+
+def _imm(op_str: str) -> int | None:
+    try:
+        return int(op_str, 16) if op_str.startswith("0x") else None
+    except ValueError:
+        return None
+
+
+def comm_offset(vmlinux: str | Path) -> int | None:
+    """Offset of task_struct.comm, from the DWARF of the compilation unit that holds
+    __get_task_comm (fs/exec.c; found through .debug_aranges, so only that unit is
+    read). None without debug info."""
+    try:
+        with open(vmlinux, "rb") as f:
+            elf = ELFFile(f)
+            if not elf.has_dwarf_info():
+                return None
+            symtab = elf.get_section_by_name(".symtab")
+            syms = symtab.get_symbol_by_name("__get_task_comm") if symtab else None
+            if not syms:
+                return None
+            dwarf = elf.get_dwarf_info()
+            aranges = dwarf.get_aranges()
+            off = aranges.cu_offset_at_addr(syms[0]["st_value"]) if aranges else None
+            if off is None:
+                return None
+            for die in dwarf.get_CU_at(off).get_top_DIE().iter_children():
+                name = die.attributes.get("DW_AT_name")
+                if (die.tag == "DW_TAG_structure_type" and name and name.value == b"task_struct"
+                        and "DW_AT_byte_size" in die.attributes):
+                    for m in die.iter_children():
+                        mname = m.attributes.get("DW_AT_name")
+                        if mname and mname.value == b"comm":
+                            return m.attributes["DW_AT_data_member_location"].value
+    except (OSError, ELFError, KeyError):
+        return None
+    return None
+
+
+@lru_cache(maxsize=4)
+def load(vmlinux: str, system_map: str, modules: tuple = ()) -> Kernel:
+    """A cached Kernel; modules: ((name, ko path, ((section, address), ...)), ...)."""
+    return Kernel(vmlinux, system_map, {n: (Path(p), dict(b)) for n, p, b in modules})
