@@ -39,8 +39,11 @@ class Recording:
     """One recording in progress. Use as a context manager, or start()/finish()."""
 
     def __init__(self, path: str | Path, guest: Guest | None = None, *,
-                 duration_ns: int = 0, port: int | None = None):
+                 duration_ns: int = 0, port: int | None = None, assertions: dict | None = None):
+        """assertions: a declared assertion pack ({path, sha256, ...}) for the manifest;
+        it changes nothing in the recorded run (the checking happens on replay)."""
         self.path = Path(path)
+        self.assertions = assertions
         self.guest = guest or Guest.default()
         self.duration_ns = duration_ns
         self.port = port or free_port()
@@ -65,6 +68,8 @@ class Recording:
                         "stop_after_ns": self.duration_ns,
                         "devices": ["isa-serial", "virtio-net-pci", "virtio-blk-pci", "virtio-rng-pci"],
                         "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000}}
+        if self.assertions:
+            m["assertions"] = self.assertions
         self.manifest = m
         bundle.write_manifest(self.path, m)
         # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).

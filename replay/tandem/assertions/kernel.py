@@ -65,6 +65,7 @@ class _Image:
         self.funcs: list[Func] = []
         self.code: list[tuple[int, bytes]] = []      # (start, bytes), executable sections
         self.objects: dict[str, int] = {}            # every named symbol -> address
+        self.labels: list[tuple[int, str]] = []      # text symbols without a size (asm entry code)
         self.exec_sections: list[tuple[str, int, int]] = []   # modules: (name, address, size)
 
 
@@ -86,7 +87,10 @@ def _load_vmlinux(path: Path, system_map: Path) -> _Image:
         for line in system_map.read_text().splitlines():
             parts = line.split()
             if len(parts) >= 3:
-                img.objects.setdefault(parts[2], int(parts[0], 16))
+                a = int(parts[0], 16)
+                img.objects.setdefault(parts[2], a)
+                if parts[1] in "tT":
+                    img.labels.append((a, parts[2]))
     except (OSError, ValueError) as e:
         raise TandemError(f"{system_map}: unreadable ({e})") from None
     return img
@@ -153,7 +157,7 @@ class Kernel:
 
     def __init__(self, vmlinux: str | Path, system_map: str | Path,
                  modules: dict[str, tuple[Path, dict[str, int]]] | None = None):
-        self.vmlinux = Path(vmlinux)
+        self.vmlinux, self.system_map = Path(vmlinux), Path(system_map)
         k = _load_vmlinux(self.vmlinux, Path(system_map))
         self.images = [k]
         for name, (path, bases) in (modules or {}).items():
@@ -164,6 +168,8 @@ class Kernel:
         for img in self.images:           # vmlinux first: a module's local name never shadows it
             for f in img.funcs:
                 self._by_name.setdefault(f.name, f)
+        self._labels = sorted(k.labels)
+        self._label_starts = [a for a, _ in self._labels]
         self._code = sorted((c for img in self.images for c in img.code), key=lambda c: c[0])
         self._code_starts = [c[0] for c in self._code]
         self.md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
@@ -202,6 +208,10 @@ class Kernel:
     def describe(self, a: int) -> str:
         f = self.function_at(a)
         if f is None:
+            # asm code (entry_SYSCALL_64, ...) has labels but no sizes in the symbol table
+            i = bisect.bisect_right(self._label_starts, a) - 1
+            if i >= 0 and a - self._labels[i][0] < 0x1000 and self.code(a, 1) is not None:
+                return f"{self._labels[i][1]}+{a - self._labels[i][0]:#x}"
             return f"{a:#x}"
         mod = f" [{f.image}]" if f.image != "vmlinux" else ""
         return f"{f.name}+{a - f.addr:#x}/{f.size:#x}{mod}"
@@ -258,8 +268,14 @@ class Kernel:
         idx = next((i for i, x in enumerate(insns) if x.address == a), None)
         if idx is None:
             return []
-        return [(x.address, f"{x.mnemonic} {x.op_str}".strip(), x.address == a)
-                for x in insns[max(0, idx - before):idx + after + 1]]
+        out = []
+        for x in insns[max(0, idx - before):idx + after + 1]:
+            text = f"{x.mnemonic} {x.op_str}".strip()
+            target = _imm(x.op_str) if x.mnemonic == "call" or x.mnemonic.startswith("j") else None
+            if target is not None:
+                text += f" <{self.describe(target)}>"
+            out.append((x.address, text, x.address == a))
+        return out
 
     # --- exits -------------------------------------------------------------------
 
@@ -325,6 +341,17 @@ def _imm(op_str: str) -> int | None:
         return int(op_str, 16) if op_str.startswith("0x") else None
     except ValueError:
         return None
+
+
+def module_functions(ko: str | Path) -> set[str]:
+    """Names of the functions a module .ko defines (no load address needed)."""
+    try:
+        with open(ko, "rb") as f:
+            symtab = ELFFile(f).get_section_by_name(".symtab")
+            return {s.name for s in symtab.iter_symbols() if s["st_info"]["type"] == "STT_FUNC"
+                    and s["st_shndx"] != "SHN_UNDEF"} if symtab else set()
+    except (OSError, ELFError) as e:
+        raise TandemError(f"{ko}: cannot read the module ({e})") from None
 
 
 def comm_offset(vmlinux: str | Path) -> int | None:
