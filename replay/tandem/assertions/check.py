@@ -140,7 +140,7 @@ class Frame:
     def text(self) -> str:
         loc = ""
         if self.lines:
-            fn, file, line = self.lines[-1]         # the outermost: the function itself
+            _, file, line = self.lines[-1]          # the outermost: the function itself
             loc = f"  {_short(file)}:{line}"
             inl = [f for f, _, _ in self.lines[:-1]]
             if inl:
