@@ -79,6 +79,16 @@ def load_pack(path: str | Path, kern: Kernel, select: list[str] | None = None) -
     aset = parse_file(path, symbols=symbol_sources(kern))
     if select:
         aset = aset.select(select)
+    for a in aset.assertions:          # a site must be an instruction of this kernel
+        for f in (a.bound, a.site.func, *(e.func for e in a.events())):
+            if f not in kern.function_names:
+                raise TandemError(f"{a.file}:{a.line}:{a.col}: {f} is a symbol of this kernel "
+                                  f"but not a function with a known size (cannot be watched)")
+        if a.site.offset is not None:
+            try:
+                trace.site_address(kern, a.site.func, a.site.offset)
+            except TandemError as e:
+                raise TandemError(f"{a.file}:{a.site.line}:{a.site.col}: {e}") from None
     if not len(aset):
         raise TandemError(f"{path}: no assertions to check")
     return aset

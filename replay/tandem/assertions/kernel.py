@@ -170,6 +170,7 @@ class Kernel:
                 self._by_name.setdefault(f.name, f)
         self._labels = sorted(k.labels)
         self._label_starts = [a for a, _ in self._labels]
+        self.function_names = frozenset(self._by_name)
         self._code = sorted((c for img in self.images for c in img.code), key=lambda c: c[0])
         self._code_starts = [c[0] for c in self._code]
         self.md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)

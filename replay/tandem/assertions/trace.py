@@ -83,17 +83,21 @@ def plan(kern: Kernel, needed: dict[str, set[str]], sites: list[tuple[str, int]]
             notes += why
     site_list = list(dict.fromkeys(sites))
     for sid, (sym, off) in enumerate(site_list):
-        f = kern.function(sym)
-        a = f.addr + off
-        if not 0 <= off < f.size:
-            raise TandemError(f"{sym}+{off:#x}: outside {sym} (size {f.size:#x})")
-        if a not in {i.address for i in kern.instructions(f)}:
-            raise TandemError(f"{sym}+{off:#x}: not at an instruction boundary of {sym}")
-        roles.setdefault(a, []).append(("s", sid))
+        roles.setdefault(site_address(kern, sym, off), []).append(("s", sid))
     for a in exit_addrs:
         roles.setdefault(a, []).append(("x", 0))
     lines = [f"{a:x} {flags} {i}" for a in sorted(roles) for flags, i in roles[a]]
     return Plan(funcs, site_list, lines, notes, len(exit_addrs))
+
+
+def site_address(kern: Kernel, sym: str, off: int) -> int:
+    """The address of an assertion site symbol+offset: an instruction of the function."""
+    f = kern.function(sym)
+    if not 0 <= off < f.size:
+        raise TandemError(f"{sym}+{off:#x}: outside {sym} (size {f.size:#x})")
+    if f.addr + off not in {i.address for i in kern.instructions(f)}:
+        raise TandemError(f"{sym}+{off:#x}: not at an instruction boundary of {sym}")
+    return f.addr + off
 
 
 # --- the kernel a bundle ran -----------------------------------------------------

@@ -1,0 +1,228 @@
+"""Temporal assertions on real exact replays: the tandem-calls TCG plugin watching the
+real guest kernel and the planted-bug module, the automata on its events, `tandem assert`.
+
+One recording (module-scoped) carries clean traffic, checked table updates and the
+planted violation (`BUG update-nocheck 7`, docs/planted-bugs.md); the session's clean
+demo recording is the clean-traffic case. Each check is one exact replay (seconds).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_one_line_error, run_cli
+from tandem import bundle
+from tandem.assertions import check, trace
+from tandem.assertions.events import Event
+from tandem.record import Recording
+from tandem.workload import KV, PLANTED_BUGS, demo_traffic
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Requests after the clean traffic, in order, with kvd's replies.
+REQUESTS = [("BUG update 5", "OK"),             # audit hook allows, then the update
+            ("BUG update 2000", "ERR"),         # the hook refuses (-EACCES): no update
+            (PLANTED_BUGS["assert-nocheck"][0], "OK"),   # the planted violation: no hook
+            ("BUG lock-ab", "OK")]              # hook, then the update of key 0
+
+# The module's rules (the Linux pack, guest-kernel/assertions/, covers them too).
+MODULE_PACK = """
+# every table update passed the audit hook, for the same key, in the same write
+assert "table-update-audited" per-thread conditional at tb_table_update(key):
+    within(tb_proc_write, previously(returnfrom(tb_audit_check(key)) == 0))
+
+# the table lock taken in a write is released in it
+assert "table-lock-released" per-thread conditional at tb_table_lock_acquire:
+    within(tb_proc_write, eventually(call(tb_table_lock_release)))
+"""
+
+
+@pytest.fixture(scope="module")
+def module_pack(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("packs") / "module.tesla"
+    p.write_text(MODULE_PACK)
+    return p
+
+
+@pytest.fixture(scope="module")
+def bugs_bundle(built, module_pack, tmp_path_factory) -> Path:
+    """Declares the module pack (tandem record --assertions): the CLI test uses it."""
+    path = tmp_path_factory.mktemp("assert") / "bugs.tdm"
+    with Recording(path, assertions=check.declare_pack(module_pack)) as rec:
+        rec.wait_ready()
+        demo_traffic(rec.port, rounds=3)
+        with KV(rec.port) as kv:
+            for line, reply in REQUESTS:
+                assert kv.request(line) == reply, line
+        rec.serial.type("poweroff")
+        rec.wait(timeout=120)
+    return path
+
+
+@pytest.fixture(scope="module")
+def traced(bugs_bundle, tmp_path_factory):
+    """The module's functions traced on one replay, with a site 2 instructions into
+    tb_table_update; the raw event stream is kept."""
+    kern = trace.kernel_for_bundle(bugs_bundle)
+    f = kern.function("tb_table_update")
+    insns = kern.instructions(f)
+    assert not any(i.mnemonic.startswith(("j", "call", "ret")) for i in insns[:2]), insns[:3]
+    site_off = insns[2].address - f.addr
+    needs = {"tb_proc_write": {"call", "return"}, "tb_audit_check": {"call", "return"},
+             "tb_table_update": {"call", "return"}, "tb_table_lock_acquire": {"call", "return"},
+             "tb_table_lock_release": {"call", "return"}}
+    p = trace.plan(kern, needs, [("tb_table_update", site_off)])
+    raw = tmp_path_factory.mktemp("raw") / "events.bin"
+    return trace.run(bugs_bundle, kern, p, keep=raw), kern, site_off, raw
+
+
+def writes(events: list[Event]) -> list[list[Event]]:
+    """The events of each tb_proc_write call, from its call to its return."""
+    out, cur = [], None
+    for e in events:
+        if e.func == "tb_proc_write" and e.kind == "call":
+            cur = [e]
+        elif cur is not None:
+            cur.append(e)
+            if e.func == "tb_proc_write" and e.kind == "return":
+                out.append(cur)
+                cur = None
+    return out
+
+
+def test_replay_with_the_plugin_still_verifies(traced):
+    t, *_ = traced
+    assert t.verdict.ok, t.verdict.summary()
+    assert t.stats["read_failures"] == 0 and t.stats["abandoned_frames"] == 0, t.stats
+    assert t.stats["events"] == len(t.events)
+
+
+def test_plugin_emits_calls_and_returns_with_arguments_and_values(traced):
+    t, kern, site_off, _ = traced
+    w = writes(t.events)
+    assert len(w) == len(REQUESTS), [[(e.kind, e.func) for e in x] for x in w]
+    seq = [[(e.kind, e.func) for e in x[1:-1]] for x in w]
+    checked = [("call", "tb_audit_check"), ("return", "tb_audit_check"), ("call", "tb_table_update"),
+               ("site", f"tb_table_update+{site_off:#x}"),
+               ("call", "tb_table_lock_acquire"), ("return", "tb_table_lock_acquire"),
+               ("call", "tb_table_lock_release"),
+               # tb_table_update ends in a tail call to tb_table_lock_release, which ends in
+               # one to mutex_unlock: both return at mutex_unlock's ret, innermost first
+               ("return", "tb_table_lock_release"), ("return", "tb_table_update")]
+    assert seq[0] == checked
+    assert seq[1] == checked[:2]                  # refused: no update
+    assert seq[2] == checked[2:]                  # update-nocheck: no hook
+    assert seq[3] == checked
+    # arguments (edi: the key) and return values (rax), returns carrying their call's args
+    keys = [5, 2000, 7, 0]
+    for x, key, (line, _) in zip(w, keys, REQUESTS):
+        for e in x[1:-1]:
+            if e.func in ("tb_audit_check", "tb_table_update") or e.kind == "site":
+                assert e.arg(0) & 0xFFFFFFFF == key, (line, e)
+        ret = {e.func: e.ret for e in x if e.kind == "return"}
+        count = len(line.split(" ", 1)[1])        # kvd writes "OP ARG": the write returns its length
+        assert ret["tb_proc_write"] == (count if key != 2000 else (-13) & (2**64 - 1)), (line, ret)
+        if "tb_audit_check" in ret:
+            assert ret["tb_audit_check"] & 0xFFFFFFFF == (0 if key < 1000 else (-13) & 0xFFFFFFFF)
+        assert x[0].ret is None and x[-1].args == x[0].args
+    # one thread (kvd), time and instruction count strictly increasing
+    assert {e.task for x in w for e in x} == {w[0][0].task}
+    assert {t.comms[t.events.index(x[0])] for x in w} == {"kvd"}
+    flat = [e for x in w for e in x]
+    assert all(a.icount < b.icount and a.vm_ns < b.vm_ns for a, b in zip(flat, flat[1:])
+               if a.pc != b.pc)
+    # the per-instruction count: the site is the 3rd instruction of tb_table_update
+    for x in w:
+        call = next((e for e in x if e.kind == "call" and e.func == "tb_table_update"), None)
+        if call:
+            site = x[x.index(call) + 1]
+            assert site.icount - call.icount == 2 and site.vm_ns - call.vm_ns == 2 << 2, (call, site)
+            assert site.pc == call.pc + site_off
+    # the stack: innermost return address first, into tb_proc_write, then the syscall path
+    audit = next(e for e in w[0] if e.func == "tb_audit_check" and e.kind == "call")
+    frames = [kern.describe(a) for a in audit.stack]
+    assert frames[0].startswith("tb_proc_write+") and any(f.startswith("vfs_write+") for f in frames), frames
+
+
+def test_event_stream_cut_short_is_detected(traced, tmp_path):
+    t, _, _, raw = traced
+    data = raw.read_bytes()
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(data[:len(data) - trace.RECORD.size // 2])     # inside the END record
+    with pytest.raises(trace.TraceError, match="cut short"):
+        trace.decode(cut, t.plan)
+    first = trace.HEADER.size + trace.RECORD.size + 8 * data[trace.HEADER.size + 1]   # + its stack words
+    cut.write_bytes(data[:first + 3])
+    with pytest.raises(trace.TraceError, match=r"cut short at offset \d+ after 1 events"):
+        trace.decode(cut, t.plan)
+    events, _, end = trace.decode(raw, t.plan)
+    assert len(events) == end["events"] == len(t.events)
+
+
+def test_clean_traffic_holds(demo_bundle, module_pack):
+    res = check.check(demo_bundle, module_pack)
+    assert res.trace.verdict.ok
+    assert res.reports == []
+    assert res.checker_stats["events_seen"] == len(res.trace.events)
+
+
+def test_planted_violation_is_caught_and_attributed(bugs_bundle, module_pack):
+    res = check.check(bugs_bundle, module_pack)
+    assert res.checker_stats["sites_reached"] >= 3          # the checked updates held
+    (r,) = res.reports
+    v = r.violation
+    assert (v.assertion, v.fatal) == ("table-update-audited", True)
+    assert v.event.kind == "call" and v.event.func == "tb_table_update" and v.event.arg(0) == 7
+    assert v.state["bindings"] == {"key": 7}
+    assert r.request is not None and r.request.text == PLANTED_BUGS["assert-nocheck"][0]
+    assert r.request.icount <= v.icount
+    assert r.comm == "kvd"
+    assert r.stack[0].symbol.startswith("tb_table_update+0x0/")
+    assert r.stack[1].symbol.startswith("tb_proc_write+")
+    assert any(f[0] == "tb_unchecked_update" for f in r.stack[1].lines), r.stack[1].lines
+    here = [t for _, t, h in r.code if h]
+    assert len(here) == 1 and here[0].startswith("call") and "<tb_table_update+0x0/" in here[0]
+
+
+def test_cli_reports_the_violation_and_exits_1(bugs_bundle):
+    """No --assertions: the pack the recording declared is used."""
+    r = run_cli("assert", str(bugs_bundle), "--json")
+    assert r.returncode == 1, r.stderr
+    assert "VIOLATION table-update-audited" in r.stderr
+    assert "after input: tcp-data" in r.stderr and "BUG update-nocheck 7" in r.stderr
+    out = json.loads(r.stdout)
+    assert out["replay"]["ok"] and len(out["violations"]) == 1
+    assert out["violations"][0]["request"]["text"] == "BUG update-nocheck 7"
+    assert bundle.load_manifest(bugs_bundle)["assertions"]["names"] == ["table-update-audited",
+                                                                        "table-lock-released"]
+    r = run_cli("assert", str(bugs_bundle), "--select", "table-lock-released")
+    assert r.returncode == 0, r.stderr
+    assert "HELD: 0 violation(s)" in r.stderr
+
+
+def test_bad_pack_is_a_one_line_error(bugs_bundle, tmp_path):
+    bad = tmp_path / "bad.tesla"
+    bad.write_text('# a comment line\n'
+                   'assert "a" per-thread conditional at tb_table_update:\n'
+                   '    within(tb_proc_write, previously(call(no_such_function)))\n')
+    assert_one_line_error(run_cli("assert", str(bugs_bundle), "--assertions", str(bad)),
+                          "bad.tesla:3:", "unknown symbol 'no_such_function'")
+    # a site offset inside an instruction
+    kern = trace.kernel_for_bundle(bugs_bundle)
+    f = kern.function("tb_table_update")
+    inside = next(i.address - f.addr + 1 for i in kern.instructions(f) if i.size > 1)
+    bad.write_text(f'assert "a" per-thread conditional at tb_table_update+{inside:#x}:\n'
+                   '    within(tb_proc_write, previously(call(tb_audit_check)))\n')
+    assert_one_line_error(run_cli("assert", str(bugs_bundle), "--assertions", str(bad)),
+                          "bad.tesla:1:", f"tb_table_update+{inside:#x}", "not at an instruction boundary")
+
+
+def test_missing_bundle_and_pack_are_one_line_errors(bugs_bundle, tmp_path, module_pack):
+    assert_one_line_error(run_cli("assert", str(tmp_path / "nope.tdm"), "--assertions", str(module_pack)),
+                          "nope.tdm")
+    assert_one_line_error(run_cli("assert", str(bugs_bundle), "--assertions", str(tmp_path / "x.tesla")),
+                          "x.tesla", "cannot read")
+    assert_one_line_error(run_cli("assert", str(bugs_bundle), "--assertions", str(module_pack),
+                                  "--select", "nope"), "no assertion named 'nope'")
