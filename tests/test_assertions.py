@@ -8,18 +8,16 @@ demo recording is the clean-traffic case. Each check is one exact replay (second
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_one_line_error, run_cli
 from tandem import bundle
 from tandem.assertions import check, trace
 from tandem.assertions.events import Event
 from tandem.record import Recording
 from tandem.workload import KV, PLANTED_BUGS, demo_traffic
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # Requests after the clean traffic, in order, with kvd's replies.
 REQUESTS = [("BUG update 5", "OK"),             # audit hook allows, then the update
@@ -131,7 +129,7 @@ def test_plugin_emits_calls_and_returns_with_arguments_and_values(traced):
     assert {e.task for x in w for e in x} == {w[0][0].task}
     assert {t.comms[t.events.index(x[0])] for x in w} == {"kvd"}
     flat = [e for x in w for e in x]
-    assert all(a.icount < b.icount and a.vm_ns < b.vm_ns for a, b in zip(flat, flat[1:])
+    assert all(a.icount < b.icount and a.vm_ns < b.vm_ns for a, b in pairwise(flat)
                if a.pc != b.pc)
     # the per-instruction count: the site is the 3rd instruction of tb_table_update
     for x in w:
