@@ -7,13 +7,16 @@
  *           [,text=LO-HI ...]
  *
  * watch: one line per watched instruction, "ADDR FLAGS ID" (hex address, flags a
- *   subset of "crsx", decimal id):
+ *   subset of "crsxa", decimal id):
  *     c  function entry: emit a call event for function ID
  *     r  function entry: push a shadow frame so its return is reported
  *     s  assertion site: emit a site event for site ID
  *     x  an exit instruction (ret, or a ret reached through a tail call): pop the
  *        shadow frames whose entry stack pointer equals the current rsp and emit
  *        their return events (rax, and the arguments saved at the call)
+ *     a  a return address (the instruction after a direct call of a watched function
+ *        that can leave through an indirect jump): the same for the frames whose entry
+ *        stack pointer is rsp - 8 (the ret has popped the return address)
  *   An address may appear on several lines (a function entry that is also a site).
  * out: the binary event stream (format below); written through a large buffer,
  *   flushed at exit with an END record. A stream without END was cut short.
@@ -57,7 +60,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 #define MAX_TEXT 8
 
 enum { EV_CALL = 1, EV_RETURN = 2, EV_SITE = 3, EV_END = 0xEE };
-enum { W_CALL = 1, W_RET = 2, W_SITE = 4, W_EXIT = 8 };
+enum { W_CALL = 1, W_RET = 2, W_SITE = 4, W_EXIT = 8, W_AFTER = 16 };
 
 struct watch {
     uint64_t addr;
@@ -269,7 +272,9 @@ static void pop_frame(struct task_stack *s)
     open_frames--;
 }
 
-static void on_exit_insn(uint16_t back, uint64_t pc)
+/* A return: sp is the entry rsp of the frames it ends (the rsp at a ret; rsp - 8 at a
+ * return address). */
+static void on_return(uint16_t back, uint64_t pc, int64_t sp_adjust)
 {
     uint64_t sp, task;
     struct task_stack *s;
@@ -278,7 +283,7 @@ static void on_exit_insn(uint16_t back, uint64_t pc)
     if (!open_frames) {
         return;
     }
-    sp = read_reg(R_RSP);
+    sp = read_reg(R_RSP) + sp_adjust;
     if (!*sp_slot(sp)) {
         return;
     }
@@ -311,17 +316,19 @@ static void on_insn(unsigned int vcpu, void *udata)
 {
     struct insn_ud *ud = udata;
     struct watch *w = ud->w;
-    bool entry = false, exit_insn = false;
+    uint32_t flags = 0;
 
     for (struct watch *x = w; x; x = x->next) {
-        entry |= (x->flags & (W_CALL | W_RET | W_SITE)) != 0;
-        exit_insn |= (x->flags & W_EXIT) != 0;
+        flags |= x->flags;
     }
-    if (entry) {
+    if (flags & W_AFTER) {      /* a return address: the callee's return comes first */
+        on_return(ud->back, w->addr, -8);
+    }
+    if (flags & (W_CALL | W_RET | W_SITE)) {
         on_entry(w, ud->back, w->addr);
     }
-    if (exit_insn) {
-        on_exit_insn(ud->back, w->addr);
+    if (flags & W_EXIT) {
+        on_return(ud->back, w->addr, 0);
     }
 }
 
@@ -404,7 +411,7 @@ static int load_watches(const char *path)
         w->id = id;
         for (char *c = flags; *c; c++) {
             w->flags |= *c == 'c' ? W_CALL : *c == 'r' ? W_RET : *c == 's' ? W_SITE
-                      : *c == 'x' ? W_EXIT : 0;
+                      : *c == 'x' ? W_EXIT : *c == 'a' ? W_AFTER : 0;
         }
         struct watch *prev = g_hash_table_lookup(watches, &addr);
         if (prev) {         /* keep the table's key: append to the existing chain */

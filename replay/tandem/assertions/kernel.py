@@ -176,7 +176,9 @@ class Kernel:
         self.md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
         self.return_thunk = k.objects.get("__x86_return_thunk")
         self._exits: dict[str, frozenset[int]] = {}
+        self._exit_notes: dict[str, list[str]] = {}
         self._retaddr: dict[int, bool] = {}
+        self._calls: dict[int, list[int]] | None = None
 
     # --- symbols -----------------------------------------------------------------
 
@@ -282,9 +284,10 @@ class Kernel:
 
     def exits(self, f: Func) -> tuple[frozenset[int], list[str]]:
         """The instructions where a call of f returns to its caller, and what could
-        not be followed (indirect jumps out of the body, unknown jump targets)."""
+        not be followed: indirect jumps (`jmp reg`: a switch, or a tail call through a
+        function pointer, whose callee's ret is unknown) and unknown jump targets."""
         if f.name in self._exits:
-            return self._exits[f.name], []
+            return self._exits[f.name], self._exit_notes[f.name]
         out: set[int] = set()
         notes: list[str] = []
         seen = {f.addr}
@@ -298,9 +301,8 @@ class Kernel:
                 elif m.startswith("j"):
                     target = _imm(insn.op_str)
                     if target is None:
-                        if m == "jmp" and g is f and "[" not in insn.op_str:
-                            notes.append(f"{f.name}: indirect jump at {insn.address:#x} "
-                                         f"(a tail call through it is not followed)")
+                        if m == "jmp" and "[" not in insn.op_str:
+                            notes.append(f"{g.name}: indirect jump at {insn.address:#x}")
                         continue
                     if target == self.return_thunk:
                         out.add(insn.address)       # rethunk: `jmp __x86_return_thunk` is the ret
@@ -313,7 +315,28 @@ class Kernel:
                             todo.append(h)
         result = frozenset(out)
         self._exits[f.name] = result
+        self._exit_notes[f.name] = notes
         return result, notes
+
+    def call_sites(self, f: Func) -> list[int]:
+        """Return addresses of the direct calls (`call rel32`) of f anywhere in the code."""
+        if self._calls is None:
+            calls: dict[int, list[int]] = {}
+            for start, data in self._code:
+                i = data.find(b"\xe8")
+                while 0 <= i <= len(data) - 5:
+                    ret = start + i + 5
+                    target = (ret + int.from_bytes(data[i + 1:i + 5], "little", signed=True)) & (2**64 - 1)
+                    calls.setdefault(target, []).append(ret)
+                    i = data.find(b"\xe8", i + 1)
+            self._calls = calls
+        # a byte scan also finds E8 inside other instructions: keep instruction boundaries
+        out = []
+        for ret in self._calls.get(f.addr, ()):
+            call = self.call_before(ret)
+            if call is not None and call.size == 5 and _imm(call.op_str) == f.addr:
+                out.append(ret)
+        return out
 
     # --- source lines ------------------------------------------------------------
 

@@ -63,6 +63,7 @@ def plan(kern: Kernel, needed: dict[str, set[str]], sites: list[tuple[str, int]]
     funcs: list[Func] = []
     roles: dict[int, list[tuple[str, int]]] = {}
     exit_addrs: set[int] = set()
+    after_addrs: set[int] = set()
     notes: list[str] = []
     for name in sorted(needed):
         kinds = set(needed[name])
@@ -76,16 +77,23 @@ def plan(kern: Kernel, needed: dict[str, set[str]], sites: list[tuple[str, int]]
         roles.setdefault(f.addr, []).append((flags, fid))
         if "return" in kinds:
             ex, why = kern.exits(f)
-            if not ex:
+            after = kern.call_sites(f) if why else []
+            if not ex and not after:
                 raise TandemError(f"{name}: no return instruction found (not even through tail calls): "
                                   f"its returns cannot be watched")
             exit_addrs |= ex
-            notes += why
+            # It may leave through an indirect tail call: its direct callers' return
+            # addresses are watched too (indirect callers: see docs/assertions-running.md).
+            after_addrs.update(after)
+            notes += [f"{name} may return through an indirect jump ({w}): the return addresses "
+                      f"of its {len(after)} direct calls are watched too" for w in why]
     site_list = list(dict.fromkeys(sites))
     for sid, (sym, off) in enumerate(site_list):
         roles.setdefault(site_address(kern, sym, off), []).append(("s", sid))
     for a in exit_addrs:
         roles.setdefault(a, []).append(("x", 0))
+    for a in after_addrs:
+        roles.setdefault(a, []).append(("a", 0))
     lines = [f"{a:x} {flags} {i}" for a in sorted(roles) for flags, i in roles[a]]
     return Plan(funcs, site_list, lines, notes, len(exit_addrs))
 
