@@ -105,15 +105,16 @@ def main() -> int:
 
     med = {k: statistics.median(v) for k, v in res.items()}
     base = med["no plugin"]
+    pack_name = args.pack.relative_to(ROOT) if args.pack.is_relative_to(ROOT) else args.pack
     lines = [
         "## Temporal assertions (issue 4)", "",
-        f"Command: `./tandem bench` (runs `bench/assertions.py --runs {args.runs}`). One recording "
-        f"of the demo workload (boot to TANDEM-READY, {ROUNDS} rounds of SET/GET from two clients, "
-        "a SYNC, an `nc` session, the module's table requests including the planted violation, "
-        "poweroff), replayed exactly with and without the `tandem-calls` plugin in interleaved "
-        f"rounds; QEMU wall time (start to exit), median of {args.runs}, TCG on this 2-core "
-        f"machine. Pack: `{args.pack.relative_to(ROOT) if args.pack.is_relative_to(ROOT) else args.pack}` "
-        f"({len(full)} assertions). Target: all assertions at most 1.3x the replay without the plugin.",
+        (f"Command: `./tandem bench` (runs `bench/assertions.py --runs {args.runs}`). One recording "
+         f"of the demo workload (boot to TANDEM-READY, {ROUNDS} rounds of SET/GET from two clients, "
+         "a SYNC, an `nc` session, the module's table requests including the planted violation, "
+         "poweroff), replayed exactly with and without the `tandem-calls` plugin in interleaved "
+         f"rounds; QEMU wall time (start to exit), median of {args.runs}, TCG on this 2-core "
+         f"machine. Pack: `{pack_name}` ({len(full)} assertions). Target: all assertions at most "
+         "1.3x the replay without the plugin."),
         "",
         "| replay | watched instructions | events | wall (s) | vs no plugin | met |",
         "|---|---|---|---|---|---|",
@@ -125,21 +126,21 @@ def main() -> int:
                      f"{med[f'{n} assertions']:.2f} | {r:.2f}x | {'yes' if r <= 1.3 else 'no'} |")
     n_ev = len(t_all.events)
     lines += [
-        "", f"Automata (`automata.Checker.feed`, one core, best of 5): the {n_ev:,} events of the "
-        f"{sizes[-1]}-assertion replay: {best:.0f} ns/event, {1e9 / best:,.0f} events/s; the "
-        f"automata's synthetic stream (`automata.bench_ns_per_event`, 4 assertions, half the "
-        f"events unrelated): {synth:.0f} ns/event, {1e9 / synth:,.0f} events/s.", ""]
+        "", (f"Automata (`automata.Checker.feed`, one core, best of 5): the {n_ev:,} events of the "
+             f"{sizes[-1]}-assertion replay: {best:.0f} ns/event, {1e9 / best:,.0f} events/s; the "
+             f"automata's synthetic stream (`automata.bench_ns_per_event`, 4 assertions, half the "
+             f"events unrelated): {synth:.0f} ns/event, {1e9 / synth:,.0f} events/s."), ""]
     w, d = statistics.median(rec["without"]), statistics.median(rec["declared"])
     spread = max(rec["without"]) - min(rec["without"])
     lines += [
-        "Cost to the native: recording the same workload without and with the pack declared "
-        "(`tandem record --assertions`: the pack is parsed and hashed into the manifest before "
-        "QEMU starts; the guest runs the same command line). Target: identical within noise.", "",
+        ("Cost to the native: recording the same workload without and with the pack declared "
+         "(`tandem record --assertions`: the pack is parsed and hashed into the manifest before "
+         "QEMU starts; the guest runs the same command line). Target: identical within noise."), "",
         "| recording | median wall (s) | min-max (s) |", "|---|---|---|",
         f"| without | {w:.2f} | {min(rec['without']):.2f}-{max(rec['without']):.2f} |",
         f"| pack declared | {d:.2f} | {min(rec['declared']):.2f}-{max(rec['declared']):.2f} |", "",
-        f"Difference {d - w:+.2f}s ({(d / w - 1) * 100:+.1f}%); the spread of the runs without is "
-        f"{spread:.2f}s: {'within' if abs(d - w) <= max(spread, 0.05 * w) else 'outside'} noise.", ""]
+        (f"Difference {d - w:+.2f}s ({(d / w - 1) * 100:+.1f}%); the spread of the runs without is "
+         f"{spread:.2f}s: {'within' if abs(d - w) <= max(spread, 0.05 * w) else 'outside'} noise."), ""]
     text = "\n".join(lines)
     print(text)
     if args.out:
