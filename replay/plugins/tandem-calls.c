@@ -4,7 +4,6 @@
  * (docs/assertions-running.md).
  *
  *   -plugin tandem-calls.so,watch=FILE,out=FILE,task=ADDR[,comm=OFF][,scan=N]
- *           [,text=LO-HI ...]
  *
  * watch: one line per watched instruction, "ADDR FLAGS ID" (hex address, flags a
  *   subset of "crsxa", decimal id):
@@ -22,8 +21,8 @@
  *   flushed at exit with an END record. A stream without END was cut short.
  * task: guest address of the current-task pointer (UP kernel: pcpu_hot).
  * comm: offset of task_struct.comm (0: not read).
- * scan: stack words read from rsp at each event; those inside a text range
- *   (text=LO-HI, repeatable) are kept, at most MAX_STACK, innermost first.
+ * scan: stack words read from rsp at each event (at most MAX_SCAN; fewer where the
+ *   stack's page ends), for the decoder's ORC unwinder (assertions/kernel.py).
  *
  * Only instructions at watched addresses get a callback: at translation time each
  * instruction's address is looked up in a hash set, so unrelated code runs exactly
@@ -39,8 +38,8 @@
  * Stream format (little endian):
  *   header: "TDMCALL1" u32 version(1) u32 record_size(RECORD_SIZE)
  *   record: u8 type (1 call, 2 return, 3 site, 0xEE end) u8 nstack u16 back u32 id
- *           u64 icount u64 vm_ns u64 pc u64 task u64 args[6] u64 ret u64 sp
- *           char comm[16]  then nstack u64 stack words
+ *           u64 icount u64 vm_ns u64 pc u64 task u64 args[6] u64 ret u64 sp u64 bp
+ *           char comm[16]  then nstack u64 stack words from sp up
  *   END:    type 0xEE, args = {events, abandoned frames, open frames at exit,
  *           memory read failures, frames not pushed (depth limit), 0}
  */
@@ -54,10 +53,8 @@
 
 QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 
-#define MAX_STACK 16
-#define MAX_SCAN 512
+#define MAX_SCAN 255          /* nstack is a u8 */
 #define MAX_DEPTH 512
-#define MAX_TEXT 8
 
 enum { EV_CALL = 1, EV_RETURN = 2, EV_SITE = 3, EV_END = 0xEE };
 enum { W_CALL = 1, W_RET = 2, W_SITE = 4, W_EXIT = 8, W_AFTER = 16 };
@@ -81,7 +78,7 @@ struct __attribute__((packed)) record {
     uint32_t id;
     uint64_t icount, vm_ns, pc, task;
     uint64_t args[6];
-    uint64_t ret, sp;
+    uint64_t ret, sp, bp;
     char comm[16];
 };
 #define RECORD_SIZE ((uint32_t)sizeof(struct record))
@@ -100,9 +97,7 @@ struct task_stack {
 static GHashTable *watches;         /* uint64 addr -> struct watch * */
 static GHashTable *stacks;          /* uint64 task -> struct task_stack * */
 static uint64_t task_addr, comm_off;
-static unsigned scan_words = 64;
-static uint64_t text_lo[MAX_TEXT], text_hi[MAX_TEXT];
-static unsigned n_text;
+static unsigned scan_words = 128;
 static FILE *out;
 static uint64_t n_events, n_abandoned, n_readfail, n_overflow;
 
@@ -119,11 +114,13 @@ static inline uint32_t *sp_slot(uint64_t sp)
     return &sp_filter[((sp >> 3) ^ (sp >> 15)) & (SP_FILTER - 1)];
 }
 
-/* Registers: rdi rsi rdx rcx r8 r9 (arguments), rax, rsp. */
-static const char *reg_names[] = { "rdi", "rsi", "rdx", "rcx", "r8", "r9", "rax", "rsp" };
+/* Registers: rdi rsi rdx rcx r8 r9 (arguments), rax, rsp, rbp. */
+static const char *reg_names[] = { "rdi", "rsi", "rdx", "rcx", "r8", "r9", "rax", "rsp", "rbp" };
+#define N_REGS 9
 #define R_RAX 6
 #define R_RSP 7
-static struct qemu_plugin_register *regs[8];
+#define R_RBP 8
+static struct qemu_plugin_register *regs[N_REGS];
 static GByteArray *regbuf, *membuf;
 
 static uint64_t read_reg(int i)
@@ -158,33 +155,22 @@ static uint64_t current_task(void)
     return t;
 }
 
-static bool in_text(uint64_t a)
-{
-    for (unsigned i = 0; i < n_text; i++) {
-        if (a >= text_lo[i] && a < text_hi[i]) {
-            return true;
-        }
-    }
-    return false;
-}
-
 static void emit(struct record *r)
 {
-    uint64_t words[MAX_SCAN], stack[MAX_STACK];
-    unsigned n = 0;
+    size_t len = 0;
     int64_t icount = 0, vm_ns = 0;
 
     qemu_plugin_vm_clock(&icount, &vm_ns);
     r->icount = icount;
     r->vm_ns = vm_ns;
+    r->bp = read_reg(R_RBP);
     if (comm_off && r->task) {
         read_mem(r->task + comm_off, r->comm, sizeof(r->comm));
     }
-    /* The stack words that point into kernel text: return addresses, and stale ones
-     * (the decoder keeps those that follow a call instruction). A failed read (the
-     * scan crossed into an unmapped page) is retried once, up to the page end. */
+    /* The stack from rsp up, for the decoder's unwinder. A failed read (the stack's
+     * page ends within the scan) is retried up to the page end. */
     if (scan_words) {
-        size_t len = scan_words * 8;
+        len = scan_words * 8;
         if (!qemu_plugin_read_memory_vaddr(r->sp, membuf, len)) {
             len = 4096 - (r->sp & 4095);
             len = len > scan_words * 8 ? scan_words * 8 : len;
@@ -193,17 +179,11 @@ static void emit(struct record *r)
                 len = 0;
             }
         }
-        memcpy(words, membuf->data, len);
-        for (size_t i = 0; i < len / 8 && n < MAX_STACK; i++) {
-            if (in_text(words[i])) {
-                stack[n++] = words[i];
-            }
-        }
     }
-    r->nstack = n;
+    r->nstack = len / 8;
     fwrite(r, RECORD_SIZE, 1, out);
-    if (n) {
-        fwrite(stack, 8, n, out);
+    if (r->nstack) {
+        fwrite(membuf->data, 8, r->nstack, out);
     }
     n_events++;
 }
@@ -283,7 +263,8 @@ static void on_return(uint16_t back, uint64_t pc, int64_t sp_adjust)
     if (!open_frames) {
         return;
     }
-    sp = read_reg(R_RSP) + sp_adjust;
+    uint64_t rsp = read_reg(R_RSP);
+    sp = rsp + sp_adjust;
     if (!*sp_slot(sp)) {
         return;
     }
@@ -305,7 +286,7 @@ static void on_return(uint16_t back, uint64_t pc, int64_t sp_adjust)
     while (s->n && s->frames[s->n - 1].sp == sp) {
         struct frame *f = &s->frames[s->n - 1];
         struct record r = { .type = EV_RETURN, .back = back, .id = f->id, .pc = pc,
-                            .task = task, .ret = rax, .sp = sp };
+                            .task = task, .ret = rax, .sp = rsp };
         memcpy(r.args, f->args, sizeof(r.args));
         pop_frame(s);
         emit(&r);
@@ -355,14 +336,14 @@ static void on_vcpu_init(qemu_plugin_id_t id, unsigned int vcpu)
 
     for (guint i = 0; i < all->len; i++) {
         qemu_plugin_reg_descriptor *d = &g_array_index(all, qemu_plugin_reg_descriptor, i);
-        for (int r = 0; r < 8; r++) {
+        for (int r = 0; r < N_REGS; r++) {
             if (!regs[r] && !strcmp(d->name, reg_names[r])) {
                 regs[r] = d->handle;
             }
         }
     }
     g_array_free(all, true);
-    for (int r = 0; r < 8; r++) {
+    for (int r = 0; r < N_REGS; r++) {
         if (!regs[r]) {
             fprintf(stderr, "tandem-calls: vCPU %u has no register %s\n", vcpu, reg_names[r]);
             exit(1);
@@ -456,14 +437,6 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
             if (scan_words > MAX_SCAN) {
                 scan_words = MAX_SCAN;
             }
-        } else if (!strcmp(k, "text") && n_text < MAX_TEXT) {
-            char *dash = strchr(v, '-');
-            if (!dash) {
-                fprintf(stderr, "tandem-calls: text=%s: expected LO-HI\n", v);
-                return -1;
-            }
-            text_lo[n_text] = strtoull(v, NULL, 0);
-            text_hi[n_text++] = strtoull(dash + 1, NULL, 0);
         } else {
             fprintf(stderr, "tandem-calls: unknown argument %s\n", k);
             return -1;

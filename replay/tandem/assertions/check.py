@@ -146,6 +146,7 @@ class Frame:
     addr: int
     symbol: str
     lines: list[tuple[str, str, int]] = field(default_factory=list)
+    reliable: bool = True       # found by the ORC unwinder (else a return-address-like word)
 
     def text(self) -> str:
         loc = ""
@@ -155,7 +156,7 @@ class Frame:
             inl = [f for f, _, _ in self.lines[:-1]]
             if inl:
                 loc += f" (inlined: {', '.join(inl)})"
-        return f"{self.symbol}{loc}"
+        return f"{'' if self.reliable else '? '}{self.symbol}{loc}"
 
 
 @dataclass
@@ -174,7 +175,7 @@ class Report:
     def to_dict(self) -> dict:
         d = self.violation.to_dict()
         d.update(comm=self.comm,
-                 stack=[{"addr": f.addr, "symbol": f.symbol,
+                 stack=[{"addr": f.addr, "symbol": f.symbol, "reliable": f.reliable,
                          "lines": [list(x) for x in f.lines]} for f in self.stack],
                  code_at=self.code_at,
                  code=[{"addr": a, "insn": t, "here": h} for a, t, h in self.code],
@@ -190,12 +191,12 @@ def _short(path: str) -> str:
     return path
 
 
-def _context(v: Violation, kern: Kernel, comm: str, ins: Inputs) -> Report:
+def _context(v: Violation, kern: Kernel, comm: str, exact: int, ins: Inputs) -> Report:
     ev = v.event
     # The event's own pc first (where it happened), then the return addresses.
     lines = kern.lines([ev.pc] + [a - 1 for a in ev.stack])
     stack = [Frame(ev.pc, kern.describe(ev.pc), lines[ev.pc])]
-    stack += [Frame(a, kern.describe(a), lines[a - 1]) for a in ev.stack]
+    stack += [Frame(a, kern.describe(a), lines[a - 1], k < exact) for k, a in enumerate(ev.stack)]
     # The call site: the call that entered the function (call and return events), or
     # the site instruction itself.
     center = ev.pc
@@ -256,8 +257,8 @@ def check(bundle_dir: str | Path, pack: str | Path | None = None, *, select: lis
     index = {id(ev): i for i, ev in enumerate(t.events)}
     reports = []
     for i, v in found:
-        j = index.get(id(v.event), i)
-        reports.append(_context(v, kern, t.comms[j] if 0 <= j < len(t.comms) else "", ins))
+        j = index.get(id(v.event), i)     # finish() may report at the last event
+        reports.append(_context(v, kern, t.comms[j], t.exact[j], ins))
     return Result(d, pack, aset, reports, t, chk.stats.to_dict(), check_s)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -33,6 +34,11 @@ from elftools.elf.relocation import RelocationSection
 
 from ..errors import TandemError
 from ..report.symbolize import source_lines
+
+# arch/x86/include/asm/orc_types.h, struct pt_regs offsets
+ORC_REG_PREV_SP, ORC_REG_BP, ORC_REG_SP, ORC_REG_BP_INDIRECT, ORC_REG_SP_INDIRECT = 1, 4, 5, 8, 9
+ORC_TYPE_UNDEFINED, ORC_TYPE_END_OF_STACK, ORC_TYPE_CALL, ORC_TYPE_REGS, ORC_TYPE_REGS_PARTIAL = 0, 1, 2, 3, 4
+PT_REGS_BP, PT_REGS_IP, PT_REGS_SP = 4 * 8, 16 * 8, 19 * 8
 
 MODULE_LINE = re.compile(rb"tandem-init: module (\S+) ([^\r\n]*)")
 _SECTION = re.compile(r"(\.?[\w.$-]+)=0x([0-9a-f]+)")
@@ -67,6 +73,18 @@ class _Image:
         self.objects: dict[str, int] = {}            # every named symbol -> address
         self.labels: list[tuple[int, str]] = []      # text symbols without a size (asm entry code)
         self.exec_sections: list[tuple[str, int, int]] = []   # modules: (name, address, size)
+        self.orc_ips: list[int] = []                 # sorted code addresses of ORC entries
+        self.orc: list[tuple[int, int, int, int, int, int]] = []   # sp_off bp_off sp_reg bp_reg type signal
+
+    def set_orc(self, ips: list[int], table: bytes) -> None:
+        entries = []
+        for i in range(min(len(ips), len(table) // 6)):
+            sp_off, bp_off, bits = struct.unpack_from("<hhH", table, 6 * i)
+            entries.append((ips[i], (sp_off, bp_off, bits & 0xF, (bits >> 4) & 0xF, (bits >> 8) & 0x7,
+                                     (bits >> 11) & 1)))
+        entries.sort(key=lambda e: e[0])
+        self.orc_ips = [ip for ip, _ in entries]
+        self.orc = [e for _, e in entries]
 
 
 def _load_vmlinux(path: Path, system_map: Path) -> _Image:
@@ -81,6 +99,11 @@ def _load_vmlinux(path: Path, system_map: Path) -> _Image:
             for sym in symtab.iter_symbols() if symtab else ():
                 if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"] and sym["st_size"]:
                     img.funcs.append(Func(sym.name, sym["st_value"], sym["st_size"], "vmlinux"))
+            ip_sec, orc_sec = elf.get_section_by_name(".orc_unwind_ip"), elf.get_section_by_name(".orc_unwind")
+            if ip_sec is not None and orc_sec is not None:
+                rel = struct.unpack(f"<{ip_sec['sh_size'] // 4}i", ip_sec.data())
+                base = ip_sec["sh_addr"]
+                img.set_orc([base + 4 * i + r for i, r in enumerate(rel)], orc_sec.data())
     except (OSError, ELFError) as e:
         raise TandemError(f"{path}: cannot read the kernel image ({e})") from None
     try:
@@ -122,6 +145,16 @@ def _load_module(name: str, path: Path, bases: dict[str, int], kernel_syms: dict
                 img.objects.setdefault(sym.name, a)
                 if sym["st_info"]["type"] == "STT_FUNC" and sym["st_size"]:
                     img.funcs.append(Func(sym.name, a, sym["st_size"], name))
+            ip_sec, orc_sec = elf.get_section_by_name(".orc_unwind_ip"), elf.get_section_by_name(".orc_unwind")
+            if ip_sec is not None and orc_sec is not None:
+                ips = [0] * (ip_sec["sh_size"] // 4)
+                for rsec in elf.iter_sections():     # each entry is a PC32 relocation: ip = S + A
+                    if isinstance(rsec, RelocationSection) and rsec["sh_info"] == secs.index(ip_sec):
+                        for r in rsec.iter_relocations():
+                            a = sym_addr(syms[r["r_info_sym"]])
+                            if a is not None:
+                                ips[r["r_offset"] // 4] = a + r["r_addend"]
+                img.set_orc(ips, orc_sec.data())
             for i, sec in enumerate(secs):
                 if not (sec["sh_flags"] & 0x4) or sec.name not in bases:
                     continue
@@ -279,6 +312,87 @@ class Kernel:
                 text += f" <{self.describe(target)}>"
             out.append((x.address, text, x.address == a))
         return out
+
+    # --- stacks ------------------------------------------------------------------
+
+    def _orc_find(self, ip: int):
+        img = next((x for x in self.images if any(b <= ip < b + len(d) for b, d in x.code)), None)
+        if img is None or not img.orc_ips:
+            return None
+        i = bisect.bisect_right(img.orc_ips, ip) - 1
+        return img.orc[i] if i >= 0 else None
+
+    def unwind(self, pc: int, sp: int, bp: int, words: tuple[int, ...]) -> tuple[list[int], int]:
+        """Return addresses of the stack `words` (read from `sp` up) at `pc`, innermost
+        first: what the kernel's ORC unwinder (arch/x86/kernel/unwind_orc.c) finds, then,
+        where it stops short of the end of the stack (the snapshot ends, no ORC data),
+        the words that follow a call instruction (the kernel's `?` entries). Returns
+        (addresses, how many of them are ORC frames)."""
+        end = sp + 8 * len(words)
+
+        def word(a: int | None) -> int | None:
+            if a is None or a & 7 or not sp <= a < end:
+                return None
+            return words[(a - sp) // 8]
+
+        frames: list[int] = []
+        ip, cur_sp, cur_bp, signal, done = pc, sp, bp, True, False
+        for _ in range(64):
+            orc = self._orc_find(ip if signal else ip - 1)
+            if orc is None or orc[4] == ORC_TYPE_UNDEFINED:
+                break
+            sp_off, bp_off, sp_reg, bp_reg, typ, sig = orc
+            if typ == ORC_TYPE_END_OF_STACK:
+                done = True
+                break
+            if sp_reg == ORC_REG_SP:
+                nsp = cur_sp + sp_off
+            elif sp_reg == ORC_REG_BP:
+                nsp = cur_bp + sp_off
+            elif sp_reg == ORC_REG_SP_INDIRECT:
+                nsp = word(cur_sp)
+                nsp = None if nsp is None else nsp + sp_off
+            elif sp_reg == ORC_REG_BP_INDIRECT:
+                nsp = word(cur_bp + sp_off)
+            else:
+                break       # a register only saved in pt_regs (entry code)
+            if nsp is None:
+                break
+            regs_bp = None
+            if typ == ORC_TYPE_CALL:
+                nip = word(nsp - 8)
+            elif typ == ORC_TYPE_REGS:          # a full pt_regs at nsp
+                nip, cs = word(nsp + PT_REGS_IP), word(nsp + PT_REGS_IP + 8)
+                if cs is not None and cs & 3:
+                    done = True                 # entered from user mode: the kernel stack ends
+                    break
+                regs_bp, nsp = word(nsp + PT_REGS_BP), word(nsp + PT_REGS_SP)
+            elif typ == ORC_TYPE_REGS_PARTIAL:  # an iret frame at nsp
+                nip, cs = word(nsp), word(nsp + 8)
+                if cs is not None and cs & 3:
+                    done = True
+                    break
+                nsp = word(nsp + 24)
+            else:
+                break
+            if nip is None or nsp is None:
+                break
+            if bp_reg == ORC_REG_PREV_SP:
+                nbp = word(nsp + bp_off) if typ == ORC_TYPE_CALL else None
+            elif bp_reg == ORC_REG_BP:
+                nbp = word(cur_bp + bp_off)
+            else:
+                nbp = regs_bp if regs_bp is not None else cur_bp
+            if nbp is None or (nsp <= cur_sp and typ == ORC_TYPE_CALL):
+                break
+            frames.append(nip)
+            ip, cur_sp, cur_bp, signal = nip, nsp, nbp, bool(sig)
+        exact = len(frames)
+        if not done:        # the rest of the snapshot, as the kernel's "?" entries
+            start = max(cur_sp, sp) if frames else sp
+            frames += [w for i, w in enumerate(words) if sp + 8 * i >= start and w not in frames[-1:]
+                       and self.is_return_address(w)]
+        return frames, exact
 
     # --- exits -------------------------------------------------------------------
 

@@ -31,10 +31,10 @@ from .kernel import Func, Kernel
 
 MAGIC = b"TDMCALL1"
 HEADER = struct.Struct("<8sII")
-RECORD = struct.Struct("<BBHIQQQQ6QQQ16s")
+RECORD = struct.Struct("<BBHIQQQQ6QQQQ16s")
 KINDS = {1: "call", 2: "return", 3: "site"}
 END = 0xEE
-STACK_SCAN_WORDS = 64        # stack words the plugin reads at each event
+STACK_SCAN_WORDS = 128       # stack words the plugin reads at each event (1 KiB)
 
 
 class TraceError(TandemError):
@@ -160,6 +160,7 @@ def _module_build(initrd: Path) -> dict[str, Path]:
 class Trace:
     events: list[Event]
     comms: list[str]             # per event: the task's comm ("" if not read)
+    exact: list[int]             # per event: leading stack entries found by the ORC unwinder
     verdict: Verdict
     stats: dict
     plan: Plan
@@ -172,13 +173,8 @@ def plugin_args(kern: Kernel, p: Plan, watch: Path, out: Path, scan: int = STACK
     if task is None:
         raise TandemError(f"{kern.vmlinux}: no pcpu_hot (its current_task is the current thread)")
     comm = kernel_mod.comm_offset(kern.vmlinux) or 0
-    args = [artifacts.plugin_calls()["plugin"], f"watch={watch}", f"out={out}",
-            f"task={task:#x}", f"comm={comm}", f"scan={scan}"]
-    if "_stext" in syms and "_etext" in syms:
-        args.append(f"text={syms['_stext']:#x}-{syms['_etext']:#x}")
-    for img in kern.images[1:]:
-        args += [f"text={base:#x}-{base + size:#x}" for _, base, size in img.exec_sections]
-    return ",".join(args)
+    return ",".join([artifacts.plugin_calls()["plugin"], f"watch={watch}", f"out={out}",
+                     f"task={task:#x}", f"comm={comm}", f"scan={scan}"])
 
 
 def run(bundle_dir: str | Path, kern: Kernel, p: Plan, *, progress=None,
@@ -194,15 +190,15 @@ def run(bundle_dir: str | Path, kern: Kernel, p: Plan, *, progress=None,
         wall = time.monotonic() - t0
         if keep:
             shutil.copyfile(out, keep)
-        events, comms, stats = decode(out, p, kern)
-        return Trace(events, comms, verdict, stats, p, wall)
+        events, comms, exact, stats = decode(out, p, kern)
+        return Trace(events, comms, exact, verdict, stats, p, wall)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_records(path: Path):
     """(records, end): records as (type, back, id, icount, vm_ns, pc, task, args, ret,
-    sp, comm, stack words); end is the END record's counters."""
+    sp, bp, comm, stack words from sp up); end is the END record's counters."""
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -218,7 +214,7 @@ def read_records(path: Path):
         if off + RECORD.size > len(data):
             break
         (typ, nstack, back, ident, icount, vm_ns, pc, task, a0, a1, a2, a3, a4, a5,
-         ret, sp, comm) = RECORD.unpack_from(data, off)
+         ret, sp, bp, comm) = RECORD.unpack_from(data, off)
         nxt = off + RECORD.size + 8 * nstack
         if nxt > len(data):
             break
@@ -231,7 +227,7 @@ def read_records(path: Path):
             raise TraceError(f"{path}: unknown record type {typ} at offset {off}")
         stack = struct.unpack_from(f"<{nstack}Q", data, off + RECORD.size) if nstack else ()
         records.append((typ, back, ident, icount, vm_ns, pc, task, (a0, a1, a2, a3, a4, a5),
-                        ret, sp, comm, stack))
+                        ret, sp, bp, comm, stack))
         off = nxt
     if end is None:
         raise TraceError(f"{path}: event stream cut short at offset {off} after {len(records)} "
@@ -242,13 +238,15 @@ def read_records(path: Path):
     return records, end
 
 
-def decode(path: Path, p: Plan, kern: Kernel | None = None) -> tuple[list[Event], list[str], dict]:
-    """The plugin's stream as Events. Instruction count and VM time are corrected from
-    the end of the event's TB to its instruction; stack words are kept when they are
-    return addresses (kern given), innermost first."""
+def decode(path: Path, p: Plan, kern: Kernel | None = None) -> tuple[list[Event], list[str], list[int], dict]:
+    """The plugin's stream as Events, with each event's comm and how many of its stack
+    entries the ORC unwinder found (the rest are return-address-like stack words).
+    Instruction count and VM time are corrected from the end of the event's TB to its
+    instruction. Without kern, stacks are left empty."""
     records, end = read_records(path)
-    events, comms = [], []
-    for typ, back, ident, icount, vm_ns, pc, task, args, ret, sp, comm, stack in records:
+    events, comms, exact = [], [], []
+    unwound: dict[tuple, tuple[list[int], int]] = {}
+    for typ, back, ident, icount, vm_ns, pc, task, args, ret, sp, bp, comm, words in records:
         kind = KINDS[typ]
         if kind == "site":
             if ident >= len(p.sites):
@@ -258,9 +256,15 @@ def decode(path: Path, p: Plan, kern: Kernel | None = None) -> tuple[list[Event]
             if ident >= len(p.funcs):
                 raise TraceError(f"{path}: function id {ident} not in the plan")
             func = p.funcs[ident].name
+        stack, n = (), 0
         if kern is not None:
-            stack = tuple(a for a in stack if kern.is_return_address(a))
+            key = (pc, sp, bp, words)       # loops repeat the same stacks: unwind once
+            if key not in unwound:
+                unwound[key] = kern.unwind(pc, sp, bp, words)
+            frames, n = unwound[key]
+            stack = tuple(frames)
         events.append(Event(kind, func, args, ret if kind == "return" else None, task,
-                            vm_ns - (back << ICOUNT_SHIFT), icount - back, pc, tuple(stack)))
+                            vm_ns - (back << ICOUNT_SHIFT), icount - back, pc, stack))
         comms.append(comm.split(b"\0", 1)[0].decode(errors="replace"))
-    return events, comms, end
+        exact.append(n)
+    return events, comms, exact, end
