@@ -265,6 +265,7 @@ class _Parser:
                 if w == "call":
                     raise self.err(eq, "a call has no return value: use returnfrom(...) == value")
                 ret = self.pattern()
+                ret = None if ret.kind == "any" else ret    # == _ says nothing
             kind = "call" if w == "call" else "return"
             return _Node("ev", t.line, t.col, spec=EventSpec(kind, fn.text, args, ret, t.line, t.col))
         if w == "within":
@@ -276,6 +277,7 @@ class _Parser:
             raise self.err(self.tok, f"syntax error: write call({fn.text}) or returnfrom({fn.text}) == value")
         self.take("==")
         ret = self.pattern()
+        ret = None if ret.kind == "any" else ret
         return _Node("ev", t.line, t.col, spec=EventSpec("return", fn.text, args, ret, t.line, t.col))
 
     # normalisation and static checks
@@ -423,3 +425,29 @@ def parse_file(path: str | os.PathLike, symbols: SymbolSource | None = None) -> 
     except UnicodeDecodeError as e:
         raise TandemError(f"{path}: not a text file ({e.reason})") from None
     return parse_text(text, str(path), symbols)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check assertion files (syntax, and symbols when --symbols is given):
+    python -m tandem.assertions.lang FILE... [--symbols MAP_OR_NAME_LIST ...]"""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m tandem.assertions.lang", description=main.__doc__)
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--symbols", action="append", default=None,
+                    help="System.map, `nm` output or a list of names (repeat for a union)")
+    args = ap.parse_args(argv)
+    try:
+        for f in args.files:
+            s = parse_file(f, symbols=args.symbols)
+            print(f"{f}: {len(s)} assertions, {len(s.needed())} functions instrumented, "
+                  f"{len(s.sites())} symbol+offset sites" + ("" if args.symbols else " (symbols not checked)"))
+    except TandemError as e:
+        print(e, file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
