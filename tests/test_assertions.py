@@ -2,8 +2,9 @@
 real guest kernel and the planted-bug module, the automata on its events, `tandem assert`.
 
 One recording (module-scoped) carries clean traffic, checked table updates and the
-planted violation (`BUG update-nocheck 7`, docs/planted-bugs.md); the session's clean
-demo recording is the clean-traffic case. Each check is one exact replay (seconds).
+planted violation (`BUG update-nocheck 7`, docs/planted-bugs.md) and declares the Linux
+pack; the session's clean demo recording is the clean-traffic case. Each check is one
+exact replay (seconds).
 """
 from __future__ import annotations
 
@@ -19,36 +20,21 @@ from tandem.assertions.events import Event
 from tandem.record import Recording
 from tandem.workload import KV, PLANTED_BUGS, demo_traffic
 
+LINUX_PACK = Path(__file__).resolve().parents[1] / "guest-kernel" / "assertions" / "linux-6.12.tesla"
+
 # Requests after the clean traffic, in order, with kvd's replies.
 REQUESTS = [("BUG update 5", "OK"),             # audit hook allows, then the update
             ("BUG update 2000", "ERR"),         # the hook refuses (-EACCES): no update
             (PLANTED_BUGS["assert-nocheck"][0], "OK"),   # the planted violation: no hook
             ("BUG lock-ab", "OK")]              # hook, then the update of key 0
 
-# The module's rules (the Linux pack, guest-kernel/assertions/, covers them too).
-MODULE_PACK = """
-# every table update passed the audit hook, for the same key, in the same write
-assert "table-update-audited" per-thread conditional at tb_table_update(key):
-    within(tb_proc_write, previously(returnfrom(tb_audit_check(key)) == 0))
-
-# the table lock taken in a write is released in it
-assert "table-lock-released" per-thread conditional at tb_table_lock_acquire:
-    within(tb_proc_write, eventually(call(tb_table_lock_release)))
-"""
 
 
 @pytest.fixture(scope="module")
-def module_pack(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("packs") / "module.tesla"
-    p.write_text(MODULE_PACK)
-    return p
-
-
-@pytest.fixture(scope="module")
-def bugs_bundle(built, module_pack, tmp_path_factory) -> Path:
-    """Declares the module pack (tandem record --assertions): the CLI test uses it."""
+def bugs_bundle(built, tmp_path_factory) -> Path:
+    """Declares the Linux pack (tandem record --assertions): the CLI test uses that."""
     path = tmp_path_factory.mktemp("assert") / "bugs.tdm"
-    with Recording(path, assertions=check.declare_pack(module_pack)) as rec:
+    with Recording(path, assertions=check.declare_pack(LINUX_PACK)) as rec:
         rec.wait_ready()
         demo_traffic(rec.port, rounds=3)
         with KV(rec.port) as kv:
@@ -163,43 +149,104 @@ def test_event_stream_cut_short_is_detected(traced, tmp_path):
     assert len(events) == end["events"] == len(t.events)
 
 
-def test_clean_traffic_holds(demo_bundle, module_pack):
-    res = check.check(demo_bundle, module_pack)
+def test_linux_pack_holds_on_clean_traffic(demo_bundle):
+    res = check.check(demo_bundle, LINUX_PACK)
     assert res.trace.verdict.ok
-    assert res.reports == []
-    assert res.checker_stats["events_seen"] == len(res.trace.events)
+    assert [str(r.violation) for r in res.reports] == []
+    st = res.checker_stats
+    assert st["events_seen"] == len(res.trace.events) > 0
+    assert st["sites_reached"] > 0 and st["instances_created"] > 0    # the pack was exercised
+    assert res.trace.stats["abandoned_frames"] == 0
 
 
-def test_planted_violation_is_caught_and_attributed(bugs_bundle, module_pack):
-    res = check.check(bugs_bundle, module_pack)
+def test_planted_violation_is_caught_and_attributed(bugs_bundle):
+    res = check.check(bugs_bundle, LINUX_PACK)
     assert res.checker_stats["sites_reached"] >= 3          # the checked updates held
     (r,) = res.reports
     v = r.violation
-    assert (v.assertion, v.fatal) == ("table-update-audited", True)
+    assert (v.assertion, v.fatal) == ("tb-audit-before-table-update", True)
     assert v.event.kind == "call" and v.event.func == "tb_table_update" and v.event.arg(0) == 7
-    assert v.state["bindings"] == {"key": 7}
     assert r.request is not None and r.request.text == PLANTED_BUGS["assert-nocheck"][0]
     assert r.request.icount <= v.icount
     assert r.comm == "kvd"
     assert r.stack[0].symbol.startswith("tb_table_update+0x0/")
-    assert r.stack[1].symbol.startswith("tb_proc_write+")
+    assert r.stack[1].symbol.startswith("tb_proc_write+") and r.stack[1].reliable
     assert any(f[0] == "tb_unchecked_update" for f in r.stack[1].lines), r.stack[1].lines
     here = [t for _, t, h in r.code if h]
     assert len(here) == 1 and here[0].startswith("call") and "<tb_table_update+0x0/" in here[0]
+
+
+# Rules crafted for the recorded requests (update 5, update 2000 refused, update-nocheck 7,
+# lock-ab = update 0), each on its own automaton, all checked on one replay:
+# name -> (violations expected, of which fatal, what breaks it)
+RULES = {
+    # previously + a variable bound at the site (the key) + a return value
+    "prev-bound-key": ("""per-thread conditional at tb_table_update(key):
+        within(tb_proc_write, previously(returnfrom(tb_audit_check(key)) == 0))""", 1, 1, 7),
+    # the same with the key of another request: an unbound key never matches -> all fail
+    "prev-wrong-literal": ("""per-thread conditional at tb_table_update(key):
+        within(tb_proc_write, previously(returnfrom(tb_audit_check(5)) == 0))""", 2, 2, None),
+    # eventually within the bound
+    "eventually-release": ("""per-thread conditional at tb_table_lock_acquire:
+        within(tb_proc_write, eventually(call(tb_table_lock_release)))""", 0, 0, None),
+    # a negative return value: -13 (-EACCES) from an int function (eax, zero-extended)
+    "refusal-or-ok": ("""per-thread conditional at tb_audit_check(k):
+        within(tb_proc_write, eventually(returnfrom(tb_audit_check(k)) == 0
+                                         || returnfrom(tb_audit_check(k)) == -13))""", 0, 0, None),
+    "always-ok": ("""per-thread conditional at tb_audit_check(k):
+        within(tb_proc_write, eventually(returnfrom(tb_audit_check(k)) == 0))""", 1, 1, 2000),
+    # optional event before the site, a required one after
+    "optional-then-acquire": ("""per-thread conditional at tb_table_update:
+        within(tb_proc_write, sequence(optional(call(tb_audit_check)), site,
+                                       call(tb_table_lock_acquire)))""", 0, 0, None),
+    # global automaton and guideline mode (reported, not fatal)
+    "global-audit": ("""global conditional at tb_table_update:
+        within(tb_proc_write, previously(call(tb_audit_check)))""", 1, 1, 7),
+    "guideline-audit": ("""per-thread guideline at tb_table_update:
+        within(tb_proc_write, previously(call(tb_audit_check)))""", 1, 0, 7),
+    # strict: the automaton's events must lead to the site: the refused update (2000)
+    # calls the hook and returns without an update, and 7 updates without the hook
+    "strict-audit": ("""per-thread strict at tb_table_update:
+        within(tb_proc_write, previously(call(tb_audit_check)))""", 2, 2, None),
+}
+
+
+def test_semantic_rules_on_a_crafted_workload(bugs_bundle, tmp_path):
+    kern = trace.kernel_for_bundle(bugs_bundle)
+    f = kern.function("tb_table_update")
+    site_off = kern.instructions(f)[2].address - f.addr     # rdi is still the key there
+    rules = dict(RULES, **{"offset-site": (
+        f"""per-thread conditional at tb_table_update+{site_off:#x}(key):
+        within(tb_proc_write, previously(returnfrom(tb_audit_check(key)) == 0))""", 1, 1, 7)})
+    pack = tmp_path / "rules.tesla"
+    pack.write_text("".join(f'assert "{n}" {text}\n\n' for n, (text, *_) in rules.items()))
+    res = check.check(bugs_bundle, pack)
+    got: dict[str, list] = {}
+    for r in res.reports:
+        got.setdefault(r.violation.assertion, []).append(r.violation)
+    for name, (_, n, fatal, key) in rules.items():
+        vs = got.get(name, [])
+        assert len(vs) == n, (name, [str(v) for v in vs])
+        assert sum(v.fatal for v in vs) == fatal, name
+        if key is not None:     # the site's bound key, else the breaking event's first argument
+            keys = [next(iter(v.bindings.values()), v.event.arg(0) & 0xFFFFFFFF) for v in vs]
+            assert keys == [key], (name, [str(v) for v in vs])
+    assert res.fatal == sum(f for _, _, f, _ in rules.values())
 
 
 def test_cli_reports_the_violation_and_exits_1(bugs_bundle):
     """No --assertions: the pack the recording declared is used."""
     r = run_cli("assert", str(bugs_bundle), "--json")
     assert r.returncode == 1, r.stderr
-    assert "VIOLATION table-update-audited" in r.stderr
+    assert "VIOLATION tb-audit-before-table-update" in r.stderr
     assert "after input: tcp-data" in r.stderr and "BUG update-nocheck 7" in r.stderr
     out = json.loads(r.stdout)
     assert out["replay"]["ok"] and len(out["violations"]) == 1
     assert out["violations"][0]["request"]["text"] == "BUG update-nocheck 7"
-    assert bundle.load_manifest(bugs_bundle)["assertions"]["names"] == ["table-update-audited",
-                                                                        "table-lock-released"]
-    r = run_cli("assert", str(bugs_bundle), "--select", "table-lock-released")
+    declared = bundle.load_manifest(bugs_bundle)["assertions"]
+    assert declared["sha256"] == check.pack_identity(LINUX_PACK)["sha256"]
+    assert "tb-audit-before-table-update" in declared["names"]
+    r = run_cli("assert", str(bugs_bundle), "--select", "tb-table-lock-released")
     assert r.returncode == 0, r.stderr
     assert "HELD: 0 violation(s)" in r.stderr
 
@@ -221,10 +268,10 @@ def test_bad_pack_is_a_one_line_error(bugs_bundle, tmp_path):
                           "bad.tesla:1:", f"tb_table_update+{inside:#x}", "not at an instruction boundary")
 
 
-def test_missing_bundle_and_pack_are_one_line_errors(bugs_bundle, tmp_path, module_pack):
-    assert_one_line_error(run_cli("assert", str(tmp_path / "nope.tdm"), "--assertions", str(module_pack)),
+def test_missing_bundle_and_pack_are_one_line_errors(bugs_bundle, tmp_path):
+    assert_one_line_error(run_cli("assert", str(tmp_path / "nope.tdm"), "--assertions", str(LINUX_PACK)),
                           "nope.tdm")
     assert_one_line_error(run_cli("assert", str(bugs_bundle), "--assertions", str(tmp_path / "x.tesla")),
                           "x.tesla", "cannot read")
-    assert_one_line_error(run_cli("assert", str(bugs_bundle), "--assertions", str(module_pack),
+    assert_one_line_error(run_cli("assert", str(bugs_bundle), "--assertions", str(LINUX_PACK),
                                   "--select", "nope"), "no assertion named 'nope'")
