@@ -141,8 +141,11 @@ def main() -> int:
                      f"{med[k]:.2f} | {r:.2f}x | {'yes' if r <= 1.3 else 'no'} | {cmed[k]:.2f} | "
                      f"{cmed[k] / cmed['no plugin']:.2f}x |")
     n_ev = len(t_all.events)
+    unwound = sum(n == len(e.stack) for e, n in zip(t_all.events, t_all.exact))
     lines += [
-        "", (f"Automata (`automata.Checker.feed`, one core, best of 5): the {n_ev:,} events of the "
+        "", (f"Stacks: {unwound:,} of the {n_ev:,} events of the {sizes[-1]}-assertion replay "
+             "unwound completely by ORC (to the user-mode registers)."),
+        (f"Automata (`automata.Checker.feed`, one core, best of 5): the {n_ev:,} events of the "
              f"{sizes[-1]}-assertion replay: {best:.0f} ns/event, {1e9 / best:,.0f} events/s; the "
              f"automata's synthetic stream (`automata.bench_ns_per_event`, 4 assertions, half the "
              f"events unrelated): {synth:.0f} ns/event, {1e9 / synth:,.0f} events/s."), ""]
