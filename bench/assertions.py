@@ -144,11 +144,11 @@ def main() -> int:
     unwound = sum(n == len(e.stack) for e, n in zip(t_all.events, t_all.exact))
     lines += [
         "", (f"Stacks: {unwound:,} of the {n_ev:,} events of the {sizes[-1]}-assertion replay "
-             "unwound completely by ORC (to the user-mode registers)."),
+             "unwound completely by ORC (to the user-mode registers)."), "",
         (f"Automata (`automata.Checker.feed`, one core, best of 5): the {n_ev:,} events of the "
-             f"{sizes[-1]}-assertion replay: {best:.0f} ns/event, {1e9 / best:,.0f} events/s; the "
-             f"automata's synthetic stream (`automata.bench_ns_per_event`, 4 assertions, half the "
-             f"events unrelated): {synth:.0f} ns/event, {1e9 / synth:,.0f} events/s."), ""]
+         f"{sizes[-1]}-assertion replay: {best:.0f} ns/event, {1e9 / best:,.0f} events/s; the "
+         f"automata's synthetic stream (`automata.bench_ns_per_event`, 4 assertions, half the "
+         f"events unrelated): {synth:.0f} ns/event, {1e9 / synth:,.0f} events/s."), ""]
     w, d = statistics.median(rec["without"]), statistics.median(rec["declared"])
     spread = max(rec["without"]) - min(rec["without"])
     lines += [
