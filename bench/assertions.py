@@ -27,6 +27,8 @@ sys.path.insert(0, str(ROOT / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_replay import replace_section  # noqa: E402
+from semantic import CLIENTS, multi_flow  # noqa: E402
+from semantic import REQUESTS as REQUESTS_PER_CLIENT  # noqa: E402
 from tandem import bundle  # noqa: E402
 from tandem.assertions import automata, check, trace  # noqa: E402
 from tandem.record import Recording  # noqa: E402
@@ -46,18 +48,46 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def record(tmp: Path, declared: dict | None = None) -> tuple[Path, float]:
-    """The demo workload plus the module's table requests; wall time QEMU start to exit."""
+def record(tmp: Path, declared: dict | None = None, busy: bool = False) -> tuple[Path, float]:
+    """The demo workload (or the busy one) plus the module's table requests; wall time
+    QEMU start to exit."""
     path = Path(tempfile.mkdtemp(dir=tmp)) / "b.tdm"
     with Recording(path, assertions=declared) as rec:
         rec.wait_ready(300)
-        demo_traffic(rec.port, rounds=ROUNDS)
+        if busy:
+            multi_flow(rec.port)
+        else:
+            demo_traffic(rec.port, rounds=ROUNDS)
         with KV(rec.port) as kv:
             for line in REQUESTS:
                 kv.request(line)
         rec.serial.type("poweroff")
         rec.wait(timeout=300)
     return path, bundle.load_manifest(path)["wall_time_s"]
+
+
+def replays(b: Path, kern, plans: dict, runs: int, label: str):
+    """Interleaved rounds: the exact replay without the plugin, then with each plan."""
+    res: dict[str, list[float]] = {"no plugin": [], **{f"{n} assertions": [] for n in plans}}
+    cpu: dict[str, list[float]] = {k: [] for k in res}
+    traces: dict[int, trace.Trace] = {}
+    for i in range(runs):
+        c0 = children_cpu()
+        v = replay(b)
+        cpu["no plugin"].append(children_cpu() - c0)
+        assert v.ok, v.summary()
+        res["no plugin"].append(v.replay_wall_s)
+        for n, p in plans.items():
+            c0 = children_cpu()
+            t = trace.run(b, kern, p)
+            cpu[f"{n} assertions"].append(children_cpu() - c0)
+            assert t.verdict.ok, t.verdict.summary()
+            res[f"{n} assertions"].append(t.verdict.replay_wall_s)
+            traces[n] = t
+        print(f"{label} round {i + 1}/{runs}: " + ", ".join(f"{k} {v[-1]:.2f}s (cpu {cpu[k][-1]:.2f}s)"
+                                                           for k, v in res.items()), file=sys.stderr)
+    return ({k: statistics.median(v) for k, v in res.items()},
+            {k: statistics.median(v) for k, v in cpu.items()}, traces)
 
 
 def main() -> int:
@@ -68,33 +98,16 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tandem-bench-assert-"))
     try:
-        b, _ = record(tmp)
-        kern = trace.kernel_for_bundle(b)
+        bundles = {"demo": record(tmp)[0], "busy": record(tmp, busy=True)[0]}
+        kern = trace.kernel_for_bundle(bundles["demo"])
         full = check.load_pack(args.pack, kern)
         sizes = sorted({0, min(10, len(full)), len(full)})
         sets = {n: full.select(full.names()[:n]) for n in sizes}
         plans = {n: trace.plan(kern, s.needed(), s.sites()) for n, s in sets.items()}
-        res: dict[str, list[float]] = {"no plugin": [], **{f"{n} assertions": [] for n in sizes}}
-        cpu: dict[str, list[float]] = {k: [] for k in res}
-        traces: dict[int, trace.Trace] = {}
-        for i in range(args.runs):
-            c0 = children_cpu()
-            v = replay(b)
-            cpu["no plugin"].append(children_cpu() - c0)
-            assert v.ok, v.summary()
-            res["no plugin"].append(v.replay_wall_s)
-            for n in sizes:
-                c0 = children_cpu()
-                t = trace.run(b, kern, plans[n])
-                cpu[f"{n} assertions"].append(children_cpu() - c0)
-                assert t.verdict.ok, t.verdict.summary()
-                res[f"{n} assertions"].append(t.verdict.replay_wall_s)
-                traces[n] = t
-            print(f"round {i + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1]:.2f}s (cpu {cpu[k][-1]:.2f}s)"
-                                                          for k, v in res.items()), file=sys.stderr)
+        results = {w: replays(b, kern, plans, args.runs, w) for w, b in bundles.items()}
 
-        # 2. the automata on the real events, and on the synthetic stream
-        t_all = traces[sizes[-1]]
+        # 2. the automata on the real events (the busy replay), and on the synthetic stream
+        t_all = results["busy"][2][sizes[-1]]
         best = float("inf")
         for _ in range(5):
             chk = automata.Checker(sets[sizes[-1]])
@@ -116,37 +129,38 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    med = {k: statistics.median(v) for k, v in res.items()}
-    cmed = {k: statistics.median(v) for k, v in cpu.items()}
-    base = med["no plugin"]
     pack_name = args.pack.relative_to(ROOT) if args.pack.is_relative_to(ROOT) else args.pack
     lines = [
         "## Temporal assertions (issue 4)", "",
-        (f"Command: `./tandem bench` (runs `bench/assertions.py --runs {args.runs}`). One recording "
-         f"of the demo workload (boot to TANDEM-READY, {ROUNDS} rounds of SET/GET from two clients, "
-         "a SYNC, an `nc` session, the module's table requests including the planted violation, "
-         "poweroff), replayed exactly with and without the `tandem-calls` plugin in interleaved "
-         f"rounds; QEMU wall time (start to exit), median of {args.runs}, TCG on this 2-core "
-         f"machine, and the CPU time of the QEMU process (less sensitive to the other work on "
-         f"the machine). Pack: `{pack_name}` ({len(full)} assertions). Target: all assertions at "
-         "most 1.3x the replay without the plugin."),
+        (f"Command: `./tandem bench` (runs `bench/assertions.py --runs {args.runs}`). Two recordings, "
+         f"each replayed exactly without and with the `tandem-calls` plugin in interleaved rounds: "
+         f"*demo* (boot to TANDEM-READY, {ROUNDS} rounds of SET/GET from two clients, a SYNC, an "
+         f"`nc` session) and *busy* ({CLIENTS} concurrent clients x {REQUESTS_PER_CLIENT} SET/GET "
+         "pairs with 200-byte values), both followed by the module's table requests including "
+         "the planted violation, then poweroff. QEMU wall time (start to exit) and the CPU time "
+         f"of the QEMU process (less sensitive to the other work on this shared 2-core TCG "
+         f"machine), medians of {args.runs}. Pack: `{pack_name}` ({len(full)} assertions). "
+         "Target: all assertions at most 1.3x the replay without the plugin."),
         "",
-        "| replay | watched instructions | events | wall (s) | vs no plugin | met | QEMU CPU (s) | vs no plugin |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| exact replay, no plugin | - | - | {base:.2f} | 1.00x | | {cmed['no plugin']:.2f} | 1.00x |"]
-    for n in sizes:
-        t, k = traces[n], f"{n} assertions"
-        r = med[k] / base
-        lines.append(f"| with plugin, {n} assertions | {len(plans[n].lines)} | {len(t.events):,} | "
-                     f"{med[k]:.2f} | {r:.2f}x | {'yes' if r <= 1.3 else 'no'} | {cmed[k]:.2f} | "
-                     f"{cmed[k] / cmed['no plugin']:.2f}x |")
+        ("| workload | replay | watched instructions | events | wall (s) | vs no plugin | met | "
+         "QEMU CPU (s) | vs no plugin |"),
+        "|---|---|---|---|---|---|---|---|---|"]
+    for w, (med, cmed, traces) in results.items():
+        base = med["no plugin"]
+        lines.append(f"| {w} | no plugin | - | - | {base:.2f} | 1.00x | | {cmed['no plugin']:.2f} | 1.00x |")
+        for n in sizes:
+            k = f"{n} assertions"
+            r = med[k] / base
+            lines.append(f"| {w} | {n} assertions | {len(plans[n].lines)} | {len(traces[n].events):,} | "
+                         f"{med[k]:.2f} | {r:.2f}x | {'yes' if r <= 1.3 else 'no'} | {cmed[k]:.2f} | "
+                         f"{cmed[k] / cmed['no plugin']:.2f}x |")
     n_ev = len(t_all.events)
     unwound = sum(n == len(e.stack) for e, n in zip(t_all.events, t_all.exact))
     lines += [
-        "", (f"Stacks: {unwound:,} of the {n_ev:,} events of the {sizes[-1]}-assertion replay "
+        "", (f"Stacks: {unwound:,} of the {n_ev:,} events of the busy {sizes[-1]}-assertion replay "
              "unwound completely by ORC (to the user-mode registers)."), "",
         (f"Automata (`automata.Checker.feed`, one core, best of 5): the {n_ev:,} events of the "
-         f"{sizes[-1]}-assertion replay: {best:.0f} ns/event, {1e9 / best:,.0f} events/s; the "
+         f"busy {sizes[-1]}-assertion replay: {best:.0f} ns/event, {1e9 / best:,.0f} events/s; the "
          f"automata's synthetic stream (`automata.bench_ns_per_event`, 4 assertions, half the "
          f"events unrelated): {synth:.0f} ns/event, {1e9 / synth:,.0f} events/s."), ""]
     w, d = statistics.median(rec["without"]), statistics.median(rec["declared"])

@@ -275,3 +275,13 @@ def test_missing_bundle_and_pack_are_one_line_errors(bugs_bundle, tmp_path):
                           "x.tesla", "cannot read")
     assert_one_line_error(run_cli("assert", str(bugs_bundle), "--assertions", str(LINUX_PACK),
                                   "--select", "nope"), "no assertion named 'nope'")
+
+
+def test_record_refuses_a_broken_pack_before_starting(built, tmp_path):
+    bad = tmp_path / "bad.tesla"
+    bad.write_text('assert "a" per-thread conditional at tb_table_update:\n'
+                   '    within(tb_proc_write, previously(call(tb_no_such_hook)))\n')
+    out = tmp_path / "never.tdm"
+    assert_one_line_error(run_cli("record", str(out), "--assertions", str(bad)),
+                          "bad.tesla:2:", "unknown symbol 'tb_no_such_hook'")
+    assert not out.exists()

@@ -118,10 +118,10 @@ class Inputs:
     """The bundle's inputs with the instruction count at which each arrived."""
 
     def __init__(self, bundle_dir: str | Path):
-        rec = inputs.load(bundle_dir)
-        icount = {e.seq: e.icount for e in pcapng.iter_events(Path(bundle_dir) / bundle.DEVLOG)}
+        events = pcapng.read_devlog(Path(bundle_dir) / bundle.DEVLOG).events
+        icount = {e.seq: e.icount for e in events}
         # entropy is not a request: skip it, as findings.py does
-        self.items = [(icount.get(i.seq), i) for i in rec.inputs if i.kind != "rng"]
+        self.items = [(icount.get(i.seq), i) for i in inputs.from_events(events).inputs if i.kind != "rng"]
 
     def before(self, ev: Event) -> Request | None:
         """The last input that arrived before the event's instruction ran (by instruction

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import artifacts, bundle, inputs
+from .. import artifacts, bundle, pcapng
 from ..errors import TandemError
 from ..replay_exact import Verdict, replay
 from ..vm import ICOUNT_SHIFT
@@ -125,7 +125,8 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
     if config.is_file() and "\nCONFIG_SMP=y" in config.read_text():
         raise TandemError(f"{config}: an SMP kernel (the current task is per CPU): "
                           f"assertions support uniprocessor kernels only")
-    console = b"".join(data for _, data in inputs.load(d).serial_out)
+    console = b"".join(e.data for e in pcapng.iter_events(d / bundle.DEVLOG)
+                       if e.kind == "serial" and e.direction == "out")
     sections = kernel_mod.module_sections(console)
     mods = []
     if sections:
