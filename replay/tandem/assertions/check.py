@@ -296,6 +296,12 @@ def render(res: Result, out) -> None:
             for a, text, here in r.code:
                 p(f"    {'=>' if here else '  '} {a:#x}  {text}", markup=False)
     t = res.trace
+    for note in t.plan.notes:
+        out.print(f"  note: {note}", markup=False, highlight=False)
+    lost = {k: t.stats[k] for k in ("abandoned_frames", "read_failures", "depth_overflows") if t.stats.get(k)}
+    if lost:
+        out.print("  note: the plugin " + ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in lost.items()) +
+                  " (docs/assertions-running.md, Limits)", markup=False, highlight=False)
     n = len(res.reports)
     out.print(("[bold red]VIOLATED" if res.fatal else "[bold green]HELD") +
               f"[/]: {n} violation(s) ({res.fatal} fatal) of {len(res.aset)} assertion(s) over "
