@@ -159,10 +159,12 @@ def main() -> int:
                          f"{wall[k][0]:.2f} | {wall[k][1]:.2f} | {r:.2f}x | {'yes' if r <= 1.3 else 'no'} | "
                          f"{cmed[k]:.2f} | {cmed[k] / cmed['no plugin']:.2f}x |")
     n_ev = len(t_all.events)
-    unwound = sum(n == len(e.stack) for e, n in zip(t_all.events, t_all.exact))
+    orc_only = sum(n == len(e.stack) for e, (n, _) in zip(t_all.events, t_all.exact))
+    to_end = sum(done for _, done in t_all.exact)
     lines += [
-        "", (f"Stacks: {unwound:,} of the {n_ev:,} events of the busy {sizes[-1]}-assertion replay "
-             "unwound completely by ORC (to the user-mode registers)."), "",
+        "", (f"Stacks of the {n_ev:,} events of the busy {sizes[-1]}-assertion replay: {orc_only:,} "
+             f"entirely from ORC (no `?` entries), {to_end:,} unwound to the end of the kernel "
+             "stack (the system call's user-mode registers, or a kernel thread's first frame)."), "",
         (f"Automata (`automata.Checker.feed`, one core, best of 5): the {n_ev:,} events of the "
          f"busy {sizes[-1]}-assertion replay: {best:.0f} ns/event, {1e9 / best:,.0f} events/s; the "
          f"automata's synthetic stream (`automata.bench_ns_per_event`, 4 assertions, half the "

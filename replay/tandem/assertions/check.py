@@ -258,7 +258,7 @@ def check(bundle_dir: str | Path, pack: str | Path | None = None, *, select: lis
     reports = []
     for i, v in found:
         j = index.get(id(v.event), i)     # finish() may report at the last event
-        reports.append(_context(v, kern, t.comms[j], t.exact[j], ins))
+        reports.append(_context(v, kern, t.comms[j], t.exact[j][0], ins))
     return Result(d, pack, aset, reports, t, chk.stats.to_dict(), check_s)
 
 

@@ -212,6 +212,7 @@ class Kernel:
         self._exit_notes: dict[str, list[str]] = {}
         self._retaddr: dict[int, bool] = {}
         self._calls: dict[int, list[int]] | None = None
+        self._orc_cache: dict[int, tuple | None] = {}
 
     # --- symbols -----------------------------------------------------------------
 
@@ -316,18 +317,27 @@ class Kernel:
     # --- stacks ------------------------------------------------------------------
 
     def _orc_find(self, ip: int):
+        """The ORC entry that covers ip (the last one at or before it, in ip's image)."""
+        try:
+            return self._orc_cache[ip]
+        except KeyError:
+            pass
         img = next((x for x in self.images if any(b <= ip < b + len(d) for b, d in x.code)), None)
-        if img is None or not img.orc_ips:
-            return None
-        i = bisect.bisect_right(img.orc_ips, ip) - 1
-        return img.orc[i] if i >= 0 else None
+        orc = None
+        if img is not None and img.orc_ips:
+            i = bisect.bisect_right(img.orc_ips, ip) - 1
+            orc = img.orc[i] if i >= 0 else None
+        self._orc_cache[ip] = orc
+        return orc
 
-    def unwind(self, pc: int, sp: int, bp: int, words: tuple[int, ...]) -> tuple[list[int], int]:
+    def unwind(self, pc: int, sp: int, bp: int, words: tuple[int, ...]) -> tuple[list[int], int, bool]:
         """Return addresses of the stack `words` (read from `sp` up) at `pc`, innermost
         first: what the kernel's ORC unwinder (arch/x86/kernel/unwind_orc.c) finds, then,
-        where it stops short of the end of the stack (the snapshot ends, no ORC data),
-        the words that follow a call instruction (the kernel's `?` entries). Returns
-        (addresses, how many of them are ORC frames)."""
+        where it stops short of the end of the stack (the snapshot ends, another stack
+        such as an IRQ stack's link, no ORC data), the words that follow a call
+        instruction (the kernel's `?` entries). Returns (addresses, how many of them are
+        ORC frames, whether ORC reached the end: user-mode registers or the end of a
+        kernel thread's stack)."""
         end = sp + 8 * len(words)
 
         def word(a: int | None) -> int | None:
@@ -392,7 +402,7 @@ class Kernel:
             start = max(cur_sp, sp) if frames else sp
             frames += [w for i, w in enumerate(words) if sp + 8 * i >= start and w not in frames[-1:]
                        and self.is_return_address(w)]
-        return frames, exact
+        return frames, exact, done
 
     # --- exits -------------------------------------------------------------------
 

@@ -161,7 +161,7 @@ def _module_build(initrd: Path) -> dict[str, Path]:
 class Trace:
     events: list[Event]
     comms: list[str]             # per event: the task's comm ("" if not read)
-    exact: list[int]             # per event: leading stack entries found by the ORC unwinder
+    exact: list[tuple[int, bool]]   # per event: (stack entries found by ORC, ORC reached the end)
     verdict: Verdict
     stats: dict
     plan: Plan
@@ -239,14 +239,15 @@ def read_records(path: Path):
     return records, end
 
 
-def decode(path: Path, p: Plan, kern: Kernel | None = None) -> tuple[list[Event], list[str], list[int], dict]:
-    """The plugin's stream as Events, with each event's comm and how many of its stack
-    entries the ORC unwinder found (the rest are return-address-like stack words).
+def decode(path: Path, p: Plan, kern: Kernel | None = None) -> tuple[list[Event], list[str], list, dict]:
+    """The plugin's stream as Events, with each event's comm and (how many of its stack
+    entries the ORC unwinder found, whether it reached the end of the kernel stack); the
+    entries after the ORC ones are return-address-like stack words.
     Instruction count and VM time are corrected from the end of the event's TB to its
     instruction. Without kern, stacks are left empty."""
     records, end = read_records(path)
     events, comms, exact = [], [], []
-    unwound: dict[tuple, tuple[list[int], int]] = {}
+    unwound: dict[tuple, tuple[list[int], int, bool]] = {}
     for typ, back, ident, icount, vm_ns, pc, task, args, ret, sp, bp, comm, words in records:
         kind = KINDS[typ]
         if kind == "site":
@@ -257,15 +258,15 @@ def decode(path: Path, p: Plan, kern: Kernel | None = None) -> tuple[list[Event]
             if ident >= len(p.funcs):
                 raise TraceError(f"{path}: function id {ident} not in the plan")
             func = p.funcs[ident].name
-        stack, n = (), 0
+        stack, n = (), (0, False)
         if kern is not None:
             key = (pc, sp, bp, words)       # loops repeat the same stacks: unwind once
             if key not in unwound:
                 unwound[key] = kern.unwind(pc, sp, bp, words)
-            frames, n = unwound[key]
+            frames, *n = unwound[key]
             stack = tuple(frames)
         events.append(Event(kind, func, args, ret if kind == "return" else None, task,
                             vm_ns - (back << ICOUNT_SHIFT), icount - back, pc, stack))
         comms.append(comm.split(b"\0", 1)[0].decode(errors="replace"))
-        exact.append(n)
+        exact.append(tuple(n))
     return events, comms, exact, end
