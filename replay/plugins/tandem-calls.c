@@ -41,13 +41,16 @@
  *           u64 icount u64 vm_ns u64 pc u64 task u64 args[6] u64 ret u64 sp u64 bp
  *           char comm[16]  then nstack u64 stack words from sp up
  *   END:    type 0xEE, args = {events, abandoned frames, open frames at exit,
- *           memory read failures, frames not pushed (depth limit), 0}
+ *           memory read failures, frames not pushed (depth limit), instruction
+ *           callbacks}, ret = ns spent in instruction callbacks, sp = ns spent in
+ *           translation callbacks (the plugin's own cost, CLOCK_MONOTONIC)
  */
 #include <glib.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <qemu-plugin.h>
 
@@ -100,6 +103,7 @@ static uint64_t task_addr, comm_off;
 static unsigned scan_words = 128;
 static FILE *out;
 static uint64_t n_events, n_abandoned, n_readfail, n_overflow;
+static uint64_t n_callbacks, callback_ns, translate_ns;     /* the plugin's own cost */
 
 /* A counting filter of the entry stack pointers of all open frames (all tasks): an
  * exit instruction whose rsp is not in it returns at once, without reading the
@@ -293,11 +297,20 @@ static void on_return(uint16_t back, uint64_t pc, int64_t sp_adjust)
     }
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + ts.tv_nsec;
+}
+
 static void on_insn(unsigned int vcpu, void *udata)
 {
     struct insn_ud *ud = udata;
     struct watch *w = ud->w;
     uint32_t flags = 0;
+    uint64_t t0 = now_ns();
 
     for (struct watch *x = w; x; x = x->next) {
         flags |= x->flags;
@@ -311,11 +324,14 @@ static void on_insn(unsigned int vcpu, void *udata)
     if (flags & W_EXIT) {
         on_return(ud->back, w->addr, 0);
     }
+    n_callbacks++;
+    callback_ns += now_ns() - t0;
 }
 
 static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     size_t n = qemu_plugin_tb_n_insns(tb);
+    uint64_t t0 = now_ns();
 
     for (size_t i = 0; i < n; i++) {
         struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
@@ -328,6 +344,7 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
             qemu_plugin_register_vcpu_insn_exec_cb(insn, on_insn, QEMU_PLUGIN_CB_R_REGS, ud);
         }
     }
+    translate_ns += now_ns() - t0;
 }
 
 static void on_vcpu_init(qemu_plugin_id_t id, unsigned int vcpu)
@@ -359,6 +376,9 @@ static void on_atexit(qemu_plugin_id_t id, void *p)
     r.args[2] = open_frames;
     r.args[3] = n_readfail;
     r.args[4] = n_overflow;
+    r.args[5] = n_callbacks;
+    r.ret = callback_ns;
+    r.sp = translate_ns;
     fwrite(&r, RECORD_SIZE, 1, out);
     fclose(out);
     out = NULL;

@@ -221,7 +221,7 @@ def read_records(path: Path):
             break
         if typ == END:
             end = {"events": a0, "abandoned_frames": a1, "open_frames": a2, "read_failures": a3,
-                   "depth_overflows": a4}
+                   "depth_overflows": a4, "callbacks": a5, "callback_ns": ret, "translate_ns": sp}
             off = nxt
             break
         if typ not in KINDS:
