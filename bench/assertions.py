@@ -27,8 +27,7 @@ sys.path.insert(0, str(ROOT / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_replay import replace_section  # noqa: E402
-from semantic import CLIENTS, multi_flow  # noqa: E402
-from semantic import REQUESTS as REQUESTS_PER_CLIENT  # noqa: E402
+from semantic import CLIENTS, SMALL_REQUESTS, SMALL_VALUE, small_flows  # noqa: E402
 from tandem import bundle  # noqa: E402
 from tandem.assertions import automata, check, trace  # noqa: E402
 from tandem.record import Recording  # noqa: E402
@@ -55,7 +54,7 @@ def record(tmp: Path, declared: dict | None = None, busy: bool = False) -> tuple
     with Recording(path, assertions=declared) as rec:
         rec.wait_ready(300)
         if busy:
-            multi_flow(rec.port)
+            small_flows(rec.port)
         else:
             demo_traffic(rec.port, rounds=ROUNDS)
         with KV(rec.port) as kv:
@@ -138,8 +137,8 @@ def main() -> int:
         (f"Command: `./tandem bench` (runs `bench/assertions.py --runs {args.runs}`). Two recordings, "
          f"each replayed exactly without and with the `tandem-calls` plugin in interleaved rounds: "
          f"*demo* (boot to TANDEM-READY, {ROUNDS} rounds of SET/GET from two clients, a SYNC, an "
-         f"`nc` session) and *busy* ({CLIENTS} concurrent clients x {REQUESTS_PER_CLIENT} SET/GET "
-         "pairs with 200-byte values), both followed by the module's table requests including "
+         f"`nc` session) and *busy* ({CLIENTS} concurrent clients x {SMALL_REQUESTS} SET/GET "
+         f"pairs with {SMALL_VALUE}-byte values), both followed by the module's table requests including "
          "the planted violation, then poweroff. QEMU wall time (start to exit), median and best "
          f"of {args.runs}, and the median CPU time of the QEMU process. This 2-core TCG machine "
          "is shared with other work: the same replay's wall time varies by up to 2x between "

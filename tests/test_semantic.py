@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_one_line_error, run_cli
-from tandem import inputs, replay_semantic
+from tandem import inputs, replay_exact, replay_semantic
 from tandem.findings import findings
 from tandem.record import Recording
 from tandem.semantic import analyze
@@ -88,6 +88,13 @@ def test_each_planted_bug_is_found_by_its_analyses_and_attributed(bugs_bundle, t
         if r.analysis != "asan-userland":   # kvd-asan dies on its bug: its outputs differ
             assert not r.divergences, (r.analysis, [d.diff for d in r.divergences])
     assert not s.ok
+
+    # Each analysis run recorded itself: its recording replays exactly, findings included.
+    for r in s.results:
+        if r.analysis in ("kasan", "lockdep"):
+            v = replay_exact.replay(r.run.bundle)
+            assert v.ok, (r.analysis, v.summary())
+            assert v.reports == [f.title for f in r.findings], (r.analysis, v.reports)
 
 
 def test_two_replays_into_one_kernel_agree(tmp_path):

@@ -9,6 +9,7 @@ import argparse
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -84,6 +85,49 @@ def cmd_record(args) -> int:
     return 0
 
 
+def _shadow_table(rows: list[dict]):
+    from rich.table import Table
+    t = Table(title="tandem shadow", title_justify="left")
+    for col in ("VM", "VM time", "lag (VM / wall)", "buffer", "peak", "findings", "state"):
+        t.add_column(col)
+    for r in rows:
+        buf = f"{r['buffer_events']} ev / {r['buffer_bytes'] // 1024} KiB" if "buffer_events" in r else "-"
+        peak = f"{r['peak_events']} ev / {r['peak_bytes'] // 1024} KiB" if "peak_events" in r else "-"
+        t.add_row(r["vm"], f"{r['vm_ns'] / 1e9:.3f}s", f"{r['lag_ns'] / 1e9:.3f}s / {r['lag_wall_s']:.1f}s", buf, peak,
+                  str(r.get("findings", "-")), r["state"])
+    return t
+
+
+def cmd_shadow(args) -> int:
+    from rich.live import Live
+
+    from .live import SAMPLE_S, Shadow
+    names = [a for item in args.analysis for a in item.split(",") if a]
+    sh = Shadow(args.bundle, names, workdir=Path(args.workdir) if args.workdir else None,
+                duration_ns=args.duration or 0, port=args.port, buffer_events=args.buffer_events,
+                buffer_bytes=args.buffer_bytes, record_analyses=not args.no_record,
+                metrics_port=args.metrics_port,
+                on_finding=lambda f: console.print(
+                    f"[red]FINDING[/] {f.analysis}: {f.title} (VM {f.vm_ns / 1e9:.3f}s, after {f.after_input})"))
+    sh.start()
+    console.print(f"shadowing {args.bundle}: guest service on 127.0.0.1:{sh.port}; analyses "
+                  f"{', '.join(sh.analyses)} trail it; findings in {sh.workdir / 'findings.jsonl'}; "
+                  + (f"metrics on http://127.0.0.1:{sh.metrics_port}/metrics; " if sh.metrics_port is not None else "")
+                  + f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
+    signal.signal(signal.SIGINT, lambda *_: sh.stop_native())
+    signal.signal(signal.SIGTERM, lambda *_: sh.stop_native())
+    with Live(_shadow_table(sh.status()), console=console, refresh_per_second=4) as live:
+        while sh.native.vm.proc.poll() is None:
+            sh.sample()
+            sh.native.vm.poll_events()
+            live.update(_shadow_table(sh.status()))
+            time.sleep(SAMPLE_S)
+        s = sh.finish()
+        live.update(_shadow_table(sh.status()))
+    print_summary(s)
+    return 0 if s.ok else 1
+
+
 def cmd_replay(args) -> int:
     from .replay_exact import replay
     if args.analysis:
@@ -123,9 +167,11 @@ def print_summary(s, out=console) -> None:
             loc = f" at {at[0][1]}:{at[0][2]}" if at else ""
             out.print(f"  [red]FINDING[/] {f.title}{loc}", markup=True)
             out.print(f"    VM {f.vm_ns / 1e9:.6f}s, after {f.after_input}", markup=False)
+        if r.findings and run.bundle:
+            out.print(f"  reproduce exactly: tandem replay {run.bundle}", markup=False)
         for d in r.divergences:
             out.print(f"  [yellow]DIVERGENCE[/] {d.channel}: {d.kind}", markup=True)
-            t = lambda ns: "-" if ns is None else f"{ns / 1e9:.6f}s"  # noqa: E731
+            t = lambda ns: "-" if ns is None else f"{ns / 1e9:.6f}s"
             out.print(f"    native VM {t(d.native_ns)}, analysis VM {t(d.analysis_ns)}, "
                       f"after {d.after_input}", markup=False)
             lines = d.diff.splitlines()
@@ -152,7 +198,8 @@ def cmd_analyze(args) -> int:
             state[name] = f"{name} {run.end_ns / 1e9:.1f}s {done}/{total}"
             status.update("semantic replay: " + ", ".join(state.values()))
         s = analyze(args.bundle, names, spec_path=args.spec, jobs=args.jobs, noise=not args.no_noise,
-                    workdir=Path(args.workdir) if args.workdir else None, progress=progress)
+                    workdir=Path(args.workdir) if args.workdir else None, progress=progress,
+                    record=not args.no_record)
     print_summary(s)
     if args.json:
         print((Path(args.workdir) if args.workdir else Path(args.bundle) / "analysis").joinpath(
@@ -177,6 +224,23 @@ def build_parser() -> argparse.ArgumentParser:
                                 "boundary and replay it exactly.")
     p.add_argument("--version", action="version", version=f"tandem {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("shadow", help="record a serving guest while analysis VMs trail it live")
+    r.add_argument("bundle", help="bundle directory to create for the native (NAME.tdm)")
+    r.add_argument("--analysis", action="append", required=True,
+                   help="analysis to run live (repeatable, or comma-separated): "
+                        "native, kasan, ubsan, lockdep, asan-userland")
+    r.add_argument("--duration", type=parse_duration, help="stop after this much VM time (e.g. 30s)")
+    r.add_argument("--port", type=int, help="host port forwarded to the guest service (default: free port)")
+    r.add_argument("--buffer-events", type=int, default=100_000,
+                   help="inputs an analysis may trail by before it is detached (default 100000)")
+    r.add_argument("--buffer-bytes", type=int, default=64 << 20,
+                   help="bytes of inputs an analysis may trail by before it is detached (default 64 MiB)")
+    r.add_argument("--no-record", action="store_true", help="do not record the analysis VMs themselves")
+    r.add_argument("--metrics-port", type=int,
+                   help="serve Prometheus metrics (lag, buffer, findings) on 127.0.0.1:PORT (0: any free port)")
+    r.add_argument("--workdir", help="analysis logs and findings.jsonl (default NAME.tdm.analysis)")
+    r.set_defaults(func=cmd_shadow)
 
     r = sub.add_parser("record", help="boot a guest and record it into a bundle")
     r.add_argument("bundle", help="bundle directory to create (NAME.tdm)")
@@ -203,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--jobs", type=int, default=2, help="analysis VMs run at once (default 2)")
     r.add_argument("--no-noise", action="store_true",
                    help="do not replay into the native kernel to learn what differs between runs")
+    r.add_argument("--no-record", action="store_true",
+                   help="do not record the analysis VMs (by default each leaves WORKDIR/NAME.tdm, "
+                        "which `tandem replay` replays exactly)")
     r.add_argument("--workdir", help="where analysis logs go (default BUNDLE/analysis)")
     r.add_argument("--json", action="store_true", help="also print the verdict as JSON on stdout")
     r.set_defaults(func=cmd_replay)

@@ -48,6 +48,14 @@ def _attributed(run: AnalysisRun, vm_ns: int) -> dict:
             "input_offset": i.offset}
 
 
+def of_report(run: AnalysisRun, rep: report.Report) -> Finding:
+    """A console report of an analysis run as a finding, with its VM time and input."""
+    ns = run.vm_time_at(rep.start)
+    locs = [(fn, _short_path(f), ln) for fn, f, ln in rep.locations]
+    return Finding(run.analysis, rep.type, rep.title, ns, text=rep.text, frames=rep.frames,
+                   locations=locs, **_attributed(run, ns))
+
+
 def findings(run: AnalysisRun, symbolize: bool = True) -> list[Finding]:
     out = []
     vmlinux, modules = None, []
@@ -61,11 +69,9 @@ def findings(run: AnalysisRun, symbolize: bool = True) -> list[Finding]:
     for rep in report.parse(bytes(run.console), "linux"):
         if vmlinux and rep.os == "linux":
             rep = report.symbolize(rep, vmlinux, modules)
-        ns = run.vm_time_at(rep.start)
-        locs = [(fn, _short_path(f), ln) for fn, f, ln in rep.locations]
-        out.append(Finding(run.analysis, rep.type, rep.title, ns, text=rep.text, frames=rep.frames,
-                           locations=locs, **_attributed(run, ns)))
-    kind = {"crashed": "VM-CRASH", "hung": "VM-HANG", "lagging": "VM-LAG", "error": "REPLAY-ERROR"}
+        out.append(of_report(run, rep))
+    kind = {"crashed": "VM-CRASH", "hung": "VM-HANG", "lagging": "VM-LAG", "error": "REPLAY-ERROR",
+            "detached": "VM-DETACHED"}
     if run.outcome in kind:
         out.append(Finding(run.analysis, kind[run.outcome], f"analysis VM {run.outcome}: {run.detail}",
                            run.end_ns, text=run.qemu_log, frames=[], locations=[],

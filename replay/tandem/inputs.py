@@ -68,6 +68,11 @@ class Recording:
     end_ns: int | None
     limits: list[str]           # what cannot be replayed, said once each
     created: str = "2026-01-01T00:00:00"     # when the native started (UTC), for the RTC
+    path: str = ""                            # the bundle it was loaded from
+    # A live native (FreeDA's leader) fills these in as it runs: every input before
+    # known_ns is in `inputs`; finished once the native's device log is complete.
+    known_ns: int = 0
+    finished: bool = True
     serial_out: list[tuple[int, bytes]] = field(default_factory=list)   # the native's console
     udp_out: list[tuple[int, tuple, bytes]] = field(default_factory=list)  # (ns, (dst ip, port), payload)
 
@@ -82,6 +87,9 @@ class SerialLines:
         self.last: tuple[bytes, int] | None = None
 
     def feed(self, data: bytes) -> None:
+        if b"\n" not in data:        # a console arrives a few bytes at a time
+            self.partial += data
+            return
         self.partial += data
         *lines, self.partial = self.partial.split(b"\n")
         for line in lines:
@@ -96,29 +104,36 @@ class SerialLines:
 
 
 def load(bundle_dir: str | Path) -> Recording:
-    dl = pcapng.read_devlog(Path(bundle_dir) / bundle.DEVLOG)
-    end = next((s.end_vm_ns for s in dl.stats if s and s.end_vm_ns), None)
-    rec = from_events(dl.events, end)
+    reader = pcapng.DevlogReader(Path(bundle_dir) / bundle.DEVLOG)
+    rec = from_events(reader)       # streamed: the events are not kept
+    rec.end_ns = next((s.end_vm_ns for s in reader.stats if s and s.end_vm_ns), None)
+    rec.path = str(Path(bundle_dir))
     created = bundle.load_manifest(bundle_dir).get("created")
     if isinstance(created, str) and len(created) >= 19:
         rec.created = created[:19]
     return rec
 
 
-def from_events(events, end_ns: int | None = None) -> Recording:
-    inputs: list[Input] = []
-    flows: list[Flow] = []
+def from_events(events, end_ns: int | None = None, rec: Recording | None = None) -> Recording:
+    """The inputs of a device log's events. Given rec (a live native's), it is filled in
+    place as the events come, so a replayer can follow it."""
+    if rec is None:
+        rec = Recording([], [], end_ns, [])
+    inputs, flows = rec.inputs, rec.flows
     by_tuple: dict[tuple, Flow] = {}
     client_next: dict[int, int] = {}    # flow -> next expected client seq
     guest_next: dict[int, int] = {}     # flow -> next expected guest seq
+    # flow -> guest bytes so far, for flows that have output any, in flow order: what
+    # the next input depends on.
+    guest_out: dict[int, int] = {}
     serial = SerialLines()
     serial_in = 0
-    serial_out: list[tuple[int, bytes]] = []
-    udp_out: list[tuple[int, tuple, bytes]] = []
+    serial_out, udp_out = rec.serial_out, rec.udp_out
     limits: dict[str, None] = {}
+    tcp4, parse = netpkt.tcp4, netpkt.parse
 
     def deps(inp: Input) -> Input:
-        inp.needs_bytes = {f.index: f.guest_bytes for f in flows if f.guest_bytes}
+        inp.needs_bytes = guest_out.copy()
         # Serial lines gate serial input and new connections (a client that waited
         # for the guest to say it is ready), not data on open connections: kernel
         # messages can split a userland line mid-way, and a connection refused
@@ -126,50 +141,79 @@ def from_events(events, end_ns: int | None = None) -> Recording:
         inp.needs_line = serial.last if inp.kind in ("serial", "tcp-open") else None
         return inp
 
+    def guest_segment(seg, vm_ns: int) -> None:
+        ip_src, sport, ip_dst, dport, seq, flags, payload = seg
+        fl = by_tuple.get((ip_dst, dport, ip_src, sport))
+        if fl is None:
+            if flags & SYN and not flags & ACK:
+                limits["the guest opened TCP connections (only remote-opened ones are replayed)"] = None
+            return
+        i = fl.index
+        if flags & SYN:
+            guest_next[i] = (seq + 1) & 0xFFFFFFFF
+        elif payload and i in guest_next:
+            # New guest bytes only: a retransmission is not output twice.
+            new = _new_bytes(guest_next[i], seq, payload)
+            if new:
+                fl.guest_bytes += len(new)
+                fl.guest_data.append((vm_ns, new))
+                guest_next[i] = (guest_next[i] + len(new)) & 0xFFFFFFFF
+                known = i in guest_out or not guest_out or i > next(reversed(guest_out))
+                guest_out[i] = fl.guest_bytes
+                if not known:       # a flow's first output, after a later flow's
+                    ordered = sorted(guest_out.items())
+                    guest_out.clear()
+                    guest_out.update(ordered)
+
     for e in events:
-        if e.kind == "serial":
-            if e.direction == "out":
-                serial.feed(e.data)
-                serial_out.append((e.vm_ns, e.data))
-            elif e.direction == "in":
-                inputs.append(deps(Input("serial", e.vm_ns, e.data, offset=serial_in, seq=e.seq)))
-                serial_in += len(e.data)
-        elif e.kind == "rng" and e.direction == "in":
-            inputs.append(Input("rng", e.vm_ns, e.data, seq=e.seq))
-        elif e.kind == "net":
-            f = netpkt.parse(e.data)
-            if f is None:
-                continue
-            if f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_TCP and not f.fragment:
-                if e.direction == "in":
-                    _client_segment(f, e, flows, by_tuple, client_next, guest_next, inputs, deps, limits)
-                else:
-                    fl = by_tuple.get((f.ip_dst, f.dport, f.ip_src, f.sport))
-                    if fl is None:
-                        if f.flags & SYN and not f.flags & ACK:
-                            limits["the guest opened TCP connections (only remote-opened ones are replayed)"] = None
-                        continue
-                    if f.flags & SYN:
-                        guest_next[fl.index] = (f.seq + 1) & 0xFFFFFFFF
-                    elif f.payload and fl.index in guest_next:
-                        # New guest bytes only: a retransmission is not output twice.
-                        new = _new_bytes(guest_next[fl.index], f.seq, f.payload)
-                        if new:
-                            fl.guest_bytes += len(new)
-                            fl.guest_data.append((e.vm_ns, new))
-                            guest_next[fl.index] = (guest_next[fl.index] + len(new)) & 0xFFFFFFFF
-            elif e.direction == "out" and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP:
-                udp_out.append((e.vm_ns, (f.ip_dst, f.dport), f.payload))
-            elif e.direction == "in" and f.eth_type == netpkt.ETH_IP:
-                if f.fragment:
-                    limits["IPv4 fragments"] = None
+        _, _, _, kind, direction, vm_ns, _, data, _ = e
+        if kind == "net":
+            seg = tcp4(data)        # the common case, without building a Frame
+            if seg is None:
+                f = parse(data)
+                if f is None:
                     continue
-                # UDP and ICMP: re-sent as datagrams at their recorded time.
-                inputs.append(deps(Input("frame", e.vm_ns, e.data, seq=e.seq)))
-            elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
-                limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
-            # ARP from the network is not replayed: the replayer answers the guest's own.
-    return Recording(inputs, flows, end_ns, list(limits), serial_out=serial_out, udp_out=udp_out)
+                if not (f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_TCP and not f.fragment):
+                    _other_frame(f, e, inputs, udp_out, limits, deps)
+                    continue
+                seg = (f.ip_src, f.sport, f.ip_dst, f.dport, f.seq, f.flags, f.payload)
+            if direction != "in":
+                guest_segment(seg, vm_ns)
+                continue
+            # The remote client's segment: its new payload is an input of its flow.
+            if seg[5] & (SYN | FIN | RST) or seg[6]:
+                _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits)
+            elif (seg[0], seg[1], seg[2], seg[3]) not in by_tuple:      # a bare ACK
+                limits["TCP segments of connections opened before the recording"] = None
+        elif kind == "serial":
+            if direction == "out":
+                serial.feed(data)
+                serial_out.append((vm_ns, data))
+            elif direction == "in":
+                inputs.append(deps(Input("serial", vm_ns, data, offset=serial_in, seq=e.seq)))
+                serial_in += len(data)
+        elif kind == "rng" and direction == "in":
+            inputs.append(Input("rng", vm_ns, data, seq=e.seq))
+        if len(limits) != len(rec.limits):
+            rec.limits = list(limits)
+        rec.known_ns = max(rec.known_ns, vm_ns)
+    rec.limits = list(limits)
+    return rec
+
+
+def _other_frame(f, e, inputs, udp_out, limits, deps) -> None:
+    """A frame that is not an IPv4 TCP segment."""
+    if e.direction == "out" and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP:
+        udp_out.append((e.vm_ns, (f.ip_dst, f.dport), f.payload))
+    elif e.direction == "in" and f.eth_type == netpkt.ETH_IP:
+        if f.fragment:
+            limits["IPv4 fragments"] = None
+            return
+        # UDP and ICMP: re-sent as datagrams at their recorded time.
+        inputs.append(deps(Input("frame", e.vm_ns, e.data, seq=e.seq)))
+    elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
+        limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
+    # ARP from the network is not replayed: the replayer answers the guest's own.
 
 
 def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:
@@ -180,32 +224,33 @@ def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:
     return payload[skip:] if skip < len(payload) else b""
 
 
-def _client_segment(f, e, flows, by_tuple, client_next, guest_next, inputs, deps, limits):
-    key = (f.ip_src, f.sport, f.ip_dst, f.dport)
+def _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits):
+    ip_src, sport, ip_dst, dport, seq, flags, payload = seg
+    key = (ip_src, sport, ip_dst, dport)
     fl = by_tuple.get(key)
-    if f.flags & SYN and not f.flags & ACK:
+    if flags & SYN and not flags & ACK:
         if fl is not None and fl.index in client_next:
             return      # a retransmitted SYN
-        fl = Flow(len(flows), (f.ip_src, f.sport), (f.ip_dst, f.dport), f.src, f.dst, e.vm_ns)
+        fl = Flow(len(flows), (ip_src, sport), (ip_dst, dport), e.data[6:12], e.data[:6], e.vm_ns)
         flows.append(fl)
         by_tuple[key] = fl
-        client_next[fl.index] = (f.seq + 1) & 0xFFFFFFFF
+        client_next[fl.index] = (seq + 1) & 0xFFFFFFFF
         inputs.append(deps(Input("tcp-open", e.vm_ns, flow=fl.index, seq=e.seq)))
         return
     if fl is None:
         limits["TCP segments of connections opened before the recording"] = None
         return
-    if f.flags & RST:
+    if flags & RST:
         inputs.append(deps(Input("tcp-rst", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
         del by_tuple[key]
         return
     nxt = client_next[fl.index]
-    new = _new_bytes(nxt, f.seq, f.payload) if f.payload else b""
+    new = _new_bytes(nxt, seq, payload) if payload else b""
     if new:
         inputs.append(deps(Input("tcp-data", e.vm_ns, new, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
         fl.client_bytes += len(new)
         nxt = (nxt + len(new)) & 0xFFFFFFFF
-    if f.flags & FIN and ((f.seq + len(f.payload)) & 0xFFFFFFFF) == nxt:
+    if flags & FIN and ((seq + len(payload)) & 0xFFFFFFFF) == nxt:
         inputs.append(deps(Input("tcp-fin", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
         nxt = (nxt + 1) & 0xFFFFFFFF
     client_next[fl.index] = nxt

@@ -87,6 +87,28 @@ def parse(frame: bytes) -> Frame | None:
     return f
 
 
+_IP4_TCP = struct.Struct("!2xH2xHBB2x4s4s")   # at offset 14: total length, frag, ttl, proto, src, dst
+_TCP_HEAD = struct.Struct("!HHIIBB")            # ports, seq, ack, data offset, flags
+
+
+def tcp4(frame: bytes) -> tuple | None:
+    """The fields parse() would give an unfragmented IPv4 TCP segment with a complete
+    header, without building a Frame: (ip src, sport, ip dst, dport, seq, flags,
+    payload); None for anything else (use parse() for it). The MACs are frame[6:12]
+    (source) and frame[:6]."""
+    if len(frame) < 54 or frame[23] != PROTO_TCP or frame[12:14] != b"\x08\x00":
+        return None
+    total, frag, _ttl, _proto, ip_src, ip_dst = _IP4_TCP.unpack_from(frame, 14)
+    if frag & 0x3FFF:
+        return None
+    l4 = 14 + (frame[14] & 0x0F) * 4
+    end = min(14 + total, len(frame))
+    if end < l4 + 20:
+        return None
+    sport, dport, seq, _ack, off, flags = _TCP_HEAD.unpack_from(frame, l4)
+    return ip_src, sport, ip_dst, dport, seq, flags, frame[l4 + (off >> 4) * 4:end]
+
+
 def _tcp_options(f: Frame, opts: bytes) -> None:
     i = 0
     while i < len(opts):
@@ -99,6 +121,8 @@ def _tcp_options(f: Frame, opts: bytes) -> None:
         if i + 1 >= len(opts):
             break
         ln = opts[i + 1]
+        if i + ln > len(opts):      # truncated option (a malformed frame): ignore the rest
+            break
         if kind == 2 and ln == 4:
             f.mss = struct.unpack_from("!H", opts, i + 2)[0]
         elif kind == 3 and ln == 3:

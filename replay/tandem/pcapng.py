@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator, NamedTuple
+from typing import BinaryIO, Callable, Iterator, NamedTuple
 
 from .errors import BundleError
 
@@ -31,6 +32,15 @@ DIRECTIONS = {1: "in", 2: "out"}
 
 BLOCK_OPS = {1: "write", 2: "flush", 3: "discard", 4: "write-zeroes"}
 _BLOCK_HDR = struct.Struct("<B7xQQ")
+_HDR = struct.Struct("<II")                 # block type, block length
+_U32 = struct.Struct("<I")
+# An EPB's head: block type and length, interface, timestamp high/low, captured/original length.
+_EPB = struct.Struct("<7I")
+# The options of every EPB tandem writes (flags, the icount custom option, end), and the
+# block's trailing length.
+_EPB_OPTS = struct.Struct("<HHIHHIQHHI")
+_CHUNK = 1 << 18                            # read size (blocks are parsed in place from it): small
+                                            # enough to be reused by malloc, not mmapped afresh
 
 
 class Interface(NamedTuple):
@@ -79,6 +89,20 @@ def block_record(data: bytes) -> tuple[int, int, int, bytes]:
     return op, offset, nbytes, bytes(data[_BLOCK_HDR.size:])
 
 
+def _fill(f, buf: bytes, base: int, offset: int, k: int) -> tuple[bytes, int]:
+    """(buf, base) holding at least k bytes of the file from `offset` on, unless the
+    file ends first; buf holds the file's bytes from offset `base` on."""
+    if len(buf) - (offset - base) >= k:
+        return buf, base
+    buf = buf[offset - base:]
+    while len(buf) < k:
+        more = f.read(max(k - len(buf), _CHUNK))
+        if not more:
+            break
+        buf += more
+    return buf, offset
+
+
 def _ts_to_ns(ts: int, tsresol: int) -> int:
     # if_tsresol: MSB clear -> units of 10^-n s, MSB set -> 2^-n s.
     n = tsresol & 0x7F
@@ -113,9 +137,13 @@ class DevlogReader:
     """Iterate the events of a device log; `interfaces`, `stats` and `torn_at`
     fill in as the file is read (complete once iteration is exhausted)."""
 
-    def __init__(self, path: str | os.PathLike, *, allow_torn: bool = True):
+    def __init__(self, path: str | os.PathLike, *, allow_torn: bool = True,
+                 follow: Callable[[], bool] | None = None):
+        """follow: for a log still being written (a live native): while it returns
+        True, the end of the file is waited on instead of ending the iteration."""
         self.path = os.fspath(path)
         self.allow_torn = allow_torn
+        self.follow = follow
         self.interfaces: list[Interface] = []
         self.stats: list[IfaceStats | None] = []
         self.torn_at: int | None = None
@@ -123,66 +151,116 @@ class DevlogReader:
     def _fail(self, what: str, offset: int) -> BundleError:
         return BundleError(f"{self.path}: {what} at offset {offset}")
 
+    def _more(self, f) -> int | None:
+        """Following a live log: wait for it to grow; its new size, or None once
+        the writer is done (then read what is there as a finished log)."""
+        if self.follow is None or not self.follow():
+            return None
+        time.sleep(0.02)
+        return os.fstat(f.fileno()).st_size
+
     def _torn(self, offset: int) -> None:
         if not self.allow_torn:
             raise self._fail("torn (incomplete) block", offset)
         self.torn_at = offset
 
     def __iter__(self) -> Iterator[Event]:
-        with open(self.path, "rb", buffering=1 << 20) as f:
-            yield from self._read(f, os.fstat(f.fileno()).st_size)
+        return self._read()
 
-    def _read(self, f: BinaryIO, size: int) -> Iterator[Event]:
-        offset, seq, seen_shb = 0, 0, False
-        while True:
-            head = f.read(8)
-            if not head:
-                if not seen_shb:
-                    self._torn(0)  # empty file: the writer died before its first block
-                return
-            if len(head) < 8:
-                return self._torn(offset)
-            btype, blen = struct.unpack("<II", head)
-            if not seen_shb:
-                if btype != SHB:
-                    raise self._fail("bad SHB magic (not a pcapng file)", offset)
-                # Check the byte order before trusting the (maybe swapped) length.
-                bom = f.read(4)
-                if len(bom) < 4:
+    def _read(self) -> Iterator[Event]:
+        """Blocks are parsed in place from a large read buffer with struct.unpack_from.
+        An EPB in the layout tandem's writers produce (flags + icount options) takes
+        the fast path below; anything else (first block, IDB, ISB, other option
+        layouts, errors, a torn tail) goes through the general path, which reads the
+        file block by block as a stream would."""
+        with open(self.path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            buf, base = b"", 0          # buf holds the file's bytes from offset `base` on
+            offset, seq, seen_shb = 0, 0, False
+            ifaces = self.interfaces
+            ns_resol: list[bool] = []   # per interface: timestamps already in ns
+            hdr, u32, epb_head, epb_opts = _HDR.unpack_from, _U32.unpack_from, _EPB.unpack_from, _EPB_OPTS.unpack_from
+            new_event = tuple.__new__
+
+            while True:
+                i = offset - base
+                if i + 28 <= len(buf):
+                    btype, blen, iface_id, ts_hi, ts_lo, caplen, _origlen = epb_head(buf, i)
+                    end = i + blen
+                    o = i + 28 + ((caplen + 3) & ~3)
+                    # Fast path: an EPB fully in the buffer, with tandem's option layout.
+                    if (btype == EPB and o + 32 == end and end <= len(buf) and seen_shb
+                            and offset + blen <= size and iface_id < len(ifaces)):
+                        c1, l1, flags, c2, l2, pen, icount, c3, l3, trailer = epb_opts(buf, o)
+                        if (c1 == EPB_FLAGS and l1 == 4 and c2 == OPT_CUSTOM_BIN and l2 == 12
+                                and pen == TANDEM_PEN and c3 == OPT_END and l3 == 0 and trailer == blen):
+                            iface = ifaces[iface_id]
+                            ts = (ts_hi << 32) | ts_lo
+                            yield new_event(Event, (
+                                seq, iface_id, iface.name, iface.kind, DIRECTIONS.get(flags & 3),
+                                ts if ns_resol[iface_id] else _ts_to_ns(ts, iface.tsresol),
+                                icount, buf[i + 28:i + 28 + caplen], offset))
+                            seq += 1
+                            offset += blen
+                            continue
+                # General path: the block at `offset`, checked as the format says.
+                buf, base = _fill(f, buf, base, offset, 8)
+                got = min(len(buf) - (offset - base), 8)
+                if got < 8 and (grown := self._more(f)) is not None:
+                    size = grown
+                    continue
+                if got == 0:
+                    if not seen_shb:
+                        self._torn(0)  # empty file: the writer died before its first block
+                    return
+                if got < 8:
                     return self._torn(offset)
-                order = struct.unpack("<I", bom)[0]
-                if order == 0x4D3C2B1A:
-                    raise self._fail("big-endian pcapng section (unsupported)", offset)
-                if order != BYTE_ORDER_MAGIC:
-                    raise self._fail("bad SHB byte-order magic", offset)
-                head += bom
-            elif btype == SHB:
-                raise self._fail("second section header (tandem writes one section)", offset)
-            if blen < 12 or blen % 4:
-                raise self._fail(f"bad block length {blen}", offset)
-            if offset + blen > size:  # checked first: a garbage length must not drive a huge read
-                return self._torn(offset)
-            rest = f.read(blen - len(head))
-            if len(rest) < blen - len(head):  # file shrank since we looked
-                return self._torn(offset)
-            block = head + rest
-            if struct.unpack_from("<I", block, blen - 4)[0] != blen:
-                raise self._fail("trailing block length does not match", offset)
-            body = block[8:blen - 4]
-            try:
-                if btype == SHB:
-                    seen_shb = True
-                elif btype == IDB:
-                    self._idb(body)
-                elif btype == EPB:
-                    ev = self._epb(body, seq, offset)
-                    seq += 1
-                    yield ev
-                elif btype == ISB:
-                    self._isb(body, offset)
-            except (ValueError, struct.error) as e:
-                raise self._fail(str(e), offset) from None
-            offset += blen
+                i = offset - base
+                btype, blen = hdr(buf, i)
+                if not seen_shb:
+                    if btype != SHB:
+                        raise self._fail("bad SHB magic (not a pcapng file)", offset)
+                    # Check the byte order before trusting the (maybe swapped) length.
+                    buf, base = _fill(f, buf, base, offset, 12)
+                    if len(buf) - (offset - base) < 12:
+                        return self._torn(offset)
+                    i = offset - base
+                    order = u32(buf, i + 8)[0]
+                    if order == 0x4D3C2B1A:
+                        raise self._fail("big-endian pcapng section (unsupported)", offset)
+                    if order != BYTE_ORDER_MAGIC:
+                        raise self._fail("bad SHB byte-order magic", offset)
+                elif btype == SHB:
+                    raise self._fail("second section header (tandem writes one section)", offset)
+                if blen < 12 or blen % 4:
+                    raise self._fail(f"bad block length {blen}", offset)
+                if offset + blen > size:  # checked first: a garbage length must not drive a huge read
+                    if (grown := self._more(f)) is not None:
+                        size = grown
+                        continue
+                    return self._torn(offset)
+                buf, base = _fill(f, buf, base, offset, blen)
+                if len(buf) - (offset - base) < blen:  # file shrank since we looked
+                    return self._torn(offset)
+                i = offset - base
+                if u32(buf, i + blen - 4)[0] != blen:
+                    raise self._fail("trailing block length does not match", offset)
+                body = buf[i + 8:i + blen - 4]
+                try:
+                    if btype == SHB:
+                        seen_shb = True
+                    elif btype == IDB:
+                        self._idb(body)
+                        ns_resol.append(self.interfaces[-1].tsresol == 9)
+                    elif btype == EPB:
+                        ev = self._epb(body, seq, offset)
+                        seq += 1
+                        yield ev
+                    elif btype == ISB:
+                        self._isb(body, offset)
+                except (ValueError, struct.error) as e:
+                    raise self._fail(str(e), offset) from None
+                offset += blen
 
     def _idb(self, body: bytes) -> None:
         linktype, _snaplen = struct.unpack_from("<H2xI", body)

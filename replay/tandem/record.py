@@ -35,6 +35,44 @@ def qemu_identity() -> dict:
     return {k: q[k] for k in ("binary", "build_id", "patch_series", "version")}
 
 
+def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | None = None) -> dict:
+    """A new bundle at path (with its disk overlay) and its manifest in state 'recording';
+    assertions: the pack `tandem record --assertions` declared."""
+    for what, p in (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk base", guest.disk_base)):
+        if p and not Path(p).is_file():
+            raise TandemError(f"{what} {p}: not found")
+    bundle.new_bundle(path)
+    if guest.disk_base:
+        make_overlay(guest.disk_base, path / OVERLAY)
+    m = bundle.new_manifest()
+    m["qemu"] = qemu_identity()
+    m["inputs"] = {k: bundle.input_entry(p) for k, p in
+                   (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk_base", guest.disk_base)) if p}
+    m["machine"] = {"accel": "tcg", "machine": "pc", "icount_shift": ICOUNT_SHIFT,
+                    "memory_mb": guest.memory_mb, "cmdline": guest.cmdline, "smp": 1, **machine}
+    if assertions:
+        m["assertions"] = assertions
+    bundle.write_manifest(path, m)
+    return m
+
+
+def seal(path: Path, m: dict, *, status: int, wall_s: float, stop_reason: str) -> dict:
+    """Finish a bundle whose QEMU has exited: channel stats, stop, file hashes, state."""
+    dl = pcapng.read_devlog(path / bundle.DEVLOG)
+    m["channels"] = channel_stats(dl)
+    end = next((s for s in dl.stats if s), None)
+    m["stop"] = {"reason": stop_reason, "exit_status": status,
+                 "vm_ns": end.end_vm_ns if end else None,
+                 "icount": end.icount if end else None}
+    m["wall_time_s"] = round(wall_s, 3)
+    m["state"] = "complete" if status == 0 and dl.closed_cleanly else "interrupted"
+    m["files"] = {name: bundle.file_entry(path / name)
+                  for name in (bundle.STREAM, bundle.DEVLOG, OVERLAY, "qemu.log")
+                  if (path / name).exists()}
+    bundle.write_manifest(path, m)
+    return m
+
+
 class Recording:
     """One recording in progress. Use as a context manager, or start()/finish()."""
 
@@ -53,25 +91,10 @@ class Recording:
 
     def start(self) -> "Recording":
         g = self.guest
-        for what, p in (("kernel", g.kernel), ("initrd", g.initrd), ("disk base", g.disk_base)):
-            if p and not Path(p).is_file():
-                raise TandemError(f"{what} {p}: not found")
-        bundle.new_bundle(self.path)
-        if g.disk_base:
-            make_overlay(g.disk_base, self.path / OVERLAY)
-        m = bundle.new_manifest()
-        m["qemu"] = qemu_identity()
-        m["inputs"] = {k: bundle.input_entry(p) for k, p in
-                       (("kernel", g.kernel), ("initrd", g.initrd), ("disk_base", g.disk_base)) if p}
-        m["machine"] = {"accel": "tcg", "machine": "pc", "icount_shift": ICOUNT_SHIFT,
-                        "memory_mb": g.memory_mb, "cmdline": g.cmdline, "smp": 1,
-                        "stop_after_ns": self.duration_ns,
-                        "devices": ["isa-serial", "virtio-net-pci", "virtio-blk-pci", "virtio-rng-pci"],
-                        "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000}}
-        if self.assertions:
-            m["assertions"] = self.assertions
-        self.manifest = m
-        bundle.write_manifest(self.path, m)
+        m = self.manifest = start_manifest(self.path, g, {
+            "stop_after_ns": self.duration_ns,
+            "devices": ["isa-serial", "virtio-net-pci", "virtio-blk-pci", "virtio-rng-pci"],
+            "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000}}, self.assertions)
         # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).
         self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
         run = Run("record", Path(self._tmp), rrfile=self.path / bundle.STREAM,
@@ -131,10 +154,6 @@ class Recording:
         shutil.copyfile(self.vm.log_path, self.path / "qemu.log")
         shutil.rmtree(self._tmp, ignore_errors=True)
 
-        m = self.manifest
-        dl = pcapng.read_devlog(self.path / bundle.DEVLOG)
-        m["channels"] = channel_stats(dl)
-        end = next((s for s in dl.stats if s), None)
         if self.stop_reason is None:
             # QEMU says why it stopped: guest-shutdown is a poweroff; guest-reset is a
             # reboot or a kernel panic (panic=-1 with -no-reboot), kept distinct so a
@@ -143,15 +162,7 @@ class Recording:
             self.stop_reason = {"guest-shutdown": "poweroff", "host-qmp-quit": "duration",
                                 None: "duration" if self.duration_ns else "qemu-exit"
                                 }.get(reason, reason)
-        m["stop"] = {"reason": self.stop_reason, "exit_status": status,
-                     "vm_ns": end.end_vm_ns if end else None,
-                     "icount": end.icount if end else None}
-        m["wall_time_s"] = round(wall, 3)
-        m["state"] = "complete" if status == 0 and dl.closed_cleanly else "interrupted"
-        m["files"] = {name: bundle.file_entry(self.path / name)
-                      for name in (bundle.STREAM, bundle.DEVLOG, OVERLAY, "qemu.log")
-                      if (self.path / name).exists()}
-        bundle.write_manifest(self.path, m)
+        m = seal(self.path, self.manifest, status=status, wall_s=wall, stop_reason=self.stop_reason)
         if m["state"] != "complete":
             raise TandemError(f"{self.path}: QEMU exited with status {status} during recording "
                               f"(bundle kept as 'interrupted'; replay it with --partial)")

@@ -11,10 +11,10 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import artifacts, bundle, pcapng, rrstream
+from . import artifacts, bundle, pcapng, report, rrstream
 from .errors import BundleError, TandemError
 from .verify import Mismatch, final_state, first_mismatch
 from .vm import VM, Guest, Run, make_overlay
@@ -33,6 +33,7 @@ class Verdict:
     record_wall_s: float | None
     partial: bool
     note: str = ""
+    reports: list[str] = field(default_factory=list)   # sanitizer/oops reports on the replayed console
 
     def summary(self) -> str:
         vm_ns, icount = self.replayed_end
@@ -42,9 +43,18 @@ class Verdict:
             speed = f", replay took {self.replay_wall_s:.1f}s wall vs {self.record_wall_s:.1f}s recording"
         if self.ok:
             scope = "intact prefix: " if self.partial else ""
+            found = "".join(f"\n  reproduced: {r}" for r in self.reports)
             return (f"VERIFIED: {scope}{self.events} device events reproduced byte for byte, "
-                    f"VM time {t}, final instruction count {icount}{speed}{self.note}")
+                    f"VM time {t}, final instruction count {icount}{speed}{self.note}{found}")
         return f"MISMATCH: {self.mismatch}{self.note}"
+
+
+def console_reports(devlog: pcapng.Devlog) -> list[str]:
+    """The kernel and sanitizer reports a run printed on its serial console, as
+    titles: a replay of an analysis run shows its findings reproduced."""
+    out = b"".join(e.data for e in devlog.events
+                   if e.direction == "out" and e.channel.startswith("serial"))
+    return [r.title for r in report.parse(out, "linux")]
 
 
 def _wait_for(path: Path, timeout: float) -> None:
@@ -92,6 +102,11 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
         run = Run("replay", tmp, rrfile=stream, devlog=tmp / "replay.pcapng", overlay=overlay,
                   follow=follow, partial=partial, stop_after_ns=machine.get("stop_after_ns", 0),
                   extra=list(extra))
+        if machine.get("mode") == "analysis":
+            # An analysis run's own recording (replay_semantic): the same machine as
+            # it ran, its feed's inputs now coming from the log.
+            run.mode, run.rr = "analysis", "replay"
+            run.rtc_base, run.feed_lookahead_ns = machine["rtc_base"], machine["lookahead_ns"]
         vm = VM(guest, run)
         t0 = time.monotonic()
         with vm:
@@ -119,7 +134,8 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
             note = f" (recording has {len(recorded.events)} events; replay stopped at the intact end)"
         return Verdict(ok=mm is None, events=len(replayed.events), mismatch=mm,
                        recorded_end=rec_end, replayed_end=rep_end, replay_wall_s=wall,
-                       record_wall_s=manifest.get("wall_time_s"), partial=partial, note=note)
+                       record_wall_s=manifest.get("wall_time_s"), partial=partial, note=note,
+                       reports=console_reports(replayed))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

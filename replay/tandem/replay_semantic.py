@@ -22,7 +22,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import feedproto, inputs as inputs_mod
+from . import bundle, feedproto
+from . import inputs as inputs_mod
+from . import record as record_mod
 from .errors import TandemError
 from .feedproto import FeedServer
 from .tcp_peer import Peer
@@ -73,6 +75,9 @@ class AnalysisRun:
     waits: int = 0
     peer: Peer | None = None
     qemu_log: str = ""
+    bundle: Path | None = None  # the run's own recording, replayable exactly
+    qemu_pid: int | None = None
+
 
     def vm_time_at(self, offset: int) -> int:
         """VM time at which console byte `offset` was written."""
@@ -94,27 +99,70 @@ class AnalysisRun:
         return last
 
 
+@dataclass
+class Buffer:
+    """A live analysis's bound on inputs the native has made but it has not taken yet."""
+    max_events: int = 100_000
+    max_bytes: int = 64 << 20
+    events: int = 0             # now
+    bytes: int = 0
+    oldest_ns: int | None = None  # recorded VM time of the oldest input not taken yet
+    peak_events: int = 0        # the most it ever held: what the run needed
+    peak_bytes: int = 0
+
+    def update(self, events: int, nbytes: int, oldest_ns: int | None = None) -> bool:
+        """Record the current fill; False once it is over its bound."""
+        self.events, self.bytes, self.oldest_ns = events, nbytes, oldest_ns
+        self.peak_events, self.peak_bytes = max(self.peak_events, events), max(self.peak_bytes, nbytes)
+        return events <= self.max_events and nbytes <= self.max_bytes
+
+
 def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
-        max_lag_ns: int = MAX_LAG_NS, progress=None) -> AnalysisRun:
-    """Replay rec into one analysis VM; never raises for what the guest does."""
+        max_lag_ns: int = MAX_LAG_NS, progress=None, record: bool = True,
+        buffer: Buffer | None = None, stop=None, hang_wall_s: float = HANG_WALL_S) -> AnalysisRun:
+    """Replay rec into one analysis VM; never raises for what the guest does.
+
+    With record (the default) the analysis VM runs under QEMU's record/replay and
+    leaves its own bundle, workdir/ANALYSIS.tdm, which `tandem replay` replays
+    exactly: every finding can be reproduced instruction for instruction.
+
+    rec may be a live native's, still filling in (rec.finished False): the analysis
+    then trails it, never past what the native has reached (rec.known_ns), holding at
+    most `buffer` of inputs it has not taken yet; over that it detaches (outcome
+    "detached"). `stop()` returning True ends the run early (outcome "detached").
+    """
     guest = guest or analysis_guest(analysis)
     res = AnalysisRun(analysis)
     tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    overlay = None
-    if guest.disk_base:
-        overlay = tmp / "disk-overlay.qcow2"
-        make_overlay(guest.disk_base, overlay)
+    run_args = dict(feed_lookahead_ns=lookahead_ns, rtc_base=rec.created)
+    manifest = None
+    if record:
+        res.bundle = workdir / f"{analysis}.tdm"
+        if res.bundle.exists():
+            shutil.rmtree(res.bundle)
+        manifest = record_mod.start_manifest(res.bundle, guest, {
+            "mode": "analysis", "analysis": analysis, "rtc_base": rec.created,
+            "lookahead_ns": lookahead_ns, "source": str(rec.path),
+            "devices": ["isa-serial", "virtio-net-pci", "virtio-blk-pci", "virtio-rng-pci"],
+            "net": {"backend": "feed"}})
+        run_args.update(rr="record", rrfile=res.bundle / bundle.STREAM,
+                        devlog=res.bundle / bundle.DEVLOG,
+                        overlay=res.bundle / record_mod.OVERLAY if guest.disk_base else None)
+    else:
+        run_args.update(devlog=workdir / f"{analysis}.pcapng")
+        if guest.disk_base:
+            run_args["overlay"] = tmp / "disk-overlay.qcow2"
+            make_overlay(guest.disk_base, run_args["overlay"])
     server = FeedServer(tmp / "feed.sock")
-    vm = VM(guest, Run("analysis", tmp, overlay=overlay, feed_socket=server.path,
-                       feed_lookahead_ns=lookahead_ns, devlog=workdir / f"{analysis}.pcapng",
-                       rtc_base=rec.created))
+    vm = VM(guest, Run("analysis", tmp, feed_socket=server.path, **run_args))
     t0 = time.monotonic()
     try:
         vm.start()
+        res.qemu_pid = vm.proc.pid
         server.accept(30)
-        _drive(rec, res, vm, server, max_lag_ns, progress)
+        _drive(rec, res, vm, server, max_lag_ns, progress, buffer or Buffer(), stop, hang_wall_s)
     except TandemError as e:
         res.outcome, res.detail = "error", str(e)
     finally:
@@ -124,24 +172,51 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         res.qemu_log = vm.log_tail(2000)
         vm.close()
         server.close()
+        if manifest is not None:
+            _seal(res, vm, manifest)
         shutil.rmtree(tmp, ignore_errors=True)
     return res
 
 
-def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, progress) -> None:
+def _seal(res: AnalysisRun, vm: VM, manifest: dict) -> None:
+    """Finish the analysis run's bundle; a run that did not end cleanly stays 'interrupted'."""
+    try:
+        shutil.copyfile(vm.log_path, res.bundle / "qemu.log")
+        status = vm.proc.returncode if vm.proc and vm.proc.returncode is not None else -9
+        record_mod.seal(res.bundle, manifest, status=status, wall_s=res.wall_s,
+                        stop_reason=res.outcome)
+    except (OSError, TandemError) as e:
+        res.limits.append(f"the run's recording could not be sealed: {e}")
+
+
+def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, progress,
+           buffer: Buffer, stop, hang_wall_s: float) -> None:
     peer = res.peer = Peer()
     lines = inputs_mod.SerialLines()
-    todo = [i for i in rec.inputs if i.kind != "rng"]
-    for i in rec.inputs:                    # entropy is a pool the guest draws from in order
-        if i.kind == "rng":
-            server.input(feedproto.RNG, 0, i.data)
-            res.delivered.append(Delivered(0, i))
-    server.flush()
+    todo: list = []
+    taken = 0                               # rec.inputs looked at so far
+    pending_bytes = 0                       # of todo[nxt:]
+
+    def pull() -> None:
+        """Take the inputs the native has made since (all of them for a finished one)."""
+        nonlocal taken, pending_bytes
+        new = rec.inputs[taken:len(rec.inputs)]
+        taken += len(new)
+        for i in new:
+            if i.kind == "rng":             # entropy is a pool the guest draws from in order
+                server.input(feedproto.RNG, 0, i.data)
+                res.delivered.append(Delivered(0, i))
+            else:
+                todo.append(i)
+                pending_bytes += len(i.data)
+        server.flush()
+
+    pull()
     nxt = 0
+    stalled_at: int | None = None           # live: at a WAIT, the native not far enough yet
     blocked_since: int | None = None
     last_input_ns = 0
     pending: list[bytes] = []               # frames to send at the next stop
-    native_end = rec.end_ns or 0
     last_word = time.monotonic()
     last_output_ns = 0
     shutdown = None
@@ -175,14 +250,74 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
                   for flow, need in inp.needs_bytes.items() if have(flow) < need]
         return ", ".join(parts)
 
+    def grant(now: int) -> bool:
+        """Release what is due at a stop and grant the next horizon; False while a live
+        native has not yet reached where this VM may go."""
+        nonlocal nxt, blocked_since, last_input_ns, pending, pending_bytes
+        pull()
+        frames = pending + peer.retransmit(now)
+        pending = []
+        while nxt < len(todo) and todo[nxt].vm_ns <= now:
+            inp = todo[nxt]
+            if not deps_met(inp):
+                blocked_since = blocked_since if blocked_since is not None else now
+                if now - max(blocked_since, last_output_ns) < DEP_TIMEOUT_NS:
+                    break
+                res.limits.append(f"{inp.describe()}: sent after waiting "
+                                  f"{DEP_TIMEOUT_NS / 1e9:.0f}s of VM time for {unmet(inp)}")
+                give_up(inp)
+            blocked_since = None
+            frames += _release(inp, rec, peer, server, now)
+            res.delivered.append(Delivered(now, inp))
+            pending_bytes -= len(inp.data)
+            last_input_ns = now
+            nxt += 1
+        for fr in frames:
+            server.input(feedproto.NET, now, fr)
+        live = not rec.finished
+        horizon = _next_horizon(now, todo, nxt, blocked_since, last_output_ns, peer,
+                                rec.end_ns or 0, last_input_ns, live)
+        if live:
+            # Never past what the native has reached: its next input may come before.
+            horizon = min(horizon, rec.known_ns) if horizon is not None else rec.known_ns
+            if horizon <= now:
+                server.flush()
+                return False
+        if horizon is None:
+            server.flush()
+            vm.quit()           # reported back as SHUTDOWN host-qmp-quit
+            return True
+        server.horizon(horizon)
+        server.flush()
+        return True
+
     while True:
-        msgs = server.receive(1.0)
+        if stop is not None and stop():
+            res.outcome, res.detail = "detached", "stopped by tandem"
+            vm.kill()
+            return
+        oldest = todo[nxt].vm_ns if nxt < len(todo) else (
+            rec.inputs[taken].vm_ns if taken < len(rec.inputs) else None)
+        if not buffer.update(len(todo) - nxt + len(rec.inputs) - taken, pending_bytes, oldest):
+            res.outcome = "detached"
+            res.detail = (f"input buffer full ({buffer.events} events, {buffer.bytes} bytes; bound "
+                          f"{buffer.max_events} events, {buffer.max_bytes} bytes): the analysis fell "
+                          f"{(rec.known_ns - res.end_ns) / 1e9:.1f}s of VM time behind the native")
+            vm.kill()
+            return
+        if stalled_at is not None:
+            if grant(stalled_at):
+                stalled_at = None
+            last_word = time.monotonic()    # waiting on the native, not on QEMU
+        msgs = server.receive(0.05 if stalled_at is not None else 1.0)
         if msgs is None:                    # QEMU exited
             break
         if not msgs:
-            if time.monotonic() - last_word > HANG_WALL_S:
+            if time.monotonic() - last_word > hang_wall_s:
                 res.outcome = "hung"
-                res.detail = (f"QEMU silent for {HANG_WALL_S:.0f}s of wall time (QEMU state "
+                # QMP may be as stuck as the feed: ask it with a deadline.
+                vm.qmp.settimeout(2.0)
+                res.detail = (f"QEMU silent for {hang_wall_s:.0f}s of wall time (QEMU state "
                               f"{vm.status()}, {_feed_state(vm)}, last stop at VM {res.end_ns / 1e9:.6f}s)")
                 return
             continue
@@ -204,37 +339,14 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
             elif m.type == feedproto.WAIT:
                 now = res.end_ns = m.vm_ns
                 res.waits += 1
-                frames = pending + peer.retransmit(now)
-                pending = []
-                while nxt < len(todo) and todo[nxt].vm_ns <= now:
-                    inp = todo[nxt]
-                    if not deps_met(inp):
-                        blocked_since = blocked_since if blocked_since is not None else now
-                        if now - max(blocked_since, last_output_ns) < DEP_TIMEOUT_NS:
-                            break
-                        res.limits.append(f"{inp.describe()}: sent after waiting "
-                                          f"{DEP_TIMEOUT_NS / 1e9:.0f}s of VM time for {unmet(inp)}")
-                        give_up(inp)
-                    blocked_since = None
-                    frames += _release(inp, rec, peer, server, now)
-                    res.delivered.append(Delivered(now, inp))
-                    last_input_ns = now
-                    nxt += 1
-                for fr in frames:
-                    server.input(feedproto.NET, now, fr)
-                horizon = _next_horizon(now, todo, nxt, blocked_since, last_output_ns, peer,
-                                        native_end, last_input_ns)
-                if horizon is None:
-                    server.flush()
-                    vm.quit()           # reported back as SHUTDOWN host-qmp-quit
-                    continue
-                if now > native_end + max_lag_ns:
+                if rec.finished and now > (rec.end_ns or 0) + max_lag_ns:
                     res.outcome = "lagging"
                     res.detail = (f"still running {max_lag_ns / 1e9:.0f}s of VM time past the native's end "
                                   f"({nxt}/{len(todo)} inputs delivered)")
                     vm.kill()
                     return
-                server.horizon(horizon)
+                if not grant(now):
+                    stalled_at = now
                 if progress:
                     progress(res, nxt, len(todo))
         server.flush()
@@ -284,8 +396,9 @@ def _release(inp, rec, peer: Peer, server: FeedServer, now: int) -> list[bytes]:
 
 
 def _next_horizon(now, todo, nxt, blocked_since, last_output_ns, peer: Peer, native_end,
-                  last_input_ns) -> int | None:
-    """Where the VM may run to next; None when the replay is over."""
+                  last_input_ns, live: bool = False) -> int | None:
+    """Where the VM may run to next; None when the replay is over (or, live, when
+    nothing but the native bounds it)."""
     cands = []
     if nxt < len(todo):
         inp = todo[nxt]
@@ -295,6 +408,8 @@ def _next_horizon(now, todo, nxt, blocked_since, last_output_ns, peer: Peer, nat
                      if blocked_since is not None and inp.vm_ns <= now else inp.vm_ns)
     if (t := peer.next_timer()) is not None:
         cands.append(t)
+    if nxt >= len(todo) and live:
+        return max(min(cands), now + 1) if cands else None
     if nxt >= len(todo):
         end = max(native_end, last_input_ns) + SETTLE_NS
         if now >= end:

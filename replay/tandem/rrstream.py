@@ -26,7 +26,7 @@ FILE_HDR = struct.Struct("<8sII")
 SEG_HDR = struct.Struct("<4sIIIIIQQII")
 FLAG_END, FLAG_ZSTD = 1, 2
 STOCK_HEADER_SIZE = 12  # stock QEMU: u32 REPLAY_VERSION + u64, big-endian
-DEFAULT_REPLAY_VERSION = 0xE0200C
+DEFAULT_REPLAY_VERSION = 0xE0200D   # qemu-patches/0011 added an event kind
 
 
 class Segment(NamedTuple):

@@ -56,7 +56,8 @@ def check_request(bundle_dir: Path, analyses: list[str], spec_path: str | None) 
 
 def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | None = None,
             workdir: Path | None = None, noise: bool = True, jobs: int = 2,
-            lookahead_ns: int = replay_semantic.LOOKAHEAD_NS, progress=None) -> Summary:
+            lookahead_ns: int = replay_semantic.LOOKAHEAD_NS, progress=None,
+            record: bool = True) -> Summary:
     bundle_dir = Path(bundle_dir)
     analyses = list(dict.fromkeys(analyses))
     check_request(bundle_dir, analyses, spec_path)
@@ -65,19 +66,27 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     runs_wanted = analyses + ([NOISE] if noise and NOISE not in analyses else [])
 
     def one(name: str) -> replay_semantic.AnalysisRun:
-        return replay_semantic.run(rec, name, workdir, lookahead_ns=lookahead_ns,
+        return replay_semantic.run(rec, name, workdir, lookahead_ns=lookahead_ns, record=record,
                                    progress=(lambda r, n, t: progress(name, r, n, t)) if progress else None)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         runs = dict(zip(runs_wanted, pool.map(one, runs_wanted)))
 
+    return summarize(bundle_dir, rec, analyses, runs, spec_path, noise, workdir)
+
+
+def summarize(bundle_dir, rec: inputs.Recording, analyses: list[str],
+              runs: dict[str, replay_semantic.AnalysisRun], spec_path: str | None, noise: bool,
+              workdir: Path) -> Summary:
+    """Findings and divergences of finished analysis runs; writes summary.json and
+    findings.jsonl into workdir."""
     summary = Summary(str(bundle_dir), limits=list(rec.limits))
     for name in analyses:
         run = runs[name]
         spec = equivalence.load(name, spec_path)
         divs = compare.compare(rec, run, spec)
         n_noise = 0
-        if noise and name != NOISE:
+        if noise and name != NOISE and NOISE in runs:
             divs, n_noise = compare.split_noise(divs, compare.compare(rec, runs[NOISE], spec))
         summary.results.append(AnalysisResult(name, run, findings_mod.findings(run), divs, n_noise,
                                               spec.sources))
@@ -97,6 +106,7 @@ def _write(workdir: Path, s: Summary) -> None:
     out = {"bundle": s.bundle, "ok": s.ok, "limits": s.limits, "analyses": [
         {"analysis": r.analysis, "outcome": r.run.outcome, "detail": r.run.detail,
          "end_vm_ns": r.run.end_ns, "wall_s": round(r.run.wall_s, 3), "waits": r.run.waits,
+         "recording": str(r.run.bundle) if r.run.bundle else None,
          "findings": [asdict(x) for x in r.findings], "noise": r.noise, "spec": r.spec,
          "divergences": [{"channel": d.channel, "kind": d.kind, "native_vm_ns": d.native_ns,
                           "analysis_vm_ns": d.analysis_ns, "after_input": d.after_input,

@@ -59,6 +59,9 @@ class Peer:
         self.by_tuple: dict[tuple, PeerFlow] = {}
         self.ident = 0
         self.unknown: list[str] = []    # guest frames the peer could not place
+        # The guest's UDP datagrams, (VM ns, (dst ip, port), payload): kept for the
+        # comparator, since every guest frame is parsed here anyway.
+        self.udp_out: list[tuple[int, tuple[bytes, int], bytes]] = []
 
     # -- actions of the recorded client --------------------------------------
     def open(self, index: int, client, server, client_mac, guest_mac, now: int) -> list[bytes]:
@@ -99,6 +102,8 @@ class Peer:
                 return [netpkt.arp_reply(netpkt.GATEWAY_MAC, f.arp_tpa, f.arp_sha, f.arp_spa)]
             return []
         if f.eth_type != netpkt.ETH_IP or f.proto != netpkt.PROTO_TCP:
+            if f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP and not f.fragment:
+                self.udp_out.append((now, (f.ip_dst, f.dport), f.payload))
             return []
         fl = self.by_tuple.get((f.ip_src, f.sport, f.ip_dst, f.dport))
         if fl is None:

@@ -88,7 +88,13 @@ class Run:
     feed_socket: Path | None = None  # analysis mode: the feed controller's unix socket
     feed_lookahead_ns: int = 0       # analysis mode: outputs pull the horizon in by this
     rtc_base: str = "2026-01-01T00:00:00"  # analysis mode: the guest's wall clock at boot
+    rr: str | None = None            # analysis mode: "record" the run, or "replay" a recorded one
     extra: list[str] = field(default_factory=list)
+
+    @property
+    def rr_mode(self) -> str | None:
+        """record, replay or None: whether and how QEMU's record/replay runs."""
+        return self.mode if self.mode in ("record", "replay") else self.rr if self.mode == "analysis" else None
 
 
 def free_port() -> int:
@@ -113,26 +119,30 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
             "-no-reboot", "-accel", "tcg",
             "-kernel", guest.kernel, "-initrd", guest.initrd, "-append", guest.cmdline,
             "-qmp", f"unix:{run.rundir}/qmp.sock,server=on,wait=off"]
-    if run.mode == "record":
-        argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=on,rr=record,rrfile={run.rrfile}"]
-    elif run.mode == "replay":
+    rr = run.rr_mode
+    if rr == "record":
+        rr_opts = f",rr=record,rrfile={run.rrfile}"
+    elif rr == "replay":
         # The VM clock's idle warps come from the log, so the replay need not
         # wait them out: rrskipidle=on (qemu-patches/0004) stops the main loop
-        # sleeping while the replay waits on it. sleep stays on to match the
-        # recording's warp accounting.
-        opts = f"shift={ICOUNT_SHIFT},sleep=on,rr=replay,rrfile={run.rrfile}"
-        opts += "" if q.get("stock") else ",rrskipidle=on"
-        opts += ",rrfollow=on" if run.follow else ""
-        opts += ",rrpartial=on" if run.partial else ""
-        argv += ["-icount", opts]
+        # sleeping while the replay waits on it.
+        rr_opts = f",rr=replay,rrfile={run.rrfile}"
+        rr_opts += "" if q.get("stock") else ",rrskipidle=on"
+        rr_opts += ",rrfollow=on" if run.follow else ""
+        rr_opts += ",rrpartial=on" if run.partial else ""
+    else:
+        rr_opts = ""
+    if run.mode in ("record", "replay"):
+        # sleep stays on in replay to match the recording's warp accounting.
+        argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=on{rr_opts}"]
     elif run.mode == "analysis":
         # sleep=off: an idle analysis guest warps straight to its next input. The RTC
         # runs on the VM clock from the recording's start time: a host-clock RTC
         # would interrupt the guest at host-dependent VM times.
-        argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=off", "-rtc", f"base={run.rtc_base},clock=vm"]
+        argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=off{rr_opts}",
+                 "-rtc", f"base={run.rtc_base},clock=vm"]
     elif run.icount:
         argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=on"]
-    rr = run.mode in ("record", "replay")
 
     # Serial console: a socket while live, nothing in replay (input comes from the log)
     # or in analysis (the feed carries both directions).
@@ -157,19 +167,24 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     if run.mode == "analysis":
         # The feed (qemu-patches/0006) is the network, the serial input and the entropy:
         # the NIC's backend is an unconnected hub port whose frames filter-feed replaces.
-        argv += ["-chardev", f"socket,id=feedsock,path={run.feed_socket}",
-                 # tx=timer: transmit from a VM-clock timer, not a main-loop bottom half,
-                 # so the guest's frames leave at the same VM time in every run.
-                 "-netdev", "hubport,id=net0,hubid=0",
+        # A recorded analysis run replays without its controller: the feed's inputs
+        # are in the log (qemu-patches/0011).
+        feed = f"feed,id=feed,serial=serial0,lookahead={run.feed_lookahead_ns}"
+        if rr != "replay":
+            argv += ["-chardev", f"socket,id=feedsock,path={run.feed_socket}"]
+            feed += ",chardev=feedsock"
+        # tx=timer: transmit from a VM-clock timer, not a main-loop bottom half,
+        # so the guest's frames leave at the same VM time in every run.
+        argv += ["-netdev", "hubport,id=net0,hubid=0",
                  "-device", "virtio-net-pci,netdev=net0,romfile=,tx=timer,ioeventfd=off",
                  "-object", "rng-feed,id=rng0,feed=feed", "-device", "virtio-rng-pci,rng=rng0,ioeventfd=off",
-                 "-object", f"feed,id=feed,chardev=feedsock,serial=serial0,lookahead={run.feed_lookahead_ns}",
+                 "-object", feed,
                  "-object", "filter-feed,id=feed-net0,netdev=net0,feed=feed,position=head"]
     else:
         fwd = f",hostfwd=tcp:127.0.0.1:{run.hostfwd_port}-:{GUEST_PORT}" if run.hostfwd_port else ""
         argv += ["-netdev", f"user,id=net0{fwd}", "-device", "virtio-net-pci,netdev=net0,romfile=",
                  "-object", "rng-builtin,id=rng0", "-device", "virtio-rng-pci,rng=rng0"]
-    if rr:
+    if run.mode in ("record", "replay"):   # analysis runs: the feed is logged instead
         argv += ["-object", "filter-replay,id=rr-net0,netdev=net0"]
     if run.devlog:
         dl = f"devlog,id=devlog,path={run.devlog},chardev=serial0,rng=rng0"

@@ -29,6 +29,17 @@ class KV:
             raise TandemError(f"guest service closed the connection after {line[:40]!r}")
         return reply.decode(errors="replace").rstrip("\n")
 
+    def requests(self, lines: list[str]) -> list[str]:
+        """Pipelined: send all lines in one write, then read one reply per line."""
+        self.sock.sendall(b"".join(l.encode() + b"\n" for l in lines))
+        replies = []
+        for line in lines:
+            reply = self.rfile.readline()
+            if not reply:
+                raise TandemError(f"guest service closed the connection after {line[:40]!r}")
+            replies.append(reply.decode(errors="replace").rstrip("\n"))
+        return replies
+
     def close(self):
         try:
             self.sock.sendall(b"QUIT\n")

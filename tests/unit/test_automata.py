@@ -87,8 +87,9 @@ def test_an_open_bound_at_the_end_is_not_a_violation_unless_asked():
     t = Trace().call("sys").call("lock", 7)
     out, chk = check(NEXT.format(mode="conditional"), t)
     assert out == [] and chk.stats.open_at_finish == 1
+    t.call("unlock", 9, task=T2)                                 # the last event, on another thread
     out, _ = check(NEXT.format(mode="conditional"), t, close_open=True)
-    assert [v.reason for v in out] == ["sys returned before call(unlock(l))"]
+    assert [(v.reason, v.task) for v in out] == [("sys returned before call(unlock(l))", T1)]
 
 
 # --- previously / eventually relative to the site --------------------------------------------

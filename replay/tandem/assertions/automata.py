@@ -11,7 +11,7 @@ activation an instance keeps, per branch (top-level OR split):
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .events import Event
 from .lang import AssertionSet, parse_text
@@ -442,10 +442,6 @@ class _Rule:
             out.append(v)
             self.stats.violations += 1
 
-    def open_instances(self) -> list[_Instance]:
-        return list(self.insts.values())
-
-
 _SITE = object()     # marks a site op in Checker's index
 
 
@@ -514,11 +510,11 @@ class Checker:
         their bound returned at the last event (for traces cut at a quiescent point)."""
         out: list[Violation] = []
         for r in self.rules:
-            insts = r.open_instances()
-            self._stats.open_at_finish += len(insts)
+            self._stats.open_at_finish += len(r.insts)
             if close_open and self._last is not None:
-                for inst in insts:
-                    r.close(inst, self._last, out)
+                for task, inst in list(r.insts.items()):
+                    # the last event, on the instance's own thread for a per-thread rule
+                    r.close(inst, self._last if task is None else replace(self._last, task=task), out)
             r.insts.clear()
             r.gdepth, r.gtotal = {}, 0
         return out

@@ -1,0 +1,199 @@
+"""`tandem shadow`: analysis VMs trail a serving native live (FreeDA's leader/followers).
+
+The native records as `tandem record` does (its bundle is the same, replayable
+exactly). Its device log is followed as QEMU writes it (pcapng.DevlogReader with
+follow=) and turned into inputs in place (inputs.from_events with rec=); each
+analysis VM runs replay_semantic.run on that growing recording, never past the VM
+time the native has reached, with a bounded buffer of inputs it has not taken yet.
+The native never waits for an analysis (release policy "now"): an analysis that
+falls a full buffer behind is detached and reported, one that crashes or hangs is a
+finding, and neither touches the native or its recording.
+
+How far the native has reached: every device event before the native's VM clock,
+sampled at wall time w, is in the device log by w + FLUSH_MARGIN_S (QEMU's devlog
+flushes every 100 ms), so the follower raises `known_ns` to such a sample once the
+log's end has been read after that time.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import bundle, inputs, metrics, pcapng, replay_semantic, report
+from . import findings as findings_mod
+from .errors import TandemError
+from .record import Recording
+from .semantic import Summary, summarize
+
+FLUSH_MARGIN_S = 0.3
+SAMPLE_S = 0.1
+
+
+@dataclass
+class Follower:
+    """One analysis VM trailing the native, and what it has shown so far."""
+    analysis: str
+    buffer: replay_semantic.Buffer
+    run: replay_semantic.AnalysisRun | None = None
+    vm_ns: int = 0                      # the analysis VM's clock at its last stop
+    console_seen: int = 0
+    scanner: report.Scanner = field(default_factory=lambda: report.Scanner("linux"))
+    thread: threading.Thread | None = None
+    live_findings: list[findings_mod.Finding] = field(default_factory=list)
+
+
+class Shadow:
+    def __init__(self, bundle_dir: str | Path, analyses: list[str], *, workdir: Path | None = None,
+                 duration_ns: int = 0, port: int | None = None, buffer_events: int = 100_000,
+                 buffer_bytes: int = 64 << 20, record_analyses: bool = True, on_finding=None,
+                 buffer_events_of: dict[str, int] | None = None,
+                 hang_wall_s: float = replay_semantic.HANG_WALL_S, metrics_port: int | None = None):
+        self.path = Path(bundle_dir)
+        self.analyses = list(dict.fromkeys(analyses))
+        if not self.analyses:
+            raise TandemError("no --analysis given")
+        for a in self.analyses:
+            replay_semantic.analysis_guest(a)       # unknown name, missing kernel: fail now
+        self.workdir = workdir or self.path.with_name(self.path.name + ".analysis")
+        self.native = Recording(self.path, duration_ns=duration_ns, port=port)
+        self.rec = inputs.Recording([], [], None, [], finished=False, path=str(self.path))
+        per = buffer_events_of or {}
+        self.followers = [Follower(a, replay_semantic.Buffer(per.get(a, buffer_events), buffer_bytes))
+                          for a in self.analyses]
+        self.record_analyses = record_analyses
+        self.hang_wall_s = hang_wall_s
+        self.metrics_port = metrics_port
+        self.on_finding = on_finding
+        self._samples: list[tuple[int, float]] = []     # (native VM clock, wall time)
+        self._stop = False
+        self._lock = threading.Lock()
+        self._findings_file = None
+
+    @property
+    def port(self) -> int:
+        return self.native.port
+
+    def start(self) -> Shadow:
+        self.native.start()
+        self.rec.created = self.native.manifest["created"][:19]
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._findings_file = open(self.workdir / "findings.jsonl", "w")
+        threading.Thread(target=self._follow, name="tandem-follow", daemon=True).start()
+        if self.metrics_port is not None:
+            self.metrics_port = metrics.serve(self.status, self.metrics_port)
+        for f in self.followers:
+            f.thread = threading.Thread(target=self._analyse, args=(f,), name=f"tandem-{f.analysis}",
+                                        daemon=True)
+            f.thread.start()
+        return self
+
+    # --- the native's side ---
+
+    def _native_running(self) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            for clock, wall in reversed(self._samples):
+                if now - wall > FLUSH_MARGIN_S:
+                    self.rec.known_ns = max(self.rec.known_ns, clock)
+                    break
+        return self.native.vm.proc.poll() is None
+
+    def _follow(self) -> None:
+        reader = pcapng.DevlogReader(self.path / bundle.DEVLOG, follow=self._native_running)
+        try:
+            inputs.from_events(reader, rec=self.rec)
+        except TandemError as e:        # a damaged log: the analyses end, the native goes on
+            self.rec.limits.append(f"following the native's device log stopped: {e}")
+        self.rec.end_ns = next((s.end_vm_ns for s in reader.stats if s and s.end_vm_ns), None) \
+            or self.rec.known_ns
+        self.rec.finished = True
+
+    def sample(self) -> dict:
+        """Take a sample of the native's VM clock (call from the owning thread, often)."""
+        st = self.native.vm.vm_status()
+        if "vm-clock-ns" in st:
+            with self._lock:
+                self._samples.append((st["vm-clock-ns"], time.monotonic()))
+                del self._samples[:-3000]     # 5 minutes: wall lag is measured against these
+        return st
+
+    # --- the analyses' side ---
+
+    def _analyse(self, f: Follower) -> None:
+        def progress(run, done, total):
+            f.run, f.vm_ns = run, run.end_ns
+            self._emit_findings(f, run)
+        f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
+                                    record=self.record_analyses, progress=progress,
+                                    stop=lambda: self._stop, hang_wall_s=self.hang_wall_s)
+        self._emit_findings(f, f.run)
+
+    def _emit_findings(self, f: Follower, run) -> None:
+        """Findings as they happen: appended to findings.jsonl the moment a report completes."""
+        new = bytes(run.console[f.console_seen:])
+        f.console_seen += len(new)
+        reps = f.scanner.feed(new) if new else []
+        if run.outcome != "running":
+            reps += f.scanner.flush()
+        for rep in reps:
+            x = findings_mod.of_report(run, rep)
+            f.live_findings.append(x)
+            with self._lock:
+                self._findings_file.write(x.to_json() + "\n")
+                self._findings_file.flush()
+            if self.on_finding:
+                self.on_finding(x)
+
+    def status(self) -> list[dict]:
+        """Per VM: clock, lag behind the native (VM time), buffer fill and peak, findings."""
+        native = self.rec.known_ns
+        out = [{"vm": "native", "vm_ns": native, "lag_ns": 0, "lag_wall_s": 0.0, "state": "recording"
+                if not self.rec.finished else "finished"}]
+        for f in self.followers:
+            run = f.run
+            # Lag (FreeDA): how old, in the native's VM time and in wall time, is the
+            # oldest input this analysis has not taken yet.
+            oldest = f.buffer.oldest_ns
+            lag_ns = native - oldest if oldest is not None else 0
+            out.append({"vm": f.analysis, "vm_ns": f.vm_ns, "lag_ns": max(0, lag_ns),
+                        "lag_wall_s": self._wall_since(oldest) if oldest is not None else 0.0,
+                        "buffer_events": f.buffer.events, "buffer_bytes": f.buffer.bytes,
+                        "peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes,
+                        "findings": len(f.live_findings),
+                        "state": run.outcome if run else "starting"})
+        return out
+
+    def _wall_since(self, vm_ns: int) -> float:
+        """Wall seconds since the native's clock passed vm_ns (from the samples)."""
+        with self._lock:
+            for clock, wall in self._samples:
+                if clock >= vm_ns:
+                    return time.monotonic() - wall
+        return 0.0
+
+    # --- the end ---
+
+    def stop_native(self) -> None:
+        self.native.stop()
+
+    def finish(self, timeout: float = 600.0, noise: bool = False) -> Summary:
+        """After the native has stopped: seal its bundle, let the analyses run out, report."""
+        self.native.finish()
+        deadline = time.monotonic() + timeout
+        for f in self.followers:
+            f.thread.join(max(1.0, deadline - time.monotonic()))
+        if any(f.thread.is_alive() for f in self.followers):
+            self._stop = True
+            for f in self.followers:
+                f.thread.join(30)
+        runs = {f.analysis: f.run for f in self.followers}
+        s = summarize(self.path, self.rec, self.analyses, runs, None, noise, self.workdir)
+        self._findings_file.close()
+        peaks = {f.analysis: {"peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes}
+                 for f in self.followers}
+        (self.workdir / "buffers.json").write_text(json.dumps(peaks, indent=1))
+        return s
+

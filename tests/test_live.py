@@ -1,0 +1,130 @@
+"""tandem shadow: analysis VMs trail a serving native live (real QEMU, real kernels)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+
+from tandem import inputs, replay_exact
+from tandem.live import Shadow
+from tandem.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
+
+
+def drive(sh: Shadow, work) -> threading.Thread:
+    """Run the client side in a thread while the caller samples the native, as the CLI does."""
+    def client():
+        sh.native.wait_ready()
+        work()
+        sh.native.serial.type("poweroff")
+    t = threading.Thread(target=client, daemon=True)
+    t.start()
+    return t
+
+
+def run_until_native_stops(sh: Shadow, each=None, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while sh.native.vm.proc.poll() is None:
+        assert time.monotonic() < deadline, "native did not stop"
+        sh.sample()
+        sh.native.vm.poll_events()
+        if each:
+            each()
+        time.sleep(0.1)
+
+
+def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
+    live = []
+    sh = Shadow(tmp_path / "native.tdm", ["kasan", "lockdep"], workdir=tmp_path / "an",
+                on_finding=lambda f: live.append((time.monotonic(), f)), metrics_port=0)
+    sh.start()
+    scraped = []
+    t = drive(sh, lambda: (demo_traffic(sh.port, rounds=3),
+                           bad_requests(sh.port, ["kasan-oob", "lockdep-ab", "lockdep-ba"])))
+    lags = []
+    def each():
+        lags.append(max(r["lag_ns"] for r in sh.status()))
+        if not scraped and len(lags) >= 5:   # the Prometheus endpoint shows what the live view shows
+            scraped.append(urllib.request.urlopen(f"http://127.0.0.1:{sh.metrics_port}/metrics").read().decode())
+    run_until_native_stops(sh, each)
+    t.join(10)
+    s = sh.finish()
+    rec = inputs.load(tmp_path / "native.tdm")
+
+    got = {(f.analysis, f.title) for _, f in live}
+    assert ("kasan", "KASAN: slab-out-of-bounds Write in tb_note_store") in got, got
+    assert ("lockdep", "possible deadlock in tb_stats_reset") in got, got
+    for _, f in live:       # attributed to the request that caused it
+        stream = b"".join(i.data for i in rec.inputs if i.kind == "tcp-data" and i.flow == f.input_flow)
+        line = stream[f.input_offset:].split(b"\n", 1)[0].decode()
+        want = "kasan-oob" if f.analysis == "kasan" else "lockdep-ba"
+        assert line == PLANTED_BUGS[want][0], (f.title, line)
+    # findings.jsonl was written as they happened, not at the end
+    written = [json.loads(x) for x in (tmp_path / "an" / "findings.jsonl").read_text().splitlines()]
+    assert len(written) >= len(live) >= 2
+    for r in s.results:
+        assert r.run.outcome == "poweroff", (r.analysis, r.run.detail)
+        assert not r.divergences, [d.diff for d in r.divergences]
+    assert any(lag > 0 for lag in lags)       # the analyses trailed, and it was reported
+    assert scraped and 'tandem_lag_vm_seconds{vm="kasan"}' in scraped[0]
+    assert 'tandem_findings_total{vm=' in scraped[0]
+    # The native's recording, made alongside, replays exactly.
+    v = replay_exact.replay(tmp_path / "native.tdm")
+    assert v.ok, v.summary()
+
+
+def test_a_dying_or_overflowing_analysis_never_stops_the_native(tmp_path):
+    sh = Shadow(tmp_path / "native.tdm", ["native", "lockdep"], workdir=tmp_path / "an",
+                buffer_events_of={"lockdep": 20}, record_analyses=False)
+    sh.start()
+    answers = []
+    killed = []
+
+    def work():
+        demo_traffic(sh.port, rounds=2)
+        # kill the 'native' analysis VM mid-run
+        pid = next(f.run.qemu_pid for f in sh.followers if f.analysis == "native")
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        with KV(sh.port) as kv:        # the native keeps serving: many small requests,
+            for i in range(300):        # more than lockdep's buffer allows it to trail by
+                answers.append(kv.request(f"SET k{i} v{i}"))
+    t = drive(sh, work)
+    run_until_native_stops(sh)
+    t.join(10)
+    s = sh.finish()
+    assert killed and answers == ["OK"] * 300
+    by = {r.analysis: r for r in s.results}
+    assert by["native"].run.outcome == "crashed"
+    assert [f.type for f in by["native"].findings] == ["VM-CRASH"]
+    assert by["lockdep"].run.outcome == "detached", by["lockdep"].run.detail
+    assert "buffer full" in by["lockdep"].run.detail
+    assert [f.type for f in by["lockdep"].findings] == ["VM-DETACHED"]
+    v = replay_exact.replay(tmp_path / "native.tdm")      # nothing recorded was lost
+    assert v.ok, v.summary()
+
+
+def test_a_hung_analysis_is_a_finding_and_the_native_goes_on(tmp_path):
+    sh = Shadow(tmp_path / "native.tdm", ["native"], workdir=tmp_path / "an", record_analyses=False,
+                hang_wall_s=3)
+    sh.start()
+    answers = []
+
+    def work():
+        pid = sh.followers[0].run.qemu_pid
+        os.kill(pid, signal.SIGSTOP)            # the analysis QEMU stops answering
+        with KV(sh.port) as kv:
+            for i in range(20):
+                answers.append(kv.request(f"SET k{i} v{i}"))
+        time.sleep(4)
+    t = drive(sh, work)
+    run_until_native_stops(sh)
+    t.join(10)
+    s = sh.finish()
+    assert answers == ["OK"] * 20
+    (r,) = s.results
+    assert r.run.outcome == "hung", r.run.detail
+    assert [f.type for f in r.findings] == ["VM-HANG"]
+    assert replay_exact.replay(tmp_path / "native.tdm").ok
