@@ -2,8 +2,8 @@
 """Benchmark: temporal assertions on exact replays (issue: temporal kernel assertions).
 
 1. Replay wall time with the tandem-calls plugin watching 0, 10 and all assertions of
-   the Linux pack vs the exact replay without the plugin, same bundle, interleaved
-   rounds in one run (target: all assertions at most 1.3x).
+   the Linux packs (general and LSM) vs the exact replay without the plugin, same
+   bundle, interleaved rounds in one run (target: all assertions at most 1.3x).
 2. The automata: events per second and nanoseconds per event on the events of the
    all-assertions replay, and on the automata's synthetic stream.
 3. Cost to the native: recording the same workload with the pack declared
@@ -35,7 +35,8 @@ from tandem.replay_exact import replay  # noqa: E402
 from tandem.workload import KV, demo_traffic  # noqa: E402
 
 SECTION = "assertions"
-PACK = ROOT / "guest-kernel" / "assertions" / "linux-6.12.tesla"
+PACKS = [ROOT / "guest-kernel" / "assertions" / "linux-6.12.tesla",
+         ROOT / "guest-kernel" / "assertions" / "linux-6.12-lsm.tesla"]
 ROUNDS = 20
 REQUESTS = ["BUG update 5", "BUG update 2000", "BUG update-nocheck 7", "BUG lock-ab"]
 
@@ -95,14 +96,18 @@ def replays(b: Path, kern, plans: dict, runs: int, label: str):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--pack", type=Path, default=PACK)
+    ap.add_argument("--pack", type=Path, action="append",
+                    help="assertion pack (repeatable; default: the Linux and LSM packs)")
     ap.add_argument("--out", type=Path, help="replace this benchmark's section of this markdown file")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tandem-bench-assert-"))
+    packs = args.pack or PACKS
+    pack = tmp / "packs.tesla"          # one assertion set: the packs' names are distinct
+    pack.write_text("\n".join(p.read_text() for p in packs))
     try:
         bundles = {"demo": record(tmp)[0], "busy": record(tmp, busy=True)[0]}
         kern = trace.kernel_for_bundle(bundles["demo"])
-        full = check.load_pack(args.pack, kern)
+        full = check.load_pack(pack, kern)
         sizes = sorted({0, min(10, len(full)), len(full)})
         sets = {n: full.select(full.names()[:n]) for n in sizes}
         plans = {n: trace.plan(kern, s.needed(), s.sites()) for n, s in sets.items()}
@@ -125,13 +130,13 @@ def main() -> int:
         rec = {"without": [], "declared": []}
         for i in range(args.runs):
             rec["without"].append(record(tmp)[1])
-            rec["declared"].append(record(tmp, check.declare_pack(args.pack))[1])
+            rec["declared"].append(record(tmp, check.declare_pack(pack))[1])
             print(f"record round {i + 1}/{args.runs}: without {rec['without'][-1]:.2f}s, "
                   f"declared {rec['declared'][-1]:.2f}s", file=sys.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    pack_name = args.pack.relative_to(ROOT) if args.pack.is_relative_to(ROOT) else args.pack
+    pack_name = " + ".join(f"`{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}`" for p in packs)
     lines = [
         "## Temporal assertions (issue 4)", "",
         (f"Command: `./tandem bench` (runs `bench/assertions.py --runs {args.runs}`). Two recordings, "
@@ -145,7 +150,7 @@ def main() -> int:
          "rounds, so `met` compares the best rounds, and the plugin measures its own cost: the "
          "time spent in its callbacks (translation-time lookups and the watched instructions), "
          "which other work on the machine hardly changes. "
-         f"Pack: `{pack_name}` ({len(full)} assertions). Target: all assertions at most 1.3x "
+         f"Packs: {pack_name} ({len(full)} assertions). Target: all assertions at most 1.3x "
          "the replay without the plugin."),
         "",
         ("| workload | replay | watched instructions | events | wall median (s) | wall best (s) | "

@@ -20,7 +20,8 @@ from tandem.assertions.events import Event
 from tandem.record import Recording
 from tandem.workload import KV, PLANTED_BUGS, demo_traffic
 
-LINUX_PACK = Path(__file__).resolve().parents[1] / "guest-kernel" / "assertions" / "linux-6.12.tesla"
+PACKS = Path(__file__).resolve().parents[1] / "guest-kernel" / "assertions"
+LINUX_PACK, LSM_PACK = PACKS / "linux-6.12.tesla", PACKS / "linux-6.12-lsm.tesla"
 
 # Requests after the clean traffic, in order, with kvd's replies.
 REQUESTS = [("BUG update 5", "OK"),             # audit hook allows, then the update
@@ -149,8 +150,12 @@ def test_event_stream_cut_short_is_detected(traced, tmp_path):
     assert len(events) == end["events"] == len(t.events)
 
 
-def test_linux_pack_holds_on_clean_traffic(demo_bundle):
-    res = check.check(demo_bundle, LINUX_PACK)
+def test_linux_packs_hold_on_clean_traffic(demo_bundle, tmp_path):
+    """The Linux pack and the LSM pack (the kernels have CONFIG_SECURITY=y) on one replay."""
+    both = tmp_path / "both.tesla"
+    both.write_text(LINUX_PACK.read_text() + "\n" + LSM_PACK.read_text())
+    res = check.check(demo_bundle, both)
+    assert len(res.aset) == len(check.parse_file(LINUX_PACK)) + len(check.parse_file(LSM_PACK))
     assert res.trace.verdict.ok
     assert [str(r.violation) for r in res.reports] == []
     st = res.checker_stats
