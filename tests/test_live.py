@@ -128,3 +128,31 @@ def test_a_hung_analysis_is_a_finding_and_the_native_goes_on(tmp_path):
     assert r.run.outcome == "hung", r.run.detail
     assert [f.type for f in r.findings] == ["VM-HANG"]
     assert replay_exact.replay(tmp_path / "native.tdm").ok
+
+
+def test_agreed_release_keeps_a_diverging_answer_from_the_client(tmp_path):
+    """--release agreed: the native's answer leaves only once the analysis gave the same one.
+    The ASan-built service dies on the planted overflow; the native answers it, but that
+    answer never reaches the client (what the client receives is the capture)."""
+    sh = Shadow(tmp_path / "native.tdm", ["asan-userland"], workdir=tmp_path / "an",
+                release="agreed", record_analyses=False)
+    sh.start()
+    got = {}
+
+    def work():
+        with KV(sh.port) as kv:
+            got["set"], got["get"] = kv.request("SET a 1"), kv.request("GET a")
+        try:
+            with KV(sh.port, timeout=8) as kv:
+                got["bug"] = kv.request(PLANTED_BUGS["asan-heap-overflow"][0])
+        except OSError:
+            got["bug"] = None                   # nothing came back
+    t = drive(sh, work)
+    run_until_native_stops(sh)
+    t.join(10)
+    s = sh.finish()
+    assert got == {"set": "OK", "get": "VALUE 1", "bug": None}, got
+    (e,) = [e for e in sh.gate.events if e.kind == "dropped"]
+    assert e.analysis == "asan-userland" and e.native == f"{PLANTED_BUGS['asan-heap-overflow'][2]}\n".encode()
+    assert any("held and dropped" in x for x in s.limits)
+    assert replay_exact.replay(tmp_path / "native.tdm").ok    # holding frames never touches the guest

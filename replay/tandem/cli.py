@@ -1,4 +1,4 @@
-"""The `tandem` command line: record, replay, assert, inspect, demo.
+"""The `tandem` command line: record, replay, assert, inspect, demo, attach/detach (libvirt).
 
 Every failure the user can cause ends as one line `tandem: error: ...` naming
 the culprit and a non-zero exit; tracebacks are for bugs only.
@@ -106,7 +106,8 @@ def cmd_shadow(args) -> int:
     sh = Shadow(args.bundle, names, workdir=Path(args.workdir) if args.workdir else None,
                 duration_ns=args.duration or 0, port=args.port, buffer_events=args.buffer_events,
                 buffer_bytes=args.buffer_bytes, record_analyses=not args.no_record,
-                metrics_port=args.metrics_port,
+                metrics_port=args.metrics_port, release=args.release,
+                agree_timeout_ns=args.agree_timeout,
                 on_finding=lambda f: console.print(
                     f"[red]FINDING[/] {f.analysis}: {f.title} (VM {f.vm_ns / 1e9:.3f}s, after {f.after_input})"))
     sh.start()
@@ -219,6 +220,65 @@ def cmd_demo(args) -> int:
     return run_demo(console, Path(args.workdir) if args.workdir else None)
 
 
+def _analysis_names(items: list[str] | None) -> list[str]:
+    return [a for item in items or [] for a in item.split(",") if a]
+
+
+def cmd_attach(args) -> int:
+    from . import virt
+    conn = virt.connect(args.uri)
+    shadows = virt.attach(conn, args.domain, _analysis_names(args.analysis), state_dir=args.state_dir,
+                          rtc_base=args.rtc_base, start=not args.no_start)
+    for s in shadows:
+        console.print(f"[bold]{s.name}[/]: {s.analysis} analysis of {s.native}"
+                      f"{'' if args.no_start else ', waiting for its feed'}", markup=True)
+        console.print(f"  feed {s.feed_socket}, qmp {s.qmp_socket}"
+                      + (f", overlay {s.overlay}" if s.overlay else ""), markup=False)
+    if args.json:
+        print(json.dumps([s.to_json() for s in shadows], indent=1))
+    return 0
+
+
+def cmd_detach(args) -> int:
+    from . import virt
+    conn = virt.connect(args.uri)
+    removed = virt.detach(conn, args.domain)
+    for s in removed:
+        console.print(f"removed {s.name} and {s.state_dir}", markup=False)
+    if args.json:
+        print(json.dumps([s.to_json() for s in removed], indent=1))
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from .plan import plan, render
+    p = plan(args.bundle, slowdown=args.slowdown, concurrency=args.concurrency,
+             from_workdir=args.from_workdir, analysis=args.analysis, stat=args.per_request,
+             boot=not args.no_boot)
+    console.print(render(p), markup=False)
+    if args.json:
+        print(json.dumps(p.to_json(), indent=1))
+    return 0
+
+
+def cmd_libvirtd(args) -> int:
+    from .virt import Libvirtd
+    d = Libvirtd(args.dir)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    try:
+        d.start()
+        console.print(f"private libvirtd running; stop with Ctrl-C\nexport LIBVIRT_DEFAULT_URI='{d.uri}'",
+                      markup=False)
+        while not stop:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        d.stop()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem", description="Record a guest at its device "
                                 "boundary and replay it exactly.")
@@ -236,6 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inputs an analysis may trail by before it is detached (default 100000)")
     r.add_argument("--buffer-bytes", type=int, default=64 << 20,
                    help="bytes of inputs an analysis may trail by before it is detached (default 64 MiB)")
+    r.add_argument("--release", choices=["now", "agreed"], default="now",
+                   help="now: the native's outputs leave at once (default); agreed: each network output "
+                        "leaves only once every analysis produced the same one")
+    r.add_argument("--agree-timeout", type=parse_duration, default=2_000_000_000,
+                   help="with --release agreed: VM time an analysis may take to answer before the "
+                        "output is released without it (default 2s)")
     r.add_argument("--no-record", action="store_true", help="do not record the analysis VMs themselves")
     r.add_argument("--metrics-port", type=int,
                    help="serve Prometheus metrics (lag, buffer, findings) on 127.0.0.1:PORT (0: any free port)")
@@ -288,6 +354,50 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("bundle")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_inspect)
+
+    r = sub.add_parser("plan", help="predict the input buffer an analysis needs (FreeDA's "
+                       "equation 2) from a recording's requests")
+    r.add_argument("bundle", help="the native's recording")
+    r.add_argument("--slowdown", type=float, metavar="F",
+                   help="how many times slower the analysis runs than the native")
+    r.add_argument("--from", dest="from_workdir", metavar="WORKDIR",
+                   help="measure the slowdown from a finished semantic replay's summary.json "
+                        "(tandem replay BUNDLE --analysis NAME --workdir WORKDIR)")
+    r.add_argument("--analysis", help="with --from: that analysis only (default: each, and the largest)")
+    r.add_argument("--concurrency", type=int, metavar="N_T",
+                   help="requests the native issues before the analysis catches up (default: "
+                        "measured from the recording for the slowdown)")
+    r.add_argument("--no-boot", action="store_true",
+                   help="the analysis is booted before the native serves: no boot backlog")
+    r.add_argument("--per-request", choices=["mean", "max"], default="mean",
+                   help="S_req as the mean request (FreeDA's choice, default) or the largest")
+    r.add_argument("--json", action="store_true", help="also print the inputs and result as JSON on stdout")
+    r.set_defaults(func=cmd_plan)
+
+    r = sub.add_parser("attach", help="create shadow analysis domains for a libvirt domain "
+                       "(DOMAIN-tandem-NAME), waiting for their feed")
+    r.add_argument("domain", help="the native libvirt domain")
+    r.add_argument("--analysis", action="append", metavar="NAME", required=True,
+                   help="analysis VM to create (repeatable, or comma-separated): "
+                        "native, kasan, ubsan, lockdep, asan-userland")
+    r.add_argument("--uri", help="libvirt URI (default: libvirt's, e.g. $LIBVIRT_DEFAULT_URI)")
+    r.add_argument("--state-dir", help="where the shadows' overlays and sockets go "
+                   "(default ~/.cache/tandem/shadows/DOMAIN)")
+    r.add_argument("--rtc-base", help="the shadows' wall clock at boot, UTC (default: now)")
+    r.add_argument("--no-start", action="store_true", help="define the shadows, do not start them")
+    r.add_argument("--json", action="store_true", help="also print the shadows as JSON on stdout")
+    r.set_defaults(func=cmd_attach)
+
+    r = sub.add_parser("detach", help="remove a libvirt domain's shadows, their overlays and sockets")
+    r.add_argument("domain")
+    r.add_argument("--uri", help="libvirt URI (default: libvirt's)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_detach)
+
+    r = sub.add_parser("libvirtd", help="run a private libvirtd (and virtlogd) with all its files "
+                       "in DIR, until Ctrl-C")
+    r.add_argument("dir", help="an empty or new directory, not under /etc, /var or /run")
+    r.set_defaults(func=cmd_libvirtd)
 
     r = sub.add_parser("demo", help="record the demo guest under client traffic and replay it")
     r.add_argument("--workdir", help="where to keep the demo bundle (default: a temp dir)")

@@ -59,6 +59,9 @@ class FeedServer:
     def horizon(self, vm_ns: int) -> None:
         self.out += HEADER.pack(0, HORIZON, 0, vm_ns)
 
+    def send(self, type_: int, channel: int, value: int, data: bytes = b"") -> None:
+        self.out += HEADER.pack(len(data), type_, channel, value) + data
+
     def flush(self) -> None:
         if self.out:
             try:

@@ -17,6 +17,8 @@ log's end has been read after that time.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +27,8 @@ from pathlib import Path
 from . import bundle, inputs, metrics, pcapng, replay_semantic, report
 from . import findings as findings_mod
 from .errors import TandemError
+from .feedproto import FeedServer
+from .gate import Gate
 from .record import Recording
 from .semantic import Summary, summarize
 
@@ -50,7 +54,8 @@ class Shadow:
                  duration_ns: int = 0, port: int | None = None, buffer_events: int = 100_000,
                  buffer_bytes: int = 64 << 20, record_analyses: bool = True, on_finding=None,
                  buffer_events_of: dict[str, int] | None = None,
-                 hang_wall_s: float = replay_semantic.HANG_WALL_S, metrics_port: int | None = None):
+                 hang_wall_s: float = replay_semantic.HANG_WALL_S, metrics_port: int | None = None,
+                 release: str = "now", agree_timeout_ns: int = 2_000_000_000):
         self.path = Path(bundle_dir)
         self.analyses = list(dict.fromkeys(analyses))
         if not self.analyses:
@@ -58,7 +63,17 @@ class Shadow:
         for a in self.analyses:
             replay_semantic.analysis_guest(a)       # unknown name, missing kernel: fail now
         self.workdir = workdir or self.path.with_name(self.path.name + ".analysis")
-        self.native = Recording(self.path, duration_ns=duration_ns, port=port)
+        if release not in ("now", "agreed"):
+            raise TandemError(f"unknown release policy {release!r} (known: now, agreed)")
+        self.release = release
+        self.agree_timeout_ns = agree_timeout_ns
+        self.gate: Gate | None = None
+        self._gate_server: FeedServer | None = None
+        self._tmp = Path(tempfile.mkdtemp(prefix="tandem-shadow-"))
+        if release == "agreed":
+            self._gate_server = FeedServer(self._tmp / "gate.sock")
+        self.native = Recording(self.path, duration_ns=duration_ns, port=port,
+                                gate_socket=self._gate_server.path if self._gate_server else None)
         self.rec = inputs.Recording([], [], None, [], finished=False, path=str(self.path))
         per = buffer_events_of or {}
         self.followers = [Follower(a, replay_semantic.Buffer(per.get(a, buffer_events), buffer_bytes))
@@ -78,6 +93,10 @@ class Shadow:
 
     def start(self) -> Shadow:
         self.native.start()
+        if self._gate_server:
+            self._gate_server.accept(30)
+            self.gate = Gate(self._gate_server, self.rec, self.followers, timeout_vm_ns=self.agree_timeout_ns)
+            self.gate.start()
         self.rec.created = self.native.manifest["created"][:19]
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._findings_file = open(self.workdir / "findings.jsonl", "w")
@@ -192,6 +211,16 @@ class Shadow:
         runs = {f.analysis: f.run for f in self.followers}
         s = summarize(self.path, self.rec, self.analyses, runs, None, noise, self.workdir)
         self._findings_file.close()
+        if self.gate:
+            self.gate.thread.join(10)
+            s.limits += [f"gate: {e.describe()}" for e in self.gate.events]
+            (self.workdir / "gate.json").write_text(json.dumps(
+                {"released": self.gate.released, "dropped": self.gate.dropped,
+                 "events": [{"kind": e.kind, "analysis": e.analysis, "flow": e.flow, "offset": e.offset,
+                             "native": e.native.decode("latin-1"), "analysis_bytes": e.analysis_bytes.decode("latin-1"),
+                             "vm_ns": e.vm_ns} for e in self.gate.events]}, indent=1))
+            self._gate_server.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
         peaks = {f.analysis: {"peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes}
                  for f in self.followers}
         (self.workdir / "buffers.json").write_text(json.dumps(peaks, indent=1))

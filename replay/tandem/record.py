@@ -77,7 +77,8 @@ class Recording:
     """One recording in progress. Use as a context manager, or start()/finish()."""
 
     def __init__(self, path: str | Path, guest: Guest | None = None, *,
-                 duration_ns: int = 0, port: int | None = None, assertions: dict | None = None):
+                 duration_ns: int = 0, port: int | None = None, gate_socket: Path | None = None,
+                 assertions: dict | None = None):
         """assertions: a declared assertion pack ({path, sha256, ...}) for the manifest;
         it changes nothing in the recorded run (the checking happens on replay)."""
         self.path = Path(path)
@@ -85,6 +86,7 @@ class Recording:
         self.guest = guest or Guest.default()
         self.duration_ns = duration_ns
         self.port = port or free_port()
+        self.gate_socket = gate_socket
         self.vm: VM | None = None
         self.stop_reason: str | None = None
         self._tmp = None
@@ -99,7 +101,7 @@ class Recording:
         self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
         run = Run("record", Path(self._tmp), rrfile=self.path / bundle.STREAM,
                   devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
-                  hostfwd_port=self.port, stop_after_ns=self.duration_ns)
+                  hostfwd_port=self.port, stop_after_ns=self.duration_ns, gate_socket=self.gate_socket)
         self.vm = VM(g, run)
         self.t0 = time.monotonic()
         try:

@@ -107,6 +107,10 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
             # it ran, its feed's inputs now coming from the log.
             run.mode, run.rr = "analysis", "replay"
             run.rtc_base, run.feed_lookahead_ns = machine["rtc_base"], machine["lookahead_ns"]
+        if machine.get("libvirt"):
+            # Recorded in a libvirt domain: what libvirt added that the guest sees.
+            from .virt import replay_args
+            run.extra = replay_args(machine["libvirt"])
         vm = VM(guest, run)
         t0 = time.monotonic()
         with vm:

@@ -86,6 +86,7 @@ class Run:
     icount: bool = True            # plain mode: with or without -icount
     qemu: dict | None = None       # artifacts.qemu() unless given (benchmarks: qemu_stock())
     feed_socket: Path | None = None  # analysis mode: the feed controller's unix socket
+    gate_socket: Path | None = None  # record mode: hold the guest's frames for tandem (filter-gate)
     feed_lookahead_ns: int = 0       # analysis mode: outputs pull the horizon in by this
     rtc_base: str = "2026-01-01T00:00:00"  # analysis mode: the guest's wall clock at boot
     rr: str | None = None            # analysis mode: "record" the run, or "replay" a recorded one
@@ -186,6 +187,12 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
                  "-object", "rng-builtin,id=rng0", "-device", "virtio-rng-pci,rng=rng0"]
     if run.mode in ("record", "replay"):   # analysis runs: the feed is logged instead
         argv += ["-object", "filter-replay,id=rr-net0,netdev=net0"]
+    if run.gate_socket:
+        # The guest's outgoing frames wait for tandem (release policy "agreed"). At the
+        # head of the list, so that on the way out it comes after the device log, which
+        # stamps each frame when the guest sent it, not when the gate let it go.
+        argv += ["-chardev", f"socket,id=gatesock,path={run.gate_socket}",
+                 "-object", "filter-gate,id=gate0,netdev=net0,queue=rx,chardev=gatesock,position=head"]
     if run.devlog:
         dl = f"devlog,id=devlog,path={run.devlog},chardev=serial0,rng=rng0"
         dl += ",drive=disk0" if guest.disk_base else ""

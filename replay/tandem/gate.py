@@ -1,0 +1,166 @@
+"""Release policy "agreed": a native output leaves only once every analysis agrees.
+
+QEMU's filter-gate (qemu-patches/0012) holds every frame the native guest sends and
+offers it here (HELD); this decides RELEASE or DROP. Frames without TCP payload (ACKs,
+handshakes, ARP, ...) go at once. A TCP payload frame of the guest's service is the
+native's bytes [a, b) of that connection's output stream; it is released when every
+live analysis has produced bytes [a, b) on the same connection and they are equal
+(N-variant execution); dropped, and reported, when an analysis produced different
+bytes or closed the connection short of b (the divergence never reaches the client).
+An analysis that has crashed, hung or been detached no longer has a say. An analysis
+that has taken the connection's last input but still has not answered after
+`timeout_vm_ns` of its own VM time does not hold the native forever: the frame is
+released and that is reported. Frames of one connection leave in order.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from . import netpkt
+from .feedproto import FeedServer
+
+HELD, RELEASE, DROP = 32, 33, 34
+SYN, ACK = 0x02, 0x10
+
+
+@dataclass
+class Held:
+    id: int
+    vm_ns: int
+    frame: bytes
+    key: tuple | None = None        # (client ip, port, server ip, port) for TCP payload frames
+    a: int = 0
+    b: int = 0
+    payload: bytes = b""
+    since: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class GateEvent:
+    kind: str                       # "dropped" (a divergence caught) | "timeout" (released anyway)
+    analysis: str
+    flow: int
+    offset: int
+    native: bytes
+    analysis_bytes: bytes
+    vm_ns: int
+
+    def describe(self) -> str:
+        if self.kind == "dropped":
+            return (f"native output held and dropped: flow {self.flow} bytes {self.offset}.."
+                    f"{self.offset + len(self.native)} {self.native[:60]!r}, {self.analysis} produced "
+                    f"{self.analysis_bytes[:60]!r}")
+        return (f"native output released without {self.analysis}'s agreement (no answer within the "
+                f"timeout): flow {self.flow} bytes {self.offset}..{self.offset + len(self.native)}")
+
+
+class Gate:
+    def __init__(self, server: FeedServer, rec, followers, *, timeout_vm_ns: int = 2_000_000_000):
+        self.server, self.rec, self.followers = server, rec, followers
+        self.timeout_vm_ns = timeout_vm_ns
+        self.queues: dict[tuple, list[Held]] = {}     # per connection, in order
+        self.isn: dict[tuple, int] = {}               # the guest's initial sequence number
+        self.dropped_flows: set[tuple] = set()
+        self.events: list[GateEvent] = []
+        self.released = self.dropped = 0
+        self.stop = False
+        self.thread = threading.Thread(target=self._loop, name="tandem-gate", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop:
+            msgs = self.server.receive(0.05)
+            if msgs is None:
+                return                                  # the native has exited
+            for m in msgs:
+                if m.type == HELD:
+                    self._held(Held(m.vm_ns, int.from_bytes(m.data[:8], "little"), m.data[8:]))
+            for key in list(self.queues):
+                self._decide(key)
+            self.server.flush()
+
+    def _held(self, h: Held) -> None:
+        seg = netpkt.tcp4(h.frame)
+        if seg is None:
+            return self._release(h)
+        ip_src, sport, ip_dst, dport, seq, flags, payload = seg
+        key = (ip_dst, dport, ip_src, sport)            # as the recording names the connection
+        if flags & SYN and flags & ACK:
+            self.isn[key] = seq
+        if payload and key in self.isn:
+            h.key, h.payload = key, payload
+            h.a = (seq - self.isn[key] - 1) & 0xFFFFFFFF
+            h.b = h.a + len(payload)
+        if key in self.queues or h.key is not None:
+            self.queues.setdefault(key, []).append(h)   # behind this connection's held output
+        else:
+            self._release(h)
+
+    def _flow(self, key: tuple) -> int | None:
+        for fl in self.rec.flows:
+            if (fl.client, fl.server) == ((key[0], key[1]), (key[2], key[3])):
+                return fl.index
+        return None
+
+    def _decide(self, key: tuple) -> None:
+        q = self.queues[key]
+        while q:
+            h = q[0]
+            if h.key is None:
+                self._release(h)
+            elif key in self.dropped_flows:
+                self._drop(h)
+            else:
+                verdict = self._agreement(h)
+                if verdict is None:
+                    return                              # wait for the analyses
+                (self._release if verdict else self._drop)(h)
+            q.pop(0)
+        del self.queues[key]
+
+    def _agreement(self, h: Held) -> bool | None:
+        """True: every live analysis agrees; False: one diverged; None: not yet known."""
+        flow = self._flow(h.key)
+        if flow is None:
+            return None                                 # the recording has not seen it yet
+        waiting = False
+        for f in self.followers:
+            run = f.run
+            if run is None or run.outcome not in ("running", "poweroff", "finished"):
+                continue                                # crashed, hung, detached: no say
+            pf = run.peer.flows.get(flow) if run.peer else None
+            got = b"".join(d for _, d in pf.guest_data) if pf else b""
+            if len(got) >= h.b:
+                if got[h.a:h.b] != h.payload:
+                    return self._diverged(h, f.analysis, flow, got[h.a:h.b])
+                continue
+            if (pf and (pf.reset or pf.guest_fin)) or run.outcome != "running":
+                return self._diverged(h, f.analysis, flow, got[h.a:])
+            last = max((d.vm_ns for d in run.delivered if d.input.flow == flow), default=None)
+            if last is not None and run.end_ns - last > self.timeout_vm_ns \
+                    and all(i.flow != flow for i in self._undelivered(f)):
+                self.events.append(GateEvent("timeout", f.analysis, flow, h.a, h.payload, b"", h.vm_ns))
+                continue
+            waiting = True
+        return None if waiting else True
+
+    def _undelivered(self, f) -> list:
+        taken = {id(d.input) for d in f.run.delivered}
+        return [i for i in self.rec.inputs if id(i) not in taken and i.kind != "rng"]
+
+    def _diverged(self, h: Held, analysis: str, flow: int, theirs: bytes) -> bool:
+        self.events.append(GateEvent("dropped", analysis, flow, h.a, h.payload, theirs, h.vm_ns))
+        self.dropped_flows.add(h.key)
+        return False
+
+    def _release(self, h: Held) -> None:
+        self.server.send(RELEASE, 0, h.id)
+        self.released += 1
+
+    def _drop(self, h: Held) -> None:
+        self.server.send(DROP, 0, h.id)
+        self.dropped += 1

@@ -1,0 +1,256 @@
+"""tandem's VMs as libvirt domains, under a real private libvirtd and the patched QEMU.
+
+Each test starts what it needs: the daemon (libvirtd + virtlogd, all files in a temp
+directory), domains, QEMU. `virsh` is the plain libvirt client, as a user would run it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line_error, run_cli
+from tandem import artifacts, bundle, feedproto, record, virt
+from tandem.replay_exact import replay
+from tandem.vm import Guest, Run, Serial, free_port, make_overlay
+from tandem.workload import KV
+
+
+def virsh(uri: str, *args: str, check: bool = True) -> str:
+    r = subprocess.run(["virsh", "-c", uri, *args], check=False, capture_output=True, text=True, timeout=60)
+    if check:
+        assert r.returncode == 0, f"virsh {' '.join(args)}: {r.stderr}"
+    return r.stdout
+
+
+def names(uri: str, *flags: str) -> set[str]:
+    return {n for n in virsh(uri, "list", "--name", *flags).split() if n}
+
+
+def wait_for(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (v := cond()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return v
+
+
+@pytest.fixture(scope="module")
+def libvirtd(built, tmp_path_factory):
+    d = virt.Libvirtd(tmp_path_factory.mktemp("virt") / "libvirt")
+    d.start()
+    yield d
+    d.stop()
+
+
+def test_private_libvirtd_starts_and_leaves_nothing(built, tmp_path):
+    host = {p: Path(p).exists() for p in ("/run/libvirt", "/var/lib/libvirt", "/var/log/libvirt")}
+    passwd = hashlib.sha256(Path("/etc/passwd").read_bytes()).hexdigest()
+    d = virt.Libvirtd(tmp_path / "lv")
+    d.start()
+    try:
+        pids = d.pids()
+        assert set(pids) == {"libvirtd", "virtlogd"} and all(virt._alive(p) for p in pids.values())
+        assert virsh(d.uri, "uri").strip() == d.uri
+        assert names(d.uri, "--all") == set()
+        # The daemon's /run, /etc and /var are its own: the host's are untouched.
+        assert {p: Path(p).exists() for p in host} == host
+        assert hashlib.sha256(Path("/etc/passwd").read_bytes()).hexdigest() == passwd
+        assert "tandem-libvirt" not in Path("/proc/self/mountinfo").read_text()
+        assert (d.dir / "run" / "libvirt" / "virtlogd-sock").exists()
+        # The daemon sees its own libvirt directories only, not the host's (/etc/libvirt
+        # has libvirt.conf from libvirt-clients).
+        seen = {p.name for p in Path(f"/proc/{pids['libvirtd']}/root/etc/libvirt").iterdir()}
+        assert "qemu.conf" in seen and "libvirt.conf" not in seen, seen
+        assert set(pids.values()) <= set(d.processes())
+    finally:
+        d.stop()
+    assert not any(virt._alive(p) for p in pids.values())
+    assert d.processes() == [] and not d.dir.exists()
+
+
+def test_domain_xml_resolves_libvirt_conflicts(libvirtd, tmp_path):
+    """What libvirt generates itself is not passed twice; -rtc is libvirt's, as tandem's."""
+    g = Guest.default()
+    run = Run("analysis", tmp_path, overlay=tmp_path / "d.qcow2", feed_socket=tmp_path / "f.sock",
+              rtc_base="2026-01-01T00:00:00")
+    xml = virt.domain_xml("conflicts", g, run)
+    root = ET.fromstring(xml)
+    passed = [a.get("value") for a in root.iter(f"{{{virt.QEMU_NS}}}arg")]
+    assert not set(passed) & set(virt.LIBVIRT_OWNS)
+    assert passed[:2] == ["-L", artifacts.qemu()["firmware_dir"]] and "-icount" in passed
+    clock = root.find("clock")
+    assert clock.get("offset") == "absolute" and clock.get("start") == "1767225600"
+    conn = virt.connect(libvirtd.uri)
+    conn.defineXML(xml)
+    try:
+        argv = virsh(libvirtd.uri, "domxml-to-native", "qemu-argv", "--domain", "conflicts").split()
+    finally:
+        conn.lookupByName("conflicts").undefine()
+    for once in ("-rtc", "-m", "-smp", "-accel", "-nodefaults", "-kernel", "-icount", "-L"):
+        assert argv.count(once) == 1, once
+    assert argv[argv.index("-rtc") + 1] == "base=2026-01-01T00:00:00,clock=vm"
+    assert argv[argv.index("-accel") + 1] == "tcg" and "-no-acpi" not in argv
+    with pytest.raises(virt.TandemError, match="only under TCG"):
+        virt.domain_xml("k", g, run, virt_type="kvm")
+    # A plain run without icount may be a kvm domain (written, not run here: docs/libvirt.md).
+    kvm = ET.fromstring(virt.domain_xml("k", g, Run("plain", tmp_path, overlay=tmp_path / "d.qcow2", icount=False),
+                                        virt_type="kvm"))
+    passed = [a.get("value") for a in kvm.iter(f"{{{virt.QEMU_NS}}}arg")]
+    assert kvm.get("type") == "kvm" and "-accel" not in passed and "-icount" not in passed
+
+
+def test_tandem_domain_boots_serves_and_replays(libvirtd, tmp_path):
+    """The native as a libvirt domain: tandem's record argv, the demo service through the
+    host port forward, virsh list/dominfo; its recording replays exactly outside libvirt."""
+    g = Guest.default()
+    path, rundir, port = tmp_path / "native.tdm", tmp_path / "run", free_port()
+    rundir.mkdir()
+    uuid = "5a4d1e2b-0000-4000-8000-000000000001"
+    m = record.start_manifest(path, g, {"libvirt": {"uuid": uuid},
+                                        "net": {"backend": "user", "hostfwd_port": port, "guest_port": 7000}})
+    run = Run("record", rundir, rrfile=path / bundle.STREAM, devlog=path / bundle.DEVLOG,
+              overlay=path / record.OVERLAY, hostfwd_port=port)
+    conn = virt.connect(libvirtd.uri)
+    dom = conn.defineXML(virt.domain_xml("native", g, run, uuid=uuid))
+    t0 = time.monotonic()
+    dom.create()
+    assert "native" in names(libvirtd.uri)
+    info = dict(line.split(":", 1) for line in virsh(libvirtd.uri, "dominfo", "native").splitlines() if ":" in line)
+    assert info["State"].strip() == "running" and info["CPU(s)"].strip() == "1"
+    assert info["Max memory"].strip() == f"{g.memory_mb * 1024} KiB"
+    serial = Serial(wait_for(lambda: (rundir / "serial.sock").exists() and rundir / "serial.sock", 30,
+                             "the serial socket"))
+    serial.wait_for(b"TANDEM-READY", 120)
+    with KV(port) as kv:
+        assert kv.request("SET libvirt yes") == "OK"
+        assert kv.request("GET libvirt") == "VALUE yes"
+    serial.type("poweroff")
+    wait_for(lambda: not dom.isActive(), 60, "the guest to power off")
+    serial.close()
+    assert "native" not in names(libvirtd.uri) and "native" in names(libvirtd.uri, "--inactive")
+    m = record.seal(path, m, status=0, wall_s=time.monotonic() - t0, stop_reason="poweroff")
+    assert m["state"] == "complete"
+    v = replay(path)
+    assert v.ok, v.summary()
+    dom.undefine()
+
+
+def native_xml(tmp_path: Path, name: str = "web", nic: str = "virtio") -> str:
+    """A domain as a user writes it for libvirt: a disk, tandem's kernel, user networking."""
+    g = Guest.default()
+    disk = tmp_path / f"{name}.qcow2"
+    make_overlay(g.disk_base, disk)
+    return f"""<domain type='qemu'>
+  <name>{name}</name>
+  <memory unit='MiB'>256</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type>
+    <kernel>{g.kernel}</kernel><initrd>{g.initrd}</initrd><cmdline>{g.cmdline}</cmdline></os>
+  <devices>
+    <emulator>{artifacts.qemu()['binary']}</emulator>
+    <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>
+      <source file='{disk}'/><target dev='vda' bus='virtio'/></disk>
+    <interface type='user'><mac address='52:54:00:7a:6e:01'/><model type='{nic}'/></interface>
+  </devices>
+</domain>"""
+
+
+def shadow_pid(d: virt.Libvirtd, name: str) -> int:
+    return int((d.dir / "run" / "libvirt" / "qemu" / f"{name}.pid").read_text())
+
+
+def test_attach_and_detach(libvirtd, tmp_path):
+    uri = libvirtd.uri
+    (tmp_path / "web.xml").write_text(native_xml(tmp_path))
+    virsh(uri, "define", str(tmp_path / "web.xml"))
+    state = tmp_path / "shadows"
+    r = run_cli("attach", "web", "--analysis", "native,kasan", "--uri", uri, "--state-dir", str(state), "--json")
+    assert r.returncode == 0, r.stderr
+    shadows = {s["analysis"]: s for s in json.loads(r.stdout)}
+    assert set(shadows) == {"native", "kasan"}
+    assert names(uri) == {"web-tandem-native", "web-tandem-kasan"}          # the native is not started
+    assert "shut off" in virsh(uri, "dominfo", "web")
+
+    # The shadows: the analysis kernel, the native's MAC, an overlay over the native's disk.
+    kasan = shadows["kasan"]
+    cmdline = Path(f"/proc/{shadow_pid(libvirtd, 'web-tandem-kasan')}/cmdline").read_bytes().split(b"\0")
+    assert artifacts.kernel("kasan")["bzImage"].encode() in cmdline
+    assert any(b"mac=52:54:00:7a:6e:01" in a for a in cmdline)
+    info = json.loads(subprocess.run([artifacts.qemu()["img"], "info", "--output=json", "-U", kasan["overlay"]],
+                                     capture_output=True, text=True, check=True).stdout)
+    assert info["format"] == "qcow2" and info["backing-filename"] == str(tmp_path / "web.qcow2")
+    assert "<tandem:shadow" in virsh(uri, "dumpxml", "web-tandem-kasan")
+    assert "Max memory:     524288 KiB" in virsh(uri, "dominfo", "web-tandem-kasan")
+
+    # tandem's own QMP monitor, next to libvirt's: the feed holds the VM at time 0.
+    sh = virt.Shadow(**{k: Path(v) if k.endswith(("dir", "socket", "overlay")) else v
+                        for k, v in kasan.items()})
+    qmp = sh.qmp()
+    assert qmp.command("query-status")["status"] == "running"           # held, not stopped
+    assert qmp.command("qom-get", path="/objects/feed", property="horizon") == 0
+    qmp.close()
+
+    # Fed a horizon, it runs there and says WAIT.
+    srv = feedproto.FeedServer(Path(kasan["feed_socket"]))
+    try:
+        srv.accept(10)
+        srv.horizon(20_000_000)
+        srv.flush()
+        got: list[feedproto.Message] = []
+        deadline = time.monotonic() + 60
+        while not any(m.type == feedproto.WAIT for m in got) and time.monotonic() < deadline:
+            msgs = srv.receive(1.0)
+            assert msgs is not None, "the shadow's QEMU closed its feed"
+            got += msgs
+        wait = [m for m in got if m.type == feedproto.WAIT]
+        assert wait and wait[0].vm_ns >= 20_000_000
+    finally:
+        srv.conn.close()
+        srv.listener.close()        # the socket file stays: detach must remove it
+
+    # virsh destroy behaves as on any domain.
+    native_pid = shadow_pid(libvirtd, "web-tandem-native")
+    virsh(uri, "destroy", "web-tandem-native")
+    assert "web-tandem-native" not in names(uri) and "web-tandem-native" in names(uri, "--inactive")
+    wait_for(lambda: not virt._alive(native_pid), 10, "the destroyed shadow's QEMU to exit")
+
+    r = run_cli("detach", "web", "--uri", uri)
+    assert r.returncode == 0, r.stderr
+    assert names(uri, "--all") == {"web"}
+    assert not state.exists()                                  # overlays, sockets, state dirs
+    assert (tmp_path / "web.qcow2").is_file()                  # the native's disk is the native's
+    assert libvirtd.others() == []                             # no QEMU left
+    virsh(uri, "undefine", "web")
+
+
+def test_attach_refuses_with_one_line(libvirtd, tmp_path):
+    uri = libvirtd.uri
+    (tmp_path / "db.xml").write_text(native_xml(tmp_path, "db"))
+    (tmp_path / "old.xml").write_text(native_xml(tmp_path, "old", nic="e1000"))
+    virsh(uri, "define", str(tmp_path / "db.xml"))
+    virsh(uri, "define", str(tmp_path / "old.xml"))
+    try:
+        assert_one_line_error(run_cli("attach", "nosuch", "--analysis", "kasan", "--uri", uri), "nosuch")
+        assert_one_line_error(run_cli("attach", "db", "--analysis", "valgrind", "--uri", uri), "valgrind")
+        assert_one_line_error(run_cli("attach", "db", "--analysis", "native", "--uri", uri,
+                                      "--rtc-base", "yesterday"), "--rtc-base")
+        assert_one_line_error(run_cli("attach", "old", "--analysis", "native", "--uri", uri,
+                                      "--state-dir", str(tmp_path / "s1")), "e1000")
+        assert not (tmp_path / "s1").exists() or not any((tmp_path / "s1").iterdir())
+        assert names(uri, "--all") == {"db", "old"}
+        r = run_cli("attach", "db", "--analysis", "native", "--uri", uri, "--no-start",
+                    "--state-dir", str(tmp_path / "s2"))
+        assert r.returncode == 0, r.stderr
+        assert_one_line_error(run_cli("attach", "db", "--analysis", "native", "--uri", uri), "already defined")
+        assert run_cli("detach", "db", "--uri", uri).returncode == 0
+        assert_one_line_error(run_cli("detach", "db", "--uri", uri), "no tandem shadows")
+        assert_one_line_error(run_cli("attach", "db", "--analysis", "kasan", "--uri", "qemu+unix:///system?socket=/nonexistent"),
+                              "libvirt")
+    finally:
+        for n in ("db", "old"):
+            virsh(uri, "undefine", n, check=False)
