@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .. import bundle, inputs, pcapng
 from ..errors import TandemError
+from ..report.symbolize import short_path
 from . import trace
 from .automata import Checker, Violation
 from .events import Event
@@ -152,7 +153,7 @@ class Frame:
         loc = ""
         if self.lines:
             _, file, line = self.lines[-1]          # the outermost: the function itself
-            loc = f"  {_short(file)}:{line}"
+            loc = f"  {short_path(file)}:{line}"
             inl = [f for f, _, _ in self.lines[:-1]]
             if inl:
                 loc += f" (inlined: {', '.join(inl)})"
@@ -181,14 +182,6 @@ class Report:
                  code=[{"addr": a, "insn": t, "here": h} for a, t, h in self.code],
                  request=self.request.__dict__ if self.request else None)
         return d
-
-
-def _short(path: str) -> str:
-    for marker in ("guest-kernel/", "/linux-src/"):
-        if marker in path:
-            rest = path.split(marker, 1)[1]
-            return "guest-kernel/" + rest if marker == "guest-kernel/" else rest.split("/", 1)[-1]
-    return path
 
 
 def _context(v: Violation, kern: Kernel, comm: str, exact: int, ins: Inputs) -> Report:
