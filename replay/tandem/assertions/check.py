@@ -27,7 +27,7 @@ from . import trace
 from .automata import Checker, Violation
 from .events import Event
 from .kernel import Kernel
-from .lang import AssertionSet, parse_file
+from .lang import AssertionLangError, AssertionSet, parse_file
 
 
 def pack_identity(path: str | Path) -> dict:
@@ -77,7 +77,13 @@ def symbol_sources(kern: Kernel) -> list:
 
 
 def load_pack(path: str | Path, kern: Kernel, select: list[str] | None = None) -> AssertionSet:
-    aset = parse_file(path, symbols=symbol_sources(kern))
+    try:
+        aset = parse_file(path, symbols=symbol_sources(kern))
+    except AssertionLangError as e:
+        if "unknown symbol" in e.msg and len(kern.images) == 1:
+            raise AssertionLangError(e.file, e.line, e.col, e.msg + " (the recording's console names "
+                                     "no loaded module: its module symbols are unknown)") from None
+        raise
     if select:
         aset = aset.select(select)
     for a in aset.assertions:          # a site must be an instruction of this kernel
