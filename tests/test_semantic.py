@@ -22,7 +22,7 @@ EXPECTED = {
     "kasan": {("KASAN", "slab-out-of-bounds Write in tb_note_store"): "kasan-oob",
               ("KASAN", "slab-use-after-free Read in tb_session_account"): "kasan-uaf",
               ("KASAN", "slab-use-after-free Read in lkdtm_READ_AFTER_FREE"): "lkdtm-uaf"},
-    "ubsan": {("UBSAN", "shift-out-of-bounds in tb_write"): "ubsan-shift",
+    "ubsan": {("UBSAN", "shift-out-of-bounds in tb_proc_write"): "ubsan-shift",
               ("UBSAN", "array-index-out-of-bounds in tb_hist_read"): "ubsan-index",
               # the bounds sanitizer also sees the off-by-one store of the oob request
               ("UBSAN", "array-index-out-of-bounds in tb_note_store"): "kasan-oob"},
@@ -174,6 +174,6 @@ def test_missing_analysis_kernel_is_a_one_line_error(demo_bundle, tmp_path):
 def test_cli_prints_findings_and_exits_1(bugs_bundle, tmp_path):
     r = run_cli("replay", str(bugs_bundle), "--analysis", "ubsan", "--no-noise", "--workdir", str(tmp_path))
     assert r.returncode == 1, r.stderr
-    assert "FINDING UBSAN: shift-out-of-bounds in tb_write" in r.stderr
+    assert "FINDING UBSAN: shift-out-of-bounds in tb_proc_write" in r.stderr
     assert "after tcp-data" in r.stderr
     assert (tmp_path / "findings.jsonl").read_text().count("\n") == 3

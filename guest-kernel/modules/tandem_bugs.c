@@ -12,12 +12,20 @@
  *   lock-ba    stats lock, then table lock  circular lock dependency      (lockdep)
  *   shift N    bucket mask 1 << N         shift-out-of-bounds if N >= 32  (UBSAN)
  *   index N    read histogram slot N      array-index-out-of-bounds if N == 8 (UBSAN)
+ *   update K   audit hook, then table update of key K (keys >= 1000 are refused)
+ *   update-nocheck K
+ *              table update without the audit hook   (tandem's temporal assertions)
  *
  * Every bug is chosen to be invisible on a kernel without sanitizers: the overflow
  * stays inside the slack of its kmalloc slot, freed memory and the word after the
- * array are only read, the shift wraps silently on x86, and the two lock orders are
- * never taken at the same time. A write returns its length, so kvd answers OK
- * whichever kernel runs.
+ * array are only read, the shift wraps silently on x86, the two lock orders are
+ * never taken at the same time, and a key the hook would allow is updated the same
+ * with or without it. A write returns its length, so kvd answers OK whichever
+ * kernel runs.
+ *
+ * tb_proc_write, tb_audit_check, tb_table_update and tb_table_lock_acquire/release
+ * are noinline and keep these names: the Linux assertion pack
+ * (guest-kernel/assertions/linux-6.12.tesla) watches them from the hypervisor.
  */
 #include <linux/kernel.h>
 #include <linux/module.h>
@@ -122,15 +130,27 @@ static int tb_uaf(void)
 static DEFINE_MUTEX(tb_table_lock);
 static DEFINE_MUTEX(tb_stats_lock);
 static unsigned long tb_table_updates, tb_stats_writes;
+static u32 tb_table[16];		/* the last keys updated, by key % 16 */
 
-static noinline void tb_table_update(void)	/* table -> stats */
+static noinline void tb_table_lock_acquire(void)
 {
 	mutex_lock(&tb_table_lock);
+}
+
+static noinline void tb_table_lock_release(void)
+{
+	mutex_unlock(&tb_table_lock);
+}
+
+static noinline void tb_table_update(u32 key)	/* table -> stats */
+{
+	tb_table_lock_acquire();
+	WRITE_ONCE(tb_table[key % ARRAY_SIZE(tb_table)], key);
 	tb_table_updates++;
 	mutex_lock(&tb_stats_lock);
 	tb_stats_writes++;
 	mutex_unlock(&tb_stats_lock);
-	mutex_unlock(&tb_table_lock);
+	tb_table_lock_release();
 }
 
 static noinline void tb_stats_reset(void)	/* stats -> table */
@@ -146,6 +166,39 @@ static noinline void tb_stats_reset(void)	/* stats -> table */
 	tb_table_updates = 0;
 	mutex_unlock(&tb_table_lock);
 	mutex_unlock(&tb_stats_lock);
+}
+
+/* --- update / update-nocheck: a table update and the audit hook that must precede it */
+
+#define TB_KEY_RESERVED 1000
+static unsigned long tb_audits;
+
+/* The hook every table update must pass first: 0 allows, -EACCES refuses. */
+static noinline int tb_audit_check(u32 key)
+{
+	tb_audits++;
+	return key < TB_KEY_RESERVED ? 0 : -EACCES;
+}
+
+static int tb_checked_update(u32 key)
+{
+	int ret = tb_audit_check(key);
+
+	if (ret)
+		return ret;
+	tb_table_update(key);
+	return 0;
+}
+
+/*
+ * BUG: the update goes through without tb_audit_check(). For a key the hook allows
+ * the result is the same, so nothing shows; only an assertion that the hook returned
+ * 0 before each tb_table_update() in the same write notices.
+ */
+static int tb_unchecked_update(u32 key)
+{
+	tb_table_update(key);
+	return 0;
 }
 
 /* --- shift / index: request-derived shift count and array index ------------------ */
@@ -182,10 +235,12 @@ static int tb_dispatch(char *cmd)
 		return tb_note_store(arg, strlen(arg));
 	if (!strcmp(cmd, "uaf") && !arg)
 		return tb_uaf();
-	if (!strcmp(cmd, "lock-ab") && !arg) {
-		tb_table_update();
-		return 0;
-	}
+	if (!strcmp(cmd, "lock-ab") && !arg)
+		return tb_checked_update(0);
+	if (!strcmp(cmd, "update") && arg && !kstrtouint(arg, 0, &n))
+		return tb_checked_update(n);
+	if (!strcmp(cmd, "update-nocheck") && arg && !kstrtouint(arg, 0, &n))
+		return tb_unchecked_update(n);
 	if (!strcmp(cmd, "lock-ba") && !arg) {
 		tb_stats_reset();
 		return 0;
@@ -199,8 +254,8 @@ static int tb_dispatch(char *cmd)
 	return -EINVAL;
 }
 
-static ssize_t tb_write(struct file *file, const char __user *ubuf, size_t count,
-			loff_t *ppos)
+static noinline ssize_t tb_proc_write(struct file *file, const char __user *ubuf,
+				      size_t count, loff_t *ppos)
 {
 	char *cmd;
 	int ret;
@@ -216,7 +271,7 @@ static ssize_t tb_write(struct file *file, const char __user *ubuf, size_t count
 }
 
 static const struct proc_ops tb_proc_ops = {
-	.proc_write = tb_write,
+	.proc_write = tb_proc_write,
 	.proc_lseek = noop_llseek,
 };
 

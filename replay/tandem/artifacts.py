@@ -53,6 +53,11 @@ def modules(flavor: str = "native") -> dict:
     return _load(f"modules-{flavor}")
 
 
+def plugin_calls() -> dict:
+    """{plugin (.so path), key}: the TCG plugin behind the temporal assertions"""
+    return _load("plugin-calls")
+
+
 def guest() -> dict:
     """{initramfs_native, initramfs_asan, disk_base, and their _sha256}"""
     return _load("guest")

@@ -1,4 +1,4 @@
-"""The `tandem` command line: record, replay, inspect, demo, attach/detach (libvirt).
+"""The `tandem` command line: record, replay, assert, inspect, demo, attach/detach (libvirt).
 
 Every failure the user can cause ends as one line `tandem: error: ...` naming
 the culprit and a non-zero exit; tracebacks are for bugs only.
@@ -54,7 +54,12 @@ def cmd_record(args) -> int:
     guest = Guest.default(args.kernel, args.userland)
     if args.kernel_image:
         guest.kernel = args.kernel_image
-    rec = Recording(args.bundle, guest, duration_ns=args.duration or 0, port=args.port)
+    declared = None
+    if args.assertions:     # checked now, so a broken pack is found before the recording
+        from .assertions.check import declare_pack
+        declared = declare_pack(args.assertions, args.kernel)
+    rec = Recording(args.bundle, guest, duration_ns=args.duration or 0, port=args.port,
+                    assertions=declared)
     rec.start()
     console.print(f"recording {args.bundle}: guest service on 127.0.0.1:{rec.port}, "
                   f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
@@ -136,6 +141,17 @@ def cmd_replay(args) -> int:
                           "replay_wall_s": v.replay_wall_s, "partial": v.partial}))
     console.print(("[bold green]" if v.ok else "[bold red]") + v.summary())
     return 0 if v.ok else 1
+
+
+def cmd_assert(args) -> int:
+    from .assertions.check import check, render
+    with console.status("replaying with the assertion plugin") as status:
+        res = check(args.bundle, args.assertions, select=args.select,
+                    progress=_progress("replaying with assertions", status))
+    render(res, console)
+    if args.json:
+        print(res.to_json())
+    return 1 if res.fatal else 0
 
 
 def print_summary(s, out=console) -> None:
@@ -300,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="guest kernel flavor (default native)")
     r.add_argument("--kernel-image", help="boot this bzImage instead of a built flavor")
     r.add_argument("--userland", default="native", choices=["native", "asan"])
+    r.add_argument("--assertions", metavar="FILE",
+                   help="declare an assertion pack for later `tandem assert` (checked, hashed into "
+                        "the manifest; the recording itself is unchanged)")
     r.set_defaults(func=cmd_record)
 
     r = sub.add_parser("replay", help="replay a bundle exactly and verify its outputs, or "
@@ -320,6 +339,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--workdir", help="where analysis logs go (default BUNDLE/analysis)")
     r.add_argument("--json", action="store_true", help="also print the verdict as JSON on stdout")
     r.set_defaults(func=cmd_replay)
+
+    r = sub.add_parser("assert", help="check temporal kernel assertions on an exact replay "
+                       "(docs/assertions-running.md)")
+    r.add_argument("bundle")
+    r.add_argument("--assertions", metavar="FILE",
+                   help="assertion pack (default: the one the recording declared)")
+    r.add_argument("--select", action="append", metavar="NAME",
+                   help="check only this assertion (repeatable)")
+    r.add_argument("--json", action="store_true", help="also print the violations as JSON on stdout")
+    r.set_defaults(func=cmd_assert)
 
     r = sub.add_parser("inspect", help="per-channel counts, sizes, integrity of a bundle")
     r.add_argument("bundle")

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 
 from . import artifacts, report
 from .replay_semantic import ANALYSES, AnalysisRun
+from .report.symbolize import short_path
 
 
 @dataclass
@@ -28,15 +29,6 @@ class Finding:
         return json.dumps(asdict(self))
 
 
-def _short_path(path: str) -> str:
-    """Kernel sources relative to the kernel tree, module sources to this repository."""
-    for marker in ("guest-kernel/", "/linux-src/"):
-        if marker in path:
-            rest = path.split(marker, 1)[1]
-            return marker.strip("/") + "/" + rest if marker == "guest-kernel/" else rest.split("/", 1)[-1]
-    return path
-
-
 def _attributed(run: AnalysisRun, vm_ns: int) -> dict:
     d = run.input_before(vm_ns)
     if d is None:
@@ -51,7 +43,7 @@ def _attributed(run: AnalysisRun, vm_ns: int) -> dict:
 def of_report(run: AnalysisRun, rep: report.Report) -> Finding:
     """A console report of an analysis run as a finding, with its VM time and input."""
     ns = run.vm_time_at(rep.start)
-    locs = [(fn, _short_path(f), ln) for fn, f, ln in rep.locations]
+    locs = [(fn, short_path(f), ln) for fn, f, ln in rep.locations]
     return Finding(run.analysis, rep.type, rep.title, ns, text=rep.text, frames=rep.frames,
                    locations=locs, **_attributed(run, ns))
 

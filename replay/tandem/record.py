@@ -35,8 +35,9 @@ def qemu_identity() -> dict:
     return {k: q[k] for k in ("binary", "build_id", "patch_series", "version")}
 
 
-def start_manifest(path: Path, guest: Guest, machine: dict) -> dict:
-    """A new bundle at path (with its disk overlay) and its manifest in state 'recording'."""
+def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | None = None) -> dict:
+    """A new bundle at path (with its disk overlay) and its manifest in state 'recording';
+    assertions: the pack `tandem record --assertions` declared."""
     for what, p in (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk base", guest.disk_base)):
         if p and not Path(p).is_file():
             raise TandemError(f"{what} {p}: not found")
@@ -49,6 +50,8 @@ def start_manifest(path: Path, guest: Guest, machine: dict) -> dict:
                    (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk_base", guest.disk_base)) if p}
     m["machine"] = {"accel": "tcg", "machine": "pc", "icount_shift": ICOUNT_SHIFT,
                     "memory_mb": guest.memory_mb, "cmdline": guest.cmdline, "smp": 1, **machine}
+    if assertions:
+        m["assertions"] = assertions
     bundle.write_manifest(path, m)
     return m
 
@@ -74,8 +77,12 @@ class Recording:
     """One recording in progress. Use as a context manager, or start()/finish()."""
 
     def __init__(self, path: str | Path, guest: Guest | None = None, *,
-                 duration_ns: int = 0, port: int | None = None, gate_socket: Path | None = None):
+                 duration_ns: int = 0, port: int | None = None, gate_socket: Path | None = None,
+                 assertions: dict | None = None):
+        """assertions: a declared assertion pack ({path, sha256, ...}) for the manifest;
+        it changes nothing in the recorded run (the checking happens on replay)."""
         self.path = Path(path)
+        self.assertions = assertions
         self.guest = guest or Guest.default()
         self.duration_ns = duration_ns
         self.port = port or free_port()
@@ -89,7 +96,7 @@ class Recording:
         m = self.manifest = start_manifest(self.path, g, {
             "stop_after_ns": self.duration_ns,
             "devices": ["isa-serial", "virtio-net-pci", "virtio-blk-pci", "virtio-rng-pci"],
-            "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000}})
+            "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000}}, self.assertions)
         # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).
         self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
         run = Run("record", Path(self._tmp), rrfile=self.path / bundle.STREAM,

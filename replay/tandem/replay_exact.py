@@ -66,7 +66,8 @@ def _wait_for(path: Path, timeout: float) -> None:
 
 
 def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = False,
-           progress=None, keep: Path | None = None) -> Verdict:
+           progress=None, keep: Path | None = None, extra: list[str] = ()) -> Verdict:
+    """extra: QEMU arguments appended to the replay's (a TCG plugin: assertions/trace.py)."""
     d = Path(bundle_dir)
     q = artifacts.qemu()
     if follow:
@@ -99,7 +100,8 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
         if guest.disk_base:
             make_overlay(guest.disk_base, overlay)
         run = Run("replay", tmp, rrfile=stream, devlog=tmp / "replay.pcapng", overlay=overlay,
-                  follow=follow, partial=partial, stop_after_ns=machine.get("stop_after_ns", 0))
+                  follow=follow, partial=partial, stop_after_ns=machine.get("stop_after_ns", 0),
+                  extra=list(extra))
         if machine.get("mode") == "analysis":
             # An analysis run's own recording (replay_semantic): the same machine as
             # it ran, its feed's inputs now coming from the log.

@@ -97,6 +97,9 @@ PLANTED_BUGS = {
     "ubsan-shift":        ("BUG shift 40",               "UBSAN shift-out-of-bounds", "OK"),
     "ubsan-index":        ("BUG index 8",                "UBSAN array-index-out-of-bounds", "OK"),
     "lkdtm-uaf":          ("LKDTM READ_AFTER_FREE",      "KASAN slab-use-after-free", "OK"),
+    # A table update without its audit hook: only a temporal assertion sees it
+    # (guest-kernel/assertions/linux-6.12.tesla, checked by `tandem assert`).
+    "assert-nocheck":     ("BUG update-nocheck 7",       "tandem assert: tb_table_update without tb_audit_check", "OK"),
     # Last: kvd-asan aborts on it, which closes the connection.
     "asan-heap-overflow": ("GET " + "k" * 43,            "ASan heap-buffer-overflow", "NOTFOUND"),
 }

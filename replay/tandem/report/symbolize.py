@@ -98,6 +98,24 @@ def _load(path: Path) -> _Symbols | None:
     return _symbols(str(path.resolve()), st.st_mtime, st.st_size)
 
 
+def short_path(path: str) -> str:
+    """Kernel sources relative to the kernel tree, module sources to this repository."""
+    for marker in ("guest-kernel/", "/linux-src/"):
+        if marker in path:
+            rest = path.split(marker, 1)[1]
+            return marker.strip("/") + "/" + rest if marker == "guest-kernel/" else rest.split("/", 1)[-1]
+    return path
+
+
+def source_lines(path: Path | str, pcs: list[int], section: str = "") -> dict[int, list[tuple[str, str, int]]]:
+    """{pc: [(function, file, line), ...] inlined frames first} for code addresses of a
+    vmlinux, or of a module's `section` (section-relative); empty lists when unknown."""
+    syms = _load(Path(path))
+    if syms is None:
+        return {pc: [] for pc in pcs}
+    return syms.lines(pcs, section)
+
+
 def symbolize(report, vmlinux: Path | str, modules: list[Path | str] = ()):
     """Fill report.locations for its frames (guilty first); returns the report.
     Frames of out-of-tree modules are found in `modules` (their .ko files)."""
