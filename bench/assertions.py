@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record_replay import replace_section  # noqa: E402
+from record_replay import publish  # noqa: E402
 from semantic import CLIENTS, SMALL_REQUESTS, SMALL_VALUE, small_flows  # noqa: E402
 from tandem import bundle  # noqa: E402
 from tandem.assertions import automata, check, trace  # noqa: E402
@@ -188,11 +188,7 @@ def main() -> int:
         f"| pack declared | {d:.2f} | {min(rec['declared']):.2f}-{max(rec['declared']):.2f} |", "",
         (f"Difference {d - w:+.2f}s ({(d / w - 1) * 100:+.1f}%); the spread of the runs without is "
          f"{spread:.2f}s: {'within' if abs(d - w) <= max(spread, 0.05 * w) else 'outside'} noise."), ""]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        replace_section(args.out, text, SECTION)
-    return 0
+    return publish("\n".join(lines), args.out, SECTION)
 
 
 if __name__ == "__main__":

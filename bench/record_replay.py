@@ -80,6 +80,14 @@ def replay_stock(rrdir: Path, qemu: dict) -> float:
 SECTION = "record_replay"
 
 
+def publish(text: str, out: Path | None, section: str) -> int:
+    """Print a benchmark's results and, given --out, put them in their section of it."""
+    print(text)
+    if out:
+        replace_section(out, text, section)
+    return 0
+
+
 def replace_section(path: Path, text: str, section: str = SECTION) -> None:
     """Put TEXT between a benchmark's markers in PATH, keeping everything else."""
     begin, end = f"<!-- bench:{section} -->", f"<!-- /bench:{section} -->"

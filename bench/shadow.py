@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record_replay import replace_section  # noqa: E402
+from record_replay import publish  # noqa: E402
 from tandem.live import SAMPLE_S, Shadow  # noqa: E402
 from tandem.record import Recording  # noqa: E402
 from tandem.vm import VM, Guest, Run, free_port, make_overlay  # noqa: E402
@@ -165,11 +165,7 @@ def main() -> int:
         tmp = Path(t)
         lines = ["## Live shadow VMs", ""] + part_latency(tmp, args.runs, args.requests) \
             + part_memory(tmp, args.requests * 5)
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        replace_section(args.out, text, SECTION)
-    return 0
+    return publish("\n".join(lines), args.out, SECTION)
 
 
 if __name__ == "__main__":
