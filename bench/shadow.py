@@ -6,6 +6,9 @@
    recording only, tandem shadow with 1 and with 2 live analyses (--release now).
 2. memory: tandem's own process (peak RSS growth) over a long shadow run, sampled
    as the run goes, to show it is bounded and does not grow with run length.
+3. buffer: a KASAN analysis trailing a bursty load (bursts of requests with idle gaps):
+   its buffer fill and lag over time, plotted (docs/img/shadow-buffer.png) against the
+   buffer `tandem plan` predicts from the same run's recording and measured slowdown.
 
 Usage: ./tandem bench shadow   (= python bench/shadow.py --out docs/benchmarks.md)
 """
@@ -23,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record_replay import publish  # noqa: E402
+from record_replay import replace_section  # noqa: E402
+from tandem import plan as plan_mod  # noqa: E402
 from tandem.live import SAMPLE_S, Shadow  # noqa: E402
 from tandem.record import Recording  # noqa: E402
 from tandem.vm import VM, Guest, Run, free_port, make_overlay  # noqa: E402
@@ -147,7 +151,7 @@ def part_memory(tmp: Path, requests: int) -> list[str]:
     t0, r0 = mem[0]
     q = len(mem) // 4 or 1
     pts = [mem[i] for i in range(0, len(mem), q)] + [mem[-1]]
-    lines = ["", f"tandem's own process over one shadow run ({CLIENTS} x {requests} requests, 1 analysis): "
+    lines = [f"tandem's own process over one shadow run ({CLIENTS} x {requests} requests, 1 analysis): "
              "peak RSS (getrusage ru_maxrss) sampled through the run.", "",
              "| time into the run (s) | peak RSS (MiB) |", "|---|---|"]
     lines += [f"| {t - t0:.1f} | {r / 1024:.1f} |" for t, r in pts]
@@ -155,17 +159,88 @@ def part_memory(tmp: Path, requests: int) -> list[str]:
     return lines
 
 
+def part_buffer(tmp: Path, out_png: Path, bursts: int = 3, gap_s: float = 3.0, per_burst: int = 60) -> list[str]:
+    d = Path(tempfile.mkdtemp(dir=tmp))
+    sh = Shadow(d / "b.tdm", ["kasan"], workdir=d / "an", record_analyses=False).start()
+    series: list[tuple[float, int, float, float]] = []      # (t, buffer events, lag VM s, lag wall s)
+
+    def drive():
+        sh.native.wait_ready()
+        for _ in range(bursts):
+            load(sh.port, per_burst)
+            time.sleep(gap_s)
+        sh.native.serial.type("poweroff")
+    t = threading.Thread(target=drive, daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    while sh.native.vm.proc.poll() is None or (series and series[-1][1] and time.monotonic() - t0 < 300):
+        if sh.native.vm.proc.poll() is None:
+            sh.sample()
+            sh.native.vm.poll_events()
+        st = sh.status()[1]
+        series.append((time.monotonic() - t0, st["buffer_events"], st["lag_ns"] / 1e9, st["lag_wall_s"]))
+        time.sleep(SAMPLE_S)
+    t.join(30)
+    sh.finish()
+    peak = sh.followers[0].buffer.peak_events
+    p = plan_mod.plan(d / "b.tdm", from_workdir=d / "an", analysis="kasan")
+    predicted, f = p.events, p.buffers[0]["f"]
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ts = [x[0] for x in series]
+    ax.plot(ts, [x[1] for x in series], label="buffer (inputs not taken yet)", color="tab:blue")
+    ax.axhline(predicted, color="tab:red", linestyle="--", label=f"tandem plan prediction ({predicted})")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("inputs")
+    ax2 = ax.twinx()
+    ax2.plot(ts, [x[3] for x in series], color="tab:green", alpha=0.6, label="lag (wall s)")
+    ax2.set_ylabel("lag, wall (s)")
+    lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    labels = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
+    ax.legend(lines, labels, loc="upper right", fontsize=8)
+    ax.set_title(f"KASAN analysis trailing {bursts} bursts of {CLIENTS}x{per_burst} requests, {gap_s:.0f}s gaps")
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    return ["Command: `./tandem bench shadow --only buffer`.", "", f"A KASAN analysis trailing a bursty load: {bursts} bursts of {CLIENTS} clients x {per_burst} "
+            f"requests, {gap_s:.0f} s idle between bursts. Buffer fill (inputs made by the native that the "
+            f"analysis has not taken) and lag, sampled every {SAMPLE_S:.1f} s, against the buffer `tandem plan` "
+            f"predicts from the same run's recording with the slowdown measured in it (F = {f:.2f}):", "",
+            f"![buffer and lag over time]({out_png.relative_to(out_png.parents[1])})", "",
+            f"| peak buffer used (inputs) | predicted by `tandem plan` | peak lag (VM s) | peak lag (wall s) |",
+            "|---|---|---|---|",
+            f"| {peak} | {predicted} | {max(x[2] for x in series):.2f} | {max(x[3] for x in series):.2f} |"]
+
+
+PARTS = ("latency", "memory", "buffer")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    docs = Path(__file__).resolve().parents[1] / "docs"
     with tempfile.TemporaryDirectory(prefix="tandem-bench-shadow-") as t:
         tmp = Path(t)
-        lines = ["## Live shadow VMs", ""] + part_latency(tmp, args.runs, args.requests) \
-            + part_memory(tmp, args.requests * 5)
-    return publish("\n".join(lines), args.out, SECTION)
+        run = {"latency": lambda: part_latency(tmp, args.runs, args.requests),
+               "memory": lambda: part_memory(tmp, args.requests * 5),
+               "buffer": lambda: part_buffer(tmp, docs / "img" / "shadow-buffer.png")}
+        for part in args.only or PARTS:
+            text = "\n".join(run[part]())
+            print(text)
+            if args.out:
+                # Each part has its own block inside the shadow section, so one can be rerun alone.
+                if f"<!-- bench:{SECTION}-{part} -->" not in (args.out.read_text() if args.out.exists() else ""):
+                    replace_section(args.out, "## Live shadow VMs\n\n" + "\n\n".join(
+                        f"<!-- bench:{SECTION}-{x} -->\n<!-- /bench:{SECTION}-{x} -->" for x in PARTS), SECTION)
+                replace_section(args.out, text, f"{SECTION}-{part}")
+    return 0
 
 
 if __name__ == "__main__":
