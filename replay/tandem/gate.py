@@ -65,6 +65,7 @@ class Gate:
         self.dropped_flows: set[tuple] = set()
         self.events: list[GateEvent] = []
         self.released = self.dropped = 0
+        self._streams: dict[tuple[str, int], tuple[int, bytearray]] = {}  # (analysis, flow) -> chunks joined
         self.stop = False
         self.thread = threading.Thread(target=self._loop, name="tandem-gate", daemon=True)
 
@@ -133,13 +134,13 @@ class Gate:
             if run is None or run.outcome not in ("running", "poweroff", "finished"):
                 continue                                # crashed, hung, detached: no say
             pf = run.peer.flows.get(flow) if run.peer else None
-            got = b"".join(d for _, d in pf.guest_data) if pf else b""
+            got = self._stream(f.analysis, flow, pf)
             if len(got) >= h.b:
                 if got[h.a:h.b] != h.payload:
-                    return self._diverged(h, f.analysis, flow, got[h.a:h.b])
+                    return self._diverged(h, f.analysis, flow, bytes(got[h.a:h.b]))
                 continue
             if (pf and (pf.reset or pf.guest_fin)) or run.outcome != "running":
-                return self._diverged(h, f.analysis, flow, got[h.a:])
+                return self._diverged(h, f.analysis, flow, bytes(got[h.a:]))
             last = max((d.vm_ns for d in run.delivered if d.input.flow == flow), default=None)
             if last is not None and run.end_ns - last > self.timeout_vm_ns \
                     and all(i.flow != flow for i in self._undelivered(f)):
@@ -147,6 +148,15 @@ class Gate:
                 continue
             waiting = True
         return None if waiting else True
+
+    def _stream(self, analysis: str, flow: int, pf) -> bytearray:
+        """An analysis's output on a flow so far, joined once: only new chunks are added."""
+        n, buf = self._streams.get((analysis, flow), (0, bytearray()))
+        chunks = pf.guest_data if pf else []
+        for _, d in chunks[n:]:
+            buf += d
+        self._streams[(analysis, flow)] = (len(chunks), buf)
+        return buf
 
     def _undelivered(self, f) -> list:
         taken = {id(d.input) for d in f.run.delivered}

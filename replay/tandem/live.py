@@ -42,7 +42,6 @@ class Follower:
     analysis: str
     buffer: replay_semantic.Buffer
     run: replay_semantic.AnalysisRun | None = None
-    vm_ns: int = 0                      # the analysis VM's clock at its last stop
     console_seen: int = 0
     scanner: report.Scanner = field(default_factory=lambda: report.Scanner("linux"))
     thread: threading.Thread | None = None
@@ -143,7 +142,7 @@ class Shadow:
 
     def _analyse(self, f: Follower) -> None:
         def progress(run, done, total):
-            f.run, f.vm_ns = run, run.end_ns
+            f.run = run
             self._emit_findings(f, run)
         f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
                                     record=self.record_analyses, progress=progress,
@@ -177,7 +176,7 @@ class Shadow:
             # oldest input this analysis has not taken yet.
             oldest = f.buffer.oldest_ns
             lag_ns = native - oldest if oldest is not None else 0
-            out.append({"vm": f.analysis, "vm_ns": f.vm_ns, "lag_ns": max(0, lag_ns),
+            out.append({"vm": f.analysis, "vm_ns": run.end_ns if run else 0, "lag_ns": max(0, lag_ns),
                         "lag_wall_s": self._wall_since(oldest) if oldest is not None else 0.0,
                         "buffer_events": f.buffer.events, "buffer_bytes": f.buffer.bytes,
                         "peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes,
