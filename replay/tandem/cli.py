@@ -93,8 +93,9 @@ def _shadow_table(rows: list[dict]):
     for r in rows:
         buf = f"{r['buffer_events']} ev / {r['buffer_bytes'] // 1024} KiB" if "buffer_events" in r else "-"
         peak = f"{r['peak_events']} ev / {r['peak_bytes'] // 1024} KiB" if "peak_events" in r else "-"
+        state = r["state"] + (" (holding the native)" if r.get("blocking") else "")
         t.add_row(r["vm"], f"{r['vm_ns'] / 1e9:.3f}s", f"{r['lag_ns'] / 1e9:.3f}s / {r['lag_wall_s']:.1f}s", buf, peak,
-                  str(r.get("findings", "-")), r["state"])
+                  str(r.get("findings", "-")), state)
     return t
 
 
@@ -107,7 +108,9 @@ def cmd_shadow(args) -> int:
                 duration_ns=args.duration or 0, port=args.port, buffer_events=args.buffer_events,
                 buffer_bytes=args.buffer_bytes, record_analyses=not args.no_record,
                 metrics_port=args.metrics_port, release=args.release,
-                agree_timeout_ns=args.agree_timeout,
+                agree_timeout_ns=args.agree_timeout, overflow=args.overflow,
+                block_budget_s=args.block_budget, idle_analyses=args.analysis_priority == "idle",
+                spec_path=args.spec,
                 on_finding=lambda f: console.print(
                     f"[red]FINDING[/] {f.analysis}: {f.title} (VM {f.vm_ns / 1e9:.3f}s, after {f.after_input})"))
     sh.start()
@@ -293,9 +296,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--duration", type=parse_duration, help="stop after this much VM time (e.g. 30s)")
     r.add_argument("--port", type=int, help="host port forwarded to the guest service (default: free port)")
     r.add_argument("--buffer-events", type=int, default=100_000,
-                   help="inputs an analysis may trail by before it is detached (default 100000)")
+                   help="inputs an analysis may trail by (default 100000); over that, --overflow applies")
     r.add_argument("--buffer-bytes", type=int, default=64 << 20,
-                   help="bytes of inputs an analysis may trail by before it is detached (default 64 MiB)")
+                   help="bytes of inputs an analysis may trail by (default 64 MiB); over that, --overflow applies")
+    r.add_argument("--overflow", choices=["detach", "block"], default="detach",
+                   help="an analysis whose buffer is full: detach it and go on (default), or block: hold "
+                        "the native's incoming frames until it has room, for at most --block-budget")
+    r.add_argument("--block-budget", type=float, default=10.0, metavar="SECONDS",
+                   help="with --overflow block: wall time the native may be held at a stretch before "
+                        "the analysis is detached after all (default 10)")
     r.add_argument("--release", choices=["now", "agreed"], default="now",
                    help="now: the native's outputs leave at once (default); agreed: each network output "
                         "leaves only once every analysis produced the same one")
@@ -303,6 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --release agreed: VM time an analysis may take to answer before the "
                         "output is released without it (default 2s)")
     r.add_argument("--no-record", action="store_true", help="do not record the analysis VMs themselves")
+    r.add_argument("--spec", help="equivalence spec (TOML, docs/equivalence.md) for comparing outputs and "
+                   "for --release agreed (default: the demo service's, agent/kvd.equiv.toml)")
+    r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
+                   help="CPU priority of the analysis VMs: idle (SCHED_IDLE, default: they take only "
+                        "CPU time the native leaves) or normal")
     r.add_argument("--metrics-port", type=int,
                    help="serve Prometheus metrics (lag, buffer, findings) on 127.0.0.1:PORT (0: any free port)")
     r.add_argument("--workdir", help="analysis logs and findings.jsonl (default NAME.tdm.analysis)")

@@ -4,13 +4,20 @@ QEMU's filter-gate (qemu-patches/0012) holds every frame the native guest sends 
 offers it here (HELD); this decides RELEASE or DROP. Frames without TCP payload (ACKs,
 handshakes, ARP, ...) go at once. A TCP payload frame of the guest's service is the
 native's bytes [a, b) of that connection's output stream; it is released when every
-live analysis has produced bytes [a, b) on the same connection and they are equal
-(N-variant execution); dropped, and reported, when an analysis produced different
-bytes or closed the connection short of b (the divergence never reaches the client).
+live analysis has produced bytes [a, b) on the same connection and they are
+equivalent under that analysis's equivalence spec (N-variant execution; `agree`
+below: equal bytes, or with the spec's tcp rules, equal after its byte ranges, line
+masks and ignored lines); dropped, and reported, when an analysis produced different
+output or closed the connection short of b (the divergence never reaches the client).
 An analysis that has crashed, hung or been detached no longer has a say. An analysis
 that has taken the connection's last input but still has not answered after
 `timeout_vm_ns` of its own VM time does not hold the native forever: the frame is
 released and that is reported. Frames of one connection leave in order.
+
+The same gate holds the native's *inputs* for the overflow policy "block": while
+`hold()` says so (an analysis's buffer is full), frames towards the guest wait in
+QEMU (HOLD_INPUT) and are delivered in order when it has room again (PASS_INPUT).
+With release "now" the gate holds no outputs (filter-gate outputs=off).
 """
 from __future__ import annotations
 
@@ -18,10 +25,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from . import netpkt
+from . import equivalence, netpkt
+from .compare import kept_lines
 from .feedproto import FeedServer
 
-HELD, RELEASE, DROP = 32, 33, 34
+HELD, RELEASE, DROP, HOLD_INPUT, PASS_INPUT = 32, 33, 34, 35, 36
 SYN, ACK = 0x02, 0x10
 
 
@@ -56,9 +64,61 @@ class GateEvent:
                 f"timeout): flow {self.flow} bytes {self.offset}..{self.offset + len(self.native)}")
 
 
+def _lines(data: bytes) -> tuple[list[bytes], bytes]:
+    """Complete lines (without \n, trailing \r dropped) and the unfinished rest."""
+    end = data.rfind(b"\n") + 1
+    return [x.rstrip(b"\r") for x in data[:end].split(b"\n")[:-1]], bytes(data[end:])
+
+
+def agree(native: bytes, a: int, b: int, theirs: bytes, rules, flow: int, closed: bool) -> bool | None:
+    """Is the native's output [a, b) on a flow matched by an analysis's output `theirs`
+    on it, under the spec's tcp `rules`? True, False (a divergence), or None (not yet
+    known: the analysis has not got that far, or the line it ends in is unfinished).
+    `native` is the native's stream so far (at least b bytes); `closed`: the analysis
+    will produce no more on this flow."""
+    ranges = [(s, e) for f, s, e in rules.byte_ranges if f == flow]
+    if ranges:
+        native, theirs = bytearray(native), bytearray(theirs)
+        for s, e in ranges:
+            for buf in (native, theirs):
+                hi = min(e, len(buf))
+                if s < hi:
+                    buf[s:hi] = b"*" * (hi - s)
+    if not (rules.ignore or rules.mask):
+        if len(theirs) >= b:
+            return bytes(theirs[a:b]) == bytes(native[a:b])
+        if bytes(theirs[a:]) != bytes(native[a:len(theirs)]):
+            return False
+        return False if closed else None
+    # Line rules: lines of the native up to b, after ignores and masks, against the
+    # analysis's; a line the native has not finished is compared as a prefix.
+    cache: dict = {}
+    n_lines, n_tail = _lines(bytes(native[:b]))
+    t_lines, t_tail = _lines(bytes(theirs))
+    n_kept, _ = kept_lines(n_lines, rules, False, cache)
+    t_kept, _ = kept_lines(t_lines, rules, False, cache)
+    k = min(len(n_kept), len(t_kept))
+    if n_kept[:k] != t_kept[:k]:
+        return False
+    if len(t_kept) < len(n_kept):
+        return False if closed else None
+    if not n_tail:
+        return True
+    nxt = t_kept[k] if len(t_kept) > k else t_tail
+    if nxt.startswith(n_tail):
+        return True
+    return False if closed else None       # masks may match only once the line is whole
+
+
 class Gate:
-    def __init__(self, server: FeedServer, rec, followers, *, timeout_vm_ns: int = 2_000_000_000):
+    def __init__(self, server: FeedServer, rec, followers, *, timeout_vm_ns: int = 2_000_000_000,
+                 hold=None, spec_path: str | None = None):
         self.server, self.rec, self.followers = server, rec, followers
+        self.hold = hold                # () -> bool: hold the native's inputs now
+        self.specs = {f.analysis: equivalence.load(f.analysis, spec_path) for f in followers}
+        self.native_out: dict[tuple, bytearray] = {}   # per connection: the native's output so far
+        self.holding = False
+        self.holds = 0
         self.timeout_vm_ns = timeout_vm_ns
         self.queues: dict[tuple, list[Held]] = {}     # per connection, in order
         self.isn: dict[tuple, int] = {}               # the guest's initial sequence number
@@ -82,6 +142,11 @@ class Gate:
                     self._held(Held(m.vm_ns, int.from_bytes(m.data[:8], "little"), m.data[8:]))
             for key in list(self.queues):
                 self._decide(key)
+            want = bool(self.hold and self.hold())
+            if want != self.holding:
+                self.server.send(HOLD_INPUT if want else PASS_INPUT, 0, 0)
+                self.holding = want
+                self.holds += want
             self.server.flush()
 
     def _held(self, h: Held) -> None:
@@ -96,6 +161,10 @@ class Gate:
             h.key, h.payload = key, payload
             h.a = (seq - self.isn[key] - 1) & 0xFFFFFFFF
             h.b = h.a + len(payload)
+            out = self.native_out.setdefault(key, bytearray())
+            if len(out) < h.b:
+                out.extend(bytes(h.b - len(out)))
+            out[h.a:h.b] = payload
         if key in self.queues or h.key is not None:
             self.queues.setdefault(key, []).append(h)   # behind this connection's held output
         else:
@@ -133,14 +202,17 @@ class Gate:
             run = f.run
             if run is None or run.outcome not in ("running", "poweroff", "finished"):
                 continue                                # crashed, hung, detached: no say
+            spec = self.specs[f.analysis]
+            if "tcp" in spec.ignore_channels:
+                continue                                # its spec does not compare TCP
             pf = run.peer.flows.get(flow) if run.peer else None
             got = self._stream(f.analysis, flow, pf)
-            if len(got) >= h.b:
-                if got[h.a:h.b] != h.payload:
-                    return self._diverged(h, f.analysis, flow, bytes(got[h.a:h.b]))
+            closed = bool(pf and (pf.reset or pf.guest_fin)) or run.outcome != "running"
+            verdict = agree(self.native_out[h.key], h.a, h.b, got, spec.rules["tcp"], flow, closed)
+            if verdict is False:
+                return self._diverged(h, f.analysis, flow, bytes(got[h.a:h.b]))
+            if verdict:
                 continue
-            if (pf and (pf.reset or pf.guest_fin)) or run.outcome != "running":
-                return self._diverged(h, f.analysis, flow, bytes(got[h.a:]))
             last = max((d.vm_ns for d in run.delivered if d.input.flow == flow), default=None)
             if last is not None and run.end_ns - last > self.timeout_vm_ns \
                     and all(i.flow != flow for i in self._undelivered(f)):

@@ -5,9 +5,12 @@ exactly). Its device log is followed as QEMU writes it (pcapng.DevlogReader with
 follow=) and turned into inputs in place (inputs.from_events with rec=); each
 analysis VM runs replay_semantic.run on that growing recording, never past the VM
 time the native has reached, with a bounded buffer of inputs it has not taken yet.
-The native never waits for an analysis (release policy "now"): an analysis that
-falls a full buffer behind is detached and reported, one that crashes or hangs is a
-finding, and neither touches the native or its recording.
+With release policy "now" the native never waits for an analysis while its buffer
+has room. An analysis that falls a full buffer behind is detached and reported
+(overflow policy "detach"), or the native's inputs are held at the host side of its
+NIC until that analysis has room again, for at most a wall-time budget (policy
+"block", gate.py); one that crashes or hangs is a finding, and neither touches the
+native or its recording.
 
 How far the native has reached: every device event before the native's VM clock,
 sampled at wall time w, is in the device log by w + FLUSH_MARGIN_S (QEMU's devlog
@@ -24,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bundle, inputs, metrics, pcapng, replay_semantic, report
+from . import bundle, equivalence, inputs, metrics, pcapng, replay_semantic, report
 from . import findings as findings_mod
 from .errors import TandemError
 from .feedproto import FeedServer
@@ -54,7 +57,9 @@ class Shadow:
                  buffer_bytes: int = 64 << 20, record_analyses: bool = True, on_finding=None,
                  buffer_events_of: dict[str, int] | None = None,
                  hang_wall_s: float = replay_semantic.HANG_WALL_S, metrics_port: int | None = None,
-                 release: str = "now", agree_timeout_ns: int = 2_000_000_000):
+                 release: str = "now", agree_timeout_ns: int = 2_000_000_000,
+                 overflow: str = "detach", block_budget_s: float = 10.0, idle_analyses: bool = True,
+                 spec_path: str | None = None):
         self.path = Path(bundle_dir)
         self.analyses = list(dict.fromkeys(analyses))
         if not self.analyses:
@@ -64,18 +69,28 @@ class Shadow:
         self.workdir = workdir or self.path.with_name(self.path.name + ".analysis")
         if release not in ("now", "agreed"):
             raise TandemError(f"unknown release policy {release!r} (known: now, agreed)")
-        self.release = release
+        if overflow not in ("detach", "block"):
+            raise TandemError(f"unknown overflow policy {overflow!r} (known: detach, block)")
+        if block_budget_s <= 0:
+            raise TandemError(f"--block-budget must be positive, not {block_budget_s:g}s")
+        self.release, self.overflow = release, overflow
+        self.idle_analyses = idle_analyses
+        self.spec_path = spec_path
+        for a in self.analyses:
+            equivalence.load(a, spec_path)          # a bad spec: fail now, not at the end
         self.agree_timeout_ns = agree_timeout_ns
         self.gate: Gate | None = None
         self._gate_server: FeedServer | None = None
         self._tmp = Path(tempfile.mkdtemp(prefix="tandem-shadow-"))
-        if release == "agreed":
+        if release == "agreed" or overflow == "block":
             self._gate_server = FeedServer(self._tmp / "gate.sock")
         self.native = Recording(self.path, duration_ns=duration_ns, port=port,
-                                gate_socket=self._gate_server.path if self._gate_server else None)
+                                gate_socket=self._gate_server.path if self._gate_server else None,
+                                gate_outputs=release == "agreed")
         self.rec = inputs.Recording([], [], None, [], finished=False, path=str(self.path))
         per = buffer_events_of or {}
-        self.followers = [Follower(a, replay_semantic.Buffer(per.get(a, buffer_events), buffer_bytes))
+        self.followers = [Follower(a, replay_semantic.Buffer(per.get(a, buffer_events), buffer_bytes,
+                                                             overflow, block_budget_s))
                           for a in self.analyses]
         self.record_analyses = record_analyses
         self.hang_wall_s = hang_wall_s
@@ -94,7 +109,8 @@ class Shadow:
         self.native.start()
         if self._gate_server:
             self._gate_server.accept(30)
-            self.gate = Gate(self._gate_server, self.rec, self.followers, timeout_vm_ns=self.agree_timeout_ns)
+            self.gate = Gate(self._gate_server, self.rec, self.followers, timeout_vm_ns=self.agree_timeout_ns,
+                             hold=self._hold_native, spec_path=self.spec_path)
             self.gate.start()
         self.rec.created = self.native.manifest["created"][:19]
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -138,6 +154,11 @@ class Shadow:
                 del self._samples[:-3000]     # 5 minutes: wall lag is measured against these
         return st
 
+    def _hold_native(self) -> bool:
+        """Overflow policy "block": hold the native's inputs while a live analysis is full."""
+        return self.overflow == "block" and any(
+            f.buffer.over() and (f.run is None or f.run.outcome == "running") for f in self.followers)
+
     # --- the analyses' side ---
 
     def _analyse(self, f: Follower) -> None:
@@ -146,7 +167,10 @@ class Shadow:
             self._emit_findings(f, run)
         f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
                                     record=self.record_analyses, progress=progress,
-                                    stop=lambda: self._stop, hang_wall_s=self.hang_wall_s)
+                                    stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
+                                    idle=self.idle_analyses)
+        f.buffer.release()          # ended: it holds the native no longer
+        f.buffer.pending = None
         self._emit_findings(f, f.run)
 
     def _emit_findings(self, f: Follower, run) -> None:
@@ -180,6 +204,9 @@ class Shadow:
                         "lag_wall_s": self._wall_since(oldest) if oldest is not None else 0.0,
                         "buffer_events": f.buffer.events, "buffer_bytes": f.buffer.bytes,
                         "peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes,
+                        "blocking": f.buffer.full, "blocks": f.buffer.blocks,
+                        "blocked_s": f.buffer.blocked_s + (time.monotonic() - f.buffer.full_since
+                                                           if f.buffer.full else 0.0),
                         "findings": len(f.live_findings),
                         "state": run.outcome if run else "starting"})
         return out
@@ -208,19 +235,23 @@ class Shadow:
             for f in self.followers:
                 f.thread.join(30)
         runs = {f.analysis: f.run for f in self.followers}
-        s = summarize(self.path, self.rec, self.analyses, runs, None, noise, self.workdir)
+        s = summarize(self.path, self.rec, self.analyses, runs, self.spec_path, noise, self.workdir)
         self._findings_file.close()
         if self.gate:
             self.gate.thread.join(10)
             s.limits += [f"gate: {e.describe()}" for e in self.gate.events]
+            s.limits += [f"overflow: {f.analysis}'s full buffer held the native's inputs {f.buffer.blocks} "
+                         f"time(s), {f.buffer.blocked_s:.1f}s of wall time in all"
+                         for f in self.followers if f.buffer.blocks]
             (self.workdir / "gate.json").write_text(json.dumps(
-                {"released": self.gate.released, "dropped": self.gate.dropped,
+                {"released": self.gate.released, "dropped": self.gate.dropped, "input_holds": self.gate.holds,
                  "events": [{"kind": e.kind, "analysis": e.analysis, "flow": e.flow, "offset": e.offset,
                              "native": e.native.decode("latin-1"), "analysis_bytes": e.analysis_bytes.decode("latin-1"),
                              "vm_ns": e.vm_ns} for e in self.gate.events]}, indent=1))
             self._gate_server.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
-        peaks = {f.analysis: {"peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes}
+        peaks = {f.analysis: {"peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes,
+                              "blocks": f.buffer.blocks, "blocked_s": round(f.buffer.blocked_s, 3)}
                  for f in self.followers}
         (self.workdir / "buffers.json").write_text(json.dumps(peaks, indent=1))
         return s

@@ -78,7 +78,7 @@ class Recording:
 
     def __init__(self, path: str | Path, guest: Guest | None = None, *,
                  duration_ns: int = 0, port: int | None = None, gate_socket: Path | None = None,
-                 assertions: dict | None = None):
+                 gate_outputs: bool = True, assertions: dict | None = None):
         """assertions: a declared assertion pack ({path, sha256, ...}) for the manifest;
         it changes nothing in the recorded run (the checking happens on replay)."""
         self.path = Path(path)
@@ -86,7 +86,7 @@ class Recording:
         self.guest = guest or Guest.default()
         self.duration_ns = duration_ns
         self.port = port or free_port()
-        self.gate_socket = gate_socket
+        self.gate_socket, self.gate_outputs = gate_socket, gate_outputs
         self.vm: VM | None = None
         self.stop_reason: str | None = None
         self._tmp = None
@@ -101,7 +101,8 @@ class Recording:
         self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
         run = Run("record", Path(self._tmp), rrfile=self.path / bundle.STREAM,
                   devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
-                  hostfwd_port=self.port, stop_after_ns=self.duration_ns, gate_socket=self.gate_socket)
+                  hostfwd_port=self.port, stop_after_ns=self.duration_ns, gate_socket=self.gate_socket,
+                  gate_outputs=self.gate_outputs)
         self.vm = VM(g, run)
         self.t0 = time.monotonic()
         try:

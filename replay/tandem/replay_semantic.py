@@ -101,26 +101,59 @@ class AnalysisRun:
 
 @dataclass
 class Buffer:
-    """A live analysis's bound on inputs the native has made but it has not taken yet."""
+    """A live analysis's bound on inputs the native has made but it has not taken yet,
+    and what happens over it: policy "detach" (the analysis is detached at once) or
+    "block" (the native gets no new input until the buffer has room again, for at most
+    `budget_s` of wall time at a stretch; past that the analysis is detached)."""
     max_events: int = 100_000
     max_bytes: int = 64 << 20
+    policy: str = "detach"
+    budget_s: float = 10.0
     events: int = 0             # now
     bytes: int = 0
     oldest_ns: int | None = None  # recorded VM time of the oldest input not taken yet
     peak_events: int = 0        # the most it ever held: what the run needed
     peak_bytes: int = 0
+    full: bool = False          # policy "block": over its bound, the native's inputs are held
+    full_since: float | None = None
+    blocks: int = 0             # how often it blocked the native, and for how long in all
+    blocked_s: float = 0.0
+    pending: object = None      # () -> inputs not taken right now (set by the analysis's loop)
+
+    # Room again at 90%: the native is not held and let go at every input.
+    RESUME = 0.9
 
     def update(self, events: int, nbytes: int, oldest_ns: int | None = None) -> bool:
-        """Record the current fill; False once it is over its bound."""
+        """Record the current fill; False once the analysis must be detached."""
         self.events, self.bytes, self.oldest_ns = events, nbytes, oldest_ns
         self.peak_events, self.peak_bytes = max(self.peak_events, events), max(self.peak_bytes, nbytes)
-        return events <= self.max_events and nbytes <= self.max_bytes
+        over = events > self.max_events or nbytes > self.max_bytes
+        if self.policy != "block":
+            return not over
+        now = time.monotonic()
+        if over and not self.full:
+            self.full, self.full_since = True, now
+            self.blocks += 1
+        elif self.full and events <= self.RESUME * self.max_events and nbytes <= self.RESUME * self.max_bytes:
+            self.release(now)
+        return not (self.full and now - self.full_since > self.budget_s)
+
+    def over(self) -> bool:
+        """Full or, by the inputs made since its last update, over its bound (any thread)."""
+        return self.full or (self.pending is not None and self.pending() > self.max_events)
+
+    def release(self, now: float | None = None) -> None:
+        """No longer holding the native (room again, or detached)."""
+        if self.full:
+            self.blocked_s += (now or time.monotonic()) - self.full_since
+            self.full, self.full_since = False, None
 
 
 def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
         max_lag_ns: int = MAX_LAG_NS, progress=None, record: bool = True,
-        buffer: Buffer | None = None, stop=None, hang_wall_s: float = HANG_WALL_S) -> AnalysisRun:
+        buffer: Buffer | None = None, stop=None, hang_wall_s: float = HANG_WALL_S,
+        idle: bool = False) -> AnalysisRun:
     """Replay rec into one analysis VM; never raises for what the guest does.
 
     With record (the default) the analysis VM runs under QEMU's record/replay and
@@ -136,7 +169,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
     res = AnalysisRun(analysis)
     tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    run_args = dict(feed_lookahead_ns=lookahead_ns, rtc_base=rec.created)
+    run_args = dict(feed_lookahead_ns=lookahead_ns, rtc_base=rec.created, idle=idle)
     manifest = None
     if record:
         res.bundle = workdir / f"{analysis}.tdm"
@@ -213,6 +246,9 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
 
     pull()
     nxt = 0
+    # The fill as of now, for the native's side (overflow "block" checks it between
+    # this loop's updates, which may be a second apart).
+    buffer.pending = lambda: len(todo) - nxt + len(rec.inputs) - taken
     stalled_at: int | None = None           # live: at a WAIT, the native not far enough yet
     blocked_since: int | None = None
     last_input_ns = 0
@@ -303,6 +339,10 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
             res.detail = (f"input buffer full ({buffer.events} events, {buffer.bytes} bytes; bound "
                           f"{buffer.max_events} events, {buffer.max_bytes} bytes): the analysis fell "
                           f"{(rec.known_ns - res.end_ns) / 1e9:.1f}s of VM time behind the native")
+            if buffer.full:
+                res.detail += (f", still full after blocking the native for the {buffer.budget_s:g}s "
+                               f"wall-time budget")
+                buffer.release()
             vm.kill()
             return
         if stalled_at is not None:

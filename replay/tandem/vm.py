@@ -87,6 +87,8 @@ class Run:
     qemu: dict | None = None       # artifacts.qemu() unless given (benchmarks: qemu_stock())
     feed_socket: Path | None = None  # analysis mode: the feed controller's unix socket
     gate_socket: Path | None = None  # record mode: hold the guest's frames for tandem (filter-gate)
+    gate_outputs: bool = True        # ... its outgoing ones (release "agreed"); inputs on request
+    idle: bool = False               # run QEMU at idle CPU priority (live analyses: the native first)
     feed_lookahead_ns: int = 0       # analysis mode: outputs pull the horizon in by this
     rtc_base: str = "2026-01-01T00:00:00"  # analysis mode: the guest's wall clock at boot
     rr: str | None = None            # analysis mode: "record" the run, or "replay" a recorded one
@@ -188,11 +190,15 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     if run.mode in ("record", "replay"):   # analysis runs: the feed is logged instead
         argv += ["-object", "filter-replay,id=rr-net0,netdev=net0"]
     if run.gate_socket:
-        # The guest's outgoing frames wait for tandem (release policy "agreed"). At the
-        # head of the list, so that on the way out it comes after the device log, which
-        # stamps each frame when the guest sent it, not when the gate let it go.
+        # The guest's outgoing frames wait for tandem (release policy "agreed"), and its
+        # incoming ones while tandem holds them (overflow policy "block"). At the head of
+        # the list: on the way out it comes after the device log, which stamps each frame
+        # when the guest sent it; on the way in before filter-replay and the device log,
+        # so a held frame is recorded when the guest gets it.
+        outputs = "" if run.gate_outputs else ",outputs=off"
         argv += ["-chardev", f"socket,id=gatesock,path={run.gate_socket}",
-                 "-object", "filter-gate,id=gate0,netdev=net0,queue=rx,chardev=gatesock,position=head"]
+                 "-object", f"filter-gate,id=gate0,netdev=net0,queue=all,chardev=gatesock,"
+                            f"position=head{outputs}"]
     if run.devlog:
         dl = f"devlog,id=devlog,path={run.devlog},chardev=serial0,rng=rng0"
         dl += ",drive=disk0" if guest.disk_base else ""
@@ -278,7 +284,9 @@ class VM:
         for stale in ("qmp.sock", "serial.sock"):
             (self.run.rundir / stale).unlink(missing_ok=True)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log,
+        # SCHED_IDLE (chrt, util-linux): the VM gets only CPU time nothing else wants.
+        argv = ["chrt", "--idle", "0", *self.argv] if self.run.idle else self.argv
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         qmp_path = self.run.rundir / "qmp.sock"

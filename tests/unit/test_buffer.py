@@ -1,0 +1,32 @@
+"""A live analysis's buffer bound and its overflow policies (replay_semantic.Buffer)."""
+from __future__ import annotations
+
+import time
+
+from tandem.replay_semantic import Buffer
+
+
+def test_detach_policy_fails_as_soon_as_the_bound_is_passed():
+    b = Buffer(max_events=10, max_bytes=1000)
+    assert b.update(10, 1000)
+    assert not b.update(11, 10)
+    assert not Buffer(max_events=10, max_bytes=1000).update(1, 1001)
+    assert b.peak_events == 11 and b.blocks == 0
+
+
+def test_block_policy_holds_until_there_is_room_again():
+    b = Buffer(max_events=10, max_bytes=1000, policy="block", budget_s=60)
+    assert b.update(11, 10) and b.full and b.blocks == 1
+    assert b.update(10, 10) and b.full          # at the bound: not yet room (resumes at 90%)
+    assert b.update(9, 10) and not b.full
+    assert b.blocked_s >= 0
+    assert b.update(12, 10) and b.full and b.blocks == 2
+
+
+def test_block_policy_detaches_once_the_budget_is_spent():
+    b = Buffer(max_events=10, max_bytes=1000, policy="block", budget_s=0.05)
+    assert b.update(11, 10)
+    time.sleep(0.08)
+    assert not b.update(11, 10)                 # still full past the budget: detach
+    b.release()
+    assert not b.full and b.blocked_s >= 0.05
