@@ -129,6 +129,9 @@ def _apply(lines: list[bytes], rules, serial: bool, cache: dict) -> tuple[list[b
     return out, kept
 
 
+kept_lines = _apply     # for the release gate (gate.py): the same rules, line by line
+
+
 class _Side:
     """One side of a stream as lines after the spec; a line's time is looked up only
     when it is reported."""
