@@ -8,7 +8,7 @@ import threading
 import time
 import urllib.request
 
-from tandem import inputs, replay_exact
+from tandem import inputs, plan, replay_exact
 from tandem.live import Shadow
 from tandem.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
 
@@ -192,5 +192,9 @@ def test_overflow_block_holds_the_native_until_the_analysis_has_room(tmp_path):
     assert sh.gate.holds >= 1         # QEMU was told to hold the native's inputs
     assert not r.divergences, r.divergences[:3]
     assert json.loads((tmp_path / "an" / "buffers.json").read_text())["lockdep"]["blocks"] == buf.blocks
+    # tandem plan --from a live run: F from CPU time (wall times are all the native's here);
+    # lockdep costs more than the native kernel for the same inputs.
+    (sd,) = plan.slowdowns_from(tmp_path / "an", {}, "lockdep")
+    assert sd.f > 1.0 and sd.base.startswith("live run"), (sd.f, sd.base)
     v = replay_exact.replay(tmp_path / "native.tdm")
     assert v.ok, v.summary()

@@ -33,6 +33,7 @@ from .errors import TandemError
 from .feedproto import FeedServer
 from .gate import Gate
 from .record import Recording
+from .vm import cpu_seconds
 from .semantic import Summary, summarize
 
 FLUSH_MARGIN_S = 0.3
@@ -97,6 +98,7 @@ class Shadow:
         self.metrics_port = metrics_port
         self.on_finding = on_finding
         self._samples: list[tuple[int, float]] = []     # (native VM clock, wall time)
+        self.native_cpu_s = 0.0
         self._stop = False
         self._lock = threading.Lock()
         self._findings_file = None
@@ -148,6 +150,7 @@ class Shadow:
     def sample(self) -> dict:
         """Take a sample of the native's VM clock (call from the owning thread, often)."""
         st = self.native.vm.vm_status()
+        self.native_cpu_s = cpu_seconds(self.native.vm.proc.pid) or self.native_cpu_s
         if "vm-clock-ns" in st:
             with self._lock:
                 self._samples.append((st["vm-clock-ns"], time.monotonic()))
@@ -254,5 +257,11 @@ class Shadow:
                               "blocks": f.buffer.blocks, "blocked_s": round(f.buffer.blocked_s, 3)}
                  for f in self.followers}
         (self.workdir / "buffers.json").write_text(json.dumps(peaks, indent=1))
+        # For `tandem plan --from`: on a live run every VM's wall time is the native's,
+        # so the slowdown is measured in CPU time against the native QEMU's.
+        sj = self.workdir / "summary.json"
+        data = json.loads(sj.read_text())
+        data["live"] = {"native_cpu_s": round(self.native_cpu_s, 3)}
+        sj.write_text(json.dumps(data, indent=1, default=str))
         return s
 

@@ -225,6 +225,23 @@ def slowdowns_from(workdir: Path, manifest: dict, analysis: str | None) -> list[
     except json.JSONDecodeError as e:
         raise TandemError(f"{path}: unreadable ({e})") from None
     runs = summary.get("analyses", [])
+    live_cpu = (summary.get("live") or {}).get("native_cpu_s")
+    if live_cpu:
+        # A live run (tandem shadow): every VM ran as long as the native, so wall times
+        # say nothing; F is the analysis QEMU's CPU time over the native QEMU's, for the
+        # same inputs (idle costs neither: the native sleeps, the analysis warps).
+        rows = [a for a in runs if analysis is None or a.get("analysis") == analysis]
+        if not rows:
+            raise TandemError(f"{path}: no analysis {analysis!r}")
+        out = []
+        for a in rows:
+            if a.get("outcome") not in ("finished", "poweroff") or not a.get("cpu_s"):
+                raise TandemError(f"{path}: analysis {a.get('analysis')!r} did not finish "
+                                  f"(outcome {a.get('outcome')!r}): no slowdown to measure")
+            out.append(Slowdown(a["cpu_s"] / live_cpu, f"measured: {path}", a["analysis"], a["cpu_s"],
+                                live_cpu, f"live run: {a['cpu_s']:.2f}s of CPU against the native "
+                                          f"QEMU's {live_cpu:.2f}s"))
+        return out
     done = [a for a in runs if a.get("outcome") in ("finished", "poweroff") and a.get("wall_s")]
     base = next((a for a in done if a.get("analysis") == BASE), None)
     if analysis is None:
@@ -338,8 +355,8 @@ def render(p: Plan) -> str:
         if sd.source == "given":
             lines.append(f"{who}F {sd.f:.3f} (given)")
         else:
-            lines.append(f"{who}F {sd.f:.3f} ({sd.source}: replayed in {sd.analysis_wall_s:.2f}s wall; "
-                         f"{sd.base})")
+            took = "" if sd.base.startswith("live run") else f"replayed in {sd.analysis_wall_s:.2f}s wall; "
+            lines.append(f"{who}F {sd.f:.3f} ({sd.source}: {took}{sd.base})")
         why = "given" if b["n_t_source"] == "given" else \
             "measured: the most requests the native issued before this analysis caught up"
         lines.append(f"  N_T        {b['n_t']} ({why})")

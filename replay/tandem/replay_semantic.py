@@ -28,7 +28,7 @@ from . import record as record_mod
 from .errors import TandemError
 from .feedproto import FeedServer
 from .tcp_peer import Peer
-from .vm import VM, Guest, Run, make_overlay
+from .vm import VM, Guest, Run, cpu_seconds, make_overlay
 
 # analysis name -> (kernel flavor, userland)
 ANALYSES = {
@@ -77,6 +77,7 @@ class AnalysisRun:
     qemu_log: str = ""
     bundle: Path | None = None  # the run's own recording, replayable exactly
     qemu_pid: int | None = None
+    cpu_s: float = 0.0              # CPU time its QEMU used (sampled while it runs)
 
 
     def vm_time_at(self, offset: int) -> int:
@@ -327,7 +328,10 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
         server.flush()
         return True
 
+    cpu_at = 0.0
     while True:
+        if time.monotonic() - cpu_at > 0.2:
+            res.cpu_s, cpu_at = cpu_seconds(vm.proc.pid) or res.cpu_s, time.monotonic()
         if stop is not None and stop():
             res.outcome, res.detail = "detached", "stopped by tandem"
             vm.kill()

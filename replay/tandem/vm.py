@@ -106,6 +106,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a running process has used so far, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def make_overlay(base: str, overlay: Path) -> None:
     """A qcow2 overlay so the base image is never written."""
     img = artifacts.qemu()["img"]
