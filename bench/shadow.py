@@ -128,20 +128,20 @@ def part_latency(tmp: Path, runs: int, requests: int) -> list[str]:
             print(f"round {i + 1} {name}: p50 {pctl(lat, 50) * 1e3:.1f} ms p99 {pctl(lat, 99) * 1e3:.1f} ms "
                   f"{len(lat) / wall:.0f} req/s", file=sys.stderr)
     rec_p99 = statistics.median(pctl(lat, 99) for lat, _ in res["tandem record"])
-    lines = [f"Command: `./tandem bench shadow` (runs `bench/shadow.py --runs {runs} --requests {requests}`). "
+    lines = [(f"Command: `./tandem bench shadow` (runs `bench/shadow.py --runs {runs} --requests {requests}`). "
              f"TCG on this 2-core machine; {CLIENTS} clients, each {requests} SET/GET requests on its own "
              "connection (64-byte values); medians over interleaved rounds of each round's p50/p99 and "
              "throughput. Target: p99 with 2 analyses within 1.05x of recording only, while the buffer "
-             "has room (`--release now`).", "",
+             "has room (`--release now`)."), "",
              "| configuration | p50 (ms) | p99 (ms) | req/s | p99 vs record |", "|---|---|---|---|---|"]
     for name in configs:
         p50 = statistics.median(pctl(lat, 50) for lat, _ in res[name])
         p99 = statistics.median(pctl(lat, 99) for lat, _ in res[name])
         tput = statistics.median(len(lat) / wall for lat, wall in res[name])
         lines.append(f"| {name} | {p50 * 1e3:.2f} | {p99 * 1e3:.2f} | {tput:.0f} | {p99 / rec_p99:.2f}x |")
-    lines += ["", "On this machine the native and its analysis VMs share 2 cores (TCG: one busy core "
+    lines += ["", ("On this machine the native and its analysis VMs share 2 cores (TCG: one busy core "
               "per VM while it runs), so live analyses take CPU from the native; FreeDA's setting gives "
-              "each analysis its own core. The 2-analysis row is the target row."]
+              "each analysis its own core. The 2-analysis row is the target row.")]
     return lines
 
 
@@ -181,18 +181,18 @@ def part_memory(tmp: Path, seconds: float) -> list[str]:
     warm = mem[len(mem) // 4]
     end = mem[-1]
     per_req = (end[1] - warm[1]) * 1024 / max(1, end[2] - warm[2])
-    lines = [f"Command: `./tandem bench shadow --only memory`. tandem's own process (RSS, VmRSS) through "
+    lines = [(f"Command: `./tandem bench shadow --only memory`. tandem's own process (RSS, VmRSS) through "
              f"one shadow run with 1 analysis under continuous load ({CLIENTS} clients) for {seconds:.0f} s "
-             "of wall time.", "",
+             "of wall time."), "",
              "| time into the run (s) | RSS (MiB) | requests served | native inputs held in memory |",
              "|---|---|---|---|"]
     lines += [f"| {t - t0:.0f} | {r / 1024:.1f} | {n} | {i} |" for t, r, n, i in pts]
-    lines += ["", f"From a quarter into the run to its end RSS grew {(end[1] - warm[1]) / 1024:.1f} MiB over "
+    lines += ["", (f"From a quarter into the run to its end RSS grew {(end[1] - warm[1]) / 1024:.1f} MiB over "
               f"{end[2] - warm[2]} requests: about {per_req:.0f} bytes per request. Target (bounded, not "
               f"growing with run length): {'met' if per_req < 16 else 'MISSED'}. tandem keeps the live "
               "recording's inputs, flows and each analysis's delivered inputs and outputs in memory for the "
               "final comparison, so its memory grows with the number of inputs; dropping what every "
-              "analysis has taken and compared is the fix."]
+              "analysis has taken and compared is the fix.")]
     return lines
 
 
@@ -242,10 +242,10 @@ def part_buffer(tmp: Path, out_png: Path, bursts: int = 3, gap_s: float = 3.0, p
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=100)
-    return ["Command: `./tandem bench shadow --only buffer`.", "", f"A KASAN analysis trailing a bursty load: {bursts} bursts of {CLIENTS} clients x {per_burst} "
+    return ["Command: `./tandem bench shadow --only buffer`.", "", (f"A KASAN analysis trailing a bursty load: {bursts} bursts of {CLIENTS} clients x {per_burst} "
             f"requests, {gap_s:.0f} s idle between bursts. Buffer fill (inputs made by the native that the "
             f"analysis has not taken) and lag, sampled every {SAMPLE_S:.1f} s, against the buffer `tandem plan` "
-            f"predicts from the same run's recording with the slowdown measured in it (F = {f:.2f}):", "",
+            f"predicts from the same run's recording with the slowdown measured in it (F = {f:.2f}):"), "",
             f"![buffer and lag over time]({out_png.relative_to(out_png.parents[1])})", "",
             f"| peak buffer used (inputs) | predicted by `tandem plan` | peak lag (VM s) | peak lag (wall s) |",
             "|---|---|---|---|",

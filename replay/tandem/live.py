@@ -33,8 +33,8 @@ from .errors import TandemError
 from .feedproto import FeedServer
 from .gate import Gate
 from .record import Recording
-from .vm import cpu_seconds
 from .semantic import Summary, summarize
+from .vm import cpu_seconds
 
 FLUSH_MARGIN_S = 0.3
 SAMPLE_S = 0.1

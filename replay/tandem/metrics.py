@@ -17,8 +17,8 @@ GAUGES = {   # status key -> (metric, help, scale)
     "buffer_bytes": ("tandem_buffer_bytes", "bytes of those inputs", 1.0),
     "peak_events": ("tandem_buffer_peak_events", "the most inputs the analysis ever trailed by", 1.0),
     "peak_bytes": ("tandem_buffer_peak_bytes", "the most bytes the analysis ever trailed by", 1.0),
-    "blocked_s": ("tandem_blocked_native_seconds", "wall time the analysis's full buffer held the native "
-                  "(overflow policy block)", 1.0),
+    "blocked_s": ("tandem_blocked_native_seconds", ("wall time the analysis's full buffer held the native "
+                  "(overflow policy block)"), 1.0),
 }
 
 

@@ -206,8 +206,8 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         # so a held frame is recorded when the guest gets it.
         outputs = "" if run.gate_outputs else ",outputs=off"
         argv += ["-chardev", f"socket,id=gatesock,path={run.gate_socket}",
-                 "-object", f"filter-gate,id=gate0,netdev=net0,queue=all,chardev=gatesock,"
-                            f"position=head{outputs}"]
+                 "-object", (f"filter-gate,id=gate0,netdev=net0,queue=all,chardev=gatesock,"
+                            f"position=head{outputs}")]
     if run.devlog:
         dl = f"devlog,id=devlog,path={run.devlog},chardev=serial0,rng=rng0"
         dl += ",drive=disk0" if guest.disk_base else ""

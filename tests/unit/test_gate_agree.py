@@ -6,7 +6,6 @@ import re
 
 from hypothesis import given
 from hypothesis import strategies as st
-
 from tandem.equivalence import ChannelRules
 from tandem.gate import agree
 
