@@ -1,6 +1,7 @@
 """tandem shadow: analysis VMs trail a serving native live (real QEMU, real kernels)."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -11,7 +12,6 @@ import urllib.request
 from tandem import inputs, plan, replay_exact
 from tandem.live import Shadow
 from tandem.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
-import itertools
 
 
 def drive(sh: Shadow, work) -> threading.Thread:
