@@ -103,17 +103,22 @@ def cmd_shadow(args) -> int:
 
     from .live import SAMPLE_S, Shadow
     names = [a for item in args.analysis for a in item.split(",") if a]
+    domains = None
+    if args.libvirt is not None:    # --libvirt [URI]: the native and the analyses as libvirt domains
+        from .virt import LiveDomains
+        domains = LiveDomains.for_bundle(args.libvirt or None, args.bundle, names)
     sh = Shadow(args.bundle, names, workdir=Path(args.workdir) if args.workdir else None,
                 duration_ns=args.duration or 0, port=args.port, buffer_events=args.buffer_events,
                 buffer_bytes=args.buffer_bytes, record_analyses=not args.no_record,
                 metrics_port=args.metrics_port, release=args.release,
-                agree_timeout_ns=args.agree_timeout,
+                agree_timeout_ns=args.agree_timeout, libvirt=domains,
                 on_finding=lambda f: console.print(
                     f"[red]FINDING[/] {f.analysis}: {f.title} (VM {f.vm_ns / 1e9:.3f}s, after {f.after_input})"))
     sh.start()
     console.print(f"shadowing {args.bundle}: guest service on 127.0.0.1:{sh.port}; analyses "
                   f"{', '.join(sh.analyses)} trail it; findings in {sh.workdir / 'findings.jsonl'}; "
                   + (f"metrics on http://127.0.0.1:{sh.metrics_port}/metrics; " if sh.metrics_port is not None else "")
+                  + (f"libvirt domains {domains.native}, {', '.join(domains.shadow_names())}; " if domains else "")
                   + f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
     signal.signal(signal.SIGINT, lambda *_: sh.stop_native())
     signal.signal(signal.SIGTERM, lambda *_: sh.stop_native())
@@ -306,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--metrics-port", type=int,
                    help="serve Prometheus metrics (lag, buffer, findings) on 127.0.0.1:PORT (0: any free port)")
     r.add_argument("--workdir", help="analysis logs and findings.jsonl (default NAME.tdm.analysis)")
+    r.add_argument("--libvirt", nargs="?", const="", metavar="URI",
+                   help="run the native and the analysis VMs as libvirt domains NAME and "
+                        "NAME-tandem-ANALYSIS, destroyed and undefined at the end (URI default: "
+                        "libvirt's; write --libvirt=URI; docs/libvirt.md)")
     r.set_defaults(func=cmd_shadow)
 
     r = sub.add_parser("record", help="boot a guest and record it into a bundle")
