@@ -13,13 +13,16 @@ list of conflicts and how each is resolved.
 Launching: `Launcher` is vm.VM's launcher for a libvirt domain (define, start, the
 QEMU's pid, end and log as a child process's, undefine at the end); `LiveDomains` gives
 one to the native and to each analysis of a live shadow run (`tandem shadow --libvirt`,
-through live.Shadow's `libvirt=`).
+`tandem attach`, through live.Shadow's `libvirt=`).
 
 Shadows: `attach` reads an existing domain (its disk, NIC model and MAC), and per
 analysis defines and starts `DOMAIN-tandem-NAME`: the analysis kernel, a qcow2 overlay
 over the native's disk, the native's NIC model and MAC, and the feed (qemu-patches/0006)
-on a unix socket the caller serves with a `feedproto.FeedServer`. What tandem created
-is kept in each domain's own `<metadata>`, so `detach` removes exactly that.
+on a unix socket the caller serves with a `feedproto.FeedServer` (`tandem attach
+--no-follow`). `follow` is `tandem attach` itself: the native redefined for the run as
+tandem's record-mode QEMU, the shadows fed live by live.Shadow, the native's own
+definition put back at the end. What tandem created is kept in each domain's own
+`<metadata>`, so `detach` removes exactly that.
 """
 from __future__ import annotations
 
@@ -705,6 +708,11 @@ class NativeInfo:
     nic_model: str | None
     mac: str | None
     memory_mib: int
+    nic_type: str | None = None     # <interface type>: user, network, bridge, ...
+    kernel: str | None = None       # direct kernel boot: <os><kernel>, <initrd>, <cmdline>
+    initrd: str | None = None
+    cmdline: str = ""
+    vcpus: int = 1
 
 
 def shadow_name(native: str, analysis: str) -> str:
@@ -739,8 +747,9 @@ def read_native(dom) -> NativeInfo:
     nics = root.findall("devices/interface")
     if len(nics) > 1:
         raise TandemError(f"{name}: {len(nics)} network interfaces; tandem feeds one")
-    model = mac = None
+    model = mac = nic_type = None
     if nics:
+        nic_type = nics[0].get("type")
         m = nics[0].find("model")
         model = m.get("type") if m is not None else "rtl8139"    # libvirt's default on pc
         a = nics[0].find("mac")
@@ -749,7 +758,8 @@ def read_native(dom) -> NativeInfo:
     scale = {"KiB": 1 / 1024, "k": 1 / 1024, "MiB": 1, "M": 1, "GiB": 1024, "G": 1024}
     memory = int(int(mem.text) * scale.get(mem.get("unit", "KiB"), 1 / 1024))
     return NativeInfo(name, root.findtext("uuid"), bool(dom.isActive()), disk, fmt, readonly,
-                      model, mac, memory)
+                      model, mac, memory, nic_type, root.findtext("os/kernel"), root.findtext("os/initrd"),
+                      root.findtext("os/cmdline") or "", int(root.findtext("vcpu") or 1))
 
 
 _device_help: dict[str, str] = {}
@@ -838,6 +848,9 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
         dom = conn.lookupByName(domain)
     except libvirt.libvirtError as e:
         raise TandemError(f"domain {domain!r}: {e.get_error_message()}") from None
+    if _tandem_native(conn, domain):
+        raise TandemError(f"{domain}: tandem runs it (tandem attach, or tandem shadow --libvirt); "
+                          f"tandem detach {domain} first")
     native = read_native(dom)
     if native.disk and native.active and not native.disk_readonly:
         raise TandemError(f"{domain}: running and writing {native.disk}, which the shadows' overlays "
@@ -918,14 +931,59 @@ def _shadow_from_metadata(name: str, md: ET.Element) -> Shadow:
                   path("socket", role="feed"), path("socket", role="qmp"))
 
 
-def detach(conn, domain: str) -> list[Shadow]:
+@dataclass
+class Detached:
+    """What `detach` removed: the shadows, and what became of the native (None: untouched)."""
+    shadows: list[Shadow]
+    native: str | None = None
+
+    def to_json(self) -> dict:
+        return {"shadows": [s.to_json() for s in self.shadows], "native": self.native}
+
+
+def detach(conn, domain: str) -> Detached:
     """Destroy and undefine every shadow of `domain`; remove their overlays, sockets and
-    state directories. Returns what was removed."""
+    state directories. A native tandem runs (left by a `tandem attach` or `tandem shadow
+    --libvirt` that did not get to clean up, or running under one now) is stopped, and
+    its own definition put back (attach) or the domain undefined (tandem's own)."""
     shadows = [_shadow_from_metadata(d.name(), md) for d, md in shadows_of(conn, domain)]
-    if not shadows:
+    native = _tandem_native(conn, domain)
+    if not shadows and native is None:
         raise TandemError(f"{domain}: no tandem shadows (nothing to detach)")
     _remove(conn, shadows)
-    return shadows
+    return Detached(shadows, _release_native(conn, *native) if native else None)
+
+
+def _tandem_native(conn, domain: str):
+    """(domain, its <tandem:native> metadata) if tandem runs (or ran) `domain` as a native."""
+    libvirt = _libvirt()
+    try:
+        dom = conn.lookupByName(domain)
+        md = ET.fromstring(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NS))
+    except libvirt.libvirtError:
+        return None
+    return (dom, md) if _local(md.tag) == "native" else None
+
+
+def _release_native(conn, dom, md: ET.Element) -> str:
+    """Stop a native tandem runs (libvirt's SIGTERM: QEMU ends its recording cleanly), then
+    put its own definition back, or undefine it if tandem made it; remove its run directory."""
+    libvirt = _libvirt()
+    name = dom.name()
+    original = next((e.text for e in md if _local(e.tag) == "original"), None)
+    try:
+        if dom.isActive():
+            dom.destroy()
+        if original:
+            conn.defineXML(original)
+        else:
+            dom.undefine()
+    except libvirt.libvirtError as e:
+        raise TandemError(f"{name}: {e.get_error_message()}") from None
+    rundir = md.get("rundir")
+    if rundir and Path(rundir).is_dir():
+        shutil.rmtree(rundir, ignore_errors=True)
+    return f"restored {name}'s own definition" if original else f"removed {name} (tandem's domain)"
 
 
 def _remove(conn, shadows: list[Shadow]) -> None:
@@ -959,7 +1017,7 @@ def _remove(conn, shadows: list[Shadow]) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Live runs as libvirt domains: tandem shadow --libvirt
+# Live runs as libvirt domains: tandem shadow --libvirt, tandem attach
 
 class LiveDomains:
     """The VMs of a live shadow run (live.Shadow(..., libvirt=...)) as libvirt domains.
@@ -1037,3 +1095,58 @@ class LiveDomains:
             return md
         return Launcher(self.uri, name, metadata=metadata, title=f"tandem {analysis} analysis of {self.native}, live")
 
+
+def follow(uri: str | None, domain: str, analyses: list[str], *, bundle: str | Path | None = None,
+           **shadow_kw):
+    """`tandem attach DOMAIN`: a live.Shadow (not started) whose native is the libvirt domain
+    `domain`, redefined for the run as tandem's record-mode QEMU (its kernel, its disk
+    through the bundle's overlay, its MAC on a virtio NIC, user networking with the host
+    port forward), and whose analyses are shadow domains fed live. start() starts the
+    native; when it stops, its own definition is put back and the shadows are undefined."""
+    from .live import Shadow as LiveShadow
+    from .replay_semantic import analysis_guest
+    libvirt = _libvirt()
+    analyses = list(dict.fromkeys(analyses))
+    if not analyses:
+        raise TandemError("no --analysis given")
+    for a in analyses:
+        analysis_guest(a)           # an unknown name or a missing kernel: say so now
+    conn = connect(uri)
+    try:
+        try:
+            dom = conn.lookupByName(domain)
+        except libvirt.libvirtError as e:
+            raise TandemError(f"domain {domain!r}: {e.get_error_message()}") from None
+        if _tandem_native(conn, domain):
+            raise TandemError(f"{domain}: tandem runs it already, or an earlier run did not clean up "
+                              f"(tandem detach {domain})")
+        n = read_native(dom)
+        if n.active:
+            raise TandemError(f"{domain}: running; tandem attach starts it itself, recorded from boot "
+                              f"(shut it down first)")
+        if not n.kernel:
+            raise TandemError(f"{domain}: boots through firmware, not a kernel (<os><kernel>); "
+                              f"tandem records direct kernel boot only")
+        if n.vcpus != 1:
+            raise TandemError(f"{domain}: {n.vcpus} vCPUs; tandem records 1-vCPU guests")
+        if n.nic_type is None:
+            raise TandemError(f"{domain}: no network interface; tandem records a guest with one "
+                              f"(<interface type='user'><model type='virtio'/></interface>)")
+        if n.nic_type != "user":
+            raise TandemError(f"{domain}: interface type {n.nic_type!r}; tandem records a NIC on "
+                              f"user networking (type 'user') only")
+        if n.nic_model != "virtio":
+            raise TandemError(f"{domain}: NIC model {n.nic_model!r}: tandem's QEMU has virtio-net only "
+                              f"(qemu-patches/0003)")
+        if n.disk_readonly:
+            raise TandemError(f"{domain}: its disk is read-only; tandem's recording writes through an overlay")
+        if n.disk and not n.disk.is_file():
+            raise TandemError(f"{domain}: its disk {n.disk} is not a file tandem can read")
+        original = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
+    finally:
+        conn.close()
+    guest = Guest(kernel=n.kernel, initrd=n.initrd, disk_base=str(n.disk) if n.disk else None,
+                  memory_mb=n.memory_mib, cmdline=n.cmdline, disk_format=n.disk_format or "raw", mac=n.mac)
+    domains = LiveDomains(uri, domain, analyses, native_guest=guest, native_uuid=n.uuid,
+                          original=original, info=n)
+    return LiveShadow(bundle or f"{domain}.tdm", analyses, libvirt=domains, **shadow_kw)
