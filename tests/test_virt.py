@@ -169,7 +169,8 @@ def test_attach_and_detach(libvirtd, tmp_path):
     (tmp_path / "web.xml").write_text(native_xml(tmp_path))
     virsh(uri, "define", str(tmp_path / "web.xml"))
     state = tmp_path / "shadows"
-    r = run_cli("attach", "web", "--analysis", "native,kasan", "--uri", uri, "--state-dir", str(state), "--json")
+    r = run_cli("attach", "web", "--analysis", "native,kasan", "--uri", uri, "--state-dir", str(state), "--json",
+                "--no-follow")
     assert r.returncode == 0, r.stderr
     shadows = {s["analysis"]: s for s in json.loads(r.stdout)}
     assert set(shadows) == {"native", "kasan"}
@@ -237,9 +238,9 @@ def test_attach_refuses_with_one_line(libvirtd, tmp_path):
     try:
         assert_one_line_error(run_cli("attach", "nosuch", "--analysis", "kasan", "--uri", uri), "nosuch")
         assert_one_line_error(run_cli("attach", "db", "--analysis", "valgrind", "--uri", uri), "valgrind")
-        assert_one_line_error(run_cli("attach", "db", "--analysis", "native", "--uri", uri,
+        assert_one_line_error(run_cli("attach", "db", "--analysis", "native", "--uri", uri, "--no-follow",
                                       "--rtc-base", "yesterday"), "--rtc-base")
-        assert_one_line_error(run_cli("attach", "old", "--analysis", "native", "--uri", uri,
+        assert_one_line_error(run_cli("attach", "old", "--analysis", "native", "--uri", uri, "--no-follow",
                                       "--state-dir", str(tmp_path / "s1")), "e1000")
         assert not (tmp_path / "s1").exists() or not any((tmp_path / "s1").iterdir())
         assert names(uri, "--all") == {"db", "old"}

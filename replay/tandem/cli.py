@@ -104,19 +104,24 @@ def cmd_shadow(args) -> int:
 
     from .live import SAMPLE_S, Shadow
     names = [a for item in args.analysis for a in item.split(",") if a]
+    domains = None
+    if args.libvirt is not None:    # --libvirt [URI]: the native and the analyses as libvirt domains
+        from .virt import LiveDomains
+        domains = LiveDomains.for_bundle(args.libvirt or None, args.bundle, names)
     sh = Shadow(args.bundle, names, workdir=Path(args.workdir) if args.workdir else None,
                 duration_ns=args.duration or 0, port=args.port, buffer_events=args.buffer_events,
                 buffer_bytes=args.buffer_bytes, record_analyses=not args.no_record,
                 metrics_port=args.metrics_port, release=args.release,
                 agree_timeout_ns=args.agree_timeout, overflow=args.overflow,
                 block_budget_s=args.block_budget, idle_analyses=args.analysis_priority == "idle",
-                spec_path=args.spec,
+                spec_path=args.spec, libvirt=domains,
                 on_finding=lambda f: console.print(
                     f"[red]FINDING[/] {f.analysis}: {f.title} (VM {f.vm_ns / 1e9:.3f}s, after {f.after_input})"))
     sh.start()
     console.print(f"shadowing {args.bundle}: guest service on 127.0.0.1:{sh.port}; analyses "
                   f"{', '.join(sh.analyses)} trail it; findings in {sh.workdir / 'findings.jsonl'}; "
                   + (f"metrics on http://127.0.0.1:{sh.metrics_port}/metrics; " if sh.metrics_port is not None else "")
+                  + (f"libvirt domains {domains.native}, {', '.join(domains.shadow_names())}; " if domains else "")
                   + f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
     signal.signal(signal.SIGINT, lambda *_: sh.stop_native())
     signal.signal(signal.SIGTERM, lambda *_: sh.stop_native())
@@ -229,6 +234,12 @@ def _analysis_names(items: list[str] | None) -> list[str]:
 
 def cmd_attach(args) -> int:
     from . import virt
+    if not (args.no_follow or args.no_start):
+        return _attach_live(args)
+    for opt, given in (("--bundle", args.bundle), ("--workdir", args.workdir), ("--port", args.port),
+                       ("--duration", args.duration)):
+        if given:
+            raise TandemError(f"{opt}: not with --no-follow (the native is not recorded)")
     conn = virt.connect(args.uri)
     shadows = virt.attach(conn, args.domain, _analysis_names(args.analysis), state_dir=args.state_dir,
                           rtc_base=args.rtc_base, start=not args.no_start)
@@ -242,14 +253,55 @@ def cmd_attach(args) -> int:
     return 0
 
 
+def _attach_live(args) -> int:
+    """tandem attach DOMAIN: DOMAIN recorded from boot, its shadows fed live, until it stops."""
+    from rich.live import Live
+
+    from .live import SAMPLE_S
+    from .virt import follow
+    for opt, given in (("--state-dir", args.state_dir), ("--rtc-base", args.rtc_base), ("--json", args.json)):
+        if given:
+            raise TandemError(f"{opt}: only with --no-follow (a followed domain's shadows run in the "
+                              f"analysis workdir, on the native's clock)")
+    sh = follow(args.uri, args.domain, _analysis_names(args.analysis), bundle=args.bundle,
+                workdir=Path(args.workdir) if args.workdir else None, port=args.port,
+                duration_ns=args.duration or 0,
+                on_finding=lambda f: console.print(
+                    f"[red]FINDING[/] {f.analysis}: {f.title} (VM {f.vm_ns / 1e9:.3f}s, after {f.after_input})"))
+    try:
+        sh.start()
+        console.print(f"attached to {args.domain}: recording into {sh.path}, guest service on "
+                      f"127.0.0.1:{sh.port}; shadows {', '.join(sh.libvirt.shadow_names())} trail it; "
+                      f"findings in {sh.workdir / 'findings.jsonl'}; stop with guest poweroff, "
+                      f"virsh destroy {args.domain} or Ctrl-C", markup=False)
+        signal.signal(signal.SIGINT, lambda *_: sh.stop_native())
+        signal.signal(signal.SIGTERM, lambda *_: sh.stop_native())
+        with Live(_shadow_table(sh.status()), console=console, refresh_per_second=4) as live:
+            while sh.native.vm.proc.poll() is None:
+                sh.sample()
+                sh.native.vm.poll_events()
+                live.update(_shadow_table(sh.status()))
+                time.sleep(SAMPLE_S)
+            s = sh.finish()
+            live.update(_shadow_table(sh.status()))
+    finally:        # the native's own definition back, whatever happened
+        if sh.native.vm:
+            sh.native.vm.close()
+    print_summary(s)
+    console.print(f"{args.domain}: its own definition is back; the recording is {sh.path}", markup=False)
+    return 0 if s.ok else 1
+
+
 def cmd_detach(args) -> int:
     from . import virt
     conn = virt.connect(args.uri)
     removed = virt.detach(conn, args.domain)
-    for s in removed:
+    for s in removed.shadows:
         console.print(f"removed {s.name} and {s.state_dir}", markup=False)
+    if removed.native:
+        console.print(removed.native, markup=False)
     if args.json:
-        print(json.dumps([s.to_json() for s in removed], indent=1))
+        print(json.dumps(removed.to_json(), indent=1))
     return 0
 
 
@@ -320,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--metrics-port", type=int,
                    help="serve Prometheus metrics (lag, buffer, findings) on 127.0.0.1:PORT (0: any free port)")
     r.add_argument("--workdir", help="analysis logs and findings.jsonl (default NAME.tdm.analysis)")
+    r.add_argument("--libvirt", nargs="?", const="", metavar="URI",
+                   help="run the native and the analysis VMs as libvirt domains NAME and "
+                        "NAME-tandem-ANALYSIS, destroyed and undefined at the end (URI default: "
+                        "libvirt's; write --libvirt=URI; docs/libvirt.md)")
     r.set_defaults(func=cmd_shadow)
 
     r = sub.add_parser("record", help="boot a guest and record it into a bundle")
@@ -388,21 +444,32 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="also print the inputs and result as JSON on stdout")
     r.set_defaults(func=cmd_plan)
 
-    r = sub.add_parser("attach", help="create shadow analysis domains for a libvirt domain "
-                       "(DOMAIN-tandem-NAME), waiting for their feed")
-    r.add_argument("domain", help="the native libvirt domain")
+    r = sub.add_parser("attach", help="record a shut-off libvirt domain from boot (started by tandem) "
+                       "while shadow analysis domains DOMAIN-tandem-NAME trail it live, until it stops; "
+                       "its own definition is put back at the end")
+    r.add_argument("domain", help="the native libvirt domain (shut off; direct kernel boot, one virtio "
+                   "NIC on user networking, one file disk on virtio)")
     r.add_argument("--analysis", action="append", metavar="NAME", required=True,
                    help="analysis VM to create (repeatable, or comma-separated): "
                         "native, kasan, ubsan, lockdep, asan-userland")
     r.add_argument("--uri", help="libvirt URI (default: libvirt's, e.g. $LIBVIRT_DEFAULT_URI)")
-    r.add_argument("--state-dir", help="where the shadows' overlays and sockets go "
+    r.add_argument("--bundle", help="the native's recording (default DOMAIN.tdm here)")
+    r.add_argument("--workdir", help="the analyses' recordings, findings.jsonl, summary.json "
+                   "(default BUNDLE.analysis)")
+    r.add_argument("--port", type=int, help="host port forwarded to the guest's port 7000 (default: free port)")
+    r.add_argument("--duration", type=parse_duration, help="stop the native after this much VM time")
+    r.add_argument("--no-follow", action="store_true",
+                   help="only define and start the shadows (the native is untouched): each waits for a "
+                        "feeder on its feed socket (--json)")
+    r.add_argument("--state-dir", help="with --no-follow: where the shadows' overlays and sockets go "
                    "(default ~/.cache/tandem/shadows/DOMAIN)")
-    r.add_argument("--rtc-base", help="the shadows' wall clock at boot, UTC (default: now)")
-    r.add_argument("--no-start", action="store_true", help="define the shadows, do not start them")
-    r.add_argument("--json", action="store_true", help="also print the shadows as JSON on stdout")
+    r.add_argument("--rtc-base", help="with --no-follow: the shadows' wall clock at boot, UTC (default: now)")
+    r.add_argument("--no-start", action="store_true", help="with --no-follow: define the shadows, do not start them")
+    r.add_argument("--json", action="store_true", help="with --no-follow: also print the shadows as JSON on stdout")
     r.set_defaults(func=cmd_attach)
 
-    r = sub.add_parser("detach", help="remove a libvirt domain's shadows, their overlays and sockets")
+    r = sub.add_parser("detach", help="remove a libvirt domain's shadows, their overlays and sockets; "
+                       "put back the domain's own definition if a tandem attach left it tandem's")
     r.add_argument("domain")
     r.add_argument("--uri", help="libvirt URI (default: libvirt's)")
     r.add_argument("--json", action="store_true")

@@ -60,7 +60,9 @@ class Shadow:
                  hang_wall_s: float = replay_semantic.HANG_WALL_S, metrics_port: int | None = None,
                  release: str = "now", agree_timeout_ns: int = 2_000_000_000,
                  overflow: str = "detach", block_budget_s: float = 10.0, idle_analyses: bool = True,
-                 spec_path: str | None = None):
+                 spec_path: str | None = None, libvirt=None):
+        """libvirt: run the native and the analysis VMs as libvirt domains (a virt.LiveDomains:
+        tandem shadow --libvirt, tandem attach); everything else is the same."""
         self.path = Path(bundle_dir)
         self.analyses = list(dict.fromkeys(analyses))
         if not self.analyses:
@@ -85,9 +87,12 @@ class Shadow:
         self._tmp = Path(tempfile.mkdtemp(prefix="tandem-shadow-"))
         if release == "agreed" or overflow == "block":
             self._gate_server = FeedServer(self._tmp / "gate.sock")
-        self.native = Recording(self.path, duration_ns=duration_ns, port=port,
+        self.libvirt = libvirt
+        self.native = Recording(self.path, libvirt.native_guest() if libvirt else None,
+                                duration_ns=duration_ns, port=port,
                                 gate_socket=self._gate_server.path if self._gate_server else None,
-                                gate_outputs=release == "agreed")
+                                gate_outputs=release == "agreed",
+                                launcher=libvirt.native_launcher() if libvirt else None)
         self.rec = inputs.Recording([], [], None, [], finished=False, path=str(self.path))
         per = buffer_events_of or {}
         self.followers = [Follower(a, replay_semantic.Buffer(per.get(a, buffer_events), buffer_bytes,
@@ -168,10 +173,13 @@ class Shadow:
         def progress(run, done, total):
             f.run = run
             self._emit_findings(f, run)
+        lv = self.libvirt
         f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
                                     record=self.record_analyses, progress=progress,
                                     stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
-                                    idle=self.idle_analyses)
+                                    idle=self.idle_analyses,
+                                    guest=lv.analysis_guest(f.analysis) if lv else None,
+                                    launcher=lv.analysis_launcher(f.analysis) if lv else None)
         f.buffer.release()          # ended: it holds the native no longer
         f.buffer.pending = None
         self._emit_findings(f, f.run)

@@ -43,13 +43,17 @@ def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | N
             raise TandemError(f"{what} {p}: not found")
     bundle.new_bundle(path)
     if guest.disk_base:
-        make_overlay(guest.disk_base, path / OVERLAY)
+        make_overlay(guest.disk_base, path / OVERLAY, guest.disk_format)
     m = bundle.new_manifest()
     m["qemu"] = qemu_identity()
     m["inputs"] = {k: bundle.input_entry(p) for k, p in
                    (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk_base", guest.disk_base)) if p}
     m["machine"] = {"accel": "tcg", "machine": "pc", "icount_shift": ICOUNT_SHIFT,
                     "memory_mb": guest.memory_mb, "cmdline": guest.cmdline, "smp": 1, **machine}
+    if guest.disk_format != "raw":      # what the replay's overlay backs onto
+        m["machine"]["disk_format"] = guest.disk_format
+    if guest.mac:
+        m["machine"]["mac"] = guest.mac
     if assertions:
         m["assertions"] = assertions
     bundle.write_manifest(path, m)
@@ -78,9 +82,12 @@ class Recording:
 
     def __init__(self, path: str | Path, guest: Guest | None = None, *,
                  duration_ns: int = 0, port: int | None = None, gate_socket: Path | None = None,
-                 gate_outputs: bool = True, assertions: dict | None = None):
+                 gate_outputs: bool = True, assertions: dict | None = None, launcher=None):
         """assertions: a declared assertion pack ({path, sha256, ...}) for the manifest;
-        it changes nothing in the recorded run (the checking happens on replay)."""
+        it changes nothing in the recorded run (the checking happens on replay).
+        launcher: run the QEMU as a libvirt domain (virt.Launcher, see vm.VM); what
+        libvirt adds that the guest sees goes into the manifest's machine.libvirt."""
+        self.launcher = launcher
         self.path = Path(path)
         self.assertions = assertions
         self.guest = guest or Guest.default()
@@ -96,14 +103,15 @@ class Recording:
         m = self.manifest = start_manifest(self.path, g, {
             "stop_after_ns": self.duration_ns,
             "devices": ["isa-serial", "virtio-net-pci", "virtio-blk-pci", "virtio-rng-pci"],
-            "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000}}, self.assertions)
+            "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000},
+            **(self.launcher.machine() if self.launcher else {})}, self.assertions)
         # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).
         self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
         run = Run("record", Path(self._tmp), rrfile=self.path / bundle.STREAM,
                   devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
                   hostfwd_port=self.port, stop_after_ns=self.duration_ns, gate_socket=self.gate_socket,
                   gate_outputs=self.gate_outputs)
-        self.vm = VM(g, run)
+        self.vm = VM(g, run, launcher=self.launcher)
         self.t0 = time.monotonic()
         try:
             self.vm.start()

@@ -77,9 +77,10 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
     else:
         manifest = bundle.check_bundle(d, qemu_build_id=q["build_id"], partial=partial)
     inputs, machine = manifest["inputs"], manifest["machine"]
-    guest = Guest(kernel=inputs["kernel"]["path"], initrd=inputs["initrd"]["path"],
+    guest = Guest(kernel=inputs["kernel"]["path"], initrd=(inputs.get("initrd") or {}).get("path"),
                   disk_base=(inputs.get("disk_base") or {}).get("path"),
-                  memory_mb=machine["memory_mb"], cmdline=machine["cmdline"])
+                  memory_mb=machine["memory_mb"], cmdline=machine["cmdline"],
+                  disk_format=machine.get("disk_format", "raw"), mac=machine.get("mac"))
 
     tmp = Path(tempfile.mkdtemp(prefix="tandem-replay-"))
     try:
@@ -98,7 +99,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
                 partial = not info.finished
         overlay = tmp / "disk.qcow2"
         if guest.disk_base:
-            make_overlay(guest.disk_base, overlay)
+            make_overlay(guest.disk_base, overlay, guest.disk_format)
         run = Run("replay", tmp, rrfile=stream, devlog=tmp / "replay.pcapng", overlay=overlay,
                   follow=follow, partial=partial, stop_after_ns=machine.get("stop_after_ns", 0),
                   extra=list(extra))
@@ -110,7 +111,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
         if machine.get("libvirt"):
             # Recorded in a libvirt domain: what libvirt added that the guest sees.
             from .virt import replay_args
-            run.extra = replay_args(machine["libvirt"])
+            run.extra = replay_args(machine["libvirt"]) + run.extra
         vm = VM(guest, run)
         t0 = time.monotonic()
         with vm:

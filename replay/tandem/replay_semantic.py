@@ -154,7 +154,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
         max_lag_ns: int = MAX_LAG_NS, progress=None, record: bool = True,
         buffer: Buffer | None = None, stop=None, hang_wall_s: float = HANG_WALL_S,
-        idle: bool = False) -> AnalysisRun:
+        idle: bool = False, launcher=None) -> AnalysisRun:
     """Replay rec into one analysis VM; never raises for what the guest does.
 
     With record (the default) the analysis VM runs under QEMU's record/replay and
@@ -165,6 +165,8 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
     then trails it, never past what the native has reached (rec.known_ns), holding at
     most `buffer` of inputs it has not taken yet; over that it detaches (outcome
     "detached"). `stop()` returning True ends the run early (outcome "detached").
+
+    launcher: run the analysis VM as a libvirt domain (virt.Launcher, see vm.VM).
     """
     guest = guest or analysis_guest(analysis)
     res = AnalysisRun(analysis)
@@ -180,7 +182,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
             "mode": "analysis", "analysis": analysis, "rtc_base": rec.created,
             "lookahead_ns": lookahead_ns, "source": str(rec.path),
             "devices": ["isa-serial", "virtio-net-pci", "virtio-blk-pci", "virtio-rng-pci"],
-            "net": {"backend": "feed"}})
+            "net": {"backend": "feed"}, **(launcher.machine() if launcher else {})})
         run_args.update(rr="record", rrfile=res.bundle / bundle.STREAM,
                         devlog=res.bundle / bundle.DEVLOG,
                         overlay=res.bundle / record_mod.OVERLAY if guest.disk_base else None)
@@ -188,9 +190,9 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         run_args.update(devlog=workdir / f"{analysis}.pcapng")
         if guest.disk_base:
             run_args["overlay"] = tmp / "disk-overlay.qcow2"
-            make_overlay(guest.disk_base, run_args["overlay"])
+            make_overlay(guest.disk_base, run_args["overlay"], guest.disk_format)
     server = FeedServer(tmp / "feed.sock")
-    vm = VM(guest, Run("analysis", tmp, feed_socket=server.path, **run_args))
+    vm = VM(guest, Run("analysis", tmp, feed_socket=server.path, **run_args), launcher=launcher)
     t0 = time.monotonic()
     try:
         vm.start()
@@ -370,9 +372,12 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
             if m.type == feedproto.OUTPUT:
                 last_output_ns = m.vm_ns
             if m.type == feedproto.SHUTDOWN:
-                c = feedproto.SHUTDOWN_CAUSES
-                shutdown = c[m.channel] if m.channel < len(c) else f"cause {m.channel}"
-                res.end_ns = m.vm_ns
+                # The first one says why: a QEMU under libvirt (-no-shutdown) pauses at a
+                # guest poweroff and then says SHUTDOWN again for libvirt's SIGTERM.
+                if shutdown is None:
+                    c = feedproto.SHUTDOWN_CAUSES
+                    shutdown = c[m.channel] if m.channel < len(c) else f"cause {m.channel}"
+                    res.end_ns = m.vm_ns
             elif m.type == feedproto.OUTPUT and m.channel == feedproto.NET:
                 res.net_out.append((m.vm_ns, m.data))
                 pending += peer.on_frame(m.data, m.vm_ns)

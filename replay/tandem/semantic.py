@@ -106,7 +106,7 @@ def _write(workdir: Path, s: Summary) -> None:
     out = {"bundle": s.bundle, "ok": s.ok, "limits": s.limits, "analyses": [
         {"analysis": r.analysis, "outcome": r.run.outcome, "detail": r.run.detail,
          "end_vm_ns": r.run.end_ns, "wall_s": round(r.run.wall_s, 3), "waits": r.run.waits,
-         "cpu_s": round(r.run.cpu_s, 3),
+         "cpu_s": round(r.run.cpu_s, 3), "delivered": len(r.run.delivered),
          "recording": str(r.run.bundle) if r.run.bundle else None,
          "findings": [asdict(x) for x in r.findings], "noise": r.noise, "spec": r.spec,
          "divergences": [{"channel": d.channel, "kind": d.kind, "native_vm_ns": d.native_ns,

@@ -10,11 +10,19 @@ supported `qemu:commandline` passthrough, in tandem's order. The options libvirt
 generates itself are not passed twice (see `LIBVIRT_OWNS`). docs/libvirt.md has the
 list of conflicts and how each is resolved.
 
+Launching: `Launcher` is vm.VM's launcher for a libvirt domain (define, start, the
+QEMU's pid, end and log as a child process's, undefine at the end); `LiveDomains` gives
+one to the native and to each analysis of a live shadow run (`tandem shadow --libvirt`,
+`tandem attach`, through live.Shadow's `libvirt=`).
+
 Shadows: `attach` reads an existing domain (its disk, NIC model and MAC), and per
 analysis defines and starts `DOMAIN-tandem-NAME`: the analysis kernel, a qcow2 overlay
 over the native's disk, the native's NIC model and MAC, and the feed (qemu-patches/0006)
-on a unix socket the caller serves with a `feedproto.FeedServer`. What tandem created
-is kept in the shadow's own `<metadata>`, so `detach` removes exactly that.
+on a unix socket the caller serves with a `feedproto.FeedServer` (`tandem attach
+--no-follow`). `follow` is `tandem attach` itself: the native redefined for the run as
+tandem's record-mode QEMU, the shadows fed live by live.Shadow, the native's own
+definition put back at the end. What tandem created is kept in each domain's own
+`<metadata>`, so `detach` removes exactly that.
 """
 from __future__ import annotations
 
@@ -25,7 +33,9 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
+import uuid as uuid_mod
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -454,6 +464,192 @@ def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str = "qemu",
 
 
 # --------------------------------------------------------------------------------------
+# tandem's own VMs started as libvirt domains: vm.VM(guest, run, launcher=Launcher(...))
+
+# How a domain's QEMU ended, as libvirt tells it, in subprocess terms (returncode).
+# SHUTDOWN: QEMU said SHUTDOWN first (guest poweroff, tandem's QMP quit) and exited.
+# DESTROYED: `virsh destroy`; libvirt sends SIGTERM, which QEMU takes as a clean
+# shutdown (exit 0); if libvirt had to SIGKILL it after its grace period, the device
+# log is not closed cleanly and the recording's seal says so. CRASHED: QEMU died
+# without a shutdown (SIGKILL, a crash).
+SHUTOFF_STATUS = {1: 0, 2: 0, 3: -signal.SIGKILL}      # VIR_DOMAIN_SHUTOFF_{SHUTDOWN,DESTROYED,CRASHED}
+GONE_WAIT_S = 10.0     # QEMU's process is gone but libvirt still says running: wait this long
+
+
+def _qemu_pid(needle: bytes, timeout: float = 10.0) -> int | None:
+    """The pid of the local process whose command line holds needle (tandem's QMP socket)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit():
+                try:
+                    if needle in (p / "cmdline").read_bytes():
+                        return int(p.name)
+                except OSError:
+                    pass
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+class DomainProcess:
+    """A domain's QEMU as vm.VM sees a child process: pid, returncode, poll(), wait(), kill().
+
+    The QEMU is libvirt's child, not tandem's: it is found by tandem's QMP socket in its
+    command line (so libvirtd must be on this host, as tandem's sockets are), its end is
+    its pid going away, and how it ended is libvirt's shutoff reason. Its output is
+    libvirt's per-domain log; this run's part of it is copied into vm.VM's log when it ends.
+    """
+
+    def __init__(self, dom, name: str, rundir: Path, log):
+        self.dom, self.name, self.log = dom, name, log
+        self.returncode: int | None = None
+        self._gone_at: float | None = None
+        pid = _qemu_pid(f"unix:{rundir}/qmp.sock,".encode())
+        if pid is None:
+            raise TandemError(f"domain {name}: started, but its QEMU is not a process on this host "
+                              f"(tandem needs a local libvirtd: its QMP and serial sockets are in {rundir})")
+        self.pid = pid
+        try:        # the log as the QEMU's mount namespace names it (a private libvirtd has its own /var)
+            self._src = open(f"/proc/{pid}/root/var/log/libvirt/qemu/{name}.log", "rb")
+        except OSError:
+            self._src = None
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        if _alive(self.pid):
+            return None
+        libvirt = _libvirt()
+        try:
+            state, reason = self.dom.state()
+        except libvirt.libvirtError:
+            state, reason = libvirt.VIR_DOMAIN_SHUTOFF, 0
+        if state != libvirt.VIR_DOMAIN_SHUTOFF:
+            now = time.monotonic()
+            self._gone_at = self._gone_at or now
+            if now - self._gone_at < GONE_WAIT_S:
+                return None         # libvirt has not seen it end yet
+        self.returncode = SHUTOFF_STATUS.get(reason, 1)
+        self.copy_log()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.name, timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as Popen.kill (a stopped or hung QEMU too); libvirt sees it crash."""
+        if self.poll() is not None:
+            return
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.wait(GONE_WAIT_S + 5)
+        except subprocess.TimeoutExpired:
+            try:
+                self.dom.destroy()
+            except _libvirt().libvirtError:
+                pass
+
+    def copy_log(self) -> None:
+        """This run's part of libvirt's domain log (it appends every start) into vm.VM's log."""
+        if self._src is None or self.log.closed:
+            return
+        self._src.seek(0)
+        text = self._src.read()
+        start = text.rfind(b": starting up libvirt")
+        start = text.rfind(b"\n", 0, start) + 1 if start >= 0 else 0
+        self.log.seek(0)
+        self.log.truncate()
+        self.log.write(text[start:])
+        self.log.flush()
+
+    def close(self) -> None:
+        if self._src:
+            self._src.close()
+            self._src = None
+
+
+class Launcher:
+    """Starts one tandem VM as a libvirt domain (vm.VM's launcher): domain_xml of the VM's
+    exact argv, defined and started; tandem's own QMP and serial sockets are passed
+    through, so the rest of tandem talks to it as to a child QEMU.
+
+    uuid: the domain's (guest-visible) SMBIOS UUID; it goes into the run's manifest
+    (machine()) so its recording replays exactly outside libvirt (replay_args).
+    metadata(vm): tandem's <metadata> element (what detach removes if tandem dies).
+    restore: a domain definition release() puts back (tandem attach: the native's own)
+    instead of undefining the domain.
+    """
+
+    def __init__(self, uri: str | None, name: str, *, uuid: str | None = None, metadata=None,
+                 title: str | None = None, restore: str | None = None):
+        self.uri, self.name, self.title = uri, name, title
+        self.uuid = uuid or str(uuid_mod.uuid4())
+        self.metadata = metadata
+        self.restore = restore
+        self.conn = None
+        self.dom = None
+
+    def machine(self) -> dict:
+        return {"libvirt": {"uuid": self.uuid, "domain": self.name}}
+
+    def start(self, vm, log) -> DomainProcess:
+        libvirt = _libvirt()
+        self.conn = connect(self.uri)
+        xml = domain_xml(self.name, vm.guest, vm.run, argv=vm.argv, uuid=self.uuid, title=self.title,
+                         metadata=self.metadata(vm) if self.metadata else None)
+        try:
+            if self.restore is None and self.name in {d.name() for d in self.conn.listAllDomains()}:
+                raise TandemError(f"domain {self.name}: already defined in libvirt "
+                                  f"(tandem detach {self.name.split(SHADOW_SUFFIX)[0]}, or virsh undefine)")
+            self.dom = self.conn.defineXML(xml)
+            self.dom.create()
+            return DomainProcess(self.dom, self.name, vm.run.rundir, log)
+        except BaseException as e:
+            self._drop()
+            if isinstance(e, libvirt.libvirtError):
+                raise TandemError(f"domain {self.name}: {' '.join(e.get_error_message().split())}") from None
+            raise
+
+    def release(self, proc: DomainProcess | None) -> None:
+        """After the QEMU has ended: undefine the domain (or put its own definition back)."""
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.copy_log()
+            proc.close()
+        self._drop()
+
+    def _drop(self) -> None:
+        if self.conn is None:
+            return
+        libvirt = _libvirt()
+        try:
+            if self.dom is not None:
+                if self.dom.isActive():
+                    self.dom.destroy()
+                if self.restore is not None:
+                    self.conn.defineXML(self.restore)
+                else:
+                    self.dom.undefine()
+        except libvirt.libvirtError as e:
+            if e.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:    # gone already (tandem detach)
+                raise TandemError(f"domain {self.name}: {e.get_error_message()}") from None
+        finally:
+            self.dom = None
+            self.conn.close()
+            self.conn = None
+
+
+# --------------------------------------------------------------------------------------
 # Shadow domains
 
 @dataclass
@@ -512,6 +708,11 @@ class NativeInfo:
     nic_model: str | None
     mac: str | None
     memory_mib: int
+    nic_type: str | None = None     # <interface type>: user, network, bridge, ...
+    kernel: str | None = None       # direct kernel boot: <os><kernel>, <initrd>, <cmdline>
+    initrd: str | None = None
+    cmdline: str = ""
+    vcpus: int = 1
 
 
 def shadow_name(native: str, analysis: str) -> str:
@@ -546,8 +747,9 @@ def read_native(dom) -> NativeInfo:
     nics = root.findall("devices/interface")
     if len(nics) > 1:
         raise TandemError(f"{name}: {len(nics)} network interfaces; tandem feeds one")
-    model = mac = None
+    model = mac = nic_type = None
     if nics:
+        nic_type = nics[0].get("type")
         m = nics[0].find("model")
         model = m.get("type") if m is not None else "rtl8139"    # libvirt's default on pc
         a = nics[0].find("mac")
@@ -556,7 +758,8 @@ def read_native(dom) -> NativeInfo:
     scale = {"KiB": 1 / 1024, "k": 1 / 1024, "MiB": 1, "M": 1, "GiB": 1024, "G": 1024}
     memory = int(int(mem.text) * scale.get(mem.get("unit", "KiB"), 1 / 1024))
     return NativeInfo(name, root.findtext("uuid"), bool(dom.isActive()), disk, fmt, readonly,
-                      model, mac, memory)
+                      model, mac, memory, nic_type, root.findtext("os/kernel"), root.findtext("os/initrd"),
+                      root.findtext("os/cmdline") or "", int(root.findtext("vcpu") or 1))
 
 
 _device_help: dict[str, str] = {}
@@ -645,6 +848,9 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
         dom = conn.lookupByName(domain)
     except libvirt.libvirtError as e:
         raise TandemError(f"domain {domain!r}: {e.get_error_message()}") from None
+    if _tandem_native(conn, domain):
+        raise TandemError(f"{domain}: tandem runs it (tandem attach, or tandem shadow --libvirt); "
+                          f"tandem detach {domain} first")
     native = read_native(dom)
     if native.disk and native.active and not native.disk_readonly:
         raise TandemError(f"{domain}: running and writing {native.disk}, which the shadows' overlays "
@@ -725,14 +931,59 @@ def _shadow_from_metadata(name: str, md: ET.Element) -> Shadow:
                   path("socket", role="feed"), path("socket", role="qmp"))
 
 
-def detach(conn, domain: str) -> list[Shadow]:
+@dataclass
+class Detached:
+    """What `detach` removed: the shadows, and what became of the native (None: untouched)."""
+    shadows: list[Shadow]
+    native: str | None = None
+
+    def to_json(self) -> dict:
+        return {"shadows": [s.to_json() for s in self.shadows], "native": self.native}
+
+
+def detach(conn, domain: str) -> Detached:
     """Destroy and undefine every shadow of `domain`; remove their overlays, sockets and
-    state directories. Returns what was removed."""
+    state directories. A native tandem runs (left by a `tandem attach` or `tandem shadow
+    --libvirt` that did not get to clean up, or running under one now) is stopped, and
+    its own definition put back (attach) or the domain undefined (tandem's own)."""
     shadows = [_shadow_from_metadata(d.name(), md) for d, md in shadows_of(conn, domain)]
-    if not shadows:
+    native = _tandem_native(conn, domain)
+    if not shadows and native is None:
         raise TandemError(f"{domain}: no tandem shadows (nothing to detach)")
     _remove(conn, shadows)
-    return shadows
+    return Detached(shadows, _release_native(conn, *native) if native else None)
+
+
+def _tandem_native(conn, domain: str):
+    """(domain, its <tandem:native> metadata) if tandem runs (or ran) `domain` as a native."""
+    libvirt = _libvirt()
+    try:
+        dom = conn.lookupByName(domain)
+        md = ET.fromstring(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NS))
+    except libvirt.libvirtError:
+        return None
+    return (dom, md) if _local(md.tag) == "native" else None
+
+
+def _release_native(conn, dom, md: ET.Element) -> str:
+    """Stop a native tandem runs (libvirt's SIGTERM: QEMU ends its recording cleanly), then
+    put its own definition back, or undefine it if tandem made it; remove its run directory."""
+    libvirt = _libvirt()
+    name = dom.name()
+    original = next((e.text for e in md if _local(e.tag) == "original"), None)
+    try:
+        if dom.isActive():
+            dom.destroy()
+        if original:
+            conn.defineXML(original)
+        else:
+            dom.undefine()
+    except libvirt.libvirtError as e:
+        raise TandemError(f"{name}: {e.get_error_message()}") from None
+    rundir = md.get("rundir")
+    if rundir and Path(rundir).is_dir():
+        shutil.rmtree(rundir, ignore_errors=True)
+    return f"restored {name}'s own definition" if original else f"removed {name} (tandem's domain)"
 
 
 def _remove(conn, shadows: list[Shadow]) -> None:
@@ -758,7 +1009,144 @@ def _remove(conn, shadows: list[Shadow]) -> None:
         if sh.state_dir and sh.state_dir.is_dir():
             shutil.rmtree(sh.state_dir)
             parent = sh.state_dir.parent
-            try:
-                parent.rmdir()      # the native's directory, once its last shadow is gone
-            except OSError:
-                pass
+            if parent != Path(tempfile.gettempdir()):   # a live shadow's run directory is in /tmp
+                try:
+                    parent.rmdir()      # the native's directory, once its last shadow is gone
+                except OSError:
+                    pass
+
+
+# --------------------------------------------------------------------------------------
+# Live runs as libvirt domains: tandem shadow --libvirt, tandem attach
+
+class LiveDomains:
+    """The VMs of a live shadow run (live.Shadow(..., libvirt=...)) as libvirt domains.
+
+    The native is the domain `native`, each analysis shadow_name(native, analysis);
+    each carries tandem's <metadata>, so `tandem detach NATIVE` finds them should tandem
+    die mid-run. When the run ends, each is destroyed and undefined, except an attached
+    native (`original`: its own definition), whose own definition is put back.
+
+    native_guest, info: what `tandem attach` read from the native domain (its kernel,
+    disk, MAC, memory); the analyses then get the native's disk (through their overlay),
+    MAC and memory. Without them (`tandem shadow --libvirt`) both run tandem's guest.
+    """
+
+    def __init__(self, uri: str | None, native: str, analyses: list[str], *,
+                 native_guest: Guest | None = None, native_uuid: str | None = None,
+                 original: str | None = None, info: NativeInfo | None = None):
+        if not native or "/" in native or native.startswith("."):
+            raise TandemError(f"{native!r}: not usable as a libvirt domain name")
+        self.uri, self.native, self.analyses = uri, native, list(dict.fromkeys(analyses))
+        self.guest, self.uuid, self.original, self.info = native_guest, native_uuid, original, info
+        conn = connect(uri)
+        try:
+            taken = {d.name() for d in conn.listAllDomains()}
+        finally:
+            conn.close()
+        names = self.shadow_names() + ([] if original else [native])
+        for n in names:
+            if n in taken:
+                raise TandemError(f"domain {n}: already defined in libvirt (tandem detach {native}, "
+                                  f"or virsh undefine {n})")
+
+    @classmethod
+    def for_bundle(cls, uri: str | None, bundle: str | Path, analyses: list[str]) -> LiveDomains:
+        """tandem shadow NAME.tdm --libvirt: the native is domain NAME, on tandem's guest."""
+        name = Path(bundle).name
+        return cls(uri, name[:-4] if name.endswith(".tdm") else name, analyses)
+
+    def shadow_names(self) -> list[str]:
+        return [shadow_name(self.native, a) for a in self.analyses]
+
+    def native_guest(self) -> Guest | None:
+        return self.guest
+
+    def native_launcher(self) -> Launcher:
+        def metadata(vm) -> ET.Element:
+            md = ET.Element(f"{{{NS}}}native", rundir=str(vm.run.rundir), bundle=str(vm.run.rrfile.parent))
+            if self.original:
+                ET.SubElement(md, f"{{{NS}}}original").text = self.original
+            return md
+        return Launcher(self.uri, self.native, uuid=self.uuid, metadata=metadata, restore=self.original,
+                        title=f"tandem: {self.native} recorded" + (", analyses trailing it live" if self.analyses else ""))
+
+    def analysis_guest(self, analysis: str) -> Guest | None:
+        if self.info is None:
+            return None         # replay_semantic's own: tandem's guest with the analysis kernel
+        from .replay_semantic import analysis_guest
+        g = analysis_guest(analysis)
+        g.disk_base = str(self.info.disk) if self.info.disk else None
+        g.disk_format = self.info.disk_format or "raw"
+        g.memory_mb = max(g.memory_mb, self.info.memory_mib)
+        g.mac = self.info.mac
+        return g
+
+    def analysis_launcher(self, analysis: str) -> Launcher:
+        name = shadow_name(self.native, analysis)
+
+        def metadata(vm) -> ET.Element:
+            md = ET.Element(f"{{{NS}}}shadow", native=self.native, analysis=analysis, live="yes")
+            ET.SubElement(md, f"{{{NS}}}statedir", path=str(vm.run.rundir))
+            ET.SubElement(md, f"{{{NS}}}socket", role="feed", path=str(vm.run.feed_socket))
+            ET.SubElement(md, f"{{{NS}}}socket", role="qmp", path=str(vm.run.rundir / "qmp.sock"))
+            ET.SubElement(md, f"{{{NS}}}kernel", path=vm.guest.kernel, initrd=vm.guest.initrd or "")
+            ET.SubElement(md, f"{{{NS}}}rtc", base=vm.run.rtc_base)
+            return md
+        return Launcher(self.uri, name, metadata=metadata, title=f"tandem {analysis} analysis of {self.native}, live")
+
+
+def follow(uri: str | None, domain: str, analyses: list[str], *, bundle: str | Path | None = None,
+           **shadow_kw):
+    """`tandem attach DOMAIN`: a live.Shadow (not started) whose native is the libvirt domain
+    `domain`, redefined for the run as tandem's record-mode QEMU (its kernel, its disk
+    through the bundle's overlay, its MAC on a virtio NIC, user networking with the host
+    port forward), and whose analyses are shadow domains fed live. start() starts the
+    native; when it stops, its own definition is put back and the shadows are undefined."""
+    from .live import Shadow as LiveShadow
+    from .replay_semantic import analysis_guest
+    libvirt = _libvirt()
+    analyses = list(dict.fromkeys(analyses))
+    if not analyses:
+        raise TandemError("no --analysis given")
+    for a in analyses:
+        analysis_guest(a)           # an unknown name or a missing kernel: say so now
+    conn = connect(uri)
+    try:
+        try:
+            dom = conn.lookupByName(domain)
+        except libvirt.libvirtError as e:
+            raise TandemError(f"domain {domain!r}: {e.get_error_message()}") from None
+        if _tandem_native(conn, domain):
+            raise TandemError(f"{domain}: tandem runs it already, or an earlier run did not clean up "
+                              f"(tandem detach {domain})")
+        n = read_native(dom)
+        if n.active:
+            raise TandemError(f"{domain}: running; tandem attach starts it itself, recorded from boot "
+                              f"(shut it down first)")
+        if not n.kernel:
+            raise TandemError(f"{domain}: boots through firmware, not a kernel (<os><kernel>); "
+                              f"tandem records direct kernel boot only")
+        if n.vcpus != 1:
+            raise TandemError(f"{domain}: {n.vcpus} vCPUs; tandem records 1-vCPU guests")
+        if n.nic_type is None:
+            raise TandemError(f"{domain}: no network interface; tandem records a guest with one "
+                              f"(<interface type='user'><model type='virtio'/></interface>)")
+        if n.nic_type != "user":
+            raise TandemError(f"{domain}: interface type {n.nic_type!r}; tandem records a NIC on "
+                              f"user networking (type 'user') only")
+        if n.nic_model != "virtio":
+            raise TandemError(f"{domain}: NIC model {n.nic_model!r}: tandem's QEMU has virtio-net only "
+                              f"(qemu-patches/0003)")
+        if n.disk_readonly:
+            raise TandemError(f"{domain}: its disk is read-only; tandem's recording writes through an overlay")
+        if n.disk and not n.disk.is_file():
+            raise TandemError(f"{domain}: its disk {n.disk} is not a file tandem can read")
+        original = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
+    finally:
+        conn.close()
+    guest = Guest(kernel=n.kernel, initrd=n.initrd, disk_base=str(n.disk) if n.disk else None,
+                  memory_mb=n.memory_mib, cmdline=n.cmdline, disk_format=n.disk_format or "raw", mac=n.mac)
+    domains = LiveDomains(uri, domain, analyses, native_guest=guest, native_uuid=n.uuid,
+                          original=original, info=n)
+    return LiveShadow(bundle or f"{domain}.tdm", analyses, libvirt=domains, **shadow_kw)

@@ -54,10 +54,12 @@ def initrd_with_modules(initramfs: str, initramfs_sha256: str, modules: dict) ->
 class Guest:
     """What runs: kernel, initramfs, disk base image, memory."""
     kernel: str
-    initrd: str
+    initrd: str | None             # None: the kernel boots without one
     disk_base: str | None
     memory_mb: int = 256
     cmdline: str = DEFAULT_CMDLINE
+    disk_format: str = "raw"       # of disk_base, which every run's qcow2 overlay backs onto
+    mac: str | None = None         # the NIC's MAC (None: QEMU's default); the guest sees it
 
     @classmethod
     def default(cls, flavor: str = "native", userland: str = "native") -> "Guest":
@@ -115,11 +117,11 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def make_overlay(base: str, overlay: Path) -> None:
-    """A qcow2 overlay so the base image is never written."""
+def make_overlay(base: str, overlay: Path, fmt: str = "raw") -> None:
+    """A qcow2 overlay so the base image (of format fmt) is never written."""
     img = artifacts.qemu()["img"]
     r = subprocess.run([img, "create", "-q", "-f", "qcow2", "-b", str(Path(base).resolve()),
-                        "-F", "raw", str(overlay)], capture_output=True, text=True)
+                        "-F", fmt, str(overlay)], capture_output=True, text=True)
     if r.returncode:
         raise TandemError(f"{overlay}: qemu-img create failed: {r.stderr.strip()}")
 
@@ -129,8 +131,8 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     argv = [q["binary"], "-L", q["firmware_dir"], "-M", "pc", "-m", str(guest.memory_mb),
             "-smp", "1", "-nodefaults", "-no-user-config", "-display", "none",
             "-no-reboot", "-accel", "tcg",
-            "-kernel", guest.kernel, "-initrd", guest.initrd, "-append", guest.cmdline,
-            "-qmp", f"unix:{run.rundir}/qmp.sock,server=on,wait=off"]
+            "-kernel", guest.kernel, *(["-initrd", guest.initrd] if guest.initrd else []),
+            "-append", guest.cmdline, "-qmp", f"unix:{run.rundir}/qmp.sock,server=on,wait=off"]
     rr = run.rr_mode
     if rr == "record":
         rr_opts = f",rr=record,rrfile={run.rrfile}"
@@ -196,6 +198,9 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         fwd = f",hostfwd=tcp:127.0.0.1:{run.hostfwd_port}-:{GUEST_PORT}" if run.hostfwd_port else ""
         argv += ["-netdev", f"user,id=net0{fwd}", "-device", "virtio-net-pci,netdev=net0,romfile=",
                  "-object", "rng-builtin,id=rng0", "-device", "virtio-rng-pci,rng=rng0"]
+    if guest.mac:
+        i = next(i for i, a in enumerate(argv) if a.startswith("virtio-net-pci,"))
+        argv[i] += f",mac={guest.mac}"
     if run.mode in ("record", "replay"):   # analysis runs: the feed is logged instead
         argv += ["-object", "filter-replay,id=rr-net0,netdev=net0"]
     if run.gate_socket:
@@ -273,10 +278,18 @@ class Serial:
 
 
 class VM:
-    """A running QEMU: process, QMP connection, optional serial console."""
+    """A running QEMU: process, QMP connection, optional serial console.
 
-    def __init__(self, guest: Guest, run: Run):
-        self.guest, self.run = guest, run
+    launcher: start the QEMU some other way than as tandem's child process (virt.Launcher:
+    as a libvirt domain). Its start(vm, log) runs vm.argv and returns a handle with what
+    VM uses of subprocess.Popen: pid, returncode, poll(), wait(timeout) (raising
+    subprocess.TimeoutExpired) and kill(); QEMU's output goes to `log` by the time it has
+    exited. release(handle), called by close(), drops what the launcher made (the domain).
+    tandem's QMP and serial sockets are in the argv, so everything else is the same.
+    """
+
+    def __init__(self, guest: Guest, run: Run, launcher=None):
+        self.guest, self.run, self.launcher = guest, run, launcher
         run.rundir.mkdir(parents=True, exist_ok=True)
         self.argv = qemu_argv(guest, run)
         self.log_path = run.rundir / "qemu.log"
@@ -293,10 +306,20 @@ class VM:
         for stale in ("qmp.sock", "serial.sock"):
             (self.run.rundir / stale).unlink(missing_ok=True)
         self._log = open(self.log_path, "wb")
-        # SCHED_IDLE (chrt, util-linux): the VM gets only CPU time nothing else wants.
-        argv = ["chrt", "--idle", "0", *self.argv] if self.run.idle else self.argv
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        if self.launcher is not None:
+            try:
+                self.proc = self.launcher.start(self, self._log)
+            except BaseException:
+                self._log.close()
+                raise
+            if self.run.idle:   # a domain's QEMU: all its threads to SCHED_IDLE once started
+                subprocess.run(["chrt", "--idle", "--all-tasks", "--pid", "0", str(self.proc.pid)],
+                               capture_output=True)
+        else:
+            # SCHED_IDLE (chrt, util-linux): the VM gets only CPU time nothing else wants.
+            argv = ["chrt", "--idle", "0", *self.argv] if self.run.idle else self.argv
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         qmp_path = self.run.rundir / "qmp.sock"
         while True:
@@ -315,7 +338,6 @@ class VM:
             time.sleep(0.02)
         if self.run.mode not in ("replay", "analysis"):
             self.serial = Serial(self.run.rundir / "serial.sock")
-        return self
 
     def log_tail(self, n: int = 400) -> str:
         try:
@@ -376,6 +398,8 @@ class VM:
             except Exception:
                 pass
         self.kill()
+        if self.launcher is not None and self.proc is not None:
+            self.launcher.release(self.proc)
         if hasattr(self, "_log"):
             self._log.close()
 

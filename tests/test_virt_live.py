@@ -1,0 +1,230 @@
+"""Live shadow runs as libvirt domains: `tandem shadow --libvirt` and `tandem attach`
+(real private libvirtd, real QEMU, real kernels; virsh as a user runs it)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, assert_one_line_error, run_cli
+from test_live import drive, run_until_native_stops
+from test_virt import names, native_xml, virsh, wait_for
+from tandem import bundle, pcapng, replay_exact, virt
+from tandem.live import Shadow
+from tandem.vm import free_port
+from tandem.workload import KV, demo_traffic
+
+
+@pytest.fixture(scope="module")
+def libvirtd(built, tmp_path_factory):
+    d = virt.Libvirtd(tmp_path_factory.mktemp("virt-live") / "libvirt")
+    d.start()
+    yield d
+    d.stop()
+
+
+def test_shadow_runs_native_and_analysis_as_domains(libvirtd, tmp_path):
+    """tandem shadow --libvirt: virsh shows the native and its shadow while they run; the
+    analysis follows live; the native's recording replays exactly outside libvirt, and so
+    does the analysis run's; nothing is left defined."""
+    uri = libvirtd.uri
+    path = tmp_path / "web.tdm"
+    sh = Shadow(path, ["native"], workdir=tmp_path / "an",
+                libvirt=virt.LiveDomains.for_bundle(uri, path, ["native"]))
+    sh.start()
+    seen = {}
+
+    def work():
+        seen["list"] = names(uri)
+        seen["dominfo"] = virsh(uri, "dominfo", "web-tandem-native")
+        demo_traffic(sh.port, rounds=3)
+        with KV(sh.port) as kv:
+            seen["get"] = kv.request("GET key1")
+    t = drive(sh, work)
+    run_until_native_stops(sh)
+    t.join(10)
+    s = sh.finish()
+    assert seen["list"] == {"web", "web-tandem-native"}, seen
+    assert "running" in seen["dominfo"]
+    assert seen["get"].startswith("VALUE value-1")
+    (r,) = s.results
+    assert r.run.outcome == "poweroff", r.run.detail
+    assert len(r.run.delivered) > 0 and not r.divergences, [d.diff for d in r.divergences]
+    assert names(uri, "--all") == set() and libvirtd.others() == []
+    m = bundle.load_manifest(path)
+    assert m["machine"]["libvirt"]["domain"] == "web" and m["state"] == "complete"
+    v = replay_exact.replay(path)
+    assert v.ok, v.summary()
+    v = replay_exact.replay(tmp_path / "an" / "native.tdm")
+    assert v.ok, v.summary()
+
+
+def test_shadow_libvirt_cli(libvirtd, tmp_path):
+    """The CLI: `tandem shadow NAME.tdm --libvirt=URI`, ended by --duration; a domain name
+    already defined is refused before anything starts."""
+    uri = libvirtd.uri
+    r = run_cli("shadow", str(tmp_path / "cli.tdm"), "--analysis", "native", f"--libvirt={uri}",
+                "--duration", "3s", "--no-record")
+    assert r.returncode == 0, r.stderr
+    assert "libvirt domains cli, cli-tandem-native" in r.stderr
+    assert names(uri, "--all") == set() and libvirtd.others() == []
+    assert bundle.load_manifest(tmp_path / "cli.tdm")["machine"]["libvirt"]["domain"] == "cli"
+    assert replay_exact.replay(tmp_path / "cli.tdm").ok
+    plain_web(uri, tmp_path)
+    try:
+        assert_one_line_error(run_cli("shadow", str(tmp_path / "web.tdm"), "--analysis", "native",
+                                      f"--libvirt={uri}"), "domain web: already defined")
+        assert not (tmp_path / "web.tdm").exists()
+    finally:
+        virsh(uri, "undefine", "web")
+
+
+def start_attach(uri: str, tmp_path: Path, port: int) -> subprocess.Popen:
+    """`tandem attach web` as a user runs it, in the background."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    return subprocess.Popen([sys.executable, "-m", "tandem", "attach", "web", "--analysis", "native",
+                             "--uri", uri, "--bundle", str(tmp_path / "web.tdm"), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+
+def wait_for_service(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            with KV(port, timeout=5) as kv:
+                if kv.request("SET up 1") == "OK":
+                    return
+        except Exception:
+            pass
+        assert time.monotonic() < deadline, "the attached domain's service never answered"
+        time.sleep(0.5)
+
+
+def tandem_metadata(uri: str, name: str) -> dict[str, str]:
+    """Paths tandem names in a domain's <metadata> (run directory, sockets)."""
+    root = ET.fromstring(virsh(uri, "dumpxml", name))
+    md = root.find(f"metadata/{{{virt.NS}}}*")
+    out = {k: v for k, v in md.attrib.items()}
+    for e in md:
+        if virt._local(e.tag) == "original":
+            out["original"] = e.text
+        elif e.get("path"):
+            out[e.get("role") or virt._local(e.tag)] = e.get("path")
+    return out
+
+
+def frames_taken(analysis_bundle: Path) -> int:
+    """Network frames the feed has delivered to an analysis VM so far, from its own device log
+    (tandem holds the shadow's QMP socket, which takes one client)."""
+    try:
+        return sum(1 for e in pcapng.iter_events(analysis_bundle / bundle.DEVLOG)
+                   if e.kind == "net" and e.direction == "in")
+    except Exception:
+        return 0
+
+
+def plain_web(uri: str, tmp_path: Path) -> str:
+    (tmp_path / "web.xml").write_text(native_xml(tmp_path))
+    virsh(uri, "define", str(tmp_path / "web.xml"))
+    return virsh(uri, "dumpxml", "--inactive", "web")
+
+
+def test_attach_follows_a_plain_domain_live(libvirtd, tmp_path):
+    """tandem attach on a domain defined from plain XML: tandem starts it recorded, its shadow
+    takes its inputs while it serves, Ctrl-C ends the run, and the domain's own definition
+    is back; the recording replays exactly (the domain's qcow2 disk, MAC and UUID)."""
+    uri = libvirtd.uri
+    original = plain_web(uri, tmp_path)
+    port = free_port()
+    proc = start_attach(uri, tmp_path, port)
+    try:
+        wait_for_service(port, proc)
+        assert names(uri) == {"web", "web-tandem-native"}
+        native, shadow = tandem_metadata(uri, "web"), tandem_metadata(uri, "web-tandem-native")
+        assert "original" in native and shadow["native"] == "web" and shadow["live"] == "yes"
+        demo_traffic(port, rounds=3)
+        # Live: the shadow has taken the client's frames while the native still runs.
+        wait_for(lambda: frames_taken(tmp_path / "web.tdm.analysis" / "native.tdm") > 0, 60,
+                 "the shadow to take the native's inputs")
+        assert proc.poll() is None and "web" in names(uri)
+        time.sleep(1)                   # nothing in flight when the native stops
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    assert "its own definition is back" in err
+    summary = json.loads((tmp_path / "web.tdm.analysis" / "summary.json").read_text())
+    (a,) = summary["analyses"]
+    assert a["outcome"] == "finished" and a["delivered"] > 0, a
+    assert names(uri, "--all") == {"web"}
+    assert virsh(uri, "dumpxml", "--inactive", "web") == original
+    assert libvirtd.others() == []
+    for p in (native["rundir"], shadow["statedir"]):
+        assert not Path(p).exists(), p
+    m = bundle.load_manifest(tmp_path / "web.tdm")
+    assert m["machine"]["mac"] == "52:54:00:7a:6e:01" and m["machine"]["disk_format"] == "qcow2"
+    v = replay_exact.replay(tmp_path / "web.tdm")
+    assert v.ok, v.summary()
+    assert_one_line_error(run_cli("detach", "web", "--uri", uri), "nothing to detach")
+    virsh(uri, "undefine", "web")
+
+
+def test_detach_after_attach_died(libvirtd, tmp_path):
+    """tandem dies mid-run: the native goes on serving; detach stops it, puts its own
+    definition back and removes the shadow, its run directories and sockets."""
+    uri = libvirtd.uri
+    original = plain_web(uri, tmp_path)
+    port = free_port()
+    proc = start_attach(uri, tmp_path, port)
+    try:
+        wait_for_service(port, proc)
+        native, shadow = tandem_metadata(uri, "web"), tandem_metadata(uri, "web-tandem-native")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    with KV(port) as kv:
+        assert kv.request("GET up") == "VALUE 1"
+    assert "web" in names(uri)
+    r = run_cli("detach", "web", "--uri", uri)
+    assert r.returncode == 0, r.stderr
+    assert "restored web's own definition" in r.stderr
+    assert names(uri, "--all") == {"web"}
+    assert virsh(uri, "dumpxml", "--inactive", "web") == original
+    assert libvirtd.others() == []
+    for p in (native["rundir"], shadow["statedir"], shadow["feed"], shadow["qmp"]):
+        assert not Path(p).exists(), p
+    virsh(uri, "undefine", "web")
+
+
+def test_attach_refusals_are_one_line(libvirtd, tmp_path):
+    uri = libvirtd.uri
+    plain_web(uri, tmp_path)
+    xml = (tmp_path / "web.xml").read_text()
+    variants = {
+        "two": xml.replace("<vcpu>1</vcpu>", "<vcpu>2</vcpu>"),
+        "net": xml.replace("<interface type='user'>", "<interface type='network'><source network='default'/>"),
+    }
+    try:
+        for name, text in variants.items():
+            (tmp_path / f"{name}.xml").write_text(text.replace("<name>web</name>", f"<name>{name}</name>")
+                                                  .replace("52:54:00:7a:6e:01", "52:54:00:7a:6e:02"))
+            virsh(uri, "define", str(tmp_path / f"{name}.xml"))
+        assert_one_line_error(run_cli("attach", "two", "--analysis", "native", "--uri", uri), "2 vCPUs")
+        assert_one_line_error(run_cli("attach", "net", "--analysis", "native", "--uri", uri), "'network'")
+        assert_one_line_error(run_cli("attach", "web", "--analysis", "native", "--uri", uri,
+                                      "--rtc-base", "2026-01-01T00:00:00"), "--no-follow")
+        assert names(uri, "--all") == {"web", "two", "net"}
+        assert not (Path.cwd() / "web.tdm").exists()
+    finally:
+        for n in ("web", "two", "net"):
+            virsh(uri, "undefine", n, check=False)
