@@ -99,10 +99,27 @@ def _shadow_table(rows: list[dict]):
     return t
 
 
-def cmd_shadow(args) -> int:
+def _watch(sh):
+    """Sample the native and show the live table until it stops (Ctrl-C stops it), then
+    let the analyses finish: their summary."""
     from rich.live import Live
 
-    from .live import SAMPLE_S, Shadow
+    from .live import SAMPLE_S
+    signal.signal(signal.SIGINT, lambda *_: sh.stop_native())
+    signal.signal(signal.SIGTERM, lambda *_: sh.stop_native())
+    with Live(_shadow_table(sh.status()), console=console, refresh_per_second=4) as live:
+        while sh.native.vm.proc.poll() is None:
+            sh.sample()
+            sh.native.vm.poll_events()
+            live.update(_shadow_table(sh.status()))
+            time.sleep(SAMPLE_S)
+        s = sh.finish()
+        live.update(_shadow_table(sh.status()))
+    return s
+
+
+def cmd_shadow(args) -> int:
+    from .live import Shadow
     names = [a for item in args.analysis for a in item.split(",") if a]
     domains = None
     if args.libvirt is not None:    # --libvirt [URI]: the native and the analyses as libvirt domains
@@ -123,16 +140,7 @@ def cmd_shadow(args) -> int:
                   + (f"metrics on http://127.0.0.1:{sh.metrics_port}/metrics; " if sh.metrics_port is not None else "")
                   + (f"libvirt domains {domains.native}, {', '.join(domains.shadow_names())}; " if domains else "")
                   + f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
-    signal.signal(signal.SIGINT, lambda *_: sh.stop_native())
-    signal.signal(signal.SIGTERM, lambda *_: sh.stop_native())
-    with Live(_shadow_table(sh.status()), console=console, refresh_per_second=4) as live:
-        while sh.native.vm.proc.poll() is None:
-            sh.sample()
-            sh.native.vm.poll_events()
-            live.update(_shadow_table(sh.status()))
-            time.sleep(SAMPLE_S)
-        s = sh.finish()
-        live.update(_shadow_table(sh.status()))
+    s = _watch(sh)
     print_summary(s)
     return 0 if s.ok else 1
 
@@ -255,9 +263,6 @@ def cmd_attach(args) -> int:
 
 def _attach_live(args) -> int:
     """tandem attach DOMAIN: DOMAIN recorded from boot, its shadows fed live, until it stops."""
-    from rich.live import Live
-
-    from .live import SAMPLE_S
     from .virt import follow
     for opt, given in (("--state-dir", args.state_dir), ("--rtc-base", args.rtc_base), ("--json", args.json)):
         if given:
@@ -274,16 +279,7 @@ def _attach_live(args) -> int:
                       f"127.0.0.1:{sh.port}; shadows {', '.join(sh.libvirt.shadow_names())} trail it; "
                       f"findings in {sh.workdir / 'findings.jsonl'}; stop with guest poweroff, "
                       f"virsh destroy {args.domain} or Ctrl-C", markup=False)
-        signal.signal(signal.SIGINT, lambda *_: sh.stop_native())
-        signal.signal(signal.SIGTERM, lambda *_: sh.stop_native())
-        with Live(_shadow_table(sh.status()), console=console, refresh_per_second=4) as live:
-            while sh.native.vm.proc.poll() is None:
-                sh.sample()
-                sh.native.vm.poll_events()
-                live.update(_shadow_table(sh.status()))
-                time.sleep(SAMPLE_S)
-            s = sh.finish()
-            live.update(_shadow_table(sh.status()))
+        s = _watch(sh)
     finally:        # the native's own definition back, whatever happened
         if sh.native.vm:
             sh.native.vm.close()
