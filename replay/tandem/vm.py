@@ -338,6 +338,7 @@ class VM:
             time.sleep(0.02)
         if self.run.mode not in ("replay", "analysis"):
             self.serial = Serial(self.run.rundir / "serial.sock")
+        return self
 
     def log_tail(self, n: int = 400) -> str:
         try:
