@@ -15,7 +15,6 @@ Usage: ./tandem bench shadow   (= python bench/shadow.py --out docs/benchmarks.m
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import sys
 import tempfile
@@ -92,25 +91,30 @@ def run_record(tmp: Path, requests: int):
     return out
 
 
-def run_shadow(tmp: Path, requests: int, analyses: list[str], mem: list | None = None):
-    d = Path(tempfile.mkdtemp(dir=tmp))
-    sh = Shadow(d / "s.tdm", analyses, workdir=d / "an", record_analyses=False).start()
-    out = {}
-
+def serve(sh: Shadow, work, each=None) -> None:
+    """Run `work()` against the started shadow's native, then power it off; sample the
+    native (and call `each()`) every SAMPLE_S until it stops; let the analyses finish."""
     def drive():
         sh.native.wait_ready()
-        out["r"] = load(sh.port, requests)
+        work()
         sh.native.serial.type("poweroff")
     t = threading.Thread(target=drive, daemon=True)
     t.start()
     while sh.native.vm.proc.poll() is None:
         sh.sample()
         sh.native.vm.poll_events()
-        if mem is not None:
-            mem.append((time.monotonic(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+        if each:
+            each()
         time.sleep(SAMPLE_S)
     t.join(30)
     sh.finish()
+
+
+def run_shadow(tmp: Path, requests: int, analyses: list[str]):
+    d = Path(tempfile.mkdtemp(dir=tmp))
+    sh = Shadow(d / "s.tdm", analyses, workdir=d / "an", record_analyses=False).start()
+    out = {}
+    serve(sh, lambda: out.setdefault("r", load(sh.port, requests)))
     return out["r"]
 
 
@@ -159,22 +163,12 @@ def part_memory(tmp: Path, seconds: float) -> list[str]:
     done = {"requests": 0}
     mem: list[tuple[float, int, int, int]] = []     # (t, RSS KiB, requests done, inputs held)
 
-    def drive():
-        sh.native.wait_ready()
+    def work():
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             load(sh.port, 250)
             done["requests"] += CLIENTS * 250
-        sh.native.serial.type("poweroff")
-    t = threading.Thread(target=drive, daemon=True)
-    t.start()
-    while sh.native.vm.proc.poll() is None:
-        sh.sample()
-        sh.native.vm.poll_events()
-        mem.append((time.monotonic(), _rss_kib(), done["requests"], len(sh.rec.inputs)))
-        time.sleep(SAMPLE_S)
-    t.join(30)
-    sh.finish()
+    serve(sh, work, lambda: mem.append((time.monotonic(), _rss_kib(), done["requests"], len(sh.rec.inputs))))
     t0 = mem[0][0]
     q = max(1, len(mem) // 8)
     pts = [mem[i] for i in range(0, len(mem), q)] + [mem[-1]]
@@ -247,7 +241,7 @@ def part_buffer(tmp: Path, out_png: Path, bursts: int = 3, gap_s: float = 3.0, p
             f"analysis has not taken) and lag, sampled every {SAMPLE_S:.1f} s, against the buffer `tandem plan` "
             f"predicts from the same run's recording with the slowdown measured in it (F = {f:.2f}):"), "",
             f"![buffer and lag over time]({out_png.relative_to(out_png.parents[1])})", "",
-            f"| peak buffer used (inputs) | predicted by `tandem plan` | peak lag (VM s) | peak lag (wall s) |",
+            "| peak buffer used (inputs) | predicted by `tandem plan` | peak lag (VM s) | peak lag (wall s) |",
             "|---|---|---|---|",
             f"| {peak} | {predicted} | {max(x[2] for x in series):.2f} | {max(x[3] for x in series):.2f} |"]
 
