@@ -112,10 +112,11 @@ def agree(native: bytes, a: int, b: int, theirs: bytes, rules, flow: int, closed
 
 class Gate:
     def __init__(self, server: FeedServer, rec, followers, *, timeout_vm_ns: int = 2_000_000_000,
-                 hold=None, spec_path: str | None = None):
+                 hold=None, specs: dict | None = None):
         self.server, self.rec, self.followers = server, rec, followers
         self.hold = hold                # () -> bool: hold the native's inputs now
-        self.specs = {f.analysis: equivalence.load(f.analysis, spec_path) for f in followers}
+        # Each analysis's equivalence spec (live.Shadow loads them; default: the built-in ones)
+        self.specs = specs or {f.analysis: equivalence.load(f.analysis) for f in followers}
         self.native_out: dict[tuple, bytearray] = {}   # per connection: the native's output so far
         self.holding = False
         self.holds = 0

@@ -79,8 +79,8 @@ class Shadow:
         self.release, self.overflow = release, overflow
         self.idle_analyses = idle_analyses
         self.spec_path = spec_path
-        for a in self.analyses:
-            equivalence.load(a, spec_path)          # a bad spec: fail now, not at the end
+        # Loaded now: a bad spec fails here, not at the end; the release gate uses them too.
+        self.specs = {a: equivalence.load(a, spec_path) for a in self.analyses}
         self.agree_timeout_ns = agree_timeout_ns
         self.gate: Gate | None = None
         self._gate_server: FeedServer | None = None
@@ -117,7 +117,7 @@ class Shadow:
         if self._gate_server:
             self._gate_server.accept(30)
             self.gate = Gate(self._gate_server, self.rec, self.followers, timeout_vm_ns=self.agree_timeout_ns,
-                             hold=self._hold_native, spec_path=self.spec_path)
+                             hold=self._hold_native, specs=self.specs)
             self.gate.start()
         self.rec.created = self.native.manifest["created"][:19]
         self.workdir.mkdir(parents=True, exist_ok=True)
