@@ -56,40 +56,48 @@ class Divergence:
 class _Stream:
     """A timed byte stream: its bytes, and the VM time of each chunk it arrived in
     (indexed only when a line's time is needed)."""
-    __slots__ = ("_chunks", "_starts", "_times", "_writes", "text")
+    __slots__ = ("_chunks", "_skip", "_starts", "_times", "_writes", "origin", "text")
 
     def __init__(self, text: bytes, chunks: list[tuple[int, bytes]] | None = None,
-                 writes: tuple[list[tuple[int, int]], int] | None = None):
-        """Timed by `chunks` (VM time, bytes) joined into `text`, or by `writes`:
-        ([(offset, VM time)], offset of text[0]) of a buffer text was cut from."""
+                 writes: tuple[list[tuple[int, int]], int] | None = None, skip: int = 0, origin: int = 0):
+        """Timed by `chunks` (VM time, bytes) joined into `text` (less its first `skip`
+        bytes), or by `writes`: ([(offset, VM time)], offset of text[0]) of a buffer
+        text was cut from. `origin`: the stream offset of text[0] (a live comparison
+        starts where the matched part ends)."""
         self.text = text
-        self._chunks, self._writes = chunks, writes
+        self._chunks, self._writes, self._skip, self.origin = chunks, writes, skip, origin
         self._starts: list[int] | None = None
         self._times: list[int] = []
 
     @classmethod
-    def of_chunks(cls, chunks: list[tuple[int, bytes]]) -> _Stream:
-        return cls(b"".join(map(_DATA, chunks)), chunks=chunks)
+    def of_chunks(cls, chunks: list[tuple[int, bytes]], start: int | None = None) -> _Stream:
+        """The stream of a chunk list (inputs.Chunks, or a plain list), from stream
+        offset `start` (default: its first chunk kept)."""
+        base = inputs_mod.chunks_base(chunks)
+        if start is None or start <= base:
+            return cls(b"".join(map(_DATA, chunks)), chunks=chunks, origin=base)
+        part, skip = chunks.since(start)
+        return cls(b"".join(map(_DATA, part))[skip:], chunks=part, skip=skip, origin=start)
 
     def masked(self, ranges: list[tuple[int, int]]) -> _Stream:
-        """The same stream with bytes [start, end) of each range replaced by '*'."""
+        """The same stream with stream bytes [start, end) of each range replaced by '*'."""
         b = bytearray(self.text)
         for start, end in ranges:
-            hi = min(end, len(b))
-            if start < hi:
-                b[start:hi] = b"*" * (hi - start)
-        return _Stream(bytes(b), self._chunks, self._writes)
+            lo, hi = max(0, start - self.origin), min(end - self.origin, len(b))
+            if lo < hi:
+                b[lo:hi] = b"*" * (hi - lo)
+        return _Stream(bytes(b), self._chunks, self._writes, self._skip, self.origin)
 
     def time_at(self, pos: int) -> int:
         """VM time of the chunk byte `pos` came in."""
         if self._writes is not None:
             writes, base = self._writes
-            return writes[bisect.bisect_right(writes, (pos + base, _INF)) - 1][1]
+            return writes[max(0, bisect.bisect_right(writes, (pos + base, _INF)) - 1)][1]
         if self._starts is None:
             chunks = self._chunks or []
             self._starts = list(accumulate([len(d) for _, d in chunks[:-1]], initial=0)) if chunks else []
             self._times = [ns for ns, _ in chunks]
-        return self._times[bisect.bisect_right(self._starts, pos) - 1]
+        return self._times[bisect.bisect_right(self._starts, pos + self._skip) - 1]
 
     def lines(self) -> tuple[list[bytes], list[int]]:
         """The stream's lines (without their \\n or trailing \\r; no empty last line)
@@ -135,12 +143,32 @@ kept_lines = _apply     # for the release gate (gate.py): the same rules, line b
 class _Side:
     """One side of a stream as lines after the spec; a line's time is looked up only
     when it is reported."""
-    __slots__ = ("kept", "starts", "stream", "texts")
+    __slots__ = ("end", "kept", "starts", "stream", "texts")
 
     def __init__(self, stream: _Stream, rules, serial: bool, cache: dict):
         lines, self.starts = stream.lines()
-        self.stream = stream
+        self.stream, self.end = stream, len(stream.text)
         self.texts, self.kept = _apply(lines, rules, serial, cache)
+
+    @classmethod
+    def whole_lines(cls, stream: _Stream, rules, serial: bool, cache: dict) -> _Side:
+        """The side's complete lines only (what a live comparison can match yet)."""
+        end = stream.text.rfind(b"\n") + 1
+        side = cls(_Stream(stream.text[:end]), rules, serial, cache)
+        side.stream, side.end = stream, end
+        return side
+
+    def part(self, i: int, j: int) -> _Side:
+        """Kept lines i..j-1 only."""
+        p = object.__new__(_Side)
+        p.stream, p.starts, p.end = self.stream, self.starts, self.end
+        p.texts, p.kept = self.texts[i:j], self.kept[i:j]
+        return p
+
+    def cut(self, i: int) -> int:
+        """Offset just past kept line i-1 and the dropped lines after it: where kept
+        line i starts (the end of the complete lines if there is none)."""
+        return self.starts[self.kept[i]] if i < len(self.kept) else self.end
 
     def vm_ns(self, i: int) -> int:
         return self.stream.time_at(self.starts[self.kept[i]])
@@ -211,30 +239,55 @@ def _div(channel, kind, na, nb, run: AnalysisRun, diff) -> Divergence:
                       before.input.describe() if before else "none (before the first input)", diff)
 
 
-def streams_native(rec: inputs_mod.Recording) -> dict[str, _Stream]:
-    s = {"serial": _Stream.of_chunks(rec.serial_out)}
+def channel(fl: inputs_mod.Flow) -> str:
+    """A TCP flow's channel name."""
+    return f"tcp flow {fl.index} ({fl.name()})"
+
+
+def streams_native(rec: inputs_mod.Recording, at: dict | None = None,
+                   only: set | None = None) -> dict[str, _Stream]:
+    """The native's output streams (from what `at` says was matched: channel ->
+    (native offset, analysis offset); only the channels in `only`, if given, where
+    "udp" stands for every UDP destination)."""
+    at = at or {}
+    s = {}
+    if only is None or "serial" in only:
+        s["serial"] = _Stream.of_chunks(rec.serial_out, at.get("serial", (None,))[0])
     for fl in rec.flows:
-        s[f"tcp flow {fl.index} ({fl.name()})"] = _Stream.of_chunks(fl.guest_data)
+        if fl is not None and (only is None or channel(fl) in only):
+            name = channel(fl)
+            s[name] = _Stream.of_chunks(fl.guest_data, at.get(name, (None,))[0])
     udp: dict[str, list[tuple[int, bytes]]] = {}
-    for ns, (ip, port), payload in rec.udp_out:
+    for ns, (ip, port), payload in rec.udp_out if only is None or "udp" in only else ():
         udp.setdefault(f"udp {netpkt.ip_str(ip)}:{port}", []).append((ns, payload + b"\n"))
     s.update((k, _Stream.of_chunks(v)) for k, v in udp.items())
     return s
 
 
-def streams_analysis(run: AnalysisRun, rec: inputs_mod.Recording) -> dict[str, _Stream]:
-    # The console is one buffer; each write's (offset, VM time) indexes it.
-    base = run.console_times[0][0] if run.console_times else len(run.console)
-    s = {"serial": _Stream(bytes(run.console[base:]), writes=(run.console_times, base))}
+def streams_analysis(run: AnalysisRun, rec: inputs_mod.Recording, at: dict | None = None,
+                     only: set | None = None) -> dict[str, _Stream]:
+    at = at or {}
+    s = {}
+    if only is None or "serial" in only:
+        # The console is one buffer; each write's (offset, VM time) indexes it.
+        start = at["serial"][1] if "serial" in at else \
+            run.console_times[0][0] if run.console_times else run.console_base + len(run.console)
+        s["serial"] = _Stream(bytes(run.console[start - run.console_base:]),
+                              writes=(run.console_times, start), origin=start)
     for fl in rec.flows:
+        if fl is None or (only is not None and channel(fl) not in only):
+            continue
+        name = channel(fl)
         pf = run.peer.flows.get(fl.index) if run.peer else None
-        s[f"tcp flow {fl.index} ({fl.name()})"] = _Stream.of_chunks(pf.guest_data if pf else [])
+        s[name] = _Stream.of_chunks(pf.guest_data if pf else [], at.get(name, (0, None))[1])
+    if only is not None and "udp" not in only:
+        return s
     # The guest's UDP datagrams: the replayer's peer kept them as it parsed each frame.
     if run.peer is not None:
         datagrams = run.peer.udp_out
     else:                           # a run that stopped before replaying: parse what it has
         datagrams = []
-        for ns, frame in run.net_out:
+        for ns, frame in run.net_out or ():
             f = netpkt.parse(frame)
             if f and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP and not f.fragment:
                 datagrams.append((ns, (f.ip_dst, f.dport), f.payload))
@@ -245,26 +298,122 @@ def streams_analysis(run: AnalysisRun, rec: inputs_mod.Recording) -> dict[str, _
     return s
 
 
-def compare(rec: inputs_mod.Recording, run: AnalysisRun, spec: Spec) -> list[Divergence]:
-    """Every difference between the native's outputs and the analysis run's."""
-    a, b = streams_native(rec), streams_analysis(run, rec)
+def compare(rec: inputs_mod.Recording, run: AnalysisRun, spec: Spec, at: dict | None = None,
+            only: set | None = None) -> list[Divergence]:
+    """Every difference between the native's outputs and the analysis run's (from
+    what `at` says was already matched; in the channels of `only`, if given)."""
+    a, b = streams_native(rec, at, only), streams_analysis(run, rec, at, only)
     out = []
     for name in sorted(set(a) | set(b), key=lambda n: (n != "serial", n)):
-        chan = name.split(" ")[0]
-        if chan in spec.ignore_channels:
-            continue
-        rules = spec.rules[chan]
-        sa, sb = a.get(name, _EMPTY), b.get(name, _EMPTY)
-        if chan == "tcp" and rules.byte_ranges:
-            flow = int(name.split()[2])
-            ranges = [(s, e) for f, s, e in rules.byte_ranges if f == flow]
-            if ranges:
-                sa, sb = sa.masked(ranges), sb.masked(ranges)
-        plain = not (rules.ignore or rules.mask or rules.ignore_kernel_lines or spec.max_lag_ns)
-        if plain and sa.text == sb.text:
-            continue                # the common case, at memcmp speed
-        out += _compare_lines(name, sa, sb, rules, chan == "serial", spec, run)
+        out += compare_channel(name, a.get(name, _EMPTY), b.get(name, _EMPTY), spec, run)
     return out
+
+
+def _rules(name: str, spec: Spec):
+    """The spec's rules for a channel and the byte ranges it masks (None: not compared)."""
+    chan = name.split(" ")[0]
+    if chan in spec.ignore_channels:
+        return None, []
+    rules = spec.rules[chan]
+    ranges = []
+    if chan == "tcp" and rules.byte_ranges:
+        flow = int(name.split()[2])
+        ranges = [(s, e) for f, s, e in rules.byte_ranges if f == flow]
+    return rules, ranges
+
+
+def compare_channel(name: str, sa: _Stream, sb: _Stream, spec: Spec, run: AnalysisRun) -> list[Divergence]:
+    rules, ranges = _rules(name, spec)
+    if rules is None:
+        return []
+    if ranges:
+        sa, sb = sa.masked(ranges), sb.masked(ranges)
+    plain = not (rules.ignore or rules.mask or rules.ignore_kernel_lines or spec.max_lag_ns)
+    if plain and sa.text == sb.text:
+        return []                   # the common case, at memcmp speed
+    return _compare_lines(name, sa, sb, rules, name == "serial", spec, run)
+
+
+RESYNC_LINES = 4    # after a difference, this many equal lines on both sides end it
+RESYNC_MAX = 200    # lines searched for them; a longer difference is compared at the end
+
+
+def matched(name: str, sa: _Stream, sb: _Stream, spec: Spec, cache: dict,
+            run: AnalysisRun) -> tuple[int, int, list[Divergence], bool]:
+    """Compare two streams from their starts as far as their complete lines allow
+    (a live comparison, live_compare.py): (native offset, analysis offset) up to which
+    they are compared, the divergences found there, and whether the comparison is
+    stuck (a difference no RESYNC_LINES equal lines end within RESYNC_MAX lines: the
+    channel is then compared whole at its end).
+
+    Equal lines under the spec are matched one for one; at a difference, the next
+    RESYNC_LINES lines equal on both sides end it, and the lines between are diffed
+    as compare() diffs a stream (a reordering within the spec's window is no
+    divergence). The part after the last match waits for more lines. Lines the spec
+    drops are skipped; with max_lag (timing) the channel is only compared at its end."""
+    rules, ranges = _rules(name, spec)
+    if rules is None:
+        return sa.origin + len(sa.text), sb.origin + len(sb.text), [], False
+    if spec.max_lag_ns:
+        return sa.origin, sb.origin, [], True
+    if ranges:
+        sa, sb = sa.masked(ranges), sb.masked(ranges)
+    serial = name == "serial"
+    a, b = _Side.whole_lines(sa, rules, serial, cache), _Side.whole_lines(sb, rules, serial, cache)
+    ta, tb = a.texts, b.texts
+    ia = ib = 0
+    divs: list[Divergence] = []
+    stuck = False
+    while True:
+        while ia < len(ta) and ib < len(tb) and ta[ia] == tb[ib]:
+            ia, ib = ia + 1, ib + 1
+        if ia == len(ta) or ib == len(tb):
+            break                           # one side is behind: wait for it
+        m = _reordered_block(ta, tb, ia, ib, rules.reorder_window)
+        if m:
+            ia, ib = ia + m, ib + m         # the same lines, reordered within the window
+            continue
+        if m is None:
+            break                           # maybe a reordering: wait for more lines
+        r = _resync(ta, tb, ia, ib)
+        if r is None:
+            stuck = len(ta) - ia > RESYNC_MAX + RESYNC_LINES and len(tb) - ib > RESYNC_MAX + RESYNC_LINES
+            break
+        divs += _diff_stream(name, a.part(ia, r[0]), b.part(ib, r[1]), spec, run, rules.reorder_window)
+        ia, ib = r
+    if ia == 0 and ib == 0 and (ta or tb):
+        return sa.origin, sb.origin, divs, stuck
+    return sa.origin + a.cut(ia), sb.origin + b.cut(ib), divs, stuck
+
+
+def _reordered_block(ta: list[bytes], tb: list[bytes], ia: int, ib: int, window: int) -> int | None:
+    """At a difference: the length of the shortest block from (ia, ib) that holds the
+    same lines on both sides, each at most `window` lines from its place (a
+    reordering, as _reordered sees one); 0 if there is none, None if more lines are
+    needed to tell."""
+    if not window:
+        return 0
+    for m in range(2, window + 1):
+        if ia + m > len(ta) or ib + m > len(tb):
+            return None
+        if sorted(ta[ia:ia + m]) == sorted(tb[ib:ib + m]):
+            return m
+    return 0
+
+
+def _resync(ta: list[bytes], tb: list[bytes], ia: int, ib: int) -> tuple[int, int] | None:
+    """After a difference at (ia, ib): the nearest (i, j) from which RESYNC_LINES lines
+    are equal on both sides, if any within RESYNC_MAX lines."""
+    n = RESYNC_LINES
+    at: dict[tuple, int] = {}
+    for j in range(ib, min(len(tb) - n, ib + RESYNC_MAX) + 1):
+        at.setdefault(tuple(tb[j:j + n]), j)
+    best = None
+    for i in range(ia, min(len(ta) - n, ia + RESYNC_MAX) + 1):
+        j = at.get(tuple(ta[i:i + n]))
+        if j is not None and (i, j) != (ia, ib) and (best is None or i - ia + j - ib < best[0] - ia + best[1] - ib):
+            best = (i, j)
+    return best
 
 
 def split_noise(divs: list[Divergence], noise: list[Divergence] | None) -> tuple[list[Divergence], int]:

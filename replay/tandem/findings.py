@@ -48,24 +48,29 @@ def of_report(run: AnalysisRun, rep: report.Report) -> Finding:
                    locations=locs, **_attributed(run, ns))
 
 
+def symbolizer(analysis: str):
+    """rep -> rep with source locations from the analysis kernel's vmlinux and modules
+    (rep unchanged when they are not there)."""
+    flavor = ANALYSES.get(analysis, (analysis,))[0]
+    try:
+        vmlinux = artifacts.kernel(flavor)["vmlinux"]
+        modules = artifacts.modules(flavor).get("modules", [])
+    except Exception:
+        return lambda rep: rep
+    return lambda rep: report.symbolize(rep, vmlinux, modules) if vmlinux and rep.os == "linux" else rep
+
+
 def findings(run: AnalysisRun, symbolize: bool = True) -> list[Finding]:
-    out = []
-    vmlinux, modules = None, []
-    if symbolize:
-        flavor = ANALYSES.get(run.analysis, (run.analysis,))[0]
-        try:
-            vmlinux = artifacts.kernel(flavor)["vmlinux"]
-            modules = artifacts.modules(flavor).get("modules", [])
-        except Exception:
-            pass
-    for rep in report.parse(bytes(run.console), "linux"):
-        if vmlinux and rep.os == "linux":
-            rep = report.symbolize(rep, vmlinux, modules)
-        out.append(of_report(run, rep))
+    sym = symbolizer(run.analysis) if symbolize else (lambda rep: rep)
+    return [of_report(run, sym(rep)) for rep in report.parse(bytes(run.console), "linux")] + outcome(run)
+
+
+def outcome(run: AnalysisRun) -> list[Finding]:
+    """The run's own failure as a finding: a crash, a hang, lagging, detached, an error."""
     kind = {"crashed": "VM-CRASH", "hung": "VM-HANG", "lagging": "VM-LAG", "error": "REPLAY-ERROR",
             "detached": "VM-DETACHED"}
-    if run.outcome in kind:
-        out.append(Finding(run.analysis, kind[run.outcome], f"analysis VM {run.outcome}: {run.detail}",
-                           run.end_ns, text=run.qemu_log, frames=[], locations=[],
-                           **_attributed(run, run.end_ns)))
-    return out
+    if run.outcome not in kind:
+        return []
+    return [Finding(run.analysis, kind[run.outcome], f"analysis VM {run.outcome}: {run.detail}",
+                    run.end_ns, text=run.qemu_log, frames=[], locations=[],
+                    **_attributed(run, run.end_ns))]

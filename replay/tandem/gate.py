@@ -126,7 +126,10 @@ class Gate:
         self.dropped_flows: set[tuple] = set()
         self.events: list[GateEvent] = []
         self.released = self.dropped = 0
-        self._streams: dict[tuple[str, int], tuple[int, bytearray]] = {}  # (analysis, flow) -> chunks joined
+        self._streams: dict[tuple[str, int], bytearray] = {}   # (analysis, flow) -> its output so far
+        self._index: dict[tuple, int] = {}                     # connection -> flow index
+        self._flows_seen = 0
+        self._retired: dict[tuple, object] = {}                 # retired with frames still held
         self.stop = False
         self.thread = threading.Thread(target=self._loop, name="tandem-gate", daemon=True)
 
@@ -172,10 +175,26 @@ class Gate:
             self._release(h)
 
     def _flow(self, key: tuple) -> int | None:
-        for fl in self.rec.flows:
-            if (fl.client, fl.server) == ((key[0], key[1]), (key[2], key[3])):
-                return fl.index
-        return None
+        flows = self.rec.flows
+        for fl in flows[self._flows_seen:]:
+            if fl is not None:
+                self._index[(fl.client[0], fl.client[1], fl.server[0], fl.server[1])] = fl.index
+        self._flows_seen = len(flows)
+        return self._index.get(key)
+
+    def forget(self, fl) -> None:
+        """A connection retired (compared to its end by every analysis, live.Shadow):
+        what the gate kept of it goes, unless frames of it are still held."""
+        key = (fl.client[0], fl.client[1], fl.server[0], fl.server[1])
+        if key in self.queues:
+            self._retired[key] = fl         # once its last held frame is decided
+            return
+        self._retired.pop(key, None)
+        for d in (self.native_out, self.isn, self._index):
+            d.pop(key, None)
+        self.dropped_flows.discard(key)
+        for f in self.followers:
+            self._streams.pop((f.analysis, fl.index), None)
 
     def _decide(self, key: tuple) -> None:
         q = self.queues[key]
@@ -192,6 +211,8 @@ class Gate:
                 (self._release if verdict else self._drop)(h)
             q.pop(0)
         del self.queues[key]
+        if key in self._retired:
+            self.forget(self._retired[key])
 
     def _agreement(self, h: Held) -> bool | None:
         """True: every live analysis agrees; False: one diverged; None: not yet known."""
@@ -208,32 +229,37 @@ class Gate:
                 continue                                # its spec does not compare TCP
             pf = run.peer.flows.get(flow) if run.peer else None
             got = self._stream(f.analysis, flow, pf)
-            closed = bool(pf and (pf.reset or pf.guest_fin)) or run.outcome != "running"
+            # A connection the analysis has compared to its end (live_compare) is closed too.
+            closed = bool(pf and (pf.reset or pf.guest_fin)) or run.outcome != "running" \
+                or (pf is None and flow in f.cmp.done)
             verdict = agree(self.native_out[h.key], h.a, h.b, got, spec.rules["tcp"], flow, closed)
             if verdict is False:
                 return self._diverged(h, f.analysis, flow, bytes(got[h.a:h.b]))
             if verdict:
                 continue
-            last = max((d.vm_ns for d in run.delivered if d.input.flow == flow), default=None)
+            last = run.last_input_of.get(flow)
             if last is not None and run.end_ns - last > self.timeout_vm_ns \
-                    and all(i.flow != flow for i in self._undelivered(f)):
+                    and not (run.pending_of_flow and run.pending_of_flow(flow)):
                 self.events.append(GateEvent("timeout", f.analysis, flow, h.a, h.payload, b"", h.vm_ns))
                 continue
             waiting = True
         return None if waiting else True
 
     def _stream(self, analysis: str, flow: int, pf) -> bytearray:
-        """An analysis's output on a flow so far, joined once: only new chunks are added."""
-        n, buf = self._streams.get((analysis, flow), (0, bytearray()))
-        chunks = pf.guest_data if pf else []
-        for _, d in chunks[n:]:
-            buf += d
-        self._streams[(analysis, flow)] = (len(chunks), buf)
+        """An analysis's output on a flow so far, joined once: only new bytes are added.
+        (A live analysis drops the part of its output it has matched with the native's
+        as it goes; it keeps what this has not copied yet: `copied`.)"""
+        buf = self._streams.setdefault((analysis, flow), bytearray())
+        if pf is not None:
+            with self.rec.lock:
+                chunks, skip = pf.guest_data.since(len(buf))
+                for i, (_, d) in enumerate(chunks):
+                    buf += d[skip:] if i == 0 else d
         return buf
 
-    def _undelivered(self, f) -> list:
-        taken = {id(d.input) for d in f.run.delivered}
-        return [i for i in self.rec.inputs if id(i) not in taken and i.kind != "rng"]
+    def copied(self, analysis: str, flow: int) -> int:
+        """How much of an analysis's output on a flow the gate has: it may be dropped."""
+        return len(self._streams.get((analysis, flow), b""))
 
     def _diverged(self, h: Held, analysis: str, flow: int, theirs: bytes) -> bool:
         self.events.append(GateEvent("dropped", analysis, flow, h.a, h.payload, theirs, h.vm_ns))

@@ -17,6 +17,7 @@ satisfy it early.
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from . import bundle, netpkt, pcapng
 from .netpkt import ACK, FIN, RST, SYN
 
 KERNEL_LINE = re.compile(rb"^\s*(<\d>)?\[\s*\d+\.\d+\]")
+FIN_CLIENT, FIN_GUEST, FIN_BOTH = 1, 2, 3
+CLOSED_GRACE_NS = 10_000_000_000    # a closed flow's last ACKs and retransmissions
 
 
 @dataclass
@@ -43,6 +46,53 @@ class Input:
         return f"{self.kind} at VM {self.vm_ns / 1e9:.6f}s ({where}, devlog event {self.seq})"
 
 
+class Chunks(list):
+    """A timed byte stream as (VM ns, bytes) chunks. A live run drops its front once
+    every analysis has compared it (live_compare.py): `base` is the stream offset of the
+    first chunk kept, `dropped` how many chunks are gone, `size` the bytes kept."""
+
+    def __init__(self, chunks=()):
+        super().__init__(chunks)
+        self.base = self.dropped = 0
+        self.size = sum(len(d) for _, d in self)
+
+    def append(self, chunk: tuple[int, bytes]) -> None:
+        super().append(chunk)
+        self.size += len(chunk[1])
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+    def drop_to(self, offset: int) -> None:
+        """Drop the chunks that end at or before stream offset `offset`."""
+        n, cut = 0, self.base
+        for _, d in self:
+            if cut + len(d) > offset:
+                break
+            cut += len(d)
+            n += 1
+        if n:
+            del self[:n]
+            self.size -= cut - self.base
+            self.base, self.dropped = cut, self.dropped + n
+
+    def since(self, offset: int) -> tuple[list[tuple[int, bytes]], int]:
+        """The chunks holding stream offsets >= `offset`, and how far into the first
+        one `offset` is."""
+        cut = self.base
+        for i, (_, d) in enumerate(self):
+            if cut + len(d) > offset:
+                return self[i:], max(0, offset - cut)
+            cut += len(d)
+        return [], 0
+
+
+def chunks_base(chunks) -> int:
+    """Stream offset of a chunk list's first chunk (a plain list starts at 0)."""
+    return getattr(chunks, "base", 0)
+
+
 @dataclass
 class Flow:
     """A TCP connection the remote side opened to the guest."""
@@ -54,7 +104,8 @@ class Flow:
     opened_ns: int
     client_bytes: int = 0
     guest_bytes: int = 0
-    guest_data: list[tuple[int, bytes]] = field(default_factory=list)   # (VM ns, in-order payload)
+    guest_data: list[tuple[int, bytes]] = field(default_factory=Chunks)  # (VM ns, in-order payload)
+    closed: bool = False        # both sides sent FIN, or one reset it
 
     def name(self) -> str:
         return (f"{netpkt.ip_str(self.client[0])}:{self.client[1]}->"
@@ -73,13 +124,21 @@ class Recording:
     # known_ns is in `inputs`; finished once the native's device log is complete.
     known_ns: int = 0
     finished: bool = True
-    serial_out: list[tuple[int, bytes]] = field(default_factory=list)   # the native's console
+    serial_out: list[tuple[int, bytes]] = field(default_factory=Chunks)  # the native's console
     udp_out: list[tuple[int, tuple, bytes]] = field(default_factory=list)  # (ns, (dst ip, port), payload)
+    # A live run drops inputs every analysis has taken: inputs[0] is input number
+    # inputs_dropped, and a retired flow (compared by every analysis) is None in flows.
+    # Dropping, and reading across threads what may be dropped, hold `lock`.
+    inputs_dropped: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 class SerialLines:
     """Userland lines of a console, counted per text: the native's to record line
-    dependencies, an analysis guest's to check them."""
+    dependencies, an analysis guest's to check them. Over a long run (a service that
+    numbers its connections) the texts seen first are forgotten past KEPT; both
+    sides forget alike, as they see the same lines."""
+    KEPT = 50_000
 
     def __init__(self):
         self.partial = b""
@@ -98,6 +157,8 @@ class SerialLines:
                 n = self.counts.get(line, 0) + 1
                 self.counts[line] = n
                 self.last = (line, n)
+                if n == 1 and len(self.counts) > self.KEPT:
+                    del self.counts[next(iter(self.counts))]
 
     def has(self, need: tuple[bytes, int] | None) -> bool:
         return need is None or self.counts.get(need[0], 0) >= need[1]
@@ -131,6 +192,10 @@ def from_events(events, end_ns: int | None = None, rec: Recording | None = None)
     # still holds (a full copy per input grew with inputs x flows: 15 KB per request
     # after a few hundred connections of a live run).
     changed: set[int] = set()
+    # Closed flows, (VM ns, 4-tuple, index): their parse state is forgotten CLOSED_GRACE_NS
+    # later, when the last ACKs and retransmissions are over (a long run has many).
+    closing: list[tuple[int, tuple, int]] = []
+    fins: dict[int, int] = {}           # flow -> FIN_CLIENT | FIN_GUEST seen
     serial = SerialLines()
     serial_in = 0
     serial_out, udp_out = rec.serial_out, rec.udp_out
@@ -147,6 +212,22 @@ def from_events(events, end_ns: int | None = None, rec: Recording | None = None)
         inp.needs_line = serial.last if inp.kind in ("serial", "tcp-open") else None
         return inp
 
+    def fin(fl: Flow, side: int, vm_ns: int) -> None:
+        """A FIN (side FIN_CLIENT or FIN_GUEST) or a reset (both) of a flow."""
+        was = fins.get(fl.index, 0)
+        fins[fl.index] = was | side
+        if fins[fl.index] == FIN_BOTH and was != FIN_BOTH:
+            fl.closed = True
+            closing.append((vm_ns, (fl.client[0], fl.client[1], fl.server[0], fl.server[1]), fl.index))
+
+    def forget_closed(vm_ns: int) -> None:
+        while closing and vm_ns - closing[0][0] > CLOSED_GRACE_NS:
+            _, key, i = closing.pop(0)
+            if (fl := by_tuple.get(key)) is not None and fl.index == i:
+                del by_tuple[key]
+            for d in (client_next, guest_next, guest_out, fins):
+                d.pop(i, None)
+
     def guest_segment(seg, vm_ns: int) -> None:
         ip_src, sport, ip_dst, dport, seq, flags, payload = seg
         fl = by_tuple.get((ip_dst, dport, ip_src, sport))
@@ -155,6 +236,8 @@ def from_events(events, end_ns: int | None = None, rec: Recording | None = None)
                 limits["the guest opened TCP connections (only remote-opened ones are replayed)"] = None
             return
         i = fl.index
+        if flags & (FIN | RST):
+            fin(fl, FIN_BOTH if flags & RST else FIN_GUEST, vm_ns)
         if flags & SYN:
             guest_next[i] = (seq + 1) & 0xFFFFFFFF
         elif payload and i in guest_next:
@@ -189,7 +272,7 @@ def from_events(events, end_ns: int | None = None, rec: Recording | None = None)
                 continue
             # The remote client's segment: its new payload is an input of its flow.
             if seg[5] & (SYN | FIN | RST) or seg[6]:
-                _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits)
+                _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits, fin)
             elif (seg[0], seg[1], seg[2], seg[3]) not in by_tuple:      # a bare ACK
                 limits["TCP segments of connections opened before the recording"] = None
         elif kind == "serial":
@@ -204,6 +287,8 @@ def from_events(events, end_ns: int | None = None, rec: Recording | None = None)
         if len(limits) != len(rec.limits):
             rec.limits = list(limits)
         rec.known_ns = max(rec.known_ns, vm_ns)
+        if closing and vm_ns - closing[0][0] > CLOSED_GRACE_NS:
+            forget_closed(vm_ns)
     rec.limits = list(limits)
     return rec
 
@@ -231,13 +316,13 @@ def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:
     return payload[skip:] if skip < len(payload) else b""
 
 
-def _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits):
+def _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits, fin):
     ip_src, sport, ip_dst, dport, seq, flags, payload = seg
     key = (ip_src, sport, ip_dst, dport)
     fl = by_tuple.get(key)
     if flags & SYN and not flags & ACK:
-        if fl is not None and fl.index in client_next:
-            return      # a retransmitted SYN
+        if fl is not None and fl.index in client_next and not fl.closed:
+            return      # a retransmitted SYN (after a close: the port reused, a new flow)
         fl = Flow(len(flows), (ip_src, sport), (ip_dst, dport), e.data[6:12], e.data[:6], e.vm_ns)
         flows.append(fl)
         by_tuple[key] = fl
@@ -250,6 +335,7 @@ def _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits):
     if flags & RST:
         inputs.append(deps(Input("tcp-rst", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
         del by_tuple[key]
+        fin(fl, FIN_BOTH, e.vm_ns)
         return
     nxt = client_next[fl.index]
     new = _new_bytes(nxt, seq, payload) if payload else b""
@@ -260,4 +346,5 @@ def _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits):
     if flags & FIN and ((seq + len(payload)) & 0xFFFFFFFF) == nxt:
         inputs.append(deps(Input("tcp-fin", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
         nxt = (nxt + 1) & 0xFFFFFFFF
+        fin(fl, FIN_CLIENT, e.vm_ns)
     client_next[fl.index] = nxt

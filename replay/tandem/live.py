@@ -12,6 +12,11 @@ NIC until that analysis has room again, for at most a wall-time budget (policy
 "block", gate.py); one that crashes or hangs is a finding, and neither touches the
 native or its recording.
 
+Memory: each analysis compares its outputs with the native's as it goes and drops what
+they agree on (live_compare.py); the native's inputs, outputs and connections are
+dropped here once every analysis has taken, matched or compared them, so tandem's
+memory follows what is in flight (buffers, open connections), not the run's length.
+
 How far the native has reached: every device event before the native's VM clock,
 sampled at wall time w, is in the device log by w + FLUSH_MARGIN_S (QEMU's devlog
 flushes every 100 ms), so the follower raises `known_ns` to such a sample once the
@@ -20,6 +25,7 @@ log's end has been read after that time.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import threading
@@ -27,17 +33,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bundle, equivalence, inputs, metrics, pcapng, replay_semantic, report
+from . import bundle, compare, equivalence, inputs, metrics, pcapng, replay_semantic, report
 from . import findings as findings_mod
 from .errors import TandemError
 from .feedproto import FeedServer
 from .gate import Gate
+from .live_compare import LiveCompare
 from .record import Recording
 from .semantic import Summary, summarize
 from .vm import cpu_seconds
 
 FLUSH_MARGIN_S = 0.3
 SAMPLE_S = 0.1
+TRIM_S = 0.5            # how often the native's side drops what every analysis is done with
 
 
 @dataclass
@@ -45,11 +53,13 @@ class Follower:
     """One analysis VM trailing the native, and what it has shown so far."""
     analysis: str
     buffer: replay_semantic.Buffer
+    cmp: LiveCompare
     run: replay_semantic.AnalysisRun | None = None
     console_seen: int = 0
     scanner: report.Scanner = field(default_factory=lambda: report.Scanner("linux"))
     thread: threading.Thread | None = None
     live_findings: list[findings_mod.Finding] = field(default_factory=list)
+    symbolize: object = None        # findings_mod.symbolizer, made at the first report
 
 
 class Shadow:
@@ -96,8 +106,12 @@ class Shadow:
         self.rec = inputs.Recording([], [], None, [], finished=False, path=str(self.path))
         per = buffer_events_of or {}
         self.followers = [Follower(a, replay_semantic.Buffer(per.get(a, buffer_events), buffer_bytes,
-                                                             overflow, block_budget_s))
+                                                             overflow, block_budget_s),
+                                   LiveCompare(self.rec, self.specs[a]))
                           for a in self.analyses]
+        self._open_flows: set[int] = set()      # native flows not retired yet
+        self._flows_seen = 0
+        self._trim_at = 0.0
         self.record_analyses = record_analyses
         self.hang_wall_s = hang_wall_s
         self.metrics_port = metrics_port
@@ -134,15 +148,61 @@ class Shadow:
     # --- the native's side ---
 
     def _native_running(self) -> bool:
+        """At the device log's end (the follow thread): how far the native has reached,
+        and is it still running."""
         now = time.monotonic()
         with self._lock:
             for clock, wall in reversed(self._samples):
                 if now - wall > FLUSH_MARGIN_S:
                     self.rec.known_ns = max(self.rec.known_ns, clock)
                     break
+        if now - self._trim_at > TRIM_S:
+            self._trim()
+            self._trim_at = now
         return self.native.vm.proc.poll() is None
 
+    def _trim(self) -> None:
+        """Drop the native's inputs every analysis has taken, its output every analysis
+        has matched, and retire connections every analysis has compared to their end
+        (an analysis that has ended and been compared needs nothing more). Runs in the
+        follow thread, the one that appends to them."""
+        rec = self.rec
+        live = [f for f in self.followers if not f.cmp.finished]
+        self._open_flows.update(range(self._flows_seen, len(rec.flows)))
+        self._flows_seen = len(rec.flows)
+        with rec.lock:
+            taken = min((f.run.taken if f.run else 0 for f in live),
+                        default=len(rec.inputs) + rec.inputs_dropped)
+            if (k := taken - rec.inputs_dropped) > 0:
+                del rec.inputs[:k]
+                rec.inputs_dropped += k
+            rec.serial_out.drop_to(min((f.cmp.native_at("serial") for f in live), default=rec.serial_out.end))
+            for i in list(self._open_flows):
+                fl = rec.flows[i]
+                need = [f for f in live if i not in f.cmp.done]
+                if fl.closed and not need:
+                    rec.flows[i] = None
+                    self._open_flows.discard(i)
+                    for f in self.followers:
+                        f.cmp.done.discard(i)
+                    if self.gate:
+                        self.gate.forget(fl)
+                    continue
+                name = compare.channel(fl)
+                fl.guest_data.drop_to(min((f.cmp.native_at(name) for f in need), default=fl.guest_data.end))
+
+    def _idle_thread(self) -> None:
+        """The calling thread to idle CPU priority, as the analysis VMs are: following
+        the native and feeding the analyses is analysis work. Not with a gate, which
+        the native waits on (a thread at idle priority holding the GIL would hold it)."""
+        if self.idle_analyses and self.gate is None and hasattr(os, "SCHED_IDLE"):
+            try:
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))    # this thread only
+            except OSError:
+                pass
+
     def _follow(self) -> None:
+        self._idle_thread()
         reader = pcapng.DevlogReader(self.path / bundle.DEVLOG, follow=self._native_running)
         try:
             inputs.from_events(reader, rec=self.rec)
@@ -170,29 +230,45 @@ class Shadow:
     # --- the analyses' side ---
 
     def _analyse(self, f: Follower) -> None:
+        self._idle_thread()
+
         def progress(run, done, total):
             f.run = run
+
+        def tick(run):
+            f.run = run
             self._emit_findings(f, run)
+            f.cmp.tick(run)
+        f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
+        if self.release == "agreed":    # the gate compares outputs too: keep what it has not copied
+            f.cmp.keep_flow_from = lambda index: self.gate.copied(f.analysis, index)
         lv = self.libvirt
-        f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
-                                    record=self.record_analyses, progress=progress,
-                                    stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
-                                    idle=self.idle_analyses,
-                                    guest=lv.analysis_guest(f.analysis) if lv else None,
-                                    launcher=lv.analysis_launcher(f.analysis) if lv else None)
-        f.buffer.release()          # ended: it holds the native no longer
-        f.buffer.pending = None
-        self._emit_findings(f, f.run)
+        try:
+            f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
+                                        record=self.record_analyses, progress=progress, tick=tick,
+                                        stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
+                                        idle=self.idle_analyses,
+                                        guest=lv.analysis_guest(f.analysis) if lv else None,
+                                        launcher=lv.analysis_launcher(f.analysis) if lv else None)
+        finally:
+            f.buffer.release()          # ended: it holds the native no longer
+            f.buffer.pending = None
+            if f.run is not None:
+                self._emit_findings(f, f.run)
+                f.cmp.finish(f.run)
+            f.cmp.finished = True
 
     def _emit_findings(self, f: Follower, run) -> None:
         """Findings as they happen: appended to findings.jsonl the moment a report completes."""
-        new = bytes(run.console[f.console_seen:])
+        new = bytes(run.console[f.console_seen - run.console_base:])
         f.console_seen += len(new)
         reps = f.scanner.feed(new) if new else []
         if run.outcome != "running":
             reps += f.scanner.flush()
         for rep in reps:
-            x = findings_mod.of_report(run, rep)
+            if f.symbolize is None:
+                f.symbolize = findings_mod.symbolizer(f.analysis)
+            x = findings_mod.of_report(run, f.symbolize(rep))
             f.live_findings.append(x)
             with self._lock:
                 self._findings_file.write(x.to_json() + "\n")
@@ -246,7 +322,9 @@ class Shadow:
             for f in self.followers:
                 f.thread.join(30)
         runs = {f.analysis: f.run for f in self.followers}
-        s = summarize(self.path, self.rec, self.analyses, runs, self.spec_path, noise, self.workdir)
+        found = {f.analysis: (f.live_findings + findings_mod.outcome(f.run), f.cmp.divergences)
+                 for f in self.followers}
+        s = summarize(self.path, self.rec, self.analyses, runs, self.spec_path, noise, self.workdir, live=found)
         self._findings_file.close()
         if self.gate:
             self.gate.thread.join(10)

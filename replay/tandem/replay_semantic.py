@@ -16,9 +16,11 @@ anyway and reported as a replay limit.
 """
 from __future__ import annotations
 
+import bisect
 import shutil
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +47,8 @@ DEP_TIMEOUT_NS = 5_000_000_000      # an input waiting on dependencies is sent a
 SETTLE_NS = 1_000_000_000           # run this long after the last input (and the native's end)
 MAX_LAG_NS = 60_000_000_000         # beyond the native's end: the analysis is lagging
 HANG_WALL_S = 60.0                  # no word from QEMU for this long (wall): it is hung
+DELIVERED_KEPT = 5_000             # live: the inputs delivered last, kept to attribute findings
+TICK_S = 0.5                        # live: how often the run's `tick` (live comparison) is called
 
 
 def analysis_guest(name: str) -> Guest:
@@ -69,8 +73,14 @@ class AnalysisRun:
     wall_s: float = 0.0
     console: bytearray = field(default_factory=bytearray)
     console_times: list[tuple[int, int]] = field(default_factory=list)   # (offset, vm_ns)
-    net_out: list[tuple[int, bytes]] = field(default_factory=list)       # (vm_ns, frame)
-    delivered: list[Delivered] = field(default_factory=list)
+    console_base: int = 0           # console offset of console[0] (a live run drops what it compared)
+    net_out: list[tuple[int, bytes]] | None = field(default_factory=list)  # (vm_ns, frame); None: live
+    # Offline every input delivered; live the last DELIVERED_KEPT (n_delivered counts them all).
+    delivered: list[Delivered] | deque = field(default_factory=list)
+    n_delivered: int = 0
+    taken: int = 0                  # the recording's inputs looked at so far
+    last_input_of: dict[int, int] = field(default_factory=dict)  # flow -> VM ns of its last input here
+    pending_of_flow: object = None  # (flow) -> does an input of it wait to be delivered?
     limits: list[str] = field(default_factory=list)
     waits: int = 0
     peer: Peer | None = None
@@ -82,12 +92,25 @@ class AnalysisRun:
 
     def vm_time_at(self, offset: int) -> int:
         """VM time at which console byte `offset` was written."""
-        t = 0
-        for off, ns in self.console_times:
-            if off > offset:
-                break
-            t = ns
-        return t
+        i = bisect.bisect_right(self.console_times, (offset, float("inf"))) - 1
+        return self.console_times[i][1] if i >= 0 else 0
+
+    def deliver(self, vm_ns: int, inp: inputs_mod.Input) -> None:
+        self.delivered.append(Delivered(vm_ns, inp))
+        self.n_delivered += 1
+        if inp.flow is not None:
+            self.last_input_of[inp.flow] = vm_ns
+
+    def drop_console(self, offset: int) -> None:
+        """Forget console bytes before `offset` (compared, and scanned for reports)."""
+        k = offset - self.console_base
+        if k <= 0:
+            return
+        del self.console[:k]
+        self.console_base = offset
+        i = bisect.bisect_right(self.console_times, (offset, float("inf"))) - 1
+        if i > 0:       # the write that `offset` is in stays: it times what follows
+            del self.console_times[:i]
 
     def input_before(self, vm_ns: int) -> Delivered | None:
         """The last input delivered at or before vm_ns: what a finding is attributed to."""
@@ -154,7 +177,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
         max_lag_ns: int = MAX_LAG_NS, progress=None, record: bool = True,
         buffer: Buffer | None = None, stop=None, hang_wall_s: float = HANG_WALL_S,
-        idle: bool = False, launcher=None) -> AnalysisRun:
+        idle: bool = False, launcher=None, tick=None) -> AnalysisRun:
     """Replay rec into one analysis VM; never raises for what the guest does.
 
     With record (the default) the analysis VM runs under QEMU's record/replay and
@@ -167,9 +190,14 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
     "detached"). `stop()` returning True ends the run early (outcome "detached").
 
     launcher: run the analysis VM as a libvirt domain (virt.Launcher, see vm.VM).
+    tick(run): called every TICK_S from the run's thread (a live run compares and drops
+    what it has matched: live_compare.py); a live run keeps only the inputs it delivered
+    last and no raw frames, so that its memory does not grow with its length.
     """
     guest = guest or analysis_guest(analysis)
     res = AnalysisRun(analysis)
+    if not rec.finished:
+        res.delivered, res.net_out = deque(maxlen=DELIVERED_KEPT), None
     tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
     workdir.mkdir(parents=True, exist_ok=True)
     run_args = dict(feed_lookahead_ns=lookahead_ns, rtc_base=rec.created, idle=idle)
@@ -198,7 +226,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         vm.start()
         res.qemu_pid = vm.proc.pid
         server.accept(30)
-        _drive(rec, res, vm, server, max_lag_ns, progress, buffer or Buffer(), stop, hang_wall_s)
+        _drive(rec, res, vm, server, max_lag_ns, progress, buffer or Buffer(), stop, hang_wall_s, tick)
     except TandemError as e:
         res.outcome, res.detail = "error", str(e)
     finally:
@@ -226,32 +254,44 @@ def _seal(res: AnalysisRun, vm: VM, manifest: dict) -> None:
 
 
 def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, progress,
-           buffer: Buffer, stop, hang_wall_s: float) -> None:
+           buffer: Buffer, stop, hang_wall_s: float, tick=None) -> None:
     peer = res.peer = Peer()
     lines = inputs_mod.SerialLines()
-    todo: list = []
-    taken = 0                               # rec.inputs looked at so far
+    todo: list = []                         # taken, not delivered yet: todo[nxt:]
     pending_bytes = 0                       # of todo[nxt:]
 
     def pull() -> None:
-        """Take the inputs the native has made since (all of them for a finished one)."""
-        nonlocal taken, pending_bytes
-        new = rec.inputs[taken:len(rec.inputs)]
-        taken += len(new)
+        """Take the inputs the native has made since (all of them for a finished one).
+        res.taken counts inputs from the recording's first: a live one drops the front
+        of rec.inputs once every analysis has taken it."""
+        nonlocal pending_bytes
+        with rec.lock:
+            new = rec.inputs[res.taken - rec.inputs_dropped:]
+        res.taken += len(new)
         for i in new:
             if i.kind == "rng":             # entropy is a pool the guest draws from in order
                 server.input(feedproto.RNG, 0, i.data)
-                res.delivered.append(Delivered(0, i))
+                res.deliver(0, i)
             else:
                 todo.append(i)
                 pending_bytes += len(i.data)
         server.flush()
 
+    def not_taken() -> int:
+        with rec.lock:
+            return len(rec.inputs) + rec.inputs_dropped - res.taken
+
     pull()
     nxt = 0
     # The fill as of now, for the native's side (overflow "block" checks it between
     # this loop's updates, which may be a second apart).
-    buffer.pending = lambda: len(todo) - nxt + len(rec.inputs) - taken
+    buffer.pending = lambda: len(todo) - nxt + not_taken()
+
+    def pending_of_flow(flow: int) -> bool:
+        with rec.lock:
+            later = rec.inputs[res.taken - rec.inputs_dropped:]
+        return any(i.flow == flow for i in todo[nxt:]) or any(i.flow == flow for i in later)
+    res.pending_of_flow = pending_of_flow
     stalled_at: int | None = None           # live: at a WAIT, the native not far enough yet
     blocked_since: int | None = None
     last_input_ns = 0
@@ -267,6 +307,8 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
 
     def have(flow: int) -> int:
         pf = peer.flows.get(flow)
+        if pf is None and rec.flows[flow] is None:
+            return 1 << 62          # retired: compared to its end by every analysis
         return (pf.guest_bytes if pf else 0) + short.get(flow, 0)
 
     def deps_met(inp) -> bool:
@@ -307,10 +349,13 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
                 give_up(inp)
             blocked_since = None
             frames += _release(inp, rec, peer, server, now)
-            res.delivered.append(Delivered(now, inp))
+            res.deliver(now, inp)
             pending_bytes -= len(inp.data)
             last_input_ns = now
             nxt += 1
+        if nxt > 4096 and 2 * nxt > len(todo):     # what was delivered is not needed here
+            del todo[:nxt]
+            nxt = 0
         for fr in frames:
             server.input(feedproto.NET, now, fr)
         live = not rec.finished
@@ -330,17 +375,24 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
         server.flush()
         return True
 
-    cpu_at = 0.0
+    cpu_at = tick_at = 0.0
     while True:
         if time.monotonic() - cpu_at > 0.2:
             res.cpu_s, cpu_at = cpu_seconds(vm.proc.pid) or res.cpu_s, time.monotonic()
+        if tick is not None and time.monotonic() - tick_at > TICK_S:
+            tick(res)
+            tick_at = time.monotonic()
         if stop is not None and stop():
             res.outcome, res.detail = "detached", "stopped by tandem"
             vm.kill()
             return
-        oldest = todo[nxt].vm_ns if nxt < len(todo) else (
-            rec.inputs[taken].vm_ns if taken < len(rec.inputs) else None)
-        if not buffer.update(len(todo) - nxt + len(rec.inputs) - taken, pending_bytes, oldest):
+        if nxt < len(todo):
+            oldest = todo[nxt].vm_ns
+        else:
+            with rec.lock:
+                i = res.taken - rec.inputs_dropped
+                oldest = rec.inputs[i].vm_ns if i < len(rec.inputs) else None
+        if not buffer.update(len(todo) - nxt + not_taken(), pending_bytes, oldest):
             res.outcome = "detached"
             res.detail = (f"input buffer full ({buffer.events} events, {buffer.bytes} bytes; bound "
                           f"{buffer.max_events} events, {buffer.max_bytes} bytes): the analysis fell "
@@ -379,10 +431,11 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
                     shutdown = c[m.channel] if m.channel < len(c) else f"cause {m.channel}"
                     res.end_ns = m.vm_ns
             elif m.type == feedproto.OUTPUT and m.channel == feedproto.NET:
-                res.net_out.append((m.vm_ns, m.data))
+                if res.net_out is not None:
+                    res.net_out.append((m.vm_ns, m.data))
                 pending += peer.on_frame(m.data, m.vm_ns)
             elif m.type == feedproto.OUTPUT and m.channel == feedproto.SERIAL:
-                res.console_times.append((len(res.console), m.vm_ns))
+                res.console_times.append((res.console_base + len(res.console), m.vm_ns))
                 res.console += m.data
                 lines.feed(m.data)
             elif m.type == feedproto.WAIT:

@@ -77,19 +77,23 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
 
 def summarize(bundle_dir, rec: inputs.Recording, analyses: list[str],
               runs: dict[str, replay_semantic.AnalysisRun], spec_path: str | None, noise: bool,
-              workdir: Path) -> Summary:
+              workdir: Path, live: dict | None = None) -> Summary:
     """Findings and divergences of finished analysis runs; writes summary.json and
-    findings.jsonl into workdir."""
+    findings.jsonl into workdir. live: analysis -> (findings, divergences) already
+    found as a live run went (live.Shadow), instead of from the whole runs."""
     summary = Summary(str(bundle_dir), limits=list(rec.limits))
     for name in analyses:
         run = runs[name]
         spec = equivalence.load(name, spec_path)
-        divs = compare.compare(rec, run, spec)
+        if live:
+            found, divs = live[name]
+        else:
+            found, divs = findings_mod.findings(run), compare.compare(rec, run, spec)
         n_noise = 0
         if noise and name != NOISE and NOISE in runs:
-            divs, n_noise = compare.split_noise(divs, compare.compare(rec, runs[NOISE], spec))
-        summary.results.append(AnalysisResult(name, run, findings_mod.findings(run), divs, n_noise,
-                                              spec.sources))
+            divs, n_noise = compare.split_noise(
+                divs, live[NOISE][1] if live else compare.compare(rec, runs[NOISE], spec))
+        summary.results.append(AnalysisResult(name, run, found, divs, n_noise, spec.sources))
         unknown = run.peer.unknown[:5] if run.peer else []
         summary.limits += [f"{name}: {x}" for x in run.limits + unknown]
     _write(workdir, summary)
@@ -106,7 +110,7 @@ def _write(workdir: Path, s: Summary) -> None:
     out = {"bundle": s.bundle, "ok": s.ok, "limits": s.limits, "analyses": [
         {"analysis": r.analysis, "outcome": r.run.outcome, "detail": r.run.detail,
          "end_vm_ns": r.run.end_ns, "wall_s": round(r.run.wall_s, 3), "waits": r.run.waits,
-         "cpu_s": round(r.run.cpu_s, 3), "delivered": len(r.run.delivered),
+         "cpu_s": round(r.run.cpu_s, 3), "delivered": r.run.n_delivered,
          "recording": str(r.run.bundle) if r.run.bundle else None,
          "findings": [asdict(x) for x in r.findings], "noise": r.noise, "spec": r.spec,
          "divergences": [{"channel": d.channel, "kind": d.kind, "native_vm_ns": d.native_ns,

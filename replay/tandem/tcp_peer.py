@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import netpkt
+from .inputs import Chunks
 from .netpkt import ACK, FIN, PSH, RST, SYN
 
+UNKNOWN_KEPT = 100
 PEER_WINDOW = 65535
 PEER_MSS = 1460
 RTO_NS = 200_000_000        # VM time before unacknowledged data is sent again
@@ -34,7 +36,8 @@ class PeerFlow:
     state: str = "closed"       # closed | syn-sent | refused | established | done
     snd_una: int = 0            # offsets into our stream (0 = SYN)
     snd_nxt: int = 0
-    sendbuf: bytearray = field(default_factory=bytearray)   # client bytes from offset 1
+    sendbuf: bytearray = field(default_factory=bytearray)   # client bytes not acknowledged yet,
+    sendbase: int = 1                                       # from this offset (1: after the SYN)
     fin_queued: bool = False
     fin_sent: bool = False
     rcv_nxt: int = 0            # guest's next sequence number
@@ -42,7 +45,7 @@ class PeerFlow:
     guest_window: int = 0
     guest_mss: int = 536
     guest_bytes: int = 0        # payload received from the guest, in order
-    guest_data: list[tuple[int, bytes]] = field(default_factory=list)   # (VM ns, in-order payload)
+    guest_data: list[tuple[int, bytes]] = field(default_factory=Chunks)  # (VM ns, in-order payload)
     guest_fin: bool = False
     last_send_ns: int = 0
     opened_ns: int = 0
@@ -58,7 +61,7 @@ class Peer:
         self.flows: dict[int, PeerFlow] = {}
         self.by_tuple: dict[tuple, PeerFlow] = {}
         self.ident = 0
-        self.unknown: list[str] = []    # guest frames the peer could not place
+        self.unknown: list[str] = []    # guest frames the peer could not place (the first UNKNOWN_KEPT)
         # The guest's UDP datagrams, (VM ns, (dst ip, port), payload): kept for the
         # comparator, since every guest frame is parsed here anyway.
         self.udp_out: list[tuple[int, tuple[bytes, int], bytes]] = []
@@ -107,8 +110,9 @@ class Peer:
             return []
         fl = self.by_tuple.get((f.ip_src, f.sport, f.ip_dst, f.dport))
         if fl is None:
-            self.unknown.append(f"TCP from the guest on an unknown connection "
-                                f"{netpkt.ip_str(f.ip_src)}:{f.sport}->{netpkt.ip_str(f.ip_dst)}:{f.dport}")
+            if len(self.unknown) < UNKNOWN_KEPT:
+                self.unknown.append(f"TCP from the guest on an unknown connection "
+                                    f"{netpkt.ip_str(f.ip_src)}:{f.sport}->{netpkt.ip_str(f.ip_dst)}:{f.dport}")
             return []
         return self._on_segment(fl, f, now)
 
@@ -143,6 +147,10 @@ class Peer:
             acked = (f.ack - fl.isn) & 0xFFFFFFFF
             if fl.snd_una < acked <= fl.snd_nxt:
                 fl.snd_una = acked
+                if acked - fl.sendbase >= 4096:         # acknowledged: never sent again
+                    n = min(acked - fl.sendbase, len(fl.sendbuf))
+                    del fl.sendbuf[:n]
+                    fl.sendbase += n
             fl.guest_window = f.window
         need_ack = False
         if f.payload:
@@ -171,13 +179,14 @@ class Peer:
         if fl.state != "established":
             return []
         out = []
-        end = 1 + len(fl.sendbuf)
+        end = fl.sendbase + len(fl.sendbuf)
         while fl.snd_nxt < end:
             room = fl.snd_una + fl.guest_window - fl.snd_nxt
             n = min(end - fl.snd_nxt, fl.guest_mss, PEER_MSS, room)
             if n <= 0:
                 break
-            data = bytes(fl.sendbuf[fl.snd_nxt - 1:fl.snd_nxt - 1 + n])
+            i = fl.snd_nxt - fl.sendbase
+            data = bytes(fl.sendbuf[i:i + n])
             out.append(self._seg(fl, fl.snd_nxt, ACK | PSH, data))
             fl.snd_nxt += n
         if fl.fin_queued and not fl.fin_sent and fl.snd_nxt == end:
@@ -199,10 +208,17 @@ class Peer:
                 out.append(self._seg(fl, 0, SYN, mss=PEER_MSS))
             elif fl.state == "established" and fl.snd_una < fl.snd_nxt and now - fl.last_send_ns >= RTO_NS:
                 fl.snd_nxt = fl.snd_una
-                if fl.fin_sent and fl.snd_una == 1 + len(fl.sendbuf):
+                if fl.fin_sent and fl.snd_una == fl.sendbase + len(fl.sendbuf):
                     fl.fin_sent = False
                 out += self._transmit(fl, now)
         return out
+
+    def forget(self, index: int) -> None:
+        """A connection compared to its end (live_compare): its state is no longer needed."""
+        fl = self.flows.pop(index, None)
+        if fl is not None and self.by_tuple.get(k := (fl.server[0], fl.server[1], fl.client[0],
+                                                       fl.client[1])) is fl:
+            del self.by_tuple[k]
 
     def next_timer(self) -> int | None:
         """VM time of the next retransmission or connection retry, if any."""

@@ -35,6 +35,11 @@ class Scanner:
         self._open: _Open | None = None
         self._since_end = TAIL_LINES + 1
 
+    @property
+    def pending_start(self) -> int:
+        """Offset of the first byte a report still to come may start at."""
+        return self._open.lines[0].start if self._open else self._pos
+
     def feed(self, data: bytes | str) -> list:
         self._buf += decode(data)
         out = []

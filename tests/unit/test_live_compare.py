@@ -1,0 +1,190 @@
+"""Comparing a live analysis as it goes (live_compare.py) on hand-built streams: what
+is matched is dropped, and what is reported is what comparing the whole run reports."""
+import tomllib
+
+from hypothesis import given, settings, strategies as st
+
+from tandem import compare, equivalence, inputs, netpkt
+from tandem.live_compare import LiveCompare
+from tandem.replay_semantic import AnalysisRun
+from tandem.tcp_peer import Peer, PeerFlow
+
+GUEST = (bytes([10, 0, 2, 15]), 7000)
+CLIENT = (bytes([10, 0, 2, 2]), 40000)
+GMAC, CMAC = bytes.fromhex("525400123456"), netpkt.GATEWAY_MAC
+
+
+def spec(text: str = "") -> equivalence.Spec:
+    s = equivalence.Spec()
+    equivalence._merge(s, tomllib.loads(text), "test")
+    return s
+
+
+class Pair:
+    """A live native recording with one flow and a console, and an analysis run."""
+
+    def __init__(self):
+        self.rec = inputs.Recording([], [inputs.Flow(0, CLIENT, GUEST, CMAC, GMAC, 0)], None, [], finished=False)
+        self.run = AnalysisRun("native")
+        self.run.peer = Peer()
+        self.pf = PeerFlow(0, CLIENT, GUEST, CMAC, GMAC, isn=1)
+        self.run.peer.flows[0] = self.pf
+        self.run.peer.by_tuple[(GUEST[0], GUEST[1], CLIENT[0], CLIENT[1])] = self.pf
+        self.run.pending_of_flow = lambda flow: False
+        self.ns = 0
+
+    def native(self, data: bytes, console: bytes = b"") -> None:
+        self.ns += 1
+        if data:
+            self.rec.flows[0].guest_data.append((self.ns, data))
+        if console:
+            self.rec.serial_out.append((self.ns, console))
+
+    def analysis(self, data: bytes, console: bytes = b"") -> None:
+        self.ns += 1
+        if data:
+            self.pf.guest_data.append((self.ns, data))
+        if console:
+            self.run.console_times.append((self.run.console_base + len(self.run.console), self.ns))
+            self.run.console += console
+
+    def close(self) -> None:
+        self.rec.flows[0].closed = True
+        self.pf.state = "done"
+
+
+def test_chunks_drop_whole_chunks_and_find_offsets():
+    c = inputs.Chunks([(1, b"abc"), (2, b"de"), (3, b"fgh")])
+    assert (c.base, c.size, c.end) == (0, 8, 8)
+    c.drop_to(4)                        # "de" ends at 5: only "abc" goes
+    assert (c.base, c.dropped, list(c)) == (3, 1, [(2, b"de"), (3, b"fgh")])
+    assert c.since(6) == ([(3, b"fgh")], 1)
+    assert c.since(3) == ([(2, b"de"), (3, b"fgh")], 0)
+    c.append((4, b"ij"))
+    assert c.end == 10 and c.since(10) == ([], 0)
+
+
+def matched(a: bytes, b: bytes, s=None, name="tcp flow 0 (x)"):
+    return compare.matched(name, compare._Stream(a, chunks=[(7, a)]), compare._Stream(b, chunks=[(8, b)]),
+                           s or spec(), {}, AnalysisRun("native"))
+
+
+def test_matched_waits_at_a_difference_until_equal_lines_end_it():
+    assert matched(b"OK\nVALUE 1\nVALUE 2\npart", b"OK\nVALUE 1\nVALUE 3\n") == (11, 11, [], False)
+    assert matched(b"OK\nVALUE 1\n", b"OK\nVAL") == (3, 3, [], False)      # behind
+    tail = b"".join(b"L%d\n" % i for i in range(compare.RESYNC_LINES))
+    n_to, a_to, (d,), stuck = matched(b"OK\nVALUE 2\n" + tail, b"OK\nVALUE 3\nEXTRA\n" + tail)
+    assert (n_to, a_to, stuck) == (11 + len(tail), 17 + len(tail), False)
+    assert d.kind == "differ" and [l.text for l in d.native] == [b"VALUE 2"] \
+        and [l.text for l in d.analysis] == [b"VALUE 3", b"EXTRA"] and d.native_ns == 7 and d.analysis_ns == 8
+    # lines swapped within the spec's reorder window are no divergence
+    swapped = spec("[tcp]\nreorder_window = 4\n")
+    assert matched(b"A\nB\n" + tail, b"B\nA\n" + tail, swapped)[2:] == ([], False)
+    # ... also among lines that repeat (a service logging its connections)
+    oc = b"open\nclose\n" * 6
+    assert matched(oc + b"open\nclose\n" + oc, oc + b"close\nopen\n" + oc, swapped) == \
+        (len(oc) * 2 + 11, len(oc) * 2 + 11, [], False)
+    # no end to a difference within RESYNC_MAX lines: compared whole, later
+    long_a = b"".join(b"a%d\n" % i for i in range(compare.RESYNC_MAX + 10))
+    long_b = b"".join(b"b%d\n" % i for i in range(compare.RESYNC_MAX + 10))
+    assert matched(long_a, long_b) == (0, 0, [], True)
+
+
+def test_matched_passes_over_lines_the_spec_drops():
+    serial = spec("[serial]\nignore_kernel_lines = true\n")
+    a = b"[    1.000000] kernel says\nkvd: ready\n"
+    b = b"kvd: ready\n[    2.000000] other kernel\n"
+    assert matched(a, b, serial, "serial") == (len(a), len(b), [], False)
+
+
+def test_what_both_sides_agree_on_is_dropped_as_they_run():
+    p = Pair()
+    lc = LiveCompare(p.rec, spec("[serial]\nignore_kernel_lines = true\n"))
+    for i in range(50):
+        p.native(f"VALUE {i}\n".encode(), f"kvd: open conn {i}\n".encode())
+        p.analysis(f"VALUE {i}\n".encode(), f"[    1.{i:06d}] noise\nkvd: open conn {i}\n".encode())
+        lc.tick(p.run)
+    fl = p.rec.flows[0]
+    assert lc.native_at(compare.channel(fl)) == fl.guest_data.end
+    assert p.pf.guest_data.size == 0 and len(p.run.console) == 0
+    fl.guest_data.drop_to(lc.native_at(compare.channel(fl)))     # as live.Shadow does
+    assert fl.guest_data.size == 0
+    p.close()
+    lc.tick(p.run)
+    assert 0 in lc.done and 0 not in p.run.peer.flows and lc.divergences == []
+    p.run.outcome = "poweroff"
+    lc.finish(p.run)
+    assert lc.divergences == [] and lc.finished
+
+
+def test_a_difference_is_reported_once_equal_lines_end_it_and_matching_goes_on():
+    p = Pair()
+    lc = LiveCompare(p.rec, spec())
+    for i in range(30):
+        p.native(f"VALUE {i}\n".encode())
+        p.analysis(f"VALUE {i if i != 4 else 'x'}\n".encode())
+        lc.tick(p.run)
+        assert len(lc.divergences) == (i >= 4 + compare.RESYNC_LINES)
+    tail = b"".join(b"L%d\n" % i for i in range(compare.RESYNC_LINES))
+    (d,) = lc.divergences
+    assert d.kind == "differ" and [l.text for l in d.native] == [b"VALUE 4"] \
+        and [l.text for l in d.analysis] == [b"VALUE x"]
+    assert not lc.stuck and p.pf.guest_data.size == 0
+    p.native(b"", b"kvd: one\nkvd: two\n" + tail)           # on the console too, with its times
+    p.analysis(b"", b"kvd: one\nkvd: 2\n" + tail)
+    lc.tick(p.run)
+    d = lc.divergences[-1]
+    assert d.channel == "serial" and [(l.vm_ns, l.text) for l in d.analysis] == [(p.ns, b"kvd: 2")]
+    p.close()
+    lc.tick(p.run)
+    assert len(lc.divergences) == 2 and 0 in lc.done
+
+
+def test_a_difference_without_end_is_compared_when_the_connection_closes():
+    p = Pair()
+    lc = LiveCompare(p.rec, spec())
+    for i in range(compare.RESYNC_MAX + 20):
+        p.native(f"VALUE {i}\n".encode())
+        p.analysis(f"OTHER {i}\n".encode())
+        lc.tick(p.run)
+    assert compare.channel(p.rec.flows[0]) in lc.stuck and not lc.divergences
+    p.close()
+    lc.tick(p.run)
+    (d,) = lc.divergences
+    assert d.kind == "differ" and len(d.native) == compare.RESYNC_MAX + 20
+
+
+lines = st.lists(st.sampled_from([b"OK", b"VALUE 1", b"VALUE 2", b"ERR", b""]), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines, lines, st.lists(st.integers(1, 40), max_size=6), st.booleans())
+def test_live_and_whole_comparisons_agree_on_whether_outputs_differ(na, nb, cuts, ended_early):
+    """Fed in pieces and ticked in between, the live comparison reports a divergence
+    exactly when comparing the whole streams does, and never loses bytes it did not match."""
+    a, b = b"".join(x + b"\n" for x in na), b"".join(x + b"\n" for x in nb)
+    p = Pair()
+    lc = LiveCompare(p.rec, spec())
+    pa = pb = 0
+    for c in cuts + [len(a) + len(b)]:
+        p.native(a[pa:pa + c])
+        p.analysis(b[pb:pb + c])
+        pa, pb = min(len(a), pa + c), min(len(b), pb + c)
+        lc.tick(p.run)
+    p.close()
+    p.run.outcome = "crashed" if ended_early else "poweroff"
+    lc.tick(p.run)
+    lc.finish(p.run)
+    whole = compare.compare(
+        inputs.Recording([], [inputs.Flow(0, CLIENT, GUEST, CMAC, GMAC, 0, guest_data=[(1, a)])], None, []),
+        _run_with(b), spec())
+    assert bool(lc.divergences) == bool(whole)
+
+
+def _run_with(data: bytes) -> AnalysisRun:
+    run = AnalysisRun("native")
+    run.peer = Peer()
+    pf = PeerFlow(0, CLIENT, GUEST, CMAC, GMAC, isn=1)
+    pf.guest_data = [(1, data)]
+    run.peer.flows[0] = pf
+    return run
