@@ -44,6 +44,7 @@ class FeedServer:
         self.conn: socket.socket | None = None
         self.buf = bytearray()
         self.out = bytearray()
+        self._rx: bytearray | None = None
 
     def accept(self, timeout: float) -> None:
         self.listener.settimeout(timeout)
@@ -73,24 +74,28 @@ class FeedServer:
     def receive(self, timeout: float) -> list[Message] | None:
         """Messages that arrived within timeout ([] if none); None once QEMU closed."""
         self.conn.settimeout(timeout)
+        if self._rx is None:
+            self._rx = bytearray(1 << 20)   # one receive buffer: no 1 MB allocation per call
         try:
-            chunk = self.conn.recv(1 << 20)
+            n = self.conn.recv_into(self._rx)
         except socket.timeout:
             return []
         except OSError:
             return None
-        if not chunk:
+        if not n:
             return None
-        self.buf += chunk
+        self.buf += memoryview(self._rx)[:n]
         msgs = []
-        while len(self.buf) >= HEADER.size:
-            ln, typ, ch, ns = HEADER.unpack_from(self.buf)
+        buf, at = self.buf, 0
+        while len(buf) - at >= HEADER.size:
+            ln, typ, ch, ns = HEADER.unpack_from(buf, at)
             if ln > MAX_PAYLOAD:
                 raise TandemError(f"feed {self.path}: message of {ln} bytes, stream out of sync")
-            if len(self.buf) < HEADER.size + ln:
+            if len(buf) - at < HEADER.size + ln:
                 break
-            msgs.append(Message(typ, ch, ns, bytes(self.buf[HEADER.size:HEADER.size + ln])))
-            del self.buf[:HEADER.size + ln]
+            msgs.append(Message(typ, ch, ns, bytes(buf[at + HEADER.size:at + HEADER.size + ln])))
+            at += HEADER.size + ln
+        del buf[:at]                        # once, not per message
         return msgs
 
     def close(self) -> None:
