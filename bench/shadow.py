@@ -37,39 +37,61 @@ SECTION = "shadow"
 CLIENTS = 4
 
 
-def load(port: int, requests: int) -> tuple[list[float], float]:
-    """CLIENTS clients, each `requests` SET/GET on its own connection (connected before
-    timing starts): per-request latencies (s) and the wall time of the requests. The
-    clients run in a process of their own, as real clients do: in tandem's process they
-    would share its interpreter lock with tandem's threads and measure those too."""
+RATE = 150          # requests a second per client in the latency phase (about 15% of what the native serves)
+SECONDS = 8.0       # length of the latency phase
+
+
+def load(port: int, requests: int, rate: float = RATE, seconds: float = SECONDS) -> tuple[list[float], float]:
+    """The same client load for every configuration, from a process of its own (as real
+    clients are: in tandem's process they would share its interpreter lock with
+    tandem's threads and measure those too):
+    1. latency: CLIENTS clients, each sending `rate` SET/GET requests a second on its
+       own connection for `seconds` (a steady load the native serves with time to spare,
+       the analyses' buffers have room): every request's latency (s);
+    2. throughput: then each client sends `requests` SET/GET more as fast as it is
+       answered: requests a second (alone, with seconds=0: a burst)."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_load, (port, requests))
+        return pool.apply(_load, (port, requests, rate, seconds))
 
 
-def _load(port: int, requests: int) -> tuple[list[float], float]:
+def _load(port: int, requests: int, rate: float, seconds: float) -> tuple[list[float], float]:
     lat: list[float] = []
     lock = threading.Lock()
     start = threading.Barrier(CLIENTS + 1)      # connections are made before the clock starts
+    steady = threading.Barrier(CLIENTS + 1)     # ... and between the two phases
 
     def client(c: int):
         mine = []
         with KV(port, timeout=120) as kv:
             start.wait()
-            for i in range(requests):
+            t = time.monotonic() + c / (rate * CLIENTS)     # the clients' requests interleave
+            end = t + seconds
+            i = 0
+            while t < end:
+                if (wait := t - time.monotonic()) > 0:
+                    time.sleep(wait)
                 line = f"SET c{c}k{i} {'v' * 64}" if i % 2 == 0 else f"GET c{c}k{i - 1}"
-                t = time.monotonic()
+                t0 = time.monotonic()
                 kv.request(line)
-                mine.append(time.monotonic() - t)
+                mine.append(time.monotonic() - t0)
+                t += 1 / rate
+                i += 1
+            steady.wait()
+            steady.wait()
+            for j in range(requests):
+                kv.request(f"SET c{c}b{j} {'v' * 64}" if j % 2 == 0 else f"GET c{c}b{j - 1}")
         with lock:
             lat.extend(mine)
     ts = [threading.Thread(target=client, args=(c,)) for c in range(CLIENTS)]
     for t in ts:
         t.start()
     start.wait()
+    steady.wait()
     t0 = time.monotonic()
+    steady.wait()
     for t in ts:
         t.join()
-    return lat, time.monotonic() - t0
+    return lat, CLIENTS * requests / (time.monotonic() - t0)
 
 
 def pctl(xs: list[float], p: float) -> float:
@@ -135,25 +157,34 @@ def part_latency(tmp: Path, runs: int, requests: int) -> list[str]:
     res: dict[str, list] = {k: [] for k in configs}
     for i in range(runs):
         for name, fn in configs.items():
-            lat, wall = fn()
-            res[name].append((lat, wall))
-            print(f"round {i + 1} {name}: p50 {pctl(lat, 50) * 1e3:.1f} ms p99 {pctl(lat, 99) * 1e3:.1f} ms "
-                  f"{len(lat) / wall:.0f} req/s", file=sys.stderr)
-    rec_p99 = statistics.median(pctl(lat, 99) for lat, _ in res["tandem record"])
+            lat, tput = fn()
+            res[name].append((lat, tput))
+            print(f"round {i + 1} {name}: p50 {pctl(lat, 50) * 1e3:.2f} ms p99 {pctl(lat, 99) * 1e3:.2f} ms "
+                  f"{tput:.0f} req/s", file=sys.stderr)
+    # p50/p99 of every round's requests together (a round's p99 alone is its 50th-worst
+    # request, which this shared machine moves by 2x from round to round); throughput: median.
+    every = {name: [x for lat, _ in res[name] for x in lat] for name in configs}
+    rec_p99 = pctl(every["tandem record"], 99)
     lines = [(f"Command: `./tandem bench shadow` (runs `bench/shadow.py --runs {runs} --requests {requests}`). "
-             f"TCG on this 2-core machine; {CLIENTS} clients, each {requests} SET/GET requests on its own "
-             "connection (64-byte values); medians over interleaved rounds of each round's p50/p99 and "
-             "throughput. Target: p99 with 2 analyses within 1.05x of recording only, while the buffer "
-             "has room (`--release now`)."), "",
-             "| configuration | p50 (ms) | p99 (ms) | req/s | p99 vs record |", "|---|---|---|---|---|"]
+             f"TCG on this 2-core machine. Latency: {CLIENTS} clients on their own connections, each sending "
+             f"{RATE} SET/GET requests a second (64-byte values) for {SECONDS:.0f} s, a steady load the native "
+             "serves with time to spare, so the analyses' buffers have room; p50 and p99 over the requests "
+             f"of {runs} interleaved rounds. Throughput: then each client sends {requests} SET/GETs as fast as it "
+             "is answered; median over the rounds. The clients run in a process of their own. Target: p99 "
+             "with 2 analyses within 1.05x of recording only, while the buffer has room (`--release now`)."),
+             "", "| configuration | requests | p50 (ms) | p99 (ms) | p99 vs record | throughput (req/s) |",
+             "|---|---|---|---|---|---|"]
     for name in configs:
-        p50 = statistics.median(pctl(lat, 50) for lat, _ in res[name])
-        p99 = statistics.median(pctl(lat, 99) for lat, _ in res[name])
-        tput = statistics.median(len(lat) / wall for lat, wall in res[name])
-        lines.append(f"| {name} | {p50 * 1e3:.2f} | {p99 * 1e3:.2f} | {tput:.0f} | {p99 / rec_p99:.2f}x |")
-    lines += ["", ("On this machine the native and its analysis VMs share 2 cores (TCG: one busy core "
-              "per VM while it runs), so live analyses take CPU from the native; FreeDA's setting gives "
-              "each analysis its own core. The 2-analysis row is the target row.")]
+        p50, p99 = pctl(every[name], 50), pctl(every[name], 99)
+        tput = statistics.median(t for _, t in res[name])
+        lines.append(f"| {name} | {len(every[name])} | {p50 * 1e3:.2f} | {p99 * 1e3:.2f} | "
+                     f"{p99 / rec_p99:.2f}x | {tput:.0f} |")
+    p99_2 = pctl(every[list(configs)[-1]], 99)
+    lines += ["", (f"Target (2 analyses, p99 within 1.05x of recording only): "
+              f"{'met' if p99_2 <= 1.05 * rec_p99 else 'MISSED'} ({p99_2 / rec_p99:.2f}x). The native and its "
+              "analysis VMs share this machine's 2 cores; the analysis VMs and tandem's threads that feed "
+              "them run at idle CPU priority, so they take only CPU time the native leaves. At full load "
+              "(the throughput column) the analyses fall behind and catch up after it.")]
     return lines
 
 
@@ -193,32 +224,40 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100) -> list[str]:
     d = Path(tempfile.mkdtemp(dir=tmp))
     sh = Shadow(d / "m.tdm", ["native"], workdir=d / "an", record_analyses=False).start()
     done = {"requests": 0}
-    mem: list[tuple[float, int, int, int, int]] = []  # (t, RSS KiB, requests, inputs kept, buffered)
+    # (t, RSS KiB, Python blocks allocated, requests, inputs kept, buffered)
+    mem: list[tuple[float, int, int, int, int, int]] = []
 
     def sample():
         f = sh.followers[0]
         buffered = f.buffer.pending() if f.buffer.pending else 0
-        mem.append((time.monotonic(), _rss_kib(), done["requests"], len(sh.rec.inputs), buffered))
+        mem.append((time.monotonic(), _rss_kib(), sys.getallocatedblocks(), done["requests"],
+                    len(sh.rec.inputs), buffered))
     serve(sh, lambda: paced(sh.port, rate, seconds, done), sample)
+    while mem and mem[-1][3] == mem[-2][3]:
+        mem.pop()                   # after the load: the analysis running out, the summary
     t0 = mem[0][0]
     q = max(1, len(mem) // 10)
     pts = [mem[i] for i in range(0, len(mem), q)] + [mem[-1]]
-    warm = mem[len(mem) // 4]
-    end = mem[-1]
-    per_req = (end[1] - warm[1]) * 1024 / max(1, end[2] - warm[2])
-    met = per_req < 16
-    lines = [(f"Command: `./tandem bench shadow --only memory`. tandem's own process (RSS, VmRSS) through "
-             f"one shadow run with 1 analysis (native kernel) under a steady load: {CLIENTS} clients, each "
-             f"{rate:.0f} SET/GET requests a second, a new connection every 250 requests, for {seconds:.0f} s "
-             "of wall time. *Buffered*: inputs the native made that the analysis has not delivered yet."), "",
-             "| time into the run (s) | RSS (MiB) | requests served | native inputs kept | buffered |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {t - t0:.0f} | {r / 1024:.1f} | {n} | {i} | {b} |" for t, r, n, i, b in pts]
-    lines += ["", (f"From a quarter into the run to its end RSS changed by {(end[1] - warm[1]) / 1024:+.1f} MiB over "
-              f"{end[2] - warm[2]} requests: {per_req:.1f} bytes per request. Target (bounded, not growing with "
-              f"run length): {'met' if met else 'MISSED'}. Each analysis compares its output with the native's "
-              "as it goes and drops what agrees; the native's inputs, output and connections are dropped once "
-              "every analysis has taken and compared them (`replay/tandem/live_compare.py`), so memory follows "
+    half, end = mem[len(mem) // 2], mem[-1]
+    n = max(1, end[3] - half[3])
+    rss_per, blocks_per = (end[1] - half[1]) * 1024 / n, (end[2] - half[2]) / n
+    met = rss_per < 16 and blocks_per < 0.05
+    lines = [(f"Command: `./tandem bench shadow --only memory`. tandem's own process through one shadow run "
+             f"with 1 analysis (native kernel) under a steady load: {CLIENTS} clients, each {rate:.0f} SET/GET "
+             f"requests a second, a new connection every 250 requests, for {seconds:.0f} s of wall time. RSS "
+             "(VmRSS) and the Python objects allocated (`sys.getallocatedblocks()`, what tandem holds, without "
+             "the allocator's slack); *kept*: the native's inputs in memory; *buffered*: inputs the analysis "
+             "has not delivered yet."), "",
+             "| time into the run (s) | RSS (MiB) | Python blocks | requests served | native inputs kept | buffered |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {t - t0:.0f} | {r / 1024:.1f} | {b} | {n_} | {i} | {bu} |" for t, r, b, n_, i, bu in pts]
+    lines += ["", (f"From half-way to the end ({n} requests): RSS {(end[1] - half[1]) / 1024:+.1f} MiB "
+              f"({rss_per:.1f} bytes per request), Python blocks {end[2] - half[2]:+d} ({blocks_per:.3f} per "
+              f"request). Target (bounded, not growing with run length): {'met' if met else 'MISSED'} "
+              "(under 16 bytes and 0.05 blocks per request; one input kept per request would be some 600 "
+              "bytes and 8 blocks). Each analysis compares its output with the native's as it goes and drops "
+              "what agrees; the native's inputs, output and connections are dropped once every analysis has "
+              "taken and compared them (`replay/tandem/live_compare.py`, docs/shadow.md), so memory follows "
               "what is in flight: the buffer and the open connections. Under a load the analysis cannot keep "
               "up with, the buffer grows to its bound (`--buffer-events`, `--buffer-bytes`) and the overflow "
               "policy applies.")]
@@ -233,7 +272,7 @@ def part_buffer(tmp: Path, out_png: Path, bursts: int = 3, gap_s: float = 3.0, p
     def drive():
         sh.native.wait_ready()
         for _ in range(bursts):
-            load(sh.port, per_burst)
+            load(sh.port, per_burst, seconds=0)
             time.sleep(gap_s)
         sh.native.serial.type("poweroff")
     t = threading.Thread(target=drive, daemon=True)

@@ -131,7 +131,7 @@ def cmd_shadow(args) -> int:
                 metrics_port=args.metrics_port, release=args.release,
                 agree_timeout_ns=args.agree_timeout, overflow=args.overflow,
                 block_budget_s=args.block_budget, idle_analyses=args.analysis_priority == "idle",
-                spec_path=args.spec, libvirt=domains,
+                analysis_cpus=args.analysis_cpus, spec_path=args.spec, libvirt=domains,
                 on_finding=lambda f: console.print(
                     f"[red]FINDING[/] {f.analysis}: {f.title} (VM {f.vm_ns / 1e9:.3f}s, after {f.after_input})"))
     sh.start()
@@ -365,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
                    help="CPU priority of the analysis VMs: idle (SCHED_IDLE, default: they take only "
                         "CPU time the native leaves) or normal")
+    r.add_argument("--analysis-cpus", default="auto", metavar="auto|all|LIST",
+                   help="CPUs the analysis VMs run on: auto (default: every CPU but the first, left to "
+                        "the native), all, or a list such as 1,3-5")
     r.add_argument("--metrics-port", type=int,
                    help="serve Prometheus metrics (lag, buffer, findings) on 127.0.0.1:PORT (0: any free port)")
     r.add_argument("--workdir", help="analysis logs and findings.jsonl (default NAME.tdm.analysis)")

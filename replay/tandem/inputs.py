@@ -138,7 +138,7 @@ class SerialLines:
     dependencies, an analysis guest's to check them. Over a long run (a service that
     numbers its connections) the texts seen first are forgotten past KEPT; both
     sides forget alike, as they see the same lines."""
-    KEPT = 50_000
+    KEPT = 10_000
 
     def __init__(self):
         self.partial = b""

@@ -70,9 +70,11 @@ class Shadow:
                  hang_wall_s: float = replay_semantic.HANG_WALL_S, metrics_port: int | None = None,
                  release: str = "now", agree_timeout_ns: int = 2_000_000_000,
                  overflow: str = "detach", block_budget_s: float = 10.0, idle_analyses: bool = True,
-                 spec_path: str | None = None, libvirt=None):
+                 spec_path: str | None = None, libvirt=None, analysis_cpus: str = "auto"):
         """libvirt: run the native and the analysis VMs as libvirt domains (a virt.LiveDomains:
-        tandem shadow --libvirt, tandem attach); everything else is the same."""
+        tandem shadow --libvirt, tandem attach); everything else is the same.
+        analysis_cpus: where the analysis VMs (and tandem's threads feeding them) run:
+        "auto" (every CPU but the first, which is left to the native), "all", or a list."""
         self.path = Path(bundle_dir)
         self.analyses = list(dict.fromkeys(analyses))
         if not self.analyses:
@@ -88,6 +90,7 @@ class Shadow:
             raise TandemError(f"--block-budget must be positive, not {block_budget_s:g}s")
         self.release, self.overflow = release, overflow
         self.idle_analyses = idle_analyses
+        self.analysis_cpus = analysis_cpuset(analysis_cpus)
         self.spec_path = spec_path
         # Loaded now: a bad spec fails here, not at the end; the release gate uses them too.
         self.specs = {a: equivalence.load(a, spec_path) for a in self.analyses}
@@ -198,6 +201,8 @@ class Shadow:
         if self.idle_analyses and self.gate is None and hasattr(os, "SCHED_IDLE"):
             try:
                 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))    # this thread only
+                if self.analysis_cpus:
+                    os.sched_setaffinity(0, self.analysis_cpus)
             except OSError:
                 pass
 
@@ -247,7 +252,7 @@ class Shadow:
             f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
                                         record=self.record_analyses, progress=progress, tick=tick,
                                         stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
-                                        idle=self.idle_analyses,
+                                        idle=self.idle_analyses, cpus=_cpu_list(self.analysis_cpus),
                                         guest=lv.analysis_guest(f.analysis) if lv else None,
                                         launcher=lv.analysis_launcher(f.analysis) if lv else None)
         finally:
@@ -351,3 +356,32 @@ class Shadow:
         sj.write_text(json.dumps(data, indent=1, default=str))
         return s
 
+
+def analysis_cpuset(spec: str) -> set[int] | None:
+    """The CPUs for analysis VMs: "auto" is every CPU tandem may use but the lowest,
+    left to the native (none to pin when there is only one), "all" pins nothing, else
+    a list such as "1,3-5" of CPUs tandem may use.
+
+    Why: on the benchmark machine two busy loops at idle priority raise a recording's
+    p99 latency 2.4x when they may run on every core, and not at all when kept off one
+    (docs/benchmarks.md, shadow-latency)."""
+    allowed = os.sched_getaffinity(0)
+    if spec == "all":
+        return None
+    if spec == "auto":
+        return set(sorted(allowed)[1:]) or None
+    cpus: set[int] = set()
+    try:
+        for part in spec.split(","):
+            lo, dash, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi if dash else lo) + 1))
+    except ValueError:
+        raise TandemError(f"--analysis-cpus {spec!r}: not auto, all or a CPU list such as 1,3-5") from None
+    if not cpus or not cpus <= allowed:
+        raise TandemError(f"--analysis-cpus {spec!r}: CPUs {sorted(cpus - allowed) or 'none'} are not "
+                          f"available (available: {_cpu_list(allowed)})")
+    return cpus
+
+
+def _cpu_list(cpus: set[int] | None) -> str | None:
+    return ",".join(map(str, sorted(cpus))) if cpus else None

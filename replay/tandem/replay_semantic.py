@@ -177,7 +177,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
         max_lag_ns: int = MAX_LAG_NS, progress=None, record: bool = True,
         buffer: Buffer | None = None, stop=None, hang_wall_s: float = HANG_WALL_S,
-        idle: bool = False, launcher=None, tick=None) -> AnalysisRun:
+        idle: bool = False, cpus: str | None = None, launcher=None, tick=None) -> AnalysisRun:
     """Replay rec into one analysis VM; never raises for what the guest does.
 
     With record (the default) the analysis VM runs under QEMU's record/replay and
@@ -200,7 +200,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         res.delivered, res.net_out = deque(maxlen=DELIVERED_KEPT), None
     tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    run_args = dict(feed_lookahead_ns=lookahead_ns, rtc_base=rec.created, idle=idle)
+    run_args = dict(feed_lookahead_ns=lookahead_ns, rtc_base=rec.created, idle=idle, cpus=cpus)
     manifest = None
     if record:
         res.bundle = workdir / f"{analysis}.tdm"

@@ -91,6 +91,8 @@ class Run:
     gate_socket: Path | None = None  # record mode: hold the guest's frames for tandem (filter-gate)
     gate_outputs: bool = True        # ... its outgoing ones (release "agreed"); inputs on request
     idle: bool = False               # run QEMU at idle CPU priority (live analyses: the native first)
+    cpus: str | None = None          # pin QEMU's threads to these CPUs (a taskset list: live analyses
+                                     # off the native's core)
     feed_lookahead_ns: int = 0       # analysis mode: outputs pull the horizon in by this
     rtc_base: str = "2026-01-01T00:00:00"  # analysis mode: the guest's wall clock at boot
     rr: str | None = None            # analysis mode: "record" the run, or "replay" a recorded one
@@ -315,9 +317,15 @@ class VM:
             if self.run.idle:   # a domain's QEMU: all its threads to SCHED_IDLE once started
                 subprocess.run(["chrt", "--idle", "--all-tasks", "--pid", "0", str(self.proc.pid)],
                                capture_output=True)
+            if self.run.cpus:
+                subprocess.run(["taskset", "--all-tasks", "--pid", "--cpu-list", self.run.cpus,
+                                str(self.proc.pid)], capture_output=True)
         else:
-            # SCHED_IDLE (chrt, util-linux): the VM gets only CPU time nothing else wants.
+            # SCHED_IDLE (chrt, util-linux): the VM gets only CPU time nothing else wants;
+            # taskset: only on these CPUs.
             argv = ["chrt", "--idle", "0", *self.argv] if self.run.idle else self.argv
+            if self.run.cpus:
+                argv = ["taskset", "--cpu-list", self.run.cpus, *argv]
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout

@@ -30,3 +30,17 @@ def test_block_policy_detaches_once_the_budget_is_spent():
     assert not b.update(11, 10)                 # still full past the budget: detach
     b.release()
     assert not b.full and b.blocked_s >= 0.05
+
+
+def test_analysis_cpus_leave_the_first_cpu_to_the_native():
+    import os
+    import pytest
+    from tandem.errors import TandemError
+    from tandem.live import analysis_cpuset
+    allowed = sorted(os.sched_getaffinity(0))
+    assert analysis_cpuset("auto") == (set(allowed[1:]) or None)
+    assert analysis_cpuset("all") is None
+    assert analysis_cpuset(str(allowed[-1])) == {allowed[-1]}
+    for bad in ("x", "1-", str(max(allowed) + 1)):
+        with pytest.raises(TandemError, match="--analysis-cpus"):
+            analysis_cpuset(bad)
