@@ -218,8 +218,9 @@ class Shadow:
         self.rec.finished = True
 
     def sample(self) -> dict:
-        """Take a sample of the native's VM clock (call from the owning thread, often)."""
-        st = self.native.vm.vm_status()
+        """Take a sample of the native's VM clock (call from the owning thread, often).
+        One QMP command: each takes the native's big lock, which its vCPU then waits for."""
+        st = self.native.vm.vm_status(("vm-clock-ns",))
         self.native_cpu_s = cpu_seconds(self.native.vm.proc.pid) or self.native_cpu_s
         if "vm-clock-ns" in st:
             with self._lock:

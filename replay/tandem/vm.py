@@ -355,10 +355,10 @@ class VM:
             return ""
         return " | ".join(text[-n:].splitlines())
 
-    def vm_status(self) -> dict:
+    def vm_status(self, props=("vm-clock-ns", "icount", "events")) -> dict:
         """VM clock (ns), instruction count and device events so far, from the devlog."""
         out = {}
-        for prop in ("vm-clock-ns", "icount", "events"):
+        for prop in props:
             try:
                 out[prop] = self.qmp.command("qom-get", path="/objects/devlog", property=prop)
             except Exception:
