@@ -199,3 +199,40 @@ def test_overflow_block_holds_the_native_until_the_analysis_has_room(tmp_path):
     assert sd.f > 1.0 and sd.base.startswith("live run"), (sd.f, sd.base)
     v = replay_exact.replay(tmp_path / "native.tdm")
     assert v.ok, v.summary()
+
+
+def test_a_long_run_keeps_only_what_is_in_flight(tmp_path):
+    """What the analysis has taken and compared is dropped while the native runs (the
+    native's inputs, output and closed connections; the analysis's console and output);
+    a difference found on the way is still reported, and the bundle stays whole."""
+    sh = Shadow(tmp_path / "native.tdm", ["native"], workdir=tmp_path / "an")
+    sh.start()
+    seen = {}
+
+    def work():
+        for c in range(12):                 # 12 connections, each closed after its requests
+            with KV(sh.port) as kv:
+                for i in range(20):
+                    kv.request(f"SET k{c}x{i} {'v' * 32}")
+        deadline = time.monotonic() + 60    # until the analysis has caught up and compared
+        while time.monotonic() < deadline:
+            f = sh.followers[0]
+            if f.run and len(f.cmp.done) + sum(fl is None for fl in sh.rec.flows) >= 12 \
+                    and sum(fl is None for fl in sh.rec.flows) >= 10:
+                break
+            time.sleep(0.2)
+        seen.update(retired=sum(fl is None for fl in sh.rec.flows), flows=len(sh.rec.flows),
+                    kept=len(sh.rec.inputs), dropped=sh.rec.inputs_dropped,
+                    console=len(sh.followers[0].run.console), peer=len(sh.followers[0].run.peer.flows))
+    t = drive(sh, work)
+    run_until_native_stops(sh)
+    t.join(10)
+    s = sh.finish()
+    assert seen["flows"] == 12 and seen["retired"] >= 10, seen       # closed connections forgotten
+    assert seen["dropped"] >= 12 * 20 and seen["kept"] < 50, seen   # inputs taken by the analysis
+    assert seen["peer"] <= 2 and seen["console"] < 2000, seen
+    (r,) = s.results
+    assert r.run.outcome == "poweroff" and not r.divergences, [d.diff for d in r.divergences]
+    assert r.run.n_delivered >= 12 * 21
+    rec = inputs.load(tmp_path / "native.tdm")                      # the recording is whole
+    assert len(rec.flows) == 12 and sum(i.kind == "tcp-data" for i in rec.inputs) >= 12 * 20
