@@ -147,6 +147,7 @@ class DevlogReader:
         self.interfaces: list[Interface] = []
         self.stats: list[IfaceStats | None] = []
         self.torn_at: int | None = None
+        self.clock_ns = 0       # the latest clock mark read
 
     def _fail(self, what: str, offset: int) -> BundleError:
         return BundleError(f"{self.path}: {what} at offset {offset}")
@@ -297,9 +298,15 @@ class DevlogReader:
         return Event(seq, iface_id, iface.name, iface.kind, direction, vm_ns, icount, data, offset)
 
     def _isb(self, body: bytes, offset: int) -> None:
-        iface_id, _ts_hi, _ts_lo = struct.unpack_from("<3I", body)
+        iface_id, ts_hi, ts_lo = struct.unpack_from("<3I", body)
         iface = self._iface(iface_id)
         end, count, icount = None, None, None
+        if not any(code == ISB_ENDTIME for code, _ in _options(body, 12)):
+            # A clock mark (devlog clock-marks=on): the VM clock when QEMU wrote it;
+            # every event before it in time, but a serial output run still being
+            # coalesced, is in the log before it.
+            self.clock_ns = max(self.clock_ns, _ts_to_ns((ts_hi << 32) | ts_lo, iface.tsresol))
+            return
         for code, value in _options(body, 12):
             if code == ISB_ENDTIME and len(value) >= 8:
                 hi, lo = struct.unpack_from("<II", value)
@@ -380,6 +387,11 @@ class PcapngWriter:
             opts.append(_icount_opt(icount))
         body = struct.pack("<3I", iface, end_vm_ns >> 32, end_vm_ns & 0xFFFFFFFF) + _opts(*opts)
         self.f.write(_block(ISB, body))
+
+    def clock_mark(self, vm_ns: int, icount: int | None = None) -> None:
+        """A clock mark: an ISB of interface 0 without isb_endtime (docs/formats.md)."""
+        opts = [_icount_opt(icount)] if icount is not None else []
+        self.f.write(_block(ISB, struct.pack("<3I", 0, vm_ns >> 32, vm_ns & 0xFFFFFFFF) + _opts(*opts)))
 
     def close(self, end_vm_ns: int | None = None, icount: int | None = None) -> None:
         """With end_vm_ns, close cleanly (one ISB per interface); without, just stop."""

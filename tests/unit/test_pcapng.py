@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tandem.errors import BundleError
-from tandem.pcapng import (EPB, IDB, PcapngWriter, _block, _opt, _opts, block_record,
-                           iter_events, read_devlog)
+from tandem.pcapng import (EPB, IDB, DevlogReader, PcapngWriter, _block, _opt, _opts,
+                           block_record, iter_events, read_devlog)
 
 EVENTS = [  # (iface, direction, vm_ns, data, icount)
     (0, "out", 1_000, b"hello\n", 10),
@@ -61,6 +61,26 @@ def test_round_trip(tmp_path):
 def test_no_isb_means_not_closed(tmp_path):
     log = read_devlog(write(tmp_path, build(close=False)))
     assert not log.closed_cleanly and log.stats == [None] * 4 and len(log.events) == 4
+
+
+def test_clock_marks_are_not_events_nor_a_close(tmp_path):
+    buf = io.BytesIO()
+    w = PcapngWriter(buf)
+    w.add_interface("serial0", "serial")
+    w.add_interface("net0", "net")
+    w.event(1, "in", 1_000, b"frame", 7)
+    w.clock_mark(5_000, icount=9)
+    w.event(0, "out", 6_000, b"x\n", 11)
+    w.clock_mark(8_000)
+    w.close()
+    r = DevlogReader(write(tmp_path, buf.getvalue()))
+    seen = []
+    for e in r:
+        seen.append((e.vm_ns, r.clock_ns))     # the mark is read once the next block is asked for
+    assert seen == [(1_000, 0), (6_000, 5_000)]
+    assert r.clock_ns == 8_000 and r.stats == [None, None]
+    log = read_devlog(tmp_path / "devices.pcapng")
+    assert len(log.events) == 2 and not log.closed_cleanly
 
 
 def test_tsresol_default_us_and_unknown_block_skipped(tmp_path):
