@@ -836,21 +836,10 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
     for its feeder on Shadow.feed_socket. rtc_base: the guest's wall clock at boot
     (the native's start, UTC; default now).
     """
-    from .replay_semantic import ANALYSES, LOOKAHEAD_NS, analysis_guest
+    from .replay_semantic import LOOKAHEAD_NS, analysis_guest
     libvirt = _libvirt()
-    analyses = list(dict.fromkeys(analyses))
-    if not analyses:
-        raise TandemError("no --analysis given")
-    for a in analyses:
-        if a not in ANALYSES:
-            raise TandemError(f"unknown analysis {a!r} (known: {', '.join(ANALYSES)})")
-    try:
-        dom = conn.lookupByName(domain)
-    except libvirt.libvirtError as e:
-        raise TandemError(f"domain {domain!r}: {e.get_error_message()}") from None
-    if _tandem_native(conn, domain):
-        raise TandemError(f"{domain}: tandem runs it (tandem attach, or tandem shadow --libvirt); "
-                          f"tandem detach {domain} first")
+    analyses = _given_analyses(analyses)
+    dom = _native_domain(conn, domain)
     native = read_native(dom)
     if native.disk and native.active and not native.disk_readonly:
         raise TandemError(f"{domain}: running and writing {native.disk}, which the shadows' overlays "
@@ -952,6 +941,30 @@ def detach(conn, domain: str) -> Detached:
         raise TandemError(f"{domain}: no tandem shadows (nothing to detach)")
     _remove(conn, shadows)
     return Detached(shadows, _release_native(conn, *native) if native else None)
+
+
+def _given_analyses(analyses: list[str]) -> list[str]:
+    """The --analysis names, each once; an unknown name or a missing kernel said now."""
+    from .replay_semantic import analysis_guest
+    analyses = list(dict.fromkeys(analyses))
+    if not analyses:
+        raise TandemError("no --analysis given")
+    for a in analyses:
+        analysis_guest(a)
+    return analyses
+
+
+def _native_domain(conn, domain: str):
+    """The domain to shadow: it exists and tandem does not run it already."""
+    libvirt = _libvirt()
+    try:
+        dom = conn.lookupByName(domain)
+    except libvirt.libvirtError as e:
+        raise TandemError(f"domain {domain!r}: {e.get_error_message()}") from None
+    if _tandem_native(conn, domain):
+        raise TandemError(f"{domain}: tandem runs it already (tandem attach, or tandem shadow --libvirt), "
+                          f"or an earlier run did not clean up; tandem detach {domain} first")
+    return dom
 
 
 def _tandem_native(conn, domain: str):
@@ -1104,22 +1117,11 @@ def follow(uri: str | None, domain: str, analyses: list[str], *, bundle: str | P
     port forward), and whose analyses are shadow domains fed live. start() starts the
     native; when it stops, its own definition is put back and the shadows are undefined."""
     from .live import Shadow as LiveShadow
-    from .replay_semantic import analysis_guest
     libvirt = _libvirt()
-    analyses = list(dict.fromkeys(analyses))
-    if not analyses:
-        raise TandemError("no --analysis given")
-    for a in analyses:
-        analysis_guest(a)           # an unknown name or a missing kernel: say so now
+    analyses = _given_analyses(analyses)
     conn = connect(uri)
     try:
-        try:
-            dom = conn.lookupByName(domain)
-        except libvirt.libvirtError as e:
-            raise TandemError(f"domain {domain!r}: {e.get_error_message()}") from None
-        if _tandem_native(conn, domain):
-            raise TandemError(f"{domain}: tandem runs it already, or an earlier run did not clean up "
-                              f"(tandem detach {domain})")
+        dom = _native_domain(conn, domain)
         n = read_native(dom)
         if n.active:
             raise TandemError(f"{domain}: running; tandem attach starts it itself, recorded from boot "
