@@ -156,9 +156,12 @@ def part_latency(tmp: Path, runs: int, requests: int) -> list[str]:
                "tandem shadow, 2 analyses (native, lockdep)": lambda: run_shadow(tmp, requests,
                                                                                   ["native", "lockdep"])}
     res: dict[str, list] = {k: [] for k in configs}
+    names = list(configs)
     for i in range(runs):
-        for name, fn in configs.items():
-            lat, tput = fn()
+        # Each round in another order, so that no configuration always follows the same one
+        # (whatever a run leaves behind on this machine, page cache or a neighbour's load).
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            lat, tput = configs[name]()
             res[name].append((lat, tput))
             print(f"round {i + 1} {name}: p50 {pctl(lat, 50) * 1e3:.2f} ms p99 {pctl(lat, 99) * 1e3:.2f} ms "
                   f"{tput:.0f} req/s", file=sys.stderr)
@@ -171,7 +174,8 @@ def part_latency(tmp: Path, runs: int, requests: int) -> list[str]:
              f"TCG on this 2-core machine. Latency: {CLIENTS} clients on their own connections, each sending "
              f"{RATE} SET/GET requests a second (64-byte values) for {SECONDS:.0f} s, a steady load the native "
              "serves with time to spare, so the analyses' buffers have room; p50 and p99 over the requests "
-             f"of {runs} interleaved rounds, each configuration booted afresh in each round. *Interval*: "
+             f"of {runs} interleaved rounds, each configuration booted afresh in each round and the order "
+             "rotated from round to round. *Interval*: "
              "the 2.5th to 97.5th percentile of the p99 ratio over the rounds resampled (bootstrap, "
              f"{BOOTSTRAP} draws): how far the ratio moves with which rounds this machine happened to give. "
              f"Throughput: then each client sends {requests} SET/GETs as fast as it is answered; median over "
