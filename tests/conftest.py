@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ sys.path.insert(0, str(ROOT / "replay"))
 
 from tandem import artifacts  # noqa: E402
 from tandem.record import Recording  # noqa: E402
+from tandem.workload import KV  # noqa: E402
 from tandem.workload import demo_traffic  # noqa: E402
 
 
@@ -68,3 +70,18 @@ def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
     for n in needles:
         assert n in lines[0], lines[0]
     return lines[0]
+
+
+def wait_for_service(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until the guest service behind `port` answers, while `proc` (tandem) runs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            with KV(port, timeout=5) as kv:
+                if kv.request("SET up 1") == "OK":
+                    return
+        except Exception:
+            pass
+        assert time.monotonic() < deadline, "the guest service never answered"
+        time.sleep(0.5)

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_one_line_error, run_cli
+from conftest import ROOT, assert_one_line_error, run_cli, wait_for_service
 from test_live import drive, run_until_native_stops
 from test_virt import names, native_xml, virsh, wait_for
 from tandem import bundle, pcapng, replay_exact, virt
@@ -92,20 +92,6 @@ def start_attach(uri: str, tmp_path: Path, port: int) -> subprocess.Popen:
                              "--uri", uri, "--bundle", str(tmp_path / "web.tdm"), "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
-
-
-def wait_for_service(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, proc.communicate()[1]
-        try:
-            with KV(port, timeout=5) as kv:
-                if kv.request("SET up 1") == "OK":
-                    return
-        except Exception:
-            pass
-        assert time.monotonic() < deadline, "the attached domain's service never answered"
-        time.sleep(0.5)
 
 
 def tandem_metadata(uri: str, name: str) -> dict[str, str]:
