@@ -301,12 +301,6 @@ class DevlogReader:
         iface_id, ts_hi, ts_lo = struct.unpack_from("<3I", body)
         iface = self._iface(iface_id)
         end, count, icount = None, None, None
-        if not any(code == ISB_ENDTIME for code, _ in _options(body, 12)):
-            # A clock mark (devlog clock-marks=on): the VM clock when QEMU wrote it;
-            # every event before it in time, but a serial output run still being
-            # coalesced, is in the log before it.
-            self.clock_ns = max(self.clock_ns, _ts_to_ns((ts_hi << 32) | ts_lo, iface.tsresol))
-            return
         for code, value in _options(body, 12):
             if code == ISB_ENDTIME and len(value) >= 8:
                 hi, lo = struct.unpack_from("<II", value)
@@ -315,6 +309,12 @@ class DevlogReader:
                 count = struct.unpack_from("<Q", value)[0]
             elif code == OPT_CUSTOM_BIN:
                 icount = _icount_option(value)
+        if end is None:
+            # A clock mark (devlog clock-marks=on): the VM clock when QEMU wrote it;
+            # every event before it in time, but a serial output run still being
+            # coalesced, is in the log before it. Not a close.
+            self.clock_ns = max(self.clock_ns, _ts_to_ns((ts_hi << 32) | ts_lo, iface.tsresol))
+            return
         self.stats[iface_id] = IfaceStats(end, count, icount)
 
 
