@@ -1,7 +1,9 @@
 """Record the demo guest under real client traffic and replay it exactly."""
 from __future__ import annotations
 
+import socket
 import threading
+import time
 
 from conftest import run_cli
 
@@ -79,6 +81,25 @@ def test_follow_replay_of_live_recording(built, tmp_path):
     t.join(300)
     assert not t.is_alive()
     assert verdict["v"].ok, verdict["v"].summary()
+
+
+def test_input_arriving_as_the_recording_stops_is_not_half_recorded(built, tmp_path):
+    """A client's frame and a typed line reach QEMU while the VM is paused, then the host
+    stops the recording. The guest never got them and the replay log does not have them, so
+    the device log must not have them either: the recording still replays exactly."""
+    path = tmp_path / "stop.tdm"
+    with Recording(path) as rec:
+        rec.wait_ready()
+        rec.vm.qmp.command("stop")
+        with socket.create_connection(("127.0.0.1", rec.port), timeout=5) as client:
+            client.sendall(b"GET k\n")
+            rec.serial.type("echo too late")
+            time.sleep(0.5)                 # slirp has handed the frames to the NIC's filters
+            rec.stop()
+    log = pcapng.read_devlog(path / bundle.DEVLOG)
+    assert not [e for e in log.events if (e.channel, e.direction) == ("serial0", "in")]
+    v = replay(path)
+    assert v.ok, v.summary()
 
 
 def test_record_duration_in_vm_time(built, tmp_path):
