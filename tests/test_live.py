@@ -55,6 +55,9 @@ def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
         if not scraped and len(lags) >= 5:   # the Prometheus endpoint shows what the live view shows
             scraped.append(urllib.request.urlopen(f"http://127.0.0.1:{sh.metrics_port}/metrics").read().decode())
     run_until_native_stops(sh, each)
+    while any(f.thread.is_alive() for f in sh.followers):   # the analyses, catching up
+        each()
+        time.sleep(0.1)
     t.join(10)
     s = sh.finish()
     rec = inputs.load(tmp_path / "native.tdm")
@@ -79,6 +82,12 @@ def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
     # The native's recording, made alongside, replays exactly.
     v = replay_exact.replay(tmp_path / "native.tdm")
     assert v.ok, v.summary()
+    # So does each analysis's own, made while it trailed a live native (the horizons and
+    # warp bounds it was granted at host-timed moments are in its replay log).
+    for r in s.results:
+        v = replay_exact.replay(r.run.bundle)
+        assert v.ok, (r.analysis, v.summary())
+        assert v.reports == [f.title for f in r.findings], (r.analysis, v.reports)
 
 
 def test_a_dying_or_overflowing_analysis_never_stops_the_native(tmp_path):

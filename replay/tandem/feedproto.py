@@ -2,8 +2,9 @@
 
 Both directions: a 16-byte little-endian header {u32 payload length, u16 type,
 u16 channel, u64 VM-clock ns} and the payload. tandem sends inputs and horizon
-advances; QEMU sends what the guest outputs and WAIT when the VM stops at the
-horizon, and SHUTDOWN (with QEMU's reason) after the guest's last output.
+advances; QEMU sends what the guest outputs and WAIT when the VM stops (its
+channel says why: at the horizon, or idle at the warp bound a horizon may carry,
+qemu-patches/0014), and SHUTDOWN (with QEMU's reason) after the guest's last output.
 QEMU connects to tandem's unix socket at start.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ SHUTDOWN_CAUSES = ["none", "host-error", "host-qmp-quit", "host-qmp-system-reset
                    "host-ui", "guest-shutdown", "guest-reset", "guest-panic", "subsystem-reset",
                    "snapshot-load"]
 NET, SERIAL, RNG = 1, 2, 3
+WAIT_HORIZON, WAIT_IDLE = 0, 1      # the channel of a WAIT message
 MAX_PAYLOAD = 1 << 20
 
 
@@ -57,8 +59,13 @@ class FeedServer:
     def input(self, channel: int, vm_ns: int, data: bytes) -> None:
         self.out += HEADER.pack(len(data), INPUT, channel, vm_ns) + data
 
-    def horizon(self, vm_ns: int) -> None:
-        self.out += HEADER.pack(0, HORIZON, 0, vm_ns)
+    def horizon(self, vm_ns: int, warp_ns: int | None = None) -> None:
+        """The VM may run to vm_ns; with warp_ns (< vm_ns), an idle VM warps no further
+        than warp_ns: it executes up to the horizon but idles at the warp bound."""
+        if warp_ns is None or warp_ns >= vm_ns:
+            self.out += HEADER.pack(0, HORIZON, 0, vm_ns)
+        else:
+            self.out += HEADER.pack(8, HORIZON, 0, vm_ns) + struct.pack("<q", warp_ns)
 
     def send(self, type_: int, channel: int, value: int, data: bytes = b"") -> None:
         self.out += HEADER.pack(len(data), type_, channel, value) + data

@@ -44,6 +44,7 @@ ANALYSES = {
 LOOKAHEAD_NS = 1_000_000            # the replayer answers an output within 1 ms of VM time
 DEP_TIMEOUT_NS = 5_000_000_000      # an input waiting on dependencies is sent anyway after
                                     # this much VM time without any output from the guest
+LIVE_SLICE_NS = 50_000_000         # live, past the native's clock: stop this often to take new inputs
 SETTLE_NS = 1_000_000_000           # run this long after the last input (and the native's end)
 MAX_LAG_NS = 60_000_000_000         # beyond the native's end: the analysis is lagging
 HANG_WALL_S = 60.0                  # no word from QEMU for this long (wall): it is hung
@@ -185,7 +186,8 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
     exactly: every finding can be reproduced instruction for instruction.
 
     rec may be a live native's, still filling in (rec.finished False): the analysis
-    then trails it, never past what the native has reached (rec.known_ns), holding at
+    then trails it, idling no further than what the native has reached (rec.known_ns;
+    it may work past it, as a slow-booting analysis must), holding at
     most `buffer` of inputs it has not taken yet; over that it detaches (outcome
     "detached"). `stop()` returning True ends the run early (outcome "detached").
 
@@ -292,7 +294,8 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
             later = rec.inputs[res.taken - rec.inputs_dropped:]
         return any(i.flow == flow for i in todo[nxt:]) or any(i.flow == flow for i in later)
     res.pending_of_flow = pending_of_flow
-    stalled_at: int | None = None           # live: at a WAIT, the native not far enough yet
+    stalled_at: int | None = None           # live: idle at a WAIT, waiting on the native
+    warp_granted = 0                        # live: the last warp bound granted
     blocked_since: int | None = None
     last_input_ns = 0
     pending: list[bytes] = []               # frames to send at the next stop
@@ -331,13 +334,14 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
                   for flow, need in inp.needs_bytes.items() if have(flow) < need]
         return ", ".join(parts)
 
-    def grant(now: int) -> bool:
+    def grant(now: int, idle: bool) -> bool:
         """Release what is due at a stop and grant the next horizon; False while a live
-        native has not yet reached where this VM may go."""
-        nonlocal nxt, blocked_since, last_input_ns, pending, pending_bytes
+        native has given this VM, idle, nothing new to do."""
+        nonlocal nxt, blocked_since, last_input_ns, pending, pending_bytes, warp_granted
         pull()
         frames = pending + peer.retransmit(now)
         pending = []
+        first = nxt
         while nxt < len(todo) and todo[nxt].vm_ns <= now:
             inp = todo[nxt]
             if not deps_met(inp):
@@ -353,6 +357,7 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
             pending_bytes -= len(inp.data)
             last_input_ns = now
             nxt += 1
+        sent = bool(frames) or nxt != first
         if nxt > 4096 and 2 * nxt > len(todo):     # what was delivered is not needed here
             del todo[:nxt]
             nxt = 0
@@ -362,11 +367,21 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
         horizon = _next_horizon(now, todo, nxt, blocked_since, last_output_ns, peer,
                                 rec.end_ns or 0, last_input_ns, live)
         if live:
-            # Never past what the native has reached: its next input may come before.
-            horizon = min(horizon, rec.known_ns) if horizon is not None else rec.known_ns
-            if horizon <= now:
+            # The native's clock bounds how far this VM may skip ahead idle (the native's
+            # next input may come before), not how far it may work ahead: an analysis
+            # that boots in more VM time than the native (KASAN) gets its inputs late
+            # rather than held back until the native's clock has caught up. Working
+            # past the native, it stops every LIVE_SLICE_NS to take what came meanwhile.
+            known = rec.known_ns
+            if idle and not sent and known <= max(now, warp_granted):
                 server.flush()
                 return False
+            cap = max(now, known) + LIVE_SLICE_NS
+            horizon = min(horizon, cap) if horizon is not None else cap
+            warp_granted = known
+            server.horizon(horizon, warp_ns=known)
+            server.flush()
+            return True
         if horizon is None:
             server.flush()
             vm.quit()           # reported back as SHUTDOWN host-qmp-quit
@@ -404,7 +419,7 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
             vm.kill()
             return
         if stalled_at is not None:
-            if grant(stalled_at):
+            if grant(stalled_at, True):
                 stalled_at = None
             last_word = time.monotonic()    # waiting on the native, not on QEMU
         msgs = server.receive(0.05 if stalled_at is not None else 1.0)
@@ -447,7 +462,7 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
                                   f"({nxt}/{len(todo)} inputs delivered)")
                     vm.kill()
                     return
-                if not grant(now):
+                if not grant(now, m.channel == feedproto.WAIT_IDLE):
                     stalled_at = now
                 if progress:
                     progress(res, nxt, len(todo))
