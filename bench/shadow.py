@@ -362,7 +362,8 @@ def part_buffer(tmp: Path, out_png: Path, bursts: int = 3, gap_s: float = 3.0, p
     return ["Command: `./tandem bench shadow --only buffer`.", "", (f"A KASAN analysis trailing a bursty load: {bursts} bursts of {CLIENTS} clients x {per_burst} "
             f"requests, {gap_s:.0f} s idle between bursts. Buffer fill (inputs made by the native that the "
             f"analysis has not taken) and lag, sampled every {SAMPLE_S:.1f} s, against the buffer `tandem plan` "
-            f"predicts from the same run's recording with the slowdown measured in it (F = {f:.2f}):"), "",
+            f"predicts from the same run's recording with the slowdown measured in it (F = {f:.2f}, "
+            f"CPU time over the whole run; docs/plan.md):"), "",
             f"![buffer and lag over time]({out_png.relative_to(out_png.parents[1])})", "",
             "| | used (inputs) | predicted by `tandem plan` |",
             "|---|---|---|",
