@@ -47,6 +47,16 @@ def demo_bundle(built, tmp_path_factory) -> Path:
     return record_demo(tmp_path_factory.mktemp("rec") / "demo.tdm")
 
 
+@pytest.fixture(scope="module")
+def libvirtd(built, tmp_path_factory):
+    """A private libvirtd (and virtlogd) for one test module, stopped after it."""
+    from tandem import virt
+    d = virt.Libvirtd(tmp_path_factory.mktemp("libvirt") / "libvirt")
+    d.start()
+    yield d
+    d.stop()
+
+
 @pytest.fixture
 def bundle_copy(demo_bundle, tmp_path) -> Path:
     dst = tmp_path / "copy.tdm"

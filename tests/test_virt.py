@@ -39,14 +39,6 @@ def wait_for(cond, timeout: float, what: str):
     return v
 
 
-@pytest.fixture(scope="module")
-def libvirtd(built, tmp_path_factory):
-    d = virt.Libvirtd(tmp_path_factory.mktemp("virt") / "libvirt")
-    d.start()
-    yield d
-    d.stop()
-
-
 def test_private_libvirtd_starts_and_leaves_nothing(built, tmp_path):
     host = {p: Path(p).exists() for p in ("/run/libvirt", "/var/lib/libvirt", "/var/log/libvirt")}
     passwd = hashlib.sha256(Path("/etc/passwd").read_bytes()).hexdigest()

@@ -11,7 +11,6 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import pytest
 from conftest import ROOT, assert_one_line_error, run_cli, wait_for_service
 from test_live import drive, run_until_native_stops
 from test_virt import names, native_xml, virsh, wait_for
@@ -19,14 +18,6 @@ from tandem import bundle, pcapng, replay_exact, virt
 from tandem.live import Shadow
 from tandem.vm import free_port
 from tandem.workload import KV, demo_traffic
-
-
-@pytest.fixture(scope="module")
-def libvirtd(built, tmp_path_factory):
-    d = virt.Libvirtd(tmp_path_factory.mktemp("virt-live") / "libvirt")
-    d.start()
-    yield d
-    d.stop()
 
 
 def test_shadow_runs_native_and_analysis_as_domains(libvirtd, tmp_path):
