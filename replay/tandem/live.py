@@ -46,6 +46,7 @@ from .vm import cpu_seconds
 
 SAMPLE_S = 0.1
 TRIM_S = 0.5            # how often the native's side drops what every analysis is done with
+MARKS_KEPT = 3000       # the native's clock marks kept to measure wall lag: 5 minutes of them
 
 
 @dataclass
@@ -160,7 +161,7 @@ class Shadow:
             with self._lock:
                 self.rec.known_ns = max(self.rec.known_ns, mark)
                 self._samples.append((mark, now))     # wall lag is measured against these
-                del self._samples[:-3000]             # 5 minutes of marks
+                del self._samples[:-MARKS_KEPT]
         if now - self._trim_at > TRIM_S:
             self._trim()
             self._trim_at = now

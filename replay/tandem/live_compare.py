@@ -30,6 +30,8 @@ from .compare import Divergence, _Stream
 from .equivalence import Spec
 from .replay_semantic import AnalysisRun
 
+CACHE_LINES = 10_000    # lines whose rewrite under the spec is remembered, at most
+
 
 class LiveCompare:
     def __init__(self, rec: inputs.Recording, spec: Spec):
@@ -95,7 +97,7 @@ class LiveCompare:
         else:
             keep = self.keep_console_from() if self.keep_console_from else a_to
             run.drop_console(min(a_to, keep))
-        if len(self._cache) > 10_000:               # lines of a long run: do not keep them all
+        if len(self._cache) > CACHE_LINES:          # lines of a long run: do not keep them all
             self._cache.clear()
 
     def _compare_flow(self, name: str, fl: inputs.Flow, run: AnalysisRun) -> None:

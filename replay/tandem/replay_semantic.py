@@ -260,6 +260,7 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
     peer = res.peer = Peer()
     lines = inputs_mod.SerialLines()
     todo: list = []                         # taken, not delivered yet: todo[nxt:]
+    trimmed = 0                             # delivered inputs dropped from todo's front
     pending_bytes = 0                       # of todo[nxt:]
 
     def pull() -> None:
@@ -337,7 +338,7 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
     def grant(now: int, idle: bool) -> bool:
         """Release what is due at a stop and grant the next horizon; False while a live
         native has given this VM, idle, nothing new to do."""
-        nonlocal nxt, blocked_since, last_input_ns, pending, pending_bytes, warp_granted
+        nonlocal nxt, trimmed, blocked_since, last_input_ns, pending, pending_bytes, warp_granted
         pull()
         frames = pending + peer.retransmit(now)
         pending = []
@@ -358,8 +359,9 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
             last_input_ns = now
             nxt += 1
         sent = bool(frames) or nxt != first
-        if nxt > 4096 and 2 * nxt > len(todo):     # what was delivered is not needed here
+        if nxt > 256 and 2 * nxt > len(todo):      # what was delivered is not needed here
             del todo[:nxt]
+            trimmed += nxt
             nxt = 0
         for fr in frames:
             server.input(feedproto.NET, now, fr)
@@ -463,13 +465,13 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
                 if rec.finished and now > (rec.end_ns or 0) + max_lag_ns:
                     res.outcome = "lagging"
                     res.detail = (f"still running {max_lag_ns / 1e9:.0f}s of VM time past the native's end "
-                                  f"({nxt}/{len(todo)} inputs delivered)")
+                                  f"({trimmed + nxt}/{trimmed + len(todo)} inputs delivered)")
                     vm.kill()
                     return
                 if not grant(now, m.channel == feedproto.WAIT_IDLE):
                     stalled_at = now
                 if progress:
-                    progress(res, nxt, len(todo))
+                    progress(res, trimmed + nxt, trimmed + len(todo))
         server.flush()
     vm.wait(30)
     if shutdown == "guest-shutdown":
@@ -482,7 +484,7 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
         res.outcome = "crashed"
         res.detail = f"QEMU exited ({shutdown or 'without saying why'}): {vm.log_tail(300)}"
     if nxt < len(todo):
-        res.detail += f"; {len(todo) - nxt} of {len(todo)} inputs not delivered"
+        res.detail += f"; {len(todo) - nxt} of {trimmed + len(todo)} inputs not delivered"
 
 
 def _feed_state(vm: VM) -> str:
