@@ -417,7 +417,7 @@ PARTS = ("latency", "memory", "buffer")
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=8, help="interleaved rounds of the latency part")
+    ap.add_argument("--runs", type=int, default=12, help="interleaved rounds of the latency part")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable)")
     ap.add_argument("--memory-seconds", type=float, default=300, help="length of the memory part's run")
