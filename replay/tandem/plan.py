@@ -64,6 +64,7 @@ class Request:
     end_ns: int                 # the guest's last output before the flow's next request
     events: int = 0             # inputs
     bytes: int = 0              # their payload
+    work_ns: float = 0.0        # the native's time spent on it: its share of [start, end]
 
 
 @dataclass
@@ -92,15 +93,16 @@ class Workload:
         """N_T for an analysis F times slower than the native: the most requests the
         native issued within one busy period of the analysis. A busy period runs from a
         request that finds the analysis idle until the analysis has caught up. Each
-        request costs the analysis F times the native's time for it, from the request to
-        the guest's reply. Boot is left out: that is the boot backlog."""
+        request costs the analysis F times the native's time for it (work_ns: not its
+        latency, which counts the native's time on the requests in progress with it
+        once for each of them). Boot is left out: that is the boot backlog."""
         free_at, n, most = -math.inf, 0, 0
         for r in self.requests:
             if r.start_ns >= free_at:
                 n = 0               # caught up: a new period
             n += 1
             most = max(most, n)
-            free_at = max(free_at, r.start_ns) + f * (r.end_ns - r.start_ns)
+            free_at = max(free_at, r.start_ns) + f * r.work_ns
         return max(1, most)
 
     def boot_backlog(self, f: float) -> tuple[int, int]:
@@ -130,6 +132,7 @@ def measure(rec: inputs.Recording) -> Workload:
         out_ns = [ns for ns, _ in rec.flows[index].guest_data]
         requests += _turns(index, ins, out_ns)
     requests.sort(key=lambda r: (r.start_ns, r.flow))
+    _share_time(requests)
     end = rec.end_ns or max([r.end_ns for r in requests] + [i.vm_ns for i in rec.inputs] + [0])
     ready, source = _ready(rec, requests)
     return Workload(requests, len(by_flow), end, ready, source, buffered, background,
@@ -184,6 +187,25 @@ def _turns(flow: int, ins: list[inputs.Input], out_ns: list[int]) -> list[Reques
         outs = [t for t in out_ns if r.start_ns < t <= limit]
         r.end_ns = max([r.end_ns, *outs])
     return turns
+
+
+def _share_time(requests: list[Request]) -> None:
+    """Each request's work_ns: its span [start, end] with every stretch of it split
+    evenly among the requests in progress then (processor sharing). Together they are
+    the time the native had any request in progress, counted once."""
+    edges = sorted({t for r in requests for t in (r.start_ns, r.end_ns)})
+    starts = sorted(requests, key=lambda r: r.start_ns)
+    active: list[Request] = []
+    k = 0
+    for lo, hi in zip(edges, edges[1:]):
+        while k < len(starts) and starts[k].start_ns <= lo:
+            active.append(starts[k])
+            k += 1
+        active = [r for r in active if r.end_ns > lo]
+        if active:
+            share = (hi - lo) / len(active)
+            for r in active:
+                r.work_ns += share
 
 
 def _peak(requests: list[Request]) -> int:

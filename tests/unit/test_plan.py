@@ -6,11 +6,13 @@ import json
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from conftest import assert_one_line_error, run_cli
 from tandem import bundle, netpkt, pcapng
 from tandem.errors import TandemError
 from tandem.inputs import Flow, Input, Recording, from_events
-from tandem.plan import equation2, measure, plan
+from tandem.plan import Request, _share_time, equation2, measure, plan
 
 
 def pow2(n: float) -> int:
@@ -112,14 +114,41 @@ def test_requests_sizes_and_concurrency(tmp_path):
     assert w.per_request("max") == (4, 12)
 
 
+@given(st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 300)), max_size=30))
+def test_shared_time_counts_the_natives_busy_time_once(spans):
+    requests = [Request(0, a, a + n) for a, n in spans]
+    _share_time(requests)
+    busy, until = 0, -1
+    for a, b in sorted((r.start_ns, r.end_ns) for r in requests):   # the union of the spans
+        busy += max(0, b - max(a, until))
+        until = max(until, b)
+    assert sum(r.work_ns for r in requests) == pytest.approx(busy)
+    assert all(r.work_ns <= r.end_ns - r.start_ns + 1e-9 for r in requests)
+
+
+def test_concurrent_clients_are_not_counted_once_each():
+    # 4 clients whose requests all span [0, 40]: the native worked 40, not 160. At F 3
+    # the analysis is done by 120, before the next request @130 starts a new period.
+    requests = [Request(c, 0, 40) for c in range(4)] + [Request(0, 130, 140)]
+    _share_time(requests)
+    assert [r.work_ns for r in requests] == [10, 10, 10, 10, 10]
+    w = measure(Recording([], [], 200, []))
+    w.requests = requests
+    assert w.busy_period_requests(3) == 4
+
+
 def test_busy_periods_and_boot_backlog(tmp_path):
     write_devlog(tmp_path / "d.pcapng")
     w = measure(from_events(pcapng.iter_events(tmp_path / "d.pcapng"), end_ns=100))
-    # F 3: A1 @10 costs 3*20, done @70; B1 @25 waits, done @130; A2 @40 waits: one period of 3.
+    # The native's time per request, shared where requests overlap: A1 [10, 30] alone
+    # for 15 and with B1 for 5, B1 [25, 45] with A1 for 5, alone for 10 and with A2 for
+    # 5, A2 [40, 50] with B1 for 5 and alone for 5. Together: [10, 50], counted once.
+    assert [r.work_ns for r in w.requests] == [17.5, 15, 7.5]
+    # F 3: A1 @10 costs 3*17.5, done @62.5; B1 @25 waits, done @107.5; A2 @40 waits: one period of 3.
     assert w.busy_period_requests(3) == 3
-    # F 1.5: A1 done @40; B1 @25 done @70; A2 @40 < 70 still in it: 3.
+    # F 1.5: A1 done @36.25; B1 @25 done @58.75; A2 @40 < 58.75 still in it: 3.
     assert w.busy_period_requests(1.5) == 3
-    # F 0.5: A1 done @20 < B1 @25, done @35 < A2 @40: every request finds it idle.
+    # F 0.5: A1 done @18.75 < B1 @25, done @32.5 < A2 @40: every request finds it idle.
     assert w.busy_period_requests(0.5) == 1
     # Booted at 8: an analysis 3x slower is ready at 24, after the serial line @5, A's
     # open @10 and A's 8 bytes @20; 1.5x: at 12, after the serial line and the open.
