@@ -3,7 +3,9 @@
 
 1. latency: the native's request latency (p50, p99) and throughput under one client
    load, side by side in interleaved rounds: no tandem (plain QEMU, -icount), tandem
-   recording only, tandem shadow with 1 and with 2 live analyses (--release now).
+   recording only, the same with a busy loop at idle priority on the analyses' core (a
+   control: what this machine does to the figure with no tandem in it), tandem shadow
+   with 1 and with 2 live analyses (--release now).
 2. memory: tandem's own process (RSS) through a shadow run under continuous load for
    --memory-seconds, per request served: does it grow with run length?
 3. buffer: a KASAN analysis trailing a bursty load (bursts of requests with idle gaps):

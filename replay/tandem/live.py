@@ -361,8 +361,8 @@ def analysis_cpuset(spec: str) -> set[int] | None:
     a list such as "1,3-5" of CPUs tandem may use.
 
     Why: on the benchmark machine two busy loops at idle priority raise a recording's
-    p99 latency 2.4x when they may run on every core, and not at all when kept off one
-    (docs/benchmarks.md, shadow-latency)."""
+    p99 latency 2.4x when they may run on every core, and within the machine's noise
+    when kept off one (the control in docs/benchmarks.md, shadow-latency)."""
     allowed = os.sched_getaffinity(0)
     if spec == "all":
         return None
