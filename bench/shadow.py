@@ -212,7 +212,8 @@ def part_latency(tmp: Path, runs: int, requests: int) -> list[str]:
              "serves with time to spare, so the analyses' buffers have room; p50 and p99 over the requests "
              f"of {runs} interleaved rounds, each configuration booted afresh in each round and the order "
              "rotated from round to round. *Interval*: "
-             "the 2.5th to 97.5th percentile of the p99 ratio over the rounds resampled, round i of a configuration with round i of recording only (bootstrap, "
+             "the 2.5th to 97.5th percentile of the p99 ratio over the rounds resampled, round i of a "
+             "configuration with round i of recording only (bootstrap, "
              f"{BOOTSTRAP} draws): how far the ratio moves with which rounds this machine happened to give. "
              f"Throughput: then each client sends {requests} SET/GETs as fast as it is answered; median over "
              "the rounds. The clients run in a process of their own. Target: p99 with 2 analyses within "
@@ -373,7 +374,8 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100) -> list[str]:
              "| time into the run (s) | RSS (MiB) | Python blocks | requests served | native inputs kept | buffered |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {t - t0:.0f} | {r / 1024:.1f} | {b} | {n_} | {i} | {bu} |" for t, r, b, n_, i, bu in pts]
-    lines += ["", (f"From half-way to the end ({n} requests, {len(second)} samples): RSS {(end[1] - half[1]) / 1024:+.1f} MiB, "
+    lines += ["", (f"From half-way to the end ({n} requests, {len(second)} samples): "
+              f"RSS {(end[1] - half[1]) / 1024:+.1f} MiB, "
               f"Python blocks {end[2] - half[2]:+d}; fitted over the samples, {rss_per:.1f} bytes and "
               f"{blocks_per:.4f} blocks per request. Target (bounded, not growing with run length): "
               f"{'met' if met else 'MISSED'} (under 6 bytes and 0.08 blocks per request, a hundredth of one "
