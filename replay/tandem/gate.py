@@ -43,6 +43,7 @@ class Held:
     b: int = 0
     payload: bytes = b""
     since: float = field(default_factory=time.monotonic)
+    timed_out: set = field(default_factory=set)     # analyses it was released without (reported once)
 
 
 @dataclass
@@ -70,44 +71,123 @@ def _lines(data: bytes) -> tuple[list[bytes], bytes]:
     return [x.rstrip(b"\r") for x in data[:end].split(b"\n")[:-1]], bytes(data[end:])
 
 
-def agree(native: bytes, a: int, b: int, theirs: bytes, rules, flow: int, closed: bool) -> bool | None:
-    """Is the native's output [a, b) on a flow matched by an analysis's output `theirs`
-    on it, under the spec's tcp `rules`? True, False (a divergence), or None (not yet
-    known: the analysis has not got that far, or the line it ends in is unfinished).
-    `native` is the native's stream so far (at least b bytes); `closed`: the analysis
-    will produce no more on this flow."""
-    ranges = [(s, e) for f, s, e in rules.byte_ranges if f == flow]
-    if ranges:
-        native, theirs = bytearray(native), bytearray(theirs)
-        for s, e in ranges:
-            for buf in (native, theirs):
-                hi = min(e, len(buf))
-                if s < hi:
-                    buf[s:hi] = b"*" * (hi - s)
-    if not (rules.ignore or rules.mask):
-        if len(theirs) >= b:
-            return bytes(theirs[a:b]) == bytes(native[a:b])
-        if bytes(theirs[a:]) != bytes(native[a:len(theirs)]):
+class Stream:
+    """A connection's output from stream offset `base` on: the part before `base` is
+    decided and dropped (what a long-lived connection sends must not stay)."""
+    __slots__ = ("base", "data")
+
+    def __init__(self):
+        self.base, self.data = 0, bytearray()
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.data)
+
+    def put(self, a: int, payload: bytes) -> None:
+        """Bytes [a, a + len(payload)) of the stream (a retransmission rewrites them)."""
+        b = a + len(payload)
+        if b <= self.base:
+            return
+        if a < self.base:
+            payload, a = payload[self.base - a:], self.base
+        if self.end < b:
+            self.data.extend(bytes(b - self.end))
+        self.data[a - self.base:b - self.base] = payload
+
+    def trim(self, to: int) -> None:
+        """Drop what comes before stream offset `to` (at most all of it)."""
+        to = min(to, self.end)
+        if to > self.base:
+            del self.data[:to - self.base]
+            self.base = to
+
+    def window(self, lo: int, hi: int | None = None) -> bytes:
+        hi = self.end if hi is None else min(hi, self.end)
+        return bytes(self.data[max(lo, self.base) - self.base:max(hi - self.base, 0)])
+
+
+class Agreement:
+    """One analysis's agreement with the native on one connection, carried forward
+    from the last point both are known to agree to: (n0, t0), the native's and the
+    analysis's stream offsets there, each at the start of a line (with line rules) or
+    at the end of the native's last frame decided (bytes). Each decision looks only at
+    what comes after it, so it costs the new bytes, not the connection's length."""
+    __slots__ = ("flow", "n0", "rules", "t0")
+
+    def __init__(self, rules, flow: int):
+        self.rules, self.flow = rules, flow
+        self.n0 = self.t0 = 0
+
+    @property
+    def lines(self) -> bool:
+        return bool(self.rules.ignore or self.rules.mask)
+
+    def check(self, native: Stream, a: int, b: int, theirs: Stream, closed: bool) -> bool | None:
+        """Is the native's output [a, b) matched by the analysis's output, under the
+        spec's tcp `rules`? True, False (a divergence), or None (not yet known: the
+        analysis has not got that far, or the line it ends in is unfinished).
+        `closed`: the analysis will produce no more on this flow."""
+        if b <= self.n0:
+            return True                             # agreed before (a retransmission)
+        if self.lines:
+            lo, t_lo = self.n0, self.t0
+        else:                                       # aligned: the analysis's byte i is the native's
+            lo = t_lo = max(a, self.n0, native.base, theirs.base)
+        nat = self._masked(native.window(lo, b), lo)
+        got = self._masked(theirs.window(t_lo), t_lo)
+        if not self.lines:
+            if len(got) >= len(nat):
+                verdict = got[:len(nat)] == nat
+            else:
+                verdict = False if got != nat[:len(got)] or closed else None
+            if verdict:
+                self.n0 = self.t0 = b
+            return verdict
+        # Line rules: the native's lines up to b, after ignores and masks, against the
+        # analysis's; a line the native has not finished is compared as a prefix.
+        cache: dict = {}
+        n_lines, n_tail = _lines(nat)
+        t_lines, t_tail = _lines(got)
+        n_kept, _ = kept_lines(n_lines, self.rules, False, cache)
+        t_kept, t_index = kept_lines(t_lines, self.rules, False, cache)
+        k = min(len(n_kept), len(t_kept))
+        if n_kept[:k] != t_kept[:k]:
             return False
-        return False if closed else None
-    # Line rules: lines of the native up to b, after ignores and masks, against the
-    # analysis's; a line the native has not finished is compared as a prefix.
-    cache: dict = {}
-    n_lines, n_tail = _lines(bytes(native[:b]))
-    t_lines, t_tail = _lines(bytes(theirs))
-    n_kept, _ = kept_lines(n_lines, rules, False, cache)
-    t_kept, _ = kept_lines(t_lines, rules, False, cache)
-    k = min(len(n_kept), len(t_kept))
-    if n_kept[:k] != t_kept[:k]:
-        return False
-    if len(t_kept) < len(n_kept):
-        return False if closed else None
-    if not n_tail:
+        if len(t_kept) < len(n_kept):
+            return False if closed else None
+        if n_tail:
+            nxt = t_kept[k] if len(t_kept) > k else t_tail
+            if not nxt.startswith(n_tail):
+                return False if closed else None   # masks may match only once the line is whole
+        # Agreed: move past the native's complete lines and the analysis's lines they matched.
+        self.n0 += len(nat) - len(n_tail)
+        if k:
+            self.t0 += sum(len(x) + 1 for x in _raw_lines(got, t_index[k - 1] + 1))
         return True
-    nxt = t_kept[k] if len(t_kept) > k else t_tail
-    if nxt.startswith(n_tail):
-        return True
-    return False if closed else None       # masks may match only once the line is whole
+
+    def _masked(self, data: bytes, at: int) -> bytes:
+        """`data` (stream offsets from `at`) with the flow's byte ranges masked."""
+        ranges = [(s, e) for f, s, e in self.rules.byte_ranges if f == self.flow and s < at + len(data) and e > at]
+        if not ranges:
+            return data
+        buf = bytearray(data)
+        for s, e in ranges:
+            lo, hi = max(s, at) - at, min(e, at + len(data)) - at
+            buf[lo:hi] = b"*" * (hi - lo)
+        return bytes(buf)
+
+
+def _raw_lines(data: bytes, n: int) -> list[bytes]:
+    """The first n lines of data as sent (with their \r, without \n)."""
+    return data.split(b"\n", n)[:n]
+
+
+def agree(native: bytes, a: int, b: int, theirs: bytes, rules, flow: int, closed: bool) -> bool | None:
+    """Agreement.check on whole streams, from their starts."""
+    n, t = Stream(), Stream()
+    n.put(0, native)
+    t.put(0, theirs)
+    return Agreement(rules, flow).check(n, a, b, t, closed)
 
 
 class Gate:
@@ -117,7 +197,7 @@ class Gate:
         self.hold = hold                # () -> bool: hold the native's inputs now
         # Each analysis's equivalence spec (live.Shadow loads them; default: the built-in ones)
         self.specs = specs or {f.analysis: equivalence.load(f.analysis) for f in followers}
-        self.native_out: dict[tuple, bytearray] = {}   # per connection: the native's output so far
+        self.native_out: dict[tuple, Stream] = {}      # per connection: the native's output not decided yet
         self.holding = False
         self.holds = 0
         self.timeout_vm_ns = timeout_vm_ns
@@ -126,7 +206,8 @@ class Gate:
         self.dropped_flows: set[tuple] = set()
         self.events: list[GateEvent] = []
         self.released = self.dropped = 0
-        self._streams: dict[tuple[str, int], bytearray] = {}   # (analysis, flow) -> its output so far
+        self._streams: dict[tuple[str, int], Stream] = {}      # (analysis, flow) -> its output not agreed yet
+        self._agreements: dict[tuple[str, int], Agreement] = {}
         self._index: dict[tuple, int] = {}                     # connection -> flow index
         self._flows_seen = 0
         self._retired: dict[tuple, object] = {}                 # retired with frames still held
@@ -165,10 +246,7 @@ class Gate:
             h.key, h.payload = key, payload
             h.a = (seq - self.isn[key] - 1) & 0xFFFFFFFF
             h.b = h.a + len(payload)
-            out = self.native_out.setdefault(key, bytearray())
-            if len(out) < h.b:
-                out.extend(bytes(h.b - len(out)))
-            out[h.a:h.b] = payload
+            self.native_out.setdefault(key, Stream()).put(h.a, payload)
         if key in self.queues or h.key is not None:
             self.queues.setdefault(key, []).append(h)   # behind this connection's held output
         else:
@@ -195,9 +273,11 @@ class Gate:
         self.dropped_flows.discard(key)
         for f in self.followers:
             self._streams.pop((f.analysis, fl.index), None)
+            self._agreements.pop((f.analysis, fl.index), None)
 
     def _decide(self, key: tuple) -> None:
         q = self.queues[key]
+        decided = 0
         while q:
             h = q[0]
             if h.key is None:
@@ -207,12 +287,58 @@ class Gate:
             else:
                 verdict = self._agreement(h)
                 if verdict is None:
-                    return                              # wait for the analyses
+                    break                               # wait for the analyses
                 (self._release if verdict else self._drop)(h)
             q.pop(0)
+            decided += 1
+        if decided:
+            self._trim(key)
+        if q:
+            return
         del self.queues[key]
         if key in self._retired:
             self.forget(self._retired[key])
+
+    def _trim(self, key: tuple) -> None:
+        """Drop what every analysis that has or may yet have a say has agreed to, on
+        both sides: what stays is what frames still held, or yet to come, are compared
+        with. (With bytes equality only the held frames' bytes are needed; with line
+        rules, the native's from the oldest point an analysis agreed to.)"""
+        out, flow = self.native_out.get(key), self._index.get(key)
+        if out is None or flow is None:
+            return
+        need = out.end
+        if key not in self.dropped_flows:
+            need = min((h.a for h in self.queues.get(key, ()) if h.key is not None), default=need)
+            for f in self.followers:
+                if self._say(f) is not None or self._starting(f):
+                    ag = self._agreement_of(f, flow)
+                    if ag.lines:
+                        need = min(need, ag.n0)
+        out.trim(need)
+        for f in self.followers:
+            ag, got = self._agreements.get((f.analysis, flow)), self._streams.get((f.analysis, flow))
+            if got is not None:
+                got.trim(got.end if ag is None or key in self.dropped_flows else ag.t0 if ag.lines else need)
+
+    def _say(self, f):
+        """A follower's equivalence spec if it has a say on TCP output (it runs, or ended
+        well, and its spec compares TCP); None: crashed, hung, detached or not comparing."""
+        run = f.run
+        if run is None or run.outcome not in ("running", "poweroff", "finished"):
+            return None
+        spec = self.specs[f.analysis]
+        return None if "tcp" in spec.ignore_channels else spec
+
+    def _starting(self, f) -> bool:
+        """Not running yet, but it will (its QEMU is starting): it will have a say."""
+        return f.run is None and not f.cmp.finished and "tcp" not in self.specs[f.analysis].ignore_channels
+
+    def _agreement_of(self, f, flow: int) -> Agreement:
+        ag = self._agreements.get((f.analysis, flow))
+        if ag is None:
+            ag = self._agreements[(f.analysis, flow)] = Agreement(self.specs[f.analysis].rules["tcp"], flow)
+        return ag
 
     def _agreement(self, h: Held) -> bool | None:
         """True: every live analysis agrees; False: one diverged; None: not yet known."""
@@ -221,45 +347,47 @@ class Gate:
             return None                                 # the recording has not seen it yet
         waiting = False
         for f in self.followers:
+            if self._starting(f):
+                waiting = True
+                continue
+            if self._say(f) is None:
+                continue                                # crashed, hung, detached, or not comparing TCP
             run = f.run
-            if run is None or run.outcome not in ("running", "poweroff", "finished"):
-                continue                                # crashed, hung, detached: no say
-            spec = self.specs[f.analysis]
-            if "tcp" in spec.ignore_channels:
-                continue                                # its spec does not compare TCP
             pf = run.peer.flows.get(flow) if run.peer else None
             got = self._stream(f.analysis, flow, pf)
             # A connection the analysis has compared to its end (live_compare) is closed too.
             closed = bool(pf and (pf.reset or pf.guest_fin)) or run.outcome != "running" \
                 or (pf is None and flow in f.cmp.done)
-            verdict = agree(self.native_out[h.key], h.a, h.b, got, spec.rules["tcp"], flow, closed)
+            verdict = self._agreement_of(f, flow).check(self.native_out[h.key], h.a, h.b, got, closed)
             if verdict is False:
-                return self._diverged(h, f.analysis, flow, bytes(got[h.a:h.b]))
-            if verdict:
+                return self._diverged(h, f.analysis, flow, got.window(h.a, h.b))
+            if verdict or f.analysis in h.timed_out:
                 continue
             last = run.last_input_of.get(flow)
             if last is not None and run.end_ns - last > self.timeout_vm_ns \
                     and not (run.pending_of_flow and run.pending_of_flow(flow)):
+                h.timed_out.add(f.analysis)
                 self.events.append(GateEvent("timeout", f.analysis, flow, h.a, h.payload, b"", h.vm_ns))
                 continue
             waiting = True
         return None if waiting else True
 
-    def _stream(self, analysis: str, flow: int, pf) -> bytearray:
-        """An analysis's output on a flow so far, joined once: only new bytes are added.
-        (A live analysis drops the part of its output it has matched with the native's
-        as it goes; it keeps what this has not copied yet: `copied`.)"""
-        buf = self._streams.setdefault((analysis, flow), bytearray())
+    def _stream(self, analysis: str, flow: int, pf) -> Stream:
+        """An analysis's output on a flow not agreed yet, joined once: only new bytes are
+        added. (A live analysis drops the part of its output it has matched with the
+        native's as it goes; it keeps what this has not copied yet: `copied`.)"""
+        buf = self._streams.setdefault((analysis, flow), Stream())
         if pf is not None:
             with self.rec.lock:
-                chunks, skip = pf.guest_data.since(len(buf))
+                chunks, skip = pf.guest_data.since(buf.end)
                 for i, (_, d) in enumerate(chunks):
-                    buf += d[skip:] if i == 0 else d
+                    buf.data += d[skip:] if i == 0 else d
         return buf
 
     def copied(self, analysis: str, flow: int) -> int:
-        """How much of an analysis's output on a flow the gate has: it may be dropped."""
-        return len(self._streams.get((analysis, flow), b""))
+        """How far the gate has copied an analysis's output on a flow: before that it may be dropped."""
+        got = self._streams.get((analysis, flow))
+        return got.end if got else 0
 
     def _diverged(self, h: Held, analysis: str, flow: int, theirs: bytes) -> bool:
         self.events.append(GateEvent("dropped", analysis, flow, h.a, h.payload, theirs, h.vm_ns))

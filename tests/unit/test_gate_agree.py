@@ -7,7 +7,8 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 from tandem.equivalence import ChannelRules
-from tandem.gate import agree
+from tandem.compare import kept_lines
+from tandem.gate import Agreement, Stream, agree
 
 PLAIN = ChannelRules()
 
@@ -41,3 +42,83 @@ def test_line_masks_and_ignored_lines():
     # The native's frame ends inside a line: a prefix of the analysis's line agrees.
     assert agree(b"OK\npro", 3, 6, b"OK\nprompt> ", rules, 0, closed=False) is True
     assert agree(b"OK\npro", 3, 6, b"OK\nerr", rules, 0, closed=False) is None
+
+
+# --- carried forward: each decision from the last point agreed to, the rest dropped ---
+
+def _whole(native: bytes, a: int, b: int, theirs: bytes, rules, flow: int, closed: bool) -> bool | None:
+    """The decision as first written (gate.py before Agreement): over both whole
+    streams from their starts, at a cost that grows with the connection."""
+    native, theirs = bytearray(native), bytearray(theirs)
+    for f, s, e in rules.byte_ranges:
+        for buf in (native, theirs):
+            hi = min(e, len(buf))
+            if f == flow and s < hi:
+                buf[s:hi] = b"*" * (hi - s)
+    if not (rules.ignore or rules.mask):
+        if len(theirs) >= b:
+            return theirs[a:b] == native[a:b]
+        return False if theirs[a:] != native[a:len(theirs)] or closed else None
+
+    def lines(d):
+        end = d.rfind(b"\n") + 1
+        return [x.rstrip(b"\r") for x in d[:end].split(b"\n")[:-1]], bytes(d[end:])
+    n_lines, n_tail = lines(bytes(native[:b]))
+    t_lines, t_tail = lines(bytes(theirs))
+    n_kept, _ = kept_lines(n_lines, rules, False, {})
+    t_kept, _ = kept_lines(t_lines, rules, False, {})
+    k = min(len(n_kept), len(t_kept))
+    if n_kept[:k] != t_kept[:k]:
+        return False
+    if len(t_kept) < len(n_kept):
+        return False if closed else None
+    if not n_tail or (t_kept[k] if len(t_kept) > k else t_tail).startswith(n_tail):
+        return True
+    return False if closed else None
+
+
+RULES = [
+    PLAIN,
+    ChannelRules(mask=[re.compile(rb"id \d+")], ignore=[re.compile(rb"^dbg")]),
+    ChannelRules(byte_ranges=[(0, 2, 9)]),
+    ChannelRules(mask=[re.compile(rb"\d")], byte_ranges=[(0, 5, 7)]),
+]
+LINE = st.sampled_from([b"OK", b"id 12", b"id 7", b"dbg x", b"val 3", b"", b"ERR\r"])
+
+
+def _stream(lines: list[bytes], tail: bytes) -> bytes:
+    return b"".join(x + b"\n" for x in lines) + tail
+
+
+@given(st.data())
+def test_carried_forward_decides_as_over_the_whole_streams(data):
+    """Frame by frame, with the analysis's output arriving in pieces and both sides
+    dropped up to what was agreed, Agreement.check decides each frame as the decision
+    over both whole streams does."""
+    rules = data.draw(st.sampled_from(RULES))
+    native = _stream(data.draw(st.lists(LINE, max_size=12)), data.draw(st.sampled_from([b"", b"pro"])))
+    if not native:
+        return
+    theirs = data.draw(st.one_of(
+        st.just(native),
+        st.builds(_stream, st.lists(LINE, max_size=12), st.sampled_from([b"", b"prompt> "]))))
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(native) - 1), max_size=6))))
+    frames = list(zip([0] + cuts, cuts + [len(native)]))
+    n, t, ag = Stream(), Stream(), Agreement(rules, 0)
+    got = 0                                      # how much of `theirs` the analysis has produced
+    for a, b in frames:
+        n.put(a, native[a:b])
+        while True:
+            closed = got == len(theirs)
+            t.put(t.end, theirs[t.end:got])
+            verdict = ag.check(n, a, b, t, closed)
+            assert verdict == _whole(native[:b], a, b, theirs[:got], rules, 0, closed)
+            if verdict is not None:
+                break
+            got = data.draw(st.integers(got + 1, len(theirs)))
+        if verdict is False:
+            return
+        keep = ag.n0 if ag.lines else b        # what Gate._trim keeps once [a, b) is decided
+        n.trim(keep)
+        t.trim(ag.t0 if ag.lines else keep)
+        assert n.base == keep or n.base == n.end
