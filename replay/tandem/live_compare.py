@@ -13,7 +13,9 @@ A difference ends where RESYNC_LINES equal lines follow it on both sides; the li
 between are diffed as compare.compare diffs a whole stream, and the divergences are
 kept (compare.matched). A difference that does not end within RESYNC_MAX lines makes
 the channel *stuck*: it is kept from there and compared whole when the connection
-closes, or at the end of the run.
+closes, or at the end of the run; but once either side has STUCK_MAX bytes kept, it
+is compared whole then, and not compared further (a console that never resyncs
+would otherwise keep the whole run): that is reported in the run's limits.
 
 A connection both sides have closed, and whose inputs this analysis has all taken,
 is compared to its end (compare.compare on what is not matched yet) and forgotten;
@@ -31,6 +33,7 @@ from .equivalence import Spec
 from .replay_semantic import AnalysisRun
 
 CACHE_LINES = 10_000    # lines whose rewrite under the spec is remembered, at most
+STUCK_MAX = 1 << 20     # bytes a stuck channel keeps, per side, before it is compared and left
 
 
 class LiveCompare:
@@ -38,6 +41,7 @@ class LiveCompare:
         self.rec, self.spec = rec, spec
         self.at: dict[str, tuple[int, int]] = {}   # channel -> (native, analysis) offsets matched
         self.stuck: set[str] = set()               # channels with a difference: compared whole
+        self.left: set[str] = set()                # stuck past STUCK_MAX: compared no further
         self.done: set[int] = set()                # flows compared to their end (live.Shadow retires them)
         self.divergences: list[Divergence] = []
         self.finished = False                      # compared to the end: the native's data is not needed
@@ -69,10 +73,16 @@ class LiveCompare:
                 run.last_input_of.pop(index, None)
 
     def _match(self, name: str, native: inputs.Chunks, run: AnalysisRun, theirs: inputs.Chunks | None = None):
-        if name in self.stuck:
-            return
         n_at, a_at = self.at.get(name, (native.base, 0))
         a_end = run.console_base + len(run.console) if theirs is None else theirs.end
+        if name in self.stuck:
+            if max(native.end - n_at, a_end - a_at) < STUCK_MAX:
+                return
+            self._leave(name, run)                  # compared to here, and no further
+        if name in self.left:
+            self.at[name] = (native.end, a_end)
+            self._drop(name, a_end, run, theirs)
+            return
         if self._seen.get(name) == (native.end, a_end):
             return                                  # nothing new on either side
         self._seen[name] = (native.end, a_end)
@@ -89,6 +99,11 @@ class LiveCompare:
             self.stuck.add(name)
         if (n_to, a_to) != (n_at, a_at):
             self.at[name] = (n_to, a_to)
+        self._drop(name, a_to, run, theirs)
+
+    def _drop(self, name: str, a_to: int, run: AnalysisRun, theirs: inputs.Chunks | None) -> None:
+        """This analysis's side of a channel is done with before a_to: it goes, but for
+        what the release gate or the report scanner still read."""
         if theirs is not None:
             index = int(name.split()[2])
             keep = self.keep_flow_from(index) if self.keep_flow_from else a_to
@@ -101,12 +116,28 @@ class LiveCompare:
             self._cache.clear()
 
     def _compare_flow(self, name: str, fl: inputs.Flow, run: AnalysisRun) -> None:
+        if name not in self.left:
+            with self.rec.lock:
+                self.divergences += compare.compare(self.rec, run, self.spec, self.at, {name})
+        self.at.pop(name, None)
+        self.stuck.discard(name)
+        self.left.discard(name)
+        self._seen.pop(name, None)
+
+    def _leave(self, name: str, run: AnalysisRun) -> None:
+        """A stuck channel has STUCK_MAX bytes on a side: compare it whole now, and say
+        that it is compared no further."""
         with self.rec.lock:
             divs = compare.compare(self.rec, run, self.spec, self.at, {name})
         self.divergences += divs
-        self.at.pop(name, None)
         self.stuck.discard(name)
-        self._seen.pop(name, None)
+        self.left.add(name)
+        ns = divs[0].native_ns if divs else None
+        since = f" from VM {ns / 1e9:.6f}s" if ns is not None else ""
+        why = ("its spec compares output times (max_lag), which takes the channel whole" if self.spec.max_lag_ns
+               else f"the outputs differ{since} with no {compare.RESYNC_LINES} equal lines ending it")
+        run.limits.append(f"{name}: {why}; compared to {STUCK_MAX:,} bytes, not after "
+                          "(the recordings keep it all: compare them offline)")
 
     def finish(self, run: AnalysisRun) -> None:
         """The analysis has ended: compare what is left (the console, the connections
@@ -114,7 +145,7 @@ class LiveCompare:
         early = run.outcome not in ("poweroff", "finished")
         peer = run.peer.flows if run.peer else {}
         with self.rec.lock:
-            names = {"serial"}
+            names = {"serial"} - self.left
             unseen = 0
             for fl in self.rec.flows:
                 if fl is None or fl.index in self.done:
@@ -122,7 +153,8 @@ class LiveCompare:
                 if early and fl.index not in peer:
                     unseen += 1
                     continue
-                names.add(compare.channel(fl))
+                if compare.channel(fl) not in self.left:
+                    names.add(compare.channel(fl))
             if not early:
                 names.add("udp")            # datagrams: compared whole, at the end
             self.divergences += compare.compare(self.rec, run, self.spec, self.at, names)

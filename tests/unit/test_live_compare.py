@@ -4,7 +4,7 @@ import tomllib
 
 from hypothesis import given, settings, strategies as st
 
-from tandem import compare, equivalence, inputs, netpkt
+from tandem import compare, equivalence, inputs, live_compare, netpkt
 from tandem.live_compare import LiveCompare
 from tandem.replay_semantic import AnalysisRun
 from tandem.tcp_peer import Peer, PeerFlow
@@ -152,6 +152,37 @@ def test_a_difference_without_end_is_compared_when_the_connection_closes():
     lc.tick(p.run)
     (d,) = lc.divergences
     assert d.kind == "differ" and len(d.native) == compare.RESYNC_MAX + 20
+
+
+def test_a_difference_without_end_is_compared_and_left_once_it_fills_stuck_max(monkeypatch):
+    """A console that never resyncs must not keep the whole run: at STUCK_MAX bytes on a
+    side it is compared whole, said to be compared no further, and dropped as it comes."""
+    monkeypatch.setattr(live_compare, "STUCK_MAX", 4096)
+    p = Pair()
+    lc = LiveCompare(p.rec, spec())
+    for i in range(compare.RESYNC_MAX + 20):
+        p.native(b"", f"VALUE {i}\n".encode())
+        p.analysis(b"", f"OTHER {i}\n".encode())
+        lc.tick(p.run)
+    assert "serial" in lc.stuck and not lc.divergences and not p.run.limits
+    i = compare.RESYNC_MAX + 20
+    while not lc.left:
+        p.native(b"", f"VALUE {i}\n".encode())
+        p.analysis(b"", f"OTHER {i}\n".encode())
+        lc.tick(p.run)
+        i += 1
+    (d,) = lc.divergences
+    assert d.kind == "differ" and len(d.native) == i
+    (limit,) = p.run.limits
+    assert limit.startswith("serial: the outputs differ from VM ") and "not after" in limit
+    for j in range(1000):           # compared no further, and nothing of it kept
+        p.native(b"", f"VALUE {i + j}\n".encode())
+        p.analysis(b"", f"OTHER {i + j}\n".encode())
+        lc.tick(p.run)
+    assert len(p.run.console) == 0 and lc.native_at("serial") == p.rec.serial_out.end
+    p.run.outcome = "poweroff"
+    lc.finish(p.run)
+    assert len(lc.divergences) == 1
 
 
 lines = st.lists(st.sampled_from([b"OK", b"VALUE 1", b"VALUE 2", b"ERR", b""]), max_size=12)
