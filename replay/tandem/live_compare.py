@@ -137,7 +137,8 @@ class LiveCompare:
         why = ("its spec compares output times (max_lag), which takes the channel whole" if self.spec.max_lag_ns
                else f"the outputs differ{since} with no {compare.RESYNC_LINES} equal lines ending it")
         run.limits.append(f"{name}: {why}; compared to {STUCK_MAX:,} bytes, not after "
-                          "(the recordings keep it all: compare them offline)")
+                          f"(the native's bundle keeps it all: tandem replay BUNDLE --analysis {run.analysis} compares "
+                          "it whole, offline)")
 
     def finish(self, run: AnalysisRun) -> None:
         """The analysis has ended: compare what is left (the console, the connections
