@@ -7,7 +7,8 @@
    control: what this machine does to the figure with no tandem in it), tandem shadow
    with 1 and with 2 live analyses (--release now).
 2. memory: tandem's own process (RSS) through a shadow run under continuous load for
-   --memory-seconds, per request served: does it grow with run length?
+   --memory-seconds, per request served: does it grow with run length? (memory-agreed:
+   the same with --release agreed and one long-lived connection per client.)
 3. buffer: a KASAN analysis trailing a bursty load (bursts of requests with idle gaps):
    its buffer fill and lag over time, plotted (docs/img/shadow-buffer.png) against the
    buffer `tandem plan` predicts from the same run's recording and measured slowdown.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import multiprocessing
 import os
 import random
@@ -284,16 +286,18 @@ def _rss_kib() -> int:
     return 0
 
 
-def paced(port: int, rate: float, seconds: float, done: dict) -> None:
+def paced(port: int, rate: float, seconds: float, done: dict, per_connection: int = 250) -> None:
     """CLIENTS clients, each sending `rate` SET/GET requests a second on its own
-    connection (a new connection every 250 requests) for `seconds` of wall time."""
+    connection (a new connection every `per_connection` requests; 0: one connection
+    for the whole run) for `seconds` of wall time."""
     def client(c: int):
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             with KV(port, timeout=120) as kv:
                 t = time.monotonic()
-                for i in range(250):
-                    line = f"SET c{c}k{i} {'v' * 64}" if i % 2 == 0 else f"GET c{c}k{i - 1}"
+                for i in itertools.count() if not per_connection else range(per_connection):
+                    k = i % 1000        # a bounded key space: the guest's store does not grow either
+                    line = f"SET c{c}k{k} {'v' * 64}" if k % 2 == 0 else f"GET c{c}k{k - 1}"
                     kv.request(line)
                     done["requests"] += 1
                     t += 1 / rate
@@ -324,17 +328,22 @@ def slope(pts: list[tuple[float, float]]) -> float:
     return statistics.linear_regression(xs, ys).slope if len(set(xs)) > 1 else 0.0
 
 
-def part_memory(tmp: Path, seconds: float, rate: float = 100) -> list[str]:
-    """tandem's own RSS through a shadow run under a steady load for `seconds` of wall time."""
+def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "now") -> list[str]:
+    """tandem's own RSS through a shadow run under a steady load for `seconds` of wall
+    time. With release "agreed" each client keeps one connection for the whole run: the
+    gate compares every output frame of it (gate.py), and must not keep it all."""
+    per_connection = 250 if release == "now" else 0
     d = Path(tempfile.mkdtemp(dir=tmp))
     saved = [(obj, name, getattr(obj, name)) for obj, name, _, _ in CAPS]
     for obj, name, _, cap in CAPS:
         setattr(obj, name, cap)
     try:
-        sh = Shadow(d / "m.tdm", ["native"], workdir=d / "an", record_analyses=False).start()
+        sh = Shadow(d / "m.tdm", ["native"], workdir=d / "an", record_analyses=False, release=release).start()
         done = {"requests": 0}
         # (t, RSS KiB, Python blocks allocated, requests, inputs kept, buffered)
-        mem: list[tuple[float, int, int, int, int, int]] = []
+        # A row a second, allocated up front: the samples must not be what grows.
+        import numpy as np
+        rows, n = np.zeros((int(seconds) * 2 + 600, 6)), [0]
         last = [0.0]
 
         def sample():
@@ -344,12 +353,15 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100) -> list[str]:
             last[0] = time.monotonic()
             f = sh.followers[0]
             buffered = f.buffer.pending() if f.buffer.pending else 0
-            mem.append((time.monotonic(), _rss_kib(), sys.getallocatedblocks(), done["requests"],
-                        len(sh.rec.inputs), buffered))
-        serve(sh, lambda: paced(sh.port, rate, seconds, done), sample)
+            if n[0] < len(rows):
+                rows[n[0]] = (time.monotonic(), _rss_kib(), sys.getallocatedblocks(), done["requests"],
+                              len(sh.rec.inputs), buffered)
+                n[0] += 1
+        serve(sh, lambda: paced(sh.port, rate, seconds, done, per_connection), sample)
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
+    mem = [(r[0], *map(int, r[1:])) for r in rows[:n[0]]]
     while len(mem) > 2 and mem[-1][3] == mem[-2][3]:
         mem.pop()                   # after the load: the analysis running out, the summary
     t0 = mem[0][0]
@@ -363,9 +375,14 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100) -> list[str]:
     # One input kept per request would be some 600 bytes and 8 blocks: a hundredth of it.
     met = rss_per < 6 and blocks_per < 0.08
     caps = "; ".join(f"{what} {getattr(obj, name):,} (here {cap})" for obj, name, what, cap in CAPS)
-    lines = [(f"Command: `./tandem bench shadow --only memory`. tandem's own process through one shadow run "
+    how = ("a new connection every 250 requests" if per_connection else
+           "each on one connection for the whole run, with `--release agreed` (every output frame held "
+           "until the analysis gave the same: the release gate compares each connection as it goes)")
+    extra = f" --memory-seconds {seconds:g}" if seconds != MEMORY_SECONDS else ""
+    lines = [(f"Command: `./tandem bench shadow --only {'memory' if release == 'now' else 'memory-agreed'}{extra}`. "
+             f"tandem's own process through one shadow run "
              f"with 1 analysis (native kernel) under a steady load: {CLIENTS} clients, each {rate:.0f} SET/GET "
-             f"requests a second, a new connection every 250 requests, for {seconds:.0f} s of wall time. RSS "
+             f"requests a second, {how}, for {seconds:.0f} s of wall time. RSS "
              "(VmRSS) and the Python objects allocated (`sys.getallocatedblocks()` after a garbage "
              "collection: what tandem holds, without the allocator's slack); *kept*: the native's inputs in "
              "memory; *buffered*: inputs the analysis has not delivered yet. tandem's tables that fill up "
@@ -443,11 +460,12 @@ def part_buffer(tmp: Path, out_png: Path, bursts: int = 3, gap_s: float = 3.0, p
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=100)
-    return ["Command: `./tandem bench shadow --only buffer`.", "", (f"A KASAN analysis trailing a bursty load: {bursts} bursts of {CLIENTS} clients x {per_burst} "
-            f"requests, {gap_s:.0f} s idle between bursts. Buffer fill (inputs made by the native that the "
-            f"analysis has not taken) and lag, sampled every {SAMPLE_S:.1f} s, against the buffer `tandem plan` "
-            f"predicts from the same run's recording with the slowdown measured in it (F = {f:.2f}, "
-            f"CPU time over the whole run; docs/plan.md):"), "",
+    return ["Command: `./tandem bench shadow --only buffer`.", "",
+            (f"A KASAN analysis trailing a bursty load: {bursts} bursts of {CLIENTS} clients x {per_burst} "
+             f"requests, {gap_s:.0f} s idle between bursts. Buffer fill (inputs made by the native that the "
+             f"analysis has not taken) and lag, sampled every {SAMPLE_S:.1f} s, against the buffer `tandem plan` "
+             f"predicts from the same run's recording with the slowdown measured in it (F = {f:.2f}, "
+             f"CPU time over the whole run; docs/plan.md):"), "",
             f"![buffer and lag over time]({out_png.relative_to(out_png.parents[1])})", "",
             "| | used (inputs) | predicted by `tandem plan` |",
             "|---|---|---|",
@@ -457,7 +475,25 @@ def part_buffer(tmp: Path, out_png: Path, bursts: int = 3, gap_s: float = 3.0, p
             f"Peak lag: {max(x[2] for x in series):.2f} s of VM time, {max(x[3] for x in series):.2f} s of wall time."]
 
 
-PARTS = ("latency", "memory", "buffer")
+PARTS = ("latency", "memory", "memory-agreed", "buffer")
+MEMORY_SECONDS = 300
+
+
+def _add_part_block(out: Path, part: str) -> None:
+    """Each part has its own block inside the shadow section, so one can be rerun alone:
+    a part new to the file gets an empty block after the part before it (the other
+    parts' results stay)."""
+    text = out.read_text() if out.exists() else ""
+    block = f"<!-- bench:{SECTION}-{part} -->\n<!-- /bench:{SECTION}-{part} -->"
+    if block.split("\n")[0] in text:
+        return
+    if f"<!-- bench:{SECTION} -->" not in text:
+        replace_section(out, "## Live shadow VMs\n\n" + block, SECTION)
+        return
+    before = [f"<!-- /bench:{SECTION}-{x} -->" for x in PARTS[:PARTS.index(part)]]
+    at = max((text.index(m) + len(m) for m in before if m in text),
+             default=text.index(f"<!-- bench:{SECTION} -->") + len(f"<!-- bench:{SECTION} -->"))
+    out.write_text(text[:at] + "\n\n" + block + text[at:])
 
 
 def main() -> int:
@@ -465,7 +501,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=12, help="interleaved rounds of the latency part")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable)")
-    ap.add_argument("--memory-seconds", type=float, default=300, help="length of the memory part's run")
+    ap.add_argument("--memory-seconds", type=float, default=MEMORY_SECONDS, help="length of the memory parts' runs")
     ap.add_argument("--memory-rate", type=float, default=100, help="requests a second per client in the memory part")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -474,15 +510,13 @@ def main() -> int:
         tmp = Path(t)
         run = {"latency": lambda: part_latency(tmp, args.runs, args.requests),
                "memory": lambda: part_memory(tmp, args.memory_seconds, args.memory_rate),
+               "memory-agreed": lambda: part_memory(tmp, args.memory_seconds, args.memory_rate, "agreed"),
                "buffer": lambda: part_buffer(tmp, docs / "img" / "shadow-buffer.png")}
         for part in args.only or PARTS:
             text = "\n".join(run[part]())
             print(text)
             if args.out:
-                # Each part has its own block inside the shadow section, so one can be rerun alone.
-                if f"<!-- bench:{SECTION}-{part} -->" not in (args.out.read_text() if args.out.exists() else ""):
-                    replace_section(args.out, "## Live shadow VMs\n\n" + "\n\n".join(
-                        f"<!-- bench:{SECTION}-{x} -->\n<!-- /bench:{SECTION}-{x} -->" for x in PARTS), SECTION)
+                _add_part_block(args.out, part)
                 replace_section(args.out, text, f"{SECTION}-{part}")
     return 0
 
