@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
@@ -279,6 +280,16 @@ def ratio_interval(rounds: list[list[float]], base: list[list[float]], draws: in
     return float(ratios[int(0.025 * draws)]), float(ratios[int(0.975 * draws) - 1])
 
 
+def _malloc_trim() -> None:
+    """Give the C allocator's free pages back to the system (glibc), so that RSS is what
+    the process holds, not free pages the allocator kept."""
+    import ctypes
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _rss_kib() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -337,28 +348,33 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "no
     saved = [(obj, name, getattr(obj, name)) for obj, name, _, _ in CAPS]
     for obj, name, _, cap in CAPS:
         setattr(obj, name, cap)
+    # (t, RSS KiB, Python blocks allocated, requests, inputs kept, buffered, Python bytes)
+    # A row a second, allocated up front: the samples must not be what grows.
+    import numpy as np
+    rows, n = np.zeros((int(seconds) * 2 + 600, 7)), [0]
+    # Python's own count of the bytes it holds (tracemalloc, one frame deep): a bytearray
+    # that grows is one block, and RSS moves in pages and with the allocator's slack.
+    tracemalloc.start(1)
     try:
         sh = Shadow(d / "m.tdm", ["native"], workdir=d / "an", record_analyses=False, release=release).start()
         done = {"requests": 0}
-        # (t, RSS KiB, Python blocks allocated, requests, inputs kept, buffered)
-        # A row a second, allocated up front: the samples must not be what grows.
-        import numpy as np
-        rows, n = np.zeros((int(seconds) * 2 + 600, 6)), [0]
         last = [0.0]
 
         def sample():
             if time.monotonic() - last[0] < 1:
                 return
             gc.collect()            # blocks that are garbage already are not kept
+            _malloc_trim()          # ... nor pages the C allocator holds free
             last[0] = time.monotonic()
             f = sh.followers[0]
             buffered = f.buffer.pending() if f.buffer.pending else 0
             if n[0] < len(rows):
                 rows[n[0]] = (time.monotonic(), _rss_kib(), sys.getallocatedblocks(), done["requests"],
-                              len(sh.rec.inputs), buffered)
+                              len(sh.rec.inputs), buffered, tracemalloc.get_traced_memory()[0])
                 n[0] += 1
         serve(sh, lambda: paced(sh.port, rate, seconds, done, per_connection), sample)
     finally:
+        tracemalloc.stop()
         for obj, name, value in saved:
             setattr(obj, name, value)
     mem = [(r[0], *map(int, r[1:])) for r in rows[:n[0]]]
@@ -372,8 +388,9 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "no
     second = mem[len(mem) // 2:]
     rss_per = slope([(m[3], m[1] * 1024) for m in second])
     blocks_per = slope([(m[3], m[2]) for m in second])
+    bytes_per = slope([(m[3], m[6]) for m in second])
     # One input kept per request would be some 600 bytes and 8 blocks: a hundredth of it.
-    met = rss_per < 6 and blocks_per < 0.08
+    met = bytes_per < 6 and blocks_per < 0.08
     caps = "; ".join(f"{what} {getattr(obj, name):,} (here {cap})" for obj, name, what, cap in CAPS)
     how = ("a new connection every 250 requests" if per_connection else
            "each on one connection for the whole run, with `--release agreed` (every output frame held "
@@ -382,19 +399,23 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "no
     lines = [(f"Command: `./tandem bench shadow --only {'memory' if release == 'now' else 'memory-agreed'}{extra}`. "
              f"tandem's own process through one shadow run "
              f"with 1 analysis (native kernel) under a steady load: {CLIENTS} clients, each {rate:.0f} SET/GET "
-             f"requests a second, {how}, for {seconds:.0f} s of wall time. RSS "
-             "(VmRSS) and the Python objects allocated (`sys.getallocatedblocks()` after a garbage "
-             "collection: what tandem holds, without the allocator's slack); *kept*: the native's inputs in "
-             "memory; *buffered*: inputs the analysis has not delivered yet. tandem's tables that fill up "
-             "to a cap and then stay there are lowered in this run, so that they are full in its first "
+             f"requests a second, {how}, for {seconds:.0f} s of wall time. The bytes and objects "
+             "Python holds (`tracemalloc`, and `sys.getallocatedblocks()`, after a garbage collection: "
+             "what tandem holds, without the allocator's slack), and RSS (VmRSS after glibc's "
+             "`malloc_trim(0)`; it moves in pages); *kept*: the native's inputs in memory; *buffered*: "
+             "inputs the analysis has not delivered yet. tandem's tables that fill up to a cap and then stay there are "
+             "lowered in this run, so that they are full in its first "
              f"minute and what grows from half-way on grows with the run's length: {caps}."), "",
-             "| time into the run (s) | RSS (MiB) | Python blocks | requests served | native inputs kept | buffered |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {t - t0:.0f} | {r / 1024:.1f} | {b} | {n_} | {i} | {bu} |" for t, r, b, n_, i, bu in pts]
+             "| time into the run (s) | Python (KiB) | Python blocks | RSS (MiB) | requests served "
+             "| native inputs kept | buffered |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {t - t0:.0f} | {py / 1024:.0f} | {b} | {r / 1024:.1f} | {n_} | {i} | {bu} |"
+              for t, r, b, n_, i, bu, py in pts]
     lines += ["", (f"From half-way to the end ({n} requests, {len(second)} samples): "
-              f"RSS {(end[1] - half[1]) / 1024:+.1f} MiB, "
-              f"Python blocks {end[2] - half[2]:+d}; fitted over the samples, {rss_per:.1f} bytes and "
-              f"{blocks_per:.4f} blocks per request. Target (bounded, not growing with run length): "
+              f"Python {(end[6] - half[6]) / 1024:+.0f} KiB and {end[2] - half[2]:+d} blocks, "
+              f"RSS {(end[1] - half[1]) / 1024:+.1f} MiB; fitted over the samples, {bytes_per:.1f} bytes and "
+              f"{blocks_per:.4f} blocks per request (RSS: {rss_per:.1f} bytes). "
+              "Target (bounded, not growing with run length): "
               f"{'met' if met else 'MISSED'} (under 6 bytes and 0.08 blocks per request, a hundredth of one "
               "input kept per request: some 600 bytes and 8 blocks). Each analysis compares its output "
               "with the native's as it goes and drops what agrees; the native's inputs, output and "
