@@ -134,7 +134,8 @@ class Agreement:
         else:                                       # aligned: the analysis's byte i is the native's
             lo = t_lo = max(a, self.n0, native.base, theirs.base)
         nat = self._masked(native.window(lo, b), lo)
-        got = self._masked(theirs.window(t_lo), t_lo)
+        # Bytes: only the frame's own bytes count; lines: all the analysis has after t0.
+        got = self._masked(theirs.window(t_lo, b if not self.lines else None), t_lo)
         if not self.lines:
             if len(got) >= len(nat):
                 verdict = got[:len(nat)] == nat
