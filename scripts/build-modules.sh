@@ -99,7 +99,9 @@ export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache}
 export CCACHE_BASEDIR="$CACHE"
 export KBUILD_BUILD_TIMESTAMP="1970-01-01 00:00:00 UTC"
 export KBUILD_BUILD_USER=tandem KBUILD_BUILD_HOST=tandem KBUILD_BUILD_VERSION=1
-MAKE=(make -C "$OBJ" ARCH=x86_64 CC="ccache gcc" HOSTCC=gcc)
+# ccache when installed (scripts/host-deps.sh installs it); plain gcc otherwise.
+KCC=gcc; command -v ccache >/dev/null && KCC="ccache gcc"
+MAKE=(make -C "$OBJ" ARCH=x86_64 CC="$KCC" HOSTCC=gcc)
 
 # obj-FLAVOR holds the flavor's most recent kernel build, which is not necessarily
 # the published one (a later build with another config may have used it). Struct
@@ -150,4 +152,4 @@ mv -T "$TMP" "$FINAL"
 write_json
 log "modules for kernel $FLAVOR ready: $FINAL"
 }
-main "$@"
+main "$@"; exit $?   # exit here: bash must not read on into a file edited meanwhile

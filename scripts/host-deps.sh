@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # Install the Debian packages tandem needs on a Debian 12 host.
+#
+#   scripts/host-deps.sh           install what is missing (as root, or through sudo)
+#   scripts/host-deps.sh --dev     also what scripts/fresh-check.sh needs (git, mmdebstrap)
+#   scripts/host-deps.sh --list    print the packages, one a line (--dev: with the dev ones)
+#   scripts/host-deps.sh --check   exit 0 if nothing is missing, 1 otherwise; installs nothing
+#
+# Every program tandem calls is declared with its package in
+# replay/tandem/setup/programs.py; tests/unit/test_host_programs.py checks that each
+# package is here or in Debian's required/important set.
 # trixie is added as deb-src only (QEMU 10.0 source); never as a binary suite.
 # bookworm-backports is added as deb for linux-source-6.12.
 set -euo pipefail
-[ "$(id -u)" = 0 ] || SUDO=sudo
-SUDO=${SUDO:-}
 
 PKGS=(
   # QEMU build
-  build-essential pkg-config ninja-build flex bison python3-venv python3-pip dpkg-dev
+  build-essential gcc make binutils patch ccache pkgconf ninja-build flex bison dpkg-dev
+  python3-minimal python3-venv python3-pip
   libglib2.0-dev libpixman-1-dev libslirp-dev libcapstone-dev zlib1g-dev libfdt-dev
   # firmware for the built QEMU (--disable-install-blobs)
   seabios qemu-system-data/bookworm-backports
@@ -21,8 +29,22 @@ PKGS=(
   tshark netcat-openbsd curl socat libzstd-dev
   # libvirt: the daemons (tandem starts its own private libvirtd, never the system's),
   # virsh, and what the libvirt-python binding builds against
-  libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev python3-dev gcc
+  libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev python3-dev
 )
+DEV_PKGS=(
+  # scripts/fresh-check.sh: a clean Debian 12 root, and the repository cloned into it
+  git mmdebstrap
+)
+
+dev= check=
+case "${1:-}" in
+  --dev) dev=1 ;;
+  --check) check=1 ;;
+  --list) [ "${2:-}" = --dev ] && PKGS+=("${DEV_PKGS[@]}"); printf '%s\n' "${PKGS[@]}"; exit 0 ;;
+  "") ;;
+  *) echo "usage: $0 [--dev | --check | --list [--dev]]" >&2; exit 2 ;;
+esac
+[ -z "$dev" ] || PKGS+=("${DEV_PKGS[@]}")
 
 src=/etc/apt/sources.list.d/tandem.sources
 want=$(cat <<'SRC'
@@ -43,7 +65,18 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "${p%%/*}" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ! -f "$src" ] || [ "$(cat "$src")" != "$want" ]; then
+sources_ok=; [ -f "$src" ] && [ "$(cat "$src")" = "$want" ] && sources_ok=1
+if [ -n "$check" ]; then
+  [ ${#missing[@]} -eq 0 ] && [ -n "$sources_ok" ]; exit
+fi
+
+SUDO=
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "tandem: error: not root and no sudo: run scripts/host-deps.sh as root (or install sudo)" >&2; exit 1; }
+  SUDO=sudo
+fi
+
+if [ -z "$sources_ok" ]; then
   echo "$want" | $SUDO tee "$src" >/dev/null
   updated=
 fi
