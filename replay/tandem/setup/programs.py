@@ -1,0 +1,118 @@
+"""Every external program tandem calls, and the Debian package that ships it.
+
+This is the one declared list. `scripts/host-deps.sh` installs the packages (or they
+are in Debian's required/important set, which every Debian 12 root has), `tandem
+doctor` checks them, and tests/unit/test_host_programs.py reads tandem's code
+(the launcher, scripts/, the Python package, tests, benchmarks), collects the
+programs it calls and fails on one missing here, or whose package nobody installs.
+That test exists because a green CI once hid a missing install step: the kernel
+build called `ccache gcc`, only the CI machine had ccache, and the README's first
+command failed on every fresh machine.
+
+Python code looks programs up through `require` or `which` here, so that a name
+asked for is a name declared. Standard library only: `tandem doctor` runs on
+Debian's python3 before the venv exists.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+
+from ..errors import TandemError
+
+VENV = "venv"          # a program the launcher's venv provides (replay/requirements.txt)
+# Programs root-only tools live in: a non-root PATH often lacks the sbin directories.
+SEARCH_PATH = os.pathsep.join(("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"))
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    package: str        # the Debian package `dpkg -S` names for it, or VENV
+    why: str
+    optional: bool = False   # every use is behind a check with a fallback
+    implicit: bool = False   # called by a tool tandem runs (make, tar), not by tandem's code
+
+
+def _p(package: str, why: str, *names: str, **kw) -> list[Program]:
+    return [Program(n, package, why, **kw) for n in names]
+
+
+PROGRAMS: dict[str, Program] = {p.name: p for p in [
+    # Debian's required set: on every Debian root.
+    *_p("coreutils", "files, hashes and paths in the launcher and build scripts",
+        "basename", "cat", "chmod", "chroot", "cp", "cut", "date", "dirname", "env", "head", "id",
+        "install", "ln", "ls", "mkdir", "mknod", "mv", "nproc", "realpath", "rm", "sha256sum",
+        "sleep", "sort", "stat", "sync", "tail", "tee", "touch", "tr", "truncate"),
+    *_p("bash", "the launcher and build scripts", "bash"),
+    *_p("dash", "/bin/sh: the private libvirtd's launch script", "sh"),
+    *_p("util-linux", "locks (flock), namespaces (unshare), CPU placement of VMs (chrt, taskset)",
+        "flock", "unshare", "chrt", "taskset"),
+    *_p("mount", "the private libvirtd's mount namespace", "mount"),
+    *_p("grep", "build scripts", "grep"),
+    *_p("sed", "build scripts", "sed"),
+    *_p("mawk", "build scripts (awk)", "awk"),
+    *_p("findutils", "build scripts", "find"),
+    *_p("diffutils", "module build: is the kernel object dir at the published config", "cmp"),
+    *_p("gzip", "initramfs and module archives", "gzip"),
+    *_p("tar", "extracting the kernel source", "tar"),
+    *_p("libc-bin", "the ASan guest's shared libraries", "ldd"),
+    *_p("apt", "installing packages, the QEMU source", "apt-get", "apt-cache"),
+    *_p("dpkg", "which packages are installed", "dpkg-query", "dpkg"),
+    *_p("debconf", "tshark's install question answered ahead", "debconf-set-selections"),
+    *_p("sudo", "host-deps.sh when not run as root", "sudo", optional=True),
+    # Installed by scripts/host-deps.sh.
+    *_p("python3-minimal", "the launcher's venv and the build scripts' JSON", "python3"),
+    *_p("ccache", "QEMU, kernel and module builds: a rebuild under a new key reuses objects", "ccache"),
+    *_p("gcc", "the guest userland, the TCG plugin, the kernel (through make)", "gcc"),
+    *_p("make", "QEMU and kernel builds", "make"),
+    *_p("binutils", "guest binaries (strip, readelf), report source lines (addr2line)",
+        "strip", "readelf"),
+    *_p("binutils", "source lines of kernel report frames", "addr2line", optional=True),
+    *_p("patch", "tandem's QEMU patches", "patch"),
+    *_p("dpkg-dev", "unpacking Debian's QEMU source", "dpkg-source"),
+    *_p("pkgconf", "the TCG plugin's glib flags", "pkg-config"),
+    *_p("cpio", "initramfs archives", "cpio"),
+    *_p("xz-utils", "tar's decompressor for linux-source-6.12.tar.xz", "xz", implicit=True),
+    *_p("kmod", "module vermagic", "modinfo"),
+    *_p("e2fsprogs", "the guest's disk image", "mkfs.ext4"),
+    *_p("busybox-static", "the guest userland", "busybox", implicit=True),
+    *_p("bc", "the kernel build", "bc", implicit=True),
+    *_p("flex", "the kernel and QEMU builds", "flex", implicit=True),
+    *_p("bison", "the kernel and QEMU builds", "bison", implicit=True),
+    *_p("perl-base", "the kernel build", "perl", implicit=True),
+    *_p("ninja-build", "QEMU's and meson's builds", "ninja", implicit=True),
+    *_p("netcat-openbsd", "the demo's independent client", "nc"),
+    *_p("tshark", "the device log read by Wireshark's dissectors (tests)", "tshark"),
+    *_p("libvirt-daemon", "the private libvirtd (tandem attach, --libvirt, tests)", "libvirtd", "virtlogd"),
+    *_p("libvirt-clients", "virsh in tests and docs", "virsh"),
+    *_p("git", "scripts/fresh-check.sh clones the repository", "git"),
+    *_p("mmdebstrap", "scripts/fresh-check.sh makes a clean Debian 12 root", "mmdebstrap"),
+    # The launcher's venv.
+    *_p(VENV, "runs the meson build", "meson"),
+    *_p(VENV, "the venv's interpreter", "python"),
+]}
+
+
+def declared(name: str) -> Program:
+    try:
+        return PROGRAMS[name]
+    except KeyError:
+        raise TandemError(f"{name}: not a declared program (add it to tandem/setup/programs.py "
+                          f"with its Debian package)") from None
+
+
+def which(name: str) -> str | None:
+    """The path of a declared program, looking in the sbin directories too; None if absent."""
+    declared(name)
+    return shutil.which(name) or shutil.which(name, path=SEARCH_PATH)
+
+
+def require(name: str) -> str:
+    """The path of a declared program, or a one-line error naming the package to install."""
+    path = which(name)
+    if path is None:
+        p = PROGRAMS[name]
+        raise TandemError(f"{name}: not installed (Debian package {p.package}; run ./tandem setup)")
+    return path
