@@ -32,7 +32,6 @@ SOURCES=(kvd.c tandem-agent.c init)
 
 [ -x "$BUSYBOX" ] || die "$BUSYBOX missing (apt-get install busybox-static)"
 ! readelf -l "$BUSYBOX" | grep -q 'program interpreter' || die "$BUSYBOX is not statically linked (need busybox-static)"
-[ "$(id -u)" = 0 ] || die "needs root (mknod of /dev/console, chroot smoke test)"
 for t in cpio gzip mkfs.ext4 ldd readelf unshare chroot sha256sum python3; do
   command -v "$t" >/dev/null || die "$t not found"
 done
@@ -45,6 +44,9 @@ KEY=$({
   "$CC" --version | head -n1
 } | sha256sum | cut -c1-16)
 FINAL="$GDIR/$KEY"
+# TANDEM_KEY_ONLY=1: print the key these sources give, build nothing (tandem doctor).
+[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
+[ "$(id -u)" = 0 ] || die "needs root (mknod of /dev/console, chroot smoke test)"
 
 write_json() {
   python3 - "$OUT_JSON" "$KEY" "$FINAL" <<'PY'
@@ -175,4 +177,4 @@ trap - EXIT
 write_json
 log "guest image ready: $FINAL"
 }
-main "$@"
+main "$@"; exit $?   # exit here: bash must not read on into a file edited meanwhile

@@ -13,6 +13,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${TANDEM_CACHE:-$HOME/.cache/tandem}
 PY=${TANDEM_PYTHON:-python3}
 say() { echo "tandem: $*" >&2; }
+. "$ROOT/scripts/progress.sh"
+TARGET=qemu; [ "$FLAVOR" = stock ] && TARGET=qemu-stock
 
 CONFIGURE=(--target-list=x86_64-softmmu --without-default-devices --with-devices-x86_64=tandem
   --enable-plugins --enable-slirp --enable-capstone --enable-zstd --enable-tools
@@ -25,6 +27,9 @@ CONFIGURE=(--target-list=x86_64-softmmu --without-default-devices --with-devices
 DL=$CACHE/dl/qemu
 mkdir -p "$DL"
 DSC=$(ls "$DL"/qemu_10.0.*.dsc 2>/dev/null | sort -V | tail -n1 || true)
+if [ -z "$DSC" ] && [ -n "${TANDEM_KEY_ONLY:-}" ]; then
+  exit 1   # not downloaded yet: no key to give
+fi
 if [ -z "$DSC" ]; then
   say "downloading QEMU 10.0 source (Debian trixie)"
   ver=$(apt-cache showsrc qemu | awk '/^Version: 1:10\.0\./ {print $2}' | sort -V | tail -n1)
@@ -37,6 +42,8 @@ KEY=$( { sha256sum "$DSC"; cat "$ROOT/qemu-patches/$SERIES";
          (cd "$ROOT/qemu-patches" && sha256sum $(cat $SERIES)); sha256sum "$0";
          echo "${CONFIGURE[*]}"; } | sha256sum | cut -c1-16)
 PATCH_HASH=$( (cd "$ROOT/qemu-patches" && cat $SERIES $(cat $SERIES)) | sha256sum | cut -d' ' -f1)
+# TANDEM_KEY_ONLY=1: print the key these sources give, build nothing (tandem doctor).
+[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
 DIR=$CACHE/qemu/$KEY
 BIN=$DIR/install/bin/qemu-system-x86_64
 
@@ -45,7 +52,7 @@ mkdir -p "$CACHE/qemu"
 exec 9>"$CACHE/qemu/.lock-$KEY"
 flock 9
 if [ ! -f "$DIR/.complete" ]; then
-  say "building QEMU ($FLAVOR) $KEY (cold: ~10-20 min on 2 cores; cached afterwards)"
+  say "building QEMU ($FLAVOR) $KEY (cold: ~3 min on 2 cores; cached afterwards)"
   # .complete is written last: anything without it is a leftover and is redone.
   rm -rf "$DIR" && mkdir -p "$DIR" && cd "$DIR"
   dpkg-source -q -x "$DSC" src >/dev/null
@@ -62,12 +69,15 @@ if [ ! -f "$DIR/.complete" ]; then
   # Only what tandem runs: the system emulator and qemu-img (not the test programs).
   make -j"$(nproc)" qemu-system-x86_64 qemu-img > ../build.log 2>&1 &
   pid=$!
+  start=$(date +%s)
   while kill -0 $pid 2>/dev/null; do
-    sleep 20
-    line=$(grep -o '^\[[0-9]*/[0-9]*\]' ../build.log | tail -n1 || true)
-    [ -z "$line" ] || say "QEMU build $line"
+    sleep 2
+    n=$(grep -o '^\[[0-9]*/[0-9]*\]' ../build.log | tail -n1 | tr -d '[]' || true)
+    [ -z "$n" ] || progress "$TARGET" "$start" "${n%/*}" "${n#*/}" steps
   done
+  progress_end "$TARGET"
   if ! wait $pid; then tail -n 40 ../build.log >&2; say "QEMU build failed (log: $DIR/build.log)"; exit 1; fi
+  say "QEMU ($FLAVOR) built in $(( $(date +%s) - start ))s"
   mkdir -p "$DIR/install/bin" "$DIR/install/include"
   cp qemu-system-x86_64 qemu-img "$DIR/install/bin/"
   cp ../src/include/qemu/qemu-plugin.h "$DIR/install/include/"   # for the TCG plugins

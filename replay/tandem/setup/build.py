@@ -1,0 +1,204 @@
+"""Build what tandem runs (QEMU, the guest kernels and modules, the guest image, the
+TCG plugin) through meson, under the setup lock, showing progress.
+
+    python -m tandem.setup.build [TARGET | GROUP ...]     (default: GROUP all)
+
+meson.build lists one target per piece; each runs a script in scripts/ that builds into
+the content-addressed cache and is a no-op when the piece is cached. The targets run in
+parallel (ninja, two at a time): on 2 cores a kernel build leaves one core idle for
+about a minute in each link, and QEMU's configure and the source unpacking are serial.
+
+Progress: a script building something long writes CACHE/progress/TARGET, one line
+"START DONE TOTAL UNIT" (start as Unix time; TOTAL 0 when unknown), and removes it when
+done. This module turns them into one updating line in a terminal, or a plain line every
+30 s otherwise (CI), with what is left estimated from each target's own rate so far.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..artifacts import REPO, build_dir, cache_dir
+from ..errors import TandemError
+from .lock import SetupLock
+
+log = logging.getLogger(__name__)
+
+FLAVORS = ("native", "kasan", "ubsan", "lockdep")
+# What `tandem record` and an exact replay need; the rest is for analyses and assertions.
+GROUPS = {
+    "record": ["qemu", "kernel-native", "modules-native", "guest"],
+    "analyses": [t for f in FLAVORS[1:] for t in (f"kernel-{f}", f"modules-{f}")] + ["plugin-calls"],
+}
+GROUPS["all"] = GROUPS["record"] + GROUPS["analyses"]
+PLAIN_EVERY = 30.0      # seconds between progress lines when not on a terminal
+JOBS = 2                # build targets at once (each script runs make -j$(nproc) itself)
+
+
+def expand(names: list[str]) -> list[str]:
+    out: list[str] = []
+    for n in names or ["all"]:
+        for t in GROUPS.get(n, [n]):
+            if t not in out:
+                out.append(t)
+    return out
+
+
+@dataclass
+class Progress:
+    target: str
+    start: float
+    done: int
+    total: int
+    unit: str
+
+    def text(self, now: float) -> str:
+        if self.total <= 0 or self.done <= 0:
+            return f"{self.target} {self.done} {self.unit}".rstrip() if self.done else f"{self.target} starting"
+        if self.done >= self.total:
+            return f"{self.target} {self.done}/{self.total} {self.unit}, linking"
+        left = (now - self.start) * (self.total - self.done) / self.done
+        return (f"{self.target} {self.done}/{self.total} {self.unit} "
+                f"({100 * self.done // self.total}%, ~{_duration(left)} left)")
+
+
+def _duration(s: float) -> str:
+    return f"{int(s)} s" if s < 90 else f"{round(s / 60)} min"
+
+
+def progress_dir() -> Path:
+    return cache_dir() / "progress"
+
+
+def read_progress(targets: list[str]) -> list[Progress]:
+    """The progress files of these targets that are being built now."""
+    out = []
+    for t in targets:
+        try:
+            start, done, total, *unit = (progress_dir() / t).read_text().split()
+            out.append(Progress(t, float(start), int(done), int(total), " ".join(unit)))
+        except (FileNotFoundError, ValueError):
+            continue      # not started, finished, or caught mid-write: next poll
+    return out
+
+
+def _meson_setup() -> None:
+    b = build_dir()
+    if (b / "build.ninja").is_file():
+        return
+    if b.exists():      # a setup cut short: meson refuses a half-made build directory
+        log.info("redoing the meson setup of %s (left half-made)", b)
+        shutil.rmtree(b)
+    r = subprocess.run(["meson", "setup", str(b), str(REPO)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise TandemError(f"meson setup {b} failed: {(r.stderr or r.stdout).strip().splitlines()[-1]}")
+
+
+def _show(line: str, tty: bool, last: list) -> None:
+    now = time.monotonic()
+    if tty:
+        width = os.get_terminal_size(sys.stderr.fileno()).columns - 1
+        sys.stderr.write("\r\033[K" + line[:width])
+        sys.stderr.flush()
+    elif line != last[0] and now - last[1] >= PLAIN_EVERY:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        last[:] = [line, now]
+
+
+def build(targets: list[str], command: str = "tandem") -> None:
+    """Build these targets (groups expanded) under the setup lock; raise on failure."""
+    targets = expand(targets)
+    with SetupLock(f"building {', '.join(targets)}", command):
+        _meson_setup()
+        logfile = cache_dir() / "logs" / "build.log"
+        logfile.parent.mkdir(parents=True, exist_ok=True)
+        progress_dir().mkdir(parents=True, exist_ok=True)
+        for t in targets:      # left by a build that was killed: nobody else builds now
+            (progress_dir() / t).unlink(missing_ok=True)
+        log.info("building what is missing of %s (cached in %s; log %s)", ", ".join(targets), cache_dir(), logfile)
+        t0 = time.monotonic()
+        tty = sys.stderr.isatty()
+        with open(logfile, "w") as out:
+            proc = subprocess.Popen(["meson", "compile", "-C", str(build_dir()), "-j", str(JOBS), *targets],
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            last = ["", time.monotonic()]
+            while proc.poll() is None:
+                active = read_progress(targets)
+                if active:
+                    now = time.time()
+                    _show("tandem: building " + "; ".join(p.text(now) for p in active), tty, last)
+                time.sleep(1.0)
+        if tty:
+            sys.stderr.write("\r\033[K")
+        if proc.returncode != 0:
+            tail = logfile.read_text(errors="replace").splitlines()[-40:]
+            sys.stderr.write("\n".join(tail) + "\n")
+            failed = [l.split("FAILED: ", 1)[1] for l in tail if "FAILED: " in l]
+            raise TandemError(f"build of {failed[0] if failed else ', '.join(targets)} failed "
+                              f"(whole log: {logfile})")
+        log.info("built %s in %s", ", ".join(targets), _duration(time.monotonic() - t0))
+
+
+class Background:
+    """Build targets in a child process at the lowest CPU priority while the caller
+    runs VMs (the demo records and replays the native while the analyses' kernels
+    build): the VMs keep their speed, the build takes the CPU time they leave.
+
+        bg = Background(["analyses"]); ...; bg.wait(status)   # status(line): progress
+    """
+
+    def __init__(self, targets: list[str], command: str = "tandem demo"):
+        self.targets = expand(targets)
+        self.log = cache_dir() / "logs" / "build-background.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, TANDEM_COMMAND=f"{command} (in the background)",
+                   PYTHONPATH=os.pathsep.join([str(REPO / "replay"), os.environ.get("PYTHONPATH", "")]))
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "tandem.setup.build", *self.targets],
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, preexec_fn=lambda: os.nice(19), start_new_session=True)
+
+    def wait(self, status=lambda line: None) -> None:
+        """Until the build ends, with its progress line given to status; raise if it failed."""
+        while self.proc.poll() is None:
+            active = read_progress(self.targets)
+            status("building " + ("; ".join(p.text(time.time()) for p in active) if active else
+                                  ", ".join(self.targets)))
+            time.sleep(1.0)
+        if self.proc.returncode != 0:
+            last = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise TandemError(f"building {', '.join(self.targets)} failed: {last[0]} (log: {self.log})")
+
+    def stop(self) -> None:
+        """End the build and everything it started (meson, ninja, make): a build cut short
+        leaves nothing that counts as built (the scripts publish by atomic rename)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tandem.setup.build", description=__doc__.split("\n\n")[0])
+    p.add_argument("targets", nargs="*", help=f"meson targets or groups ({', '.join(GROUPS)}; default all)")
+    p.add_argument("--debug", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, format="tandem: %(message)s")
+    try:
+        build(args.targets, command=os.environ.get("TANDEM_COMMAND", "tandem build"))
+    except TandemError as e:
+        print(f"tandem: error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
