@@ -6,6 +6,7 @@ the culprit and a non-zero exit; tracebacks are for bugs only.
 from __future__ import annotations
 
 import argparse
+import logging
 import json
 import signal
 import sys
@@ -231,6 +232,11 @@ def cmd_inspect(args) -> int:
     return 0 if info["integrity"]["ok"] else 1
 
 
+def cmd_doctor(args) -> int:
+    from .setup import doctor
+    return doctor.main(["--no-kvm-boot"] if args.no_kvm_boot else [])
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
     return run_demo(console, Path(args.workdir) if args.workdir else None)
@@ -334,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem", description="Record a guest at its device "
                                 "boundary and replay it exactly.")
     p.add_argument("--version", action="version", version=f"tandem {__version__}")
+    p.add_argument("--debug", action="store_true", help="log what tandem does in detail")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("shadow", help="record a serving guest while analysis VMs trail it live")
@@ -479,6 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("dir", help="an empty or new directory, not under /etc, /var or /run")
     r.set_defaults(func=cmd_libvirtd)
 
+    r = sub.add_parser("doctor", help="check the host, the cache and its builds; one line a check, "
+                       "with the fix (also ./tandem doctor, which needs no venv)")
+    r.add_argument("--no-kvm-boot", action="store_true", help="do not boot a guest to check /dev/kvm")
+    r.set_defaults(func=cmd_doctor)
+
     r = sub.add_parser("demo", help="record the demo guest under client traffic and replay it")
     r.add_argument("--workdir", help="where to keep the demo bundle (default: a temp dir)")
     r.set_defaults(func=cmd_demo)
@@ -487,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, format="tandem: %(message)s")
     try:
         return args.func(args)
     except TandemError as e:

@@ -1,0 +1,136 @@
+"""The launcher on a machine it meets fresh (issue 17): two commands started together,
+a command killed half-way, `./tandem doctor`, `./tandem --help`, the preflight.
+
+The concurrency tests run a miniature checkout (the launcher, host-deps.sh, the
+package, an empty requirements.txt) against an empty cache of their own, so only the
+lock and the venv step run: seconds, no download.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "replay"))
+
+from tandem.cli import build_parser  # noqa: E402
+
+LINE = re.compile(r"^(ok|warn|FAIL) +[\w-]+: .+")
+
+
+def mini_checkout(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "tandem", root / "tandem")
+    shutil.copy(ROOT / "scripts/host-deps.sh", root / "scripts/host-deps.sh")
+    shutil.copytree(ROOT / "replay/tandem", root / "replay/tandem", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "replay/requirements.txt").write_text("# none: the venv step alone\n")
+    return root
+
+
+def env_with(cache: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TANDEM_", "VIRTUAL_ENV"))}
+    return dict(env, TANDEM_CACHE=str(cache), **extra)
+
+
+def launch(root: Path, cache: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([str(root / "tandem"), *args], env=env_with(cache), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def venv_of(cache: Path) -> Path:
+    [venv] = cache.glob("venv-*")
+    return venv
+
+
+def test_two_commands_on_an_empty_cache_both_succeed(tmp_path):
+    root, cache = mini_checkout(tmp_path), tmp_path / "cache"
+    a, b = launch(root, cache, "setup"), launch(root, cache, "setup")
+    (_, err_a), (_, err_b) = a.communicate(timeout=300), b.communicate(timeout=300)
+    assert a.returncode == 0 and b.returncode == 0, err_a + err_b
+    both = err_a + err_b
+    assert both.count("creating Python environment") == 1, both
+    waiting = [l for l in both.splitlines() if "waiting for" in l]
+    assert len(waiting) == 1 and re.search(r"pid \d+ \(\./tandem setup\)", waiting[0]), both
+    assert (venv_of(cache) / ".complete").is_file()
+    subprocess.run([venv_of(cache) / "bin/python", "-c", "import sys"], check=True)
+    assert not (cache / "setup.owner").exists()
+
+
+def test_a_venv_left_half_made_by_a_killed_command_is_made_again(tmp_path):
+    root, cache = mini_checkout(tmp_path), tmp_path / "cache"
+    p = launch(root, cache, "setup")
+    deadline = time.monotonic() + 120
+    while not list(cache.glob("venv-*/bin/python")):     # python -m venv is under way
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert not (venv_of(cache) / ".complete").exists()
+    r = subprocess.run([str(root / "tandem"), "setup"], env=env_with(cache), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "was stopped before it finished" in r.stderr and "creating Python environment" in r.stderr, r.stderr
+    assert (venv_of(cache) / ".complete").is_file()
+    subprocess.run([venv_of(cache) / "bin/python", "-c", "import sys"], check=True)
+
+
+def doctor(cache: Path | None = None, *args: str, **extra) -> subprocess.CompletedProcess:
+    env = env_with(cache, **extra) if cache else dict(os.environ)
+    return subprocess.run([str(ROOT / "tandem"), "doctor", *args], env=env, capture_output=True, text=True,
+                          timeout=180)
+
+
+def test_doctor_on_this_host_finds_nothing_to_fix(built):
+    """After ./tandem test's own setup: every check ok or warn, /dev/kvm checked by a boot."""
+    r = doctor()
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and not r.stderr, r.stdout + r.stderr
+    assert all(LINE.match(l) for l in lines), r.stdout
+    names = {l.split()[1].rstrip(":") for l in lines}
+    assert {"packages", "programs", "disk", "venv", "qemu", "kernel-native", "guest", "lock", "kvm"} <= names
+    assert all("fix: " in l for l in lines if not l.startswith("ok")), r.stdout
+
+
+def test_doctor_names_what_is_broken_and_the_fix(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = __import__("hashlib").sha256((ROOT / "replay/requirements.txt").read_bytes()).hexdigest()[:16]
+    (cache / f"venv-{key}" / "bin").mkdir(parents=True)           # no .complete: cut short
+    (cache / "setup.owner").write_text("pid 4242 (./tandem demo), creating the Python environment\n")
+    r = doctor(cache, "--no-kvm-boot", TANDEM_BUILD_DIR=str(tmp_path / "nobuild"))
+    assert r.returncode == 1, r.stdout
+    assert all(LINE.match(l) for l in r.stdout.splitlines()), r.stdout
+    venv = next(l for l in r.stdout.splitlines() if l.split()[1] == "venv:")
+    assert venv.startswith("FAIL") and "half-made" in venv and "fix: ./tandem setup" in venv, venv
+    lock = next(l for l in r.stdout.splitlines() if l.split()[1] == "lock:")
+    assert lock.startswith("warn") and "pid 4242" in lock and "stopped" in lock, lock
+    kernel = next(l for l in r.stdout.splitlines() if l.split()[1] == "kernel-kasan:")
+    assert "not built" in kernel and "fix: ./tandem build" in kernel, kernel
+
+
+def test_preflight_stops_a_build_with_one_line_when_the_disk_is_full(tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    r = subprocess.run(["unshare", "--mount", "sh", "-c", f"mount -t tmpfs -o size=16m tmpfs {small} && "
+                        f"exec /usr/bin/python3 -m tandem.setup.doctor --preflight"],
+                       env=env_with(small / "cache", PYTHONPATH=str(ROOT / "replay"),
+                                    TANDEM_BUILD_DIR=str(tmp_path / "nobuild")),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tandem: error: disk:") and "fix:" in lines[0], r.stderr
+
+
+def test_help_lists_every_subcommand():
+    r = subprocess.run([str(ROOT / "tandem"), "--help"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    cli = build_parser()._subparsers._group_actions[0].choices
+    for name in [*cli, "test", "build", "setup", "bench", "doctor", "demo"]:
+        assert re.search(rf"^\s*(\./tandem )?{re.escape(name)}\b", r.stdout, re.M), f"{name} missing:\n{r.stdout}"
