@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The README's first command on a fresh Debian 12 machine, repeatable.
+#
+#   scripts/fresh-check.sh [DIR] [-- COMMAND...]    (as root; default DIR /var/tmp/tandem-fresh)
+#
+# Makes a clean Debian 12 root in DIR/root with mmdebstrap (Debian's required and
+# important packages: what every Debian 12 install has, nothing installed by hand),
+# clones this repository's HEAD into it, and runs `./tandem demo` (or COMMAND) inside,
+# chrooted in a private mount namespace, with an empty cache of its own and a clean
+# environment: nothing of this host's cache, venv or PATH is used. A green CI once hid
+# a missing install step (ccache) this way; run this before resolving anything that
+# touches setup or builds.
+#
+# Output: DIR/run.log (every line with the seconds since the start), and a table of
+# where the time went (packages, venv, each build, the demo) in DIR/times.md.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$HERE")
+DIR=/var/tmp/tandem-fresh
+[ $# -gt 0 ] && [ "$1" != -- ] && { DIR=$1; shift; }
+[ "${1:-}" != -- ] || shift
+CMD=("$@")
+[ ${#CMD[@]} -gt 0 ] || CMD=(./tandem demo)
+die() { echo "tandem: error: $*" >&2; exit 1; }
+say() { echo "fresh-check: $*" >&2; }
+
+[ "$(id -u)" = 0 ] || die "fresh-check needs root (mmdebstrap, chroot, mounts)"
+git -C "$REPO" diff --quiet HEAD 2>/dev/null || say "note: uncommitted changes are not in the check (it clones HEAD)"
+bash "$HERE/host-deps.sh" --dev
+
+R=$DIR/root
+rm -rf "$DIR"
+mkdir -p "$DIR"
+t0=$(date +%s)
+say "making a clean Debian 12 root in $R (mmdebstrap, variant important)"
+mmdebstrap --variant=important --quiet bookworm "$R" http://deb.debian.org/debian >"$DIR/mmdebstrap.log" 2>&1 \
+  || { tail -n 20 "$DIR/mmdebstrap.log" >&2; die "mmdebstrap failed (log: $DIR/mmdebstrap.log)"; }
+say "root made in $(( $(date +%s) - t0 ))s"
+cp /etc/resolv.conf "$R/etc/resolv.conf"
+# As in any chroot: package scripts do not start services.
+printf '#!/bin/sh\nexit 101\n' >"$R/usr/sbin/policy-rc.d"; chmod +x "$R/usr/sbin/policy-rc.d"
+git clone -q --no-local "$REPO" "$R/root/tandem"
+say "cloned $(git -C "$R/root/tandem" rev-parse --short HEAD) into $R/root/tandem; running: ${CMD[*]}"
+
+start=$(date +%s)
+set +e
+unshare --mount --fork bash -c '
+  set -e
+  R=$1; shift
+  mount --make-rprivate /
+  mount -t proc proc "$R/proc"
+  mount --rbind /sys "$R/sys"
+  mount --rbind /dev "$R/dev"
+  mount -t tmpfs tmpfs "$R/tmp"
+  cd "$R/root/tandem"
+  exec chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    /bin/bash -c "cd /root/tandem && exec \"\$@\"" bash "$@"
+' bash "$R" "${CMD[@]}" 2>&1 | while IFS= read -r line; do
+  printf '%5d %s\n' $(( $(date +%s) - start )) "$line"
+done | tee "$DIR/run.log"
+rc=${PIPESTATUS[0]}
+set -e
+total=$(( $(date +%s) - start ))
+python3 "$HERE/fresh-times.py" "$DIR/run.log" "$R/root/tandem/build/.ninja_log" "$total" >"$DIR/times.md" || true
+cat "$DIR/times.md" >&2
+[ "$rc" = 0 ] || die "${CMD[*]} failed on a fresh Debian 12 root (exit $rc; log: $DIR/run.log)"
+say "passed: ${CMD[*]} on a fresh Debian 12 root in $(( total / 60 )) min $(( total % 60 )) s"

@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Where the time of a fresh-check run went, as a markdown table (scripts/fresh-check.sh).
+
+    fresh-times.py RUN_LOG NINJA_LOG TOTAL_SECONDS
+
+RUN_LOG: the run's output, each line prefixed with the seconds since its start.
+NINJA_LOG: the build directory's .ninja_log (start and end in ms of every target).
+Steps run in parallel (the builds two at a time, the analyses' kernels while the demo
+records), so the rows add up to more than the total.
+"""
+import re
+import sys
+
+
+def main(run_log: str, ninja_log: str, total: str) -> None:
+    lines = [(int(m.group(1)), m.group(2)) for m in
+             (re.match(r"\s*(\d+) (.*)", l) for l in open(run_log, errors="replace")) if m]
+    rows = []
+    for pat, name in ((r"installed Debian packages in (\d+) s", "Debian packages"),
+                      (r"created the Python environment in (\d+) s", "Python venv")):
+        for _, text in lines:
+            m = re.search(pat, text)
+            if m:
+                rows.append((name, int(m.group(1))))
+    try:
+        for l in open(ninja_log):
+            if l.startswith("#"):
+                continue
+            start, end, _, out, *_ = l.split("\t")
+            rows.append((out.removesuffix(".json"), (int(end) - int(start)) // 1000))
+    except FileNotFoundError:
+        pass
+    demo = [t for t, text in lines if "1. record" in text]
+    waited = [int(m.group(1)) for _, text in lines for m in [re.search(r"waited (\d+) s for the analyses", text)] if m]
+    if demo:
+        rows.append(("demo (record to verdict, wall)", lines[-1][0] - demo[0]))
+    if waited:
+        rows.append(("  of which waiting for the analyses' kernels", waited[0]))
+    print("| step | seconds |\n|---|---:|")
+    for name, s in rows:
+        print(f"| {name} | {s} |")
+    print(f"| **total, `./tandem demo` on a fresh root** | **{total}** ({int(total) / 60:.1f} min) |")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
