@@ -37,6 +37,15 @@ mmdebstrap --variant=important --quiet bookworm "$R" http://deb.debian.org/debia
   || { tail -n 20 "$DIR/mmdebstrap.log" >&2; die "mmdebstrap failed (log: $DIR/mmdebstrap.log)"; }
 say "root made in $(( $(date +%s) - t0 ))s"
 cp /etc/resolv.conf "$R/etc/resolv.conf"
+# The network's trust, not tandem's: a site whose TLS goes through an intercepting
+# proxy has its CA in /usr/local/share/ca-certificates (picked up when the root's
+# ca-certificates is set up) and pip told to use the system store (/etc/pip.conf).
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  mkdir -p "$R/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$R/usr/local/share/ca-certificates/"
+  say "carried in this site's CA certificates: $(cd /usr/local/share/ca-certificates && echo *.crt)"
+fi
+[ ! -f /etc/pip.conf ] || cp /etc/pip.conf "$R/etc/pip.conf"
 # As in any chroot: package scripts do not start services.
 printf '#!/bin/sh\nexit 101\n' >"$R/usr/sbin/policy-rc.d"; chmod +x "$R/usr/sbin/policy-rc.d"
 git clone -q --no-local "$REPO" "$R/root/tandem"
