@@ -15,6 +15,7 @@ set -euo pipefail
 main() {
 
 die() { echo "tandem: error: $*" >&2; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
 log() { echo "tandem: $*" >&2; }
 
 [ $# -eq 1 ] || die "usage: $0 OUT_JSON"
@@ -79,6 +80,7 @@ flock 9
 if [ -f "$FINAL/disk-base.img" ]; then write_json; exit 0; fi
 
 log "building guest image $KEY (~20 s)..."
+progress guest "$(date +%s)" 0 0 -
 TMP="$GDIR/.tmp-$KEY-$$"
 rm -rf "$TMP"
 mkdir -p "$TMP/bin"
@@ -174,6 +176,7 @@ rm -rf "$FINAL"
 mv -T "$TMP/out" "$FINAL"
 rm -rf "$TMP"
 trap - EXIT
+progress_end guest
 write_json
 log "guest image ready: $FINAL"
 }

@@ -18,6 +18,7 @@ set -euo pipefail
 main() {
 
 die() { echo "tandem: error: $*" >&2; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
 log() { echo "tandem: $*" >&2; }
 
 [ $# -eq 2 ] || die "usage: $0 FLAVOR OUT_JSON"
@@ -120,6 +121,7 @@ fi
 "${MAKE[@]}" modules_prepare >>"$BUILD_LOG" 2>&1 || fail "modules_prepare"
 
 log "building modules for kernel $FLAVOR..."
+progress "modules-$FLAVOR" "$(date +%s)" 0 0 -
 TMP="$MDIR/.tmp-$FLAVOR-$KEY-$$"
 # Built inside the object dir (under the flavor lock) at the repository's own path:
 # kbuild names sources relative to the object dir, and that name is what UBSAN's
@@ -149,6 +151,7 @@ echo "$KVER" >"$TMP/version"
 cp "$BUILD_LOG" "$TMP/build.log"
 rm -rf "$FINAL"
 mv -T "$TMP" "$FINAL"
+progress_end "modules-$FLAVOR"
 write_json
 log "modules for kernel $FLAVOR ready: $FINAL"
 }

@@ -61,8 +61,10 @@ class Progress:
     unit: str
 
     def text(self, now: float) -> str:
+        if self.total <= 0 and self.done <= 0:      # a short step that counts nothing
+            return f"{self.target} ({_duration(now - self.start)})"
         if self.total <= 0 or self.done <= 0:
-            return f"{self.target} {self.done} {self.unit}".rstrip() if self.done else f"{self.target} starting"
+            return f"{self.target} {self.done} {self.unit}"
         if self.done >= self.total:
             return f"{self.target} {self.done}/{self.total} {self.unit}, linking"
         left = (now - self.start) * (self.total - self.done) / self.done
