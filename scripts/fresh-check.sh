@@ -57,6 +57,9 @@ unshare --mount --fork bash -c '
   set -e
   R=$1; shift
   mount --make-rprivate /
+  # The root a mount point, as on a machine: unshare -m in the guest image build
+  # changes the propagation of / and fails on a plain directory.
+  mount --bind "$R" "$R"
   mount -t proc proc "$R/proc"
   mount --rbind /sys "$R/sys"
   mount --rbind /dev "$R/dev"
