@@ -144,7 +144,7 @@ def build(targets: list[str], command: str = "tandem") -> None:
         if proc.returncode != 0:
             tail = logfile.read_text(errors="replace").splitlines()[-40:]
             sys.stderr.write("\n".join(tail) + "\n")
-            failed = [l.split("FAILED: ", 1)[1] for l in tail if "FAILED: " in l]
+            failed = [l.split("FAILED: ", 1)[1].strip() for l in tail if "FAILED: " in l]
             raise TandemError(f"build of {failed[0] if failed else ', '.join(targets)} failed "
                               f"(whole log: {logfile})")
         log.info("built %s in %s", ", ".join(targets), _duration(time.monotonic() - t0))
