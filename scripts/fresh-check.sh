@@ -2,6 +2,9 @@
 # The README's first command on a fresh Debian 12 machine, repeatable.
 #
 #   scripts/fresh-check.sh [DIR] [-- COMMAND...]    (as root; default DIR /var/tmp/tandem-fresh)
+#   scripts/fresh-check.sh --reuse [DIR] [-- COMMAND...]
+#                          run COMMAND in the root a last check left, with its cache
+#                          (the README's second command after its first: -- ./tandem test)
 #
 # Makes a clean Debian 12 root in DIR/root with mmdebstrap (Debian's required and
 # important packages: what every Debian 12 install has, nothing installed by hand),
@@ -14,9 +17,14 @@
 # Output: DIR/run.log (every line with the seconds since the start), and a table of
 # where the time went (packages, venv, each build, the demo) in DIR/times.md.
 set -euo pipefail
+# One function, so bash has read it all before it runs: editing this file during a
+# check (it takes 20 minutes) cannot change the check.
+main() {
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$HERE")
 DIR=/var/tmp/tandem-fresh
+reuse=
+[ "${1:-}" != --reuse ] || { reuse=1; shift; }
 [ $# -gt 0 ] && [ "$1" != -- ] && { DIR=$1; shift; }
 [ "${1:-}" != -- ] || shift
 CMD=("$@")
@@ -29,27 +37,36 @@ git -C "$REPO" diff --quiet HEAD 2>/dev/null || say "note: uncommitted changes a
 bash "$HERE/host-deps.sh" --dev
 
 R=$DIR/root
-rm -rf "$DIR"
-mkdir -p "$DIR"
-t0=$(date +%s)
-say "making a clean Debian 12 root in $R (mmdebstrap, variant important)"
-mmdebstrap --variant=important --quiet bookworm "$R" http://deb.debian.org/debian >"$DIR/mmdebstrap.log" 2>&1 \
-  || { tail -n 20 "$DIR/mmdebstrap.log" >&2; die "mmdebstrap failed (log: $DIR/mmdebstrap.log)"; }
-say "root made in $(( $(date +%s) - t0 ))s"
-cp /etc/resolv.conf "$R/etc/resolv.conf"
-# The network's trust, not tandem's: a site whose TLS goes through an intercepting
-# proxy has its CA in /usr/local/share/ca-certificates (picked up when the root's
-# ca-certificates is set up) and pip told to use the system store (/etc/pip.conf).
-if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
-  mkdir -p "$R/usr/local/share/ca-certificates"
-  cp /usr/local/share/ca-certificates/*.crt "$R/usr/local/share/ca-certificates/"
-  say "carried in this site's CA certificates: $(cd /usr/local/share/ca-certificates && echo *.crt)"
+make_root() {   # a clean Debian 12 root in $R with HEAD cloned into it
+  rm -rf "$DIR"
+  mkdir -p "$DIR"
+  t0=$(date +%s)
+  say "making a clean Debian 12 root in $R (mmdebstrap, variant important)"
+  mmdebstrap --variant=important --quiet bookworm "$R" http://deb.debian.org/debian >"$DIR/mmdebstrap.log" 2>&1 \
+    || { tail -n 20 "$DIR/mmdebstrap.log" >&2; die "mmdebstrap failed (log: $DIR/mmdebstrap.log)"; }
+  say "root made in $(( $(date +%s) - t0 ))s"
+  cp /etc/resolv.conf "$R/etc/resolv.conf"
+  # The network's trust, not tandem's: a site whose TLS goes through an intercepting
+  # proxy has its CA in /usr/local/share/ca-certificates (picked up when the root's
+  # ca-certificates is set up) and pip told to use the system store (/etc/pip.conf).
+  if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    mkdir -p "$R/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$R/usr/local/share/ca-certificates/"
+    say "carried in this site's CA certificates: $(cd /usr/local/share/ca-certificates && echo *.crt)"
+  fi
+  [ ! -f /etc/pip.conf ] || cp /etc/pip.conf "$R/etc/pip.conf"
+  # As in any chroot: package scripts do not start services.
+  printf '#!/bin/sh\nexit 101\n' >"$R/usr/sbin/policy-rc.d"; chmod +x "$R/usr/sbin/policy-rc.d"
+  git clone -q --no-local "$REPO" "$R/root/tandem"
+  say "cloned $(git -C "$R/root/tandem" rev-parse --short HEAD) into $R/root/tandem"
+}
+if [ -n "$reuse" ]; then
+  [ -d "$R/root/tandem" ] || die "$R: no root from an earlier check to reuse"
+else
+  make_root
 fi
-[ ! -f /etc/pip.conf ] || cp /etc/pip.conf "$R/etc/pip.conf"
-# As in any chroot: package scripts do not start services.
-printf '#!/bin/sh\nexit 101\n' >"$R/usr/sbin/policy-rc.d"; chmod +x "$R/usr/sbin/policy-rc.d"
-git clone -q --no-local "$REPO" "$R/root/tandem"
-say "cloned $(git -C "$R/root/tandem" rev-parse --short HEAD) into $R/root/tandem; running: ${CMD[*]}"
+say "running in $R: ${CMD[*]}"
+LOG=$DIR/run.log; [ -z "$reuse" ] || LOG=$DIR/run-again.log
 
 start=$(date +%s)
 set +e
@@ -70,11 +87,15 @@ unshare --mount --fork bash -c '
     /bin/bash -c "cd /root/tandem && exec \"\$@\"" bash "$@"
 ' bash "$R" "${CMD[@]}" 2>&1 | while IFS= read -r line; do
   printf '%5d %s\n' $(( $(date +%s) - start )) "$line"
-done | tee "$DIR/run.log"
+done | tee "$LOG"
 rc=${PIPESTATUS[0]}
 set -e
 total=$(( $(date +%s) - start ))
-python3 "$HERE/fresh-times.py" "$DIR/run.log" "$R/root/tandem/build/.ninja_log" "$total" >"$DIR/times.md" || true
-cat "$DIR/times.md" >&2
-[ "$rc" = 0 ] || die "${CMD[*]} failed on a fresh Debian 12 root (exit $rc; log: $DIR/run.log)"
+if [ -z "$reuse" ]; then
+  python3 "$HERE/fresh-times.py" "$LOG" "$R/root/tandem/build/.ninja_log" "$total" >"$DIR/times.md" || true
+  cat "$DIR/times.md" >&2
+fi
+[ "$rc" = 0 ] || die "${CMD[*]} failed on a fresh Debian 12 root (exit $rc; log: $LOG)"
 say "passed: ${CMD[*]} on a fresh Debian 12 root in $(( total / 60 )) min $(( total % 60 )) s"
+}
+main "$@"; exit $?
