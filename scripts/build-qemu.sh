@@ -39,7 +39,7 @@ if [ -z "$DSC" ]; then
 fi
 
 KEY=$( { sha256sum "$DSC"; cat "$ROOT/qemu-patches/$SERIES";
-         (cd "$ROOT/qemu-patches" && sha256sum $(cat $SERIES)); sha256sum "$0";
+         (cd "$ROOT/qemu-patches" && sha256sum $(cat $SERIES)); sha256sum <"$0";
          echo "${CONFIGURE[*]}"; } | sha256sum | cut -c1-16)
 PATCH_HASH=$( (cd "$ROOT/qemu-patches" && cat $SERIES $(cat $SERIES)) | sha256sum | cut -d' ' -f1)
 # TANDEM_KEY_ONLY=1: print the key these sources give, build nothing (tandem doctor).

@@ -96,6 +96,9 @@ def test_doctor_on_this_host_finds_nothing_to_fix(built):
     names = {l.split()[1].rstrip(":") for l in lines}
     assert {"packages", "programs", "disk", "venv", "qemu", "kernel-native", "guest", "lock", "kvm"} <= names
     assert all("fix: " in l for l in lines if not l.startswith("ok")), r.stdout
+    # ./tandem test built everything just now: every build's key is its sources' key.
+    builds = [l for l in lines if l.split()[1].rstrip(":").startswith(("qemu", "kernel-", "modules-", "guest", "plugin"))]
+    assert len(builds) == 11 and all(l.startswith("ok") for l in builds), r.stdout
 
 
 def test_doctor_names_what_is_broken_and_the_fix(tmp_path):
