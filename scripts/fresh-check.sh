@@ -90,6 +90,13 @@ unshare --mount --fork bash -c '
 done | tee "$LOG"
 rc=${PIPESTATUS[0]}
 set -e
+# The mounts belong to the private namespace above; once they were found on the host
+# after a run (cause not found), and a private libvirtd on this host then failed on the
+# root's /sys. Never leave any behind.
+if grep -q " $R" /proc/self/mountinfo; then
+  say "warning: mounts under $R were left on this host; unmounting them"
+  umount -R "$R" || die "could not unmount $R: umount -R it before using libvirt here"
+fi
 total=$(( $(date +%s) - start ))
 if [ -z "$reuse" ]; then
   python3 "$HERE/fresh-times.py" "$LOG" "$R/root/tandem/build/.ninja_log" "$total" >"$DIR/times.md" || true
