@@ -26,7 +26,7 @@ PKGS=(
   # guest image
   busybox-static e2fsprogs
   # tests and demo clients
-  tshark netcat-openbsd curl socat libzstd-dev
+  tshark wireshark-common netcat-openbsd curl socat libzstd-dev
   # libvirt: the daemons (tandem starts its own private libvirtd, never the system's),
   # virsh, and what the libvirt-python binding builds against
   libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev python3-dev

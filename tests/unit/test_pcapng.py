@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tandem.errors import BundleError
-from tandem.pcapng import (EPB, IDB, DevlogReader, PcapngWriter, _block, _opt, _opts,
-                           block_record, iter_events, read_devlog)
+from tandem.pcapng import (EPB, IDB, ISB, PIECE, SNAPLEN, DevlogReader, PcapngWriter, _block, _opt,
+                           _opts, block_record, iter_events, read_devlog)
 
 EVENTS = [  # (iface, direction, vm_ns, data, icount)
     (0, "out", 1_000, b"hello\n", 10),
@@ -146,4 +146,133 @@ def test_wireshark_reads_writer_output(tmp_path):
     p = write(tmp_path, build())
     out = subprocess.run(["tshark", "-r", str(p), "-T", "fields", "-e", "frame.interface_name",
                           "-e", "frame.len"], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["serial0", "6", "net0", "61", "disk0", "27", "rng0", "4"]
+    # serial, block and rng records carry format 2's 16-byte record header
+    assert out.split() == ["serial0", "22", "net0", "61", "disk0", "43", "rng0", "20"]
+
+
+# --- format 2: long events in continued records ---------------------------------------
+
+def _blockw(offset: int, payload: bytes, op: int = 1) -> bytes:
+    return struct.pack("<B7xQQ", op, offset, len(payload)) + payload
+
+
+LONG = [  # events longer than a record: a multi-MiB disk write, a long serial run, a huge
+          # rng delivery and a net "frame" past Wireshark's cap (a hostile guest's)
+    (2, "out", 1_000, _blockw(0x100000, bytes(range(256)) * (3 * 4096 + 7)), 5),
+    (0, "out", 2_000, b"x" * (PIECE * 2 + 1), 6),
+    (3, "in", 3_000, b"\x07" * (PIECE + 5), None),
+    (1, "in", 4_000, b"\xee" * (SNAPLEN + 100), 8),
+    (2, "out", 5_000, struct.pack("<B7xQQ", 2, 0, 0), 9),        # a flush: no data
+    (2, "out", 6_000, _blockw(4096, b"z" * PIECE), 10),          # exactly one piece
+]
+
+
+def build_long(fmt: int = 2, close: bool = True) -> bytes:
+    buf = io.BytesIO()
+    w = PcapngWriter(buf, format=fmt)
+    for name, kind in [("serial0", "serial"), ("net0", "net"), ("disk0", "block"), ("rng0", "rng")]:
+        w.add_interface(name, kind)
+    for ev in LONG:
+        w.event(*ev)
+    w.close(end_vm_ns=9_000 if close else None, icount=99)
+    return buf.getvalue()
+
+
+def epb_lengths(data: bytes) -> list[int]:
+    return [struct.unpack_from("<I", data, o + 20)[0] for o in block_offsets(data)
+            if struct.unpack_from("<I", data, o)[0] == EPB]
+
+
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_long_events_read_back_whole(tmp_path, fmt):
+    """Format 2 splits them (every record within Wireshark's cap), format 1 did not; the
+    reader gives the same events from both."""
+    data = build_long(fmt)
+    log = read_devlog(write(tmp_path, data))
+    assert [(e.iface, e.direction, e.vm_ns, e.data, e.icount) for e in log.events] == LONG
+    assert [e.seq for e in log.events] == list(range(len(LONG)))
+    assert log.format == fmt and log.closed_cleanly
+    if fmt == 2:
+        assert max(epb_lengths(data)) <= SNAPLEN
+        assert log.records == [3, 2, 51, 2]    # disk: 49 pieces of the 3 MiB write, a flush, 1
+        assert [s.count for s in log.stats] == log.records
+    else:
+        assert log.records == [1, 1, 3, 1] and max(epb_lengths(data)) > SNAPLEN
+
+
+def test_block_pieces_carry_their_own_offset(tmp_path):
+    data = build_long()
+    offs = [o for o in block_offsets(data) if struct.unpack_from("<II", data, o)[0] == EPB
+            and struct.unpack_from("<I", data, o + 8)[0] == 2]
+    # the record header (16 bytes), then the block header of the piece
+    heads = [struct.unpack_from("<B7xQQ", data, o + 28 + 16) for o in offs]
+    assert heads[:2] == [(1, 0x100000, PIECE), (1, 0x100000 + PIECE, PIECE)]
+    assert sum(n for op, _, n in heads if op == 1) == len(LONG[0][3]) - 24 + PIECE
+
+
+def test_torn_between_pieces_is_a_torn_tail_at_the_event(tmp_path):
+    data = build_long(close=False)
+    first = [o for o in block_offsets(data) if struct.unpack_from("<I", data, o)[0] == EPB][0]
+    second = block_offsets(data)[block_offsets(data).index(first) + 1]
+    p = write(tmp_path, data[:second])  # the writer died after the first piece
+    log = read_devlog(p)
+    assert log.events == [] and log.torn_at == first
+    with pytest.raises(BundleError, match=rf"torn .* at offset {first}$"):
+        read_devlog(p, allow_torn=False)
+
+
+def test_continued_event_cut_by_another_block_is_corruption(tmp_path):
+    data = build_long(close=False)
+    offs = block_offsets(data)
+    first = [o for o in offs if struct.unpack_from("<I", data, o)[0] == EPB][0]
+    second = offs[offs.index(first) + 1]
+    isb = _block(ISB, struct.pack("<3I", 0, 0, 1) + _opts())     # a clock mark between pieces
+    p = write(tmp_path, data[:second] + isb + data[second:])
+    with pytest.raises(BundleError, match=rf"continued from offset {first} is cut by a block of type 0x5"):
+        read_devlog(p)
+    other = io.BytesIO()                 # a record of another channel between pieces
+    w = PcapngWriter(other)
+    w.add_interface("serial0", "serial")
+    w.add_interface("disk0", "block")
+    w.event(1, "out", 10, _blockw(0, b"a" * (PIECE + 1)), 1)
+    w.event(0, "out", 10, b"b\n", 1)
+    pieces = block_offsets(other.getvalue())
+    d = other.getvalue()
+    swapped = d[:pieces[4]] + d[pieces[5]:] + d[pieces[4]:pieces[5]]   # serial record before piece 2
+    with pytest.raises(BundleError, match=r"cut by another event \(channel serial0\)"):
+        read_devlog(write(tmp_path, swapped, "x.pcapng"))
+
+
+def test_newer_format_is_refused(tmp_path):
+    buf = io.BytesIO()
+    PcapngWriter(buf, format=3)
+    with pytest.raises(BundleError, match=r"format 3, newer than this tandem reads \(2\) at offset 0"):
+        read_devlog(write(tmp_path, buf.getvalue()))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(min_value=0))
+def test_cut_anywhere_in_pieces_never_crashes(tmp_path, cut):
+    data = build_long(close=False)
+    cut %= len(data) + 1
+    full = read_devlog(write(tmp_path, data, "full.pcapng"))
+    log = read_devlog(write(tmp_path, data[:cut]))
+    offs = block_offsets(data)
+    starts = [e.file_offset for e in full.events] + [len(data)]
+    complete = [e for e, nxt in zip(full.events, starts[1:]) if nxt <= cut]
+    assert log.events == complete      # an event is read once all its records are whole
+    later_pieces = {o for o in offs if o > starts[0] and o not in starts}
+    assert (log.torn_at is None) == (cut in (set(offs) | {len(data)}) - later_pieces - {0})
+    if log.torn_at is not None:       # torn at the event's first record, or at a cut block
+        assert log.torn_at in set(offs) - later_pieces
+
+
+@pytest.mark.skipif(not shutil.which("capinfos"), reason="capinfos not installed")
+def test_wireshark_reads_long_events_to_the_end(tmp_path):
+    p = write(tmp_path, build_long())
+    r = subprocess.run(["capinfos", "-M", "-c", str(p)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert f"Number of packets:   {sum(read_devlog(p).records)}" in r.stdout
+    r = subprocess.run(["capinfos", "-M", "-c", str(write(tmp_path, build_long(1), "v1.pcapng"))],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "larger than 262144" in r.stderr   # what format 1 did
