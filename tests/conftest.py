@@ -17,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "replay"))
 
-from tandem import artifacts  # noqa: E402
+from tandem import artifacts, pcapng  # noqa: E402
+from tandem.errors import BundleError  # noqa: E402
 from tandem.record import Recording  # noqa: E402
 from tandem.workload import KV  # noqa: E402
 from tandem.workload import demo_traffic  # noqa: E402
@@ -33,6 +34,45 @@ def record_demo(path: Path, *, rounds: int = 10) -> Path:
         rec.serial.type("poweroff")
         rec.wait(timeout=120)
     return path
+
+
+def wireshark_counts(path: Path) -> tuple[int, int]:
+    """(capinfos's packet count, tshark's): each reads the file to its end or fails."""
+    r = subprocess.run(["capinfos", "-M", "-c", str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"capinfos cannot read {path} to the end: {r.stderr.strip()}"
+    n_capinfos = int(r.stdout.rsplit("Number of packets:", 1)[1].split()[0])
+    r = subprocess.run(["tshark", "-r", str(path), "-T", "fields", "-e", "frame.number"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"tshark cannot read {path} to the end: {r.stderr.strip()}"
+    return n_capinfos, len(r.stdout.split())
+
+
+def check_devlogs_readable(paths: list[Path]) -> None:
+    """Every device log QEMU wrote (its SHB names `tandem devlog`) is read to the end by
+    Wireshark's tools, which count as many packets as tandem counts records. Logs the
+    tests damage on purpose, or that a killed QEMU left torn, are the readers' tests'."""
+    for path in paths:
+        with open(path, "rb") as f:
+            if b"tandem devlog" not in f.read(256):
+                continue
+        try:
+            log = pcapng.read_devlog(path)
+        except BundleError:
+            continue
+        if log.torn_at is not None:
+            continue
+        assert wireshark_counts(path) == (sum(log.records),) * 2, path
+
+
+@pytest.fixture(autouse=True)
+def devlogs_readable_by_wireshark(request, tmp_path_factory):
+    """Issue 22's guard, around every test: the device logs it made (its own, a session
+    fixture's, an analysis's) open in capinfos and tshark with tandem's record count."""
+    base = tmp_path_factory.getbasetemp()
+    start = time.time()
+    yield
+    made = [p for p in base.rglob("*.pcapng") if p.is_file() and p.stat().st_mtime >= start]
+    check_devlogs_readable(made)
 
 
 @pytest.fixture(scope="session")

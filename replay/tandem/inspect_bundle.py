@@ -36,14 +36,17 @@ def _channels(path: Path, problems: list[str]) -> tuple[dict[str, Any], dict[str
                                           "first_vm_ns": None, "last_vm_ns": None,
                                           "in": {"events": 0, "bytes": 0},
                                           "out": {"events": 0, "bytes": 0}})
-        if stats is not None and stats.count is not None and stats.count != c["events"]:
-            problems.append(f"{path}: channel {iface.name}: {c['events']} events, statistics block says {stats.count}")
+        c["records"] = reader.records[iface.id]
+        if stats is not None and stats.count is not None and stats.count != c["records"]:
+            problems.append(f"{path}: channel {iface.name}: {c['records']} records, "
+                            f"statistics block says {stats.count}")
     closed = bool(reader.stats) and all(s is not None for s in reader.stats)
     if reader.torn_at is not None:
         problems.append(f"{path}: torn tail at offset {reader.torn_at}")
     elif not closed:
         problems.append(f"{path}: not closed cleanly (no statistics blocks)")
-    return chans, {"closed_cleanly": closed, "torn_at": reader.torn_at}
+    return chans, {"closed_cleanly": closed, "torn_at": reader.torn_at, "format": reader.format,
+                   "records": sum(reader.records)}
 
 
 def _stream(path: Path, problems: list[str]) -> dict[str, Any]:
@@ -113,11 +116,14 @@ def render(info: dict[str, Any]) -> str:
                    f"stop {stop.get('reason')} at vm_ns {stop.get('vm_ns')} icount {stop.get('icount')}, "
                    f"wall {m.get('wall_time_s')} s")
     if info["channels"]:
-        rows = [[name, c["kind"], c["events"], c["bytes"], c["in"]["events"], c["in"]["bytes"],
-                 c["out"]["events"], c["out"]["bytes"], c["first_vm_ns"], c["last_vm_ns"]]
+        rows = [[name, c["kind"], c["events"], c.get("records"), c["bytes"], c["in"]["events"],
+                 c["in"]["bytes"], c["out"]["events"], c["out"]["bytes"], c["first_vm_ns"], c["last_vm_ns"]]
                 for name, c in info["channels"].items()]
-        out += ["", _table(["channel", "kind", "events", "bytes", "in ev", "in bytes",
-                            "out ev", "out bytes", "first vm_ns", "last vm_ns"], rows)]
+        dl = info.get("devlog") or {}
+        out += ["", f"device log: format {dl.get('format')}, {dl.get('records')} pcapng records "
+                    "(what Wireshark counts)",
+                _table(["channel", "kind", "events", "records", "bytes", "in ev", "in bytes",
+                        "out ev", "out bytes", "first vm_ns", "last vm_ns"], rows)]
     s = info.get("stream")
     if s and "error" not in s:
         ratio = f"{s['ratio']:.2f}" if s["ratio"] else None

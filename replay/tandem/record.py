@@ -20,8 +20,9 @@ OVERLAY = "disk-overlay.qcow2"
 
 
 def channel_stats(devlog: pcapng.Devlog) -> dict:
-    """Per channel: kind, and events/bytes per direction, from the device log."""
-    out = {i.name: {"kind": i.kind, "in": {"events": 0, "bytes": 0},
+    """Per channel: kind, events/bytes per direction, and the pcapng records they took
+    (what Wireshark counts: a long event is several in format 2), from the device log."""
+    out = {i.name: {"kind": i.kind, "records": devlog.records[i.id], "in": {"events": 0, "bytes": 0},
                     "out": {"events": 0, "bytes": 0}} for i in devlog.interfaces}
     for e in devlog.events:
         d = out[e.channel][e.direction or "out"]
@@ -64,6 +65,7 @@ def seal(path: Path, m: dict, *, status: int, wall_s: float, stop_reason: str) -
     """Finish a bundle whose QEMU has exited: channel stats, stop, file hashes, state."""
     dl = pcapng.read_devlog(path / bundle.DEVLOG)
     m["channels"] = channel_stats(dl)
+    m["devlog_format"] = dl.format
     end = next((s for s in dl.stats if s), None)
     m["stop"] = {"reason": stop_reason, "exit_status": status,
                  "vm_ns": end.end_vm_ns if end else None,
