@@ -10,6 +10,9 @@
  *   stats      -> kvd's "STATS keys=N requests=N" line
  *   sync       -> sync(); "OK"
  *   poweroff   -> "tandem-agent: poweroff", sync, unmount /data, power off
+ *   run CMD    -> CMD under /bin/sh -c, its output on the console, then
+ *                 "tandem-agent: run status N" (or "... run killed by signal N");
+ *                 the agent answers nothing else until CMD ends (tests: a guest dd)
  *   other      -> "ERR unknown command"
  * It also reports children it reaps: "tandem-agent: child PID exited status N" /
  * "... killed by signal N".
@@ -208,6 +211,33 @@ static void cmd_poweroff(void)
     out("ERR poweroff: %s", strerror(errno));
 }
 
+static void cmd_run(const char *cmd)
+{
+    int st;
+    pid_t pid = fork();
+    if (pid < 0) {
+        out("ERR run: %s", strerror(errno));
+        return;
+    }
+    if (pid == 0) {
+        dup2(tty, 0);
+        dup2(tty, 1);
+        dup2(tty, 2);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    while (waitpid(pid, &st, 0) < 0) {
+        if (errno != EINTR) {
+            out("ERR run: %s", strerror(errno));
+            return;
+        }
+    }
+    if (WIFEXITED(st))
+        out("tandem-agent: run status %d", WEXITSTATUS(st));
+    else
+        out("tandem-agent: run killed by signal %d", WTERMSIG(st));
+}
+
 static void handle(char *line)
 {
     size_t n = strlen(line);
@@ -224,6 +254,8 @@ static void handle(char *line)
         out("OK");
     } else if (strcmp(line, "poweroff") == 0)
         cmd_poweroff();
+    else if (strncmp(line, "run ", 4) == 0 && line[4])
+        cmd_run(line + 4);
     else
         out("ERR unknown command");
 }

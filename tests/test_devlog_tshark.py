@@ -50,8 +50,8 @@ def heavy_bundle(built, tmp_path_factory) -> Path:
         for t in clients:
             t.start()
         mark = len(rec.serial.output())
-        rec.serial.type("dd if=/dev/urandom of=/data/big bs=8M count=1 oflag=direct && echo DD-DONE")
-        rec.serial.wait_for(b"DD-DONE", 120, mark)
+        rec.serial.type("run dd if=/dev/urandom of=/data/big bs=8M count=1 oflag=direct")
+        rec.serial.wait_for(b"tandem-agent: run status 0", 120, mark)
         time.sleep(2)
         stop.set()
         for t in clients:

@@ -18,12 +18,12 @@ EVENTS = [  # (iface, direction, vm_ns, data, icount)
 ]
 
 
-def build(close=True) -> bytes:
+def build(close=True, events=EVENTS, fmt: int = 2) -> bytes:
     buf = io.BytesIO()
-    w = PcapngWriter(buf)
+    w = PcapngWriter(buf, format=fmt)
     for name, kind in [("serial0", "serial"), ("net0", "net"), ("disk0", "block"), ("rng0", "rng")]:
         w.add_interface(name, kind)
-    for ev in EVENTS:
+    for ev in events:
         w.event(*ev)
     w.close(end_vm_ns=9_000 if close else None, icount=99)
     return buf.getvalue()
@@ -168,14 +168,7 @@ LONG = [  # events longer than a record: a multi-MiB disk write, a long serial r
 
 
 def build_long(fmt: int = 2, close: bool = True) -> bytes:
-    buf = io.BytesIO()
-    w = PcapngWriter(buf, format=fmt)
-    for name, kind in [("serial0", "serial"), ("net0", "net"), ("disk0", "block"), ("rng0", "rng")]:
-        w.add_interface(name, kind)
-    for ev in LONG:
-        w.event(*ev)
-    w.close(end_vm_ns=9_000 if close else None, icount=99)
-    return buf.getvalue()
+    return build(close, LONG, fmt)
 
 
 def epb_lengths(data: bytes) -> list[int]:
