@@ -1,7 +1,9 @@
+import hashlib
 import io
 import shutil
-import subprocess
 import struct
+import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -269,3 +271,19 @@ def test_wireshark_reads_long_events_to_the_end(tmp_path):
     r = subprocess.run(["capinfos", "-M", "-c", str(write(tmp_path, build_long(1), "v1.pcapng"))],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "larger than 262144" in r.stderr   # what format 1 did
+
+
+FORMAT1 = Path(__file__).resolve().parents[1] / "data" / "format1-devices.pcapng"
+
+
+def test_a_real_format_1_log_reads_as_it_did():
+    """A device log the QEMU before qemu-patches/0015 wrote (the demo guest: boot, two
+    rounds of client traffic, a console line, poweroff). The digest is of the events the
+    format-1 reader (2c78cf1) gave for it: channel, direction, VM time, icount, offset, data."""
+    log = read_devlog(FORMAT1)
+    digest = hashlib.sha256()
+    for e in log.events:
+        digest.update(repr((e.channel, e.direction, e.vm_ns, e.icount, e.file_offset)).encode() + e.data)
+    assert log.format == 1 and log.closed_cleanly and len(log.events) == 286
+    assert digest.hexdigest() == "f8dd4fddf2d3fc7c5e2838d1f2a6fdb41fb156d0a6ad3943e25ea170a76c6e28"
+    assert log.records == [s.count for s in log.stats] == [43, 217, 24, 2]
