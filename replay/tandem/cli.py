@@ -44,7 +44,7 @@ def _progress(label: str, status):
     def show(st: dict):
         if st:
             status.update(f"{label}: VM time {st.get('vm-clock-ns', 0) / 1e9:7.2f}s, "
-                          f"{st.get('events', 0)} device events, "
+                          f"{st.get('events', 0)} device log records, "
                           f"{st.get('icount', 0) / 1e6:,.0f}M instructions")
     return show
 

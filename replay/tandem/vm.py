@@ -359,7 +359,7 @@ class VM:
         return " | ".join(text[-n:].splitlines())
 
     def vm_status(self, props=("vm-clock-ns", "icount", "events")) -> dict:
-        """VM clock (ns), instruction count and device events so far, from the devlog."""
+        """VM clock (ns), instruction count and device log records (pcapng EPBs) so far, from the devlog."""
         out = {}
         for prop in props:
             try:
