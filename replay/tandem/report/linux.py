@@ -263,7 +263,7 @@ def oops(lines: list[str]) -> Description:
     return fault("Oops", "OOPS", corrupted="Oops without the line saying why")(lines)
 
 
-_PANIC = re.compile(r"Kernel panic - not syncing: (.*)")
+_PANIC = re.compile(r"Kernel panic - not syncing:? ?(.*)")
 # Panics that only follow up on an earlier report; alone, that report was lost.
 _AFTERMATH = re.compile(r"Fatal exception|panic_on_\w+ set|hung_task: blocked tasks|softlockup: hung tasks|"
                         r"RCU Stall|\bset \.\.\.")
@@ -314,9 +314,11 @@ def _kind(name, start, describe, **kw) -> Kind:
 
 _OOPS_FOLLOWUP = frozenset({"oops", "gpf"})
 KINDS = [
-    _kind("kasan", r"BUG: KASAN: ", kasan, end=RULER),
-    _kind("kmsan", r"BUG: KMSAN: ", kmsan, end=RULER),
-    _kind("kfence", r"BUG: KFENCE: ", kfence, end=RULER),
+    # A start pattern is never looser than what its describer reads from the header line:
+    # a console line is the guest's, and "BUG: KASAN: ???" must not reach kasan().
+    _kind("kasan", _KASAN.pattern, kasan, end=RULER),
+    _kind("kmsan", _KMSAN.pattern, kmsan, end=RULER),
+    _kind("kfence", _KFENCE.pattern, kfence, end=RULER),
     _kind("kcsan", r"BUG: KCSAN: ", kcsan, end=RULER),
     _kind("ubsan", r"^UBSAN: ", ubsan, end=re.compile(r"^={20,}$|^---\[ end trace"), task_end=True),
     _kind("circular-locking", r"^\[? ?(?:WARNING|INFO): possible circular locking dependency detected",
@@ -355,7 +357,7 @@ KINDS = [
           absorbs=_OOPS_FOLLOWUP),
     _kind("page-fault", r"^BUG: (?:unable to handle|kernel NULL pointer dereference|Unable to handle)",
           page_fault, end=END_TRACE, absorbs=_OOPS_FOLLOWUP),
-    _kind("kernel-bug", r"kernel BUG at ", kernel_bug, end=END_TRACE, absorbs=_OOPS_FOLLOWUP),
+    _kind("kernel-bug", _KERNEL_BUG.pattern, kernel_bug, end=END_TRACE, absorbs=_OOPS_FOLLOWUP),
     _kind("bug", r"^BUG: (?!no syscalls)", generic_bug, end=END_TRACE, task_end=True),
     _kind("warning", r"^WARNING: (?!The mand mount|Unprivileged eBPF|See https|kernel not compiled|"
           r"/etc/ssh|workqueue cpumask)", warning, end=END_TRACE),

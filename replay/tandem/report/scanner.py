@@ -8,6 +8,10 @@ from .kind import Kind
 
 # A panic this close after a report is that report's aftermath (panic_on_warn, Fatal exception).
 TAIL_LINES = 30
+# A console line longer than this (the guest never ends it) is cut into lines of this
+# length: the scanner's memory stays bounded whatever the guest writes. No kernel report
+# line comes near it (the longest in syzkaller's corpus is under 1 KiB).
+MAX_LINE = 64 * 1024
 
 
 @dataclass
@@ -41,12 +45,21 @@ class Scanner:
         return self._open.lines[0].start if self._open else self._pos
 
     def feed(self, data: bytes | str) -> list:
-        self._buf += decode(data)
-        out = []
-        while (nl := self._buf.find("\n")) >= 0:
-            raw, self._buf = self._buf[:nl + 1], self._buf[nl + 1:]
+        """Reports completed by `data`. Lines are cut in one pass over the buffer (a slice of
+        the rest per line made an 8 MB console cost 23 s of CPU, 4x for 2x the input)."""
+        buf = self._buf + decode(data)
+        out, i = [], 0
+        while True:
+            nl = buf.find("\n", i, i + MAX_LINE)
+            if nl < 0:
+                if len(buf) - i < MAX_LINE:
+                    break
+                nl = i + MAX_LINE - 1      # a line the guest never ends: cut it here
+            raw = buf[i:nl + 1]
             out += self._line(make_line(raw, self._pos, self._pos + len(raw)))
             self._pos += len(raw)
+            i = nl + 1
+        self._buf = buf[i:]
         return out
 
     def flush(self) -> list:

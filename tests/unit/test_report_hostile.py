@@ -1,0 +1,120 @@
+"""A console is written by the guest: no console can crash the parser or the live Scanner
+(issue 18). Every input gives reports or none, never an exception."""
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tandem import report
+from tandem.report import freebsd, linux, userland
+from tandem.report.scanner import MAX_LINE, Scanner
+
+CORPUS = Path(__file__).resolve().parents[1] / "report-corpus"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "syzkaller-reports"
+
+
+def _literal(pattern: str) -> str:
+    """A kind's start pattern as plain text, near enough to reach its describer."""
+    text = re.sub(r"\(\?[!=<][^)]*\)", "", pattern)
+    text = re.sub(r"\\(.)", r"\1", text)
+    return re.sub(r"[\^$\[\]()?*+|{}]|\?:", "", text)
+
+
+HEADERS = sorted({_literal(k.start.pattern) for mod in (linux, freebsd, userland)
+                  for k in getattr(mod, "KINDS", [])}) + [
+    "Call Trace:", "<TASK>", "</TASK>", "RIP: 0010:", " foo+0x1/0x2", "=" * 30, "---[ end trace 0 ]---",
+    "Read of size 8", "Kernel panic - not syncing: x", "panic: x", "KDB: stack backtrace:", "db> "]
+PREFIXES = ["", "[    1.234567] ", "[ T1] ", "[   12.0][ C0] ", "login: "]
+TAILS = ["", " ???", " in foo", " at x.c:1", "+0x1/0x2", ": \xff\x00", "(", " [" * 50]
+
+line = st.builds(lambda p, h, t, junk: p + h + t + junk, st.sampled_from(PREFIXES), st.sampled_from(HEADERS),
+                 st.sampled_from(TAILS), st.text(max_size=12))
+console = st.lists(st.one_of(line, st.text(max_size=40)), max_size=25).map("\n".join)
+
+
+@pytest.mark.parametrize("text", [
+    "BUG: KASAN: ???\n", "BUG: KASAN: ???", "[  1.0] BUG: KMSAN: \n", "BUG: KFENCE: \n",
+    "kernel BUG at \n", "Kernel panic - not syncing\n", "Kernel panic - not syncing"])
+@pytest.mark.parametrize("os", report.OSES)
+def test_headers_with_nothing_after_them(text, os):
+    """What the fuzzing found: a header line its describer could not read raised."""
+    for rep in report.parse(text, os):
+        assert rep.title and rep.type in report.TYPES
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=console, os=st.sampled_from(report.OSES))
+def test_any_console_gives_reports_or_none(text, os):
+    for rep in report.parse(text, os):
+        assert rep.type in report.TYPES and rep.title
+        assert 0 <= rep.start <= rep.end <= len(text.encode("utf-8", "surrogatepass"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=2000), os=st.sampled_from(report.OSES))
+def test_any_bytes_give_reports_or_none(data, os):
+    report.parse(data, os)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=console, os=st.sampled_from(report.OSES), cuts=st.lists(st.integers(min_value=0), max_size=12))
+def test_scanner_fed_in_any_chunks_finds_what_parse_finds(text, os, cuts):
+    data = text.encode("utf-8", "surrogatepass")
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    scanner, got = Scanner(os), []
+    for a, b in zip([0] + points, points + [len(data)]):
+        got += scanner.feed(data[a:b])
+    got += scanner.flush()
+    want = report.parse(data, os)
+    assert [(r.title, r.start, r.end) for r in got] == [(r.title, r.start, r.end) for r in want]
+
+
+def _corpus_files() -> list[Path]:
+    files = [p for d in ("linux", "freebsd") for p in sorted((CORPUS / d).iterdir()) if p.is_file()]
+    if SHARED.is_dir():
+        files += [p for d in ("linux", "freebsd", "openbsd", "netbsd") for p in sorted((SHARED / d).iterdir())]
+    return files
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pick=st.integers(min_value=0), seed=st.integers(min_value=0, max_value=2**32))
+def test_mutated_real_consoles(pick, seed):
+    """A real console with lines deleted, cut, duplicated or swapped (a guest that
+    interleaves or loses output) still parses."""
+    files = _corpus_files()
+    path = files[pick % len(files)]
+    lines = path.read_bytes().split(b"\n")
+    rnd = random.Random(seed)
+    for _ in range(rnd.randint(1, 12)):
+        i = rnd.randrange(len(lines))
+        op = rnd.randrange(4)
+        if op == 0:
+            del lines[i]
+        elif op == 1:
+            lines[i] = lines[i][:rnd.randint(0, len(lines[i]))]
+        elif op == 2:
+            lines.insert(i, lines[rnd.randrange(len(lines))])
+        else:
+            j = rnd.randrange(len(lines))
+            lines[i], lines[j] = lines[j], lines[i]
+    report.parse(b"\n".join(lines), "freebsd" if "bsd" in str(path.parent) else "linux")
+
+
+@pytest.mark.parametrize("path", _corpus_files()[:400:7], ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_real_consoles_cut_at_every_line(path):
+    lines = path.read_bytes().split(b"\n")
+    for k in range(0, len(lines), max(1, len(lines) // 40)):
+        report.parse(b"\n".join(lines[:k]), "freebsd" if "bsd" in str(path.parent) else "linux")
+
+
+def test_a_line_the_guest_never_ends_is_bounded():
+    scanner = Scanner("linux")
+    for _ in range(64):
+        scanner.feed(b"x" * 16384)
+    assert len(scanner._buf) < MAX_LINE
+    reps = scanner.feed(b"\nBUG: KASAN: use-after-free in foo\n") + scanner.flush()
+    assert [r.title for r in reps] == ["KASAN: use-after-free in foo"]
