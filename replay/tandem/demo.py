@@ -22,6 +22,22 @@ from .workload import PLANTED_BUGS, bad_requests, demo_traffic
 DEMO_ANALYSES = ["kasan", "ubsan", "lockdep", "asan-userland"]
 
 
+def _progress(console, status, every_s: float = 30.0):
+    """Show a build's progress lines: on the status line in a terminal; elsewhere (CI, a
+    log) as plain lines, one every `every_s` at most, since a status line prints nothing
+    there and a cold demo waits about 11 minutes for the analyses' kernels."""
+    last = -every_s
+
+    def show(line: str) -> None:
+        nonlocal last
+        if console.is_terminal:
+            status.update(line)
+        elif time.monotonic() - last >= every_s:
+            last = time.monotonic()
+            console.print(line, markup=False)
+    return show
+
+
 def run_demo(console, workdir: Path | None = None) -> int:
     tmp = None
     if workdir is None:
@@ -68,7 +84,7 @@ def run_demo(console, workdir: Path | None = None) -> int:
         from .semantic import analyze
         t0 = time.monotonic()
         with console.status("building the analyses' kernels") as st:
-            analyses_build.wait(lambda line: st.update(line))
+            analyses_build.wait(_progress(console, st))
         if time.monotonic() - t0 > 1:
             console.print(f"waited {time.monotonic() - t0:.0f} s for the analyses' kernels to build")
         with console.status(f"replaying into {', '.join(DEMO_ANALYSES)} (+ the native kernel, for noise)"):
