@@ -273,7 +273,7 @@ def test_wireshark_reads_long_events_to_the_end(tmp_path):
     assert r.returncode != 0 and "larger than 262144" in r.stderr   # what format 1 did
 
 
-FORMAT1 = Path(__file__).resolve().parents[1] / "data" / "format1-devices.pcapng"
+FORMAT1 = Path(__file__).resolve().parent / "data" / "format1-devices.pcapng"
 
 
 def test_a_real_format_1_log_reads_as_it_did():
