@@ -519,6 +519,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, format="tandem: %(message)s")
+    if not args.debug:
+        # qemu.qmp logs a QEMU that quits as "Task.Reader: EOFError" at INFO: every run
+        # ends with one, and it read as an error to users. Its detail is for --debug.
+        logging.getLogger("qemu").setLevel(logging.WARNING)
     try:
         return args.func(args)
     except TandemError as e:
