@@ -17,7 +17,8 @@ _MACHINERY = re.compile(r"^(?:db_trace_self|db_trace_thread|kdb_|vpanic$|panic$|
                         r"__asan_|kasan_|__msan_|kmsan_)")
 # Lock primitives: a failed lock assertion or a reversal is the caller's doing.
 _LOCKS = re.compile(r"^(?:_*mtx_|_*rw_|_*sx_|sx_destroy$|_*lockmgr|_*rm_|rms_|_*sleepq_|"
-                    r"vop_stdlock$|VOP_LOCK|_vn_lock$|vn_lock$|ffs_lock$|m_copydata$|m_copym$)")
+                    r"vop_stdlock$|vop_lock$|VOP_LOCK|_vn_lock$|vn_lock$|ffs_lock$|_vm_map_(?:try)?lock|"
+                    r"m_copydata$|m_copym$)")
 _KDB = re.compile(r"(?:KDB: )?stack backtrace:")
 
 
