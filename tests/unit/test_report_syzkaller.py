@@ -22,7 +22,8 @@ SHARED = next((p / "shared" / "syzkaller-reports" for p in Path(__file__).resolv
                if (p / "shared" / "syzkaller-reports").is_dir()),
               Path(__file__).resolve().parents[3] / "shared" / "syzkaller-reports")
 # (found, false positives at most, titles agreeing): measured 2026-11-25 at 5db837f
-FLOORS = {"linux": (332, 1, 164), "freebsd": (16, 0, 16)}
+FLOORS = {"linux": (332, 1, 164), "freebsd": (16, 0, 16), "openbsd": (42, 0, 42),
+          "netbsd": (12, 0, 12)}
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from . import freebsd, linux, userland
+from . import freebsd, linux, netbsd, openbsd, userland
 from .scanner import Scanner
 from .symbolize import symbolize
 
@@ -37,18 +37,20 @@ TYPES = {
     "KASSERT": "failed KASSERT/MPASS: a panic naming the source file and line",
     "FATAL_TRAP": "fatal trap (page fault, protection fault) in kernel mode",
     "WITNESS_LOR": "WITNESS lock order reversal",
+    # OpenBSD, NetBSD (also PANIC, KASSERT, FATAL_TRAP, WITNESS_LOR, KASAN, KMSAN, UBSAN)
+    "WITNESS": "WITNESS: locks held where none may be (a thread exiting, a return to user space)",
     # guest userland processes
     "ASAN": "AddressSanitizer error in a guest process",
     "LSAN": "LeakSanitizer leak report in a guest process",
     "UBSAN_USER": "UndefinedBehaviorSanitizer runtime error in a guest process",
 }
 USERLAND_TYPES = frozenset({"ASAN", "LSAN", "UBSAN_USER"})
-OSES = ("linux", "freebsd", "userland")
+OSES = ("linux", "freebsd", "openbsd", "netbsd", "userland")
 
 
 @dataclass
 class Report:
-    os: str                   # "linux" | "freebsd" | "userland"
+    os: str                   # "linux" | "freebsd" | "openbsd" | "netbsd" | "userland"
     type: str                 # a key of TYPES
     title: str                # stable, for deduplication
     frames: list[str]         # function names, guilty frame first, helpers skipped
@@ -62,7 +64,8 @@ class Report:
 
 def dialect(os: str) -> SimpleNamespace:
     """The report kinds recognized on one OS's console."""
-    tables = {"linux": [linux, userland], "freebsd": [freebsd, userland], "userland": [userland]}
+    tables = {"linux": [linux, userland], "freebsd": [freebsd, userland], "openbsd": [openbsd],
+              "netbsd": [netbsd], "userland": [userland]}
     if os not in tables:
         raise ValueError(f"unknown OS {os!r}: expected one of {', '.join(OSES)}")
 
