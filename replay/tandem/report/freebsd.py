@@ -129,7 +129,6 @@ def panic(lines: list[str]) -> Description:
 # --- WITNESS --------------------------------------------------------------------------------
 
 _LOCK = re.compile(r"^\s*(?:1st|2nd|3rd) 0x[0-9a-f]+ (.*) @ ")
-_ORDER = re.compile(r"^lock order (.+) -> (.+) attempted at:")
 _ESTABLISHED = re.compile(r"^lock order .* established at:")
 _ATTEMPTED = re.compile(r"^lock order .* attempted at:")
 _LOR_LINE = re.compile(r"^\s*(?:(?:1st|2nd|3rd) 0x|(?:KDB: )?stack backtrace:|lock order |#\d+ |"
@@ -156,9 +155,11 @@ def lor(lines: list[str]) -> Description:
     the second (the first frame below the lock primitives of the "attempted at" stack, or of
     the backtrace older kernels print)."""
     locks = [witness_name(m.group(1)) for t in lines if (m := _LOCK.match(t))]
-    order = next((m for t in lines if (m := _ORDER.match(t))), None)
-    if order:
-        pair = (order.group(1), order.group(2))
+    order = next((t for t in lines if _ATTEMPTED.match(t)), None)
+    held, arrow, taken = order[len("lock order "):].rpartition(" attempted at:")[0].partition(" -> ") \
+        if order else ("", "", "")
+    if arrow:
+        pair = (held, taken)
     elif len(locks) >= 3:
         pair = (locks[1], locks[2])
     elif len(locks) == 2:
