@@ -191,11 +191,35 @@ def _stack(lines: list[str], start: int) -> list[str]:
     return out
 
 
+# witness_warn(): "Sleeping on "sbwait" with the following non-sleepable locks held:", the
+# locks ("exclusive sleep mutex so_rcv (so_rcv) r = 0 (0x..) locked @ FILE:LINE"), then a
+# backtrace; "userret: returning" and a thread exiting with locks held panic after it.
+_HELD = re.compile(r"^(.*) with the following (non-sleepable )?locks held:")
+_HELD_LINE = re.compile(r"^\s*(?:(?:exclusive|shared) |(?:KDB: )?stack backtrace:|#\d+ |[\w.]+\(\) at |--- |"
+                        r"panic: |cpuid = |time = |KDB: |\[ thread pid |$)")
+# The sleep and allocation calls that check for held locks: the caller holds them.
+_SLEEPS = re.compile(r"^(?:_sleep$|msleep|sbwait$|_?sleepq_|_cv_|cv_|pause|tsleep|uma_zalloc|malloc|kmem_|_?vm_wait|"
+                     r"userret$|thread_exit$|exit1$)")
+
+
+def locks_held(lines: list[str]) -> Description:
+    """witness_warn(): a lock held where the code may sleep, return to user space or exit,
+    titled by its message and the function that called the sleep or allocation."""
+    m = _HELD.match(lines[0])
+    what = f"{m.group(1)} with {m.group(2) or ''}locks held"
+    frames = [f for f in _guilty(_frames(lines)) if not _SLEEPS.search(f)]
+    if not frames:
+        return Description("WITNESS", sanitize_title(f"WITNESS: {what}"), [], "no frame to name the report by")
+    return Description("WITNESS", sanitize_title(f"WITNESS: {what} in {frames[0]}"), frames, None)
+
+
 _END = re.compile(r"^Stopped at |^Automatic reboot|^Rebooting\.\.\.|^cpu_reset")
 KINDS = [
     Kind("fatal-trap", re.compile(r"Fatal trap \d+: "), fatal_trap, end=_END, absorbs=frozenset({"panic"})),
     Kind("lock-order-reversal", re.compile(r"^(?:witness: )?lock order reversal:"), lor,
          continues=lambda text: bool(_LOR_LINE.match(text))),
+    Kind("locks-held", _HELD, locks_held, absorbs=frozenset({"panic"}),
+         continues=lambda text: bool(_HELD_LINE.match(text))),
     Kind("panic", _PANIC, panic, end=_END),
 ]
 
