@@ -123,3 +123,22 @@ def test_the_live_scanner_finds_what_parse_finds(path):
         got += scanner.feed(data[i:i + 7])
     got += scanner.flush()
     assert [(r.title, r.start, r.end) for r in got] == [(r.title, r.start, r.end) for r in parse(data, path.parent.name)]
+
+
+def test_freebsd_kassert_warn_only_is_a_report_and_the_kernel_runs_on():
+    text = ("KASSERT failed: Assertion so->so_count > 0 failed at /usr/src/sys/kern/uipc_socket.c:1234\n"
+            "KDB: stack backtrace:\n#0 0x1 at kdb_backtrace+0x1\n#1 0x1 at kassert_panic+0x1\n#2 0x1 at sorele+0x1\n"
+            "#3 0x1 at soclose+0x1\nStarting sshd.\n")
+    rep = parse(text, "freebsd")
+    assert [(r.type, r.title, r.frames[0]) for r in rep] == [
+        ("KASSERT", "KASSERT failed: Assertion so->so_count > NUM failed at sys/kern/uipc_socket.c:LINE", "sorele")]
+    assert not rep[0].text.endswith("sshd.")
+
+
+def test_netbsd_fault_without_ddb_is_named_by_the_frame_under_the_trap():
+    text = ("fatal page fault in supervisor mode\ntrap type 6 code 0 rip 0xffffffff80a1b2c3 cs 0x8\n"
+            "panic: trap\ncpu0: Begin traceback...\nvpanic() at netbsd:vpanic+0x1\npanic() at netbsd:panic+0x1\n"
+            "trap() at netbsd:trap+0x1\n--- trap (number 6) ---\nfoo() at netbsd:foo+0x1\nbar() at netbsd:bar+0x1\n"
+            "cpu0: End traceback...\nrebooting...\n")
+    rep = parse(text, "netbsd")[0]
+    assert (rep.title, rep.frames[:2], rep.corrupted) == ("page fault in foo", ["foo", "bar"], False)

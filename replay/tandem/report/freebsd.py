@@ -126,6 +126,18 @@ def panic(lines: list[str]) -> Description:
     return Description("KASSERT" if kassert else "PANIC", sanitize_title(f"panic: {msg}"), _guilty(frames), None)
 
 
+_KASSERT_WARNING = re.compile(r"^KASSERT failed: (.*)")
+_TRACE_LINE = re.compile(r"^\s*(?:(?:KDB: )?stack backtrace:|#\d+ 0x|[\w.]+\(\) at |--- )")
+
+
+def kassert_warning(lines: list[str]) -> Description:
+    """A KASSERT on a kernel with debug.kassert.warn_only=1: "KASSERT failed: MSG" and a
+    backtrace, and the kernel runs on. Titled like the panic it would have been, by message."""
+    msg = _KASSERT_WARNING.match(lines[0]).group(1).strip()
+    msg = _SOURCE_AT.sub(lambda m: f" at {_source(m.group(1))}:LINE", msg)
+    return Description("KASSERT", sanitize_title(f"KASSERT failed: {msg}"), _guilty(_frames(lines)), None)
+
+
 # --- WITNESS --------------------------------------------------------------------------------
 
 _LOCK = re.compile(r"^\s*(?:1st|2nd|3rd) 0x[0-9a-f]+ (.*) @ ")
@@ -220,6 +232,7 @@ KINDS = [
          continues=lambda text: bool(_LOR_LINE.match(text))),
     Kind("locks-held", _HELD, locks_held, absorbs=frozenset({"panic"}),
          continues=lambda text: bool(_HELD_LINE.match(text))),
+    Kind("kassert-warning", _KASSERT_WARNING, kassert_warning, continues=lambda text: bool(_TRACE_LINE.match(text))),
     Kind("panic", _PANIC, panic, end=_END),
 ]
 

@@ -17,6 +17,7 @@ from .kind import Description, Kind
 _FRAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)\(\) at (?:netbsd:)?[A-Za-z_]")
 _FAULT = re.compile(r"fatal (page|protection|integer divide) fault in supervisor mode")
 _STOPPED_IN = re.compile(r"Stopped in ")
+_TRAP_MARK = re.compile(r"^--- trap ")
 _BEGIN_TRACE = re.compile(r"Begin traceback")
 # LOCKDEBUG's own frames under a "lock error" panic (syzkaller's list).
 _LOCK_ERROR_SKIP = re.compile(r"panic|printf|lockdebug|abort|mutex")
@@ -55,6 +56,12 @@ def fault(lines: list[str]) -> Description:
                 if func:
                     return Description("FATAL_TRAP", sanitize_title(f"{m.group(1)} fault in {func}"),
                                        [func] + [f for f in _frames(lines, i + 1) if f != func], None)
+    # Without DDB the kernel panics ("panic: trap") and prints a traceback: the frame under
+    # the "--- trap (number N) ---" marker faulted. syzkaller has no title for this.
+    mark = next((i for i, t in enumerate(lines) if _TRAP_MARK.match(t)), None)
+    below = _frames(lines, mark + 1) if mark is not None else []
+    if below:
+        return Description("FATAL_TRAP", sanitize_title(f"{m.group(1)} fault in {below[0]}"), below, None)
     return Description("FATAL_TRAP", "fault in supervisor mode", _frames(lines), "no ddb stop to name it by")
 
 
