@@ -4,8 +4,8 @@
     Scanner(os).feed(b)   the same, incrementally, for live consoles
     symbolize(rep, vmlinux)  source locations of a report's frames
 
-A Linux or FreeBSD console also yields the sanitizer reports of guest userland
-processes (os "userland"). Report types are the closed set TYPES; titles follow
+OSes: "linux", "freebsd", "openbsd", "netbsd" (OSES). A Linux or FreeBSD console also
+yields the sanitizer reports of guest userland processes (os "userland"). Report types are the closed set TYPES; titles follow
 syzkaller's: stable across runs (no addresses, pids, numbers), naming the
 guilty frame. docs/reports.md has the rules.
 """
@@ -30,11 +30,11 @@ TYPES = {
     "BUG": "BUG_ON(), bad page fault / NULL dereference, sleeping in atomic context, soft lockup",
     "OOPS": "other oopses: invalid opcode, divide error, stack segment, double fault",
     "GPF": "general protection fault",
-    "PANIC": "Kernel panic - not syncing, with no report before it (Linux); panic() (FreeBSD)",
+    "PANIC": "Kernel panic - not syncing, with no report before it (Linux); panic() (BSDs)",
     "HUNG_TASK": "task blocked for too long",
     "RCU_STALL": "RCU grace period stall",
     # FreeBSD (also KASAN, KMSAN, PANIC)
-    "KASSERT": "failed KASSERT/MPASS: a panic naming the source file and line",
+    "KASSERT": "failed kernel assertion: KASSERT/MPASS (FreeBSD), kernel diagnostic assertion (OpenBSD, NetBSD)",
     "FATAL_TRAP": "fatal trap (page fault, protection fault) in kernel mode",
     "WITNESS_LOR": "WITNESS lock order reversal",
     # OpenBSD, NetBSD (also PANIC, KASSERT, FATAL_TRAP, WITNESS_LOR, KASAN, KMSAN, UBSAN)
