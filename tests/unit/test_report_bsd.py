@@ -142,3 +142,9 @@ def test_netbsd_fault_without_ddb_is_named_by_the_frame_under_the_trap():
             "cpu0: End traceback...\nrebooting...\n")
     rep = parse(text, "netbsd")[0]
     assert (rep.title, rep.frames[:2], rep.corrupted) == ("page fault in foo", ["foo", "bar"], False)
+
+
+def test_netbsd_assertion_without_its_closing_quote_is_linear():
+    started = time.process_time()
+    rep = parse('panic: kernel diagnostic assertion "' + 'panic: kernel diagnostic assertion "x' * 1700, "netbsd")[0]
+    assert rep.type == "KASSERT" and time.process_time() - started < 2.0

@@ -84,7 +84,7 @@ _ASSERTION = re.compile(r'panic: kernel diagnostic assertion "(.*?)"')
 def panic(lines: list[str]) -> Description:
     head = lines[0][lines[0].index("panic: "):]
     if head.startswith("panic: kernel diagnostic assertion"):
-        m = next((m for t in lines if (m := _ASSERTION.search(t))), None)
+        m = _ASSERTION.match(head)
         if m:
             return Description("KASSERT", sanitize_title(f"assert failed: {m.group(1)}"), _frames(lines), None)
         return Description("KASSERT", sanitize_title(head), _frames(lines), "assertion text cut")
