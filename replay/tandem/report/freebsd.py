@@ -34,7 +34,8 @@ def _guilty(frames: list[str]) -> list[str]:
 
 # --- fatal traps ---------------------------------------------------------------------------
 
-_TRAP = re.compile(r"Fatal trap (\d+): (.*?)( while in (?:kernel|user) mode)?$")
+_TRAP = re.compile(r"Fatal trap (\d+): ")
+_MODE = re.compile(r" while in (?:kernel|user) mode$")
 _TRAP_MARK = re.compile(r"^--- trap ")
 # In the short "#N 0x... at f+0x..." backtrace syzkaller names the first frame past these.
 _KDB_TRAP_SKIP = frozenset({"kdb_backtrace", "vpanic", "panic", "trap_fatal", "trap_pfault", "trap",
@@ -47,14 +48,16 @@ def fatal_trap(lines: list[str]) -> Description:
     "Fatal trap N: page fault in F", F the frame under the "--- trap" marker; short KDB
     ("#N 0x... at f+0x..."): "Fatal trap N: page fault while in kernel mode in F"."""
     m = _TRAP.search(lines[0])
-    number, what, mode = m.group(1), m.group(2), m.group(3) or ""
+    number, rest = m.group(1), lines[0][m.end():]
+    mode_at = _MODE.search(rest)
+    what, mode = (rest[:mode_at.start()], mode_at.group(0)) if mode_at else (rest, "")
     mark = next((i for i, t in enumerate(lines) if _TRAP_MARK.match(t)), None)
     if mark is not None:
         frames = [f for t in lines[mark + 1:] if (f := bsd_frame(t))]
         if frames:
             return _trap_title(number, what, frames)
     start = next((i for i, t in enumerate(lines) if _KDB.search(t)), 0)
-    short = [bsd_frame(t) for t in lines[start:] if _SHORT_FRAME.match(t) and bsd_frame(t)]
+    short = [f for t in lines[start:] if _SHORT_FRAME.match(t) and (f := bsd_frame(t))]
     rest = [f for f in short if f not in _KDB_TRAP_SKIP]
     if rest:
         return _trap_title(number, what + mode, rest)
