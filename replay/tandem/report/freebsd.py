@@ -101,6 +101,8 @@ def _after(frames: list[str], helper: re.Pattern) -> list[str]:
 
 
 def panic(lines: list[str]) -> Description:
+    """syzkaller's rules by message (ASan, sx, its fixed titles), else "panic: MESSAGE" with
+    source paths cut to the tree; the guilty frame past the panic machinery and lock primitives."""
     msg = _PANIC.search(lines[0]).group(1).strip()
     frames = _frames(lines)
     asan = _ASAN.search(msg)
@@ -150,6 +152,9 @@ _LOR_LINE = re.compile(r"^\s*(?:(?:1st|2nd|3rd) 0x|(?:KDB: )?stack backtrace:|lo
                        r"[\w.]+\(\) at |--- |$)")
 
 
+_PAREN_DEPTH = {")": 1, "(": -1}
+
+
 def witness_name(described: str) -> str:
     """The witness (lock type) name in "NAME (WITNESS, CLASS)" or "NAME (WITNESS)": lock
     instance names can hold a unit number or parentheses of their own ("vm map (user)")."""
@@ -157,7 +162,7 @@ def witness_name(described: str) -> str:
         return described
     depth = 0
     for i in range(len(described) - 1, -1, -1):
-        depth += {")": 1, "(": -1}.get(described[i], 0)
+        depth += _PAREN_DEPTH.get(described[i], 0)
         if depth == 0:
             inner = described[i + 1:-1]
             name, comma, cls = inner.rpartition(", ")
@@ -169,19 +174,8 @@ def lor(lines: list[str]) -> Description:
     """A WITNESS lock order reversal, titled by the pair of locks and the function that took
     the second (the first frame below the lock primitives of the "attempted at" stack, or of
     the backtrace older kernels print)."""
-    locks = [witness_name(m.group(1)) for t in lines if (m := _LOCK.match(t))]
-    order = next((t for t in lines if _ATTEMPTED.match(t)), None)
-    held, arrow, taken = order[len("lock order "):].rpartition(" attempted at:")[0].partition(" -> ") \
-        if order else ("", "", "")
-    if arrow:
-        pair = (held, taken)
-    elif len(locks) >= 3:
-        pair = (locks[1], locks[2])
-    elif len(locks) == 2:
-        pair = (locks[0], locks[1])
-    else:
-        pair = None
     attempted = next((i for i, t in enumerate(lines) if _ATTEMPTED.match(t)), None)
+    pair = _reversed_pair(lines, attempted)
     if attempted is not None:
         frames = _guilty(_stack(lines, attempted + 1))
     else:
@@ -193,6 +187,21 @@ def lor(lines: list[str]) -> Description:
         return Description("WITNESS_LOR", sanitize_title(what), [], "no frame to name the report by")
     return Description("WITNESS_LOR", sanitize_title(f"{what} in {frames[0]}"), frames,
                        None if pair else "lock names missing")
+
+
+def _reversed_pair(lines: list[str], attempted: int | None) -> tuple[str, str] | None:
+    """(held, taken) witness names: from "lock order HELD -> TAKEN attempted at:" (FreeBSD 13+),
+    else the lock lines: "1st" held and "2nd" taken, or with a "3rd", "2nd" held and "3rd" taken
+    (the 1st is an earlier lock of the 3rd's type)."""
+    if attempted is not None:
+        order = lines[attempted][len("lock order "):].rpartition(" attempted at:")[0]
+        held, arrow, taken = order.partition(" -> ")
+        if arrow:
+            return held, taken
+    locks = [witness_name(m.group(1)) for t in lines if (m := _LOCK.match(t))]
+    if len(locks) >= 3:
+        return locks[1], locks[2]
+    return (locks[0], locks[1]) if len(locks) == 2 else None
 
 
 def _stack(lines: list[str], start: int) -> list[str]:
