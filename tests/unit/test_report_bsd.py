@@ -148,3 +148,10 @@ def test_netbsd_assertion_without_its_closing_quote_is_linear():
     started = time.process_time()
     rep = parse('panic: kernel diagnostic assertion "' + 'panic: kernel diagnostic assertion "x' * 1700, "netbsd")[0]
     assert rep.type == "KASSERT" and time.process_time() - started < 2.0
+
+
+def test_openbsd_a_reboot_from_ddb_ends_the_report():
+    crash = "panic: unhandled af 1\nStopped at      db_enter+0x10:  popq    %rbp\nddb{0}> boot reboot\nrebooting...\n"
+    reports = parse(crash + _lines(40) + crash, "openbsd")
+    assert [r.title for r in reports] == ["panic: unhandled af"] * 2
+    assert reports[0].text.endswith("rebooting...")

@@ -2,8 +2,8 @@
 
 Titles follow syzkaller's (pkg/report/openbsd.go, commit 1e72964b, Apache-2.0), which syzbot
 deduplicates OpenBSD bugs by. After a panic OpenBSD sits in ddb and prints what it is asked
-("show panic", "trace", ...): a report runs to the end of the console, and the headers in
-that session ("panic:", "uvm_fault(") are part of it (the kinds are `tail`).
+("show panic", "trace", ...): a report runs to a reboot or the end of the console, and the
+headers in that session ("panic:", "uvm_fault(") are part of it (the kinds are `tail`).
 """
 from __future__ import annotations
 
@@ -251,16 +251,18 @@ def witness(lines: list[str]) -> Description:
     return Description("WITNESS", sanitize_title(head), [], None)
 
 
+# A reboot from ddb ("boot reboot") or after a dump: the next boot is not this report's.
+_END = re.compile(r"^rebooting\.\.\.|^>> OpenBSD/")
 KINDS = [
-    Kind("cleaned-vnode", re.compile(r"cleaned vnode: "), cleaned_vnode, tail=True),
-    Kind("panic", re.compile(r"panic:"), panic, tail=True),
+    Kind("cleaned-vnode", re.compile(r"cleaned vnode: "), cleaned_vnode, end=_END, tail=True),
+    Kind("panic", re.compile(r"panic:"), panic, end=_END, tail=True),
     Kind("lock-order-reversal", re.compile(r"lock order reversal:"), lor, tail=True,
          continues=lambda text: bool(_WITNESS_BODY.match(text))),
     Kind("witness", re.compile(r"witness: "), witness, tail=True,
          continues=lambda text: bool(_WITNESS_BODY.match(text))),
     # "uvm_fault(0xffff..., 0x50, 0, 1) -> e", not a ddb frame "uvm_fault(ba1c,5d8b,..) at ...".
-    Kind("uvm-fault", re.compile(r"uvm_fault\((?:0x)?[0-9a-f]+, "), uvm_fault, tail=True),
-    Kind("kernel-trap", re.compile(r"kernel: "), kernel_trap, tail=True),
+    Kind("uvm-fault", re.compile(r"uvm_fault\((?:0x)?[0-9a-f]+, "), uvm_fault, end=_END, tail=True),
+    Kind("kernel-trap", re.compile(r"kernel: "), kernel_trap, end=_END, tail=True),
 ]
 _NOT_KERNEL_TRAP = re.compile(r"reorder_kernel")
 
