@@ -17,9 +17,13 @@ import pytest
 
 from tandem import report
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "syzkaller-reports"
+# Beside the clone (../shared), or beside the directory holding a worktree (../../shared).
+SHARED = next((p / "shared" / "syzkaller-reports" for p in Path(__file__).resolve().parents[3:5]
+               if (p / "shared" / "syzkaller-reports").is_dir()),
+              Path(__file__).resolve().parents[3] / "shared" / "syzkaller-reports")
 # (found, false positives at most, titles agreeing): measured 2026-11-25 at 5db837f
-FLOORS = {"linux": (332, 1, 164), "freebsd": (16, 0, 1)}
+FLOORS = {"linux": (332, 1, 164), "freebsd": (16, 0, 16), "openbsd": (42, 0, 42),
+          "netbsd": (12, 0, 12)}
 
 
 @dataclass

@@ -4,8 +4,8 @@
     Scanner(os).feed(b)   the same, incrementally, for live consoles
     symbolize(rep, vmlinux)  source locations of a report's frames
 
-A Linux or FreeBSD console also yields the sanitizer reports of guest userland
-processes (os "userland"). Report types are the closed set TYPES; titles follow
+OSes: "linux", "freebsd", "openbsd", "netbsd" (OSES). A Linux or FreeBSD console also
+yields the sanitizer reports of guest userland processes (os "userland"). Report types are the closed set TYPES; titles follow
 syzkaller's: stable across runs (no addresses, pids, numbers), naming the
 guilty frame. docs/reports.md has the rules.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from . import freebsd, linux, userland
+from . import freebsd, linux, netbsd, openbsd, userland
 from .scanner import Scanner
 from .symbolize import symbolize
 
@@ -30,25 +30,27 @@ TYPES = {
     "BUG": "BUG_ON(), bad page fault / NULL dereference, sleeping in atomic context, soft lockup",
     "OOPS": "other oopses: invalid opcode, divide error, stack segment, double fault",
     "GPF": "general protection fault",
-    "PANIC": "Kernel panic - not syncing, with no report before it (Linux); panic() (FreeBSD)",
+    "PANIC": "Kernel panic - not syncing, with no report before it (Linux); panic() (BSDs)",
     "HUNG_TASK": "task blocked for too long",
     "RCU_STALL": "RCU grace period stall",
     # FreeBSD (also KASAN, KMSAN, PANIC)
-    "KASSERT": "failed KASSERT/MPASS: a panic naming the source file and line",
+    "KASSERT": "failed kernel assertion: KASSERT/MPASS (FreeBSD), kernel diagnostic assertion (OpenBSD, NetBSD)",
     "FATAL_TRAP": "fatal trap (page fault, protection fault) in kernel mode",
     "WITNESS_LOR": "WITNESS lock order reversal",
+    # OpenBSD, NetBSD (also PANIC, KASSERT, FATAL_TRAP, WITNESS_LOR, KASAN, KMSAN, UBSAN)
+    "WITNESS": "WITNESS: locks held where none may be (a thread exiting, a return to user space)",
     # guest userland processes
     "ASAN": "AddressSanitizer error in a guest process",
     "LSAN": "LeakSanitizer leak report in a guest process",
     "UBSAN_USER": "UndefinedBehaviorSanitizer runtime error in a guest process",
 }
 USERLAND_TYPES = frozenset({"ASAN", "LSAN", "UBSAN_USER"})
-OSES = ("linux", "freebsd", "userland")
+OSES = ("linux", "freebsd", "openbsd", "netbsd", "userland")
 
 
 @dataclass
 class Report:
-    os: str                   # "linux" | "freebsd" | "userland"
+    os: str                   # "linux" | "freebsd" | "openbsd" | "netbsd" | "userland"
     type: str                 # a key of TYPES
     title: str                # stable, for deduplication
     frames: list[str]         # function names, guilty frame first, helpers skipped
@@ -62,7 +64,8 @@ class Report:
 
 def dialect(os: str) -> SimpleNamespace:
     """The report kinds recognized on one OS's console."""
-    tables = {"linux": [linux, userland], "freebsd": [freebsd, userland], "userland": [userland]}
+    tables = {"linux": [linux, userland], "freebsd": [freebsd, userland], "openbsd": [openbsd],
+              "netbsd": [netbsd], "userland": [userland]}
     if os not in tables:
         raise ValueError(f"unknown OS {os!r}: expected one of {', '.join(OSES)}")
 
