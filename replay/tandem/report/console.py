@@ -10,7 +10,10 @@ from typing import NamedTuple
 
 # printk: optional "<4>" level, "[   12.345678]" timestamp, optional caller
 # "[  T123]" / "[    C0]" (CONFIG_PRINTK_CALLER); FreeBSD's msgbuf: "[19] ".
-_PRINTK = re.compile(r"^(?:<\d+>)?\[ *\d+\.\d+\](\[ *[CT]\d+\])? ?")
+# A kernel line may follow a login prompt or a dropped-messages note on the same
+# console line (syzkaller's consoleOutputRe).
+_PRINTK = re.compile(r"^(?:\*\* \d+ printk messages dropped \*\* )?(?:.* login: )?"
+                     r"(?:<\d+>)?\[ *\d+\.\d+\](\[ *[CT]\d+\])? ?")
 _BSD_UPTIME = re.compile(r"^\[\d+\] ")
 
 

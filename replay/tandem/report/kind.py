@@ -23,3 +23,8 @@ class Kind:
     tail: bool = False                      # may be the aftermath of the report before it
     absorbs: frozenset[str] = field(default_factory=frozenset)  # kinds that continue this one
     continues: Callable[[str], bool] | None = None  # single-message kinds: is this line still ours?
+    # Only lines of the first line's printk context are the report's (a timestamped report
+    # leaves out lines without one and the reverse), but for other CPUs' backtraces after
+    # "Sending NMI from CPU": syzkaller's rule. Without it, only printk caller ids filter.
+    strict_context: bool = False
+    drop_line: Callable[[str], bool] | None = None  # a prefixed line that is no part of a report

@@ -12,6 +12,8 @@ TAIL_LINES = 30
 # length: the scanner's memory stays bounded whatever the guest writes. No kernel report
 # line comes near it (the longest in syzkaller's corpus is under 1 KiB).
 MAX_LINE = 64 * 1024
+# printk's note that the line before was cut and is printed again.
+REPLAYED = "** replaying previous printk message **"
 
 
 @dataclass
@@ -21,6 +23,7 @@ class _Open:
     ctx: str
     absorbed: set = field(default_factory=set)
     in_trace: bool = False
+    nmi: bool = False           # "Sending NMI from CPU" seen: other CPUs' lines are ours too
 
 
 class Scanner:
@@ -78,17 +81,19 @@ class Scanner:
         if cur and cur.kind.continues and not cur.kind.continues(line.text):
             out.append(self._close(None))
             cur = None
+        if cur and len(cur.lines) == 1 and REPLAYED in line.text:
+            self._open = cur = None     # the kernel prints the cut header line again, whole
         if cur:
             kind = self._dialect.start(line.text)
-            continued = kind and (kind.tail or kind.name in cur.kind.absorbs - cur.absorbed)
+            continued = kind and (kind.tail or kind.name in cur.kind.absorbs - cur.absorbed
+                                  or self._other_task(cur, line))
             if kind and not continued:
                 out.append(self._close(f"interrupted by {kind.name}" if cur.kind.end else None))
                 cur = None
             else:
                 if kind:
                     cur.absorbed.add(kind.name)
-                self._append(cur, line)
-                if self._ends(cur, line):
+                if self._append(cur, line) and self._ends(cur, line):
                     out.append(self._close(None))
                 return out
         self._since_end += 1
@@ -99,11 +104,25 @@ class Scanner:
                 out.append(self._close(None))
         return out
 
-    def _append(self, cur: _Open, line: Line) -> None:
+    @staticmethod
+    def _other_task(cur: _Open, line: Line) -> bool:
+        """With printk caller ids, a report of another task or CPU does not end this task's
+        (syzkaller reads a task's report to its end; the other report is not read)."""
+        return cur.kind.strict_context and cur.ctx.startswith("T") and line.ctx != cur.ctx
+
+    def _append(self, cur: _Open, line: Line) -> bool:
+        if cur.kind.strict_context:
+            if line.ctx != cur.ctx and not (cur.nmi and line.ctx.startswith("C")):
+                return False
+            if line.ctx and cur.kind.drop_line and cur.kind.drop_line(line.text):
+                return False
+            if "Sending NMI from CPU" in line.text:
+                cur.nmi = True
         # With printk caller ids, another task's lines are not this report's.
-        if cur.ctx not in ("", "kernel") and line.ctx not in (cur.ctx, ""):
-            return
+        elif cur.ctx not in ("", "kernel") and line.ctx not in (cur.ctx, ""):
+            return False
         cur.lines.append(line)
+        return True
 
     def _ends(self, cur: _Open, line: Line) -> bool:
         text = line.text
