@@ -167,3 +167,51 @@ def test_symbolize_without_debug_info_leaves_locations_empty(tmp_path):
     rep = parse(load(CORPUS / "linux" / "lkdtm-warning")[1])[0]
     assert symbolize(rep, stripped).locations == []
     assert symbolize(rep, tmp_path / "missing").locations == []
+
+
+# --- boundaries syzkaller's titles need (issue 18) ----------------------------------------
+
+def test_header_mid_line_after_a_login_prompt():
+    console = ("syzkaller login: [   10.1] BUG: KASAN: use-after-free in foo+0x1/0x2\n"
+               "[   10.2] Read of size 8 at addr ffff888000000000 by task a/1\n"
+               "[   10.3] Call Trace:\n[   10.4]  foo+0x1/0x2\n[   10.5]  bar+0x1/0x2\n")
+    [r] = parse(console)
+    assert r.title == "KASAN: use-after-free Read in foo"
+
+
+def test_untimestamped_lines_are_not_a_timestamped_reports():
+    console = ("[   10.1] WARNING: CPU: 0 PID: 1 at a/b.c:1 foo+0x1/0x2\n"
+               "[   10.2] Call Trace:\n"
+               " junk_from_userspace+0x1/0x2\n"
+               "[   10.3]  ? helper+0x1/0x2\n"
+               "[   10.4]  bar+0x1/0x2\n")
+    [r] = parse(console)
+    assert r.title == "WARNING in bar"  # no RIP line: the first frame of the trace
+    assert r.frames[0] == "bar" and "junk_from_userspace" not in r.text and "helper" not in r.text
+
+
+def test_a_task_report_reads_on_past_its_own_next_report():
+    """With printk caller ids syzkaller reads a task's report to its end: a stall cut short
+    by a WARNING of the same CPU is named by the stack after that WARNING."""
+    ctx = "[  1.0][   C1] "
+    lines = ["rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:", "WARNING: CPU: 1 PID: 1 at a/b.c:1 f+0x1/0x2",
+             "Call Trace:", " <IRQ>", " __sysvec_apic_timer_interrupt+0x1/0x2", " </IRQ>",
+             "RIP: 0010:spin_here+0x1/0x2", " looper+0x1/0x2", " do_syscall_64+0x1/0x2", " </TASK>"]
+    reps = parse("".join(ctx + line + "\n" for line in lines))
+    assert [r.title for r in reps] == ["INFO: rcu detected stall in looper", "WARNING in spin_here"]
+    assert reps[0].end <= reps[1].start
+
+
+def test_another_tasks_report_does_not_end_a_tasks_report():
+    lines = ["[ 1.0][ T10] WARNING: CPU: 0 PID: 10 at a/b.c:1 foo+0x1/0x2",
+             "[ 1.1][ T20] BUG: sleeping function called from invalid context at x.c:1",
+             "[ 1.2][ T10] Call Trace:", "[ 1.3][ T10]  bar+0x1/0x2"]
+    [r] = parse("\n".join(lines) + "\n")
+    assert r.title == "WARNING in bar" and "sleeping" not in r.text
+
+
+def test_a_header_printk_cut_and_replayed_is_read_whole():
+    console = ("[ 1.0][ T31] INFO: t\n** replaying previous printk message **\n"
+               "[ 1.0][ T31] INFO: task a:1 blocked for more than 143 seconds.\n"
+               "[ 1.1][ T31] Call Trace:\n[ 1.2][ T31]  read_cache_folio+0x1/0x2\n")
+    assert [r.title for r in parse(console)] == ["INFO: task hung in read_cache_folio"]
