@@ -215,3 +215,24 @@ def test_a_header_printk_cut_and_replayed_is_read_whole():
                "[ 1.0][ T31] INFO: task a:1 blocked for more than 143 seconds.\n"
                "[ 1.1][ T31] Call Trace:\n[ 1.2][ T31]  read_cache_folio+0x1/0x2\n")
     assert [r.title for r in parse(console)] == ["INFO: task hung in read_cache_folio"]
+
+
+def test_rust_v0_frames_are_named_by_their_paths():
+    from tandem.report.rustsym import demangle
+    assert demangle("_RNvMs3_NtCshgDM7dBCdno_11rust_binder7processNtB5_7Process10update_ref") == \
+        "<rust_binder::process::Process>::update_ref"
+    assert demangle("_RNvCscSpY9Juk0HT_7___rustc17rust_begin_unwind") == "__rustc::rust_begin_unwind"
+    assert demangle("_RNvXs1b_NtCs9jEwPDbx20M_4core3fmtRNtNtNtB8_5panic10panic_info9PanicInfoNtB6_7Display3fmt"
+                    "Cs43vyB533jt3_6kernel") == "<&core::panic::panic_info::PanicInfo as core::fmt::Display>::fmt"
+    # the guest writes these names: anything else comes back as it is, quickly
+    for name in ["vfs_write", "_RAX", "_R", "_RB_", "_RNvB_3foo", "_R" + "I" * 900, "_R" + "N" * 5000, "_RC9" + "9" * 50]:
+        assert demangle(name) == name
+
+
+def test_a_rust_panic_is_named_by_the_rust_frame():
+    lines = ["rust_kernel: panicked at drivers/android/binder/node.rs:877:13:", "attempt to subtract with overflow",
+             "Call Trace:", " <TASK>", " _RNvCscSpY9Juk0HT_7___rustc17rust_begin_unwind+0x15b/0x160",
+             " _RNvNtCs9jEwPDbx20M_4core9panicking9panic_fmt+0x1/0x2",
+             " _RNvMs3_NtCshgDM7dBCdno_11rust_binder7processNtB5_7Process10update_ref+0x1/0x2", " </TASK>"]
+    [r] = parse("".join(f"[ 1.0][ T1] {line}\n" for line in lines))
+    assert r.title == "attempt to subtract with overflow in <rust_binder::process::Process>::update_ref"

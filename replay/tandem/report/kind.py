@@ -21,6 +21,7 @@ class Kind:
     end: re.Pattern | None = None           # the report's own last line (e.g. "=====")
     task_end: bool = False                  # ends with the "</TASK>" closing its last stack
     tail: bool = False                      # may be the aftermath of the report before it
+    inside: bool = False                    # inside a report, a part of it: starts none there
     absorbs: frozenset[str] = field(default_factory=frozenset)  # kinds that continue this one
     continues: Callable[[str], bool] | None = None  # single-message kinds: is this line still ours?
     # Only lines of the first line's printk context are the report's (a timestamped report

@@ -597,11 +597,13 @@ def _corrupted(title: str, lines: list[str], f: Format | None, framed: bool) -> 
 def _kinds_of(o: Oops) -> list[Kind]:
     describe = _describer(o)
     out = []
-    for tail in (False, True):
+    for inside in (False, True):
         for i, (when, end, task_end) in enumerate(_ENDS + [(None, None, False)]):
-            out.append(Kind(f"{o.header}#{i}{'~' if tail else ''}", re.compile(re.escape(o.header)), describe,
-                            end=end, task_end=task_end, tail=tail, strict_context=True,
-                            drop_line=_questionable))
+            out.append(Kind(f"{o.header}#{i}{'~' if inside else ''}", re.compile(re.escape(o.header)), describe,
+                            end=end, task_end=task_end, inside=inside, strict_context=True,
+                            drop_line=_questionable,
+                            # a panic just after a report is its aftermath (panic_on_warn, Fatal exception)
+                            tail=inside and o.header == "Kernel panic"))
     return out
 
 
@@ -621,9 +623,9 @@ def start(text: str) -> Kind | None:
             probe = text[:oops.WIDTH]
             if any(s.search(probe) for s in o.suppressions):
                 continue
-            tail = any(p.search(probe) for p in REPORT_START_IGNORES)
+            inside = any(p.search(probe) for p in REPORT_START_IGNORES)
             kinds = _KINDS[o.header]
             n = len(_ENDS) + 1
             i = next((i for i, (when, _, _) in enumerate(_ENDS) if when.search(probe)), len(_ENDS))
-            return kinds[i + (n if tail else 0)]
+            return kinds[i + (n if inside else 0)]
     return None

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .rustsym import demangle
+
 # A describer looks at this many characters of a line: kernel report lines are
 # under 1 KiB (syzkaller's corpus), and a bound keeps every pattern's cost bounded.
 WIDTH = 1024
@@ -292,8 +294,10 @@ def _any(patterns, text: str) -> bool:
 
 def _append(raw: list[str], m: re.Match, skip: re.Pattern) -> None:
     for frame in m.groups():
-        if frame and not skip.search(frame):
-            raw.append(frame)
+        if frame:
+            frame = demangle(frame)
+            if not skip.search(frame):
+                raw.append(frame)
 
 
 # --- titles: syzkaller's dynamicTitleReplacement and sanitizeTitle -----------------

@@ -117,7 +117,7 @@ class Scanner:
             self._open = cur = None     # the kernel prints the cut header line again, whole
         if cur:
             kind = self._dialect.start(line.text)
-            continued = kind and (kind.tail or kind.name in cur.kind.absorbs - cur.absorbed
+            continued = kind and (kind.tail or kind.inside or kind.name in cur.kind.absorbs - cur.absorbed
                                   or self._other_task(cur, line))
             if kind and not continued:
                 self._close(f"interrupted by {kind.name}" if cur.kind.end else None,
