@@ -236,3 +236,17 @@ def test_a_rust_panic_is_named_by_the_rust_frame():
              " _RNvMs3_NtCshgDM7dBCdno_11rust_binder7processNtB5_7Process10update_ref+0x1/0x2", " </TASK>"]
     [r] = parse("".join(f"[ 1.0][ T1] {line}\n" for line in lines))
     assert r.title == "attempt to subtract with overflow in <rust_binder::process::Process>::update_ref"
+
+
+def test_a_title_lacking_its_frames_reads_past_the_end_marker_to_the_next_report():
+    """Interleaved output may put another report's "---[ end trace" before this one's
+    stack: syzkaller reads to the next report; the report's text still ends there."""
+    lines = ["WARNING: CPU: 0 PID: 1 at a/b.c:1 foo+0x1/0x2", "---[ end trace 0000000000000000 ]---",
+             "RIP: 0010:foo+0x1/0x2", "general protection fault: 0000 [#1]", "RIP: 0010:bar+0x1/0x2"]
+    reps = parse("".join(f"[ 1.0] {line}\n" for line in lines))
+    assert [r.title for r in reps] == ["WARNING in foo", "general protection fault in bar"]
+    assert "RIP" not in reps[0].text
+    # and a live console gets a whole report at its end marker
+    kasan = load(CORPUS / "linux" / "lkdtm-kasan-slab-out-of-bounds")[1]
+    scanner = Scanner("linux")
+    assert len(scanner.feed(kasan[:parse(kasan)[0].end])) == 1

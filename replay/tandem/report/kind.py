@@ -29,3 +29,7 @@ class Kind:
     # "Sending NMI from CPU": syzkaller's rule. Without it, only printk caller ids filter.
     strict_context: bool = False
     drop_line: Callable[[str], bool] | None = None  # a prefixed line that is no part of a report
+    # Why a report is corrupted when its title lacks lines: at its end marker, such a
+    # report's title reads on to the next report, as syzkaller's does (its text ends there).
+    reread: frozenset[str] = frozenset()
+    with_context: bool = False  # describe(lines, ctx): the printk context of the report's lines

@@ -472,9 +472,10 @@ _MIN_LINES, _MIN_LINES_KMSAN = 22, 16
 _STOP_AT = ("Kernel panic - not syncing", "WARNING: possible circular locking dependency detected")
 
 
-def _report_lines(lines: list[str]) -> tuple[list[str], list[str]]:
+def _report_lines(lines: list[str], caller: bool) -> tuple[list[str], list[str]]:
     """syzkaller's findReport on a report's lines (other contexts already left out): the
-    lines its title comes from (up to a message with a stack of its own) and all of them."""
+    lines its title comes from (up to a message with a stack of its own, unless the lines
+    carry a printk caller id) and all of them."""
     out = []
     limit = _MIN_LINES_KMSAN if "BUG: KMSAN:" in lines[0] else _MIN_LINES
     title_end = None
@@ -485,7 +486,7 @@ def _report_lines(lines: list[str]) -> tuple[list[str], list[str]]:
                 continue
             if i + 1 > limit and any(s in text for s in _STOP_AT):
                 break
-            if title_end is None and any(s in text for s in INFO_WITH_STACK):
+            if title_end is None and not caller and any(s in text for s in INFO_WITH_STACK):
                 title_end = len(out)
         out.append(text)
     return out[:title_end] if title_end is not None else out, out
@@ -540,8 +541,8 @@ _ENDS = [
 
 
 def _describer(o: Oops):
-    def describe(lines: list[str]) -> Description:
-        title_lines, all_lines = _report_lines(lines)
+    def describe(lines: list[str], ctx: str = "") -> Description:
+        title_lines, all_lines = _report_lines(lines, ctx not in ("", "kernel"))
         res = oops.describe(o.header, o.formats, title_lines, PARAMS)
         text = oops.title(res.title)
         corrupted = res.corrupted or _corrupted(text, all_lines, res.format, bool(res.frames))
@@ -594,6 +595,11 @@ def _corrupted(title: str, lines: list[str], f: Format | None, framed: bool) -> 
     return None if has_stack or framed else "no stack trace in report"
 
 
+# A title these leave "in corrupted" may find its frames after the report's end marker
+# (interleaved output): syzkaller reads to the next report.
+_INCOMPLETE = frozenset({oops.CORRUPTED_NO_FRAMES, oops.NO_REPORT_MATCH, oops.FORMAT_CORRUPTED})
+
+
 def _kinds_of(o: Oops) -> list[Kind]:
     describe = _describer(o)
     out = []
@@ -601,7 +607,7 @@ def _kinds_of(o: Oops) -> list[Kind]:
         for i, (when, end, task_end) in enumerate(_ENDS + [(None, None, False)]):
             out.append(Kind(f"{o.header}#{i}{'~' if inside else ''}", re.compile(re.escape(o.header)), describe,
                             end=end, task_end=task_end, inside=inside, strict_context=True,
-                            drop_line=_questionable,
+                            drop_line=_questionable, reread=_INCOMPLETE, with_context=True,
                             # a panic just after a report is its aftermath (panic_on_warn, Fatal exception)
                             tail=inside and o.header == "Kernel panic"))
     return out

@@ -105,6 +105,8 @@ class Result:
 
 
 CORRUPTED_NO_FRAMES = "extracted no frames"
+NO_REPORT_MATCH = "matched title but not report regexp"
+FORMAT_CORRUPTED = "report format is marked as corrupted"
 
 
 def describe(header: str, formats: tuple[Format, ...], lines: list[str], params: StackParams) -> Result:
@@ -135,11 +137,11 @@ def describe(header: str, formats: tuple[Format, ...], lines: list[str], params:
         res.title = _format(f.fmt, groups)
         best = res
     if best is None or not best.title:
-        best = Result(corrupted="matched title but not report regexp" if matched_title else None)
+        best = Result(corrupted=NO_REPORT_MATCH if matched_title else None)
         line = next((t for t in lines if header in t), "")
         best.title = line[line.find(header):] if header in line else header
     if best.corrupted is None and best.format is not None and best.format.corrupted:
-        best.corrupted = "report format is marked as corrupted"
+        best.corrupted = FORMAT_CORRUPTED
     return best
 
 

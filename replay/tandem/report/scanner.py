@@ -17,7 +17,8 @@ MAX_LINE = 64 * 1024
 REPLAYED = "** replaying previous printk message **"
 # A report cut by a later report of its own task (printk caller ids) still reads its
 # task's next lines for its title, as syzkaller does, up to its end marker or this
-# many lines; at most READERS reports read at once (the oldest is then described).
+# many lines, and so does a report whose title lacks lines at its end marker (up to
+# the next report); at most READERS reports read at once (the oldest is then described).
 READ_LINES = 1000
 READERS = 4
 
@@ -33,6 +34,7 @@ class _Open:
     cut: str | None = None      # why its text ended, once it has
     more: list[str] = field(default_factory=list)  # lines after its text, for its title only
     report: object = None       # the Report, once described
+    ended: bool = False         # past its end marker, its title reads on to the next report
 
 
 class Scanner:
@@ -98,17 +100,25 @@ class Scanner:
             out.append(self._queue.popleft().report)
         return out
 
-    def _read_titles(self, line: Line) -> None:
+    def _read_titles(self, line: Line, kind: Kind | None) -> None:
         """Give a line to the reports whose titles still read their task's lines."""
         for r in list(self._readers):
-            if self._ours(r, line):
+            if r.ended and not self._caller(r) and kind and not (kind.inside or kind.tail):
+                self._describe(r)       # the next report: syzkaller's reads no further
+            elif self._ours(r, line):
                 r.more.append(line.text)
-                if self._ends(r, line) or len(r.more) >= READ_LINES:
+                if len(r.more) >= READ_LINES:
                     self._describe(r)
+                elif not r.ended and self._ends(r, line):
+                    desc = self._text_desc(r)
+                    if desc.corrupted in r.kind.reread:
+                        r.ended = True      # its title lacks lines: read on
+                    else:
+                        self._describe(r, desc)
 
     def _line(self, line: Line) -> None:
         if self._readers:
-            self._read_titles(line)
+            self._read_titles(line, self._dialect.start(line.text))
         cur = self._open
         if cur and cur.kind.continues and not cur.kind.continues(line.text):
             self._close(None)
@@ -127,7 +137,7 @@ class Scanner:
                 if kind:
                     cur.absorbed.add(kind.name)
                 if self._append(cur, line) and self._ends(cur, line):
-                    self._close(None)
+                    self._close(None, at_end=True)
                 return
         self._since_end += 1
         kind = self._dialect.start(line.text)
@@ -175,27 +185,38 @@ class Scanner:
                 return True
         return False
 
-    def _close(self, corrupted: str | None, reading: Line | None = None) -> None:
+    def _close(self, corrupted: str | None, reading: Line | None = None, at_end: bool = False) -> None:
         """End the open report's text; describe it now, or once its title has read on
-        from `reading`, the line of the report that cut it."""
+        from `reading`, the line of the report that cut it, or past its end marker
+        (`at_end`) when its title lacks what comes after."""
         cur, self._open = self._open, None
         self._since_end = 0
         cur.cut = corrupted
         self._queue.append(cur)
-        if reading is not None:
-            cur.more.append(reading.text)
+        desc = None
+        if at_end and cur.kind.reread:
+            desc = self._text_desc(cur)
+            cur.ended = desc.corrupted in cur.kind.reread
+        if reading is not None or cur.ended:
+            cur.more += [reading.text] if reading is not None else []
             if len(self._readers) >= READERS:
                 self._describe(self._readers[0])
             self._readers.append(cur)
         else:
-            self._describe(cur)
+            self._describe(cur, desc)
 
-    def _describe(self, cur: _Open) -> None:
+    @staticmethod
+    def _text_desc(cur: _Open):
+        texts = [l.text for l in cur.lines] + cur.more
+        return cur.kind.describe(texts, cur.ctx) if cur.kind.with_context else cur.kind.describe(texts)
+
+    def _describe(self, cur: _Open, desc=None) -> None:
         from . import USERLAND_TYPES, Report
         if cur in self._readers:
             self._readers.remove(cur)
         lines = cur.lines
-        desc = cur.kind.describe([l.text for l in lines] + cur.more)
+        if desc is None:
+            desc = self._text_desc(cur)
         corrupted = cur.cut
         cur.more = []
         cur.report = Report(os="userland" if desc.type in USERLAND_TYPES else self.os, type=desc.type, title=desc.title,
