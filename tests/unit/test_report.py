@@ -206,8 +206,9 @@ def test_another_tasks_report_does_not_end_a_tasks_report():
     lines = ["[ 1.0][ T10] WARNING: CPU: 0 PID: 10 at a/b.c:1 foo+0x1/0x2",
              "[ 1.1][ T20] BUG: sleeping function called from invalid context at x.c:1",
              "[ 1.2][ T10] Call Trace:", "[ 1.3][ T10]  bar+0x1/0x2"]
-    [r] = parse("\n".join(lines) + "\n")
-    assert r.title == "WARNING in bar" and "sleeping" not in r.text
+    warning, sleeping = parse("\n".join(lines) + "\n")
+    assert warning.title == "WARNING in bar" and "sleeping" not in warning.text
+    assert sleeping.title.startswith("BUG: sleeping function called from invalid context")
 
 
 def test_a_header_printk_cut_and_replayed_is_read_whole():

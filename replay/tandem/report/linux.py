@@ -564,6 +564,8 @@ def _frames(title: str, frames: list[str], lines: list[str]) -> list[str]:
             f = PARAMS.frame_res[0].search(text)
             if f and not skip.search(f.group(1)):
                 frames.append(PARAMS.strip(f.group(1)))
+                if len(frames) >= oops.MAX_FRAMES:
+                    break
     return named + [f for f in frames if f not in named]
 
 

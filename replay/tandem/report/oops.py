@@ -89,11 +89,11 @@ class StackParams:
 
     def strip(self, frame: str) -> str:
         """The shortest of the frame without one of the syscall prefixes."""
-        best = frame
-        for prefix in self.strip_prefixes:
-            if frame.startswith(prefix) and len(frame) - len(prefix) < len(best):
-                best = frame[len(prefix):]
-        return best
+        if "strip" not in self.skip_cache:   # the longest prefix first: the shortest rest
+            longest = sorted(self.strip_prefixes, key=len, reverse=True)
+            self.skip_cache["strip"] = re.compile("|".join(map(re.escape, longest)))
+        m = self.skip_cache["strip"].match(frame)
+        return frame[m.end():] if m else frame
 
 
 @dataclass
@@ -223,14 +223,19 @@ def extract_stack(params: StackParams, stack: Stack, lines: list[str],
     return keys, frames, ok
 
 
+# Frames a Description keeps after the guilty one.
+MAX_FRAMES = 64
+
+
 def _key_frame(params: StackParams, stack: Stack, raw: list[str]) -> tuple[str, list[str]]:
     if not raw:
         return "", []
-    stripped = [params.strip(f) for f in raw]
     if stack.extractor is None:
+        stripped = [params.strip(f) for f in raw[:MAX_FRAMES]]
         return stripped[0], stripped
+    stripped = [params.strip(f) for f in raw]
     frame, idx = stack.extractor(stripped)
-    return (frame, [frame] + stripped[idx + 1:]) if frame else ("", [])
+    return (frame, [frame] + stripped[idx + 1:idx + MAX_FRAMES]) if frame else ("", [])
 
 
 def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],

@@ -20,7 +20,7 @@ REPLAYED = "** replaying previous printk message **"
 # many lines, and so does a report whose title lacks lines at its end marker (up to
 # the next report); at most READERS reports read at once (the oldest is then described).
 READ_LINES = 1000
-READERS = 4
+READERS = 8
 
 
 @dataclass
@@ -127,9 +127,11 @@ class Scanner:
             self._open = cur = None     # the kernel prints the cut header line again, whole
         if cur:
             kind = self._dialect.start(line.text)
-            continued = kind and (kind.tail or kind.inside or kind.name in cur.kind.absorbs - cur.absorbed
-                                  or self._other_task(cur, line))
-            if kind and not continued:
+            continued = kind and (kind.tail or kind.inside or kind.name in cur.kind.absorbs - cur.absorbed)
+            if kind and not continued and self._other_task(cur, line):
+                self._close(None, aside=True)   # both are read, each in its own context
+                cur = None
+            elif kind and not continued:
                 self._close(f"interrupted by {kind.name}" if cur.kind.end else None,
                             reading=line if self._caller(cur) and line.ctx == cur.ctx else None)
                 cur = None
@@ -153,7 +155,8 @@ class Scanner:
         return cur.kind.strict_context and cur.ctx not in ("", "kernel")
 
     def _other_task(self, cur: _Open, line: Line) -> bool:
-        """Another task's or CPU's report does not end this one (nor is it read)."""
+        """Another task's or CPU's report does not end this one's title (syzkaller reads
+        a report with caller ids to its end, whatever comes in between)."""
         return self._caller(cur) and line.ctx != cur.ctx
 
     def _ours(self, cur: _Open, line: Line) -> bool:
@@ -185,10 +188,12 @@ class Scanner:
                 return True
         return False
 
-    def _close(self, corrupted: str | None, reading: Line | None = None, at_end: bool = False) -> None:
+    def _close(self, corrupted: str | None, reading: Line | None = None, at_end: bool = False,
+               aside: bool = False) -> None:
         """End the open report's text; describe it now, or once its title has read on
         from `reading`, the line of the report that cut it, or past its end marker
-        (`at_end`) when its title lacks what comes after."""
+        (`at_end`) when its title lacks what comes after, or (`aside`) once its task's
+        lines end while another task's report is read."""
         cur, self._open = self._open, None
         self._since_end = 0
         cur.cut = corrupted
@@ -197,7 +202,7 @@ class Scanner:
         if at_end and cur.kind.reread:
             desc = self._text_desc(cur)
             cur.ended = desc.corrupted in cur.kind.reread
-        if reading is not None or cur.ended:
+        if reading is not None or cur.ended or aside:
             cur.more += [reading.text] if reading is not None else []
             if len(self._readers) >= READERS:
                 self._describe(self._readers[0])
