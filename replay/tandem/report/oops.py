@@ -175,7 +175,7 @@ def _report_match(f: Format, lines: list[str], pos: tuple[int, int]) -> tuple[li
     first, *rest = f.report
     groups: list[str] = []
     start = None
-    for i, text in enumerate(lines[:_limit(lines)]):
+    for i, text in enumerate(lines):
         m = first.pattern.search(text)
         if m:
             groups += [g or "" for g in m.groups()]
@@ -195,10 +195,6 @@ def _report_match(f: Format, lines: list[str], pos: tuple[int, int]) -> tuple[li
         else:
             return None
     return groups, start
-
-
-def _limit(lines: list[str]) -> int:
-    return len(lines)
 
 
 def _search(step: Step, text: str) -> re.Match | None:
