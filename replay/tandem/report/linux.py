@@ -545,7 +545,7 @@ def _describer(o: Oops):
         title_lines, all_lines = _report_lines(lines, ctx not in ("", "kernel"))
         res = oops.describe(o.header, o.formats, title_lines, PARAMS)
         text = oops.title(res.title)
-        corrupted = res.corrupted or _corrupted(text, all_lines, res.format, bool(res.frames))
+        corrupted = res.corrupted or _corrupted(res.title, all_lines, res.format)
         return Description(title_type(text), text, _frames(text, res.frames, all_lines), corrupted)
     return describe
 
@@ -569,10 +569,10 @@ def _frames(title: str, frames: list[str], lines: list[str]) -> list[str]:
     return named + [f for f in frames if f not in named]
 
 
-def _corrupted(title: str, lines: list[str], f: Format | None, framed: bool) -> str | None:
-    """syzkaller's isCorrupted: a timestamp in the title, or a stack that has no frame.
-    A report whose stack gave its frames is whole though no "Call Trace:" line says so
-    (KFENCE prints its stacks under its own headers; syzkaller calls that corrupted)."""
+def _corrupted(title: str, lines: list[str], f: Format | None) -> str | None:
+    """syzkaller's isCorrupted: a timestamp in the (raw) title, or a stack that has no frame.
+    A report with stack frames is whole though no "Call Trace:" line says so (KFENCE
+    prints its stacks under its own headers; syzkaller calls that corrupted)."""
     if re.search(r"\[ *[0-9]+\.[0-9]+\]", title):
         return "title matches corrupted regexp"
     if f is None or f.no_stack_trace:
@@ -582,7 +582,7 @@ def _corrupted(title: str, lines: list[str], f: Format | None, framed: bool) -> 
         at = next((i for i, t in enumerate(lines) if key.search(t)), None)
         if at is None:
             continue
-        after = lines[at:]
+        after = lines[at:] + [""]     # syzkaller's text ends with a newline: one more, empty line
         if len(after) < 4:
             return "call trace is missed"
         found = False
@@ -594,7 +594,18 @@ def _corrupted(title: str, lines: list[str], f: Format | None, framed: bool) -> 
                 break
         if key is not RISCV_STACK_START and not found:
             return "no frames in a stack trace"
-    return None if has_stack or framed else "no stack trace in report"
+    if has_stack or _has_frames(lines[1:], 2):
+        return None
+    return "no stack trace in report"
+
+
+def _has_frames(lines: list[str], n: int) -> bool:
+    for text in lines:
+        if any(r.search(text) for r in PARAMS.frame_res):
+            n -= 1
+            if n == 0:
+                return True
+    return False
 
 
 # A title these leave "in corrupted" may find its frames after the report's end marker

@@ -132,7 +132,9 @@ class Scanner:
                 self._close(None, aside=True)   # both are read, each in its own context
                 cur = None
             elif kind and not continued:
-                self._close(f"interrupted by {kind.name}" if cur.kind.end else None,
+                # syzkaller's Linux parser does not call a report cut by another corrupted
+                interrupted = cur.kind.end and not cur.kind.strict_context
+                self._close(f"interrupted by {kind.name}" if interrupted else None,
                             reading=line if self._caller(cur) and line.ctx == cur.ctx else None)
                 cur = None
             else:
