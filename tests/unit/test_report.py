@@ -266,3 +266,10 @@ def test_corrupted_where_syzkaller_says_so():
         if b"TITLE: " in head and reps and reps[0].corrupted != (b"\nCORRUPTED: Y" in b"\n" + head):
             differ.append((path.name, reps[0].corrupted_reason))
     assert not differ
+
+
+def test_a_message_the_kernel_repeats_is_a_report_each_time_and_bounded():
+    line = "[ {}.0] unregister_netdevice: waiting for lo to become free. Usage count = 1\n"
+    reps = parse("".join(line.format(i) for i in range(3)))
+    assert [r.title for r in reps] == ["unregister_netdevice: waiting for DEV to become free"] * 3
+    assert all(r.text.count("\n") == 0 for r in reps)

@@ -613,14 +613,22 @@ def _has_frames(lines: list[str], n: int) -> bool:
 _INCOMPLETE = frozenset({oops.CORRUPTED_NO_FRAMES, oops.NO_REPORT_MATCH, oops.FORMAT_CORRUPTED})
 
 
+# Reports named by their first line alone (no format reads a stack): they end there, and
+# a message the kernel repeats (unregister_netdevice every 10 s) is not one endless report.
+_ONE_LINE = frozenset({"unregister_netdevice: waiting for", "VFS: Close: file count is 0",
+                       "VFS: Busy inodes after unmount", "Booting the kernel.", "trusty: panic", "fatal error:",
+                       "SYZFAIL:", "SYZFATAL:", "panic:"})
+
+
 def _kinds_of(o: Oops) -> list[Kind]:
     describe = _describer(o)
+    one_line = (lambda text: False) if o.header in _ONE_LINE else None
     out = []
     for inside in (False, True):
         for i, (when, end, task_end) in enumerate(_ENDS + [(None, None, False)]):
             out.append(Kind(f"{o.header}#{i}{'~' if inside else ''}", re.compile(re.escape(o.header)), describe,
                             end=end, task_end=task_end, inside=inside, strict_context=True,
-                            drop_line=_questionable, reread=_INCOMPLETE, with_context=True,
+                            drop_line=_questionable, reread=_INCOMPLETE, with_context=True, continues=one_line,
                             # a panic just after a report is its aftermath (panic_on_warn, Fatal exception)
                             tail=inside and o.header == "Kernel panic"))
     return out

@@ -20,6 +20,9 @@ REPLAYED = "** replaying previous printk message **"
 # many lines, and so does a report whose title lacks lines at its end marker (up to
 # the next report); at most READERS reports read at once (the oldest is then described).
 READ_LINES = 1000
+# A report with no end marker ends at the next report: the guest may never print one.
+# Its text is bounded here (the longest in the shared half of syzkaller's corpus has 261 lines).
+MAX_REPORT_LINES = 20000
 READERS = 8
 
 
@@ -142,6 +145,8 @@ class Scanner:
                     cur.absorbed.add(kind.name)
                 if self._append(cur, line) and self._ends(cur, line):
                     self._close(None, at_end=True)
+                elif len(cur.lines) >= MAX_REPORT_LINES:
+                    self._close(None)
                 return
         self._since_end += 1
         kind = self._dialect.start(line.text)
