@@ -643,8 +643,14 @@ _KINDS = {o.header: _kinds_of(o) for o in OOPSES}
 KINDS = [kinds[0] for kinds in _KINDS.values()]
 
 
+# Most console lines hold no header: one search says so.
+_ANY_HEADER = re.compile("|".join(re.escape(o.header) for o in OOPSES))
+
+
 def start(text: str) -> Kind | None:
     """The kind of report a console line starts, by syzkaller's oops headers."""
+    if not _ANY_HEADER.search(text):
+        return None
     for o in OOPSES:
         if o.header in text:
             probe = text[:oops.WIDTH]

@@ -82,6 +82,13 @@ class StackParams:
     strip_prefixes: tuple[str, ...]
     skip_cache: dict = field(default_factory=dict, compare=False, hash=False)
 
+    def any_of(self, name: str) -> re.Pattern:
+        """One pattern for "any of" stack_starts or corrupted_lines (a search each, per line)."""
+        if name not in self.skip_cache:
+            parts = getattr(self, name)
+            self.skip_cache[name] = re.compile("|".join(f"(?:{p.pattern})" for p in parts), re.ASCII)
+        return self.skip_cache[name]
+
     def skip_re(self, extra: tuple[str, ...]) -> re.Pattern:
         if extra not in self.skip_cache:
             self.skip_cache[extra] = re.compile("|".join(self.skip + extra), re.ASCII)
@@ -260,10 +267,10 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
             while pos < len(lines):
                 ln = lines[pos]
                 pos += 1
-                if _any(params.corrupted_lines, ln):
+                if params.any_of("corrupted_lines").search(ln):
                     ok = False
                     break
-                if _any(params.stack_starts, ln):
+                if params.any_of("stack_starts").search(ln):
                     break
                 if idx != len(parts) - 1:
                     m = parts[idx + 1].search(ln)
@@ -280,7 +287,7 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
             while pos < len(lines):
                 ln = lines[pos]
                 pos += 1
-                if _any(params.corrupted_lines, ln):
+                if params.any_of("corrupted_lines").search(ln):
                     ok = False
                     break
                 m = part.search(ln)
@@ -289,10 +296,6 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
                     break
         idx += 1
     return keys, frames, ok
-
-
-def _any(patterns, text: str) -> bool:
-    return any(p.search(text) for p in patterns)
 
 
 def _append(raw: list[str], m: re.Match, skip: re.Pattern) -> None:
