@@ -230,6 +230,30 @@ def test_rust_v0_frames_are_named_by_their_paths():
         assert demangle(name) == name
 
 
+def test_rust_back_references_cannot_blow_up():
+    """Each level a tuple of two back references to the level before: 2^25 nodes unbounded."""
+    from tandem.report import rustsym
+
+    def b62(n):
+        digits = ""
+        while n:
+            n, d = divmod(n - 1, 62)
+            digits = rustsym._B62[d] + digits
+            if n == 0:
+                break
+        return digits + "_"
+    body, prev = "h", 0
+    for _ in range(25):
+        start = len(body)
+        body += f"TB{b62(prev)}B{b62(prev)}E"
+        prev = start
+    p = rustsym._Parser(body + f"B{b62(prev)}")
+    p.i, p.quiet = len(body), 1          # printed or not, the work is bounded
+    with pytest.raises(rustsym._Bad):
+        p.type()
+    assert p.steps <= rustsym._MAX_STEPS + 1
+
+
 def test_a_rust_panic_is_named_by_the_rust_frame():
     lines = ["rust_kernel: panicked at drivers/android/binder/node.rs:877:13:", "attempt to subtract with overflow",
              "Call Trace:", " <TASK>", " _RNvCscSpY9Juk0HT_7___rustc17rust_begin_unwind+0x15b/0x160",

@@ -14,6 +14,7 @@ _BASIC = {"a": "i8", "b": "bool", "c": "char", "d": "f64", "e": "str", "f": "f32
           "u": "()", "v": "...", "x": "i64", "y": "u64", "z": "!"}
 _MAX_DEPTH = 64
 _MAX_OUT = 1024
+_MAX_STEPS = 4096
 _B62 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
@@ -25,6 +26,7 @@ class _Parser:
     def __init__(self, text: str):
         self.s, self.i, self.depth, self.out, self.quiet = text, 0, 0, [], 0
         self.size = 0
+        self.steps = 0
 
     # -- reading
     def peek(self) -> str:
@@ -87,7 +89,8 @@ class _Parser:
 
     def nest(self):
         self.depth += 1
-        if self.depth > _MAX_DEPTH:
+        self.steps += 1     # back references can repeat a part many times, even unprinted
+        if self.depth > _MAX_DEPTH or self.steps > _MAX_STEPS:
             raise _Bad
 
     def backref(self, parse) -> None:
