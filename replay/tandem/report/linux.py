@@ -643,6 +643,10 @@ _KINDS = {o.header: _kinds_of(o) for o in OOPSES}
 KINDS = [kinds[0] for kinds in _KINDS.values()]
 
 
+# What of a line around its header the patterns read: what a suppression names before it
+# ("EXT4-fs (sda): WARNING", "rmt_storage:INFO:") and the header's own message. A bound
+# on the text keeps a line of repeated headers from costing its length squared.
+_BEFORE, _AFTER = 128, 512
 # Most console lines hold no header: one search says so.
 _ANY_HEADER = re.compile("|".join(re.escape(o.header) for o in OOPSES))
 
@@ -652,8 +656,9 @@ def start(text: str) -> Kind | None:
     if not _ANY_HEADER.search(text):
         return None
     for o in OOPSES:
-        if o.header in text:
-            probe = text[:oops.WIDTH]
+        at = text.find(o.header)
+        if at >= 0:
+            probe = text[max(0, at - _BEFORE):at + _AFTER]
             if any(s.search(probe) for s in o.suppressions):
                 continue
             inside = any(p.search(probe) for p in REPORT_START_IGNORES)

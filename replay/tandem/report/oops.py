@@ -26,6 +26,7 @@ WIDTH = 1024
 # first of them is the report's own first line; syzkaller finds its title there
 # in every corpus report).
 TITLE_LINES = 50
+TITLE_WIDTH = 512   # characters from the header a title pattern reads
 
 # Go regexp placeholders of syzkaller's compile(), as Python patterns.
 PC = r"\[<?(?:0x)?[0-9a-f]+>?\]"
@@ -161,9 +162,11 @@ def _title_pos(title: re.Pattern, header: str, lines: list[str]) -> tuple[int, i
     seen = 0
     anchored = title.pattern.startswith("^")
     for i, text in enumerate(lines):
-        if header not in text:
+        at = text.find(header)
+        if at < 0:
             continue
-        m = title.search(text)
+        # a title starts at its header: look there (a line of repeated headers stays cheap)
+        m = title.search(text[:at + TITLE_WIDTH], 0 if anchored else at)
         if m:
             return i, m.start()
         seen += 1
@@ -177,7 +180,7 @@ def _report_match(f: Format, lines: list[str], pos: tuple[int, int]) -> tuple[li
     regexp when there is one, else the title's own match."""
     if not f.report:
         i, col = pos
-        m = f.title.search(lines[i], col)
+        m = f.title.search(lines[i][:col + TITLE_WIDTH], col)
         return [g or "" for g in m.groups()], pos
     first, *rest = f.report
     groups: list[str] = []
