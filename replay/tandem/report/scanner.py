@@ -20,10 +20,10 @@ REPLAYED = "** replaying previous printk message **"
 # many lines, and so does a report whose title lacks lines at its end marker (up to
 # the next report); at most READERS reports read at once (the oldest is then described).
 READ_LINES = 1000
+READERS = 8
 # A report with no end marker ends at the next report: the guest may never print one.
 # Its text is bounded here (the longest in the shared half of syzkaller's corpus has 261 lines).
 MAX_REPORT_LINES = 20000
-READERS = 8
 
 
 @dataclass
@@ -44,7 +44,9 @@ class Scanner:
     """Feed console output as it arrives; get each report once it is complete.
 
     A report is complete at its end marker, at the start of the next report, or
-    at flush(). Offsets count bytes from the first byte ever fed.
+    at flush(); one whose title still reads later lines of its context (see
+    READ_LINES) is given out once it has, and the reports after it wait for it.
+    Offsets count bytes from the first byte ever fed.
     """
 
     def __init__(self, os: str = "linux"):
