@@ -33,6 +33,7 @@ TYPES = {
     "PANIC": "Kernel panic - not syncing, with no report before it (Linux); panic() (FreeBSD)",
     "HUNG_TASK": "task blocked for too long",
     "RCU_STALL": "RCU grace period stall",
+    "LEAK": "kernel memory leak found by kmemleak",
     # FreeBSD (also KASAN, KMSAN, PANIC)
     "KASSERT": "failed KASSERT/MPASS: a panic naming the source file and line",
     "FATAL_TRAP": "fatal trap (page fault, protection fault) in kernel mode",

@@ -503,6 +503,7 @@ _TYPES = [
                  "BUG: lock held when returning", "WARNING: lock held when returning",
                  "INFO: trying to register non-static key", "WARNING: locking bug", "WARNING: nested lock")),
     ("RCU_STALL", ("INFO: rcu detected stall",)),
+    ("LEAK", ("memory leak in",)),
     ("HUNG_TASK", ("INFO: task hung", "INFO: task can't die", "unregister_netdevice: waiting for")),
     ("GPF", ("general protection fault",)),
     ("WARNING", ("WARNING",)),
