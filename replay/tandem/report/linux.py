@@ -579,8 +579,15 @@ def _corrupted(title: str, lines: list[str], f: Format | None) -> str | None:
     if f is None or f.no_stack_trace:
         return None
     has_stack = False
-    for key in PARAMS.stack_starts:
-        at = next((i for i, t in enumerate(lines) if key.search(t)), None)
+    first: dict[int, int] = {}      # stack start pattern -> its first line
+    any_start = PARAMS.any_of("stack_starts")
+    for i, t in enumerate(lines):
+        if any_start.search(t):
+            for k, key in enumerate(PARAMS.stack_starts):
+                if k not in first and key.search(t):
+                    first[k] = i
+    for k, key in enumerate(PARAMS.stack_starts):
+        at = first.get(k)
         if at is None:
             continue
         after = lines[at:] + [""]     # syzkaller's text ends with a newline: one more, empty line

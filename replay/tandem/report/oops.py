@@ -122,8 +122,9 @@ def describe(header: str, formats: tuple[Format, ...], lines: list[str], params:
     best: Result | None = None
     best_pos: tuple[int, int] | None = None
     matched_title = False
+    holders = _header_lines(header, lines)
     for f in formats:
-        pos = _title_pos(f.title, header, lines)
+        pos = _title_pos(f.title, holders, lines)
         if pos is None or (best_pos is not None and pos > best_pos):
             continue
         if best_pos is not None and pos == best_pos and best is not None and best.title:
@@ -158,20 +159,25 @@ def _format(fmt: str, groups: list[str]) -> str:
                   fmt)
 
 
-def _title_pos(title: re.Pattern, header: str, lines: list[str]) -> tuple[int, int] | None:
-    seen = 0
-    anchored = title.pattern.startswith("^")
+def _header_lines(header: str, lines: list[str]) -> list[tuple[int, int]]:
+    """(line, column) of the header in the first TITLE_LINES lines that hold it."""
+    out = []
     for i, text in enumerate(lines):
         at = text.find(header)
-        if at < 0:
-            continue
+        if at >= 0:
+            out.append((i, at))
+            if len(out) >= TITLE_LINES:
+                break
+    return out
+
+
+def _title_pos(title: re.Pattern, holders: list[tuple[int, int]], lines: list[str]) -> tuple[int, int] | None:
+    anchored = title.pattern.startswith("^")
+    for i, at in holders[:1] if anchored else holders:
         # a title starts at its header: look there (a line of repeated headers stays cheap)
-        m = title.search(text[:at + TITLE_WIDTH], 0 if anchored else at)
+        m = title.search(lines[i][:at + TITLE_WIDTH], 0 if anchored else at)
         if m:
             return i, m.start()
-        seen += 1
-        if anchored or seen >= TITLE_LINES:
-            return None
     return None
 
 

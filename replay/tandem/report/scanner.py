@@ -122,8 +122,9 @@ class Scanner:
                         self._describe(r, desc)
 
     def _line(self, line: Line) -> None:
+        starts = self._dialect.start(line.text)
         if self._readers:
-            self._read_titles(line, self._dialect.start(line.text))
+            self._read_titles(line, starts)
         cur = self._open
         if cur and cur.kind.continues and not cur.kind.continues(line.text):
             self._close(None)
@@ -131,7 +132,7 @@ class Scanner:
         if cur and len(cur.lines) == 1 and REPLAYED in line.text:
             self._open = cur = None     # the kernel prints the cut header line again, whole
         if cur:
-            kind = self._dialect.start(line.text)
+            kind = starts
             continued = kind and (kind.tail or kind.inside or kind.name in cur.kind.absorbs - cur.absorbed)
             if kind and not continued and self._other_task(cur, line):
                 self._close(None, aside=True)   # both are read, each in its own context
@@ -151,7 +152,7 @@ class Scanner:
                     self._close(None)
                 return
         self._since_end += 1
-        kind = self._dialect.start(line.text)
+        kind = starts
         if kind and not (kind.tail and self._since_end <= TAIL_LINES):
             self._open = _Open(kind, [line], line.ctx)
             if kind.end is None and kind.continues is None and self._ends(self._open, line):
