@@ -33,6 +33,7 @@ TYPES = {
     "PANIC": "Kernel panic - not syncing, with no report before it (Linux); panic() (BSDs)",
     "HUNG_TASK": "task blocked for too long",
     "RCU_STALL": "RCU grace period stall",
+    "LEAK": "kernel memory leak found by kmemleak",
     # FreeBSD (also KASAN, KMSAN, PANIC)
     "KASSERT": "failed kernel assertion: KASSERT/MPASS (FreeBSD), kernel diagnostic assertion (OpenBSD, NetBSD)",
     "FATAL_TRAP": "fatal trap (page fault, protection fault) in kernel mode",

@@ -10,7 +10,11 @@ from typing import NamedTuple
 
 # printk: optional "<4>" level, "[   12.345678]" timestamp, optional caller
 # "[  T123]" / "[    C0]" (CONFIG_PRINTK_CALLER); FreeBSD's msgbuf: "[19] ".
+# A kernel line may follow a login prompt or a dropped-messages note on the same
+# console line (syzkaller's consoleOutputRe).
 _PRINTK = re.compile(r"^(?:<\d+>)?\[ *\d+\.\d+\](\[ *[CT]\d+\])? ?")
+_PRINTK_AFTER = re.compile(r"^(?:\*\* \d+ printk messages dropped \*\* )?(?:.* login: )?"
+                           r"(?:<\d+>)?\[ *\d+\.\d+\](\[ *[CT]\d+\])? ?")
 _BSD_UPTIME = re.compile(r"^\[\d+\] ")
 
 
@@ -36,6 +40,8 @@ def readable(text: str) -> str:
 def make_line(raw: str, start: int, end: int) -> Line:
     text = raw.rstrip("\n").rstrip("\r").replace("\r", "")
     m = _PRINTK.match(text)
+    if not m and (" login: " in text or text.startswith("** ")):
+        m = _PRINTK_AFTER.match(text)
     if m:
         ctx = m.group(1).strip("[] ") if m.group(1) else "kernel"
         return Line(start, end, text[m.end():], ctx)

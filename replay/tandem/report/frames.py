@@ -1,22 +1,14 @@
-"""Stack frames in report text, helper frames to skip, and the guilty frame.
+"""Stack frames in BSD and userland report text, helper frames to skip, and titles.
 
 The guilty frame names a report (syzkaller's approach): the first frame of the
 relevant stack that is not a sanitizer, locking, printing, allocation or
 string helper, because those are where a bug is detected, not where it is.
+Linux reports follow syzkaller's own tables (linux.py, oops.py).
 """
 from __future__ import annotations
 
 import re
 
-# "[<ffffffff81234567>] func+0x12/0x40", " func+0x12/0x40 [module]", " ? func+...",
-# symbolized " func+0x12/0x40 mm/x.c:12" and " inlined_func mm/x.c:12 [inline]".
-_LINUX_FRAME = re.compile(
-    r"^\s*(?:\[<?(?:0x)?[0-9a-f]+>?\]\s*){0,2}(\? )?([A-Za-z_][A-Za-z0-9_.$]*)"
-    r"(?:\+0x([0-9a-f]+)/0x([0-9a-f]+)|(?= [\w./-]+:\d+ \[inline\]))")
-# "RIP: 0010:func+0x12/0x40", "RIP: 0010:[<ffffffff...>]  [<ffffffff...>] func+0x24/0x30",
-# "IP: [<ffffffff...>] func+0x24/0x30", "RIP: 0010:func mm/x.c:12".
-_LINUX_RIP = re.compile(
-    r"^(?:RIP|IP|NIP): (?:[0-9a-f]{4}:)?(?:\[<[0-9a-f]+>\]\s*){0,2}([A-Za-z_][A-Za-z0-9_.]*)(?:\+0x|\s)")
 # FreeBSD ddb "func() at func+0x12/frame 0x...", KDB "#7 0xffffffff... at func+0xc".
 _BSD_FRAME = re.compile(r"^\s*(?:([A-Za-z_][A-Za-z0-9_.]*)\(\) at |#\d+ 0x[0-9a-f]+ at )"
                         r"([A-Za-z_][A-Za-z0-9_.]*)\+0x[0-9a-f]+")
@@ -45,20 +37,6 @@ SKIP = re.compile("|".join([
 ]))
 
 
-def linux_frame(text: str) -> tuple[str, int | None, int | None, bool] | None:
-    """(name, offset, size, questionable) of a Linux stack frame line, else None."""
-    m = _LINUX_FRAME.match(text)
-    if not m:
-        return None
-    off, size = (int(m.group(3), 16), int(m.group(4), 16)) if m.group(3) else (None, None)
-    return base_name(m.group(2)), off, size, bool(m.group(1))
-
-
-def linux_rip(text: str) -> str | None:
-    m = _LINUX_RIP.match(text)
-    return base_name(m.group(1)) if m else None
-
-
 def bsd_frame(text: str) -> str | None:
     m = _BSD_FRAME.match(text)
     return base_name(m.group(2)) if m else None
@@ -77,44 +55,6 @@ def base_name(name: str) -> str:
 def useful(frames: list[str], skip: re.Pattern | None = None) -> list[str]:
     """The frames that are not helpers, in order."""
     return [f for f in frames if not SKIP.search(f) and not (skip and skip.search(f))]
-
-
-# Stalls loop across several functions; the frame just above where the work was
-# dispatched (syscall entry, workqueue, timer, ...) is stable, the top one is not.
-_STALL_ANCHOR = re.compile(
-    r"^(do_syscall_|__do_fast_syscall|entry_SYSCALL|invoke_syscall|process_one_work|worker_thread|"
-    r"call_timer_fn|__run_timers|run_timer_softirq|handle_softirqs|__do_softirq|do_softirq|run_ksoftirqd|"
-    r"smpboot_thread_fn|kthread$|ret_from_fork|start_secondary|cpu_startup_entry|vfs_(read|write|ioctl)$|"
-    r"__x64_sys_ioctl|__se_sys_ioctl|__do_sys_ioctl|sock_(sendmsg|recvmsg|ioctl)$|__sys_connect|"
-    r"task_work_run|exit_to_user_mode|__fput$|tasklet_action|handle_mm_fault|do_user_addr_fault|"
-    r"nfnetlink_rcv_msg|rtnetlink_rcv_msg|genl_rcv_msg|netlink_dump)")
-_SYSCALL_PREFIX = re.compile(r"^(?:__(?:x64|ia32|arm64|se|do)_sys_|__sys_|ksys_|sys_)")
-
-
-def stall_frame(frames: list[str]) -> str | None:
-    prev = None
-    for f in frames:
-        if _STALL_ANCHOR.search(f):
-            return _SYSCALL_PREFIX.sub("", prev) if prev else None
-        prev = f
-    return None
-
-
-_HANG_BUCKETS = {"synchronize_rcu": "synchronize_rcu", "synchronize_srcu": "synchronize_rcu",
-                 "synchronize_net": "synchronize_rcu", "synchronize_sched": "synchronize_rcu",
-                 "rtnl_lock": "rtnl_lock"}
-_HANG_SKIP = re.compile(r"sched|_lock|_slowlock|down|rwsem|completion|kthread|wait|synchronize|"
-                        r"context_switch|__switch_to|schedule")
-
-
-def hang_frame(frames: list[str]) -> str | None:
-    """Hung tasks are victims: group the common waits (RCU, rtnl), else the first non-wait frame."""
-    for f in frames:
-        for anchor, bucket in _HANG_BUCKETS.items():
-            if anchor in f:
-                return bucket
-    rest = [f for f in frames if not _HANG_SKIP.search(f)]
-    return rest[0] if rest else None
 
 
 _DYNAMIC = [

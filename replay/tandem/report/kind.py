@@ -21,5 +21,15 @@ class Kind:
     end: re.Pattern | None = None           # the report's own last line (e.g. "=====")
     task_end: bool = False                  # ends with the "</TASK>" closing its last stack
     tail: bool = False                      # may be the aftermath of the report before it
+    inside: bool = False                    # inside a report, a part of it: starts none there
     absorbs: frozenset[str] = field(default_factory=frozenset)  # kinds that continue this one
     continues: Callable[[str], bool] | None = None  # single-message kinds: is this line still ours?
+    # Only lines of the first line's printk context are the report's (a timestamped report
+    # leaves out lines without one and the reverse), but for other CPUs' backtraces after
+    # "Sending NMI from CPU": syzkaller's rule. Without it, only printk caller ids filter.
+    strict_context: bool = False
+    drop_line: Callable[[str], bool] | None = None  # a prefixed line that is no part of a report
+    # Why a report is corrupted when its title lacks lines: at its end marker, such a
+    # report's title reads on to the next report, as syzkaller's does (its text ends there).
+    reread: frozenset[str] = frozenset()
+    with_context: bool = False  # describe(lines, ctx): the printk context of the report's lines

@@ -1,6 +1,7 @@
 """Cut a console into reports, incrementally: the same code serves parse() and live consoles."""
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from .console import Line, decode, make_line, readable
@@ -12,6 +13,17 @@ TAIL_LINES = 30
 # length: the scanner's memory stays bounded whatever the guest writes. No kernel report
 # line comes near it (the longest in syzkaller's corpus is under 1 KiB).
 MAX_LINE = 64 * 1024
+# printk's note that the line before was cut and is printed again.
+REPLAYED = "** replaying previous printk message **"
+# A report cut by a later report of its own task (printk caller ids) still reads its
+# task's next lines for its title, as syzkaller does, up to its end marker or this
+# many lines, and so does a report whose title lacks lines at its end marker (up to
+# the next report); at most READERS reports read at once (the oldest is then described).
+READ_LINES = 1000
+READERS = 8
+# A report with no end marker ends at the next report: the guest may never print one.
+# Its text is bounded here (the longest in the shared half of syzkaller's corpus has 261 lines).
+MAX_REPORT_LINES = 20000
 
 
 @dataclass
@@ -21,13 +33,20 @@ class _Open:
     ctx: str
     absorbed: set = field(default_factory=set)
     in_trace: bool = False
+    nmi: bool = False           # "Sending NMI from CPU" seen: other CPUs' lines are ours too
+    cut: str | None = None      # why its text ended, once it has
+    more: list[str] = field(default_factory=list)  # lines after its text, for its title only
+    report: object = None       # the Report, once described
+    ended: bool = False         # past its end marker, its title reads on to the next report
 
 
 class Scanner:
     """Feed console output as it arrives; get each report once it is complete.
 
     A report is complete at its end marker, at the start of the next report, or
-    at flush(). Offsets count bytes from the first byte ever fed.
+    at flush(); one whose title still reads later lines of its context (see
+    READ_LINES) is given out once it has, and the reports after it wait for it.
+    Offsets count bytes from the first byte ever fed.
     """
 
     def __init__(self, os: str = "linux"):
@@ -38,11 +57,17 @@ class Scanner:
         self._pos = 0           # offset of _buf[0]
         self._open: _Open | None = None
         self._since_end = TAIL_LINES + 1
+        # Reports whose text has ended, in order; a report is given out once it and all
+        # before it are described. _readers: those whose titles still read lines.
+        self._queue: deque[_Open] = deque()
+        self._readers: list[_Open] = []
 
     @property
     def pending_start(self) -> int:
         """Offset of the first byte a report still to come may start at."""
-        return self._open.lines[0].start if self._open else self._pos
+        starts = [r.lines[0].start for r in self._readers[:1]]
+        starts += [self._open.lines[0].start] if self._open else []
+        return min(starts, default=self._pos)
 
     def feed(self, data: bytes | str) -> list:
         """Reports completed by `data`. Lines are cut in one pass over the buffer (a slice of
@@ -56,54 +81,111 @@ class Scanner:
                     break
                 nl = i + MAX_LINE - 1      # a line the guest never ends: cut it here
             raw = buf[i:nl + 1]
-            out += self._line(make_line(raw, self._pos, self._pos + len(raw)))
+            self._line(make_line(raw, self._pos, self._pos + len(raw)))
             self._pos += len(raw)
             i = nl + 1
         self._buf = buf[i:]
-        return out
+        return self._ready()
 
     def flush(self) -> list:
-        out = []
         if self._buf:
             raw, self._buf = self._buf, ""
-            out += self._line(make_line(raw, self._pos, self._pos + len(raw)))
+            self._line(make_line(raw, self._pos, self._pos + len(raw)))
             self._pos += len(raw)
         if self._open:
-            out.append(self._close(None))
+            self._close(None)
+        while self._readers:
+            self._describe(self._readers[0])
+        return self._ready()
+
+    def _ready(self) -> list:
+        """The reports done that no report before them still waits for."""
+        out = []
+        while self._queue and self._queue[0].report is not None:
+            out.append(self._queue.popleft().report)
         return out
 
-    def _line(self, line: Line) -> list:
-        out = []
+    def _read_titles(self, line: Line, kind: Kind | None) -> None:
+        """Give a line to the reports whose titles still read their task's lines."""
+        for r in list(self._readers):
+            if r.ended and not self._caller(r) and kind and not (kind.inside or kind.tail):
+                self._describe(r)       # the next report: syzkaller's reads no further
+            elif self._ours(r, line):
+                r.more.append(line.text)
+                if len(r.more) >= READ_LINES:
+                    self._describe(r)
+                elif not r.ended and self._ends(r, line):
+                    desc = self._text_desc(r)
+                    if desc.corrupted in r.kind.reread:
+                        r.ended = True      # its title lacks lines: read on
+                    else:
+                        self._describe(r, desc)
+
+    def _line(self, line: Line) -> None:
+        starts = self._dialect.start(line.text)
+        if self._readers:
+            self._read_titles(line, starts)
         cur = self._open
         if cur and cur.kind.continues and not cur.kind.continues(line.text):
-            out.append(self._close(None))
+            self._close(None)
             cur = None
+        if cur and len(cur.lines) == 1 and REPLAYED in line.text:
+            self._open = cur = None     # the kernel prints the cut header line again, whole
         if cur:
-            kind = self._dialect.start(line.text)
-            continued = kind and (kind.tail or kind.name in cur.kind.absorbs - cur.absorbed)
-            if kind and not continued:
-                out.append(self._close(f"interrupted by {kind.name}" if cur.kind.end else None))
+            kind = starts
+            continued = kind and (kind.tail or kind.inside or kind.name in cur.kind.absorbs - cur.absorbed)
+            if kind and not continued and self._other_task(cur, line):
+                self._close(None, aside=True)   # both are read, each in its own context
+                cur = None
+            elif kind and not continued:
+                # syzkaller's Linux parser does not call a report cut by another corrupted
+                interrupted = cur.kind.end and not cur.kind.strict_context
+                self._close(f"interrupted by {kind.name}" if interrupted else None,
+                            reading=line if self._caller(cur) and line.ctx == cur.ctx else None)
                 cur = None
             else:
                 if kind:
                     cur.absorbed.add(kind.name)
-                self._append(cur, line)
-                if self._ends(cur, line):
-                    out.append(self._close(None))
-                return out
+                if self._append(cur, line) and self._ends(cur, line):
+                    self._close(None, at_end=True)
+                elif len(cur.lines) >= MAX_REPORT_LINES:
+                    self._close(None)
+                return
         self._since_end += 1
-        kind = self._dialect.start(line.text)
+        kind = starts
         if kind and not (kind.tail and self._since_end <= TAIL_LINES):
             self._open = _Open(kind, [line], line.ctx)
             if kind.end is None and kind.continues is None and self._ends(self._open, line):
-                out.append(self._close(None))
-        return out
+                self._close(None)
 
-    def _append(self, cur: _Open, line: Line) -> None:
+    @staticmethod
+    def _caller(cur: _Open) -> bool:
+        """A report whose lines carry a printk caller id (task or CPU) and that reads them
+        as syzkaller does: to its end, whatever other reports come in between."""
+        return cur.kind.strict_context and cur.ctx not in ("", "kernel")
+
+    def _other_task(self, cur: _Open, line: Line) -> bool:
+        """Another task's or CPU's report does not end this one's title (syzkaller reads
+        a report with caller ids to its end, whatever comes in between)."""
+        return self._caller(cur) and line.ctx != cur.ctx
+
+    def _ours(self, cur: _Open, line: Line) -> bool:
+        if cur.kind.strict_context:
+            if line.ctx != cur.ctx and not (cur.nmi and line.ctx.startswith("C")):
+                return False
+            if line.ctx and cur.kind.drop_line and cur.kind.drop_line(line.text):
+                return False
+            if "Sending NMI from CPU" in line.text:
+                cur.nmi = True
+            return True
         # With printk caller ids, another task's lines are not this report's.
-        if cur.ctx not in ("", "kernel") and line.ctx not in (cur.ctx, ""):
-            return
+        return not (cur.ctx not in ("", "kernel") and line.ctx not in (cur.ctx, ""))
+
+    def _append(self, cur: _Open, line: Line) -> bool:
+        if not self._ours(cur, line):
+            return False
         cur.lines.append(line)
+        return True
 
     def _ends(self, cur: _Open, line: Line) -> bool:
         text = line.text
@@ -116,14 +198,44 @@ class Scanner:
                 return True
         return False
 
-    def _close(self, corrupted: str | None):
-        from . import USERLAND_TYPES, Report
+    def _close(self, corrupted: str | None, reading: Line | None = None, at_end: bool = False,
+               aside: bool = False) -> None:
+        """End the open report's text; describe it now, or once its title has read on
+        from `reading`, the line of the report that cut it, or past its end marker
+        (`at_end`) when its title lacks what comes after, or (`aside`) once its task's
+        lines end while another task's report is read."""
         cur, self._open = self._open, None
         self._since_end = 0
+        cur.cut = corrupted
+        self._queue.append(cur)
+        desc = None
+        if at_end and cur.kind.reread:
+            desc = self._text_desc(cur)
+            cur.ended = desc.corrupted in cur.kind.reread
+        if reading is not None or cur.ended or aside:
+            cur.more += [reading.text] if reading is not None else []
+            if len(self._readers) >= READERS:
+                self._describe(self._readers[0])
+            self._readers.append(cur)
+        else:
+            self._describe(cur, desc)
+
+    @staticmethod
+    def _text_desc(cur: _Open):
+        texts = [l.text for l in cur.lines] + cur.more
+        return cur.kind.describe(texts, cur.ctx) if cur.kind.with_context else cur.kind.describe(texts)
+
+    def _describe(self, cur: _Open, desc=None) -> None:
+        from . import USERLAND_TYPES, Report
+        if cur in self._readers:
+            self._readers.remove(cur)
         lines = cur.lines
-        desc = cur.kind.describe([l.text for l in lines])
-        return Report(os="userland" if desc.type in USERLAND_TYPES else self.os, type=desc.type, title=desc.title, frames=desc.frames,
-                      text="\n".join(readable(l.text) for l in lines),
+        if desc is None:
+            desc = self._text_desc(cur)
+        corrupted = cur.cut
+        cur.more = []
+        cur.report = Report(os="userland" if desc.type in USERLAND_TYPES else self.os, type=desc.type, title=desc.title,
+                      frames=desc.frames, text="\n".join(readable(l.text) for l in lines),
                       start=lines[0].start, end=lines[-1].end,
                       corrupted=bool(corrupted or desc.corrupted),
                       corrupted_reason=corrupted or desc.corrupted or "")
