@@ -133,8 +133,7 @@ def cmd_shadow(args) -> int:
                 agree_timeout_ns=args.agree_timeout, overflow=args.overflow,
                 block_budget_s=args.block_budget, idle_analyses=args.analysis_priority == "idle",
                 analysis_cpus=args.analysis_cpus, spec_path=args.spec, libvirt=domains,
-                on_finding=lambda f: console.print(
-                    f"[red]FINDING[/] {f.analysis}: {f.title} (VM {f.vm_ns / 1e9:.3f}s, after {f.after_input})"))
+                on_finding=print_live_finding)
     sh.start()
     console.print(f"shadowing {args.bundle}: guest service on 127.0.0.1:{sh.port}; analyses "
                   f"{', '.join(sh.analyses)} trail it; findings in {sh.workdir / 'findings.jsonl'}; "
@@ -171,19 +170,32 @@ def cmd_assert(args) -> int:
     return 1 if res.fatal else 0
 
 
+def print_live_finding(f, out=console) -> None:
+    """One line the moment an analysis reports. The title and the input are made of
+    guest text: escaped, so "[/]" in a console line cannot stop a live run on a
+    markup error."""
+    from rich.markup import escape
+    out.print(f"[red]FINDING[/] {escape(f'{f.analysis}: {f.title} (VM {f.vm_ns / 1e9:.3f}s, after {f.after_input})')}")
+
+
 def print_summary(s, out=console) -> None:
-    """Findings first (what the analyses found), then divergences, then the verdict."""
+    """Findings first (what the analyses found, each title once), then divergences, then the verdict."""
+    from rich.markup import escape
+
+    from .findings import distinct
     for r in s.results:
         run = r.run
         head = (f"[bold]{r.analysis}[/]: {run.outcome}, VM time {run.end_ns / 1e9:.2f}s, "
                 f"wall {run.wall_s:.1f}s, {len(r.findings)} finding(s), "
                 f"{len(r.divergences)} divergence(s)" + (f" ({r.noise} noise)" if r.noise else ""))
         out.print(head)
-        for f in r.findings:
+        for f, n in distinct(r.findings):
             # The guilty frame's own source line, when it could be found.
             at = [x for x in f.locations if f.frames and x[0] == f.frames[0]]
             loc = f" at {at[0][1]}:{at[0][2]}" if at else ""
-            out.print(f"  [red]FINDING[/] {f.title}{loc}", markup=True)
+            times = f" ({n} times; first shown)" if n > 1 else ""
+            # The title is made of guest console text: never markup.
+            out.print(f"  [red]FINDING[/] {escape(f.title + loc)}{times}", markup=True)
             out.print(f"    VM {f.vm_ns / 1e9:.6f}s, after {f.after_input}", markup=False)
         if r.findings and run.bundle:
             out.print(f"  reproduce exactly: tandem replay {run.bundle}", markup=False)
@@ -288,8 +300,7 @@ def _attach_live(args) -> int:
     sh = follow(args.uri, args.domain, _analysis_names(args.analysis), bundle=args.bundle,
                 workdir=Path(args.workdir) if args.workdir else None, port=args.port,
                 duration_ns=args.duration or 0,
-                on_finding=lambda f: console.print(
-                    f"[red]FINDING[/] {f.analysis}: {f.title} (VM {f.vm_ns / 1e9:.3f}s, after {f.after_input})"))
+                on_finding=print_live_finding)
     try:
         sh.start()
         console.print(f"attached to {args.domain}: recording into {sh.path}, guest service on "

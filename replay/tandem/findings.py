@@ -48,6 +48,21 @@ def of_report(run: AnalysisRun, rep: report.Report) -> Finding:
                    locations=locs, **_attributed(run, ns))
 
 
+def distinct(found: list[Finding]) -> list[tuple[Finding, int]]:
+    """Each title once, with its first finding and how many there were, in order.
+
+    The title is the deduplication key (docs/reports.md): it names the bug the way
+    syzkaller does and carries nothing that changes between runs, so a WARNING the
+    kernel prints every few seconds is one bug, and two nights' runs of one bug agree.
+    findings.jsonl keeps every occurrence; summaries show each title once."""
+    first: dict[str, Finding] = {}
+    count: dict[str, int] = {}
+    for f in found:
+        first.setdefault(f.title, f)
+        count[f.title] = count.get(f.title, 0) + 1
+    return [(f, count[t]) for t, f in first.items()]
+
+
 def symbolizer(analysis: str):
     """rep -> rep with source locations from the analysis kernel's vmlinux and modules
     (rep unchanged when they are not there)."""

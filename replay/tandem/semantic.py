@@ -112,7 +112,10 @@ def _write(workdir: Path, s: Summary) -> None:
          "end_vm_ns": r.run.end_ns, "wall_s": round(r.run.wall_s, 3), "waits": r.run.waits,
          "cpu_s": round(r.run.cpu_s, 3), "delivered": r.run.n_delivered,
          "recording": str(r.run.bundle) if r.run.bundle else None,
-         "findings": [asdict(x) for x in r.findings], "noise": r.noise, "spec": r.spec,
+         "findings": [asdict(x) for x in r.findings],
+         "distinct": [{"title": f.title, "type": f.type, "count": n, "first_vm_ns": f.vm_ns}
+                      for f, n in findings_mod.distinct(r.findings)],
+         "noise": r.noise, "spec": r.spec,
          "divergences": [{"channel": d.channel, "kind": d.kind, "native_vm_ns": d.native_ns,
                           "analysis_vm_ns": d.analysis_ns, "after_input": d.after_input,
                           "diff": d.diff} for d in r.divergences]}

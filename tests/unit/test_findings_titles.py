@@ -1,0 +1,43 @@
+"""Findings are deduplicated by title, and a title (guest console text) is printed as text."""
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+
+from rich.console import Console
+
+from tandem import cli
+from tandem.findings import Finding, distinct
+
+HOSTILE = "WARNING in [/] [bold]x[/bold] [link=file:///etc/passwd]y"
+
+
+def finding(title: str, ns: int) -> Finding:
+    return Finding("kasan", "WARNING", title, ns, after_input="tcp flow 1 offset 0", input_channel="net",
+                   input_flow=1, input_offset=0, text="", frames=[], locations=[])
+
+
+def test_distinct_keeps_first_of_each_title_with_its_count():
+    found = [finding("WARNING in f", 1), finding("KASAN: x in g", 2), finding("WARNING in f", 3)]
+    assert [(f.vm_ns, n) for f, n in distinct(found)] == [(1, 2), (2, 1)]
+
+
+def _capture() -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, width=400, color_system=None), buf
+
+
+def test_summary_prints_each_title_once_and_as_text():
+    run = SimpleNamespace(outcome="finished", end_ns=10**9, wall_s=1.0, bundle=None)
+    result = SimpleNamespace(analysis="kasan", run=run, noise=0, divergences=[],
+                             findings=[finding(HOSTILE, 1), finding(HOSTILE, 2)])
+    out, buf = _capture()
+    cli.print_summary(SimpleNamespace(results=[result], limits=[], ok=False), out=out)
+    text = buf.getvalue()
+    assert text.count("FINDING") == 1 and f"FINDING {HOSTILE} (2 times; first shown)" in text
+
+
+def test_live_finding_prints_hostile_title_as_text():
+    out, buf = _capture()
+    cli.print_live_finding(finding(HOSTILE, 5 * 10**8), out=out)
+    assert f"kasan: {HOSTILE} (VM 0.500s" in buf.getvalue()
