@@ -4,11 +4,15 @@ which it appeared."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass
 
 from . import artifacts, report
+from .errors import TandemError
 from .replay_semantic import ANALYSES, AnalysisRun
 from .report.symbolize import short_path
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,7 +74,8 @@ def symbolizer(analysis: str):
     try:
         vmlinux = artifacts.kernel(flavor)["vmlinux"]
         modules = artifacts.modules(flavor).get("modules", [])
-    except Exception:
+    except (TandemError, KeyError) as e:   # not built (./tandem build), or a build record without a vmlinux
+        log.info("findings of %s are not symbolized: %s", analysis, e)
         return lambda rep: rep
     return lambda rep: report.symbolize(rep, vmlinux, modules) if vmlinux and rep.os == "linux" else rep
 
