@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import os
 import random
 import re
@@ -44,6 +45,7 @@ from tandem.report import Scanner  # noqa: E402
 import report_target  # noqa: E402
 from record_replay import replace_part  # noqa: E402
 
+log = logging.getLogger("bench.report")
 SECTION = "report"
 TITLE = """## Console report parser (issue 18)
 
@@ -85,7 +87,9 @@ def parsed_as(os_dir: str) -> str:
 def corpora(syzkaller: Path) -> list[tuple[str, str, list[bytes]]]:
     """(label, OS parsed as, consoles) for each directory measured."""
     sets = []
-    for d in sorted(p for p in syzkaller.iterdir() if p.is_dir()):
+    if not syzkaller.is_dir():
+        log.warning("%s not found: measuring tests/report-corpus only", syzkaller)
+    for d in sorted(p for p in syzkaller.iterdir() if p.is_dir()) if syzkaller.is_dir() else []:
         files = sorted(p for p in d.iterdir() if p.is_file())
         sets.append((f"syzkaller {d.name}", parsed_as(d.name), [syzkaller_console(p) for p in files]))
     for d in sorted(p for p in (ROOT / "tests" / "report-corpus").iterdir() if p.is_dir()):
@@ -374,6 +378,7 @@ def main() -> int:
     ap.add_argument("--syzkaller", type=Path, default=SYZKALLER, help="syzkaller-reports directory")
     ap.add_argument("--out", type=Path, help="replace this benchmark's blocks in this markdown file")
     args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     print(f"parser: {Path(report.__file__).parent}", file=sys.stderr)
     only = args.only or ["throughput", "fuzz"]
     parts: dict[str, list[str]] = {}
