@@ -305,14 +305,28 @@ def run_fuzzer(args: list[str], cwd: Path, timeout: float) -> str:
     return r.stdout.decode(errors="replace")
 
 
-def save_findings(art: Path, found: dict[str, str]) -> None:
-    """Each new crash or slow input of `art`, minimized, into the corpus; `found`: signature -> name."""
+def known_crashes() -> dict[str, str]:
+    """Signature -> corpus file, of the corpus inputs that still raise."""
+    known = {}
+    for path in sorted(report_target.CORPUS.glob("crash-*")):
+        sig = signature(path.read_bytes())
+        if sig:
+            known.setdefault(sig, path.name)
+    return known
+
+
+def save_findings(art: Path, found: dict[str, str], known: dict[str, str]) -> set[str]:
+    """Each crash or slow input of `art` not raising as a known one, minimized, into the
+    corpus (`found`: signature -> name); the known signatures met again."""
+    again = set()
     for path in sorted(art.iterdir()):
         data = path.read_bytes()
         sig = signature(data)
         kind = "crash" if sig else "slow"
         sig = sig or f"over {FUZZ_TIMEOUT_S} s ({path.name.split('-')[0]})"
-        if sig in found:
+        if sig in known:
+            again.add(sig)
+        if sig in found or sig in known:
             continue
         small = minimize(data, sig) if kind == "crash" else data
         name = f"{kind}-{hashlib.sha1(small).hexdigest()}"
@@ -320,6 +334,7 @@ def save_findings(art: Path, found: dict[str, str]) -> None:
         found[sig] = name
         print(f"fuzz: {sig}: saved {report_target.CORPUS / name}\n"
               f"{traceback_of(small) if kind == 'crash' else ''}", file=sys.stderr)
+    return again
 
 
 def part_fuzz(seconds: float) -> list[str]:
@@ -331,6 +346,7 @@ def part_fuzz(seconds: float) -> list[str]:
     corpus = report_target.CORPUS
     before = sorted(corpus.iterdir())
     found: dict[str, str] = {}
+    known = known_crashes()
     with tempfile.TemporaryDirectory(prefix="tandem-bench-fuzz-") as t:
         tmp = Path(t)
         work, art = tmp / "work", tmp / "art"
@@ -348,12 +364,13 @@ def part_fuzz(seconds: float) -> list[str]:
         elapsed = time.monotonic() - started
         stats = re.findall(r"#(\d+): cov: (\d+) ft: (\d+) corp: (\d+)", out)
         execs, cov, ft, _ = map(int, stats[-1]) if stats else (0, 0, 0, 0)
-        save_findings(art, found)
+        again = save_findings(art, found, known)
         merged = run_fuzzer(["-merge=1", f"-timeout={FUZZ_TIMEOUT_S}", f"-max_len={MAX_LEN}",
                              f"-artifact_prefix={art}/", str(corpus), str(work)], tmp, 900)
     m = re.findall(r"MERGE-OUTER: (\d+) new files with (\d+) new features", merged)
     lines = [
-        "Command: `./tandem bench report` (runs `bench/report.py --seconds 60`).", "",
+        f"Command: `./tandem bench report{'' if seconds == 60 else f' --seconds {seconds:g}'}` "
+        f"(runs `bench/report.py --seconds {seconds:g}`).", "",
         f"Fuzzing: `tests/fuzz/report_target.py` under atheris (libFuzzer, fork mode), a "
         f"{seconds:.0f} s budget, inputs up to {MAX_LEN} B, each parsed on every OS of "
         f"`report.OSES` ({', '.join(report.OSES)}) whole and in random chunks by the live Scanner: "
@@ -364,8 +381,11 @@ def part_fuzz(seconds: float) -> list[str]:
         lines += [f"Found {len(found)}, saved (minimized) in tests/fuzz/report-corpus: " +
                   "; ".join(f"`{n}` ({s})" for s, n in found.items()) + "."]
     else:
-        lines += ["Found nothing new: no exception, no disagreement between parse() and the "
+        lines += ["Found nothing new: no new exception, no disagreement between parse() and the "
                   f"Scanner, no input slower than {FUZZ_TIMEOUT_S} s."]
+    if known:
+        lines += ["", f"Known crashes still in the corpus (not fixed yet): " +
+                  "; ".join(f"`{n}` ({s}{', met again' if s in again else ''})" for s, n in known.items()) + "."]
     return lines
 
 
