@@ -60,6 +60,8 @@ SIZES_MB = (1, 2, 4, 8)
 FUZZ_TIMEOUT_S = 10             # one input (at most MAX_LEN bytes) slower than this is a finding
 MAX_LEN = 8192
 MINIMIZE_RUNS = 3000            # check() calls a crash's minimization may spend
+PROBE_SMALL, PROBE_LARGE = 4, 32  # line repetitions of the scaling probe (~6 s on ~400 inputs)
+PROBE_SUSPECT = 2.0
 
 
 # --- the consoles -----------------------------------------------------------------------
@@ -337,6 +339,44 @@ def save_findings(art: Path, found: dict[str, str], known: dict[str, str]) -> se
     return again
 
 
+def repeat_lines(data: bytes, k: int) -> bytes:
+    return b"".join(line * k for line in data.splitlines(keepends=True))
+
+
+def scaling_probe() -> list[str]:
+    """Super-linear time that a fuzzer's timeout cannot see on inputs of a few KiB: every
+    corpus input on every OS with each line repeated SMALL and LARGE times (a report with
+    8x the lines, as a guest in a loop writes); per-byte CPU must not grow. A suspect
+    (ratio over PROBE_SUSPECT, usually noise on inputs parsed in under a millisecond) is
+    timed again at LARGE * 8 repetitions, best of 3."""
+    worst, slowest, suspects, n = (0.0, "", ""), (float("inf"), "", ""), [], 0
+    for path in sorted(report_target.CORPUS.iterdir()):
+        data = path.read_bytes()
+        if len(data) < 200:
+            continue
+        for os in report.OSES:
+            small, large = repeat_lines(data, PROBE_SMALL), repeat_lines(data, PROBE_LARGE)
+            t_small, _ = best_cpu(lambda: report.parse(small, os), 1)
+            t_large, _ = best_cpu(lambda: report.parse(large, os), 1)
+            ratio = (t_large / len(large)) / max(t_small / len(small), 1e-9)
+            n += 1
+            if ratio > PROBE_SUSPECT:
+                big = repeat_lines(data, PROBE_LARGE * 8)
+                t_big, _ = best_cpu(lambda: report.parse(big, os), 3)
+                t_large, _ = best_cpu(lambda: report.parse(large, os), 3)
+                ratio = (t_big / len(big)) / max(t_large / len(large), 1e-9)
+                if ratio > PROBE_SUSPECT:
+                    suspects.append(f"`{path.name}` on {os} ({ratio:.1f}x)")
+            worst = max(worst, (ratio, path.name, os))
+            slowest = min(slowest, (len(large) / MB / max(t_large, 1e-9), path.name, os))
+    line = (f"Scaling probe: the {n} (input, OS) pairs of the corpus (inputs of 200 B or more), "
+            f"each line repeated {PROBE_SMALL} and {PROBE_LARGE} times: per-byte CPU grows at most "
+            f"{worst[0]:.1f}x (`{worst[1]}` on {worst[2]}; a ratio over {PROBE_SUSPECT:g} is timed "
+            f"again at {PROBE_LARGE * 8} repetitions, best of 3); slowest input {slowest[0]:.2f} MB/s "
+            f"(`{slowest[1]}` on {slowest[2]}). ")
+    return [line + (f"Super-linear: {'; '.join(suspects)}." if suspects else "None super-linear.")]
+
+
 def part_fuzz(seconds: float) -> list[str]:
     try:
         import atheris  # noqa: F401
@@ -383,6 +423,7 @@ def part_fuzz(seconds: float) -> list[str]:
     else:
         lines += ["Found nothing new: no new exception, no disagreement between parse() and the "
                   f"Scanner, no input slower than {FUZZ_TIMEOUT_S} s."]
+    lines += ["", *scaling_probe()]
     if known:
         lines += ["", f"Known crashes still in the corpus (not fixed yet): " +
                   "; ".join(f"`{n}` ({s}{', met again' if s in again else ''})" for s, n in known.items()) + "."]
