@@ -234,9 +234,9 @@ def throughput_text(syzkaller: Path, runs: int, before: str | None) -> list[str]
 # --- fuzzing ----------------------------------------------------------------------------
 
 def dictionary(path: Path) -> None:
-    """libFuzzer tokens: the report headers above and the literal text of the parser's start
-    patterns, so mutations splice whole headers into consoles."""
-    tokens = set(HEADERS) | set(TRACE)
+    """libFuzzer tokens: the report and stack lines and printk prefixes above, and the literal
+    text of the parser's start patterns, so mutations splice whole headers into consoles."""
+    tokens = set(HEADERS) | set(TRACE) | set(PREFIXES)
     tables = [m for m in vars(report).values() if isinstance(getattr(m, "KINDS", None), (list, tuple))]
     for kind in (k for m in tables for k in m.KINDS):
         if isinstance(getattr(kind, "start", None), re.Pattern):

@@ -5,10 +5,11 @@ One input is a console as a guest wrote it (raw bytes, the files of report-corpu
 this file). For every OS the parser knows (report.OSES, read when the target runs, so an
 OS added later is fuzzed without touching this file) it is parsed whole with
 report.parse() and fed to a live report.Scanner in chunks; the Scanner's reports must
-equal parse()'s, field for field, and nothing may raise. The chunk boundaries are drawn
-from a generator seeded by the input's CRC-32, so a saved input replays the same cuts:
-the unit test (tests/unit/test_report_fuzz_corpus.py) replays every corpus file through
-check() and fails until what the fuzzer found is fixed.
+equal parse()'s, field for field, none may start before the Scanner's pending_start at any
+earlier point (live analyses drop the console before it), and nothing may raise. The
+chunk boundaries are drawn from a generator seeded by the input's CRC-32, so a saved input
+replays the same cuts: the unit test (tests/unit/test_report_fuzz_corpus.py) replays every
+corpus file through check() and fails until what the fuzzer found is fixed.
 
 Coverage-guided with atheris (libFuzzer for CPython; a manylinux wheel for Python 3.11
 on x86_64, no compiler needed; pinned in replay/requirements.txt). Run by
@@ -58,10 +59,16 @@ def check(data: bytes) -> None:
             assert rep.type in report.TYPES, f"{os}: type {rep.type!r} not in TYPES"
             assert rep.title and isinstance(rep.title, str), f"{os}: empty title"
             assert 0 <= rep.start <= rep.end <= len(data), f"{os}: offsets {rep.start}-{rep.end}"
-        scanner, live = report.Scanner(os), []
-        for piece in chunks(data, seed + k):
-            live += scanner.feed(piece)
-        live += scanner.flush()
+        scanner, live, kept, fed = report.Scanner(os), [], 0, 0
+        for piece in chunks(data, seed + k) + [None]:
+            got = scanner.feed(piece) if piece is not None else scanner.flush()
+            # Live analyses drop console bytes before pending_start (live.py): no report
+            # completed later may start there.
+            assert all(rep.start >= kept for rep in got), f"{os}: a report starts before pending_start"
+            live += got
+            fed += len(piece or b"")
+            kept = scanner.pending_start
+            assert kept <= fed, f"{os}: pending_start {kept} past the {fed} bytes fed"
         assert live == whole, f"{os}: the live Scanner's reports differ from parse()'s"
 
 
