@@ -5,11 +5,12 @@
    console parsed with its OS) and tandem's tests/report-corpus; total bytes, consoles,
    CPU time of this process (time.process_time, one core), MB/s and consoles/s, for
    report.parse() and for the live Scanner fed 4 KiB at a time; best of --runs.
-2. Worst case: one synthetic console of report headers, stack lines and noise, 1, 2, 4
-   and 8 MB: the MB/s must stay flat (time linear in the input).
+2. Worst cases at 1, 2, 4 and 8 MB: one synthetic console of report headers, stack lines
+   and noise, and one report that never ends: the MB/s must stay flat (linear time).
 3. Fuzzing: tests/fuzz/report_target.py (atheris, coverage-guided) for --seconds; inputs
    that reach new code are merged into tests/fuzz/report-corpus, crashes and slow inputs
    are minimized and saved there (the unit test replaying the corpus fails until fixed).
+   Then a scaling probe: every corpus input with its lines repeated, per-byte CPU flat.
 
 The parser measured is the `tandem` package first on sys.path: set PYTHONPATH to measure
 another checkout's (`--before COMMIT` writes the figures as that commit's, a block that
@@ -240,10 +241,17 @@ def dictionary(path: Path) -> None:
     tables = [m for m in vars(report).values() if isinstance(getattr(m, "KINDS", None), (list, tuple))]
     for kind in (k for m in tables for k in m.KINDS):
         if isinstance(getattr(kind, "start", None), re.Pattern):
-            text = re.sub(r"\(\?[!=<][^)]*\)|\\[dswbDSWB]|[\^$\[\]()?*+|{}]|\?:", "", kind.start.pattern)
-            tokens.add(re.sub(r"\\(.)", r"\1", text))
-    esc = lambda t: "".join(c if c.isprintable() and c not in '"\\' else f"\\x{ord(c):02x}" for c in t)
-    path.write_text("".join(f'"{esc(t)}"\n' for t in sorted(tokens) if 0 < len(t) <= 120))
+            # The pattern's literal runs: lookarounds, classes, escapes and quantifiers out,
+            # each alternative a token of its own.
+            text = re.sub(r"\(\?[!=<][^)]*\)|\[[^\]]*\]|\\[dswbDSWB]|\{[\d,]*\}|\?:|[\^$()?*+]", "",
+                          kind.start.pattern)
+            tokens.update(re.sub(r"\\(.)", r"\1", t) for t in text.split("|") if len(t) >= 4)
+    path.write_text("".join(f'"{_dict_escape(t)}"\n' for t in sorted(tokens) if 0 < len(t) <= 120))
+
+
+def _dict_escape(token: str) -> str:
+    """A token as libFuzzer's dictionary format quotes it (\\xNN for what is not printable)."""
+    return "".join(c if c.isprintable() and c not in '"\\' else f"\\x{ord(c):02x}" for c in token)
 
 
 def signature(data: bytes) -> str | None:
@@ -404,6 +412,8 @@ def part_fuzz(seconds: float) -> list[str]:
         elapsed = time.monotonic() - started
         stats = re.findall(r"#(\d+): cov: (\d+) ft: (\d+) corp: (\d+)", out)
         execs, cov, ft, _ = map(int, stats[-1]) if stats else (0, 0, 0, 0)
+        if not stats:
+            log.error("the fuzzer printed no statistics; its output ends:\n%s", out[-3000:])
         again = save_findings(art, found, known)
         merged = run_fuzzer(["-merge=1", f"-timeout={FUZZ_TIMEOUT_S}", f"-max_len={MAX_LEN}",
                              f"-artifact_prefix={art}/", str(corpus), str(work)], tmp, 900)
