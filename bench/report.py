@@ -7,9 +7,9 @@
    report.parse() and for the live Scanner fed 4 KiB at a time; best of --runs.
 2. Worst cases at 1, 2, 4 and 8 MB: one synthetic console of report headers, stack lines
    and noise, and one report that never ends: the MB/s must stay flat (linear time).
-3. Fuzzing: tests/fuzz/report_target.py (atheris, coverage-guided) for --seconds; inputs
-   that reach new code are merged into tests/fuzz/report-corpus, crashes and slow inputs
-   are minimized and saved there (the unit test replaying the corpus fails until fixed).
+3. Fuzzing: tests/fuzz/report_target.py (atheris, coverage-guided) for --seconds; the
+   corpus keeps the fewest inputs reaching all code reached so far; crashes and slow
+   inputs are minimized and saved there (the unit test replaying the corpus fails until fixed).
    Then a scaling probe: every corpus input with its lines repeated, per-byte CPU flat.
 
 The parser measured is the `tandem` package first on sys.path: set PYTHONPATH to measure
@@ -385,6 +385,31 @@ def scaling_probe() -> list[str]:
     return [line + (f"Super-linear: {'; '.join(suspects)}." if suspects else "None super-linear.")]
 
 
+FOUND = re.compile(r"[0-9a-f]{40}")    # libFuzzer names an input by its content's SHA-1
+
+
+def merge_minimal(corpus: Path, work: Path, tmp: Path) -> tuple[int, int]:
+    """Make the corpus's found inputs the fewest that, with the seeds, reach every feature
+    the fuzzer has reached (old ones and `work`'s new ones), so it grows with coverage, not
+    with the time spent fuzzing. Seeds, crashes and slow inputs stay. (added, dropped)."""
+    keep = tmp / "minimal"
+    keep.mkdir()
+    for path in corpus.glob("seed-*"):
+        shutil.copy(path, keep)
+    run_fuzzer(["-merge=1", f"-timeout={FUZZ_TIMEOUT_S}", f"-max_len={MAX_LEN}",
+                f"-artifact_prefix={tmp / 'art'}/", str(keep), str(work)], tmp, 900)
+    new = {p.name for p in keep.iterdir() if FOUND.fullmatch(p.name)}
+    old = {p.name for p in corpus.iterdir() if FOUND.fullmatch(p.name)}
+    if not new and old:     # the merge failed: keep what there is
+        log.error("the corpus merge kept no input; corpus left as it was")
+        return 0, 0
+    for name in old - new:
+        (corpus / name).unlink()
+    for name in new - old:
+        shutil.copy(keep / name, corpus / name)
+    return len(new - old), len(old - new)
+
+
 def part_fuzz(seconds: float) -> list[str]:
     try:
         import atheris  # noqa: F401
@@ -415,9 +440,7 @@ def part_fuzz(seconds: float) -> list[str]:
         if not stats:
             log.error("the fuzzer printed no statistics; its output ends:\n%s", out[-3000:])
         again = save_findings(art, found, known)
-        merged = run_fuzzer(["-merge=1", f"-timeout={FUZZ_TIMEOUT_S}", f"-max_len={MAX_LEN}",
-                             f"-artifact_prefix={art}/", str(corpus), str(work)], tmp, 900)
-    m = re.findall(r"MERGE-OUTER: (\d+) new files with (\d+) new features", merged)
+        added, dropped = merge_minimal(corpus, work, tmp)
     lines = [
         f"Command: `./tandem bench report{'' if seconds == 60 else f' --seconds {seconds:g}'}` "
         f"(runs `bench/report.py --seconds {seconds:g}`).", "",
@@ -425,8 +448,10 @@ def part_fuzz(seconds: float) -> list[str]:
         f"{seconds:.0f} s budget, inputs up to {MAX_LEN} B, each parsed on every OS of "
         f"`report.OSES` ({', '.join(report.OSES)}) whole and in random chunks by the live Scanner: "
         f"{execs:,} inputs run ({execs / elapsed:,.0f}/s, instrumented), coverage {cov} edges, {ft} "
-        f"features. Merged into tests/fuzz/report-corpus: {m[-1][0] if m else 0} input(s) reaching "
-        f"new code ({len(before)} there before).", ""]
+        f"features. tests/fuzz/report-corpus (the seeds, then the fewest inputs reaching all the "
+        f"code the fuzzer has reached, libFuzzer `-merge=1`): {added} input(s) added, {dropped} "
+        f"made redundant and dropped ({len(before)} files before, {len(list(corpus.iterdir()))} "
+        f"after).", ""]
     if found:
         lines += [f"Found {len(found)}, saved (minimized) in tests/fuzz/report-corpus: " +
                   "; ".join(f"`{n}` ({s})" for s, n in found.items()) + "."]
