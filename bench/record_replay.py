@@ -100,6 +100,22 @@ def replace_section(path: Path, text: str, section: str = SECTION) -> None:
     path.write_text(new)
 
 
+def replace_part(path: Path, section: str, title: str, parts: tuple[str, ...], part: str, text: str) -> None:
+    """Put TEXT in one part's block inside a benchmark's section (so a part can be rerun
+    alone and the others' results stay); a part new to the file gets its block after the
+    parts before it, a section new to the file starts with TITLE."""
+    begin = f"<!-- bench:{section}-{part} -->"
+    old = path.read_text() if path.exists() else ""
+    if f"<!-- bench:{section} -->" not in old:
+        replace_section(path, f"{title}\n\n{begin}\n<!-- /bench:{section}-{part} -->", section)
+    elif begin not in old:
+        marks = [f"<!-- /bench:{section}-{p} -->" for p in parts[:parts.index(part)]]
+        at = max((old.index(m) + len(m) for m in marks if m in old),
+                 default=old.index(f"<!-- bench:{section} -->") + len(f"<!-- bench:{section} -->"))
+        path.write_text(old[:at] + f"\n\n{begin}\n<!-- /bench:{section}-{part} -->" + old[at:])
+    replace_section(path, text, f"{section}-{part}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)

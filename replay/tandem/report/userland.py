@@ -77,7 +77,9 @@ def ubsan(lines: list[str]) -> Description:
 _UB_MORE = re.compile(r"^\s+#\d+ 0x|^0x[0-9a-f]+: note: |^ [0-9a-f]{2} |^\s+\^|^SUMMARY: UndefinedBehaviorSanitizer")
 
 KINDS = [
-    Kind("asan", re.compile(r"==\d+==ERROR: AddressSanitizer: "), asan, end=re.compile(r"^==\d+==ABORTING")),
+    # Only a header naming the bug starts a report: asan() titles it by that name.
+    Kind("asan", re.compile(r"==\d+==ERROR: AddressSanitizer: (?:attempting )?[\w-]"), asan,
+         end=re.compile(r"^==\d+==ABORTING")),
     Kind("lsan", re.compile(r"==\d+==ERROR: LeakSanitizer: "), leak, end=re.compile(r"^SUMMARY: ")),
     Kind("ubsan", _UBSAN, ubsan, continues=lambda text: bool(_UB_MORE.search(text))),
 ]

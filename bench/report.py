@@ -1,0 +1,504 @@
+#!/usr/bin/env python3
+"""Benchmark: the console report parser (issue 18). It runs on every analysis console, live.
+
+1. Throughput on real consoles: syzkaller's report test data (every OS directory, each
+   console parsed with its OS) and tandem's tests/report-corpus; total bytes, consoles,
+   CPU time of this process (time.process_time, one core), MB/s and consoles/s, for
+   report.parse() and for the live Scanner fed 4 KiB at a time; best of --runs.
+2. Worst cases at 1, 2, 4 and 8 MB: one synthetic console of report headers, stack lines
+   and noise, and one report that never ends: the MB/s must stay flat (linear time).
+3. Fuzzing: tests/fuzz/report_target.py (atheris, coverage-guided) for --seconds; the
+   corpus keeps the fewest inputs reaching all code reached so far; crashes and slow
+   inputs are minimized and saved there (the unit test replaying the corpus fails until fixed).
+   Then a scaling probe: every corpus input with its lines repeated, per-byte CPU flat.
+
+The parser measured is the `tandem` package first on sys.path: set PYTHONPATH to measure
+another checkout's (`--before COMMIT` writes the figures as that commit's, a block that
+later runs leave alone).
+
+Usage: ./tandem bench report [--seconds N]
+   (or: PYTHONPATH=replay python bench/report.py --seconds 60 --out docs/benchmarks.md)
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT / "replay"))   # after PYTHONPATH: a --before checkout comes first
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
+
+from tandem import report  # noqa: E402  (before record_replay, which puts ROOT/replay first)
+from tandem.report import Scanner  # noqa: E402
+
+import report_target  # noqa: E402
+from record_replay import replace_part  # noqa: E402
+
+log = logging.getLogger("bench.report")
+SECTION = "report"
+TITLE = """## Console report parser (issue 18)
+
+The parser runs on every analysis console, live (a Scanner per console, fed as the guest
+writes): its throughput bounds how much console a farm node can watch per core, and no
+console may make it slower than linear or make it raise."""
+PARTS = ("before", "throughput", "fuzz")
+SYZKALLER = ROOT.parent / "shared" / "syzkaller-reports"
+CHUNK = 4096                    # the live path: a Scanner fed what one read of the console gives
+MB = 1e6
+SIZES_MB = (1, 2, 4, 8)
+FUZZ_TIMEOUT_S = 10             # one input (at most MAX_LEN bytes) slower than this is a finding
+MAX_LEN = 8192
+MINIMIZE_RUNS = 3000            # check() calls a crash's minimization may spend
+PROBE_SMALL, PROBE_LARGE = 4, 32  # line repetitions of the scaling probe (~6 s on ~400 inputs)
+PROBE_SUSPECT = 2.0
+
+
+# --- the consoles -----------------------------------------------------------------------
+
+def syzkaller_console(path: Path) -> bytes:
+    """The console of one syzkaller test file: after the `KEY: value` header (absent when
+    the file starts with an empty line), before a trailing `REPORT:` section, no "\\r"."""
+    data = path.read_bytes().replace(b"\r", b"")
+    body = data[1:] if data.startswith(b"\n") else data.partition(b"\n\n")[2]
+    return body.split(b"\nREPORT:\n", 1)[0]
+
+
+def tandem_console(path: Path) -> bytes:
+    """The console of a tests/report-corpus file (after its expected-title header)."""
+    data = path.read_bytes()
+    return data[1:] if data.startswith(b"\n") else data.partition(b"\n\n")[2]
+
+
+def parsed_as(os_dir: str) -> str:
+    """The OS a directory's consoles are parsed as: its own when the parser knows it;
+    else FreeBSD's (OpenBSD and NetBSD before they had dialects: still every line scanned)."""
+    return os_dir if os_dir in report.OSES else "freebsd"
+
+
+def corpora(syzkaller: Path) -> list[tuple[str, str, list[bytes]]]:
+    """(label, OS parsed as, consoles) for each directory measured."""
+    sets = []
+    if not syzkaller.is_dir():
+        log.warning("%s not found: measuring tests/report-corpus only", syzkaller)
+    for d in sorted(p for p in syzkaller.iterdir() if p.is_dir()) if syzkaller.is_dir() else []:
+        files = sorted(p for p in d.iterdir() if p.is_file())
+        sets.append((f"syzkaller {d.name}", parsed_as(d.name), [syzkaller_console(p) for p in files]))
+    for d in sorted(p for p in (ROOT / "tests" / "report-corpus").iterdir() if p.is_dir()):
+        files = sorted(p for p in d.iterdir() if p.is_file())
+        sets.append((f"tandem {d.name}", parsed_as(d.name), [tandem_console(p) for p in files]))
+    return sets
+
+
+# Real report lines (Linux, FreeBSD, userland sanitizers) and noise, for the synthetic
+# console: fixed here, not read from the parser, so every version is timed on the same bytes.
+HEADERS = [
+    "BUG: KASAN: use-after-free in tcp_v4_rcv+0x1a2/0x2f0",
+    "BUG: KASAN: slab-out-of-bounds in memcpy+0x20/0x60",
+    "BUG: KASAN: ???",
+    "WARNING: CPU: 1 PID: 4242 at net/core/dev.c:1234 dev_queue_xmit+0x3d/0x80",
+    "general protection fault, probably for non-canonical address 0xdffffc0000000001: 0000 [#1] PREEMPT SMP KASAN",
+    "BUG: unable to handle page fault for address: ffffffffff600000",
+    "kernel BUG at mm/slub.c:321!",
+    "Kernel panic - not syncing: panic_on_warn set ...",
+    "INFO: task syz-executor.0:4242 blocked for more than 143 seconds.",
+    "rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:",
+    "watchdog: BUG: soft lockup - CPU#0 stuck for 22s! [syz-executor:4242]",
+    "WARNING: possible circular locking dependency detected",
+    "UBSAN: array-index-out-of-bounds in net/ipv4/route.c:42:7",
+    "BUG: KCSAN: data-race in ext4_do_update_inode / ext4_mark_iloc_dirty",
+    "BUG: KMSAN: uninit-value in __skb_flow_dissect+0x100/0x200",
+    "Unable to handle kernel NULL pointer dereference at virtual address 0000000000000008",
+    "panic: Assertion x != NULL failed at /usr/src/sys/kern/vfs_subr.c:1234",
+    "Fatal trap 12: page fault while in kernel mode",
+    "lock order reversal:",
+    "==4242==ERROR: AddressSanitizer: heap-use-after-free on address 0x602000000010",
+    "x.c:12:3: runtime error: signed integer overflow: 2147483647 + 1 cannot be represented",
+]
+TRACE = ["Call Trace:", " <TASK>", " dump_stack_lvl+0x1/0x2", " tcp_v4_rcv+0x1a2/0x2f0 net/ipv4/tcp_ipv4.c:2012",
+         " ? kasan_report+0x10/0x20", "RIP: 0010:dev_queue_xmit+0x3d/0x80", " </TASK>",
+         "---[ end trace 0000000000000000 ]---", "=" * 66, "Modules linked in:", "#0 0xffffffff80c1 at kdb_backtrace+0x60",
+         "    #1 0x4f2a in main /src/x.c:12:3", "Code: 48 89 e5 41 57 41 56 <0f> 0b"]
+PREFIXES = ["", "[   12.345678] ", "[   12.345678][ T4242] ", "[   12.345678][    C1] ", "<4>[  1.000000] "]
+
+
+def synthetic(size: int, seed: int = 18) -> bytes:
+    """`size` bytes of console: 1 line in 10 a report header, 3 in 10 stack lines, the rest
+    noise (printable text and a little binary), under printk prefixes of every kind."""
+    rnd = random.Random(seed)
+    out, n = [], 0
+    while n < size:
+        r = rnd.random()
+        if r < 0.1:
+            text = rnd.choice(HEADERS)
+        elif r < 0.4:
+            text = rnd.choice(TRACE)
+        else:
+            text = "".join(rnd.choice("abcdefghijklmnopqrstuvwxyz0123456789 :[]()=-_./\x1b\xff")
+                           for _ in range(rnd.randint(0, 120)))
+        line = (rnd.choice(PREFIXES) + text + "\n").encode("latin-1")
+        out.append(line)
+        n += len(line)
+    return b"".join(out)[:size]
+
+
+def endless_report(size: int) -> bytes:
+    """`size` bytes of one report that never ends: a KASAN header, then stack lines (a guest
+    in a loop printing frames): the open report keeps every line until the console ends."""
+    head = b"BUG: KASAN: use-after-free in tcp_v4_rcv+0x1a2/0x2f0\nCall Trace:\n"
+    lines = b"".join(b" f%d+0x1/0x2 net/x.c:%d\n" % (i, i) for i in range(size // 20))
+    return (head + lines)[:size]
+
+
+# --- timing -----------------------------------------------------------------------------
+
+def parse_all(consoles: list[bytes], os: str) -> int:
+    return sum(len(report.parse(c, os)) for c in consoles)
+
+
+def scan_all(consoles: list[bytes], os: str) -> int:
+    n = 0
+    for c in consoles:
+        scanner = Scanner(os)
+        for i in range(0, len(c), CHUNK):
+            n += len(scanner.feed(c[i:i + CHUNK]))
+        n += len(scanner.flush())
+    return n
+
+
+def best_cpu(fn, runs: int) -> tuple[float, int]:
+    """(least CPU seconds of `runs` calls, what the call returned)."""
+    best, got = float("inf"), 0
+    for _ in range(runs):
+        t = time.process_time()
+        got = fn()
+        best = min(best, time.process_time() - t)
+    return best, got
+
+
+def rate(nbytes: int, n: int, cpu: float) -> str:
+    return f"{cpu:.3f} | {nbytes / MB / cpu:.2f} | {n / cpu:,.0f}"
+
+
+def part_throughput(syzkaller: Path, runs: int) -> list[str]:
+    rows, total = [], [0, 0, 0, 0.0, 0.0]
+    for label, os, consoles in corpora(syzkaller):
+        size = sum(map(len, consoles))
+        t_parse, reps = best_cpu(lambda: parse_all(consoles, os), runs)
+        t_scan, reps_live = best_cpu(lambda: scan_all(consoles, os), runs)
+        assert reps_live == reps, f"{label}: the Scanner found {reps_live} reports, parse() {reps}"
+        rows.append(f"| {label} | {os} | {len(consoles)} | {size / MB:.3f} | {reps} | "
+                    f"{rate(size, len(consoles), t_parse)} | {rate(size, len(consoles), t_scan)} |")
+        for i, v in enumerate((len(consoles), size, reps, t_parse, t_scan)):
+            total[i] += v
+    n, size, reps, t_parse, t_scan = total
+    rows.append(f"| **all** | | {n} | {size / MB:.3f} | {reps} | {rate(size, n, t_parse)} | {rate(size, n, t_scan)} |")
+    lines = [
+        "| consoles | parsed as | consoles | MB | reports | parse() CPU s | MB/s | consoles/s | "
+        "Scanner 4 KiB CPU s | MB/s | consoles/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "Worst cases, parsed as linux: the MB/s must not fall as the console grows. *mixed*: one "
+        "synthetic console, 1 line in 10 a report header of some OS, 3 in 10 stack lines, the rest "
+        "noise, under every printk prefix; *one open report*: a KASAN header and then only stack "
+        "lines (a report that never ends, held until the console does).", "",
+        "| console | size (MB) | reports | parse() CPU s | MB/s | Scanner 4 KiB CPU s | MB/s |",
+        "|---|---|---|---|---|---|---|"]
+    for name, make in (("mixed", synthetic), ("one open report", endless_report)):
+        big = make(SIZES_MB[-1] * 1_000_000)
+        for mb in SIZES_MB:
+            console = big[:mb * 1_000_000]
+            t_parse, reps = best_cpu(lambda: parse_all([console], "linux"), min(runs, 3))
+            t_scan, _ = best_cpu(lambda: scan_all([console], "linux"), min(runs, 3))
+            lines.append(f"| {name} | {mb} | {reps:,} | {t_parse:.2f} | {len(console) / MB / t_parse:.2f} | "
+                         f"{t_scan:.2f} | {len(console) / MB / t_scan:.2f} |")
+    return lines
+
+
+def throughput_text(syzkaller: Path, runs: int, before: str | None) -> list[str]:
+    head = (f"**Before** (the parser at {before}, measured with `git archive {before} replay` "
+            f"on PYTHONPATH):" if before else
+            "**Now** (the parser of this checkout):")
+    return [head, "", *part_throughput(syzkaller, runs)]
+
+
+# --- fuzzing ----------------------------------------------------------------------------
+
+def dictionary(path: Path) -> None:
+    """libFuzzer tokens: the report and stack lines and printk prefixes above, and the literal
+    text of the parser's start patterns, so mutations splice whole headers into consoles."""
+    tokens = set(HEADERS) | set(TRACE) | set(PREFIXES)
+    tables = [m for m in vars(report).values() if isinstance(getattr(m, "KINDS", None), (list, tuple))]
+    for kind in (k for m in tables for k in m.KINDS):
+        if isinstance(getattr(kind, "start", None), re.Pattern):
+            # The pattern's literal runs: lookarounds, classes, escapes and quantifiers out,
+            # each alternative a token of its own.
+            text = re.sub(r"\(\?[!=<][^)]*\)|\[[^\]]*\]|\\[dswbDSWB]|\{[\d,]*\}|\?:|[\^$()?*+]", "",
+                          kind.start.pattern)
+            tokens.update(re.sub(r"\\(.)", r"\1", t) for t in text.split("|") if len(t) >= 4)
+    path.write_text("".join(f'"{_dict_escape(t)}"\n' for t in sorted(tokens) if 0 < len(t) <= 120))
+
+
+def _dict_escape(token: str) -> str:
+    """A token as libFuzzer's dictionary format quotes it (\\xNN for what is not printable)."""
+    return "".join(c if c.isprintable() and c not in '"\\' else f"\\x{ord(c):02x}" for c in token)
+
+
+def signature(data: bytes) -> str | None:
+    """What check() raises on `data`, as exception type and innermost tandem frame; None if nothing."""
+    try:
+        report_target.check(data)
+    except Exception as e:  # noqa: BLE001  (a finding, described and kept, not swallowed)
+        tb = traceback.extract_tb(e.__traceback__)
+        ours = [f for f in tb if "tandem" in f.filename] or tb
+        where = f"{Path(ours[-1].filename).name}:{ours[-1].lineno}"
+        return f"{type(e).__name__} at {where}" + (f": {e}" if isinstance(e, AssertionError) else "")
+    return None
+
+
+def minimize(data: bytes, sig: str) -> bytes:
+    """The smallest input raising the same as `data` that ddmin finds, first by lines,
+    then by bytes, within MINIMIZE_RUNS calls."""
+    budget = [MINIMIZE_RUNS]
+
+    def same(parts: list[bytes]) -> bool:
+        if budget[0] <= 0:
+            return False
+        budget[0] -= 1
+        return signature(b"".join(parts)) == sig
+
+    def ddmin(parts: list[bytes]) -> list[bytes]:
+        n = 2
+        while len(parts) >= 2:
+            size = -(-len(parts) // n)
+            for i in range(0, len(parts), size):
+                rest = parts[:i] + parts[i + size:]
+                if same(rest):
+                    parts, n = rest, max(n - 1, 2)
+                    break
+            else:
+                if n >= len(parts):
+                    break
+                n = min(len(parts), n * 2)
+        return parts
+
+    lines = ddmin(data.splitlines(keepends=True))
+    return b"".join(ddmin([bytes([b]) for b in b"".join(lines)]))
+
+
+def traceback_of(data: bytes) -> str:
+    try:
+        report_target.check(data)
+    except Exception:  # noqa: BLE001  (printed for the report)
+        return traceback.format_exc(limit=-6)
+    return "(no longer raises)"
+
+
+def run_fuzzer(args: list[str], cwd: Path, timeout: float) -> str:
+    """The target under libFuzzer, run in `cwd` (where stray artifacts land); its output."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+               PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT / "replay")) if p))
+    target = ROOT / "tests" / "fuzz" / "report_target.py"
+    # libFuzzer runs argv[0] again for -fork and -merge: the script itself, on the venv's PATH.
+    r = subprocess.run([str(target), *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       env=env, timeout=timeout, check=False)
+    return r.stdout.decode(errors="replace")
+
+
+def known_crashes() -> dict[str, str]:
+    """Signature -> corpus file, of the corpus inputs that still raise."""
+    known = {}
+    for path in sorted(report_target.CORPUS.glob("crash-*")):
+        sig = signature(path.read_bytes())
+        if sig:
+            known.setdefault(sig, path.name)
+    return known
+
+
+def save_findings(art: Path, found: dict[str, str], known: dict[str, str]) -> set[str]:
+    """Each crash or slow input of `art` not raising as a known one, minimized, into the
+    corpus (`found`: signature -> name); the known signatures met again."""
+    again = set()
+    for path in sorted(art.iterdir()):
+        data = path.read_bytes()
+        sig = signature(data)
+        kind = "crash" if sig else "slow"
+        sig = sig or f"over {FUZZ_TIMEOUT_S} s ({path.name.split('-')[0]})"
+        if sig in known:
+            again.add(sig)
+        if sig in found or sig in known:
+            continue
+        small = minimize(data, sig) if kind == "crash" else data
+        name = f"{kind}-{hashlib.sha1(small).hexdigest()}"
+        (report_target.CORPUS / name).write_bytes(small)
+        found[sig] = name
+        print(f"fuzz: {sig}: saved {report_target.CORPUS / name}\n"
+              f"{traceback_of(small) if kind == 'crash' else ''}", file=sys.stderr)
+    return again
+
+
+def repeat_lines(data: bytes, k: int) -> bytes:
+    return b"".join(line * k for line in data.splitlines(keepends=True))
+
+
+def scaling_probe() -> list[str]:
+    """Super-linear time that a fuzzer's timeout cannot see on inputs of a few KiB: every
+    corpus input on every OS with each line repeated SMALL and LARGE times (a report with
+    8x the lines, as a guest in a loop writes); per-byte CPU must not grow. A suspect
+    (ratio over PROBE_SUSPECT, usually noise on inputs parsed in under a millisecond) is
+    timed again at LARGE * 8 repetitions, best of 3."""
+    worst, slowest, suspects, n = (0.0, "", ""), (float("inf"), "", ""), [], 0
+    for path in sorted(report_target.CORPUS.iterdir()):
+        data = path.read_bytes()
+        if len(data) < 200:
+            continue
+        for os in report.OSES:
+            small, large = repeat_lines(data, PROBE_SMALL), repeat_lines(data, PROBE_LARGE)
+            t_small, _ = best_cpu(lambda: report.parse(small, os), 1)
+            t_large, _ = best_cpu(lambda: report.parse(large, os), 1)
+            ratio = (t_large / len(large)) / max(t_small / len(small), 1e-9)
+            n += 1
+            if ratio > PROBE_SUSPECT:
+                big = repeat_lines(data, PROBE_LARGE * 8)
+                t_big, _ = best_cpu(lambda: report.parse(big, os), 3)
+                t_large, _ = best_cpu(lambda: report.parse(large, os), 3)
+                ratio = (t_big / len(big)) / max(t_large / len(large), 1e-9)
+                if ratio > PROBE_SUSPECT:
+                    suspects.append(f"`{path.name}` on {os} ({ratio:.1f}x)")
+            worst = max(worst, (ratio, path.name, os))
+            slowest = min(slowest, (len(large) / MB / max(t_large, 1e-9), path.name, os))
+    line = (f"Scaling probe: the {n} (input, OS) pairs of the corpus (inputs of 200 B or more), "
+            f"each line repeated {PROBE_SMALL} and {PROBE_LARGE} times: per-byte CPU grows at most "
+            f"{worst[0]:.1f}x (`{worst[1]}` on {worst[2]}; a ratio over {PROBE_SUSPECT:g} is timed "
+            f"again at {PROBE_LARGE * 8} repetitions, best of 3); slowest input {slowest[0]:.2f} MB/s "
+            f"(`{slowest[1]}` on {slowest[2]}). ")
+    return [line + (f"Super-linear: {'; '.join(suspects)}." if suspects else "None super-linear.")]
+
+
+FOUND = re.compile(r"[0-9a-f]{40}")    # libFuzzer names an input by its content's SHA-1
+
+
+def merge_minimal(corpus: Path, work: Path, tmp: Path) -> tuple[int, int]:
+    """Make the corpus's found inputs the fewest that, with the seeds, reach every feature
+    the fuzzer has reached (old ones and `work`'s new ones), so it grows with coverage, not
+    with the time spent fuzzing. Seeds, crashes and slow inputs stay. (added, dropped)."""
+    keep = tmp / "minimal"
+    keep.mkdir()
+    for path in corpus.glob("seed-*"):
+        shutil.copy(path, keep)
+    run_fuzzer(["-merge=1", f"-timeout={FUZZ_TIMEOUT_S}", f"-max_len={MAX_LEN}",
+                f"-artifact_prefix={tmp / 'art'}/", str(keep), str(work)], tmp, 900)
+    new = {p.name for p in keep.iterdir() if FOUND.fullmatch(p.name)}
+    old = {p.name for p in corpus.iterdir() if FOUND.fullmatch(p.name)}
+    if not new and old:     # the merge failed: keep what there is
+        log.error("the corpus merge kept no input; corpus left as it was")
+        return 0, 0
+    for name in old - new:
+        (corpus / name).unlink()
+    for name in new - old:
+        shutil.copy(keep / name, corpus / name)
+    return len(new - old), len(old - new)
+
+
+def part_fuzz(seconds: float) -> list[str]:
+    try:
+        import atheris  # noqa: F401
+    except ImportError:
+        return ["Fuzzing: not run (atheris is not installed in this Python; `./tandem setup` "
+                "installs replay/requirements.txt)."]
+    corpus = report_target.CORPUS
+    before = sorted(corpus.iterdir())
+    found: dict[str, str] = {}
+    known = known_crashes()
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-fuzz-") as t:
+        tmp = Path(t)
+        work, art = tmp / "work", tmp / "art"
+        art.mkdir()
+        # The fuzzer starts from the corpus less its known crashes and slow inputs (they
+        # would end every run at once; the unit test keeps them failing until fixed).
+        shutil.copytree(corpus, work, ignore=lambda d, names: [n for n in names if n.startswith(("crash-", "slow-"))])
+        dictionary(tmp / "tokens.dict")
+        # Fork mode: a crash ends a child, not the budget; the parent keeps fuzzing.
+        started = time.monotonic()
+        out = run_fuzzer(["-fork=1", "-ignore_crashes=1", "-ignore_timeouts=1", "-ignore_ooms=1",
+                          f"-max_total_time={int(seconds)}", f"-timeout={FUZZ_TIMEOUT_S}",
+                          f"-max_len={MAX_LEN}", "-rss_limit_mb=2048", f"-dict={tmp / 'tokens.dict'}",
+                          f"-artifact_prefix={art}/", str(work)], tmp, seconds + 300)
+        elapsed = time.monotonic() - started
+        stats = re.findall(r"#(\d+): cov: (\d+) ft: (\d+) corp: (\d+)", out)
+        execs, cov, ft, _ = map(int, stats[-1]) if stats else (0, 0, 0, 0)
+        if not stats:
+            log.error("the fuzzer printed no statistics; its output ends:\n%s", out[-3000:])
+        again = save_findings(art, found, known)
+        added, dropped = merge_minimal(corpus, work, tmp)
+    lines = [
+        f"Command: `./tandem bench report{'' if seconds == 60 else f' --seconds {seconds:g}'}` "
+        f"(runs `bench/report.py --seconds {seconds:g}`).", "",
+        f"Fuzzing: `tests/fuzz/report_target.py` under atheris (libFuzzer, fork mode), a "
+        f"{seconds:.0f} s budget, inputs up to {MAX_LEN} B, each parsed on every OS of "
+        f"`report.OSES` ({', '.join(report.OSES)}) whole and in random chunks by the live Scanner: "
+        f"{execs:,} inputs run ({execs / elapsed:,.0f}/s, instrumented), coverage {cov} edges, {ft} "
+        f"features. tests/fuzz/report-corpus (the seeds, then the fewest inputs reaching all the "
+        f"code the fuzzer has reached, libFuzzer `-merge=1`): {added} input(s) added, {dropped} "
+        f"made redundant and dropped ({len(before)} files before, {len(list(corpus.iterdir()))} "
+        f"after).", ""]
+    if found:
+        lines += [f"Found {len(found)}, saved (minimized) in tests/fuzz/report-corpus: " +
+                  "; ".join(f"`{n}` ({s})" for s, n in found.items()) + "."]
+    else:
+        lines += ["Found nothing new: no new exception, no disagreement between parse() and the "
+                  f"Scanner, no input slower than {FUZZ_TIMEOUT_S} s."]
+    lines += ["", *scaling_probe()]
+    if known:
+        lines += ["", f"Known crashes still in the corpus (not fixed yet): " +
+                  "; ".join(f"`{n}` ({s}{', met again' if s in again else ''})" for s, n in known.items()) + "."]
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=60, help="fuzzing budget")
+    ap.add_argument("--runs", type=int, default=5, help="throughput: best of this many runs")
+    ap.add_argument("--only", action="append", choices=("throughput", "fuzz"), help="run only this part")
+    ap.add_argument("--before", metavar="COMMIT", help="write the throughput as COMMIT's 'before' figures")
+    ap.add_argument("--syzkaller", type=Path, default=SYZKALLER, help="syzkaller-reports directory")
+    ap.add_argument("--out", type=Path, help="replace this benchmark's blocks in this markdown file")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    print(f"parser: {Path(report.__file__).parent}", file=sys.stderr)
+    only = args.only or ["throughput", "fuzz"]
+    parts: dict[str, list[str]] = {}
+    if "throughput" in only:
+        command = (f"`mkdir /tmp/before && git archive {args.before} replay | tar -x -C /tmp/before && "
+                   "PYTHONPATH=/tmp/before/replay python bench/report.py --only throughput "
+                   f"--runs {args.runs} --before {args.before} --out docs/benchmarks.md`" if args.before else
+                   f"`./tandem bench report` (runs `bench/report.py --seconds 60 --runs {args.runs}`)")
+        body = [f"Command: {command}. CPU time of the benchmark process (`time.process_time`) on one "
+                f"core, best of {args.runs} runs; MB = 10^6 bytes. The machine (2 cores) is shared and "
+                f"was busy (load average {os.getloadavg()[0]:.1f} when this was measured); before and "
+                "now are each the best of their runs. *parsed as*: the directory's own OS where "
+                "`report.OSES` has it, else freebsd (OpenBSD and NetBSD before they had a dialect: "
+                "every line is still scanned). The Scanner is checked to find as many reports as "
+                "parse().", "", *throughput_text(args.syzkaller, args.runs, args.before)]
+        parts["before" if args.before else "throughput"] = body
+    if "fuzz" in only and not args.before:
+        parts["fuzz"] = part_fuzz(args.seconds)
+    for part, body in parts.items():
+        print("\n".join(body) + "\n")
+        if args.out:
+            replace_part(args.out, SECTION, TITLE, PARTS, part, "\n".join(body))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
