@@ -229,6 +229,8 @@ def throughput_text(syzkaller: Path, runs: int, before: str | None) -> list[str]
     head = (f"**Before** (the parser at {before}, measured with `git archive {before} replay` "
             f"on PYTHONPATH):" if before else
             "**Now** (the parser of this checkout):")
+    if not syzkaller.is_dir():
+        head += f" ({syzkaller} was not found: tandem's corpus only, not comparable with the totals above)"
     return [head, "", *part_throughput(syzkaller, runs)]
 
 
@@ -482,11 +484,11 @@ def main() -> int:
         command = (f"`mkdir /tmp/before && git archive {args.before} replay | tar -x -C /tmp/before && "
                    "PYTHONPATH=/tmp/before/replay python bench/report.py --only throughput "
                    f"--runs {args.runs} --before {args.before} --out docs/benchmarks.md`" if args.before else
-                   f"`./tandem bench report` (runs `bench/report.py --seconds 60 --runs {args.runs}`)")
+                   f"`./tandem bench report` (runs `bench/report.py --seconds {args.seconds:g} --runs {args.runs}`)")
         body = [f"Command: {command}. CPU time of the benchmark process (`time.process_time`) on one "
-                f"core, best of {args.runs} runs; MB = 10^6 bytes. The machine (2 cores) is shared and "
-                f"was busy (load average {os.getloadavg()[0]:.1f} when this was measured); before and "
-                "now are each the best of their runs. *parsed as*: the directory's own OS where "
+                f"core, best of {args.runs} runs; MB = 10^6 bytes. The machine (2 cores) is shared "
+                f"(load average {os.getloadavg()[0]:.1f} when this was measured); before and now are "
+                "each the best of their runs. *parsed as*: the directory's own OS where "
                 "`report.OSES` has it, else freebsd (OpenBSD and NetBSD before they had a dialect: "
                 "every line is still scanned). The Scanner is checked to find as many reports as "
                 "parse().", "", *throughput_text(args.syzkaller, args.runs, args.before)]
