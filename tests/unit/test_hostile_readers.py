@@ -1,0 +1,94 @@
+"""Issue 19's reproducers for the text and binary readers other than the console parser:
+each input gives a result or the module's own one-line error, never another exception.
+
+Equivalence specs and assertion files are written by whoever hands tandem a spec; replay
+streams come in bundles. Before the fix: `max_lag_ms = 1e400` raised OverflowError, `nan`
+ValueError, a 5,000-digit number ValueError, 500 nested parentheses RecursionError, and a
+segment header claiming a small size made the reader decompress 1 GiB before checking it.
+"""
+from __future__ import annotations
+
+
+import pytest
+
+from tandem import equivalence
+from tandem.assertions.lang import AssertionLangError, parse_text
+from tandem.errors import TandemError
+
+
+def spec_error(tmp_path, text: str) -> str:
+    """The one-line TandemError the spec loader gives for a spec file holding `text`."""
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    with pytest.raises(TandemError) as e:
+        equivalence.load("none", path)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("max_lag_ms = 1e400", "max_lag_ms"),
+    ("max_lag_ms = nan", "max_lag_ms"),
+    ("max_lag_ms = inf", "max_lag_ms"),
+    ("max_lag_ms = -inf", "max_lag_ms"),
+    ("max_lag_ms = true", "max_lag_ms"),
+    ("max_lag_ms = 1e300", "max_lag_ms"),
+    ("max_lag_ms = " + "9" * 5000, "4300 digits"),
+    ("[serial]\nreorder_window = " + "9" * 40, "integer of 133 bits"),
+    ("[serial]\nreorder_window = true", "reorder_window"),
+    ("ignore_channels = 5", "ignore_channels"),
+    ("ignore_channels = 'udp'", "ignore_channels"),
+    ("serial = 5", "[serial] must be a table"),
+    ("[tcp]\nbyte_ranges = 5", "byte_ranges"),
+    ("[tcp]\nbyte_ranges = [{flow = true, start = 0, end = 1}]", "byte_ranges"),
+    ("[tcp]\nbyte_ranges = [{flow = 0, start = 0, end = 99999999999999999999}]", "byte_ranges"),
+    ("[serial]\nignore = ['" + "(" * 1000 + "']", "bad regular expression"),
+    ("[serial]\nmask = ['a{4294967296}']", "bad regular expression"),
+    ("x = " + "[" * 1000 + "]" * 1000, "nested too deeply"),
+    ("x = " + "{a = " * 1000 + "}" * 1000, "nested too deeply"),
+])
+def test_spec_refuses_hostile_value(tmp_path, text, says):
+    assert says in spec_error(tmp_path, text)
+
+
+def test_spec_not_utf8(tmp_path):
+    (tmp_path / "spec.toml").write_bytes(b"\xff")
+    with pytest.raises(TandemError, match="not UTF-8 at byte 0"):
+        equivalence.load("none", tmp_path / "spec.toml")
+
+
+def test_spec_is_a_directory(tmp_path):
+    with pytest.raises(TandemError, match="cannot read"):
+        equivalence.load("none", tmp_path)
+
+
+def test_spec_in_range_still_loads(tmp_path):
+    (tmp_path / "spec.toml").write_text("max_lag_ms = 1e12\n[serial]\nreorder_window = 1048576\n")
+    spec = equivalence.load("none", tmp_path / "spec.toml")
+    assert spec.max_lag_ns == 10**18 and spec.rules["serial"].reorder_window == 1 << 20
+
+
+SITE = 'assert "a" at f(x): within(g, previously(returnfrom(h(x)) == {}))'
+
+
+@pytest.mark.parametrize("text, says", [
+    ('assert "a" at f: within(g, ' + "(" * 500 + "site" + ")" * 500 + ")", "nested too deeply"),
+    ('assert "a" at f: within(g, ' + "previously(" * 500 + "site" + ")" * 500 + ")", "nested too deeply"),
+    ('assert "a" at f: within(g, ' + "optional(" * 500 + "site" + ")" * 500 + ")", "nested too deeply"),
+    (SITE.format("9" * 5000), "integer out of range: 5000 digits"),
+    (SITE.format("0x1" + "0" * 16), "integer out of range"),
+    (SITE.format("18446744073709551616"), "integer out of range"),
+    (SITE.format("-9223372036854775809"), "integer out of range"),
+    ('assert "a" at f+' + "9" * 30 + ": within(g, site)", "integer out of range"),
+    ('assert "a" at f: within(g, previously(' + ", ".join(f"call(h{i})" for i in range(300)) + "))",
+     "more than 256 events"),
+])
+def test_assertion_refuses_hostile_text(text, says):
+    with pytest.raises(AssertionLangError, match=says) as e:
+        parse_text(text)
+    assert "\n" not in str(e.value)
+
+
+def test_assertion_64bit_limits_still_parse():
+    assert parse_text(SITE.format("0xffffffffffffffff")) and parse_text(SITE.format("-9223372036854775808"))
+    assert parse_text('assert "a" at f: within(g, ' + "(" * 31 + "site" + ")" * 31 + ")")
