@@ -8,12 +8,21 @@ segment header claiming a small size made the reader decompress 1 GiB before che
 """
 from __future__ import annotations
 
+import struct
+import tracemalloc
+import zlib
 
 import pytest
+import zstandard
 
-from tandem import equivalence
+from tandem import equivalence, rrstream
 from tandem.assertions.lang import AssertionLangError, parse_text
-from tandem.errors import TandemError
+from tandem.errors import BundleError, TandemError
+
+
+def short(value) -> str:
+    """A test id: the first 30 characters of a reproducer that may be 5,000 long."""
+    return value[:30] if isinstance(value, str) else str(value)
 
 
 def spec_error(tmp_path, text: str) -> str:
@@ -46,7 +55,7 @@ def spec_error(tmp_path, text: str) -> str:
     ("[serial]\nmask = ['a{4294967296}']", "bad regular expression"),
     ("x = " + "[" * 1000 + "]" * 1000, "nested too deeply"),
     ("x = " + "{a = " * 1000 + "}" * 1000, "nested too deeply"),
-])
+], ids=short)
 def test_spec_refuses_hostile_value(tmp_path, text, says):
     assert says in spec_error(tmp_path, text)
 
@@ -82,7 +91,7 @@ SITE = 'assert "a" at f(x): within(g, previously(returnfrom(h(x)) == {}))'
     ('assert "a" at f+' + "9" * 30 + ": within(g, site)", "integer out of range"),
     ('assert "a" at f: within(g, previously(' + ", ".join(f"call(h{i})" for i in range(300)) + "))",
      "more than 256 events"),
-])
+], ids=short)
 def test_assertion_refuses_hostile_text(text, says):
     with pytest.raises(AssertionLangError, match=says) as e:
         parse_text(text)
@@ -92,3 +101,39 @@ def test_assertion_refuses_hostile_text(text, says):
 def test_assertion_64bit_limits_still_parse():
     assert parse_text(SITE.format("0xffffffffffffffff")) and parse_text(SITE.format("-9223372036854775808"))
     assert parse_text('assert "a" at f: within(g, ' + "(" * 31 + "site" + ")" * 31 + ")")
+
+
+def zstd_bomb(size: int) -> bytes:
+    """One zstd frame of `size` zero bytes whose header records that size (32 KiB for 1 GiB),
+    made in 1 MiB pieces so the test does not allocate `size` itself."""
+    cobj = zstandard.ZstdCompressor().compressobj(size=size)
+    zeros = bytes(1 << 20)
+    return b"".join(cobj.compress(zeros) for _ in range(size >> 20)) + cobj.flush()
+
+
+def one_segment(tmp_path, stored: bytes, raw: int):
+    """A stream of one zstd END segment whose header says `raw` for `stored`."""
+    hdr = struct.pack("<4sIIIIIQQI", rrstream.SEG_MAGIC, 0, rrstream.FLAG_END | rrstream.FLAG_ZSTD,
+                      len(stored), raw, zlib.crc32(stored), 1, 0, 0)
+    path = tmp_path / "replay.tdrs"
+    path.write_bytes(rrstream.FILE_HDR.pack(rrstream.FILE_MAGIC, 0xE0200D, 0) + hdr
+                     + struct.pack("<I", zlib.crc32(hdr)) + stored)
+    return path
+
+
+def test_rrstream_small_header_big_frame_stops_at_the_declared_size(tmp_path):
+    path = one_segment(tmp_path, zstd_bomb(1 << 30), raw=100)
+    tracemalloc.start()
+    try:
+        with pytest.raises(BundleError, match="raw length 101, header says 100"):
+            list(rrstream.iter_raw(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20       # was 1 GiB: the frame decompressed whole
+
+
+def test_rrstream_declared_size_over_the_bound_is_refused_before_reading(tmp_path):
+    path = one_segment(tmp_path, zstandard.ZstdCompressor().compress(b"x"), raw=rrstream.MAX_RAW + 1)
+    with pytest.raises(BundleError, match="over the .*-byte bound"):
+        rrstream.scan(path)
