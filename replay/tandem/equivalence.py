@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,10 +145,14 @@ def _show(v) -> str:
 def _regex(text: str, where: str, fail) -> re.Pattern:
     """re.compile, with every way it refuses a pattern as a spec error: re.error, and
     the OverflowError (a{4294967296}) and RecursionError (1,000 nested groups) that
-    sre_parse raises instead."""
+    sre_parse raises instead. A FutureWarning (`[[a]`, `[a--b]`: set syntax whose meaning
+    a later Python changes) is refused too: the pattern is ambiguous, and the warning
+    was a multi-line message on stderr (an exception under -W error)."""
     try:
-        return re.compile(text.encode())
-    except (re.error, OverflowError, RecursionError) as e:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            return re.compile(text.encode())
+    except (re.error, OverflowError, RecursionError, FutureWarning) as e:
         fail(f"{where}: bad regular expression {_show(text)}: {type(e).__name__}: {e}")
 
 

@@ -53,6 +53,7 @@ def spec_error(tmp_path, text: str) -> str:
     ("[tcp]\nbyte_ranges = [{flow = 0, start = 0, end = 99999999999999999999}]", "byte_ranges"),
     ("[serial]\nignore = ['" + "(" * 1000 + "']", "bad regular expression"),
     ("[serial]\nmask = ['a{4294967296}']", "bad regular expression"),
+    ("[serial]\nignore = ['[[a]']", "FutureWarning: Possible nested set"),
     ("x = " + "[" * 1000 + "]" * 1000, "nested too deeply"),
     ("x = " + "{a = " * 1000 + "}" * 1000, "nested too deeply"),
 ], ids=short)
