@@ -131,14 +131,22 @@ def _whole(v, most: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= most
 
 
-def _show(v) -> str:
-    """v for a one-line message: repr() of a 5,000-digit int raises ValueError, and a
-    spec's value may be megabytes long (or hold a 1,000-deep list)."""
-    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64:
-        return f"an integer of {v.bit_length()} bits"
-    if isinstance(v, (list, dict)):
-        return f"a {'list' if isinstance(v, list) else 'table'} of {len(v)}"
-    text = repr(v)
+def _show(v, nested: bool = False) -> str:
+    """v for a one-line message, at most 80 characters: repr() of a 5,000-digit int raises
+    ValueError, of 1,000 nested lists RecursionError, and a value may be megabytes long.
+    A table or list is shown one level deep, as TOML writes it."""
+    if isinstance(v, bool):
+        text = "true" if v else "false"
+    elif isinstance(v, int) and v.bit_length() > 64:
+        text = f"an integer of {v.bit_length()} bits"
+    elif isinstance(v, (list, dict)) and (nested or len(v) > 8):
+        text = f"a {'list' if isinstance(v, list) else 'table'} of {len(v)}"
+    elif isinstance(v, dict):
+        text = "{" + ", ".join(f"{str(k)[:20]} = {_show(x, True)}" for k, x in v.items()) + "}"
+    elif isinstance(v, list):
+        text = "[" + ", ".join(_show(x, True) for x in v) + "]"
+    else:
+        text = repr(v)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
