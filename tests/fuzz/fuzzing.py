@@ -116,9 +116,13 @@ def traceback_of(target: Target, data: bytes) -> str:
 
 
 def run_fuzzer(target: Target, args: list[str], cwd: Path, timeout: float) -> str:
-    """The target under libFuzzer, run in `cwd` (where stray artifacts land); its output."""
+    """The target under libFuzzer, run in `cwd` (where stray artifacts land); its output.
+    Its scratch files go to a directory of the caller's, removed with it (libFuzzer ends
+    its processes with _exit: their atexit handlers never run)."""
+    scratch = _scratch_dir()
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-               PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT / "replay")) if p))
+               PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT / "replay")) if p),
+               **{SCRATCH_ENV: str(scratch)})
     # libFuzzer runs argv[0] again for -fork and -merge: the script itself, on the venv's PATH.
     r = subprocess.run([str(target.script), *args], cwd=cwd, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False)
@@ -251,19 +255,28 @@ def fuzz(target: Target, seconds: float, tokens=None) -> Result:
                   found, known, again)
 
 
+SCRATCH_ENV = "TANDEM_FUZZ_SCRATCH"     # set by run_fuzzer for the processes it starts
 _scratch: list[Path] = []
 
 
-def scratch_file(data: bytes) -> Path:
-    """`data` in this process's scratch file (readers that take a path): in /dev/shm when
-    there is one, so an execution does not wait on a disk; removed when the process ends."""
+def _scratch_dir() -> Path:
+    """This process's scratch directory: in /dev/shm when there is one, so an execution
+    does not wait on a disk; removed when the process ends normally."""
     if not _scratch:
         shm = Path("/dev/shm")
         folder = Path(tempfile.mkdtemp(prefix="tandem-fuzz-", dir=shm if shm.is_dir() else None))
         atexit.register(shutil.rmtree, folder, True)
-        _scratch.append(folder / "input")
-    _scratch[0].write_bytes(data)
+        _scratch.append(folder)
     return _scratch[0]
+
+
+def scratch_file(data: bytes) -> Path:
+    """`data` in this process's scratch file (for readers that take a path): in the
+    directory run_fuzzer gave (one file per process), else in _scratch_dir()."""
+    given = os.environ.get(SCRATCH_ENV)
+    path = Path(given) / f"input-{os.getpid()}" if given else _scratch_dir() / "input"
+    path.write_bytes(data)
+    return path
 
 
 def mutate(data: bytes, rnd, tokens: tuple[bytes, ...] = ()) -> bytes:
