@@ -22,17 +22,12 @@ Usage: ./tandem bench report [--seconds N]
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import os
 import random
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +38,7 @@ sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
 from tandem import report  # noqa: E402  (before record_replay, which puts ROOT/replay first)
 from tandem.report import Scanner  # noqa: E402
 
+import fuzzing  # noqa: E402
 import report_target  # noqa: E402
 from record_replay import replace_part  # noqa: E402
 
@@ -58,9 +54,6 @@ SYZKALLER = ROOT.parent / "shared" / "syzkaller-reports"
 CHUNK = 4096                    # the live path: a Scanner fed what one read of the console gives
 MB = 1e6
 SIZES_MB = (1, 2, 4, 8)
-FUZZ_TIMEOUT_S = 10             # one input (at most MAX_LEN bytes) slower than this is a finding
-MAX_LEN = 8192
-MINIMIZE_RUNS = 3000            # check() calls a crash's minimization may spend
 PROBE_SMALL, PROBE_LARGE = 4, 32  # line repetitions of the scaling probe (~6 s on ~400 inputs)
 PROBE_SUSPECT = 2.0
 
@@ -236,10 +229,10 @@ def throughput_text(syzkaller: Path, runs: int, before: str | None) -> list[str]
 
 # --- fuzzing ----------------------------------------------------------------------------
 
-def dictionary(path: Path) -> None:
+def tokens() -> list[bytes]:
     """libFuzzer tokens: the report and stack lines and printk prefixes above, and the literal
     text of the parser's start patterns, so mutations splice whole headers into consoles."""
-    tokens = set(HEADERS) | set(TRACE) | set(PREFIXES)
+    found = set(HEADERS) | set(TRACE) | set(PREFIXES)
     tables = [m for m in vars(report).values() if isinstance(getattr(m, "KINDS", None), (list, tuple))]
     for kind in (k for m in tables for k in m.KINDS):
         if isinstance(getattr(kind, "start", None), re.Pattern):
@@ -247,106 +240,8 @@ def dictionary(path: Path) -> None:
             # each alternative a token of its own.
             text = re.sub(r"\(\?[!=<][^)]*\)|\[[^\]]*\]|\\[dswbDSWB]|\{[\d,]*\}|\?:|[\^$()?*+]", "",
                           kind.start.pattern)
-            tokens.update(re.sub(r"\\(.)", r"\1", t) for t in text.split("|") if len(t) >= 4)
-    path.write_text("".join(f'"{_dict_escape(t)}"\n' for t in sorted(tokens) if 0 < len(t) <= 120))
-
-
-def _dict_escape(token: str) -> str:
-    """A token as libFuzzer's dictionary format quotes it (\\xNN for what is not printable)."""
-    return "".join(c if c.isprintable() and c not in '"\\' else f"\\x{ord(c):02x}" for c in token)
-
-
-def signature(data: bytes) -> str | None:
-    """What check() raises on `data`, as exception type and innermost tandem frame; None if nothing."""
-    try:
-        report_target.check(data)
-    except Exception as e:  # noqa: BLE001  (a finding, described and kept, not swallowed)
-        tb = traceback.extract_tb(e.__traceback__)
-        ours = [f for f in tb if "tandem" in f.filename] or tb
-        where = f"{Path(ours[-1].filename).name}:{ours[-1].lineno}"
-        return f"{type(e).__name__} at {where}" + (f": {e}" if isinstance(e, AssertionError) else "")
-    return None
-
-
-def minimize(data: bytes, sig: str) -> bytes:
-    """The smallest input raising the same as `data` that ddmin finds, first by lines,
-    then by bytes, within MINIMIZE_RUNS calls."""
-    budget = [MINIMIZE_RUNS]
-
-    def same(parts: list[bytes]) -> bool:
-        if budget[0] <= 0:
-            return False
-        budget[0] -= 1
-        return signature(b"".join(parts)) == sig
-
-    def ddmin(parts: list[bytes]) -> list[bytes]:
-        n = 2
-        while len(parts) >= 2:
-            size = -(-len(parts) // n)
-            for i in range(0, len(parts), size):
-                rest = parts[:i] + parts[i + size:]
-                if same(rest):
-                    parts, n = rest, max(n - 1, 2)
-                    break
-            else:
-                if n >= len(parts):
-                    break
-                n = min(len(parts), n * 2)
-        return parts
-
-    lines = ddmin(data.splitlines(keepends=True))
-    return b"".join(ddmin([bytes([b]) for b in b"".join(lines)]))
-
-
-def traceback_of(data: bytes) -> str:
-    try:
-        report_target.check(data)
-    except Exception:  # noqa: BLE001  (printed for the report)
-        return traceback.format_exc(limit=-6)
-    return "(no longer raises)"
-
-
-def run_fuzzer(args: list[str], cwd: Path, timeout: float) -> str:
-    """The target under libFuzzer, run in `cwd` (where stray artifacts land); its output."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-               PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT / "replay")) if p))
-    target = ROOT / "tests" / "fuzz" / "report_target.py"
-    # libFuzzer runs argv[0] again for -fork and -merge: the script itself, on the venv's PATH.
-    r = subprocess.run([str(target), *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       env=env, timeout=timeout, check=False)
-    return r.stdout.decode(errors="replace")
-
-
-def known_crashes() -> dict[str, str]:
-    """Signature -> corpus file, of the corpus inputs that still raise."""
-    known = {}
-    for path in sorted(report_target.CORPUS.glob("crash-*")):
-        sig = signature(path.read_bytes())
-        if sig:
-            known.setdefault(sig, path.name)
-    return known
-
-
-def save_findings(art: Path, found: dict[str, str], known: dict[str, str]) -> set[str]:
-    """Each crash or slow input of `art` not raising as a known one, minimized, into the
-    corpus (`found`: signature -> name); the known signatures met again."""
-    again = set()
-    for path in sorted(art.iterdir()):
-        data = path.read_bytes()
-        sig = signature(data)
-        kind = "crash" if sig else "slow"
-        sig = sig or f"over {FUZZ_TIMEOUT_S} s ({path.name.split('-')[0]})"
-        if sig in known:
-            again.add(sig)
-        if sig in found or sig in known:
-            continue
-        small = minimize(data, sig) if kind == "crash" else data
-        name = f"{kind}-{hashlib.sha1(small).hexdigest()}"
-        (report_target.CORPUS / name).write_bytes(small)
-        found[sig] = name
-        print(f"fuzz: {sig}: saved {report_target.CORPUS / name}\n"
-              f"{traceback_of(small) if kind == 'crash' else ''}", file=sys.stderr)
-    return again
+            found.update(re.sub(r"\\(.)", r"\1", t) for t in text.split("|") if len(t) >= 4)
+    return [t.encode() for t in found]
 
 
 def repeat_lines(data: bytes, k: int) -> bytes:
@@ -387,83 +282,33 @@ def scaling_probe() -> list[str]:
     return [line + (f"Super-linear: {'; '.join(suspects)}." if suspects else "None super-linear.")]
 
 
-FOUND = re.compile(r"[0-9a-f]{40}")    # libFuzzer names an input by its content's SHA-1
-
-
-def merge_minimal(corpus: Path, work: Path, tmp: Path) -> tuple[int, int]:
-    """Make the corpus's found inputs the fewest that, with the seeds, reach every feature
-    the fuzzer has reached (old ones and `work`'s new ones), so it grows with coverage, not
-    with the time spent fuzzing. Seeds, crashes and slow inputs stay. (added, dropped)."""
-    keep = tmp / "minimal"
-    keep.mkdir()
-    for path in corpus.glob("seed-*"):
-        shutil.copy(path, keep)
-    run_fuzzer(["-merge=1", f"-timeout={FUZZ_TIMEOUT_S}", f"-max_len={MAX_LEN}",
-                f"-artifact_prefix={tmp / 'art'}/", str(keep), str(work)], tmp, 900)
-    new = {p.name for p in keep.iterdir() if FOUND.fullmatch(p.name)}
-    old = {p.name for p in corpus.iterdir() if FOUND.fullmatch(p.name)}
-    if not new and old:     # the merge failed: keep what there is
-        log.error("the corpus merge kept no input; corpus left as it was")
-        return 0, 0
-    for name in old - new:
-        (corpus / name).unlink()
-    for name in new - old:
-        shutil.copy(keep / name, corpus / name)
-    return len(new - old), len(old - new)
-
-
 def part_fuzz(seconds: float) -> list[str]:
     try:
         import atheris  # noqa: F401
     except ImportError:
         return ["Fuzzing: not run (atheris is not installed in this Python; `./tandem setup` "
                 "installs replay/requirements.txt)."]
-    corpus = report_target.CORPUS
-    before = sorted(corpus.iterdir())
-    found: dict[str, str] = {}
-    known = known_crashes()
-    with tempfile.TemporaryDirectory(prefix="tandem-bench-fuzz-") as t:
-        tmp = Path(t)
-        work, art = tmp / "work", tmp / "art"
-        art.mkdir()
-        # The fuzzer starts from the corpus less its known crashes and slow inputs (they
-        # would end every run at once; the unit test keeps them failing until fixed).
-        shutil.copytree(corpus, work, ignore=lambda d, names: [n for n in names if n.startswith(("crash-", "slow-"))])
-        dictionary(tmp / "tokens.dict")
-        # Fork mode: a crash ends a child, not the budget; the parent keeps fuzzing.
-        started = time.monotonic()
-        out = run_fuzzer(["-fork=1", "-ignore_crashes=1", "-ignore_timeouts=1", "-ignore_ooms=1",
-                          f"-max_total_time={int(seconds)}", f"-timeout={FUZZ_TIMEOUT_S}",
-                          f"-max_len={MAX_LEN}", "-rss_limit_mb=2048", f"-dict={tmp / 'tokens.dict'}",
-                          f"-artifact_prefix={art}/", str(work)], tmp, seconds + 300)
-        elapsed = time.monotonic() - started
-        stats = re.findall(r"#(\d+): cov: (\d+) ft: (\d+) corp: (\d+)", out)
-        execs, cov, ft, _ = map(int, stats[-1]) if stats else (0, 0, 0, 0)
-        if not stats:
-            log.error("the fuzzer printed no statistics; its output ends:\n%s", out[-3000:])
-        again = save_findings(art, found, known)
-        added, dropped = merge_minimal(corpus, work, tmp)
+    r = fuzzing.fuzz(report_target.TARGET, seconds, tokens())
     lines = [
         f"Command: `./tandem bench report{'' if seconds == 60 else f' --seconds {seconds:g}'}` "
         f"(runs `bench/report.py --seconds {seconds:g}`).", "",
         f"Fuzzing: `tests/fuzz/report_target.py` under atheris (libFuzzer, fork mode), a "
-        f"{seconds:.0f} s budget, inputs up to {MAX_LEN} B, each parsed on every OS of "
+        f"{seconds:.0f} s budget, inputs up to {report_target.TARGET.max_len} B, each parsed on every OS of "
         f"`report.OSES` ({', '.join(report.OSES)}) whole and in random chunks by the live Scanner: "
-        f"{execs:,} inputs run ({execs / elapsed:,.0f}/s, instrumented), coverage {cov} edges, {ft} "
+        f"{r.execs:,} inputs run ({r.rate:,.0f}/s, instrumented), coverage {r.cov} edges, {r.ft} "
         f"features. tests/fuzz/report-corpus (the seeds, then the fewest inputs reaching all the "
-        f"code the fuzzer has reached, libFuzzer `-merge=1`): {added} input(s) added, {dropped} "
-        f"made redundant and dropped ({len(before)} files before, {len(list(corpus.iterdir()))} "
-        f"after).", ""]
-    if found:
-        lines += [f"Found {len(found)}, saved (minimized) in tests/fuzz/report-corpus: " +
-                  "; ".join(f"`{n}` ({s})" for s, n in found.items()) + "."]
+        f"code the fuzzer has reached, libFuzzer `-merge=1`): {r.added} input(s) added, {r.dropped} "
+        f"made redundant and dropped ({r.before} files before, {r.after} after).", ""]
+    if r.found:
+        lines += [f"Found {len(r.found)}, saved (minimized) in tests/fuzz/report-corpus: " +
+                  "; ".join(f"`{n}` ({s})" for s, n in r.found.items()) + "."]
     else:
         lines += ["Found nothing new: no new exception, no disagreement between parse() and the "
-                  f"Scanner, no input slower than {FUZZ_TIMEOUT_S} s."]
+                  f"Scanner, no input slower than {report_target.TARGET.timeout_s} s."]
     lines += ["", *scaling_probe()]
-    if known:
-        lines += ["", f"Known crashes still in the corpus (not fixed yet): " +
-                  "; ".join(f"`{n}` ({s}{', met again' if s in again else ''})" for s, n in known.items()) + "."]
+    if r.known:
+        lines += ["", "Known crashes still in the corpus (not fixed yet): " +
+                  "; ".join(f"`{n}` ({s}{', met again' if s in r.again else ''})" for s, n in r.known.items()) + "."]
     return lines
 
 

@@ -24,14 +24,22 @@ adds to them.
 """
 from __future__ import annotations
 
+import math
 import re
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import TandemError
 
 CHANNELS = ("serial", "tcp", "udp")
+
+# A spec is input from outside (issue 19): every value is checked by type and range, so no
+# value reaches int()/re.compile() in a shape that raises anything but TandemError.
+MAX_LAG_MS = 10**12             # 31 years of VM time; the bound in ns stays within int64
+MAX_REORDER_WINDOW = 1 << 20    # lines; the comparator looks this far on both sides
+MAX_OFFSET = (1 << 63) - 1      # byte_ranges: a flow index or a byte offset
 
 # Sanitizer output is reported as findings, not as divergences.
 _SANITIZER_LINES = [r"^==\d+==", r"^\s*#\d+ 0x[0-9a-f]+ ", r"runtime error:", r"^SUMMARY: ",
@@ -66,15 +74,21 @@ def _merge(spec: Spec, data: dict, where: str) -> None:
     known = {"ignore_channels", "max_lag_ms", *CHANNELS}
     for k in data:
         if k not in known:
-            fail(f"unknown key {k!r} (known: {', '.join(sorted(known))})")
-    for c in data.get("ignore_channels", []):
+            fail(f"unknown key {_show(k)} (known: {', '.join(sorted(known))})")
+    channels = data.get("ignore_channels", [])
+    if not isinstance(channels, list):
+        fail(f"ignore_channels: want a list of channel names, got {_show(channels)}")
+    for c in channels:
         if c not in CHANNELS:
-            fail(f"ignore_channels: unknown channel {c!r} (known: {', '.join(CHANNELS)})")
+            fail(f"ignore_channels: unknown channel {_show(c)} (known: {', '.join(CHANNELS)})")
         spec.ignore_channels.add(c)
     if "max_lag_ms" in data:
         v = data["max_lag_ms"]
-        if not isinstance(v, (int, float)) or v < 0:
-            fail(f"max_lag_ms: want a number >= 0, got {v!r}")
+        # bool is an int to Python; inf, nan and 1e400 (inf to tomllib) are floats that
+        # int() refuses with OverflowError/ValueError.
+        if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+                or not 0 <= v <= MAX_LAG_MS):
+            fail(f"max_lag_ms: want a number from 0 to {MAX_LAG_MS}, got {_show(v)}")
         spec.max_lag_ns = int(v * 1e6)
     for c in CHANNELS:
         sect = data.get(c, {})
@@ -86,34 +100,93 @@ def _merge(spec: Spec, data: dict, where: str) -> None:
                 if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                     fail(f"{c}.{k}: want a list of regular expressions")
                 for x in v:
-                    try:
-                        getattr(r, k).append(re.compile(x.encode()))
-                    except re.error as e:
-                        fail(f"{c}.{k}: bad regular expression {x!r}: {e}")
+                    getattr(r, k).append(_regex(x, f"{c}.{k}", fail))
             elif k == "ignore_kernel_lines" and c == "serial":
                 if not isinstance(v, bool):
                     fail(f"{c}.{k}: want true or false")
                 r.ignore_kernel_lines = v
             elif k == "reorder_window":
-                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                    fail(f"{c}.{k}: want a whole number of lines >= 0, got {v!r}")
+                if not _whole(v, MAX_REORDER_WINDOW):
+                    fail(f"{c}.{k}: want a whole number of lines from 0 to {MAX_REORDER_WINDOW}, "
+                         f"got {_show(v)}")
                 r.reorder_window = v
             elif k == "byte_ranges" and c == "tcp":
+                if not isinstance(v, list):
+                    fail(f"{c}.byte_ranges: want a list of {{flow, start, end}}, got {_show(v)}")
                 for br in v:
                     if not (isinstance(br, dict) and set(br) == {"flow", "start", "end"}
-                            and all(isinstance(br[x], int) and br[x] >= 0 for x in br)
+                            and all(_whole(br[x], MAX_OFFSET) for x in br)
                             and br["start"] < br["end"]):
-                        fail(f"{c}.byte_ranges: want {{flow, start, end}} with start < end, got {br!r}")
+                        fail(f"{c}.byte_ranges: want {{flow, start, end}} with start < end, got {_show(br)}")
                     r.byte_ranges.append((br["flow"], br["start"], br["end"]))
             elif k == "relaxed_flow_order" and c == "tcp":
                 if v is not True:
                     fail("tcp.relaxed_flow_order: flows are always compared one by one; only true is accepted")
             else:
-                fail(f"unknown key {c}.{k}")
+                fail(f"unknown key {c}.{_show(k)}")
+
+
+def _whole(v, most: int) -> bool:
+    """v is an integer (not a bool) from 0 to `most`."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= most
+
+
+def _show(v, nested: bool = False) -> str:
+    """v for a one-line message, at most 80 characters: repr() of a 5,000-digit int raises
+    ValueError, of 1,000 nested lists RecursionError, and a value may be megabytes long.
+    A table or list is shown one level deep, as TOML writes it."""
+    if isinstance(v, bool):
+        text = "true" if v else "false"
+    elif isinstance(v, int) and v.bit_length() > 64:
+        text = f"an integer of {v.bit_length()} bits"
+    elif isinstance(v, (list, dict)) and (nested or len(v) > 8):
+        text = f"a {'list' if isinstance(v, list) else 'table'} of {len(v)}"
+    elif isinstance(v, dict):
+        text = "{" + ", ".join(f"{str(k)[:20]} = {_show(x, True)}" for k, x in v.items()) + "}"
+    elif isinstance(v, list):
+        text = "[" + ", ".join(_show(x, True) for x in v) + "]"
+    else:
+        text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _regex(text: str, where: str, fail) -> re.Pattern:
+    """re.compile, with every way it refuses a pattern as a spec error: re.error, and
+    the OverflowError (a{4294967296}) and RecursionError (1,000 nested groups) that
+    sre_parse raises instead. A FutureWarning (`[[a]`, `[a--b]`: set syntax whose meaning
+    a later Python changes) is refused too: the pattern is ambiguous, and the warning
+    was a multi-line message on stderr (an exception under -W error)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            return re.compile(text.encode())
+    except (re.error, OverflowError, RecursionError, FutureWarning) as e:
+        fail(f"{where}: bad regular expression {_show(text)}: {type(e).__name__}: {e}")
 
 
 # The embedded default guest's own spec, used when the user gives none.
 DEMO_SPEC = Path(__file__).resolve().parents[2] / "agent" / "kvd.equiv.toml"
+
+
+def parse_toml(text: bytes, where: str) -> dict:
+    """A spec file's TOML table, or TandemError. tomllib raises ValueError besides its
+    TOMLDecodeError (an integer of more than 4,300 digits) and RecursionError on about
+    1,000 nested arrays or inline tables."""
+    try:
+        return tomllib.loads(text.decode())
+    except UnicodeDecodeError as e:
+        raise TandemError(f"{where}: not a valid TOML equivalence spec: not UTF-8 at byte {e.start}") from None
+    except RecursionError:
+        raise TandemError(f"{where}: not a valid TOML equivalence spec: nested too deeply") from None
+    except ValueError as e:     # tomllib.TOMLDecodeError is a ValueError
+        raise TandemError(f"{where}: not a valid TOML equivalence spec: {e}") from None
+
+
+def check(data: dict, where: str = "<spec>") -> Spec:
+    """A parsed spec table checked on its own (no built-in defaults): a Spec or TandemError."""
+    spec = Spec()
+    _merge(spec, data, where)
+    return spec
 
 
 def load(analysis: str, path: str | Path | None = None) -> Spec:
@@ -129,11 +202,11 @@ def load(analysis: str, path: str | Path | None = None) -> Spec:
     if path is not None:
         p = Path(path)
         try:
-            data = tomllib.loads(p.read_text())
+            text = p.read_bytes()
         except FileNotFoundError:
             raise TandemError(f"{p}: equivalence spec not found") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise TandemError(f"{p}: not a valid TOML equivalence spec: {e}") from None
-        _merge(spec, data, str(p))
+        except OSError as e:
+            raise TandemError(f"{p}: cannot read the equivalence spec: {e.strerror}") from None
+        _merge(spec, parse_toml(text, str(p)), str(p))
         spec.sources.append(str(p))
     return spec

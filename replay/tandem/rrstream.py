@@ -27,6 +27,13 @@ SEG_HDR = struct.Struct("<4sIIIIIQQII")
 FLAG_END, FLAG_ZSTD = 1, 2
 STOCK_HEADER_SIZE = 12  # stock QEMU: u32 REPLAY_VERSION + u64, big-endian
 DEFAULT_REPLAY_VERSION = 0xE0200D   # qemu-patches/0011 added an event kind
+# The largest raw payload a segment may declare. QEMU's writer (qemu-patches/0001) ends a
+# segment once it holds FLUSH_BYTES = 256 KiB, so a segment is 256 KiB plus one event; the
+# bound leaves 256 times that. A bundle is input from outside (issue 19): the declared size
+# is checked before anything is allocated, and decompression stops at it (a 32 KiB zstd
+# frame whose own header says 1 GiB was decompressed whole before the size was compared).
+MAX_RAW = 64 << 20
+DECOMPRESS_CHUNK = 1 << 20
 
 
 class Segment(NamedTuple):
@@ -108,6 +115,8 @@ def _walk(path: str | os.PathLike, info: StreamInfo) -> Iterator[tuple[Segment, 
                 raise _corrupt(path, seq, offset, f"sequence gap (found segment {hseq})")
             if flags & ~(FLAG_END | FLAG_ZSTD):
                 raise _corrupt(path, seq, offset, f"unknown flags {flags:#x}")
+            if raw > MAX_RAW:
+                raise _corrupt(path, seq, offset, f"raw length {raw} over the {MAX_RAW}-byte bound")
             if not flags & FLAG_ZSTD and stored != raw:
                 raise _corrupt(path, seq, offset, f"uncompressed but stored {stored} != raw {raw}")
             if offset + SEG_HDR.size + stored > size:
@@ -139,14 +148,28 @@ def iter_raw(path: str | os.PathLike, info: StreamInfo | None = None) -> Iterato
     for seg, payload in _walk(path, info):
         if seg.flags & FLAG_ZSTD:
             try:
-                # decompressobj: works whether or not the frame records its content size
-                payload = dctx.decompressobj().decompress(payload)
+                payload = _decompress(dctx, payload, seg.raw)
             except zstandard.ZstdError as e:
                 raise _corrupt(os.fspath(path), seg.seq, seg.offset, f"zstd: {e}") from None
         if len(payload) != seg.raw:
             raise _corrupt(os.fspath(path), seg.seq, seg.offset,
                            f"raw length {len(payload)}, header says {seg.raw}")
         yield payload
+
+
+def _decompress(dctx: zstandard.ZstdDecompressor, payload: bytes, raw: int) -> bytes:
+    """At most raw + 1 bytes of the frames in `payload`: enough to tell that they hold more
+    than the header's `raw`, never more. A streaming reader, because
+    ZstdDecompressor.decompress(max_output_size=) allocates whatever content size the frame
+    header claims (1 GiB measured), and decompressobj has no bound at all."""
+    reader = dctx.stream_reader(payload, read_across_frames=True)
+    out = bytearray()
+    while len(out) <= raw:
+        chunk = reader.read(min(raw + 1 - len(out), DECOMPRESS_CHUNK))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
 
 
 def _atomic_write(out_path: str | os.PathLike, chunks: Iterator[bytes]) -> None:

@@ -27,6 +27,9 @@ from pathlib import Path
 
 if __name__ == "__main__":     # run by hand or by bench/report.py: tandem from this checkout
     sys.path.append(str(Path(__file__).resolve().parents[2] / "replay"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fuzzing  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "report-corpus"
@@ -103,15 +106,12 @@ def make_seeds(syzkaller: Path = SYZKALLER) -> int:
     return 0
 
 
-def main(argv: list[str]) -> None:
-    import atheris
-    with atheris.instrument_imports(include=["tandem.report"]):
-        from tandem import report  # noqa: F401  (instrumented once, then check() imports it)
-    atheris.Setup(argv, check)
-    atheris.Fuzz()
+INSTRUMENT = ("tandem.report",)
+TARGET = fuzzing.Target("report", check, INSTRUMENT,
+                        "a console: parsed on every OS whole and by the live Scanner in chunks")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--make-seeds"]:
         sys.exit(make_seeds(*map(Path, sys.argv[2:3])))
-    main(sys.argv)
+    fuzzing.main(sys.argv, check, INSTRUMENT)

@@ -24,6 +24,14 @@ __all__ = ["AssertionLangError", "AssertionSet", "load_symbols", "parse_file", "
 
 MAX_ARGS = 6            # the event source reports rdi, rsi, rdx, rcx, r8, r9
 MAX_BRANCHES = 64       # OR distribution is a product; keep automata countable
+# An assertion file is input from outside (issue 19). The parser recurses once per nested
+# (...), sequence/previously/eventually(...) or optional(...): 500 nested parentheses
+# raised RecursionError. The shipped assertions nest 4 deep.
+MAX_NESTING = 32
+MAX_EVENTS = 256        # per automaton; the shipped assertions have at most 6
+# Literals are compared with 64-bit registers: a signed or an unsigned 64-bit value.
+# Longer digit strings are refused before int() (which raises ValueError past 4,300 digits).
+LIT_MIN, LIT_MAX = -(1 << 63), (1 << 64) - 1
 
 
 class AssertionLangError(TandemError):
@@ -91,6 +99,7 @@ SEQ_WORDS = {"sequence": "seq", "previously": "prev", "eventually": "next"}
 class _Parser:
     def __init__(self, text: str, file: str, symbols: frozenset[str] | None):
         self.toks, self.i, self.file, self.symbols = _tokens(text, file), 0, file, symbols
+        self.depth = 0      # nesting of term() inside term(), at most MAX_NESTING
 
     # token helpers
     @property
@@ -136,8 +145,15 @@ class _Parser:
     def integer(self) -> int:
         neg = self.accept("-")
         t = self.take("int", "an integer")
-        v = int(t.text, 16) if t.text[:2] in ("0x", "0X") else int(t.text)
-        return -v if neg else v
+        hexa = t.text[:2] in ("0x", "0X")
+        digits = (t.text[2:] if hexa else t.text).lstrip("0")
+        if len(digits) > (16 if hexa else 20):     # 2**64 has 20 decimal digits
+            raise self.err(t, f"integer out of range: {len(digits)} digits (64-bit values only)")
+        v = int(digits or "0", 16 if hexa else 10)
+        v = -v if neg else v
+        if not LIT_MIN <= v <= LIT_MAX:
+            raise self.err(t, "integer out of range (64-bit values only)")
+        return v
 
     # grammar
     def file_(self) -> list[Assertion]:
@@ -224,6 +240,15 @@ class _Parser:
         return _Node("or", first.line, first.col, items=items)
 
     def term(self) -> _Node:
+        if self.depth >= MAX_NESTING:
+            raise self.err(self.tok, f"expression nested too deeply (at most {MAX_NESTING} levels)")
+        self.depth += 1
+        try:
+            return self._term()
+        finally:
+            self.depth -= 1
+
+    def _term(self) -> _Node:
         t = self.tok
         if self.accept("("):
             e = self.expr()
@@ -300,25 +325,33 @@ class _Parser:
         return tuple(dict.fromkeys(out))    # identical branches (from a || a) are one automaton
 
     def _check_events(self, steps: list[Step], site: Site, bound: Tok, bound_vars: set[str]) -> None:
-        seen: list[tuple[EventSpec, str]] = [
-            (EventSpec("call", bound.text, (), None, bound.line, bound.col), f"the bound's call({bound.text})"),
-            (EventSpec("return", bound.text, (), None, bound.line, bound.col),
-             f"the bound's returnfrom({bound.text})")]
+        # Only events of one function and kind can overlap: seen is indexed by them, so
+        # the check is linear in the events unless many are on one function (bounded by
+        # MAX_EVENTS).
+        seen: dict[tuple[str, str], list[tuple[EventSpec, str]]] = {
+            (bound.text, "call"): [(EventSpec("call", bound.text, (), None, bound.line, bound.col),
+                                    f"the bound's call({bound.text})")],
+            (bound.text, "return"): [(EventSpec("return", bound.text, (), None, bound.line, bound.col),
+                                      f"the bound's returnfrom({bound.text})")]}
         site_spec = site.as_spec()
+        events = [e for s in steps for e in s.alts]
+        if len(events) > MAX_EVENTS:
+            raise self.err(events[MAX_EVENTS], f"more than {MAX_EVENTS} events in one automaton")
         for s in steps:
             for e in s.alts:
                 for p in e.patterns():
                     if p.kind == "var" and p.value not in bound_vars:
                         where = f"at {site.text()} binds " + (", ".join(sorted(bound_vars)) or "none")
                         raise self.err(p, f"variable '{p.value}' is not bound at the assertion site ({where})")
-                for other, what in seen:
+                same = seen.setdefault((e.func, e.kind), [])
+                for other, what in same:
                     if e.overlaps(other):
                         raise self.err(e, f"event {e.text()} is used twice in one automaton: {what} "
                                           f"at {other.line}:{other.col} can match the same event")
                 if site_spec is not None and e.overlaps(site_spec):
                     raise self.err(e, f"event {e.text()} is used twice in one automaton: the assertion "
                                       f"site {site.text()} at {site.line}:{site.col} can match the same event")
-                seen.append((e, e.text()))
+                same.append((e, e.text()))
 
 
 def _expand(n: _Node, p: _Parser) -> list[list[tuple[Step, _Node]]]:
@@ -331,9 +364,11 @@ def _expand(n: _Node, p: _Parser) -> list[list[tuple[Step, _Node]]]:
     if n.kind == "seq":
         out: list[list[tuple[Step, _Node]]] = [[]]
         for item in n.items:
-            out = [a + b for a, b in itertools.product(out, _expand(item, p))]
-            if len(out) > MAX_BRANCHES:
+            tails = _expand(item, p)
+            # checked before the product is built: 64 x 8,000 branches took 0.7 s
+            if len(out) * len(tails) > MAX_BRANCHES:
                 raise p.err(n, f"this expression expands to more than {MAX_BRANCHES} automata")
+            out = [a + b for a, b in itertools.product(out, tails)]
         return out
     alts = _or_events(n)
     if n.kind == "opt":
