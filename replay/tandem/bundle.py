@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import __version__
+from . import __version__, private
 from .errors import BundleError
 
 SCHEMA = 1
@@ -54,13 +54,15 @@ def new_manifest() -> dict[str, Any]:
 
 
 def new_bundle(path: str | os.PathLike) -> Path:
-    """Create the bundle directory; an existing non-empty one is never overwritten."""
+    """Create the bundle directory, 0700 (private.py); an existing non-empty one is never
+    overwritten, an existing empty one becomes the bundle and is made 0700 too."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise BundleError(f"{p}: exists and is not a directory")
     if p.is_dir() and any(p.iterdir()):
         raise BundleError(f"{p}: already exists and is not empty (refusing to overwrite a recording)")
-    p.mkdir(parents=True, exist_ok=True)
+    private.make_dir(p)
+    os.chmod(p, private.DIR_MODE)
     return p
 
 
@@ -76,7 +78,7 @@ def write_manifest(bundle_dir: str | os.PathLike, manifest: dict[str, Any]) -> N
     """Replace manifest.json atomically: a crash leaves the old or the new one, never half."""
     d = Path(bundle_dir)
     tmp = d / (MANIFEST + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(tmp, "w", encoding="utf-8", opener=private.opener) as f:
         json.dump(manifest, f, indent=2, sort_keys=True)
         f.write("\n")
         f.flush()

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import artifacts, bundle, pcapng
+from . import artifacts, bundle, pcapng, private
 from .errors import TandemError
 from .vm import ICOUNT_SHIFT, VM, Guest, Run, free_port, make_overlay
 
@@ -121,7 +121,7 @@ class Recording:
             # Keep the bundle honest: it exists, holds what QEMU wrote, and says so.
             m["state"] = "interrupted"
             bundle.write_manifest(self.path, m)
-            shutil.copyfile(self.vm.log_path, self.path / "qemu.log")
+            private.copy_file(self.vm.log_path, self.path / "qemu.log")
             shutil.rmtree(self._tmp, ignore_errors=True)
             raise
         return self
@@ -164,7 +164,7 @@ class Recording:
         wall = time.monotonic() - self.t0
         self.vm.poll_events()
         self.vm.close()
-        shutil.copyfile(self.vm.log_path, self.path / "qemu.log")
+        private.copy_file(self.vm.log_path, self.path / "qemu.log")
         shutil.rmtree(self._tmp, ignore_errors=True)
 
         if self.stop_reason is None:
