@@ -8,6 +8,7 @@ replay can refuse a bundle that would silently diverge.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 import json
 import os
@@ -53,17 +54,43 @@ def new_manifest() -> dict[str, Any]:
     }
 
 
-def new_bundle(path: str | os.PathLike) -> Path:
-    """Create the bundle directory, 0700 (private.py); an existing non-empty one is never
-    overwritten, an existing empty one becomes the bundle and is made 0700 too."""
+def new_bundle(path: str | os.PathLike, manifest: dict[str, Any] | None = None) -> Path:
+    """Create the bundle directory, 0700 (private.py), and write its first manifest;
+    an existing non-empty one is never overwritten, an existing empty one becomes the
+    bundle and is made 0700 too.
+
+    Two recorders started together on one path must not both find it empty: the check
+    and the first manifest happen under an exclusive flock on the directory, so the
+    second finds the first's manifest (or the lock) and is refused before it writes
+    anything. (QEMU's logs have their own lock, qemu-patches/0016; qemu-img refuses
+    to recreate an overlay a running QEMU holds.)"""
+    p = Path(path)
+    refuse_existing(p)
+    private.make_dir(p)
+    fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BundleError(f"{p}: another tandem is creating a recording here") from None
+        refuse_existing(p)
+        os.chmod(p, private.DIR_MODE)
+        if manifest is not None:
+            write_manifest(p, manifest)
+    finally:
+        os.close(fd)
+    return p
+
+
+def refuse_existing(path: str | os.PathLike) -> None:
+    """Raise unless path is free for a new bundle (absent, or an empty directory): the
+    cheap check a recorder makes before hashing its inputs; new_bundle repeats it under
+    its lock."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise BundleError(f"{p}: exists and is not a directory")
     if p.is_dir() and any(p.iterdir()):
         raise BundleError(f"{p}: already exists and is not empty (refusing to overwrite a recording)")
-    private.make_dir(p)
-    os.chmod(p, private.DIR_MODE)
-    return p
 
 
 def _fsync_dir(d: Path) -> None:
