@@ -15,6 +15,8 @@ import shutil
 import stat
 from pathlib import Path
 
+from .errors import TandemError
+
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 CHILD_UMASK = 0o077     # subprocess's umask= for the QEMUs and qemu-imgs tandem starts
@@ -40,6 +42,18 @@ def make_dir(path: str | os.PathLike) -> Path:
             continue        # made meanwhile by someone else: theirs, left as it is
         os.chmod(d, DIR_MODE)
     return p
+
+
+def require_private_dir(d: str | os.PathLike, what: str) -> None:
+    """Raise unless directory d is this user's and closed to group and others: where a
+    unix socket that steers a VM goes (a feed, a gate, QMP). A socket file's own mode is
+    not honoured everywhere and the first client to connect to a listener wins; only the
+    directory keeps other users from connecting, or from replacing the socket."""
+    st = os.stat(d)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise TandemError(f"{what}: its directory {d} is open to other users "
+                          f"(mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}); "
+                          f"tandem puts its sockets only in a 0700 directory of its own")
 
 
 def opener(path: str, flags: int) -> int:

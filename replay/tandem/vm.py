@@ -296,7 +296,9 @@ class VM:
 
     def __init__(self, guest: Guest, run: Run, launcher=None):
         self.guest, self.run, self.launcher = guest, run, launcher
+        # QEMU's QMP and serial sockets go here: 0700 even when the caller made it.
         private.make_dir(run.rundir)
+        os.chmod(run.rundir, private.DIR_MODE)
         self.argv = qemu_argv(guest, run)
         self.log_path = run.rundir / "qemu.log"
         self.proc: subprocess.Popen | None = None

@@ -55,6 +55,19 @@ def test_new_bundle_and_manifest_private(tmp_path):
     assert mode(bundle.new_bundle(tmp_path / "empty.tdm")) == 0o700
 
 
+def test_feed_socket_only_in_a_private_directory(tmp_path):
+    from tandem.errors import TandemError
+    from tandem.feedproto import FeedServer
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    with pytest.raises(TandemError, match=r"feed socket .*f.sock: its directory .*shared is open to other "
+                                          r"users \(mode 0755"):
+        FeedServer(shared / "f.sock")
+    assert not (shared / "f.sock").exists()
+    srv = FeedServer(private.make_dir(tmp_path / "mine") / "f.sock")
+    srv.listener.close()
+
+
 def test_exposed_lists_what_others_may_read_or_write(tmp_path):
     d = bundle.new_bundle(tmp_path / "run.tdm")
     private.write_text(d / "ok", "")
