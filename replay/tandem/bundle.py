@@ -66,15 +66,21 @@ def new_bundle(path: str | os.PathLike, manifest: dict[str, Any] | None = None) 
     to recreate an overlay a running QEMU holds.)"""
     p = Path(path)
     refuse_existing(p)
-    private.make_dir(p)
-    fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        private.make_dir(p)
+        fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise BundleError(f"{p}: cannot create the bundle directory: {e.strerror}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise BundleError(f"{p}: another tandem is creating a recording here") from None
         refuse_existing(p)
-        os.chmod(p, private.DIR_MODE)
+        try:
+            os.chmod(p, private.DIR_MODE)
+        except OSError as e:     # an empty directory of another user's
+            raise BundleError(f"{p}: cannot make it private (0700): {e.strerror}") from None
         if manifest is not None:
             write_manifest(p, manifest)
     finally:

@@ -91,7 +91,10 @@ def exposed(path: str | os.PathLike) -> list[tuple[Path, int]]:
             found += [Path(top, n) for n in sorted(dirs + files)]
     out = []
     for p in found:
-        st = p.lstat()
+        try:
+            st = p.lstat()
+        except FileNotFoundError:   # a live bundle's manifest.json.tmp, renamed meanwhile
+            continue
         if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o066:
             out.append((p, stat.S_IMODE(st.st_mode)))
     return out
