@@ -5,6 +5,7 @@ import itertools
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -167,6 +168,11 @@ def test_agreed_release_keeps_a_diverging_answer_from_the_client(tmp_path):
     t.join(10)
     s = sh.finish()
     assert got == {"set": "OK", "get": "VALUE 1", "bug": None}, got
+    # Private (issue 19): the live workdir 0700, all it holds 0600 (0755/0644 before under umask 022).
+    an = tmp_path / "an"
+    wrote = {p.name: stat.S_IMODE(p.stat().st_mode) for p in an.iterdir()}
+    assert {"findings.jsonl", "summary.json", "gate.json", "buffers.json"} <= set(wrote), wrote
+    assert (stat.S_IMODE(an.stat().st_mode), set(wrote.values())) == (0o700, {0o600}), wrote
     (e,) = [e for e in sh.gate.events if e.kind == "dropped"]
     assert e.analysis == "asan-userland" and e.native == f"{PLANTED_BUGS['asan-heap-overflow'][2]}\n".encode()
     assert any("held and dropped" in x for x in s.limits)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 import subprocess
 import time
 import xml.etree.ElementTree as ET
@@ -168,6 +169,14 @@ def test_attach_and_detach(libvirtd, tmp_path):
     assert set(shadows) == {"native", "kasan"}
     assert names(uri) == {"web-tandem-native", "web-tandem-kasan"}          # the native is not started
     assert "shut off" in virsh(uri, "dominfo", "web")
+
+    # Private (issue 19): the feed and QMP sockets steer a shadow, so they are only in
+    # 0700 directories (the state directory was 0755 under umask 022); overlays 0600.
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    for s in shadows.values():
+        assert Path(s["feed_socket"]).parent == Path(s["qmp_socket"]).parent == Path(s["state_dir"])
+        assert stat.S_IMODE(Path(s["state_dir"]).stat().st_mode) == 0o700
+        assert stat.S_IMODE(Path(s["overlay"]).stat().st_mode) == 0o600
 
     # The shadows: the analysis kernel, the native's MAC, an overlay over the native's disk.
     kasan = shadows["kasan"]

@@ -8,13 +8,14 @@ replay can refuse a bundle that would silently diverge.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import __version__
+from . import __version__, private
 from .errors import BundleError
 
 SCHEMA = 1
@@ -53,15 +54,49 @@ def new_manifest() -> dict[str, Any]:
     }
 
 
-def new_bundle(path: str | os.PathLike) -> Path:
-    """Create the bundle directory; an existing non-empty one is never overwritten."""
+def new_bundle(path: str | os.PathLike, manifest: dict[str, Any] | None = None) -> Path:
+    """Create the bundle directory, 0700 (private.py), and write its first manifest;
+    an existing non-empty one is never overwritten, an existing empty one becomes the
+    bundle and is made 0700 too.
+
+    Two recorders started together on one path must not both find it empty: the check
+    and the first manifest happen under an exclusive flock on the directory, so the
+    second finds the first's manifest (or the lock) and is refused before it writes
+    anything. (QEMU's logs have their own lock, qemu-patches/0016; qemu-img refuses
+    to recreate an overlay a running QEMU holds.)"""
+    p = Path(path)
+    refuse_existing(p)
+    try:
+        private.make_dir(p)
+        fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise BundleError(f"{p}: cannot create the bundle directory: {e.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BundleError(f"{p}: another tandem is creating a recording here") from None
+        refuse_existing(p)
+        try:
+            os.chmod(p, private.DIR_MODE)
+        except OSError as e:     # an empty directory of another user's
+            raise BundleError(f"{p}: cannot make it private (0700): {e.strerror}") from None
+        if manifest is not None:
+            write_manifest(p, manifest)
+    finally:
+        os.close(fd)
+    return p
+
+
+def refuse_existing(path: str | os.PathLike) -> None:
+    """Raise unless path is free for a new bundle (absent, or an empty directory): the
+    cheap check a recorder makes before hashing its inputs; new_bundle repeats it under
+    its lock."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise BundleError(f"{p}: exists and is not a directory")
     if p.is_dir() and any(p.iterdir()):
         raise BundleError(f"{p}: already exists and is not empty (refusing to overwrite a recording)")
-    p.mkdir(parents=True, exist_ok=True)
-    return p
 
 
 def _fsync_dir(d: Path) -> None:
@@ -76,7 +111,7 @@ def write_manifest(bundle_dir: str | os.PathLike, manifest: dict[str, Any]) -> N
     """Replace manifest.json atomically: a crash leaves the old or the new one, never half."""
     d = Path(bundle_dir)
     tmp = d / (MANIFEST + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(tmp, "w", encoding="utf-8", opener=private.opener) as f:
         json.dump(manifest, f, indent=2, sort_keys=True)
         f.write("\n")
         f.flush()

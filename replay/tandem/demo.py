@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import private
 from .inspect_bundle import inspect, render
 from .record import Recording
 from .replay_exact import replay
@@ -43,7 +44,7 @@ def run_demo(console, workdir: Path | None = None) -> int:
     if workdir is None:
         tmp = Path(tempfile.mkdtemp(prefix="tandem-demo-"))
         workdir = tmp
-    workdir.mkdir(parents=True, exist_ok=True)
+    private.make_dir(workdir)
     path = workdir / "demo.tdm"
     if path.exists():
         shutil.rmtree(path)

@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import private
 from .errors import TandemError
 
 HEADER = struct.Struct("<IHHQ")
@@ -40,6 +41,7 @@ class FeedServer:
 
     def __init__(self, path: Path):
         self.path = path
+        private.require_private_dir(Path(path).parent, f"feed socket {path}")
         self.listener = socket.socket(socket.AF_UNIX)
         self.listener.bind(str(path))
         self.listener.listen(1)

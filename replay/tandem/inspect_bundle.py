@@ -6,12 +6,15 @@ reader error, torn tail and manifest mismatch becomes an entry in `problems`.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from . import bundle, pcapng, rrstream
+from . import bundle, pcapng, private, rrstream
 from .errors import BundleError
+
+log = logging.getLogger(__name__)
 
 
 def _channels(path: Path, problems: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -93,7 +96,20 @@ def inspect(bundle_dir: str | os.PathLike) -> dict[str, Any]:
     if (d / bundle.STREAM).is_file():
         result["stream"] = _stream(d / bundle.STREAM, problems)
     result["integrity"] = {"ok": not problems, "problems": problems}
+    result["exposed"] = {str(p): f"{mode:04o}" for p, mode in private.exposed(d)}
+    if result["exposed"]:
+        log.warning("%s", exposure_warning(d, result["exposed"]))
     return result
+
+
+def exposure_warning(d: Path, exposed: dict[str, str]) -> str:
+    """One line: the bundle, what of it group/others may read or write, and the fix. A
+    warning, not an integrity problem: the recording is intact, only not private (one
+    recorded before tandem made bundles 0700/0600, or copied with a loose umask)."""
+    first, mode = next(iter(exposed.items()))
+    more = f" and {len(exposed) - 1} more" if len(exposed) > 1 else ""
+    return (f"warning: {d}: readable or writable by group/others ({first} is {mode}{more}), and a "
+            f"recording holds the guest's traffic and disk writes; make it private: chmod -R go= {d}")
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:

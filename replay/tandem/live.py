@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bundle, compare, equivalence, inputs, metrics, pcapng, replay_semantic, report
+from . import bundle, compare, equivalence, inputs, metrics, pcapng, private, replay_semantic, report
 from . import findings as findings_mod
 from .errors import TandemError
 from .feedproto import FeedServer
@@ -139,8 +139,8 @@ class Shadow:
                              hold=self._hold_native, specs=self.specs)
             self.gate.start()
         self.rec.created = self.native.manifest["created"][:19]
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._findings_file = open(self.workdir / "findings.jsonl", "w")
+        private.make_dir(self.workdir)
+        self._findings_file = open(self.workdir / "findings.jsonl", "w", opener=private.opener)
         threading.Thread(target=self._follow, name="tandem-follow", daemon=True).start()
         if self.metrics_port is not None:
             self.metrics_port = metrics.serve(self.status, self.metrics_port)
@@ -335,7 +335,7 @@ class Shadow:
             s.limits += [f"overflow: {f.analysis}'s full buffer held the native's inputs {f.buffer.blocks} "
                          f"time(s), {f.buffer.blocked_s:.1f}s of wall time in all"
                          for f in self.followers if f.buffer.blocks]
-            (self.workdir / "gate.json").write_text(json.dumps(
+            private.write_text(self.workdir / "gate.json", json.dumps(
                 {"released": self.gate.released, "dropped": self.gate.dropped, "input_holds": self.gate.holds,
                  "events": [{"kind": e.kind, "analysis": e.analysis, "flow": e.flow, "offset": e.offset,
                              "native": e.native.decode("latin-1"), "analysis_bytes": e.analysis_bytes.decode("latin-1"),
@@ -345,13 +345,13 @@ class Shadow:
         peaks = {f.analysis: {"peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes,
                               "blocks": f.buffer.blocks, "blocked_s": round(f.buffer.blocked_s, 3)}
                  for f in self.followers}
-        (self.workdir / "buffers.json").write_text(json.dumps(peaks, indent=1))
+        private.write_text(self.workdir / "buffers.json", json.dumps(peaks, indent=1))
         # For `tandem plan --from`: on a live run every VM's wall time is the native's,
         # so the slowdown is measured in CPU time against the native QEMU's.
         sj = self.workdir / "summary.json"
         data = json.loads(sj.read_text())
         data["live"] = {"native_cpu_s": round(self.native_cpu_s, 3)}
-        sj.write_text(json.dumps(data, indent=1, default=str))
+        private.write_text(sj, json.dumps(data, indent=1, default=str))
         return s
 
 

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import artifacts, bundle, pcapng
+from . import artifacts, bundle, pcapng, private
 from .errors import TandemError
 from .vm import ICOUNT_SHIFT, VM, Guest, Run, free_port, make_overlay
 
@@ -42,9 +42,7 @@ def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | N
     for what, p in (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk base", guest.disk_base)):
         if p and not Path(p).is_file():
             raise TandemError(f"{what} {p}: not found")
-    bundle.new_bundle(path)
-    if guest.disk_base:
-        make_overlay(guest.disk_base, path / OVERLAY, guest.disk_format)
+    bundle.refuse_existing(path)    # before hashing the inputs: a refusal should be quick
     m = bundle.new_manifest()
     m["qemu"] = qemu_identity()
     m["inputs"] = {k: bundle.input_entry(p) for k, p in
@@ -57,7 +55,14 @@ def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | N
         m["machine"]["mac"] = guest.mac
     if assertions:
         m["assertions"] = assertions
-    bundle.write_manifest(path, m)
+    bundle.new_bundle(path, m)      # the manifest first: it claims the directory
+    if guest.disk_base:
+        try:
+            make_overlay(guest.disk_base, path / OVERLAY, guest.disk_format)
+        except TandemError:
+            m["state"] = "interrupted"
+            bundle.write_manifest(path, m)
+            raise
     return m
 
 
@@ -121,7 +126,7 @@ class Recording:
             # Keep the bundle honest: it exists, holds what QEMU wrote, and says so.
             m["state"] = "interrupted"
             bundle.write_manifest(self.path, m)
-            shutil.copyfile(self.vm.log_path, self.path / "qemu.log")
+            private.copy_file(self.vm.log_path, self.path / "qemu.log")
             shutil.rmtree(self._tmp, ignore_errors=True)
             raise
         return self
@@ -164,7 +169,7 @@ class Recording:
         wall = time.monotonic() - self.t0
         self.vm.poll_events()
         self.vm.close()
-        shutil.copyfile(self.vm.log_path, self.path / "qemu.log")
+        private.copy_file(self.vm.log_path, self.path / "qemu.log")
         shutil.rmtree(self._tmp, ignore_errors=True)
 
         if self.stop_reason is None:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import artifacts, bundle, pcapng, report, rrstream
+from . import artifacts, bundle, pcapng, private, report, rrstream
 from .errors import BundleError, TandemError
 from .verify import Mismatch, final_state, first_mismatch
 from .vm import VM, Guest, Run, make_overlay
@@ -118,7 +118,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
             _run_to_end(vm, partial, progress)
         wall = time.monotonic() - t0
         if keep:
-            shutil.copyfile(tmp / "replay.pcapng", keep)
+            private.copy_file(tmp / "replay.pcapng", keep)
 
         if follow:   # the recording must be sealed before its log can be compared
             deadline = time.monotonic() + 120

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bundle, feedproto
+from . import bundle, feedproto, private
 from . import inputs as inputs_mod
 from . import record as record_mod
 from .errors import TandemError
@@ -201,7 +201,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
     if not rec.finished:
         res.delivered, res.net_out = deque(maxlen=DELIVERED_KEPT), None
     tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    private.make_dir(workdir)
     run_args = dict(feed_lookahead_ns=lookahead_ns, rtc_base=rec.created, idle=idle, cpus=cpus)
     manifest = None
     if record:
@@ -247,7 +247,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
 def _seal(res: AnalysisRun, vm: VM, manifest: dict) -> None:
     """Finish the analysis run's bundle; a run that did not end cleanly stays 'interrupted'."""
     try:
-        shutil.copyfile(vm.log_path, res.bundle / "qemu.log")
+        private.copy_file(vm.log_path, res.bundle / "qemu.log")
         status = vm.proc.returncode if vm.proc and vm.proc.returncode is not None else -9
         record_mod.seal(res.bundle, manifest, status=status, wall_s=res.wall_s,
                         stop_reason=res.outcome)

@@ -18,6 +18,7 @@ from typing import BinaryIO, Iterator, NamedTuple
 
 import zstandard
 
+from . import private
 from .errors import BundleError
 
 FILE_MAGIC = b"TDMRRLG1"
@@ -174,7 +175,7 @@ def _decompress(dctx: zstandard.ZstdDecompressor, payload: bytes, raw: int) -> b
 
 def _atomic_write(out_path: str | os.PathLike, chunks: Iterator[bytes]) -> None:
     tmp = f"{os.fspath(out_path)}.tmp"
-    with open(tmp, "wb") as out:
+    with open(tmp, "wb", opener=private.opener) as out:
         for chunk in chunks:
             out.write(chunk)
         out.flush()

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import bundle, compare, equivalence, findings as findings_mod, inputs, replay_semantic
+from . import bundle, compare, equivalence, findings as findings_mod, inputs, private, replay_semantic
 from .errors import TandemError
 
 NOISE = "native"
@@ -102,8 +102,8 @@ def summarize(bundle_dir, rec: inputs.Recording, analyses: list[str],
 
 def _write(workdir: Path, s: Summary) -> None:
     """findings.jsonl (one finding per line) and summary.json, next to the analysis logs."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    with open(workdir / "findings.jsonl", "w") as f:
+    private.make_dir(workdir)
+    with open(workdir / "findings.jsonl", "w", opener=private.opener) as f:
         for r in s.results:
             for fd in r.findings:
                 f.write(fd.to_json() + "\n")
@@ -120,4 +120,4 @@ def _write(workdir: Path, s: Summary) -> None:
                           "analysis_vm_ns": d.analysis_ns, "after_input": d.after_input,
                           "diff": d.diff} for d in r.divergences]}
         for r in s.results]}
-    (workdir / "summary.json").write_text(json.dumps(out, indent=1, default=str))
+    private.write_text(workdir / "summary.json", json.dumps(out, indent=1, default=str))

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from . import artifacts
+from . import artifacts, private
 from .errors import TandemError
 from .vm import Guest, Run, qemu_argv
 
@@ -201,7 +201,7 @@ class Libvirtd:
         if self.dir.exists() and any(self.dir.iterdir()):
             raise TandemError(f"{self.dir}: not empty (a private libvirtd starts in an empty directory)")
         for sub in ("run", ".etc-work", ".var-work", "sock", "log", *self.OWN):
-            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+            private.make_dir(self.dir / sub)
         # Opaque in the overlays: a host with a system libvirt has domains, networks and
         # state in these, which this daemon must neither see nor autostart.
         for sub in self.OWN:
@@ -815,7 +815,8 @@ def _metadata(native: NativeInfo, analysis: str, guest: Guest, sh: Shadow, backi
 def _make_overlay(backing: Path, fmt: str, overlay: Path) -> None:
     img = artifacts.qemu()["img"]
     r = subprocess.run([img, "create", "-q", "-f", "qcow2", "-b", str(backing.resolve()), "-F", fmt,
-                        str(overlay)], check=False, capture_output=True, text=True)
+                        str(overlay)], check=False, capture_output=True, text=True,
+                       umask=private.CHILD_UMASK)
     if r.returncode:
         raise TandemError(f"{overlay}: qemu-img create failed: {r.stderr.strip()}")
 
@@ -862,7 +863,11 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
             sdir = base / a
             if sdir.exists():
                 raise TandemError(f"{sdir}: exists (left by an earlier attach? tandem detach {domain})")
-            sdir.mkdir(parents=True)
+            # 0700 (with the state directory when tandem makes it): the feed and QMP
+            # sockets in it steer the shadow, and a unix socket's own mode is not
+            # checked everywhere; the directory's is. (The shadow's QEMU runs as this
+            # user or root: it creates qmp.sock here, so it could not run as another.)
+            private.make_dir(sdir)
             sh = Shadow(shadow_name(domain, a), domain, a, sdir,
                         sdir / "disk.qcow2" if native.disk else None,
                         sdir / "feed.sock", sdir / "qmp.sock")

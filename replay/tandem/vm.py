@@ -19,7 +19,7 @@ from pathlib import Path
 from qemu.qmp import ConnectError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
-from . import artifacts
+from . import artifacts, private
 from .errors import TandemError
 
 GUEST_PORT = 7000          # the demo service inside the guest
@@ -123,7 +123,8 @@ def make_overlay(base: str, overlay: Path, fmt: str = "raw") -> None:
     """A qcow2 overlay so the base image (of format fmt) is never written."""
     img = artifacts.qemu()["img"]
     r = subprocess.run([img, "create", "-q", "-f", "qcow2", "-b", str(Path(base).resolve()),
-                        "-F", fmt, str(overlay)], capture_output=True, text=True)
+                        "-F", fmt, str(overlay)], capture_output=True, text=True,
+                       umask=private.CHILD_UMASK)      # the overlay holds the guest's disk writes
     if r.returncode:
         raise TandemError(f"{overlay}: qemu-img create failed: {r.stderr.strip()}")
 
@@ -295,7 +296,9 @@ class VM:
 
     def __init__(self, guest: Guest, run: Run, launcher=None):
         self.guest, self.run, self.launcher = guest, run, launcher
-        run.rundir.mkdir(parents=True, exist_ok=True)
+        # QEMU's QMP and serial sockets go here: 0700 even when the caller made it.
+        private.make_dir(run.rundir)
+        os.chmod(run.rundir, private.DIR_MODE)
         self.argv = qemu_argv(guest, run)
         self.log_path = run.rundir / "qemu.log"
         self.proc: subprocess.Popen | None = None
@@ -310,7 +313,7 @@ class VM:
             asyncio.set_event_loop(asyncio.new_event_loop())
         for stale in ("qmp.sock", "serial.sock"):
             (self.run.rundir / stale).unlink(missing_ok=True)
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb", opener=private.opener)
         if self.launcher is not None:
             try:
                 self.proc = self.launcher.start(self, self._log)
@@ -330,7 +333,8 @@ class VM:
             if self.run.cpus:
                 argv = ["taskset", "--cpu-list", self.run.cpus, *argv]
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         umask=private.CHILD_UMASK)
         deadline = time.monotonic() + timeout
         qmp_path = self.run.rundir / "qmp.sock"
         while True:

@@ -1,4 +1,6 @@
+import fcntl
 import json
+import os
 
 import pytest
 
@@ -47,6 +49,27 @@ def test_new_bundle_refuses_non_empty(tmp_path):
         bundle.new_bundle(d)
     (tmp_path / "empty.tdm").mkdir()
     assert bundle.new_bundle(tmp_path / "empty.tdm").is_dir()
+
+
+def test_new_bundle_claims_the_directory(tmp_path):
+    """Two recorders started together on one path: the second is refused before it
+    writes anything (the first holds the directory's flock, or has its manifest there)."""
+    d = tmp_path / "race.tdm"
+    d.mkdir()
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)          # the first recorder, mid-claim
+        with pytest.raises(BundleError, match="race.tdm: another tandem is creating a recording here"):
+            bundle.new_bundle(d, bundle.new_manifest())
+        assert list(d.iterdir()) == []
+    finally:
+        os.close(fd)
+    m = bundle.new_manifest()
+    bundle.new_bundle(d, m)                     # the claim is the first manifest
+    assert bundle.load_manifest(d) == m
+    with pytest.raises(BundleError, match="already exists and is not empty"):
+        bundle.new_bundle(d, bundle.new_manifest())
+    assert bundle.load_manifest(d) == m
 
 
 def test_load_manifest_errors(tmp_path):

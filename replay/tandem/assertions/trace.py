@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import artifacts, bundle, pcapng
+from .. import artifacts, bundle, pcapng, private
 from ..errors import TandemError
 from ..replay_exact import Verdict, replay
 from ..vm import ICOUNT_SHIFT
@@ -190,7 +190,7 @@ def run(bundle_dir: str | Path, kern: Kernel, p: Plan, *, progress=None,
                          extra=["-plugin", plugin_args(kern, p, watch, out, scan)])
         wall = time.monotonic() - t0
         if keep:
-            shutil.copyfile(out, keep)
+            private.copy_file(out, keep)
         events, comms, exact, stats = decode(out, p, kern)
         return Trace(events, comms, exact, verdict, stats, p, wall)
     finally:
