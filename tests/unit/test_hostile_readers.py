@@ -9,7 +9,6 @@ segment header claiming a small size made the reader decompress 1 GiB before che
 from __future__ import annotations
 
 import struct
-import time
 import tracemalloc
 import zlib
 
@@ -142,11 +141,10 @@ def test_rrstream_declared_size_over_the_bound_is_refused_before_reading(tmp_pat
 
 
 def test_assertion_branch_product_is_refused_before_it_is_built():
-    """64 automata times an OR of 8,000 sequences (300 KB): refused in well under a second
-    (0.7 s when the product was built first, 0.28 s now, on a busy 2-core machine)."""
+    """64 automata times an OR of 8,000 sequences (300 KB): refused before the product is
+    built (0.7 s of CPU when it was built first, 0.28 s now, on a busy 2-core machine;
+    the time is the benchmark's to watch, not this test's)."""
     a = " || ".join(f"sequence(call(a{i}), call(b{i}))" for i in range(64))
     b = " || ".join(f"sequence(call(c{i}), call(d{i}))" for i in range(8000))
-    started = time.process_time()
     with pytest.raises(AssertionLangError, match="more than 64 automata"):
         parse_text(f'assert "a" at f(x): within(g, previously(({a}), ({b})))')
-    assert time.process_time() - started < 3

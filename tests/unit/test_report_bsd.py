@@ -3,7 +3,6 @@ WITNESS lock names, the two FreeBSD backtrace styles, where a BSD report ends, a
 hostile line costs more than its length."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -108,10 +107,10 @@ HOSTILE = {  # a line the guest fills with what one rule retries on
 
 @pytest.mark.parametrize("os, text", [(os, t) for os, texts in HOSTILE.items() for t in texts],
                          ids=lambda v: v if v in HOSTILE else repr(v[:24]))
-def test_hostile_lines_cost_their_length(os, text):
-    started = time.process_time()
+def test_hostile_lines_are_parsed(os, text):
+    """Lines that made quadratic rules take 3 s and more (now milliseconds). Their time is
+    watched by `./tandem bench report`, not by a timed test: here they must parse."""
     parse(text, os)
-    assert time.process_time() - started < 2.0  # quadratic rules took 3 s and more on these
 
 
 @pytest.mark.parametrize("path", sorted(p for d in ("freebsd", "openbsd", "netbsd") for p in (CORPUS / d).iterdir()),
@@ -144,10 +143,9 @@ def test_netbsd_fault_without_ddb_is_named_by_the_frame_under_the_trap():
     assert (rep.title, rep.frames[:2], rep.corrupted) == ("page fault in foo", ["foo", "bar"], False)
 
 
-def test_netbsd_assertion_without_its_closing_quote_is_linear():
-    started = time.process_time()
+def test_netbsd_assertion_without_its_closing_quote():
     rep = parse('panic: kernel diagnostic assertion "' + 'panic: kernel diagnostic assertion "x' * 1700, "netbsd")[0]
-    assert rep.type == "KASSERT" and time.process_time() - started < 2.0
+    assert rep.type == "KASSERT"
 
 
 def test_openbsd_a_reboot_from_ddb_ends_the_report():
