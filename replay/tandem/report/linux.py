@@ -657,6 +657,8 @@ KINDS = [kinds[0] for kinds in _KINDS.values()]
 _BEFORE, _AFTER = 128, 512
 # Most console lines hold no header: one search says so.
 _ANY_HEADER = re.compile("|".join(re.escape(o.header) for o in OOPSES))
+# Text every line that starts a report holds (the scanner skips lines with none of it).
+TOKENS = tuple(o.header for o in OOPSES)
 
 
 def start(text: str) -> Kind | None:
