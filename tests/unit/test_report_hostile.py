@@ -176,3 +176,11 @@ def test_skipping_lines_changes_no_report(text, os, cuts):
 def test_skipping_lines_changes_no_report_on_real_consoles(path):
     data = path.read_bytes()
     assert _scan(Scanner, data, _os_of(path), [4096]) == _scan(_EveryLine, data, _os_of(path), [4096])
+
+
+@pytest.mark.parametrize("back", [0, 3, 100, 5000])
+def test_a_header_fed_in_pieces_at_the_end_of_a_long_line(back):
+    """The part of a partial line already searched is not searched again (Scanner._clean):
+    a header that arrives a few bytes at a time still starts its report."""
+    data = ("y" * (MAX_LINE // 2 - back) + "BUG: KASAN: use-after-free in foo\nCall Trace:\n bar+0x1/0x2\n").encode()
+    assert _scan(Scanner, data, "linux", list(range(1, len(data), 7))) == _scan(_EveryLine, data, "linux", [])

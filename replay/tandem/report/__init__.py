@@ -96,7 +96,8 @@ def _dialect(os: str) -> SimpleNamespace:
                 return kind
         return None
     # In raw console text a token may also be split by a "\r" that make_line() drops.
-    return SimpleNamespace(start=start, may_start=re.compile(tokens + r"|\r[^\r\n]"))
+    return SimpleNamespace(start=start, may_start=re.compile(tokens + r"|\r[^\r\n]"),
+                           longest=max(2, *(len(t) for table in tables[os] for t in table.TOKENS)))
 
 
 def parse(text: str | bytes, os: str = "linux") -> list[Report]:
