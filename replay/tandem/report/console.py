@@ -38,14 +38,17 @@ def readable(text: str) -> str:
 
 
 def make_line(raw: str, start: int, end: int) -> Line:
-    text = raw.rstrip("\n").rstrip("\r").replace("\r", "")
-    m = _PRINTK.match(text)
+    text = raw.rstrip("\n").rstrip("\r")
+    if "\r" in text:
+        text = text.replace("\r", "")
+    # Both prefix patterns start with "<" or "[", but for the rare login/dropped-messages forms.
+    m = _PRINTK.match(text) if text.startswith(("<", "[")) else None
     if not m and (" login: " in text or text.startswith("** ")):
         m = _PRINTK_AFTER.match(text)
     if m:
         ctx = m.group(1).strip("[] ") if m.group(1) else "kernel"
         return Line(start, end, text[m.end():], ctx)
-    m = _BSD_UPTIME.match(text)
+    m = _BSD_UPTIME.match(text) if text.startswith("[") else None
     if m:
         return Line(start, end, text[m.end():], "kernel")
     return Line(start, end, text, "")
