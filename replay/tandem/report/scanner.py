@@ -277,7 +277,7 @@ class Scanner:
         corrupted = cur.cut
         cur.more = []
         cur.report = Report(os="userland" if desc.type in USERLAND_TYPES else self.os, type=desc.type, title=desc.title,
-                      frames=desc.frames, text="\n".join(readable(l.text) for l in lines),
+                      frames=desc.frames, text=readable("\n".join(l.text for l in lines)),
                       start=lines[0].start, end=lines[-1].end,
                       corrupted=bool(corrupted or desc.corrupted),
                       corrupted_reason=corrupted or desc.corrupted or "")
