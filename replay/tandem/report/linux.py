@@ -560,10 +560,10 @@ def _frames(title: str, frames: list[str], lines: list[str]) -> list[str]:
     m = _TITLE_FRAME.match(title)
     named = [m.group(1)] if m and m.group(1) != "corrupted" else []
     if not frames:
-        skip = PARAMS.skip_re(())
+        skipped = PARAMS.skipped(())
         for text in lines[1:]:
             f = PARAMS.frame_res[0].search(text)
-            if f and not skip.search(f.group(1)):
+            if f and not skipped(f.group(1)):
                 frames.append(PARAMS.strip(f.group(1)))
                 if len(frames) >= oops.MAX_FRAMES:
                     break

@@ -342,6 +342,8 @@ _REPLACEMENTS = [
     (re.compile(r"\d{7,}", re.ASCII), "NUM"),
 ]
 MAX_TITLE = 120
+_UNPRINTABLE = re.compile(r"[^ -~]+")
+_SPACES = re.compile(r"  +")
 _PASSES = 8   # a replacement is repeated until nothing changes (overlaps: "0,1,2"); bounded
 
 
@@ -355,14 +357,5 @@ def title(raw: str) -> str:
             if new == text:
                 break
             text = new
-    out, prev = [], " "
-    for ch in text[:MAX_TITLE]:
-        if ch == "\t":
-            ch = " "
-        elif not " " <= ch <= "~":
-            continue
-        if ch == " " and prev == " ":
-            continue
-        out.append(ch)
-        prev = ch
-    return "".join(out).strip()
+    text = _UNPRINTABLE.sub("", text[:MAX_TITLE].replace("\t", " "))
+    return _SPACES.sub(" ", text).strip(" ")
