@@ -6,7 +6,8 @@
    CPU time of this process (time.process_time, one core), MB/s and consoles/s, for
    report.parse() and for the live Scanner fed 4 KiB at a time; best of --runs.
 2. Worst cases at 1, 2, 4 and 8 MB: one synthetic console of report headers, stack lines
-   and noise, and one report that never ends: the MB/s must stay flat (linear time).
+   and noise, one report that never ends, one line that never ends, and short lines (also
+   10 MB of them): the MB/s must stay flat (linear time).
 3. Fuzzing: tests/fuzz/report_target.py (atheris, coverage-guided) for --seconds; the
    corpus keeps the fewest inputs reaching all code reached so far; crashes and slow
    inputs are minimized and saved there (the unit test replaying the corpus fails until fixed).
@@ -154,6 +155,30 @@ def endless_report(size: int) -> bytes:
     return (head + lines)[:size]
 
 
+def long_line(size: int) -> bytes:
+    """`size` bytes of one console line the guest never ends: every report header above,
+    over and over (the issue-19 probe: such a line once took 4.8 s per MB)."""
+    unit = (" ".join(HEADERS) + " ").encode("latin-1")
+    return (unit * (size // len(unit) + 1))[:size]
+
+
+def short_lines(size: int, seed: int = 19) -> bytes:
+    """`size` bytes of lines of 0 to 8 characters of noise: the per-line cost alone."""
+    rnd = random.Random(seed)
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789 :[]()=-_./"
+    out, n = [], 0
+    while n < size:
+        line = ("".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 8))) + "\n").encode()
+        out.append(line)
+        n += len(line)
+    return b"".join(out)[:size]
+
+
+# (name, console of N bytes, sizes in MB): the issue names a 1 MB line and 10 MB of short lines.
+WORST_CASES = (("mixed", synthetic, SIZES_MB), ("one open report", endless_report, SIZES_MB),
+               ("one line", long_line, SIZES_MB), ("short lines", short_lines, SIZES_MB + (10,)))
+
+
 # --- timing -----------------------------------------------------------------------------
 
 def parse_all(consoles: list[bytes], os: str) -> int:
@@ -204,12 +229,14 @@ def part_throughput(syzkaller: Path, runs: int) -> list[str]:
         "Worst cases, parsed as linux: the MB/s must not fall as the console grows. *mixed*: one "
         "synthetic console, 1 line in 10 a report header of some OS, 3 in 10 stack lines, the rest "
         "noise, under every printk prefix; *one open report*: a KASAN header and then only stack "
-        "lines (a report that never ends, held until the console does).", "",
+        "lines (a report that never ends, held until the console does); *one line*: a console "
+        "line the guest never ends, every header above over and over; *short lines*: lines of 0 "
+        "to 8 characters of noise.", "",
         "| console | size (MB) | reports | parse() CPU s | MB/s | Scanner 4 KiB CPU s | MB/s |",
         "|---|---|---|---|---|---|---|"]
-    for name, make in (("mixed", synthetic), ("one open report", endless_report)):
-        big = make(SIZES_MB[-1] * 1_000_000)
-        for mb in SIZES_MB:
+    for name, make, sizes in WORST_CASES:
+        big = make(sizes[-1] * 1_000_000)
+        for mb in sizes:
             console = big[:mb * 1_000_000]
             t_parse, reps = best_cpu(lambda: parse_all([console], "linux"), min(runs, 3))
             t_scan, _ = best_cpu(lambda: scan_all([console], "linux"), min(runs, 3))

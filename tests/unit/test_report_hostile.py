@@ -138,3 +138,49 @@ def test_a_line_the_guest_never_ends_is_bounded():
     assert len(scanner._buf) < MAX_LINE
     reps = scanner.feed(b"\nBUG: KASAN: use-after-free in foo\n") + scanner.flush()
     assert [r.title for r in reps] == ["KASAN: use-after-free in foo"]
+
+
+class _EveryLine(Scanner):
+    """The scanner without its skip of lines no report may start or read: every line cut,
+    stripped and tried, as before the skip (the reference it must agree with)."""
+
+    def _skip(self, buf: str, i: int) -> int:
+        return i
+
+
+def _scan(cls, data: bytes, os: str, points: list[int]) -> list[tuple]:
+    scanner, got = cls(os), []
+    for a, b in zip([0] + points, points + [len(data)]):
+        got += scanner.feed(data[a:b])
+    got += scanner.flush()
+    return [(r.type, r.title, r.start, r.end, r.corrupted, r.text) for r in got]
+
+
+# Lines of the skip's hard cases: a header split by a "\r" (make_line() drops it), a
+# header across the MAX_LINE cut of a line the guest never ends, blank and "\r\n" lines.
+_SPLIT = st.builds(lambda h, at: h[:at] + "\r" + h[at:], st.sampled_from(HEADERS), st.integers(0, 40))
+_LONG = st.builds(lambda h, back: "y" * (MAX_LINE - back) + h, st.sampled_from(HEADERS), st.integers(0, 40))
+skip_console = st.lists(st.one_of(line, _SPLIT, _LONG, st.sampled_from(["", "\r", "x\r", "\r\r"]),
+                                  st.text(max_size=40)), max_size=40).map("\n".join)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=skip_console, os=st.sampled_from(report.OSES), cuts=st.lists(st.integers(min_value=0), max_size=8))
+def test_skipping_lines_changes_no_report(text, os, cuts):
+    data = text.encode("utf-8", "surrogatepass")
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    assert _scan(Scanner, data, os, points) == _scan(_EveryLine, data, os, points)
+
+
+@pytest.mark.parametrize("path", _corpus_files()[::5], ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_skipping_lines_changes_no_report_on_real_consoles(path):
+    data = path.read_bytes()
+    assert _scan(Scanner, data, _os_of(path), [4096]) == _scan(_EveryLine, data, _os_of(path), [4096])
+
+
+@pytest.mark.parametrize("back", [0, 3, 100, 5000])
+def test_a_header_fed_in_pieces_at_the_end_of_a_long_line(back):
+    """The part of a partial line already searched is not searched again (Scanner._clean):
+    a header that arrives a few bytes at a time still starts its report."""
+    data = ("y" * (MAX_LINE // 2 - back) + "BUG: KASAN: use-after-free in foo\nCall Trace:\n bar+0x1/0x2\n").encode()
+    assert _scan(Scanner, data, "linux", list(range(1, len(data), 7))) == _scan(_EveryLine, data, "linux", [])

@@ -12,9 +12,9 @@ from typing import NamedTuple
 # "[  T123]" / "[    C0]" (CONFIG_PRINTK_CALLER); FreeBSD's msgbuf: "[19] ".
 # A kernel line may follow a login prompt or a dropped-messages note on the same
 # console line (syzkaller's consoleOutputRe).
-_PRINTK = re.compile(r"^(?:<\d+>)?\[ *\d+\.\d+\](\[ *[CT]\d+\])? ?")
+_PRINTK = re.compile(r"^(?:<\d+>)?\[ *\d+\.\d+\](?:\[ *([CT]\d+)\])? ?")
 _PRINTK_AFTER = re.compile(r"^(?:\*\* \d+ printk messages dropped \*\* )?(?:.* login: )?"
-                           r"(?:<\d+>)?\[ *\d+\.\d+\](\[ *[CT]\d+\])? ?")
+                           r"(?:<\d+>)?\[ *\d+\.\d+\](?:\[ *([CT]\d+)\])? ?")
 _BSD_UPTIME = re.compile(r"^\[\d+\] ")
 
 
@@ -37,15 +37,22 @@ def readable(text: str) -> str:
     return text.encode("latin-1").decode("utf-8", "replace")
 
 
+# A Line without NamedTuple's Python-level __new__: make_line() runs once per console line
+# inside a report, and its cost there was a third of the parser's per-line time.
+_new_line = tuple.__new__
+
+
 def make_line(raw: str, start: int, end: int) -> Line:
-    text = raw.rstrip("\n").rstrip("\r").replace("\r", "")
-    m = _PRINTK.match(text)
+    text = raw.rstrip("\r\n")      # raw holds one "\n", at its end, if any
+    if "\r" in text:
+        text = text.replace("\r", "")
+    # Both prefix patterns start with "<" or "[", but for the rare login/dropped-messages forms.
+    m = _PRINTK.match(text) if text.startswith(("<", "[")) else None
     if not m and (" login: " in text or text.startswith("** ")):
         m = _PRINTK_AFTER.match(text)
     if m:
-        ctx = m.group(1).strip("[] ") if m.group(1) else "kernel"
-        return Line(start, end, text[m.end():], ctx)
-    m = _BSD_UPTIME.match(text)
+        return _new_line(Line, (start, end, text[m.end():], m.group(1) or "kernel"))
+    m = _BSD_UPTIME.match(text) if text.startswith("[") else None
     if m:
-        return Line(start, end, text[m.end():], "kernel")
-    return Line(start, end, text, "")
+        return _new_line(Line, (start, end, text[m.end():], "kernel"))
+    return _new_line(Line, (start, end, text, ""))

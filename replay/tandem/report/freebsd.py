@@ -247,6 +247,8 @@ KINDS = [
     Kind("kassert-warning", _KASSERT_WARNING, kassert_warning, continues=lambda text: bool(_TRACE_LINE.match(text))),
     Kind("panic", _PANIC, panic, end=_END),
 ]
+# Text every line that starts a report holds (the scanner skips lines with none of it).
+TOKENS = ("Fatal trap ", "lock order reversal:", "locks held:", "KASSERT failed: ", "panic: ")
 
 
 def start(text: str) -> Kind | None:

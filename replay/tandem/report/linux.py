@@ -560,10 +560,10 @@ def _frames(title: str, frames: list[str], lines: list[str]) -> list[str]:
     m = _TITLE_FRAME.match(title)
     named = [m.group(1)] if m and m.group(1) != "corrupted" else []
     if not frames:
-        skip = PARAMS.skip_re(())
+        skipped = PARAMS.skipped(())
         for text in lines[1:]:
             f = PARAMS.frame_res[0].search(text)
-            if f and not skip.search(f.group(1)):
+            if f and not skipped(f.group(1)):
                 frames.append(PARAMS.strip(f.group(1)))
                 if len(frames) >= oops.MAX_FRAMES:
                     break
@@ -657,6 +657,8 @@ KINDS = [kinds[0] for kinds in _KINDS.values()]
 _BEFORE, _AFTER = 128, 512
 # Most console lines hold no header: one search says so.
 _ANY_HEADER = re.compile("|".join(re.escape(o.header) for o in OOPSES))
+# Text every line that starts a report holds (the scanner skips lines with none of it).
+TOKENS = tuple(o.header for o in OOPSES)
 
 
 def start(text: str) -> Kind | None:

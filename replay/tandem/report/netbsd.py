@@ -122,6 +122,8 @@ KINDS = [
     Kind("panic", re.compile(r"panic: "), panic, end=_END, tail=True),
     Kind("ubsan", re.compile(r"UBSan:"), ubsan, continues=lambda text: False),
 ]
+# Text every line that starts a report holds (the scanner skips lines with none of it).
+TOKENS = ("fault in supervisor mode", "panic: ", "UBSan:")
 
 
 def start(text: str) -> Kind | None:

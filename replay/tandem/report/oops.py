@@ -13,6 +13,7 @@ the same rules as syzkaller's and deduplicates the same way. What differs, and w
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Callable
@@ -94,6 +95,16 @@ class StackParams:
         if extra not in self.skip_cache:
             self.skip_cache[extra] = re.compile("|".join(self.skip + extra), re.ASCII)
         return self.skip_cache[extra]
+
+    def skipped(self, extra: tuple[str, ...]) -> Callable[[str], bool]:
+        """Whether a frame is a helper (skip_re), remembered for the last 2048 frames: the
+        same frames recur in every report, and a search of the ~200 helper patterns took
+        a sixth of the parser's CPU on syzkaller's consoles (half of them repeats)."""
+        key = ("skipped", extra)
+        if key not in self.skip_cache:
+            self.skip_cache[key] = functools.lru_cache(maxsize=2048)(
+                lambda frame, search=self.skip_re(extra).search: search(frame) is not None)
+        return self.skip_cache[key]
 
     def strip(self, frame: str) -> str:
         """The shortest of the frame without one of the syscall prefixes."""
@@ -226,7 +237,7 @@ def extract_stack(params: StackParams, stack: Stack, lines: list[str],
                   start: tuple[int, int]) -> tuple[list[str], list[str], bool]:
     """syzkaller's extractStackFrame: the key frame of each stack group, the frames
     (guilty first) and whether every group gave one."""
-    skip = params.skip_re(stack.skip)
+    skip = params.skipped(stack.skip)
     i, col = start
     text = [lines[i][col:]] + lines[i + 1:]
     keys, frames, ok = _extract(params, stack, stack.parts, text, skip)
@@ -251,7 +262,7 @@ def _key_frame(params: StackParams, stack: Stack, raw: list[str]) -> tuple[str, 
 
 
 def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
-             skip: re.Pattern) -> tuple[list[str], list[str], bool]:
+             skip: Callable[[str], bool]) -> tuple[list[str], list[str], bool]:
     keys: list[str] = []
     frames: list[str] = []
     raw: list[str] = []
@@ -259,6 +270,8 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
     traces = 0
     pos = 0
     idx = 0
+    corrupted_line = params.any_of("corrupted_lines").search
+    stack_start = params.any_of("stack_starts").search
     while True:
         if idx == len(parts) or (parts[idx] is PARSE and traces > 0):
             key, group = _key_frame(params, stack, raw)
@@ -276,10 +289,10 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
             while pos < len(lines):
                 ln = lines[pos]
                 pos += 1
-                if params.any_of("corrupted_lines").search(ln):
+                if corrupted_line(ln):
                     ok = False
                     break
-                if params.any_of("stack_starts").search(ln):
+                if stack_start(ln):
                     break
                 if idx != len(parts) - 1:
                     m = parts[idx + 1].search(ln)
@@ -296,7 +309,7 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
             while pos < len(lines):
                 ln = lines[pos]
                 pos += 1
-                if params.any_of("corrupted_lines").search(ln):
+                if corrupted_line(ln):
                     ok = False
                     break
                 m = part.search(ln)
@@ -307,11 +320,11 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
     return keys, frames, ok
 
 
-def _append(raw: list[str], m: re.Match, skip: re.Pattern) -> None:
+def _append(raw: list[str], m: re.Match, skip: Callable[[str], bool]) -> None:
     for frame in m.groups():
         if frame:
             frame = demangle(frame)
-            if not skip.search(frame):
+            if not skip(frame):
                 raw.append(frame)
 
 
@@ -329,6 +342,8 @@ _REPLACEMENTS = [
     (re.compile(r"\d{7,}", re.ASCII), "NUM"),
 ]
 MAX_TITLE = 120
+_UNPRINTABLE = re.compile(r"[^ -~]+")
+_SPACES = re.compile(r"  +")
 _PASSES = 8   # a replacement is repeated until nothing changes (overlaps: "0,1,2"); bounded
 
 
@@ -342,14 +357,5 @@ def title(raw: str) -> str:
             if new == text:
                 break
             text = new
-    out, prev = [], " "
-    for ch in text[:MAX_TITLE]:
-        if ch == "\t":
-            ch = " "
-        elif not " " <= ch <= "~":
-            continue
-        if ch == " " and prev == " ":
-            continue
-        out.append(ch)
-        prev = ch
-    return "".join(out).strip()
+    text = _UNPRINTABLE.sub("", text[:MAX_TITLE].replace("\t", " "))
+    return _SPACES.sub(" ", text).strip(" ")

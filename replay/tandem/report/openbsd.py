@@ -265,6 +265,8 @@ KINDS = [
     Kind("kernel-trap", re.compile(r"kernel: "), kernel_trap, end=_END, tail=True),
 ]
 _NOT_KERNEL_TRAP = re.compile(r"reorder_kernel")
+# Text every line that starts a report holds (the scanner skips lines with none of it).
+TOKENS = ("cleaned vnode: ", "panic:", "lock order reversal:", "witness: ", "uvm_fault(", "kernel: ")
 
 
 def start(text: str) -> Kind | None:

@@ -83,6 +83,8 @@ KINDS = [
     Kind("lsan", re.compile(r"==\d+==ERROR: LeakSanitizer: "), leak, end=re.compile(r"^SUMMARY: ")),
     Kind("ubsan", _UBSAN, ubsan, continues=lambda text: bool(_UB_MORE.search(text))),
 ]
+# Text every line that starts a report holds (the scanner skips lines with none of it).
+TOKENS = ("==ERROR: AddressSanitizer: ", "==ERROR: LeakSanitizer: ", ": runtime error: ")
 
 
 def start(text: str) -> Kind | None:
