@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -156,8 +157,122 @@ def load_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise BundleError(f"{mf}: not a JSON object")
     if manifest.get("schema") != SCHEMA:
-        raise BundleError(f"{mf}: schema {manifest.get('schema')!r}, this tandem reads schema {SCHEMA}")
+        raise BundleError(f"{mf}: schema {_shown(manifest.get('schema'))}, this tandem reads schema {SCHEMA}")
+    problem = manifest_problem(manifest)
+    if problem:
+        raise BundleError(f"{mf}: {problem}")
     return manifest
+
+
+# --- the manifest's shape -------------------------------------------------------------------
+# A bundle comes from outside (a farm, a colleague, a bug report): every field tandem reads
+# is checked for its type and shape when the manifest loads, so no reader meets a string
+# where it wants a table (ten kinds of raw exceptions escaped before: issue 19), and no
+# value can carry text into a QEMU option string (a `mac` of "52:54:00:12:34:56,romfile=..."
+# became a second key on the NIC's -device).
+
+_MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_RTC_BASE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")
+_NS_MAX = 1 << 63           # nanoseconds and sizes: what QEMU's int64 options hold
+NAME_MAX = 255              # a file name in the bundle (one path component)
+_DISK_FORMATS = ("raw", "qcow2")
+
+
+def _shown(value: Any) -> str:
+    """A manifest value in an error message: repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int(value: Any, low: int = 0, high: int = _NS_MAX) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+
+def _text(value: Any, limit: int = 4096) -> bool:
+    return isinstance(value, str) and len(value) <= limit and "\0" not in value
+
+
+# field -> (check, what it must be); a field absent or null is not checked here (the code
+# that needs it says so), a present one must have its shape.
+_MACHINE = {
+    "memory_mb": (lambda v: _int(v, 16, 1 << 22), "a whole number of MiB, 16 to 4194303"),
+    "smp": (lambda v: _int(v, 1, 1024), "a vCPU count, 1 to 1023"),
+    "icount_shift": (lambda v: _int(v, 0, 11), "QEMU's icount shift, 0 to 10"),
+    "cmdline": (_text, "a kernel command line (text, at most 4096 characters)"),
+    "accel": (lambda v: v in ("tcg", "kvm"), "'tcg' or 'kvm'"),
+    "machine": (lambda v: v in ("pc", "q35"), "'pc' or 'q35'"),
+    "disk_format": (lambda v: v in _DISK_FORMATS, "'raw' or 'qcow2'"),
+    "mac": (lambda v: isinstance(v, str) and bool(_MAC.fullmatch(v)), "a MAC address (52:54:00:12:34:56)"),
+    "stop_after_ns": (_int, "a whole number of nanoseconds"),
+    "lookahead_ns": (_int, "a whole number of nanoseconds"),
+    "rtc_base": (lambda v: isinstance(v, str) and bool(_RTC_BASE.fullmatch(v)), "a time YYYY-MM-DDTHH:MM:SS"),
+    "mode": (lambda v: v in ("record", "analysis"), "'record' or 'analysis'"),
+    "analysis": (lambda v: _text(v, 64), "an analysis name"),
+    "libvirt": (lambda v: isinstance(v, dict), "a table"),
+}
+_STOP = {"reason": (lambda v: _text(v, 256), "text"), "vm_ns": (_int, "a whole number of nanoseconds"),
+         "icount": (_int, "a whole number of instructions")}
+
+
+def _entry_problem(where: str, entry: Any, *, with_path: bool) -> str | None:
+    if not isinstance(entry, dict):
+        return f"{where}: {_shown(entry)} is not a table"
+    if with_path and not _text(entry.get("path")):
+        return f"{where}.path: {_shown(entry.get('path'))} is not a file path"
+    if not _int(entry.get("size")):
+        return f"{where}.size: {_shown(entry.get('size'))} is not a size in bytes"
+    if not (isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])):
+        return f"{where}.sha256: {_shown(entry.get('sha256'))} is not a sha256 digest"
+    return None
+
+
+def _fields_problem(where: str, table: Any, rules: dict) -> str | None:
+    if not isinstance(table, dict):
+        return f"{where}: {_shown(table)} is not a table"
+    for key, (ok, what) in rules.items():
+        value = table.get(key)
+        if value is not None and not ok(value):
+            return f"{where}.{key}: {_shown(value)} is not {what}"
+    return None
+
+
+def file_name_problem(name: Any) -> str | None:
+    """Why a `files` key cannot name a file of the bundle, or None: one plain name."""
+    if not isinstance(name, str) or not name or len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        return f"files: {_shown(name)} is not a file name (1 to {NAME_MAX} bytes)"
+    if "/" in name or "\0" in name or name in (".", ".."):
+        return f"files: {_shown(name)} is not a plain file name in the bundle"
+    return None
+
+
+def manifest_problem(m: dict[str, Any]) -> str | None:
+    """The first field of manifest m whose type or shape is wrong, said in one line; None if
+    every field tandem reads is well formed."""
+    if not isinstance(m.get("state"), str) or m["state"] not in STATES:
+        return f"state: {_shown(m.get('state'))} is not one of {', '.join(STATES)}"
+    for section in ("qemu", "inputs", "machine", "files", "stop", "channels"):
+        if m.get(section) is not None and not isinstance(m[section], dict):
+            return f"{section}: {_shown(m[section])} is not a table"
+    for key, value in (m.get("qemu") or {}).items():
+        if value is not None and not _text(value):
+            return f"qemu.{key}: {_shown(value)} is not text"
+    for kind, entry in (m.get("inputs") or {}).items():
+        if kind not in INPUTS:
+            return f"inputs.{_shown(kind)}: not one of {', '.join(INPUTS)}"
+        if entry is not None and (why := _entry_problem(f"inputs.{kind}", entry, with_path=True)):
+            return why
+    for name, entry in (m.get("files") or {}).items():
+        if why := file_name_problem(name) or _entry_problem(f"files.{name}", entry, with_path=False):
+            return why
+    for where, table, rules in (("machine", m.get("machine"), _MACHINE), ("stop", m.get("stop"), _STOP)):
+        if table is not None and (why := _fields_problem(where, table, rules)):
+            return why
+    if m.get("wall_time_s") is not None and not (isinstance(m["wall_time_s"], (int, float))
+                                                 and not isinstance(m["wall_time_s"], bool)
+                                                 and 0 <= m["wall_time_s"] < 1e9):
+        return f"wall_time_s: {_shown(m['wall_time_s'])} is not a number of seconds"
+    return None
 
 
 def verify_files(bundle_dir: str | os.PathLike, manifest: dict[str, Any], *,
@@ -167,8 +282,10 @@ def verify_files(bundle_dir: str | os.PathLike, manifest: dict[str, Any], *,
     problems = []
     for name, entry in sorted((manifest.get("files") or {}).items()):
         p = d / name
-        if Path(name).is_absolute() or ".." in Path(name).parts:
+        if file_name_problem(name):
             problems.append(Problem(name, "missing", f"{p}: file name escapes the bundle"))
+        elif p.is_symlink():    # a bundle's link to /etc/shadow must not be hashed or read
+            problems.append(Problem(name, "missing", f"{p}: a symbolic link (a bundle holds its files)"))
         elif not p.is_file():
             problems.append(Problem(name, "missing", f"{p}: missing"))
         elif (size := p.stat().st_size) != (want := entry.get("size")):
@@ -214,6 +331,8 @@ def check_bundle(bundle_dir: str | os.PathLike, *, qemu_build_id: str | None = N
     recorded = (manifest.get("qemu") or {}).get("build_id")
     if qemu_build_id is not None and recorded != qemu_build_id:
         raise BundleError(f"{d}: recorded with QEMU build {_short(recorded)}, this is {_short(qemu_build_id)}")
+    for link in sorted(x.name for x in d.iterdir() if x.is_symlink()):
+        raise BundleError(f"{d / link}: a symbolic link (a bundle holds its files; tandem follows no link in one)")
     for problem in verify_files(d, manifest):
         if partial and problem.file in PARTIAL_TOLERANT and problem.kind in ("size", "hash"):
             continue

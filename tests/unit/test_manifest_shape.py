@@ -1,0 +1,125 @@
+"""A bundle comes from outside: its manifest is checked field by field when it loads
+(issue 19). Every one-field change below gives one BundleError naming the field, and no
+value reaches a QEMU option string or a file read outside the bundle."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tandem import bundle
+from tandem.errors import BundleError
+from tandem.inspect_bundle import inspect
+
+from test_bundle import make_bundle
+
+# (where in the manifest, the value put there, the field the error must name)
+ONE_FIELD = [
+    (("files", "devices.pcapng"), "abc", "files.devices.pcapng"),
+    (("files",), [1, 2], "files"),
+    (("files", "x" * 300), {"size": 1, "sha256": "0" * 64}, "files"),
+    (("files", "../../etc/passwd"), {"size": 1, "sha256": "0" * 64}, "files"),
+    (("inputs",), "kernel", "inputs"),
+    (("inputs", "kernel", "path"), 3, "inputs.kernel.path"),
+    (("inputs", "kernel", "size"), -1, "inputs.kernel.size"),
+    (("inputs", "kernel", "sha256"), "zz", "inputs.kernel.sha256"),
+    (("inputs", "bootloader"), {"path": "/x", "size": 1, "sha256": "0" * 64}, "inputs"),
+    (("machine", "mac"), "52:54:00:12:34:56,romfile=/etc/shadow", "machine.mac"),
+    (("machine", "stop_after_ns"), "1,stop-after=2", "machine.stop_after_ns"),
+    (("machine", "stop_after_ns"), True, "machine.stop_after_ns"),
+    (("machine", "lookahead_ns"), 1.5, "machine.lookahead_ns"),
+    (("machine", "rtc_base"), "2026-01-01T00:00:00,driftfix=slew", "machine.rtc_base"),
+    (("machine", "memory_mb"), 10**30, "machine.memory_mb"),
+    (("machine", "disk_format"), "raw,file.driver=host_device", "machine.disk_format"),
+    (("machine", "cmdline"), "console=ttyS0\0", "machine.cmdline"),
+    (("machine",), "pc", "machine"),
+    (("stop",), "shutdown", "stop"),
+    (("stop", "vm_ns"), "6000", "stop.vm_ns"),
+    (("state",), ["complete"], "state"),
+    (("qemu", "build_id"), {"a": 1}, "qemu.build_id"),
+    (("wall_time_s",), "1.5", "wall_time_s"),
+]
+
+
+def _set(m: dict, where: tuple, value) -> dict:
+    m = copy.deepcopy(m)
+    table = m
+    for key in where[:-1]:
+        table = table[key]
+    table[where[-1]] = value
+    return m
+
+
+@pytest.mark.parametrize("where, value, field", ONE_FIELD, ids=[f for _, _, f in ONE_FIELD])
+def test_one_field_changed_is_one_error_naming_it(tmp_path, where, value, field):
+    d, m = make_bundle(tmp_path)
+    bundle.write_manifest(d, _set(m, where, value))
+    with pytest.raises(BundleError) as e:
+        bundle.load_manifest(d)
+    message = str(e.value)
+    assert "\n" not in message and f"manifest.json: {field}" in message, message
+    # inspect reports it among the bundle's problems and goes on (a `stop` string crashed it)
+    assert message in inspect(d)["integrity"]["problems"]
+
+
+def test_a_well_formed_manifest_loads(tmp_path):
+    d, m = make_bundle(tmp_path)
+    m["machine"].update(mac="52:54:00:12:34:56", stop_after_ns=0, rtc_base="2026-11-25T09:30:00",
+                        lookahead_ns=1_000_000, mode="analysis", disk_format="qcow2", cmdline="console=ttyS0")
+    bundle.write_manifest(d, m)
+    assert bundle.load_manifest(d) == m
+
+
+def test_a_symlink_in_a_bundle_is_not_followed(tmp_path):
+    d, m = make_bundle(tmp_path)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not the bundle's")
+    (d / "link").symlink_to(secret)
+    m["files"]["link"] = bundle.file_entry(secret)
+    bundle.write_manifest(d, m)
+    problems = bundle.verify_files(d, m)
+    assert [p.file for p in problems] == ["link"] and "symbolic link" in problems[0].message
+    with pytest.raises(BundleError, match="symbolic link"):
+        bundle.check_bundle(d)
+
+
+def test_a_symlinked_stream_is_refused_even_if_the_manifest_omits_it(tmp_path):
+    d, m = make_bundle(tmp_path)
+    (d / bundle.STREAM).unlink()
+    (d / bundle.STREAM).symlink_to("/etc/passwd")
+    del m["files"][bundle.STREAM]
+    bundle.write_manifest(d, m)
+    with pytest.raises(BundleError, match="symbolic link"):
+        bundle.check_bundle(d)
+
+
+json_value = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                          max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.lists(st.sampled_from(["files", "inputs", "kernel", "machine", "mac", "stop", "state", "qemu",
+                                      "size", "sha256", "path", "memory_mb", "devices.pcapng"]), min_size=1, max_size=3),
+       value=json_value)
+def test_any_value_anywhere_loads_or_is_one_bundle_error(tmp_path, path, value):
+    """One bundle for every example (hypothesis reuses tmp_path); each writes its own manifest."""
+    d = tmp_path / "run.tdm"
+    if not d.exists():
+        make_bundle(tmp_path)
+        (tmp_path / "manifest.orig").write_text((d / "manifest.json").read_text())
+    m = json.loads((tmp_path / "manifest.orig").read_text())
+    table = m
+    for key in path[:-1]:
+        if not isinstance(table.get(key), dict):
+            table[key] = {}
+        table = table[key]
+    table[path[-1]] = value
+    (d / "manifest.json").write_text(json.dumps(m))
+    try:
+        bundle.check_bundle(d, partial=True)
+    except BundleError as e:
+        assert "\n" not in str(e)
+    inspect(d)
