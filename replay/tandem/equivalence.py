@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 import re
+import re._constants as sre_constants
+import re._parser as sre_parse
 import tomllib
 import warnings
 from dataclasses import dataclass, field
@@ -159,9 +161,43 @@ def _regex(text: str, where: str, fail) -> re.Pattern:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)
-            return re.compile(text.encode())
+            pattern = re.compile(text.encode())
     except (re.error, OverflowError, RecursionError, FutureWarning) as e:
         fail(f"{where}: bad regular expression {_show(text)}: {type(e).__name__}: {e}")
+    if _nested_repeat(sre_parse.parse(text.encode())):
+        fail(f"{where}: regular expression {_show(text)} repeats a repeat (like (a+)+): on a line "
+             f"the guest writes it can take exponential time; repeat once, or make the inner "
+             f"repeat possessive (a++) or atomic ((?>...))")
+    return pattern
+
+
+_REPEATS = (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT)
+
+
+def _nested_repeat(items, inside: bool = False) -> bool:
+    """Whether a parsed pattern has a repeat (up to more than one) inside another: the
+    shape whose backtracking is exponential in the length of the text it fails on (ReDoS).
+    The specs' patterns run on every line of guest output, which the guest writes.
+    Possessive repeats and atomic groups do not backtrack and are allowed."""
+    for op, av in items:
+        if op in _REPEATS:
+            low, high, sub = av
+            if high > 1 and (inside or _nested_repeat(sub, True)):
+                return True
+            if _nested_repeat(sub, inside):
+                return True
+        elif op in (sre_constants.POSSESSIVE_REPEAT, sre_constants.ATOMIC_GROUP):
+            continue
+        elif op == sre_constants.SUBPATTERN:
+            if _nested_repeat(av[-1], inside):
+                return True
+        elif op == sre_constants.BRANCH:
+            if any(_nested_repeat(b, inside) for b in av[1]):
+                return True
+        elif op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
+            if _nested_repeat(av[1], inside):
+                return True
+    return False
 
 
 # The embedded default guest's own spec, used when the user gives none.

@@ -54,6 +54,8 @@ def spec_error(tmp_path, text: str) -> str:
     ("[serial]\nignore = ['" + "(" * 1000 + "']", "bad regular expression"),
     ("[serial]\nmask = ['a{4294967296}']", "bad regular expression"),
     ("[serial]\nignore = ['[[a]']", "FutureWarning: Possible nested set"),
+    ("[serial]\nmask = ['(a+)+$']", "repeats a repeat"),            # ReDoS on a guest's "aaaa...b"
+    ("[serial]\nignore = ['(?:\\\\d+\\\\s?)*x']", "repeats a repeat"),
     ("x = " + "[" * 1000 + "]" * 1000, "nested too deeply"),
     ("x = " + "{a = " * 1000 + "}" * 1000, "nested too deeply"),
 ], ids=short)
@@ -70,6 +72,12 @@ def test_spec_not_utf8(tmp_path):
 def test_spec_is_a_directory(tmp_path):
     with pytest.raises(TandemError, match="cannot read"):
         equivalence.load("none", tmp_path)
+
+
+def test_spec_repeats_that_cannot_backtrack_load(tmp_path):
+    """Possessive and atomic inner repeats, and one repeat of a fixed text, stay allowed."""
+    (tmp_path / "spec.toml").write_text("[serial]\nmask = ['(a++)+$', '(?>a+)+', '(ab){2,}', 'conn \\\\d+$']\n")
+    assert len(equivalence.load("none", tmp_path / "spec.toml").rules["serial"].mask) == 4
 
 
 def test_spec_in_range_still_loads(tmp_path):
