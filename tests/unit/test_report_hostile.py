@@ -184,3 +184,19 @@ def test_a_header_fed_in_pieces_at_the_end_of_a_long_line(back):
     a header that arrives a few bytes at a time still starts its report."""
     data = ("y" * (MAX_LINE // 2 - back) + "BUG: KASAN: use-after-free in foo\nCall Trace:\n bar+0x1/0x2\n").encode()
     assert _scan(Scanner, data, "linux", list(range(1, len(data), 7))) == _scan(_EveryLine, data, "linux", [])
+
+
+def test_a_report_whose_task_goes_quiet_does_not_hold_back_the_live_findings():
+    """A report cut by another task's report reads on for its title in its own task's lines;
+    if that task never prints again, the reports after it still come out of feed() (they
+    waited for flush(): a live run saw no finding at all)."""
+    scanner = Scanner("linux")
+    head = ["[   10.000000][ T100] BUG: KASAN: use-after-free in foo+0x1/0x2",
+            "[   10.000001][ T100] Read of size 8 at addr ffff888000000000 by task a/100",
+            "[   10.000002][ T200] WARNING: CPU: 0 PID: 200 at net/x.c:1 bar+0x1/0x2",
+            "[   10.000003][ T200] Call Trace:", "[   10.000003][ T200]  bar+0x1/0x2",
+            "[   10.000004][ T200] ---[ end trace 0000000000000000 ]---"]
+    out = scanner.feed("\n".join(head) + "\n")
+    for i in range(6000):
+        out += scanner.feed(f"[   11.{i:06d}][ T300] noise line {i}\n")
+    assert [r.title.split(" in ")[0] for r in out] == ["KASAN: use-after-free Read", "WARNING"]

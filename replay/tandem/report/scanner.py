@@ -21,6 +21,11 @@ REPLAYED = "** replaying previous printk message **"
 # the next report); at most READERS reports read at once (the oldest is then described).
 READ_LINES = 1000
 READERS = 8
+# ... and for at most this many console lines of any task: a live run gives out a report
+# only once every report before it is described, so a report whose task never prints
+# again must not hold back every finding after it until the console ends. (No report of
+# the shared half of syzkaller's corpus reads on over more than a few hundred lines.)
+WAIT_LINES = 5000
 # A report with no end marker ends at the next report: the guest may never print one.
 # Its text is bounded here (the longest in the shared half of syzkaller's corpus has 261 lines).
 MAX_REPORT_LINES = 20000
@@ -38,6 +43,7 @@ class _Open:
     more: list[str] = field(default_factory=list)  # lines after its text, for its title only
     report: object = None       # the Report, once described
     ended: bool = False         # past its end marker, its title reads on to the next report
+    waited: int = 0             # console lines seen since it began to read on (WAIT_LINES)
 
 
 class Scanner:
@@ -45,7 +51,7 @@ class Scanner:
 
     A report is complete at its end marker, at the start of the next report, or
     at flush(); one whose title still reads later lines of its context (see
-    READ_LINES) is given out once it has, and the reports after it wait for it.
+    READ_LINES, WAIT_LINES) is given out once it has, and the reports after it wait for it.
     Offsets count bytes from the first byte ever fed.
     """
 
@@ -150,7 +156,10 @@ class Scanner:
     def _read_titles(self, line: Line, kind: Kind | None) -> None:
         """Give a line to the reports whose titles still read their task's lines."""
         for r in list(self._readers):
-            if r.ended and not self._caller(r) and kind and not (kind.inside or kind.tail):
+            r.waited += 1
+            if r.waited >= WAIT_LINES:
+                self._describe(r)
+            elif r.ended and not self._caller(r) and kind and not (kind.inside or kind.tail):
                 self._describe(r)       # the next report: syzkaller's reads no further
             elif self._ours(r, line):
                 r.more.append(line.text)
