@@ -296,6 +296,19 @@ def verify_files(bundle_dir: str | os.PathLike, manifest: dict[str, Any], *,
     return problems
 
 
+def symlink_problems(bundle_dir: str | os.PathLike) -> list[str]:
+    """The symbolic links in a bundle, one line each: a bundle holds its files, and one
+    that links to /etc/shadow must not be read, hashed or even sized."""
+    d = Path(bundle_dir)
+    return [f"{p}: a symbolic link (a bundle holds its files; tandem follows no link in one)"
+            for p in sorted(d.iterdir()) if p.is_symlink()]
+
+
+def regular_file(path: Path) -> bool:
+    """path is a file of its own, not a link to one."""
+    return path.is_file() and not path.is_symlink()
+
+
 def verify_inputs(manifest: dict[str, Any]) -> list[Problem]:
     problems = []
     for kind in INPUTS:
@@ -331,8 +344,8 @@ def check_bundle(bundle_dir: str | os.PathLike, *, qemu_build_id: str | None = N
     recorded = (manifest.get("qemu") or {}).get("build_id")
     if qemu_build_id is not None and recorded != qemu_build_id:
         raise BundleError(f"{d}: recorded with QEMU build {_short(recorded)}, this is {_short(qemu_build_id)}")
-    for link in sorted(x.name for x in d.iterdir() if x.is_symlink()):
-        raise BundleError(f"{d / link}: a symbolic link (a bundle holds its files; tandem follows no link in one)")
+    for problem in symlink_problems(d):
+        raise BundleError(problem)
     for problem in verify_files(d, manifest):
         if partial and problem.file in PARTIAL_TOLERANT and problem.kind in ("size", "hash"):
             continue

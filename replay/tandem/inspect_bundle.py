@@ -90,10 +90,11 @@ def inspect(bundle_dir: str | os.PathLike) -> dict[str, Any]:
         problems += [p.message for p in bundle.verify_inputs(manifest)]
     except BundleError as e:
         problems.append(str(e))
-    result["files"] = {p.name: p.stat().st_size for p in sorted(d.iterdir()) if p.is_file()}
-    if (d / bundle.DEVLOG).is_file():
+    problems += bundle.symlink_problems(d)
+    result["files"] = {p.name: p.stat().st_size for p in sorted(d.iterdir()) if bundle.regular_file(p)}
+    if bundle.regular_file(d / bundle.DEVLOG):
         result["channels"], result["devlog"] = _channels(d / bundle.DEVLOG, problems)
-    if (d / bundle.STREAM).is_file():
+    if bundle.regular_file(d / bundle.STREAM):
         result["stream"] = _stream(d / bundle.STREAM, problems)
     result["integrity"] = {"ok": not problems, "problems": problems}
     result["exposed"] = {str(p): f"{mode:04o}" for p, mode in private.exposed(d)}

@@ -123,3 +123,16 @@ def test_any_value_anywhere_loads_or_is_one_bundle_error(tmp_path, path, value):
     except BundleError as e:
         assert "\n" not in str(e)
     inspect(d)
+
+
+def test_inspect_lists_a_symlink_as_a_problem_and_neither_reads_nor_sizes_it(tmp_path):
+    d, m = make_bundle(tmp_path)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"x" * 12345)
+    (d / "link").symlink_to(secret)
+    (d / bundle.STREAM).unlink()
+    (d / bundle.STREAM).symlink_to(secret)
+    info = inspect(d)
+    assert "link" not in info["files"] and bundle.STREAM not in info["files"] and info["stream"] is None
+    links = {p.split(":")[0] for p in info["integrity"]["problems"] if "symbolic link" in p}
+    assert links == {str(d / "link"), str(d / bundle.STREAM)}
