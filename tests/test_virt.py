@@ -182,7 +182,8 @@ def test_attach_and_detach(libvirtd, tmp_path):
     kasan = shadows["kasan"]
     cmdline = Path(f"/proc/{shadow_pid(libvirtd, 'web-tandem-kasan')}/cmdline").read_bytes().split(b"\0")
     assert artifacts.kernel("kasan")["bzImage"].encode() in cmdline
-    assert any(b"mac=52:54:00:7a:6e:01" in a for a in cmdline)
+    nics = [json.loads(a) for a in cmdline if a.startswith(b'{"driver":"virtio-net-pci"')]
+    assert [n.get("mac") for n in nics] == ["52:54:00:7a:6e:01"]
     info = json.loads(subprocess.run([artifacts.qemu()["img"], "info", "--output=json", "-U", kasan["overlay"]],
                                      capture_output=True, text=True, check=True).stdout)
     assert info["format"] == "qcow2" and info["backing-filename"] == str(tmp_path / "web.qcow2")

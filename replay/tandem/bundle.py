@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from . import __version__, private
 from .errors import BundleError
+from .machine import MAC, NIC_DEVICES, RTC_BASE
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
@@ -171,9 +172,7 @@ def load_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
 # value can carry text into a QEMU option string (a `mac` of "52:54:00:12:34:56,romfile=..."
 # became a second key on the NIC's -device).
 
-_MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_RTC_BASE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")
 _NS_MAX = 1 << 63           # nanoseconds and sizes: what QEMU's int64 options hold
 NAME_MAX = 255              # a file name in the bundle (one path component)
 _DISK_FORMATS = ("raw", "qcow2")
@@ -203,10 +202,11 @@ _MACHINE = {
     "accel": (lambda v: v in ("tcg", "kvm"), "'tcg' or 'kvm'"),
     "machine": (lambda v: v in ("pc", "q35"), "'pc' or 'q35'"),
     "disk_format": (lambda v: v in _DISK_FORMATS, "'raw' or 'qcow2'"),
-    "mac": (lambda v: isinstance(v, str) and bool(_MAC.fullmatch(v)), "a MAC address (52:54:00:12:34:56)"),
+    "mac": (lambda v: isinstance(v, str) and bool(MAC.fullmatch(v)), "a MAC address (52:54:00:12:34:56)"),
+    "nic_model": (lambda v: v in NIC_DEVICES, f"a NIC model of tandem's QEMU ({', '.join(sorted(NIC_DEVICES))})"),
     "stop_after_ns": (_int, "a whole number of nanoseconds"),
     "lookahead_ns": (_int, "a whole number of nanoseconds"),
-    "rtc_base": (lambda v: isinstance(v, str) and bool(_RTC_BASE.fullmatch(v)), "a time YYYY-MM-DDTHH:MM:SS"),
+    "rtc_base": (lambda v: isinstance(v, str) and bool(RTC_BASE.fullmatch(v)), "a time YYYY-MM-DDTHH:MM:SS"),
     "mode": (lambda v: v in ("record", "analysis"), "'record' or 'analysis'"),
     "analysis": (lambda v: _text(v, 64), "an analysis name"),
     "libvirt": (lambda v: isinstance(v, dict), "a table"),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import artifacts, bundle, pcapng, private
 from .errors import TandemError
-from .vm import ICOUNT_SHIFT, VM, Guest, Run, free_port, make_overlay
+from .vm import VM, Guest, Run, free_port, make_overlay
 
 OVERLAY = "disk-overlay.qcow2"
 
@@ -47,12 +47,7 @@ def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | N
     m["qemu"] = qemu_identity()
     m["inputs"] = {k: bundle.input_entry(p) for k, p in
                    (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk_base", guest.disk_base)) if p}
-    m["machine"] = {"accel": "tcg", "machine": "pc", "icount_shift": ICOUNT_SHIFT,
-                    "memory_mb": guest.memory_mb, "cmdline": guest.cmdline, "smp": 1, **machine}
-    if guest.disk_format != "raw":      # what the replay's overlay backs onto
-        m["machine"]["disk_format"] = guest.disk_format
-    if guest.mac:
-        m["machine"]["mac"] = guest.mac
+    m["machine"] = {**guest.machine_section(), **machine}
     if assertions:
         m["assertions"] = assertions
     bundle.new_bundle(path, m)      # the manifest first: it claims the directory

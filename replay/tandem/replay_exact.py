@@ -76,11 +76,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
         _wait_for(d / bundle.STREAM, 30)
     else:
         manifest = bundle.check_bundle(d, qemu_build_id=q["build_id"], partial=partial)
-    inputs, machine = manifest["inputs"], manifest["machine"]
-    guest = Guest(kernel=inputs["kernel"]["path"], initrd=(inputs.get("initrd") or {}).get("path"),
-                  disk_base=(inputs.get("disk_base") or {}).get("path"),
-                  memory_mb=machine["memory_mb"], cmdline=machine["cmdline"],
-                  disk_format=machine.get("disk_format", "raw"), mac=machine.get("mac"))
+    guest = Guest.from_manifest(manifest)
 
     tmp = Path(tempfile.mkdtemp(prefix="tandem-replay-"))
     try:
@@ -100,18 +96,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
         overlay = tmp / "disk.qcow2"
         if guest.disk_base:
             make_overlay(guest.disk_base, overlay, guest.disk_format)
-        run = Run("replay", tmp, rrfile=stream, devlog=tmp / "replay.pcapng", overlay=overlay,
-                  follow=follow, partial=partial, stop_after_ns=machine.get("stop_after_ns", 0),
-                  extra=list(extra))
-        if machine.get("mode") == "analysis":
-            # An analysis run's own recording (replay_semantic): the same machine as
-            # it ran, its feed's inputs now coming from the log.
-            run.mode, run.rr = "analysis", "replay"
-            run.rtc_base, run.feed_lookahead_ns = machine["rtc_base"], machine["lookahead_ns"]
-        if machine.get("libvirt"):
-            # Recorded in a libvirt domain: what libvirt added that the guest sees.
-            from .virt import replay_args
-            run.extra = replay_args(machine["libvirt"]) + run.extra
+        run = replay_run(manifest, tmp, stream, overlay, follow=follow, partial=partial, extra=extra)
         vm = VM(guest, run)
         t0 = time.monotonic()
         with vm:
@@ -143,6 +128,29 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
                        reports=console_reports(replayed))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replay_run(manifest: dict, tmp: Path, stream: Path, overlay: Path, *, follow: bool = False,
+               partial: bool = False, extra=()) -> Run:
+    """How a bundle replays: its machine section's stop time, mode and (for an analysis
+    run's own recording) RTC base and lookahead, and what libvirt added that the guest saw."""
+    machine = manifest["machine"]
+    run = Run("replay", tmp, rrfile=stream, devlog=tmp / "replay.pcapng", overlay=overlay,
+              follow=follow, partial=partial, stop_after_ns=machine.get("stop_after_ns") or 0,
+              extra=list(extra))
+    if machine.get("mode") == "analysis":
+        # An analysis run's own recording (replay_semantic): the same machine as
+        # it ran, its feed's inputs now coming from the log.
+        run.mode, run.rr = "analysis", "replay"
+        for key in ("rtc_base", "lookahead_ns"):
+            if machine.get(key) is None:
+                raise BundleError(f"manifest machine.{key}: missing (an analysis run's recording has one)")
+        run.rtc_base, run.feed_lookahead_ns = machine["rtc_base"], machine["lookahead_ns"]
+    if machine.get("libvirt"):
+        # Recorded in a libvirt domain: what libvirt added that the guest sees.
+        from .virt import replay_args
+        run.extra = replay_args(machine["libvirt"]) + run.extra
+    return run
 
 
 def _run_to_end(vm: VM, partial: bool, progress) -> None:

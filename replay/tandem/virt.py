@@ -43,7 +43,8 @@ from typing import Self
 
 from . import artifacts, private
 from .errors import TandemError
-from .vm import Guest, Run, qemu_argv
+from .machine import NIC_MODELS, check_mac
+from .vm import Guest, Run, qemu_argv, qmp_chardev
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 NS = "urn:tandem:libvirt:1"          # tandem's <metadata> namespace
@@ -73,10 +74,6 @@ LIBVIRT_OWNS = {
 UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 NO_ARG = {"-nodefaults", "-no-user-config", "-no-reboot", "-no-shutdown", "-S"}
 
-# libvirt NIC <model type> -> QEMU device. tandem's QEMU is built with a small device
-# set (qemu-patches/0003): a model it lacks is refused with that reason.
-NIC_MODELS = {"virtio": "virtio-net-pci", "e1000": "e1000", "e1000e": "e1000e",
-              "rtl8139": "rtl8139", "ne2k_pci": "ne2k_pci", "pcnet": "pcnet"}
 FEED_RECONNECT_MS = 200     # a shadow's QEMU retries the feed socket until its feeder listens
 
 
@@ -505,7 +502,7 @@ class DomainProcess:
         self.dom, self.name, self.log = dom, name, log
         self.returncode: int | None = None
         self._gone_at: float | None = None
-        pid = _qemu_pid(f"unix:{rundir}/qmp.sock,".encode())
+        pid = _qemu_pid(b"\0" + qmp_chardev(rundir).encode() + b"\0")
         if pid is None:
             raise TandemError(f"domain {name}: started, but its QEMU is not a process on this host "
                               f"(tandem needs a local libvirtd: its QMP and serial sockets are in {rundir})")
@@ -753,7 +750,7 @@ def read_native(dom) -> NativeInfo:
         m = nics[0].find("model")
         model = m.get("type") if m is not None else "rtl8139"    # libvirt's default on pc
         a = nics[0].find("mac")
-        mac = a.get("address") if a is not None else None
+        mac = check_mac(a.get("address") if a is not None else None, f"{name}: its NIC's <mac address>")
     mem = root.find("memory")
     scale = {"KiB": 1 / 1024, "k": 1 / 1024, "MiB": 1, "M": 1, "GiB": 1024, "G": 1024}
     memory = int(int(mem.text) * scale.get(mem.get("unit", "KiB"), 1 / 1024))
@@ -772,27 +769,14 @@ def _has_device(binary: str, device: str) -> bool:
     return f'name "{device}"' in _device_help[binary]
 
 
-def _shadow_argv(guest: Guest, run: Run, native: NativeInfo) -> list[str]:
-    """tandem's analysis argv with the native's NIC model and MAC, and a feed chardev
-    that waits for its feeder instead of failing when nobody listens yet."""
-    argv = qemu_argv(guest, run)
-    out = []
-    for i, a in enumerate(argv):
-        prev = argv[i - 1] if i else ""
-        if prev == "-chardev" and a.startswith("socket,id=feedsock,"):
-            a += f",reconnect-ms={FEED_RECONNECT_MS}"
-        elif prev == "-device" and a.startswith("virtio-net-pci,"):
-            model = native.nic_model or "virtio"
-            dev = NIC_MODELS.get(model)
-            if dev is None or not _has_device(argv[0], dev):
-                raise TandemError(f"{native.name}: NIC model {model!r}: tandem's QEMU has no such "
-                                  f"device (its device set is qemu-patches/0003: virtio-net)")
-            if dev != "virtio-net-pci":      # tx=timer and ioeventfd are virtio-net's
-                a = f"{dev},netdev=net0,romfile="
-            if native.mac:
-                a += f",mac={native.mac}"
-        out.append(a)
-    return out
+def _shadow_nic(binary: str, native: NativeInfo) -> str:
+    """The QEMU device of the native's NIC model, refused by name when tandem's QEMU lacks it."""
+    model = native.nic_model or "virtio"
+    dev = NIC_MODELS.get(model)
+    if dev is None or not _has_device(binary, dev):
+        raise TandemError(f"{native.name}: NIC model {model!r}: tandem's QEMU has no such "
+                          f"device (its device set is qemu-patches/0003: virtio-net)")
+    return dev
 
 
 def _metadata(native: NativeInfo, analysis: str, guest: Guest, sh: Shadow, backing: Path | None,
@@ -877,13 +861,14 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
             guest = analysis_guest(a)
             guest.disk_base = str(native.disk) if native.disk else None
             guest.memory_mb = max(guest.memory_mb, native.memory_mib)
+            guest.nic_model, guest.mac = _shadow_nic(artifacts.qemu()["binary"], native), native.mac
             if native.disk:
                 _make_overlay(native.disk, native.disk_format, sh.overlay)
+            # The feed socket waits for its feeder instead of failing when nobody listens yet.
             run = Run("analysis", sdir, overlay=sh.overlay, feed_socket=sh.feed_socket,
-                      feed_lookahead_ns=lookahead_ns, rtc_base=rtc_base)
+                      feed_lookahead_ns=lookahead_ns, rtc_base=rtc_base, feed_reconnect_ms=FEED_RECONNECT_MS)
             md = _metadata(native, a, guest, sh, native.disk, rtc_base)
-            xml = domain_xml(sh.name, guest, run, metadata=md, argv=_shadow_argv(guest, run, native),
-                             title=f"tandem {a} analysis of {domain}")
+            xml = domain_xml(sh.name, guest, run, metadata=md, title=f"tandem {a} analysis of {domain}")
             try:
                 sdom = conn.defineXML(xml)
                 if start:

@@ -20,7 +20,8 @@ from qemu.qmp import ConnectError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from . import artifacts, private
-from .errors import TandemError
+from .errors import BundleError, TandemError
+from .machine import RTC_BASE, VIRTIO_NET, Nic, OptionError, json_option, keyval_option
 
 GUEST_PORT = 7000          # the demo service inside the guest
 ICOUNT_SHIFT = 2           # fixed: record and replay must use the same shift
@@ -60,6 +61,7 @@ class Guest:
     cmdline: str = DEFAULT_CMDLINE
     disk_format: str = "raw"       # of disk_base, which every run's qcow2 overlay backs onto
     mac: str | None = None         # the NIC's MAC (None: QEMU's default); the guest sees it
+    nic_model: str = VIRTIO_NET    # the NIC's QEMU device (a libvirt domain's may differ)
 
     @classmethod
     def default(cls, flavor: str = "native", userland: str = "native") -> "Guest":
@@ -71,6 +73,36 @@ class Guest:
                                      artifacts.modules(flavor))
         return cls(kernel=k["bzImage"], initrd=initrd, disk_base=g["disk_base"], cmdline=cmdline,
                    memory_mb=512 if flavor == "kasan" else 256)
+
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> "Guest":
+        """The guest a bundle recorded, from its manifest's inputs and machine section
+        (shapes checked when the manifest loaded: bundle.manifest_problem); the NIC is
+        checked again as a machine.Nic, so a replay's QEMU gets only a well-formed one."""
+        inputs, machine = manifest.get("inputs") or {}, manifest.get("machine") or {}
+        for where, value in (("inputs.kernel", inputs.get("kernel")), ("machine.memory_mb", machine.get("memory_mb")),
+                             ("machine.cmdline", machine.get("cmdline"))):
+            if value is None:
+                raise BundleError(f"manifest {where}: missing (a replay needs it)")
+        guest = cls(kernel=inputs["kernel"]["path"], initrd=(inputs.get("initrd") or {}).get("path"),
+                    disk_base=(inputs.get("disk_base") or {}).get("path"),
+                    memory_mb=machine["memory_mb"], cmdline=machine["cmdline"],
+                    disk_format=machine.get("disk_format") or "raw", mac=machine.get("mac"),
+                    nic_model=machine.get("nic_model") or VIRTIO_NET)
+        Nic(model=guest.nic_model, mac=guest.mac)
+        return guest
+
+    def machine_section(self) -> dict:
+        """What the manifest's machine section says of this guest; from_manifest reads it back."""
+        out = {"accel": "tcg", "machine": "pc", "icount_shift": ICOUNT_SHIFT, "memory_mb": self.memory_mb,
+               "cmdline": self.cmdline, "smp": 1}
+        if self.disk_format != "raw":      # what the replay's overlay backs onto
+            out["disk_format"] = self.disk_format
+        if self.mac:
+            out["mac"] = self.mac
+        if self.nic_model != VIRTIO_NET:
+            out["nic_model"] = self.nic_model
+        return out
 
 
 @dataclass
@@ -96,6 +128,7 @@ class Run:
     feed_lookahead_ns: int = 0       # analysis mode: outputs pull the horizon in by this
     rtc_base: str = "2026-01-01T00:00:00"  # analysis mode: the guest's wall clock at boot
     rr: str | None = None            # analysis mode: "record" the run, or "replay" a recorded one
+    feed_reconnect_ms: int = 0       # analysis mode: retry the feed socket until its feeder listens
     extra: list[str] = field(default_factory=list)
 
     @property
@@ -130,102 +163,136 @@ def make_overlay(base: str, overlay: Path, fmt: str = "raw") -> None:
 
 
 def qemu_argv(guest: Guest, run: Run) -> list[str]:
+    """QEMU's command line for (guest, run), every option built from typed values by
+    machine.py: -device/-object/-netdev as JSON, the rest as key=value lists with their
+    values escaped, so no value (a bundle's MAC, a path with a comma) can add a key."""
     q = run.qemu or artifacts.qemu()
-    argv = [q["binary"], "-L", q["firmware_dir"], "-M", "pc", "-m", str(guest.memory_mb),
+    nic = Nic(model=guest.nic_model, mac=guest.mac)
+    argv = [q["binary"], "-L", q["firmware_dir"], "-M", "pc", "-m", str(int(guest.memory_mb)),
             "-smp", "1", "-nodefaults", "-no-user-config", "-display", "none",
             "-no-reboot", "-accel", "tcg",
             "-kernel", guest.kernel, *(["-initrd", guest.initrd] if guest.initrd else []),
-            "-append", guest.cmdline, "-qmp", f"unix:{run.rundir}/qmp.sock,server=on,wait=off"]
-    rr = run.rr_mode
-    if rr == "record":
-        rr_opts = f",rr=record,rrfile={run.rrfile}"
-    elif rr == "replay":
-        # The VM clock's idle warps come from the log, so the replay need not
-        # wait them out: rrskipidle=on (qemu-patches/0004) stops the main loop
-        # sleeping while the replay waits on it.
-        rr_opts = f",rr=replay,rrfile={run.rrfile}"
-        rr_opts += "" if q.get("stock") else ",rrskipidle=on"
-        rr_opts += ",rrfollow=on" if run.follow else ""
-        rr_opts += ",rrpartial=on" if run.partial else ""
-    else:
-        rr_opts = ""
-    if run.mode in ("record", "replay"):
-        # sleep stays on in replay to match the recording's warp accounting.
-        argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=on{rr_opts}"]
-    elif run.mode == "analysis":
-        # sleep=off: an idle analysis guest warps straight to its next input. The RTC
-        # runs on the VM clock from the recording's start time: a host-clock RTC
-        # would interrupt the guest at host-dependent VM times.
-        argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=off{rr_opts}",
-                 "-rtc", f"base={run.rtc_base},clock=vm"]
-    elif run.icount:
-        argv += ["-icount", f"shift={ICOUNT_SHIFT},sleep=on"]
-
-    # Serial console: a socket while live, nothing in replay (input comes from the log)
-    # or in analysis (the feed carries both directions).
-    if run.mode in ("replay", "analysis"):
-        argv += ["-chardev", "null,id=serial0"]
-    else:
-        argv += ["-chardev", f"socket,id=serial0,path={run.rundir}/serial.sock,server=on,wait=off"]
-    argv += ["-serial", "chardev:serial0"]
-
+            "-append", guest.cmdline,
+            # QMP on a keyed chardev: -qmp unix:PATH reads a PATH with '=' before its
+            # first ',' as a key (QEMU's implied first option).
+            "-chardev", qmp_chardev(run.rundir),
+            "-mon", keyval_option(None, {"chardev": "qmp", "mode": "control"})]
+    argv += _clock_options(run, q)
+    argv += _serial_options(run)
     if guest.disk_base:
-        overlay = run.overlay
-        argv += ["-drive", f"file={overlay},if=none,id=disk0-img,format=qcow2"]
-        if rr:   # block completions must be ordered by the replay log
-            argv += ["-drive", "driver=blkreplay,if=none,image=disk0-img,id=disk0"]
-        else:
-            argv[-1] = argv[-1].replace("id=disk0-img", "id=disk0")
-        # Analysis VMs: ioeventfd=off runs a queue kick in the vCPU thread, at the
-        # instruction that made it; with an eventfd the main loop takes it later,
-        # at a host-dependent VM time.
-        argv += ["-device", "virtio-blk-pci,drive=disk0" + (",ioeventfd=off" if run.mode == "analysis" else "")]
-
-    if run.mode == "analysis":
-        # The feed (qemu-patches/0006) is the network, the serial input and the entropy:
-        # the NIC's backend is an unconnected hub port whose frames filter-feed replaces.
-        # A recorded analysis run replays without its controller: the feed's inputs
-        # are in the log (qemu-patches/0011).
-        feed = f"feed,id=feed,serial=serial0,lookahead={run.feed_lookahead_ns}"
-        if rr != "replay":
-            argv += ["-chardev", f"socket,id=feedsock,path={run.feed_socket}"]
-            feed += ",chardev=feedsock"
-        # tx=timer: transmit from a VM-clock timer, not a main-loop bottom half,
-        # so the guest's frames leave at the same VM time in every run.
-        argv += ["-netdev", "hubport,id=net0,hubid=0",
-                 "-device", "virtio-net-pci,netdev=net0,romfile=,tx=timer,ioeventfd=off",
-                 "-object", "rng-feed,id=rng0,feed=feed", "-device", "virtio-rng-pci,rng=rng0,ioeventfd=off",
-                 "-object", feed,
-                 "-object", "filter-feed,id=feed-net0,netdev=net0,feed=feed,position=head"]
-    else:
-        fwd = f",hostfwd=tcp:127.0.0.1:{run.hostfwd_port}-:{GUEST_PORT}" if run.hostfwd_port else ""
-        argv += ["-netdev", f"user,id=net0{fwd}", "-device", "virtio-net-pci,netdev=net0,romfile=",
-                 "-object", "rng-builtin,id=rng0", "-device", "virtio-rng-pci,rng=rng0"]
-    if guest.mac:
-        i = next(i for i, a in enumerate(argv) if a.startswith("virtio-net-pci,"))
-        argv[i] += f",mac={guest.mac}"
+        argv += _disk_options(run)
+    argv += _net_and_rng_options(run, nic)
     if run.mode in ("record", "replay"):   # analysis runs: the feed is logged instead
-        argv += ["-object", "filter-replay,id=rr-net0,netdev=net0"]
+        argv += ["-object", json_option({"qom-type": "filter-replay", "id": "rr-net0", "netdev": nic.netdev})]
     if run.gate_socket:
         # The guest's outgoing frames wait for tandem (release policy "agreed"), and its
         # incoming ones while tandem holds them (overflow policy "block"). At the head of
         # the list: on the way out it comes after the device log, which stamps each frame
         # when the guest sent it; on the way in before filter-replay and the device log,
         # so a held frame is recorded when the guest gets it.
-        outputs = "" if run.gate_outputs else ",outputs=off"
-        argv += ["-chardev", f"socket,id=gatesock,path={run.gate_socket}",
-                 "-object", (f"filter-gate,id=gate0,netdev=net0,queue=all,chardev=gatesock,"
-                            f"position=head{outputs}")]
+        argv += ["-chardev", keyval_option("socket", {"id": "gatesock", "path": str(run.gate_socket)}),
+                 "-object", json_option({"qom-type": "filter-gate", "id": "gate0", "netdev": nic.netdev,
+                                         "queue": "all", "chardev": "gatesock", "position": "head",
+                                         "outputs": None if run.gate_outputs else False})]
     if run.devlog:
-        dl = f"devlog,id=devlog,path={run.devlog},chardev=serial0,rng=rng0"
-        dl += ",drive=disk0" if guest.disk_base else ""
-        dl += f",stop-after={run.stop_after_ns}" if run.stop_after_ns else ""
         # A recording's log says how far the VM clock has got every 100 ms: a live
         # shadow follows it without asking the native over QMP.
-        dl += ",clock-marks=on" if run.mode == "record" else ""
-        argv += ["-object", dl,
-                 "-object", "filter-devlog,id=devlog-net0,netdev=net0,devlog=devlog,position=tail"]
+        argv += ["-object", json_option({
+                     "qom-type": "devlog", "id": "devlog", "path": str(run.devlog), "chardev": "serial0",
+                     "rng": "rng0", "drive": "disk0" if guest.disk_base else None,
+                     "stop-after": run.stop_after_ns or None,
+                     "clock-marks": True if run.mode == "record" else None}),
+                 "-object", json_option({"qom-type": "filter-devlog", "id": "devlog-net0", "netdev": nic.netdev,
+                                         "devlog": "devlog", "position": "tail"})]
     return argv + run.extra
+
+
+def qmp_chardev(rundir: Path) -> str:
+    """tandem's QMP socket in rundir, as a -chardev (a domain's QEMU is found by it: virt)."""
+    return keyval_option("socket", {"id": "qmp", "path": f"{rundir}/qmp.sock", "server": True, "wait": False})
+
+
+def _clock_options(run: Run, q: dict) -> list[str]:
+    """-icount (and the analysis runs' -rtc): how the VM clock runs in this mode."""
+    rr = run.rr_mode
+    rr_opts: dict = {}
+    if rr == "record":
+        rr_opts = {"rr": "record", "rrfile": str(run.rrfile)}
+    elif rr == "replay":
+        # The VM clock's idle warps come from the log, so the replay need not
+        # wait them out: rrskipidle=on (qemu-patches/0004) stops the main loop
+        # sleeping while the replay waits on it.
+        rr_opts = {"rr": "replay", "rrfile": str(run.rrfile), "rrskipidle": None if q.get("stock") else True,
+                   "rrfollow": run.follow or None, "rrpartial": run.partial or None}
+    if run.mode in ("record", "replay"):
+        # sleep stays on in replay to match the recording's warp accounting.
+        return ["-icount", keyval_option(None, {"shift": ICOUNT_SHIFT, "sleep": True, **rr_opts})]
+    if run.mode == "analysis":
+        # sleep=off: an idle analysis guest warps straight to its next input. The RTC
+        # runs on the VM clock from the recording's start time: a host-clock RTC
+        # would interrupt the guest at host-dependent VM times.
+        if not RTC_BASE.fullmatch(str(run.rtc_base)):
+            raise OptionError(f"RTC base {run.rtc_base!r}: not a time YYYY-MM-DDTHH:MM:SS")
+        return ["-icount", keyval_option(None, {"shift": ICOUNT_SHIFT, "sleep": False, **rr_opts}),
+                "-rtc", keyval_option(None, {"base": run.rtc_base, "clock": "vm"})]
+    if run.icount:
+        return ["-icount", keyval_option(None, {"shift": ICOUNT_SHIFT, "sleep": True})]
+    return []
+
+
+def _serial_options(run: Run) -> list[str]:
+    """The serial console: a socket while live, nothing in replay (input comes from the
+    log) or in analysis (the feed carries both directions)."""
+    if run.mode in ("replay", "analysis"):
+        chardev = keyval_option("null", {"id": "serial0"})
+    else:
+        chardev = keyval_option("socket", {"id": "serial0", "path": f"{run.rundir}/serial.sock",
+                                           "server": True, "wait": False})
+    return ["-chardev", chardev, "-serial", "chardev:serial0"]
+
+
+def _disk_options(run: Run) -> list[str]:
+    """The disk: the run's qcow2 overlay, behind blkreplay when record/replay runs (block
+    completions must be ordered by the replay log)."""
+    image = "disk0-img" if run.rr_mode else "disk0"
+    argv = ["-drive", keyval_option(None, {"file": str(run.overlay), "if": "none", "id": image, "format": "qcow2"})]
+    if run.rr_mode:
+        argv += ["-drive", keyval_option(None, {"driver": "blkreplay", "if": "none", "image": image, "id": "disk0"})]
+    # Analysis VMs: ioeventfd=off runs a queue kick in the vCPU thread, at the
+    # instruction that made it; with an eventfd the main loop takes it later,
+    # at a host-dependent VM time.
+    return argv + ["-device", json_option({"driver": "virtio-blk-pci", "drive": "disk0",
+                                           "ioeventfd": False if run.mode == "analysis" else None})]
+
+
+def _net_and_rng_options(run: Run, nic: Nic) -> list[str]:
+    """The NIC, its backend and the entropy source."""
+    if run.mode != "analysis":
+        forward = ([{"str": f"tcp:127.0.0.1:{int(run.hostfwd_port)}-:{GUEST_PORT}"}]
+                   if run.hostfwd_port else None)
+        return ["-netdev", json_option({"type": "user", "id": nic.netdev, "hostfwd": forward}),
+                "-device", nic.device(),
+                "-object", json_option({"qom-type": "rng-builtin", "id": "rng0"}),
+                "-device", json_option({"driver": "virtio-rng-pci", "rng": "rng0"})]
+    # The feed (qemu-patches/0006) is the network, the serial input and the entropy:
+    # the NIC's backend is an unconnected hub port whose frames filter-feed replaces.
+    # A recorded analysis run replays without its controller: the feed's inputs
+    # are in the log (qemu-patches/0011).
+    argv = []
+    feed = {"qom-type": "feed", "id": "feed", "serial": "serial0", "lookahead": int(run.feed_lookahead_ns)}
+    if run.rr_mode != "replay":
+        argv += ["-chardev", keyval_option("socket", {"id": "feedsock", "path": str(run.feed_socket),
+                                                      "reconnect-ms": run.feed_reconnect_ms or None})]
+        feed["chardev"] = "feedsock"
+    # tx=timer: transmit from a VM-clock timer, not a main-loop bottom half,
+    # so the guest's frames leave at the same VM time in every run.
+    return argv + ["-netdev", json_option({"type": "hubport", "id": nic.netdev, "hubid": 0}),
+                   "-device", nic.device(deterministic_tx=True),
+                   "-object", json_option({"qom-type": "rng-feed", "id": "rng0", "feed": "feed"}),
+                   "-device", json_option({"driver": "virtio-rng-pci", "rng": "rng0", "ioeventfd": False}),
+                   "-object", json_option(feed),
+                   "-object", json_option({"qom-type": "filter-feed", "id": "feed-net0", "netdev": nic.netdev,
+                                           "feed": "feed", "position": "head"})]
 
 
 class Serial:

@@ -1,0 +1,278 @@
+"""QEMU's command line for every mode, pinned (issue 20: golden argv before the machine
+description moves), and built so that no value can add a key (issue 19).
+
+tests/unit/data/qemu-argv.json is today's argv per mode, byte for byte; a deliberate
+change regenerates it (`PYTHONPATH=replay python tests/unit/test_qemu_argv.py > tests/unit/data/qemu-argv.json`)
+and says why in its commit. qemu-argv-keyval-62870f3.json is the argv as it was at
+62870f3, in QEMU's key=value forms: the move to JSON -device/-object/-netdev changed how
+the options are written, not what they say, which test_same_options_as_before checks
+option by option with QEMU's own parsing rules.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tandem import machine
+from tandem.errors import TandemError
+from tandem.machine import Nic, OptionError, json_option, keyval_option
+from tandem.vm import Guest, Run, qemu_argv
+
+DATA = Path(__file__).parent / "data"
+Q = {"binary": "/opt/qemu/bin/qemu-system-x86_64", "firmware_dir": "/opt/qemu/share"}
+G = Guest(kernel="/k/bzImage", initrd="/k/initrd.cpio.gz", disk_base="/k/disk.raw")
+R = Path("/run/t")
+
+
+def cases(rundir: Path = R) -> dict[str, tuple[Guest, Run]]:
+    """One (guest, run) per mode and per option a mode can add."""
+    r = rundir
+    return {
+        "plain": (G, Run("plain", r, overlay=r / "o.qcow2", hostfwd_port=5555, qemu=Q)),
+        "plain-noicount": (G, Run("plain", r, overlay=r / "o.qcow2", icount=False, qemu=Q)),
+        "record": (G, Run("record", r, rrfile=r / "b/replay.tdrs", devlog=r / "b/devices.pcapng",
+                          overlay=r / "b/o.qcow2", hostfwd_port=5555, stop_after_ns=3_000_000_000, qemu=Q)),
+        "record-gate": (Guest(kernel="/k/bzImage", initrd=None, disk_base=None, mac="52:54:00:12:34:56"),
+                        Run("record", r, rrfile=r / "r", devlog=r / "d", hostfwd_port=5555,
+                            gate_socket=r / "gate.sock", gate_outputs=False, qemu=Q)),
+        "replay": (G, Run("replay", r, rrfile=r / "r", devlog=r / "d", overlay=r / "o.qcow2", follow=True,
+                          partial=True, stop_after_ns=5, qemu=Q, extra=["-plugin", "x.so"])),
+        "replay-stock": (G, Run("replay", r, rrfile=r / "r", devlog=r / "d", overlay=r / "o.qcow2",
+                                qemu={**Q, "stock": True})),
+        "analysis": (G, Run("analysis", r, overlay=r / "o.qcow2", feed_socket=r / "feed.sock",
+                            feed_lookahead_ns=1000, rtc_base="2026-01-01T00:00:00", qemu=Q)),
+        "analysis-record": (G, Run("analysis", r, overlay=r / "o.qcow2", feed_socket=r / "feed.sock",
+                                   rr="record", rrfile=r / "r", devlog=r / "d", qemu=Q)),
+        "analysis-replay": (G, Run("analysis", r, overlay=r / "o.qcow2", rr="replay", rrfile=r / "r",
+                                   devlog=r / "d", qemu=Q)),
+    }
+
+
+def argvs(rundir: Path = R) -> dict[str, list[str]]:
+    return {name: qemu_argv(g, r) for name, (g, r) in cases(rundir).items()}
+
+
+# --- QEMU's parsing rules, to read an argv back -------------------------------------------
+
+def parse_keyval(text: str) -> dict[str, str]:
+    """QEMU's qemu_opts_parse, as util/qemu-option.c reads an option: the first element is
+    the implied one (driver, backend, type) when '=' does not come before the first ','
+    or the end; a doubled comma is a comma inside a value."""
+    out, i, first = {}, 0, True
+    while i <= len(text):
+        j = i
+        while j < len(text) and text[j] not in "=,":
+            j += 1
+        if first and (j == len(text) or text[j] == ","):
+            name = ""
+            j = i
+        elif j < len(text) and text[j] == "=":
+            name, j = text[i:j], j + 1
+        else:
+            out[text[i:j]] = "on"        # a flag
+            i = j + 1
+            first = False
+            continue
+        value = []
+        while j < len(text):
+            if text[j] == ",":
+                if text[j + 1:j + 2] == ",":
+                    value.append(",")
+                    j += 2
+                    continue
+                break
+            value.append(text[j])
+            j += 1
+        out[name] = "".join(value)
+        i, first = j + 1, False
+    return out
+
+
+HEAD_KEY = {"-device": "driver", "-object": "qom-type", "-netdev": "type"}
+
+
+def option_dict(opt: str, value: str) -> dict[str, str]:
+    """One option's keys and values as QEMU reads them, written either way; JSON values as
+    the key=value text QEMU would accept for them."""
+    if value.startswith("{"):
+        out = {}
+        for k, v in json.loads(value).items():
+            if k == "hostfwd":                  # NetdevUserOptions: ['String']
+                v = ",".join(x["str"] for x in v)
+            out[k] = ("on" if v else "off") if isinstance(v, bool) else str(v)
+        return out
+    out = parse_keyval(value)
+    if "" in out and opt in HEAD_KEY:
+        out[HEAD_KEY[opt]] = out.pop("")
+    return out
+
+
+def options(argv: list[str]) -> list[tuple[str, dict[str, str] | str | None]]:
+    out, i = [], 1
+    while i < len(argv):
+        opt = argv[i]
+        if i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            val = argv[i + 1]
+            out.append((opt, option_dict(opt, val) if opt in ("-device", "-object", "-netdev", "-chardev",
+                                                               "-icount", "-drive", "-rtc", "-mon") else val))
+            i += 2
+        else:
+            out.append((opt, None))
+            i += 1
+    return out
+
+
+# --- the tests ------------------------------------------------------------------------------
+
+def test_golden_argv():
+    """Every mode's argv byte for byte as pinned (a change must be deliberate)."""
+    assert argvs() == json.loads((DATA / "qemu-argv.json").read_text())
+
+
+def test_same_options_as_before():
+    """The JSON forms say what the key=value forms said at 62870f3: same options, same
+    order, same keys and values."""
+    before = json.loads((DATA / "qemu-argv-keyval-62870f3.json").read_text())
+    for name, argv in argvs().items():
+        assert options(argv) == options(qmp_as_chardev(before[name])), name
+
+
+def qmp_as_chardev(argv: list[str]) -> list[str]:
+    """The one deliberate change: `-qmp unix:PATH,server=on,wait=off` became a keyed
+    `-chardev socket,id=qmp,path=PATH,...` and `-mon chardev=qmp,mode=control` (the same
+    monitor; -qmp's implied path reads a PATH with '=' before its first ',' as a key)."""
+    i = argv.index("-qmp")
+    path = argv[i + 1].removeprefix("unix:").split(",server=on", 1)[0]
+    return argv[:i] + ["-chardev", f"socket,id=qmp,path={path},server=on,wait=off",
+                       "-mon", "chardev=qmp,mode=control"] + argv[i + 2:]
+
+
+def test_structured_forms():
+    """-device, -object and -netdev are JSON in every mode: no value there is parsed as keys."""
+    for name, argv in argvs().items():
+        for opt, val in zip(argv, argv[1:]):
+            if opt in ("-device", "-object", "-netdev"):
+                assert val.startswith("{") and isinstance(json.loads(val), dict), (name, opt, val)
+
+
+@pytest.mark.parametrize("rundir", ["/run/a,romfile=/etc/shadow", "/run/x,,y,id=evil", "/run/t,server=off",
+                                    "/run/a=b,c"])
+def test_hostile_paths_add_no_key(rundir):
+    """A path with commas and keys in it (a bundle the user named so, a state directory)
+    stays one value: every option has the keys it has with a plain path."""
+    plain, hostile = argvs(), argvs(Path(rundir))
+    for name in plain:
+        a, b = options(plain[name]), options(hostile[name])
+        assert [(o, sorted(v) if isinstance(v, dict) else None) for o, v in a] == \
+               [(o, sorted(v) if isinstance(v, dict) else None) for o, v in b], name
+        # ... and the path arrives whole where it goes
+        assert any(rundir in v for _, d in b if isinstance(d, dict) for v in d.values()), name
+
+
+@pytest.mark.parametrize("mac", ["52:54:00:12:34:56,romfile=/etc/shadow", "52:54:00:12:34", "", "zz:54:00:12:34:56"])
+def test_bad_mac_refused(mac):
+    g = Guest(kernel="/k", initrd=None, disk_base=None, mac=mac)
+    with pytest.raises(OptionError, match="not a MAC address"):
+        qemu_argv(g, Run("plain", R, qemu=Q))
+
+
+@pytest.mark.parametrize("model", ["virtio-net-pci,romfile=/etc/shadow", "pci-testdev", ""])
+def test_unknown_nic_model_refused(model):
+    with pytest.raises(OptionError, match="NIC model"):
+        qemu_argv(Guest(kernel="/k", initrd=None, disk_base=None, nic_model=model), Run("plain", R, qemu=Q))
+
+
+@pytest.mark.parametrize("base", ["2026-01-01T00:00:00,clock=host", "now", "2026-01-01"])
+def test_bad_rtc_base_refused(base):
+    with pytest.raises(OptionError, match="RTC base"):
+        qemu_argv(G, Run("analysis", R, overlay=R / "o", feed_socket=R / "f", rtc_base=base, qemu=Q))
+
+
+def test_option_builders_refuse_what_qemu_cannot_take():
+    with pytest.raises(OptionError, match="not a property name"):
+        json_option({"id,romfile": "x"})
+    with pytest.raises(OptionError, match="NUL"):
+        keyval_option("socket", {"path": "/a\0b"})
+    with pytest.raises(OptionError, match="64-bit"):
+        json_option({"lookahead": 1 << 64})
+    with pytest.raises(OptionError, match="not a QEMU option value"):
+        json_option({"x": 1.5})
+    with pytest.raises(OptionError, match="not a QEMU id"):
+        Nic(netdev="net0,x=y")
+    assert keyval_option("socket", {"path": "/a,b", "server": True, "wait": False, "x": None}) == \
+        "socket,path=/a,,b,server=on,wait=off"
+
+
+def test_manifest_machine_round_trip():
+    """The manifest's machine section is derived from the Guest and loads back into it."""
+    g = Guest(kernel="/k", initrd="/i", disk_base="/d", memory_mb=512, cmdline="console=ttyS0",
+              disk_format="qcow2", mac="52:54:00:12:34:56", nic_model="e1000")
+    entry = {"path": "", "size": 0, "sha256": "0" * 64}
+    m = {"inputs": {k: {**entry, "path": p} for k, p in (("kernel", "/k"), ("initrd", "/i"), ("disk_base", "/d"))},
+         "machine": g.machine_section()}
+    assert Guest.from_manifest(m) == g
+    assert machine.NIC_MODELS["e1000"] == "e1000"
+
+
+if __name__ == "__main__":      # regenerate the golden file
+    json.dump(argvs(), sys.stdout, indent=1)
+    print()
+
+
+# --- a bundle crafted to set QEMU options through its manifest -----------------------------
+
+def crafted_manifest(**machine) -> dict:
+    entry = {"size": 1, "sha256": "0" * 64}
+    return {"schema": 1, "state": "complete",
+            "inputs": {"kernel": {**entry, "path": "/k/bzImage"}, "initrd": {**entry, "path": "/k/initrd"},
+                       "disk_base": {**entry, "path": "/k/disk.raw"}},
+            "machine": {**G.machine_section(), "stop_after_ns": 0, "mode": "analysis",
+                        "rtc_base": "2026-01-01T00:00:00", "lookahead_ns": 1000, **machine},
+            "files": {}, "stop": {}, "channels": {}}
+
+
+def replay_argv(m: dict) -> list[str]:
+    """The argv `tandem replay` gives QEMU for manifest m (after the load's checks)."""
+    from tandem import bundle, replay_exact
+    problem = bundle.manifest_problem(m)
+    if problem:
+        raise TandemError(problem)
+    run = replay_exact.replay_run(m, R, R / "r", R / "o.qcow2")
+    run.qemu = Q
+    return qemu_argv(Guest.from_manifest(m), run)
+
+
+CRAFTED = [   # (where, value): each manifest field that reaches QEMU's command line
+    ("machine.mac", "52:54:00:12:34:56,romfile=/etc/shadow"),
+    ("machine.nic_model", "e1000,romfile=/etc/shadow"),
+    ("machine.disk_format", "raw,file.driver=host_device"),
+    ("machine.stop_after_ns", "1,romfile=/etc/shadow"),
+    ("machine.rtc_base", "2026-01-01T00:00:00,clock=host"),
+    ("machine.lookahead_ns", "0,chardev=gatesock"),
+    ("machine.memory_mb", "256,maxmem=1T"),
+    ("machine.cmdline", "console=ttyS0 x,romfile=/etc/shadow"),
+    ("machine.libvirt", {"uuid": "00000000-0000-0000-0000-000000000000,romfile=/etc/shadow"}),
+    ("inputs.kernel", {"path": "/k/bzImage,romfile=/etc/shadow", "size": 1, "sha256": "0" * 64}),
+    ("inputs.initrd", {"path": "/k/a,b=c", "size": 1, "sha256": "0" * 64}),
+    ("machine.mode", "analysis,x=y"),
+]
+
+
+@pytest.mark.parametrize("where,value", CRAFTED, ids=[w for w, _ in CRAFTED])
+def test_crafted_manifest_refused_or_inert(where, value):
+    """Each field refused with a one-line error naming it, or inert: the command line has
+    exactly the options and keys of an honest manifest's."""
+    section, key = where.split(".")
+    m = crafted_manifest()
+    m[section][key] = value
+    try:
+        argv = replay_argv(m)
+    except TandemError as e:
+        assert where.split(".")[1] in str(e) and "\n" not in str(e)
+        return
+    honest = options(replay_argv(crafted_manifest()))
+    assert [(o, sorted(v) if isinstance(v, dict) else None) for o, v in options(argv)] == \
+           [(o, sorted(v) if isinstance(v, dict) else None) for o, v in honest]
