@@ -129,3 +129,17 @@ def test_guest_that_panics_is_not_a_clean_stop(built, tmp_path):
     assert b"Kernel panic" in console
     v = replay(path)
     assert v.ok, v.summary()
+
+
+def test_bundle_path_with_commas_and_keys(built, tmp_path):
+    """A bundle named with QEMU's separators in it (issue 19): its path reaches -icount
+    rrfile=, -drive file= and the devlog's path= as one value, never as added keys, so
+    the recording lands where it was asked and replays exactly."""
+    path = tmp_path / "a,romfile=x,,y=z.tdm"
+    r = run_cli("record", str(path), "--duration", "2s")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in path.iterdir()) == sorted(
+        [bundle.MANIFEST, bundle.STREAM, bundle.DEVLOG, "disk-overlay.qcow2", "qemu.log"])
+    assert bundle.load_manifest(path)["state"] == "complete"
+    v = replay(path)
+    assert v.ok, v.summary()
