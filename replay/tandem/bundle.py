@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import __version__, private
+from . import __version__, catalog, private
 from .errors import BundleError
 from .machine import MAC, NIC_DEVICES, RTC_BASE
 
@@ -203,6 +203,7 @@ _MACHINE = {
     "machine": (lambda v: v in ("pc", "q35"), "'pc' or 'q35'"),
     "disk_format": (lambda v: v in _DISK_FORMATS, "'raw' or 'qcow2'"),
     "mac": (lambda v: isinstance(v, str) and bool(MAC.fullmatch(v)), "a MAC address (52:54:00:12:34:56)"),
+    "os": (lambda v: v in catalog.GUEST_OSES, f"a guest OS ({', '.join(catalog.GUEST_OSES)})"),
     "nic_model": (lambda v: v in NIC_DEVICES, f"a NIC model of tandem's QEMU ({', '.join(sorted(NIC_DEVICES))})"),
     "stop_after_ns": (_int, "a whole number of nanoseconds"),
     "lookahead_ns": (_int, "a whole number of nanoseconds"),

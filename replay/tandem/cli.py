@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from . import __version__
+from . import __version__, catalog
 from .errors import TandemError
 
 # soft_wrap: one message, one line, whatever the terminal width (tests and logs grep them).
@@ -369,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("bundle", help="bundle directory to create for the native (NAME.tdm)")
     r.add_argument("--analysis", action="append", required=True,
                    help="analysis to run live (repeatable, or comma-separated): "
-                        "native, kasan, ubsan, lockdep, asan-userland")
+                        + catalog.help_lines())
     r.add_argument("--duration", type=parse_duration, help="stop after this much VM time (e.g. 30s)")
     r.add_argument("--port", type=int, help="host port forwarded to the guest service (default: free port)")
     r.add_argument("--buffer-events", type=int, default=100_000,
@@ -410,10 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("bundle", help="bundle directory to create (NAME.tdm)")
     r.add_argument("--duration", type=parse_duration, help="stop after this much VM time (e.g. 30s)")
     r.add_argument("--port", type=int, help="host port forwarded to the guest service (default: free port)")
-    r.add_argument("--kernel", default="native", choices=["native", "kasan", "ubsan", "lockdep"],
+    r.add_argument("--kernel", default="native", choices=list(catalog.KERNELS),
                    help="guest kernel flavor (default native)")
     r.add_argument("--kernel-image", help="boot this bzImage instead of a built flavor")
-    r.add_argument("--userland", default="native", choices=["native", "asan"])
+    r.add_argument("--userland", default="native", choices=list(catalog.USERLANDS),
+                   help="guest userland (default native; asan: its services built with ASan)")
     r.add_argument("--assertions", metavar="FILE",
                    help="declare an assertion pack for later `tandem assert` (checked, hashed into "
                         "the manifest; the recording itself is unchanged)")
@@ -426,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--partial", action="store_true", help="replay up to the last intact segment")
     r.add_argument("--analysis", action="append", metavar="NAME",
                    help="semantic replay into this analysis VM (repeatable, or comma-separated): "
-                        "native, kasan, ubsan, lockdep, asan-userland")
+                        + catalog.help_lines())
     r.add_argument("--spec", help="equivalence spec (TOML) added to the built-in one (docs/equivalence.md)")
     r.add_argument("--jobs", type=int, default=2, help="analysis VMs run at once (default 2)")
     r.add_argument("--no-noise", action="store_true",
@@ -479,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "NIC on user networking, one file disk on virtio)")
     r.add_argument("--analysis", action="append", metavar="NAME", required=True,
                    help="analysis VM to create (repeatable, or comma-separated): "
-                        "native, kasan, ubsan, lockdep, asan-userland")
+                        + catalog.help_lines())
     r.add_argument("--uri", help="libvirt URI (default: libvirt's, e.g. $LIBVIRT_DEFAULT_URI)")
     r.add_argument("--bundle", help="the native's recording (default DOMAIN.tdm here)")
     r.add_argument("--workdir", help="the analyses' recordings, findings.jsonl, summary.json "

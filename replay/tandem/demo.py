@@ -14,13 +14,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import private
+from . import catalog, private
 from .inspect_bundle import inspect, render
 from .record import Recording
 from .replay_exact import replay
 from .workload import PLANTED_BUGS, bad_requests, demo_traffic
 
-DEMO_ANALYSES = ["kasan", "ubsan", "lockdep", "asan-userland"]
+# Every analysis of the catalogue but the null one (the demo adds it itself, for noise).
+DEMO_ANALYSES = [a.name for a in catalog.ALL if a.name != "native"]
 
 
 def _progress(console, status, every_s: float = 30.0):

@@ -33,6 +33,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import catalog
 from .errors import TandemError
 
 CHANNELS = ("serial", "tcp", "udp")
@@ -43,12 +44,11 @@ MAX_LAG_MS = 10**12             # 31 years of VM time; the bound in ns stays wit
 MAX_REORDER_WINDOW = 1 << 20    # lines; the comparator looks this far on both sides
 MAX_OFFSET = (1 << 63) - 1      # byte_ranges: a flow index or a byte offset
 
-# Sanitizer output is reported as findings, not as divergences.
-_SANITIZER_LINES = [r"^==\d+==", r"^\s*#\d+ 0x[0-9a-f]+ ", r"runtime error:", r"^SUMMARY: ",
-                    r"^(Shadow|Address|  )", r"^=+$"]
+# Every analysis's, then its own from the catalogue (an ASan userland's sanitizer lines
+# are findings, not divergences).
 BUILTIN: dict[str, dict] = {
     "*": {"serial": {"ignore_kernel_lines": True, "reorder_window": 8}},
-    "asan-userland": {"serial": {"ignore": _SANITIZER_LINES}},
+    **{a.name: a.equivalence for a in catalog.ALL if a.equivalence},
 }
 
 

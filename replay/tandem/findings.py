@@ -7,9 +7,9 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 
-from . import artifacts, report
+from . import artifacts, catalog, report
 from .errors import TandemError
-from .replay_semantic import ANALYSES, AnalysisRun
+from .replay_semantic import AnalysisRun
 from .report.symbolize import short_path
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,8 @@ def distinct(found: list[Finding]) -> list[tuple[Finding, int]]:
 def symbolizer(analysis: str):
     """rep -> rep with source locations from the analysis kernel's vmlinux and modules
     (rep unchanged when they are not there)."""
-    flavor = ANALYSES.get(analysis, (analysis,))[0]
+    known = catalog.ANALYSES.get(analysis)
+    flavor = known.flavor if known else analysis
     try:
         vmlinux = artifacts.kernel(flavor)["vmlinux"]
         modules = artifacts.modules(flavor).get("modules", [])
@@ -82,7 +83,14 @@ def symbolizer(analysis: str):
 
 def findings(run: AnalysisRun, symbolize: bool = True) -> list[Finding]:
     sym = symbolizer(run.analysis) if symbolize else (lambda rep: rep)
-    return [of_report(run, sym(rep)) for rep in report.parse(bytes(run.console), "linux")] + outcome(run)
+    return [of_report(run, sym(rep)) for rep in report.parse(bytes(run.console), guest_os(run.analysis))] + outcome(run)
+
+
+def guest_os(analysis: str) -> str:
+    """The guest OS an analysis runs (its console dialect), from the catalogue; Linux for a
+    name the catalogue does not know (a findings file of an older tandem)."""
+    known = catalog.ANALYSES.get(analysis)
+    return known.os if known else "linux"
 
 
 def outcome(run: AnalysisRun) -> list[Finding]:

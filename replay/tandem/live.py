@@ -57,10 +57,14 @@ class Follower:
     cmp: LiveCompare
     run: replay_semantic.AnalysisRun | None = None
     console_seen: int = 0
-    scanner: report.Scanner = field(default_factory=lambda: report.Scanner("linux"))
+    scanner: report.Scanner | None = None    # its guest OS's console dialect (catalogue)
     thread: threading.Thread | None = None
     live_findings: list[findings_mod.Finding] = field(default_factory=list)
     symbolize: object = None        # findings_mod.symbolizer, made at the first report
+
+    def __post_init__(self) -> None:
+        if self.scanner is None:
+            self.scanner = report.Scanner(findings_mod.guest_os(self.analysis))
 
 
 class Shadow:

@@ -49,12 +49,12 @@ class Verdict:
         return f"MISMATCH: {self.mismatch}{self.note}"
 
 
-def console_reports(devlog: pcapng.Devlog) -> list[str]:
+def console_reports(devlog: pcapng.Devlog, guest_os: str = "linux") -> list[str]:
     """The kernel and sanitizer reports a run printed on its serial console, as
     titles: a replay of an analysis run shows its findings reproduced."""
     out = b"".join(e.data for e in devlog.events
                    if e.direction == "out" and e.channel.startswith("serial"))
-    return [r.title for r in report.parse(out, "linux")]
+    return [r.title for r in report.parse(out, guest_os)]
 
 
 def _wait_for(path: Path, timeout: float) -> None:
@@ -125,7 +125,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
         return Verdict(ok=mm is None, events=len(replayed.events), mismatch=mm,
                        recorded_end=rec_end, replayed_end=rep_end, replay_wall_s=wall,
                        record_wall_s=manifest.get("wall_time_s"), partial=partial, note=note,
-                       reports=console_reports(replayed))
+                       reports=console_reports(replayed, guest.os))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -32,15 +32,6 @@ from .feedproto import FeedServer
 from .tcp_peer import Peer
 from .vm import VM, Guest, Run, cpu_seconds, make_overlay
 
-# analysis name -> (kernel flavor, userland)
-ANALYSES = {
-    "native": ("native", "native"),         # the null analysis: same kernel, semantic path
-    "kasan": ("kasan", "native"),
-    "ubsan": ("ubsan", "native"),
-    "lockdep": ("lockdep", "native"),
-    "asan-userland": ("native", "asan"),
-}
-
 LOOKAHEAD_NS = 1_000_000            # the replayer answers an output within 1 ms of VM time
 DEP_TIMEOUT_NS = 5_000_000_000      # an input waiting on dependencies is sent anyway after
                                     # this much VM time without any output from the guest
@@ -53,10 +44,8 @@ TICK_S = 0.5                        # live: how often the run's `tick` (live com
 
 
 def analysis_guest(name: str) -> Guest:
-    if name not in ANALYSES:
-        raise TandemError(f"unknown analysis {name!r} (known: {', '.join(ANALYSES)})")
-    flavor, userland = ANALYSES[name]
-    return Guest.default(flavor, userland)
+    """The guest the analysis `name` of the catalogue boots."""
+    return Guest.for_analysis(name)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 from qemu.qmp import ConnectError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
-from . import artifacts, private
+from . import artifacts, catalog, private
 from .errors import BundleError, TandemError
 from .machine import RTC_BASE, VIRTIO_NET, Nic, OptionError, json_option, keyval_option
 
@@ -62,17 +62,24 @@ class Guest:
     disk_format: str = "raw"       # of disk_base, which every run's qcow2 overlay backs onto
     mac: str | None = None         # the NIC's MAC (None: QEMU's default); the guest sees it
     nic_model: str = VIRTIO_NET    # the NIC's QEMU device (a libvirt domain's may differ)
+    os: str = "linux"              # the guest OS: which console dialect its reports are in
 
     @classmethod
     def default(cls, flavor: str = "native", userland: str = "native") -> "Guest":
+        """tandem's guest image with a built kernel flavor and userland (catalog.py)."""
+        kernel, land = catalog.kernel(flavor), catalog.userland(userland)
         k, g = artifacts.kernel(flavor), artifacts.guest()
-        cmdline = DEFAULT_CMDLINE + (" tandem.asan=1" if userland == "asan" else "")
-        if flavor == "kasan":   # report every bug, not only the first one of the boot
-            cmdline += " kasan_multi_shot"
+        cmdline = " ".join(filter(None, (DEFAULT_CMDLINE, land.cmdline_extra, kernel.cmdline_extra)))
         initrd = initrd_with_modules(g[f"initramfs_{userland}"], g[f"initramfs_{userland}_sha256"],
                                      artifacts.modules(flavor))
         return cls(kernel=k["bzImage"], initrd=initrd, disk_base=g["disk_base"], cmdline=cmdline,
-                   memory_mb=512 if flavor == "kasan" else 256)
+                   memory_mb=kernel.memory_mb, os=kernel.os)
+
+    @classmethod
+    def for_analysis(cls, analysis: str) -> "Guest":
+        """The guest an analysis of the catalogue boots (an unknown name: one-line error)."""
+        a = catalog.get(analysis)
+        return cls.default(a.flavor, a.userland.name)
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "Guest":
@@ -88,7 +95,7 @@ class Guest:
                     disk_base=(inputs.get("disk_base") or {}).get("path"),
                     memory_mb=machine["memory_mb"], cmdline=machine["cmdline"],
                     disk_format=machine.get("disk_format") or "raw", mac=machine.get("mac"),
-                    nic_model=machine.get("nic_model") or VIRTIO_NET)
+                    nic_model=machine.get("nic_model") or VIRTIO_NET, os=machine.get("os") or "linux")
         Nic(model=guest.nic_model, mac=guest.mac)
         return guest
 
@@ -102,6 +109,8 @@ class Guest:
             out["mac"] = self.mac
         if self.nic_model != VIRTIO_NET:
             out["nic_model"] = self.nic_model
+        if self.os != "linux":
+            out["os"] = self.os
         return out
 
 

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifacts import REPO, build_dir, cache_dir
+from ..catalog import FLAVORS
 from ..errors import TandemError
 from .lock import SetupLock
 
 log = logging.getLogger(__name__)
 
-FLAVORS = ("native", "kasan", "ubsan", "lockdep")
 # What `tandem record` and an exact replay need; the rest is for analyses and assertions.
 GROUPS = {
     "record": ["qemu", "kernel-native", "modules-native", "guest"],

@@ -1,0 +1,118 @@
+"""The one list of analyses tandem runs: each once, with everything that differs between them.
+
+Before this list, one analysis was spread over 8 to 12 files (the CLI's choices and help in
+four places, `replay_semantic.ANALYSES`, `Guest.default`'s `if flavor == "kasan"` branches,
+`equivalence.BUILTIN`, the demo, the build's flavor lists in meson.build, setup/build.py and
+setup/doctor.py; docs/architecture-review, section 3.1). Now adding one is a kernel config
+fragment (guest-kernel/linux/FLAVOR.config) when it needs its own kernel, one entry below,
+and docs; `guest-kernel/linux/FLAVORS` lists the kernel flavors for meson, and
+tests/unit/test_catalog.py checks that it, the config fragments and this list agree.
+
+Kernel flavors and userlands are tables of their own because `tandem record --kernel
+--userland` boots any pair of them, not only the pairs an analysis names.
+
+Nothing here imports the rest of tandem: every stage reads it, it reads none of them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import TandemError
+
+# Sanitizer output is reported as findings, not as divergences: an ASan-built userland
+# prints its reports on the console the native's never has.
+SANITIZER_LINES = (r"^==\d+==", r"^\s*#\d+ 0x[0-9a-f]+ ", r"runtime error:", r"^SUMMARY: ",
+                   r"^(Shadow|Address|  )", r"^=+$")
+
+
+# The guest OSes a kernel may run (report.OSES has a console dialect for each).
+GUEST_OSES = ("linux", "freebsd", "openbsd", "netbsd")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A guest kernel the build makes (guest-kernel/linux/FLAVOR.config over the base)."""
+    flavor: str
+    cmdline_extra: str = ""     # appended to the guest's kernel command line
+    memory_mb: int = 256        # the guest needs at least this much memory under it
+    os: str = "linux"           # the guest OS, whose console dialect report.parse reads
+
+
+@dataclass(frozen=True)
+class Userland:
+    """A guest image's userland (agent/: the image builder's initramfs_NAME)."""
+    name: str
+    cmdline_extra: str = ""
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One analysis: what it boots, and what it may print that the native does not."""
+    name: str
+    kernel: Kernel
+    summary: str                # one line, for --help and the docs
+    userland: Userland = Userland("native")
+    equivalence: dict = field(default_factory=dict, hash=False)   # built-in spec rules (docs/equivalence.md)
+
+    @property
+    def flavor(self) -> str:
+        return self.kernel.flavor
+
+    @property
+    def os(self) -> str:
+        return self.kernel.os
+
+
+# kasan_multi_shot: report every bug, not only the first one of the boot; KASAN's shadow
+# memory and quarantine need the extra memory.
+KERNELS = {k.flavor: k for k in (
+    Kernel("native"),
+    Kernel("kasan", cmdline_extra="kasan_multi_shot", memory_mb=512),
+    Kernel("ubsan"),
+    Kernel("lockdep"),
+)}
+USERLANDS = {u.name: u for u in (Userland("native"), Userland("asan", cmdline_extra="tandem.asan=1"))}
+
+ALL = (
+    Analysis("native", KERNELS["native"], "the native kernel on the semantic path, the noise baseline"),
+    Analysis("kasan", KERNELS["kasan"], "KASAN: out-of-bounds and use-after-free in the kernel"),
+    Analysis("ubsan", KERNELS["ubsan"], "UBSAN: undefined behaviour in the kernel"),
+    Analysis("lockdep", KERNELS["lockdep"], "lockdep: lock-order and lock-usage bugs in the kernel"),
+    Analysis("asan-userland", KERNELS["native"], "ASan-built guest services: memory errors in userland",
+             userland=USERLANDS["asan"], equivalence={"serial": {"ignore": list(SANITIZER_LINES)}}),
+)
+ANALYSES = {a.name: a for a in ALL}
+# Kernel flavors the build makes (guest-kernel/linux/FLAVORS says the same, for meson).
+FLAVORS = tuple(KERNELS)
+
+
+def get(name: str) -> Analysis:
+    """The analysis called name; an unknown name is a one-line error listing the known ones."""
+    try:
+        return ANALYSES[name]
+    except (KeyError, TypeError):
+        raise TandemError(f"unknown analysis {name!r} (known: {names()})") from None
+
+
+def kernel(flavor: str) -> Kernel:
+    try:
+        return KERNELS[flavor]
+    except (KeyError, TypeError):
+        raise TandemError(f"unknown kernel flavor {flavor!r} (known: {', '.join(KERNELS)})") from None
+
+
+def userland(name: str) -> Userland:
+    try:
+        return USERLANDS[name]
+    except (KeyError, TypeError):
+        raise TandemError(f"unknown userland {name!r} (known: {', '.join(USERLANDS)})") from None
+
+
+def names() -> str:
+    """The analyses' names, for help texts and errors."""
+    return ", ".join(ANALYSES)
+
+
+def help_lines() -> str:
+    """name: summary, one per analysis, for --help."""
+    return "; ".join(f"{a.name} ({a.summary})" for a in ALL)

@@ -1,0 +1,60 @@
+"""The catalogue of analyses is the one list (issue 20): the build, the CLI, the demo, the
+equivalence defaults and the report dialects all agree with it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tandem import catalog, equivalence, report
+from tandem.cli import build_parser
+from tandem.demo import DEMO_ANALYSES
+from tandem.errors import TandemError
+from tandem.setup import build
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNEL_DIR = ROOT / "guest-kernel" / "linux"
+
+
+def test_meson_flavor_list_is_the_catalogues():
+    assert tuple((KERNEL_DIR / "FLAVORS").read_text().split()) == catalog.FLAVORS
+
+
+def test_every_flavor_has_a_config_fragment_and_every_fragment_a_flavor():
+    fragments = {p.stem for p in KERNEL_DIR.glob("*.config")} - {"base"}
+    assert fragments == set(catalog.FLAVORS)
+
+
+def test_build_groups_follow_the_catalogue():
+    for flavor in catalog.FLAVORS:
+        assert f"kernel-{flavor}" in build.GROUPS["all"] and f"modules-{flavor}" in build.GROUPS["all"]
+
+
+def test_every_analysis_is_well_formed():
+    for a in catalog.ALL:
+        assert catalog.KERNELS[a.flavor] == a.kernel and catalog.USERLANDS[a.userland.name] == a.userland
+        assert a.os in catalog.GUEST_OSES and a.os in report.OSES
+        equivalence.load(a.name, None)          # its built-in rules load
+        assert a.summary and "\n" not in a.summary
+
+
+def test_cli_offers_what_the_catalogue_has():
+    p = build_parser()
+    sub = next(a for a in p._actions if a.dest == "cmd").choices
+    record = {a.dest: a for a in sub["record"]._actions}
+    assert list(record["kernel"].choices) == list(catalog.KERNELS)
+    assert list(record["userland"].choices) == list(catalog.USERLANDS)
+    for cmd in ("replay", "shadow", "attach"):
+        helptext = next(a.help for a in sub[cmd]._actions if a.dest == "analysis")
+        assert all(a.name in helptext for a in catalog.ALL), cmd
+
+
+def test_demo_runs_every_analysis():
+    assert set(DEMO_ANALYSES) | {"native"} == set(catalog.ANALYSES)
+
+
+@pytest.mark.parametrize("name", ["valgrind", "", None, "kasan,ubsan"])
+def test_unknown_analysis_is_one_line(name):
+    with pytest.raises(TandemError, match="unknown analysis") as e:
+        catalog.get(name)
+    assert "\n" not in str(e.value) and "kasan" in str(e.value)
