@@ -30,7 +30,7 @@ from . import record as record_mod
 from .errors import TandemError
 from .feedproto import FeedServer
 from .tcp_peer import Peer
-from .vm import VM, Guest, Run, cpu_seconds, make_overlay
+from .vm import QMP_GONE, VM, Guest, Run, cpu_seconds, make_overlay
 
 LOOKAHEAD_NS = 1_000_000            # the replayer answers an output within 1 ms of VM time
 DEP_TIMEOUT_NS = 5_000_000_000      # an input waiting on dependencies is sent anyway after
@@ -482,8 +482,8 @@ def _feed_state(vm: VM) -> str:
     for prop in ("horizon", "waits", "delivered", "late"):
         try:
             out.append(f"{prop}={vm.qmp.command('qom-get', path='/objects/feed', property=prop)}")
-        except Exception:
-            pass
+        except QMP_GONE as e:
+            out.append(f"{prop}=? ({type(e).__name__})")
     return "feed " + " ".join(out)
 
 

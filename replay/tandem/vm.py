@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import shutil
 import socket
@@ -16,12 +17,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qemu.qmp import ConnectError
+from qemu.qmp import ConnectError, QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from . import artifacts, catalog, private
 from .errors import BundleError, TandemError
 from .machine import RTC_BASE, VIRTIO_NET, Nic, OptionError, json_option, keyval_option
+
+log = logging.getLogger(__name__)
+
+# What a QMP exchange raises when QEMU has gone or is going (qemu.qmp's errors, a closed
+# socket, an event-loop read cut short): callers that ask in passing (a status, a
+# counter, a quit) take it as "gone" and log the cause; nothing else is caught.
+QMP_GONE = (QMPError, OSError, EOFError, asyncio.TimeoutError)
 
 GUEST_PORT = 7000          # the demo service inside the guest
 ICOUNT_SHIFT = 2           # fixed: record and replay must use the same shift
@@ -444,7 +452,8 @@ class VM:
         for prop in props:
             try:
                 out[prop] = self.qmp.command("qom-get", path="/objects/devlog", property=prop)
-            except Exception:
+            except QMP_GONE as e:
+                log.debug("devlog %s: no answer from QEMU (%s: %s)", prop, type(e).__name__, e)
                 return out
         return out
 
@@ -454,21 +463,22 @@ class VM:
             for ev in self.qmp.get_events(wait=False):
                 if ev.get("event") == "SHUTDOWN" and self.shutdown_reason is None:
                     self.shutdown_reason = ev.get("data", {}).get("reason")
-        except Exception:
-            pass   # QEMU is gone; what was received is kept
+        except QMP_GONE as e:   # QEMU is gone; what was received is kept
+            log.debug("QMP events: QEMU gone (%s: %s)", type(e).__name__, e)
 
     def status(self) -> str:
         try:
             return self.qmp.command("query-status")["status"]
-        except Exception:
+        except QMP_GONE as e:
+            log.debug("query-status: QEMU gone (%s: %s)", type(e).__name__, e)
             return "gone"
 
     def quit(self) -> None:
         """Ask QEMU to quit; in record mode this is recorded as a shutdown."""
         try:
             self.qmp.command("quit")
-        except Exception:
-            pass
+        except QMP_GONE as e:   # already quitting or gone: the same end
+            log.debug("quit: QEMU gone (%s: %s)", type(e).__name__, e)
 
     def wait(self, timeout: float | None = None) -> int:
         try:
@@ -487,8 +497,8 @@ class VM:
         if self.qmp:
             try:
                 self.qmp.close()
-            except Exception:
-                pass
+            except QMP_GONE as e:
+                log.debug("QMP close: %s: %s", type(e).__name__, e)
         self.kill()
         if self.launcher is not None and self.proc is not None:
             self.launcher.release(self.proc)

@@ -1,0 +1,36 @@
+"""Habits the code keeps (issue 20): no error swallowed without its cause.
+
+An `except Exception` (or a bare `except`, or `except BaseException`) that does not raise
+again hides whatever went wrong, a bug in tandem included; errors that are expected are
+caught by their own types (vm.QMP_GONE for a QEMU that has gone) and logged."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "replay" / "tandem"
+BROAD = {"Exception", "BaseException"}
+
+
+def broad_handlers_that_swallow(tree: ast.AST) -> list[int]:
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ExceptHandler):
+            continue
+        names = ([node.type] if not isinstance(node.type, ast.Tuple) else node.type.elts) if node.type else []
+        broad = node.type is None or any(isinstance(n, ast.Name) and n.id in BROAD for n in names)
+        if broad and not any(isinstance(n, ast.Raise) for b in node.body for n in ast.walk(b)):
+            out.append(node.lineno)
+    return out
+
+
+def test_no_broad_except_that_swallows():
+    found = {str(p.relative_to(PACKAGE)): lines for p in sorted(PACKAGE.rglob("*.py"))
+             if (lines := broad_handlers_that_swallow(ast.parse(p.read_text(), str(p))))}
+    assert found == {}
+
+
+def test_the_check_finds_one():
+    assert broad_handlers_that_swallow(ast.parse("try:\n    f()\nexcept Exception:\n    pass\n")) == [3]
+    assert broad_handlers_that_swallow(ast.parse("try:\n    f()\nexcept:\n    pass\n")) == [3]
+    assert broad_handlers_that_swallow(ast.parse("try:\n    f()\nexcept BaseException:\n    g()\n    raise\n")) == []
