@@ -82,7 +82,7 @@ def run_demo(console, workdir: Path | None = None) -> int:
         console.print(("[bold green]" if v.ok else "[bold red]") + v.summary())
 
         console.rule("[bold]3. semantic replay into analysis VMs")
-        from .cli import print_summary
+        from .render import print_summary
         from .semantic import analyze
         t0 = time.monotonic()
         with console.status("building the analyses' kernels") as st:

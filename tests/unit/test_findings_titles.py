@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from tandem import cli
+from tandem import render
 from tandem.findings import Finding, distinct
 
 HOSTILE = "WARNING in [/] [bold]x[/bold] [link=file:///etc/passwd]y"
@@ -32,12 +32,12 @@ def test_summary_prints_each_title_once_and_as_text():
     result = SimpleNamespace(analysis="kasan", run=run, noise=0, divergences=[],
                              findings=[finding(HOSTILE, 1), finding(HOSTILE, 2)])
     out, buf = _capture()
-    cli.print_summary(SimpleNamespace(results=[result], limits=[], ok=False), out=out)
+    render.print_summary(SimpleNamespace(results=[result], limits=[], ok=False), out=out)
     text = buf.getvalue()
     assert text.count("FINDING") == 1 and f"FINDING {HOSTILE} (2 times; first shown)" in text
 
 
 def test_live_finding_prints_hostile_title_as_text():
     out, buf = _capture()
-    cli.print_live_finding(finding(HOSTILE, 5 * 10**8), out=out)
+    render.print_live_finding(finding(HOSTILE, 5 * 10**8), out=out)
     assert f"kasan: {HOSTILE} (VM 0.500s" in buf.getvalue()
