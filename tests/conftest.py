@@ -1,67 +1,115 @@
-"""Shared fixtures: real recordings of the real demo guest under the patched QEMU.
+"""Shared fixtures: real recordings of the real demo guest under the patched QEMU, and the
+guards every test runs under.
 
-Nothing here is mocked: `./tandem test` builds QEMU, the kernels and the guest
-image first, and these fixtures boot them.
+Nothing here is mocked: `./tandem test` builds QEMU, the kernels and the guest image
+first, and these fixtures boot them. Helpers (waiting, client threads, the CLI) are in
+tests/helpers; test modules import from there.
+
+Guards around every test (issue 21):
+- a timeout (pytest-timeout, pytest.ini: 300 s; a test that needs longer says so with
+  @pytest.mark.timeout): a stuck analysis fails its test, not CI's 90 minutes;
+- every tandem VM the test started is closed at its end, whatever the test did, and
+  every process it started (tandem's CLI, the QEMUs those start in sessions of their own)
+  is killed: they carry the test's mark in their environment;
+- a failed test's report carries each VM's QEMU log and console tail, so a red CI says why;
+- every device log the test made opens in Wireshark's tools (issue 22).
 """
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
+import signal
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "replay"))
+from helpers import MARK, ROOT, check_devlogs_readable, in_shared_block, record_demo  # noqa: F401  (ROOT: sys.path)
+from tandem import artifacts
+from tandem.vm import VM
 
-from tandem import artifacts, pcapng  # noqa: E402
-from tandem.errors import BundleError  # noqa: E402
-from tandem.record import Recording  # noqa: E402
-from tandem.workload import KV  # noqa: E402
-from tandem.workload import demo_traffic  # noqa: E402
+# Hypothesis: no per-example deadline anywhere (a loaded 2-core machine makes any
+# deadline flaky; the suite's timeout bounds a test instead).
+settings.register_profile("tandem", deadline=None)
+settings.load_profile("tandem")
 
-
-def record_demo(path: Path, *, rounds: int = 10) -> Path:
-    """Record the demo guest: client traffic, serial lines, disk writes, poweroff."""
-    with Recording(path) as rec:
-        rec.wait_ready()
-        demo_traffic(rec.port, rounds=rounds)
-        rec.serial.type("echo serial says hi")
-        rec.serial.wait_for(b"serial says hi", 30)
-        rec.serial.type("poweroff")
-        rec.wait(timeout=120)
-    return path
+VMS = pytest.StashKey[list]()
+TAIL_BYTES = 3000
 
 
-def wireshark_counts(path: Path) -> tuple[int, int]:
-    """(capinfos's packet count, tshark's): each reads the file to its end or fails."""
-    r = subprocess.run(["capinfos", "-M", "-c", str(path)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"capinfos cannot read {path} to the end: {r.stderr.strip()}"
-    n_capinfos = int(r.stdout.rsplit("Number of packets:", 1)[1].split()[0])
-    r = subprocess.run(["tshark", "-r", str(path), "-T", "fields", "-e", "frame.number"],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"tshark cannot read {path} to the end: {r.stderr.strip()}"
-    return n_capinfos, len(r.stdout.split())
+# --- what a test leaves ------------------------------------------------------------------
 
-
-def check_devlogs_readable(paths: list[Path]) -> None:
-    """Every device log QEMU wrote (its SHB names `tandem devlog`) is read to the end by
-    Wireshark's tools, which count as many packets as tandem counts records. Logs the
-    tests damage on purpose, or that a killed QEMU left torn, are the readers' tests'."""
-    for path in paths:
-        with open(path, "rb") as f:
-            if b"tandem devlog" not in f.read(256):
-                continue
+def _marked(mark: str) -> list[int]:
+    """Processes (not this one) whose environment carries mark."""
+    needle = f"{MARK}={mark}".encode()
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
         try:
-            log = pcapng.read_devlog(path)
-        except BundleError:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:         # gone, or not ours to read
             continue
-        if log.torn_at is not None:
-            continue
-        assert wireshark_counts(path) == (sum(log.records),) * 2, path
+        if needle in env:
+            out.append(int(pid))
+    return out
+
+
+def _vm_tail(vm: VM) -> str:
+    """A VM's QEMU log and console tails, as a report section reads them."""
+    log = vm.log_tail(TAIL_BYTES)
+    console = bytes(vm.console()[-TAIL_BYTES:]).decode(errors="replace")
+    status = "running" if vm.proc and vm.proc.poll() is None else \
+        f"exited {vm.proc.returncode}" if vm.proc else "never started"
+    return (f"QEMU ({status}), argv mode {vm.run.mode}, rundir {vm.run.rundir}\n"
+            f"--- QEMU log (tail) ---\n{log}\n--- console (tail) ---\n{console}")
+
+
+@pytest.fixture(autouse=True)
+def test_leaves_nothing(request, monkeypatch):
+    """Every VM the test starts is watched: closed at the end if still running, its tails
+    kept for the failure report (taken before close, which removes its run directory);
+    every process the test starts is marked, and killed at the end if still there."""
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv(MARK, mark)
+    started: list[VM] = []
+    tails: dict[int, str] = {}
+    request.node.stash[VMS] = (started, tails)
+    real_start, real_close = VM.start, VM.close
+
+    def start(vm, *args, **kwargs):
+        if not in_shared_block():       # a module fixture's VM is that fixture's to close
+            started.append(vm)
+        return real_start(vm, *args, **kwargs)
+
+    def close(vm):
+        tails[id(vm)] = _vm_tail(vm)
+        return real_close(vm)
+
+    monkeypatch.setattr(VM, "start", start)
+    monkeypatch.setattr(VM, "close", close)
+    yield
+    for vm in started:
+        if vm.proc is not None and vm.proc.poll() is None:
+            close(vm)
+    for pid in _marked(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report: each VM it started, with its QEMU log and console tails."""
+    rep = yield
+    if rep.failed and VMS in item.stash:
+        started, tails = item.stash[VMS]
+        for i, vm in enumerate(started):
+            rep.sections.append((f"VM {i + 1}: {vm.name}", tails.get(id(vm)) or _vm_tail(vm)))
+    return rep
 
 
 @pytest.fixture(autouse=True)
@@ -75,6 +123,8 @@ def devlogs_readable_by_wireshark(request, tmp_path_factory):
     check_devlogs_readable(made)
 
 
+# --- what tests share ---------------------------------------------------------------------
+
 @pytest.fixture(scope="session")
 def built():
     """The build's artifacts; a clear failure if ./tandem build has not run."""
@@ -87,8 +137,15 @@ def demo_bundle(built, tmp_path_factory) -> Path:
     return record_demo(tmp_path_factory.mktemp("rec") / "demo.tdm")
 
 
+@pytest.fixture
+def bundle_copy(demo_bundle, tmp_path) -> Path:
+    dst = tmp_path / "copy.tdm"
+    shutil.copytree(demo_bundle, dst)
+    return dst
+
+
 @pytest.fixture(scope="module")
-def libvirtd(built, tmp_path_factory):
+def libvirtd_daemon(built, tmp_path_factory):
     """A private libvirtd (and virtlogd) for one test module, stopped after it."""
     from tandem import virt
     d = virt.Libvirtd(tmp_path_factory.mktemp("libvirt") / "libvirt")
@@ -98,40 +155,23 @@ def libvirtd(built, tmp_path_factory):
 
 
 @pytest.fixture
-def bundle_copy(demo_bundle, tmp_path) -> Path:
-    dst = tmp_path / "copy.tdm"
-    shutil.copytree(demo_bundle, dst)
-    return dst
-
-
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the tandem CLI as a user would (a subprocess), capturing its output."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
-    return subprocess.run([sys.executable, "-m", "tandem", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
-
-
-def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
-    """A user error: non-zero exit, one line on stderr naming the culprit, no traceback."""
-    assert r.returncode != 0, r.stderr
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    assert "Traceback" not in r.stderr, r.stderr
-    assert len(lines) == 1, r.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
-
-
-def wait_for_service(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
-    """Until the guest service behind `port` answers, while `proc` (tandem) runs."""
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, proc.communicate()[1]
-        try:
-            with KV(port, timeout=5) as kv:
-                if kv.request("SET up 1") == "OK":
-                    return
-        except Exception:
-            pass
-        assert time.monotonic() < deadline, "the guest service never answered"
-        time.sleep(0.5)
+def libvirtd(libvirtd_daemon):
+    """The module's libvirtd, as this test finds it and leaves it: every domain the test
+    defined is destroyed and undefined at its end, whatever the test did, so the next test
+    meets the same set of domains."""
+    from tandem import virt
+    conn = virt.connect(libvirtd_daemon.uri)
+    try:
+        before = {d.name() for d in conn.listAllDomains()}
+    finally:
+        conn.close()
+    yield libvirtd_daemon
+    conn = virt.connect(libvirtd_daemon.uri)
+    try:
+        for dom in conn.listAllDomains():
+            if dom.name() not in before:
+                if dom.isActive():
+                    dom.destroy()
+                dom.undefine()
+    finally:
+        conn.close()

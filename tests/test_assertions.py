@@ -13,7 +13,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from helpers import assert_one_line_error, run_cli
 from tandem import bundle
 from tandem.assertions import check, trace
 from tandem.assertions.events import Event
@@ -32,7 +32,7 @@ REQUESTS = [("BUG update 5", "OK"),             # audit hook allows, then the up
 
 
 @pytest.fixture(scope="module")
-def bugs_bundle(built, tmp_path_factory) -> Path:
+def asserted_bundle(built, tmp_path_factory) -> Path:
     """Declares the Linux pack (tandem record --assertions): the CLI test uses that."""
     path = tmp_path_factory.mktemp("assert") / "bugs.tdm"
     with Recording(path, assertions=check.declare_pack(LINUX_PACK)) as rec:
@@ -47,10 +47,10 @@ def bugs_bundle(built, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def traced(bugs_bundle, tmp_path_factory):
+def traced(asserted_bundle, tmp_path_factory):
     """The module's functions traced on one replay, with a site 2 instructions into
     tb_table_update; the raw event stream is kept."""
-    kern = trace.kernel_for_bundle(bugs_bundle)
+    kern = trace.kernel_for_bundle(asserted_bundle)
     f = kern.function("tb_table_update")
     insns = kern.instructions(f)
     assert not any(i.mnemonic.startswith(("j", "call", "ret")) for i in insns[:2]), insns[:3]
@@ -60,7 +60,7 @@ def traced(bugs_bundle, tmp_path_factory):
              "tb_table_lock_release": {"call", "return"}}
     p = trace.plan(kern, needs, [("tb_table_update", site_off)])
     raw = tmp_path_factory.mktemp("raw") / "events.bin"
-    return trace.run(bugs_bundle, kern, p, keep=raw), kern, site_off, raw
+    return trace.run(asserted_bundle, kern, p, keep=raw), kern, site_off, raw
 
 
 def writes(events: list[Event]) -> list[list[Event]]:
@@ -164,8 +164,8 @@ def test_linux_packs_hold_on_clean_traffic(demo_bundle, tmp_path):
     assert res.trace.stats["abandoned_frames"] == 0
 
 
-def test_planted_violation_is_caught_and_attributed(bugs_bundle):
-    res = check.check(bugs_bundle, LINUX_PACK)
+def test_planted_violation_is_caught_and_attributed(asserted_bundle):
+    res = check.check(asserted_bundle, LINUX_PACK)
     assert res.checker_stats["sites_reached"] >= 3          # the checked updates held
     (r,) = res.reports
     v = r.violation
@@ -216,8 +216,8 @@ RULES = {
 }
 
 
-def test_semantic_rules_on_a_crafted_workload(bugs_bundle, tmp_path):
-    kern = trace.kernel_for_bundle(bugs_bundle)
+def test_semantic_rules_on_a_crafted_workload(asserted_bundle, tmp_path):
+    kern = trace.kernel_for_bundle(asserted_bundle)
     f = kern.function("tb_table_update")
     site_off = kern.instructions(f)[2].address - f.addr     # rdi is still the key there
     rules = dict(RULES, **{"offset-site": (
@@ -225,7 +225,7 @@ def test_semantic_rules_on_a_crafted_workload(bugs_bundle, tmp_path):
         within(tb_proc_write, previously(returnfrom(tb_audit_check(key)) == 0))""", 1, 1, 7)})
     pack = tmp_path / "rules.tesla"
     pack.write_text("".join(f'assert "{n}" {text}\n\n' for n, (text, *_) in rules.items()))
-    res = check.check(bugs_bundle, pack)
+    res = check.check(asserted_bundle, pack)
     got: dict[str, list] = {}
     for r in res.reports:
         got.setdefault(r.violation.assertion, []).append(r.violation)
@@ -239,46 +239,46 @@ def test_semantic_rules_on_a_crafted_workload(bugs_bundle, tmp_path):
     assert res.fatal == sum(f for _, _, f, _ in rules.values())
 
 
-def test_cli_reports_the_violation_and_exits_1(bugs_bundle):
+def test_cli_reports_the_violation_and_exits_1(asserted_bundle):
     """No --assertions: the pack the recording declared is used."""
-    r = run_cli("assert", str(bugs_bundle), "--json")
+    r = run_cli("assert", str(asserted_bundle), "--json")
     assert r.returncode == 1, r.stderr
     assert "VIOLATION tb-audit-before-table-update" in r.stderr
     assert "after input: tcp-data" in r.stderr and "BUG update-nocheck 7" in r.stderr
     out = json.loads(r.stdout)
     assert out["replay"]["ok"] and len(out["violations"]) == 1
     assert out["violations"][0]["request"]["text"] == "BUG update-nocheck 7"
-    declared = bundle.load_manifest(bugs_bundle)["assertions"]
+    declared = bundle.load_manifest(asserted_bundle)["assertions"]
     assert declared["sha256"] == check.pack_identity(LINUX_PACK)["sha256"]
     assert "tb-audit-before-table-update" in declared["names"]
-    r = run_cli("assert", str(bugs_bundle), "--select", "tb-table-lock-released")
+    r = run_cli("assert", str(asserted_bundle), "--select", "tb-table-lock-released")
     assert r.returncode == 0, r.stderr
     assert "HELD: 0 violation(s)" in r.stderr
 
 
-def test_bad_pack_is_a_one_line_error(bugs_bundle, tmp_path):
+def test_bad_pack_is_a_one_line_error(asserted_bundle, tmp_path):
     bad = tmp_path / "bad.tesla"
     bad.write_text('# a comment line\n'
                    'assert "a" per-thread conditional at tb_table_update:\n'
                    '    within(tb_proc_write, previously(call(no_such_function)))\n')
-    assert_one_line_error(run_cli("assert", str(bugs_bundle), "--assertions", str(bad)),
+    assert_one_line_error(run_cli("assert", str(asserted_bundle), "--assertions", str(bad)),
                           "bad.tesla:3:", "unknown symbol 'no_such_function'")
     # a site offset inside an instruction
-    kern = trace.kernel_for_bundle(bugs_bundle)
+    kern = trace.kernel_for_bundle(asserted_bundle)
     f = kern.function("tb_table_update")
     inside = next(i.address - f.addr + 1 for i in kern.instructions(f) if i.size > 1)
     bad.write_text(f'assert "a" per-thread conditional at tb_table_update+{inside:#x}:\n'
                    '    within(tb_proc_write, previously(call(tb_audit_check)))\n')
-    assert_one_line_error(run_cli("assert", str(bugs_bundle), "--assertions", str(bad)),
+    assert_one_line_error(run_cli("assert", str(asserted_bundle), "--assertions", str(bad)),
                           "bad.tesla:1:", f"tb_table_update+{inside:#x}", "not at an instruction boundary")
 
 
-def test_missing_bundle_and_pack_are_one_line_errors(bugs_bundle, tmp_path):
+def test_missing_bundle_and_pack_are_one_line_errors(asserted_bundle, tmp_path):
     assert_one_line_error(run_cli("assert", str(tmp_path / "nope.tdm"), "--assertions", str(LINUX_PACK)),
                           "nope.tdm")
-    assert_one_line_error(run_cli("assert", str(bugs_bundle), "--assertions", str(tmp_path / "x.tesla")),
+    assert_one_line_error(run_cli("assert", str(asserted_bundle), "--assertions", str(tmp_path / "x.tesla")),
                           "x.tesla", "cannot read")
-    assert_one_line_error(run_cli("assert", str(bugs_bundle), "--assertions", str(LINUX_PACK),
+    assert_one_line_error(run_cli("assert", str(asserted_bundle), "--assertions", str(LINUX_PACK),
                                   "--select", "nope"), "no assertion named 'nope'")
 
 

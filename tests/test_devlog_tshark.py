@@ -7,12 +7,11 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import wireshark_counts
+from helpers import start_client, wait_until, wireshark_counts
 from tandem import bundle, pcapng
 from tandem.record import Recording
 from tandem.replay_exact import replay
@@ -46,13 +45,13 @@ def heavy_bundle(built, tmp_path_factory) -> Path:
     with Recording(path) as rec:
         rec.wait_ready()
         stop, counts = threading.Event(), [0] * 4
-        clients = [threading.Thread(target=hammer, args=(rec.port, c, stop, counts)) for c in range(4)]
-        for t in clients:
-            t.start()
+        clients = [start_client(lambda c=c: hammer(rec.port, c, stop, counts), f"client {c}") for c in range(4)]
         mark = len(rec.serial.output())
         rec.serial.type("run dd if=/dev/urandom of=/data/big bs=8M count=1 oflag=direct")
         rec.serial.wait_for(b"tandem-agent: run status 0", 120, mark)
-        time.sleep(2)
+        after_dd = sum(counts)          # the clients go on a while after the write
+        wait_until(lambda: sum(counts) >= after_dd + 200 or not any(t.is_alive() for t in clients), 60,
+                   "200 more requests after the write")
         stop.set()
         for t in clients:
             t.join(60)
@@ -159,7 +158,7 @@ def test_dissector_filters_block_offsets(heavy_bundle, tshark):
 
 def test_dissector_installs_where_wireshark_loads_it(tmp_path, demo_bundle, tshark):
     """`tandem wireshark install` into a fresh HOME: tshark there loads it unasked."""
-    from conftest import ROOT
+    from helpers import ROOT
     env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=str(ROOT / "replay"))
     r = subprocess.run([sys.executable, "-m", "tandem", "wireshark", "install"], env=env,
                        capture_output=True, text=True, timeout=120)

@@ -12,14 +12,10 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "replay"))
-
-from tandem.cli import build_parser  # noqa: E402
+from helpers import ROOT, wait_until
+from tandem.cli import build_parser
 
 LINE = re.compile(r"^(ok|warn|FAIL) +[\w-]+: .+")
 
@@ -66,10 +62,10 @@ def test_two_commands_on_an_empty_cache_both_succeed(tmp_path):
 def test_a_venv_left_half_made_by_a_killed_command_is_made_again(tmp_path):
     root, cache = mini_checkout(tmp_path), tmp_path / "cache"
     p = launch(root, cache, "setup")
-    deadline = time.monotonic() + 120
-    while not list(cache.glob("venv-*/bin/python")):     # python -m venv is under way
-        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-        time.sleep(0.05)
+    def venv_under_way() -> bool:                       # python -m venv has made its python
+        assert p.poll() is None, p.communicate()
+        return bool(list(cache.glob("venv-*/bin/python")))
+    wait_until(venv_under_way, 120, "python -m venv to be under way", poll=0.05)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     assert not (venv_of(cache) / ".complete").exists()

@@ -8,38 +8,16 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
-from conftest import ROOT, wait_for_service
+from helpers import ROOT, pace, wait_for_service, wait_until
+from helpers.live import analyses_caught_up, drive, run_until_native_stops
 from tandem import bundle, inputs, pcapng, plan, replay_exact
 from tandem.live import Shadow
 from tandem.vm import Serial, free_port
 from tandem.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
-
-
-def drive(sh: Shadow, work) -> threading.Thread:
-    """Run the client side in a thread while the caller samples the native, as the CLI does."""
-    def client():
-        sh.native.wait_ready()
-        work()
-        sh.native.serial.type("poweroff")
-    t = threading.Thread(target=client, daemon=True)
-    t.start()
-    return t
-
-
-def run_until_native_stops(sh: Shadow, each=None, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while sh.native.vm.proc.poll() is None:
-        assert time.monotonic() < deadline, "native did not stop"
-        sh.sample()
-        sh.native.vm.poll_events()
-        if each:
-            each()
-        time.sleep(0.1)
 
 
 def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
@@ -55,10 +33,8 @@ def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
         lags.append(max(r["lag_ns"] for r in sh.status()))
         if not scraped and len(lags) >= 5:   # the Prometheus endpoint shows what the live view shows
             scraped.append(urllib.request.urlopen(f"http://127.0.0.1:{sh.metrics_port}/metrics").read().decode())
-    run_until_native_stops(sh, each)
-    while any(f.thread.is_alive() for f in sh.followers):   # the analyses, catching up
-        each()
-        time.sleep(0.1)
+    run_until_native_stops(sh, each, client=t)
+    analyses_caught_up(sh, each)
     t.join(10)
     s = sh.finish()
     rec = inputs.load(tmp_path / "native.tdm")
@@ -108,7 +84,7 @@ def test_a_dying_or_overflowing_analysis_never_stops_the_native(tmp_path):
             for i in range(300):        # more than lockdep's buffer allows it to trail by
                 answers.append(kv.request(f"SET k{i} v{i}"))
     t = drive(sh, work)
-    run_until_native_stops(sh)
+    run_until_native_stops(sh, client=t)
     t.join(10)
     s = sh.finish()
     assert killed and answers == ["OK"] * 300
@@ -134,9 +110,10 @@ def test_a_hung_analysis_is_a_finding_and_the_native_goes_on(tmp_path):
         with KV(sh.port) as kv:
             for i in range(20):
                 answers.append(kv.request(f"SET k{i} v{i}"))
-        time.sleep(4)
+        # The native serves on until tandem has given up on the stopped analysis.
+        wait_until(lambda: not sh.followers[0].thread.is_alive(), 60, "the stopped analysis to be found hung")
     t = drive(sh, work)
-    run_until_native_stops(sh)
+    run_until_native_stops(sh, client=t)
     t.join(10)
     s = sh.finish()
     assert answers == ["OK"] * 20
@@ -161,10 +138,10 @@ def test_agreed_release_keeps_a_diverging_answer_from_the_client(tmp_path):
         try:
             with KV(sh.port, timeout=8) as kv:
                 got["bug"] = kv.request(PLANTED_BUGS["asan-heap-overflow"][0])
-        except OSError:
-            got["bug"] = None                   # nothing came back
+        except TimeoutError:
+            got["bug"] = None                   # nothing came back: the gate held the answer
     t = drive(sh, work)
-    run_until_native_stops(sh)
+    run_until_native_stops(sh, client=t)
     t.join(10)
     s = sh.finish()
     assert got == {"set": "OK", "get": "VALUE 1", "bug": None}, got
@@ -196,9 +173,9 @@ def test_overflow_block_holds_the_native_until_the_analysis_has_room(tmp_path):
             for i in range(150):
                 answers.append(kv.request(f"SET k{i} v{i}"))
                 times.append(time.monotonic())
-                time.sleep(0.01)
+                pace(0.01)
     t = drive(sh, work)
-    run_until_native_stops(sh)
+    run_until_native_stops(sh, client=t)
     t.join(10)
     s = sh.finish()
     assert answers == ["OK"] * 150
@@ -234,18 +211,17 @@ def test_a_long_run_keeps_only_what_is_in_flight(tmp_path):
             with KV(sh.port) as kv:
                 for i in range(20):
                     kv.request(f"SET k{c}x{i} {'v' * 32}")
-        deadline = time.monotonic() + 60    # until the analysis has caught up and compared
-        while time.monotonic() < deadline:
+        def caught_up() -> bool:            # the analysis has taken and compared them
             f = sh.followers[0]
-            if f.run and len(f.cmp.done) + sum(fl is None for fl in sh.rec.flows) >= 12 \
-                    and sum(fl is None for fl in sh.rec.flows) >= 10:
-                break
-            time.sleep(0.2)
+            retired = sum(fl is None for fl in sh.rec.flows)
+            return bool(f.run) and len(f.cmp.done) + retired >= 12 and retired >= 10
+        wait_until(caught_up, 60, lambda: f"the analysis to compare 12 closed connections "
+                                          f"({len(sh.followers[0].cmp.done)} compared)", poll=0.2)
         seen.update(retired=sum(fl is None for fl in sh.rec.flows), flows=len(sh.rec.flows),
                     kept=len(sh.rec.inputs), dropped=sh.rec.inputs_dropped,
                     console=len(sh.followers[0].run.console), peer=len(sh.followers[0].run.peer.flows))
     t = drive(sh, work)
-    run_until_native_stops(sh)
+    run_until_native_stops(sh, client=t)
     t.join(10)
     s = sh.finish()
     assert seen["flows"] == 12 and seen["retired"] >= 10, seen       # closed connections forgotten
@@ -297,10 +273,7 @@ def test_tandem_dying_leaves_the_native_serving_and_its_recording_readable(tmp_p
         cmd = Path(f"/proc/{native[0]}/cmdline").read_bytes().decode().split("\0")
         sock = next(a for a in cmd if "id=serial0" in a).split("path=")[1].split(",")[0]
         Serial(Path(sock)).type("poweroff")
-        deadline = time.monotonic() + 60
-        while _qemus_of(b):
-            assert time.monotonic() < deadline, "the native did not power off"
-            time.sleep(0.2)
+        wait_until(lambda: not _qemus_of(b), 60, "the native to power off", poll=0.2)
     finally:
         tandem.kill()
         for pid in _qemus_of(tmp_path):         # the native and the analysis, whatever happened

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import run_cli
+from helpers import run_cli
 
 
 def test_plan_counts_the_demo_requests(demo_bundle):

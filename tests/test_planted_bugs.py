@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from helpers import shared_across_tests, wait_until
 from tandem import bundle
 from tandem.errors import TandemError
 from tandem.record import Recording
@@ -44,13 +45,8 @@ class Booted:
 
     def wait_console(self, pattern: bytes, timeout: float = 30) -> re.Match:
         rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while not (m := rx.search(self.console())):
-            if time.monotonic() > deadline:
-                tail = self.console()[-1500:].decode(errors="replace")
-                raise AssertionError(f"no {pattern!r} on the console within {timeout}s; tail:\n{tail}")
-            time.sleep(0.1)
-        return m
+        return wait_until(lambda: rx.search(self.console()), timeout, lambda: (
+            f"{pattern!r} on the console; tail:\n{self.console()[-1500:].decode(errors='replace')}"))
 
     def settle(self) -> None:
         """Round trip through the serial agent: console output up to here is in."""
@@ -69,7 +65,8 @@ def boot(built, tmp_path_factory):
             return current[0]
         while current:
             current.pop().vm.close()
-        current.append(Booted(flavor, userland, tmp_path_factory.mktemp(f"{flavor}-{userland}")))
+        with shared_across_tests():     # kept for the module's next tests, closed here
+            current.append(Booted(flavor, userland, tmp_path_factory.mktemp(f"{flavor}-{userland}")))
         return current[0]
 
     yield get

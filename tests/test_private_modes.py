@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, run_cli
+from helpers import assert_one_line_error, run_cli
 from tandem import bundle, replay_exact
 from tandem.record import Recording
 from tandem.semantic import analyze

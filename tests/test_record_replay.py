@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import socket
-import threading
-import time
 
-from conftest import run_cli
+from helpers import run_cli, start_client, unsent_bytes, wait_until
 
 from tandem import bundle, pcapng
 from tandem.record import Recording
@@ -64,12 +62,10 @@ def test_interleaving_of_sources_is_reproduced(tmp_path):
 
 def test_follow_replay_of_live_recording(built, tmp_path):
     path = tmp_path / "live.tdm"
-    verdict = {}
     rec = Recording(path).start()
     try:
         rec.wait_ready()
-        t = threading.Thread(target=lambda: verdict.setdefault("v", replay(path, follow=True)))
-        t.start()
+        t = start_client(lambda: replay(path, follow=True), "follow replay")
         with KV(rec.port) as kv:
             for i in range(10):
                 assert kv.request(f"SET live{i} {i}") == "OK"
@@ -79,8 +75,7 @@ def test_follow_replay_of_live_recording(built, tmp_path):
     finally:
         rec.finish()
     t.join(300)
-    assert not t.is_alive()
-    assert verdict["v"].ok, verdict["v"].summary()
+    assert t.result.ok, t.result.summary()
 
 
 def test_input_arriving_as_the_recording_stops_is_not_half_recorded(built, tmp_path):
@@ -94,7 +89,14 @@ def test_input_arriving_as_the_recording_stops_is_not_half_recorded(built, tmp_p
         with socket.create_connection(("127.0.0.1", rec.port), timeout=5) as client:
             client.sendall(b"GET k\n")
             rec.serial.type("echo too late")
-            time.sleep(0.5)                 # slirp has handed the frames to the NIC's filters
+            # The client's bytes are in slirp's socket (the host acknowledged them), and
+            # QEMU's main loop, which runs while the VM is paused, has been round twice
+            # since (a QMP round trip each): slirp has read them and handed the frame to
+            # the NIC's filters. The typed line stays in the serial socket: a paused
+            # serial port takes nothing.
+            wait_until(lambda: unsent_bytes(client) == 0, 30, "the host to acknowledge the client's request")
+            for _ in range(2):
+                rec.vm.qmp.command("query-status")
             rec.stop()
     log = pcapng.read_devlog(path / bundle.DEVLOG)
     assert not [e for e in log.events if (e.channel, e.direction) == ("serial0", "in")]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, run_cli
+from helpers import assert_one_line_error, run_cli
 from tandem import inputs, replay_exact, replay_semantic
 from tandem.findings import findings
 from tandem.record import Recording
@@ -33,7 +33,7 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="session")
-def bugs_bundle(built, tmp_path_factory) -> Path:
+def planted_bugs_bundle(built, tmp_path_factory) -> Path:
     """Clean traffic, then every planted-bug request (answered normally), then poweroff."""
     path = tmp_path_factory.mktemp("bugs") / "bugs.tdm"
     with Recording(path) as rec:
@@ -70,9 +70,9 @@ def test_clean_traffic_into_every_sanitizer_is_clean(demo_bundle, tmp_path):
     assert (tmp_path / "summary.json").is_file()
 
 
-def test_each_planted_bug_is_found_by_its_analyses_and_attributed(bugs_bundle, tmp_path):
-    rec = inputs.load(bugs_bundle)
-    s = analyze(bugs_bundle, SANITIZERS + ["native"], workdir=tmp_path)
+def test_each_planted_bug_is_found_by_its_analyses_and_attributed(planted_bugs_bundle, tmp_path):
+    rec = inputs.load(planted_bugs_bundle)
+    s = analyze(planted_bugs_bundle, SANITIZERS + ["native"], workdir=tmp_path)
     for r in s.results:
         assert r.run.outcome == "poweroff", (r.analysis, r.run.detail)
         got = {}
@@ -171,8 +171,8 @@ def test_missing_analysis_kernel_is_a_one_line_error(demo_bundle, tmp_path):
     assert_one_line_error(r, "kernel-kasan.json", "not built")
 
 
-def test_cli_prints_findings_and_exits_1(bugs_bundle, tmp_path):
-    r = run_cli("replay", str(bugs_bundle), "--analysis", "ubsan", "--no-noise", "--workdir", str(tmp_path))
+def test_cli_prints_findings_and_exits_1(planted_bugs_bundle, tmp_path):
+    r = run_cli("replay", str(planted_bugs_bundle), "--analysis", "ubsan", "--no-noise", "--workdir", str(tmp_path))
     assert r.returncode == 1, r.stderr
     assert "FINDING UBSAN: shift-out-of-bounds in tb_proc_write" in r.stderr
     assert "after tcp-data" in r.stderr

@@ -14,30 +14,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from helpers import assert_one_line_error, run_cli, wait_until
+from helpers.libvirt import names, native_xml, shadow_pid, virsh
 from tandem import artifacts, bundle, feedproto, record, virt
 from tandem.replay_exact import replay
-from tandem.vm import Guest, Run, Serial, free_port, make_overlay
+from tandem.vm import Guest, Run, Serial, free_port
 from tandem.workload import KV
-
-
-def virsh(uri: str, *args: str, check: bool = True) -> str:
-    r = subprocess.run(["virsh", "-c", uri, *args], check=False, capture_output=True, text=True, timeout=60)
-    if check:
-        assert r.returncode == 0, f"virsh {' '.join(args)}: {r.stderr}"
-    return r.stdout
-
-
-def names(uri: str, *flags: str) -> set[str]:
-    return {n for n in virsh(uri, "list", "--name", *flags).split() if n}
-
-
-def wait_for(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (v := cond()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return v
 
 
 def test_private_libvirtd_starts_and_leaves_nothing(built, tmp_path):
@@ -116,14 +98,14 @@ def test_tandem_domain_boots_serves_and_replays(libvirtd, tmp_path):
     info = dict(line.split(":", 1) for line in virsh(libvirtd.uri, "dominfo", "native").splitlines() if ":" in line)
     assert info["State"].strip() == "running" and info["CPU(s)"].strip() == "1"
     assert info["Max memory"].strip() == f"{g.memory_mb * 1024} KiB"
-    serial = Serial(wait_for(lambda: (rundir / "serial.sock").exists() and rundir / "serial.sock", 30,
+    serial = Serial(wait_until(lambda: (rundir / "serial.sock").exists() and rundir / "serial.sock", 30,
                              "the serial socket"))
     serial.wait_for(b"TANDEM-READY", 120)
     with KV(port) as kv:
         assert kv.request("SET libvirt yes") == "OK"
         assert kv.request("GET libvirt") == "VALUE yes"
     serial.type("poweroff")
-    wait_for(lambda: not dom.isActive(), 60, "the guest to power off")
+    wait_until(lambda: not dom.isActive(), 60, "the guest to power off")
     serial.close()
     assert "native" not in names(libvirtd.uri) and "native" in names(libvirtd.uri, "--inactive")
     m = record.seal(path, m, status=0, wall_s=time.monotonic() - t0, stop_reason="poweroff")
@@ -131,30 +113,6 @@ def test_tandem_domain_boots_serves_and_replays(libvirtd, tmp_path):
     v = replay(path)
     assert v.ok, v.summary()
     dom.undefine()
-
-
-def native_xml(tmp_path: Path, name: str = "web", nic: str = "virtio") -> str:
-    """A domain as a user writes it for libvirt: a disk, tandem's kernel, user networking."""
-    g = Guest.default()
-    disk = tmp_path / f"{name}.qcow2"
-    make_overlay(g.disk_base, disk)
-    return f"""<domain type='qemu'>
-  <name>{name}</name>
-  <memory unit='MiB'>256</memory>
-  <vcpu>1</vcpu>
-  <os><type arch='x86_64' machine='pc'>hvm</type>
-    <kernel>{g.kernel}</kernel><initrd>{g.initrd}</initrd><cmdline>{g.cmdline}</cmdline></os>
-  <devices>
-    <emulator>{artifacts.qemu()['binary']}</emulator>
-    <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>
-      <source file='{disk}'/><target dev='vda' bus='virtio'/></disk>
-    <interface type='user'><mac address='52:54:00:7a:6e:01'/><model type='{nic}'/></interface>
-  </devices>
-</domain>"""
-
-
-def shadow_pid(d: virt.Libvirtd, name: str) -> int:
-    return int((d.dir / "run" / "libvirt" / "qemu" / f"{name}.pid").read_text())
 
 
 def test_attach_and_detach(libvirtd, tmp_path):
@@ -205,13 +163,15 @@ def test_attach_and_detach(libvirtd, tmp_path):
         srv.horizon(20_000_000)
         srv.flush()
         got: list[feedproto.Message] = []
-        deadline = time.monotonic() + 60
-        while not any(m.type == feedproto.WAIT for m in got) and time.monotonic() < deadline:
+
+        def waits() -> bool:
             msgs = srv.receive(1.0)
             assert msgs is not None, "the shadow's QEMU closed its feed"
-            got += msgs
+            got.extend(msgs)
+            return any(m.type == feedproto.WAIT for m in got)
+        wait_until(waits, 60, "the shadow to say WAIT at its horizon", poll=0)
         wait = [m for m in got if m.type == feedproto.WAIT]
-        assert wait and wait[0].vm_ns >= 20_000_000
+        assert wait[0].vm_ns >= 20_000_000
     finally:
         srv.conn.close()
         srv.listener.close()        # the socket file stays: detach must remove it
@@ -220,7 +180,7 @@ def test_attach_and_detach(libvirtd, tmp_path):
     native_pid = shadow_pid(libvirtd, "web-tandem-native")
     virsh(uri, "destroy", "web-tandem-native")
     assert "web-tandem-native" not in names(uri) and "web-tandem-native" in names(uri, "--inactive")
-    wait_for(lambda: not virt._alive(native_pid), 10, "the destroyed shadow's QEMU to exit")
+    wait_until(lambda: not virt._alive(native_pid), 10, "the destroyed shadow's QEMU to exit")
 
     r = run_cli("detach", "web", "--uri", uri)
     assert r.returncode == 0, r.stderr

@@ -113,7 +113,7 @@ class Recording:
                   devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
                   hostfwd_port=self.port, stop_after_ns=self.duration_ns, gate_socket=self.gate_socket,
                   gate_outputs=self.gate_outputs)
-        self.vm = VM(g, run, launcher=self.launcher)
+        self.vm = VM(g, run, launcher=self.launcher, name="native")
         self.t0 = time.monotonic()
         try:
             self.vm.start()

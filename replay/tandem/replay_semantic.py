@@ -211,7 +211,8 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
             run_args["overlay"] = tmp / "disk-overlay.qcow2"
             make_overlay(guest.disk_base, run_args["overlay"], guest.disk_format)
     server = FeedServer(tmp / "feed.sock")
-    vm = VM(guest, Run("analysis", tmp, feed_socket=server.path, **run_args), launcher=launcher)
+    vm = VM(guest, Run("analysis", tmp, feed_socket=server.path, **run_args), launcher=launcher, name=analysis)
+    vm.console = lambda: bytes(res.console)
     t0 = time.monotonic()
     try:
         vm.start()

@@ -378,8 +378,12 @@ class VM:
     tandem's QMP and serial sockets are in the argv, so everything else is the same.
     """
 
-    def __init__(self, guest: Guest, run: Run, launcher=None):
+    def __init__(self, guest: Guest, run: Run, launcher=None, name: str | None = None):
         self.guest, self.run, self.launcher = guest, run, launcher
+        self.name = name or run.mode        # for messages: "native", an analysis, "replay"
+        # The guest's console so far, for a failure's report: the serial socket's when
+        # tandem types on it; an analysis's driver sets its own (the feed carries it).
+        self.console = lambda: self.serial.output() if self.serial else b""
         # QEMU's QMP and serial sockets go here: 0700 even when the caller made it.
         private.make_dir(run.rundir)
         os.chmod(run.rundir, private.DIR_MODE)

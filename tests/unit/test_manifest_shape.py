@@ -13,7 +13,7 @@ from tandem import bundle
 from tandem.errors import BundleError
 from tandem.inspect_bundle import inspect
 
-from test_bundle import make_bundle
+from helpers.bundles import make_bundle
 
 # (where in the manifest, the value put there, the field the error must name)
 ONE_FIELD = [

@@ -8,7 +8,7 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from conftest import assert_one_line_error, run_cli
+from helpers import assert_one_line_error, run_cli
 from tandem import bundle, netpkt, pcapng
 from tandem.errors import TandemError
 from tandem.inputs import Flow, Input, Recording, from_events

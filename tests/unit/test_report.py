@@ -280,7 +280,7 @@ def test_a_title_lacking_its_frames_reads_past_the_end_marker_to_the_next_report
 def test_corrupted_where_syzkaller_says_so():
     """The first report's corrupted flag agrees with syzkaller's CORRUPTED on its corpus
     (356 of 356 at the time of writing; was 342 before the empty-line and stack rules)."""
-    from test_report_syzkaller import SHARED
+    from helpers import SHARED
     if not (SHARED / "linux").is_dir():
         pytest.skip(f"{SHARED} (the project's shared data) is not beside this clone")
     differ = []

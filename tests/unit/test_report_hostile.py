@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from helpers import SHARED
 from tandem import report
 from tandem.report import freebsd, linux, netbsd, openbsd, userland
 from tandem.report.scanner import MAX_LINE, Scanner
 
 CORPUS = Path(__file__).resolve().parents[1] / "report-corpus"
-# Beside the clone (../shared), or beside the directory holding a worktree (../../shared).
-SHARED = next((p / "shared" / "syzkaller-reports" for p in Path(__file__).resolve().parents[3:5]
-               if (p / "shared" / "syzkaller-reports").is_dir()),
-              Path(__file__).resolve().parents[3] / "shared" / "syzkaller-reports")
 
 
 def _literal(pattern: str) -> str:

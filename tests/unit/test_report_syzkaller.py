@@ -15,12 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import SHARED
 from tandem import report
 
-# Beside the clone (../shared), or beside the directory holding a worktree (../../shared).
-SHARED = next((p / "shared" / "syzkaller-reports" for p in Path(__file__).resolve().parents[3:5]
-               if (p / "shared" / "syzkaller-reports").is_dir()),
-              Path(__file__).resolve().parents[3] / "shared" / "syzkaller-reports")
 # (found, false positives at most, titles agreeing): the figures reached, a ratchet.
 # Issue 18's targets hold for every OS: 98% found, no false positive, 95% of titles.
 FLOORS = {"linux": (356, 0, 356), "freebsd": (16, 0, 16), "openbsd": (42, 0, 42),

@@ -1,0 +1,44 @@
+"""Driving a private libvirtd as a user would: virsh, the domains it lists, a native
+domain's XML as a user writes it."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tandem import artifacts, virt
+from tandem.vm import Guest, make_overlay
+
+
+def virsh(uri: str, *args: str, check: bool = True) -> str:
+    r = subprocess.run(["virsh", "-c", uri, *args], check=False, capture_output=True, text=True, timeout=60)
+    if check:
+        assert r.returncode == 0, f"virsh {' '.join(args)}: {r.stderr}"
+    return r.stdout
+
+
+def names(uri: str, *flags: str) -> set[str]:
+    return {n for n in virsh(uri, "list", "--name", *flags).split() if n}
+
+
+def native_xml(tmp_path: Path, name: str = "web", nic: str = "virtio") -> str:
+    """A domain as a user writes it for libvirt: a disk, tandem's kernel, user networking."""
+    g = Guest.default()
+    disk = tmp_path / f"{name}.qcow2"
+    make_overlay(g.disk_base, disk)
+    return f"""<domain type='qemu'>
+  <name>{name}</name>
+  <memory unit='MiB'>256</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type>
+    <kernel>{g.kernel}</kernel><initrd>{g.initrd}</initrd><cmdline>{g.cmdline}</cmdline></os>
+  <devices>
+    <emulator>{artifacts.qemu()['binary']}</emulator>
+    <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>
+      <source file='{disk}'/><target dev='vda' bus='virtio'/></disk>
+    <interface type='user'><mac address='52:54:00:7a:6e:01'/><model type='{nic}'/></interface>
+  </devices>
+</domain>"""
+
+
+def shadow_pid(d: virt.Libvirtd, name: str) -> int:
+    return int((d.dir / "run" / "libvirt" / "qemu" / f"{name}.pid").read_text())

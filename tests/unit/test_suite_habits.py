@@ -1,0 +1,67 @@
+"""Habits the test suite keeps (issue 21), checked over its source.
+
+- No test sleeps for an event: it waits with helpers.wait_until, which fails naming what it
+  waited for; time.sleep appears only in tests/helpers/__init__.py (wait_until's poll and
+  `pace`, a client's think time).
+- No thread is joined unchecked: tests start threads through helpers.start_client, whose
+  join fails when the thread is still running and re-raises what it raised.
+- No test module imports another, or conftest: shared code is in tests/helpers.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+HELPERS = TESTS / "helpers" / "__init__.py"
+
+
+def sources() -> dict[Path, ast.AST]:
+    return {p: ast.parse(p.read_text(), str(p)) for p in sorted(TESTS.rglob("*.py"))
+            if "fuzz" not in p.relative_to(TESTS).parts[:1]}
+
+
+def calls(tree: ast.AST, dotted: str) -> list[int]:
+    """Lines calling `dotted` (time.sleep, threading.Thread) by its module or by a name
+    imported from it."""
+    module, name = dotted.rsplit(".", 1)
+    imported = any(isinstance(n, ast.ImportFrom) and n.module == module and any(a.name == name for a in n.names)
+                   for n in ast.walk(tree))
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call):
+            f = n.func
+            if (isinstance(f, ast.Attribute) and f.attr == name and isinstance(f.value, ast.Name)
+                    and f.value.id == module) or (imported and isinstance(f, ast.Name) and f.id == name):
+                out.append(n.lineno)
+    return out
+
+
+def test_no_sleep_outside_the_wait_helper():
+    found = {str(p.relative_to(TESTS)): lines for p, t in sources().items()
+             if p != HELPERS and (lines := calls(t, "time.sleep"))}
+    assert found == {}
+
+
+def test_threads_only_through_start_client():
+    found = {str(p.relative_to(TESTS)): lines for p, t in sources().items()
+             if p != HELPERS and (lines := calls(t, "threading.Thread"))}
+    assert found == {}
+
+
+def test_no_test_module_imports_another():
+    found = {}
+    for p, t in sources().items():
+        for n in ast.walk(t):
+            names = [n.module or ""] if isinstance(n, ast.ImportFrom) else \
+                [a.name for a in n.names] if isinstance(n, ast.Import) else []
+            bad = [m for m in names if m.split(".")[0].startswith("test_") or m == "conftest"]
+            if bad:
+                found.setdefault(str(p.relative_to(TESTS)), []).extend(bad)
+    assert found == {}
+
+
+def test_the_checks_find_what_they_look_for():
+    tree = ast.parse("import time\nfrom time import sleep\nimport threading\n"
+                     "time.sleep(1)\nsleep(2)\nthreading.Thread(target=f)\n")
+    assert calls(tree, "time.sleep") == [4, 5] and calls(tree, "threading.Thread") == [6]
