@@ -18,7 +18,7 @@ from helpers import assert_one_line_error, run_cli, wait_until
 from helpers.libvirt import names, native_xml, shadow_pid, virsh
 from tandem import artifacts, bundle, feedproto, record, virt
 from tandem.replay_exact import replay
-from tandem.vm import Guest, Run, Serial, free_port
+from tandem.vm import Guest, Run, Serial, alive, free_port
 from tandem.workload import KV
 
 
@@ -29,7 +29,7 @@ def test_private_libvirtd_starts_and_leaves_nothing(built, tmp_path):
     d.start()
     try:
         pids = d.pids()
-        assert set(pids) == {"libvirtd", "virtlogd"} and all(virt._alive(p) for p in pids.values())
+        assert set(pids) == {"libvirtd", "virtlogd"} and all(alive(p) for p in pids.values())
         assert virsh(d.uri, "uri").strip() == d.uri
         assert names(d.uri, "--all") == set()
         # The daemon's /run, /etc and /var are its own: the host's are untouched.
@@ -44,7 +44,7 @@ def test_private_libvirtd_starts_and_leaves_nothing(built, tmp_path):
         assert set(pids.values()) <= set(d.processes())
     finally:
         d.stop()
-    assert not any(virt._alive(p) for p in pids.values())
+    assert not any(alive(p) for p in pids.values())
     assert d.processes() == [] and not d.dir.exists()
 
 
@@ -180,7 +180,7 @@ def test_attach_and_detach(libvirtd, tmp_path):
     native_pid = shadow_pid(libvirtd, "web-tandem-native")
     virsh(uri, "destroy", "web-tandem-native")
     assert "web-tandem-native" not in names(uri) and "web-tandem-native" in names(uri, "--inactive")
-    wait_until(lambda: not virt._alive(native_pid), 10, "the destroyed shadow's QEMU to exit")
+    wait_until(lambda: not alive(native_pid), 10, "the destroyed shadow's QEMU to exit")
 
     r = run_cli("detach", "web", "--uri", uri)
     assert r.returncode == 0, r.stderr

@@ -13,8 +13,3 @@ class TandemError(Exception):
 class BundleError(TandemError):
     """A recording bundle is missing, corrupt, truncated or does not match this build."""
 
-
-class VerifyMismatch(TandemError):
-    """An exact replay did not reproduce the recorded outputs."""
-
-    exit_code = 1

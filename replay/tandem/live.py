@@ -42,7 +42,7 @@ from .gate import Gate
 from .live_compare import LiveCompare
 from .record import Recording
 from .semantic import Summary, summarize
-from .vm import cpu_seconds
+from .vm import analyses_given, cpu_seconds
 
 SAMPLE_S = 0.1
 TRIM_S = 0.5            # how often the native's side drops what every analysis is done with
@@ -81,11 +81,7 @@ class Shadow:
         analysis_cpus: where the analysis VMs (and tandem's threads feeding them) run:
         "auto" (every CPU but the first, which is left to the native), "all", or a list."""
         self.path = Path(bundle_dir)
-        self.analyses = list(dict.fromkeys(analyses))
-        if not self.analyses:
-            raise TandemError("no --analysis given")
-        for a in self.analyses:
-            replay_semantic.analysis_guest(a)       # unknown name, missing kernel: fail now
+        self.analyses = analyses_given(analyses)     # unknown name, missing kernel: fail now
         self.workdir = workdir or self.path.with_name(self.path.name + ".analysis")
         if release not in ("now", "agreed"):
             raise TandemError(f"unknown release policy {release!r} (known: now, agreed)")

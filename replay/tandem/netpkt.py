@@ -14,8 +14,7 @@ PROTO_ICMP, PROTO_TCP, PROTO_UDP = 1, 6, 17
 FIN, SYN, RST, PSH, ACK = 0x01, 0x02, 0x04, 0x08, 0x10
 
 # QEMU user networking's addresses: tandem's analysis VMs meet the same network.
-GATEWAY_MAC = bytes.fromhex("52550a000202")   # slirp's virtual host
-GATEWAY_IP = bytes([10, 0, 2, 2])
+GATEWAY_MAC = bytes.fromhex("52550a000202")   # slirp's virtual host (10.0.2.2)
 
 
 def ip_str(b: bytes) -> str:

@@ -47,7 +47,6 @@ KIND_OF_LINKTYPE = {v: k for k, v in LINKTYPES.items()}
 OWN_LINKTYPES = frozenset((147, 148, 149))  # tandem's payloads, and its record header in format 2
 DIRECTIONS = {1: "in", 2: "out"}
 
-BLOCK_OPS = {1: "write", 2: "flush", 3: "discard", 4: "write-zeroes"}
 _BLOCK_HDR = struct.Struct("<B7xQQ")
 _HDR = struct.Struct("<II")                 # block type, block length
 _U32 = struct.Struct("<I")

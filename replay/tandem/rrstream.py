@@ -26,7 +26,6 @@ SEG_MAGIC = b"SEG1"
 FILE_HDR = struct.Struct("<8sII")
 SEG_HDR = struct.Struct("<4sIIIIIQQII")
 FLAG_END, FLAG_ZSTD = 1, 2
-STOCK_HEADER_SIZE = 12  # stock QEMU: u32 REPLAY_VERSION + u64, big-endian
 DEFAULT_REPLAY_VERSION = 0xE0200D   # qemu-patches/0011 added an event kind
 # The largest raw payload a segment may declare. QEMU's writer (qemu-patches/0001) ends a
 # segment once it holds FLUSH_BYTES = 256 KiB, so a segment is 256 KiB plus one event; the

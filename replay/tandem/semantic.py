@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import bundle, compare, equivalence, findings as findings_mod, inputs, private, replay_semantic
 from .errors import TandemError
+from .vm import analyses_given
 
 NOISE = "native"
 
@@ -41,10 +42,7 @@ class Summary:
 
 def check_request(bundle_dir: Path, analyses: list[str], spec_path: str | None) -> dict:
     """Fail early, with one line, on anything wrong with the request."""
-    if not analyses:
-        raise TandemError("no --analysis given")
-    for a in analyses:
-        replay_semantic.analysis_guest(a)       # unknown name, missing kernel or image
+    for a in analyses_given(analyses):          # unknown name, missing kernel or image
         equivalence.load(a, spec_path)          # malformed spec
     m = bundle.load_manifest(bundle_dir)
     problems = bundle.verify_files(bundle_dir, m)

@@ -230,10 +230,6 @@ class Peer:
                 t.append(fl.last_send_ns + RTO_NS)
         return min(t) if t else None
 
-    def waiting_for_guest(self) -> bool:
-        """Whether some connection expects the guest to answer (the peer must keep up)."""
-        return any(fl.state in ("syn-sent", "established") for fl in self.flows.values())
-
     def _seg(self, fl: PeerFlow, off: int, flags: int, data: bytes = b"", mss=None) -> bytes:
         self.ident += 1
         ack = fl.rcv_nxt if flags & ACK else 0

@@ -44,7 +44,7 @@ from typing import Self
 from . import artifacts, private
 from .errors import TandemError
 from .machine import NIC_MODELS, check_mac
-from .vm import Guest, Run, qemu_argv, qmp_chardev
+from .vm import Guest, Run, alive, analyses_given, make_overlay, qemu_argv, qmp_chardev
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 NS = "urn:tandem:libvirt:1"          # tandem's <metadata> namespace
@@ -304,14 +304,14 @@ class Libvirtd:
             return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not alive(pid):
                 return
             time.sleep(0.05)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return
-        while _alive(pid):
+        while alive(pid):
             time.sleep(0.05)
 
     def _log_tail(self, n: int = 600) -> str:
@@ -331,15 +331,6 @@ class Libvirtd:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its parent counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 # --------------------------------------------------------------------------------------
@@ -515,7 +506,7 @@ class DomainProcess:
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
-        if _alive(self.pid):
+        if alive(self.pid):
             return None
         libvirt = _libvirt()
         try:
@@ -796,15 +787,6 @@ def _metadata(native: NativeInfo, analysis: str, guest: Guest, sh: Shadow, backi
     return md
 
 
-def _make_overlay(backing: Path, fmt: str, overlay: Path) -> None:
-    img = artifacts.qemu()["img"]
-    r = subprocess.run([img, "create", "-q", "-f", "qcow2", "-b", str(backing.resolve()), "-F", fmt,
-                        str(overlay)], check=False, capture_output=True, text=True,
-                       umask=private.CHILD_UMASK)
-    if r.returncode:
-        raise TandemError(f"{overlay}: qemu-img create failed: {r.stderr.strip()}")
-
-
 def default_state_dir(native: str) -> Path:
     return artifacts.cache_dir() / "shadows" / native
 
@@ -821,9 +803,9 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
     for its feeder on Shadow.feed_socket. rtc_base: the guest's wall clock at boot
     (the native's start, UTC; default now).
     """
-    from .replay_semantic import LOOKAHEAD_NS, analysis_guest
+    from .replay_semantic import LOOKAHEAD_NS
     libvirt = _libvirt()
-    analyses = _given_analyses(analyses)
+    analyses = analyses_given(analyses)
     dom = _native_domain(conn, domain)
     native = read_native(dom)
     if native.disk and native.active and not native.disk_readonly:
@@ -858,12 +840,12 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
             shadows.append(sh)
             if len(str(sh.feed_socket)) > 107:
                 raise TandemError(f"{sh.feed_socket}: too long for a unix socket path (use --state-dir)")
-            guest = analysis_guest(a)
+            guest = Guest.for_analysis(a)
             guest.disk_base = str(native.disk) if native.disk else None
             guest.memory_mb = max(guest.memory_mb, native.memory_mib)
             guest.nic_model, guest.mac = _shadow_nic(artifacts.qemu()["binary"], native), native.mac
             if native.disk:
-                _make_overlay(native.disk, native.disk_format, sh.overlay)
+                make_overlay(str(native.disk), sh.overlay, native.disk_format)
             # The feed socket waits for its feeder instead of failing when nobody listens yet.
             run = Run("analysis", sdir, overlay=sh.overlay, feed_socket=sh.feed_socket,
                       feed_lookahead_ns=lookahead_ns, rtc_base=rtc_base, feed_reconnect_ms=FEED_RECONNECT_MS)
@@ -931,17 +913,6 @@ def detach(conn, domain: str) -> Detached:
         raise TandemError(f"{domain}: no tandem shadows (nothing to detach)")
     _remove(conn, shadows)
     return Detached(shadows, _release_native(conn, *native) if native else None)
-
-
-def _given_analyses(analyses: list[str]) -> list[str]:
-    """The --analysis names, each once; an unknown name or a missing kernel said now."""
-    from .replay_semantic import analysis_guest
-    analyses = list(dict.fromkeys(analyses))
-    if not analyses:
-        raise TandemError("no --analysis given")
-    for a in analyses:
-        analysis_guest(a)
-    return analyses
 
 
 def _native_domain(conn, domain: str):
@@ -1077,8 +1048,7 @@ class LiveDomains:
     def analysis_guest(self, analysis: str) -> Guest | None:
         if self.info is None:
             return None         # replay_semantic's own: tandem's guest with the analysis kernel
-        from .replay_semantic import analysis_guest
-        g = analysis_guest(analysis)
+        g = Guest.for_analysis(analysis)
         g.disk_base = str(self.info.disk) if self.info.disk else None
         g.disk_format = self.info.disk_format or "raw"
         g.memory_mb = max(g.memory_mb, self.info.memory_mib)
@@ -1108,7 +1078,7 @@ def follow(uri: str | None, domain: str, analyses: list[str], *, bundle: str | P
     native; when it stops, its own definition is put back and the shadows are undefined."""
     from .live import Shadow as LiveShadow
     libvirt = _libvirt()
-    analyses = _given_analyses(analyses)
+    analyses = analyses_given(analyses)
     conn = connect(uri)
     try:
         dom = _native_domain(conn, domain)

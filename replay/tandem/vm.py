@@ -122,6 +122,18 @@ class Guest:
         return out
 
 
+def analyses_given(names: list[str]) -> list[str]:
+    """The --analysis names, each once and in order; an unknown name, or an analysis whose
+    kernel or image is not built, is a one-line error now rather than after the native
+    has started."""
+    names = list(dict.fromkeys(names))
+    if not names:
+        raise TandemError("no --analysis given")
+    for name in names:
+        Guest.for_analysis(name)
+    return names
+
+
 @dataclass
 class Run:
     """How it runs: the rr mode and where its files go."""
@@ -160,13 +172,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """CPU time (user + system) a running process has used so far, from /proc."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (which may hold spaces and ')'),
+    from the state on; None when the process is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a running process has used so far, from /proc."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent counts as gone)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def make_overlay(base: str, overlay: Path, fmt: str = "raw") -> None:
