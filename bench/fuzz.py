@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: fuzzing the readers of what tandem is handed from outside (issue 19): the
-equivalence spec loader, the assertion language, the device log (pcapng) and the replay
-stream. (The console parser's target runs in `./tandem bench report`, beside its throughput.)
+equivalence spec loader, the assertion language, the device log (pcapng), the replay
+stream and the bundle's manifest. (The console parser's target runs in `./tandem bench report`, beside its throughput.)
 
 Each target (tests/fuzz/NAME_target.py) runs under atheris (libFuzzer, fork mode) for
 --seconds; the run's executions per second (instrumented), coverage and findings go into
@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
 
 import assertions_target  # noqa: E402
 import fuzzing  # noqa: E402
+import manifest_target  # noqa: E402
 import pcapng_target  # noqa: E402
 import rrstream_target  # noqa: E402
 import spec_target  # noqa: E402
@@ -40,7 +41,8 @@ A spec file, an assertion file and a bundle's device log and replay stream are i
 outside: each reader must give a result or its own one-line error, whatever the bytes. A
 coverage-guided fuzzer runs each for a fixed budget; executions per second bound how much
 of that input space a budget explores."""
-TARGETS = {t.TARGET.name: t.TARGET for t in (spec_target, assertions_target, pcapng_target, rrstream_target)}
+TARGETS = {t.TARGET.name: t.TARGET for t in (spec_target, assertions_target, pcapng_target, rrstream_target,
+                                                     manifest_target)}
 PARTS = ("about", *TARGETS)    # one block per target: `--only NAME` leaves the others' figures
 
 

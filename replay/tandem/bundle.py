@@ -23,6 +23,7 @@ from .errors import BundleError
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
+MANIFEST_MAX = 1 << 20      # bytes; a recording's manifest is 2-3 KiB, and it is read whole
 STREAM = "replay.tdrs"
 DEVLOG = "devices.pcapng"
 STATES = ("recording", "complete", "interrupted")
@@ -218,7 +219,10 @@ def load_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
     mf = d / MANIFEST
     try:
         with open_member(d, MANIFEST) as f:
-            text = f.read().decode("utf-8")
+            raw = f.read(MANIFEST_MAX + 1)
+        if len(raw) > MANIFEST_MAX:
+            raise BundleError(f"{mf}: over {MANIFEST_MAX} bytes (a manifest is a few KiB)")
+        text = raw.decode("utf-8")
     except MissingMember:
         raise BundleError(f"{mf}: missing (not a tandem bundle, or recording never started)") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -227,6 +231,10 @@ def load_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
         manifest = json.loads(text)
     except json.JSONDecodeError as e:
         raise BundleError(f"{mf}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    except RecursionError:      # about 1,000 nested arrays or objects (found by fuzzing)
+        raise BundleError(f"{mf}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:     # an integer of more than 4,300 digits
+        raise BundleError(f"{mf}: not valid JSON ({str(e).split(';')[0]})") from None
     if not isinstance(manifest, dict):
         raise BundleError(f"{mf}: not a JSON object")
     if manifest.get("schema") != SCHEMA:

@@ -136,3 +136,17 @@ def test_inspect_lists_a_symlink_as_a_problem_and_neither_reads_nor_sizes_it(tmp
     assert "link" not in info["files"] and bundle.STREAM not in info["files"] and info["stream"] is None
     links = {p.split(":")[0] for p in info["integrity"]["problems"] if "symbolic link" in p}
     assert links == {str(d / "link"), str(d / bundle.STREAM)}
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"schema": 1, "files": ' + "[" * 20000, "nested too deeply"),      # RecursionError (fuzz target manifest)
+    ('{"schema": 1, "stop": {"vm_ns": ' + "9" * 5000 + "}}", "4300 digits"),   # ValueError
+    ('{"schema": 1, "state": "' + "x" * (bundle.MANIFEST_MAX + 1) + '"}', "over 1048576 bytes"),
+])
+def test_a_manifest_json_cannot_raise_out_of_the_json_reader(tmp_path, text, why):
+    d, m = make_bundle(tmp_path)
+    (d / bundle.MANIFEST).write_text(text)
+    with pytest.raises(BundleError, match=why) as e:
+        bundle.load_manifest(d)
+    assert "\n" not in str(e.value)
+    assert any(why in p for p in inspect(d)["integrity"]["problems"])
