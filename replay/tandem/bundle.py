@@ -322,7 +322,7 @@ def file_name_problem(name: Any) -> str | None:
     """Why a `files` key cannot name a file of the bundle, or None: one plain name."""
     if not isinstance(name, str) or not name or len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
         return f"files: {_shown(name)} is not a file name (1 to {NAME_MAX} bytes)"
-    if "/" in name or "\0" in name or name in (".", ".."):
+    if "/" in name or not name.isprintable() or name in (".", ".."):     # a newline would cut a message
         return f"files: {_shown(name)} is not a plain file name in the bundle"
     return None
 
@@ -400,21 +400,47 @@ def regular_file(path: Path) -> bool:
 
 
 def verify_inputs(manifest: dict[str, Any]) -> list[Problem]:
+    """The recorded inputs (host files the manifest names: kernel, initrd, disk base) that
+    are missing or changed. A path comes from the bundle: it is opened without waiting on
+    a FIFO and kept only if it is a regular file, and what cannot be read is a problem
+    (/proc/self/mem is a regular file of size 0 whose read fails with EIO)."""
     problems = []
     for kind in INPUTS:
         entry = (manifest.get("inputs") or {}).get(kind)
         if not entry:
             continue  # e.g. no initrd
         path = entry.get("path")
-        if not path or not os.path.isfile(path):
-            problems.append(Problem("", "input", f"{kind} {path}: not found"))
-        elif os.stat(path).st_size != entry.get("size") or sha256_file(path) != entry.get("sha256"):
-            problems.append(Problem("", "input", f"{kind} {path}: changed since recording"))
+        shown = printable(str(path))
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK) if isinstance(path, str) and path else None
+        except OSError:
+            fd = None
+        if fd is None:
+            problems.append(Problem("", "input", f"{kind} {shown}: not found"))
+            continue
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            problems.append(Problem("", "input", f"{kind} {shown}: {_kind(st.st_mode)}, not a file"))
+            continue
+        with open(fd, "rb") as f:
+            try:
+                if st.st_size != entry.get("size") or _sha256(f) != entry.get("sha256"):
+                    problems.append(Problem("", "input", f"{kind} {shown}: changed since recording"))
+            except OSError as e:
+                problems.append(Problem("", "input", f"{kind} {shown}: unreadable: {e.strerror}"))
     return problems
 
 
 def _short(build_id: Any) -> str:
-    return str(build_id)[:12]
+    return printable(str(build_id)[:12])
+
+
+def printable(text: str) -> str:
+    """A manifest string in a message or on a terminal: itself, or its repr if it holds a
+    control character (a newline would make two lines, an escape sequence would drive
+    the terminal that `tandem inspect` prints to)."""
+    return text if text.isprintable() else _shown(text)
 
 
 def check_bundle(bundle_dir: str | os.PathLike, *, qemu_build_id: str | None = None,

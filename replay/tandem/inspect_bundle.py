@@ -121,7 +121,7 @@ def exposure_warning(d: Path, exposed: dict[str, str]) -> str:
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [headers] + [["-" if v is None else str(v) for v in row] for row in rows]
+    cells = [headers] + [["-" if v is None else bundle.printable(str(v)) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 
     def fmt(row: list[str]) -> str:  # numbers right-aligned, text left-aligned
@@ -134,8 +134,9 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 def render(info: dict[str, Any]) -> str:
     out = [f"bundle {info['bundle']}"]
     m = info.get("manifest")
-    if m:
-        stop = m.get("stop") or {}
+    if m:       # the manifest's strings as printable text: a bundle must not drive the terminal
+        m = {k: bundle.printable(v) if isinstance(v, str) else v for k, v in m.items()}
+        stop = {k: bundle.printable(v) if isinstance(v, str) else v for k, v in (m.get("stop") or {}).items()}
         out.append(f"state {m.get('state')}, created {m.get('created')}, QEMU {m.get('qemu_version')}, "
                    f"stop {stop.get('reason')} at vm_ns {stop.get('vm_ns')} icount {stop.get('icount')}, "
                    f"wall {m.get('wall_time_s')} s")
@@ -160,5 +161,5 @@ def render(info: dict[str, Any]) -> str:
         out += ["", _table(["file", "size"], [[n, sz] for n, sz in info["files"].items()])]
     integ = info["integrity"]
     out += ["", "integrity: ok" if integ["ok"] else f"integrity: {len(integ['problems'])} problem(s)"]
-    out += [f"  - {p}" for p in integ["problems"]]
+    out += [f"  - {bundle.printable(p)}" for p in integ["problems"]]     # names of the bundle's files
     return "\n".join(out)

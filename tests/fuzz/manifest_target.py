@@ -8,7 +8,8 @@ small valid ones (MEMBERS: a device log and a replay stream from the pcapng and 
 seeds, a qemu.log). `@BUNDLE@` in the input becomes that bundle's directory, so a seed's
 `inputs` can name a file that is there (its own qemu.log) and a whole check can pass. Then
 load_manifest(), check_bundle() with and without partial and a build id, and inspect()
-with its printed summary (render()). Run by `./tandem bench fuzz [--only manifest]`
+with its printed summary (render(): one printable line each, nothing that drives a
+terminal). Run by `./tandem bench fuzz [--only manifest]`
 (bench/fuzz.py) for a fixed budget, or by hand:
 
     python tests/fuzz/manifest_target.py -max_total_time=60 WORKDIR tests/fuzz/manifest-corpus
@@ -92,7 +93,8 @@ def check(data: bytes) -> None:
     info = inspect(d)
     for problem in info["integrity"]["problems"]:
         assert isinstance(problem, str) and "\n" not in problem, f"inspect problem {problem!r}"
-    render(info)
+    text = render(info)
+    assert all(line.isprintable() for line in text.split("\n")), "inspect prints a control character"
 
 
 def entry(data: bytes) -> dict:
@@ -144,7 +146,8 @@ TOKENS = (b'"schema"', b'"state"', b'"complete"', b'"recording"', b'"interrupted
           b'"mode"', b'"analysis"', b'"libvirt"', b'"files"', b'"stop"', b'"vm_ns"', b'"icount"',
           b'"channels"', b'"wall_time_s"', b'"devices.pcapng"', b'"replay.tdrs"', b'"manifest.json"',
           b'"qemu.log"', b'"../x"', b'"."', b'null', b'true', b'1e400', b'-1', b'9223372036854775808',
-          b'[]', b'{}', b'"\\u0000"', b'"\\ud800"', BUNDLE_TOKEN, b'"/proc/self/fd/0"', b'"/dev/zero"')
+          b'[]', b'{}', b'"\\u0000"', b'"\\ud800"', b'"\\n"', b'"\\u001b["', BUNDLE_TOKEN, b'"/proc/self/fd/0"',
+          b'"/proc/self/mem"', b'"/dev/zero"', b'"/"')
 TARGET = fuzzing.Target("manifest", check, INSTRUMENT,
                         "a bundle's manifest.json: load_manifest, check_bundle and inspect's summary",
                         max_len=8192, tokens=TOKENS)
