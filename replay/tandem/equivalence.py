@@ -271,7 +271,7 @@ def _ways(items) -> int:
         elif op == sre_constants.BRANCH:
             total *= len(av[1]) * max(_ways(b) for b in av[1])
         elif op == sre_constants.GROUPREF_EXISTS:
-            total *= 2 * max(_ways(b) for b in av[1:] if b)
+            total *= 2 * max((_ways(b) for b in av[1:] if b), default=1)    # (?(1)|): both empty
         elif op == sre_constants.GROUPREF:
             total *= MAX_RULED_LINE
         elif op in (sre_constants.SUBPATTERN,):

@@ -72,6 +72,7 @@ def test_patterns_slower_than_quadratic_on_a_line_are_refused(pattern, says):
     r"\d+x", r"^a.*b.*c", r"\(conn \d+\)$", r"Date: .*", r"id=[0-9a-f]{8}",
     r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}", r"^\[ *+\d++\.\d++\]", r"(?<=^tandem-init: module ).*",
     r"(?:a|a)++b", r"^(Shadow|Address|  )", r"/usr/bin/kvd(-asan)? ", r"(ab){2,}",
+    r"(a)?(?(1)|)", r"(a)?(?(1)b)", r"", r"(?>)", r"\b", r"(?<!a)b",     # (?(1)|) raised ValueError
 ])
 def test_patterns_at_most_quadratic_on_a_line_load(pattern):
     assert equivalence.check({"serial": {"ignore": [pattern]}}).rules["serial"].ignore
