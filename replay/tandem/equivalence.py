@@ -184,7 +184,7 @@ def _regex(text: str, where: str, fail) -> re.Pattern:
              f"or make the inner repeat possessive (a++) or atomic ((?>...))")
     if _cost(parsed) * (1 if _anchored(parsed) else MAX_RULED_LINE) > RULE_BUDGET:
         fail(f"{where}: regular expression {_show(text)} can backtrack over a line in more than "
-             f"quadratic time (two unbounded repeats, or one not anchored with ^ besides); anchor it "
+             f"quadratic time (three unbounded repeats, or two not anchored with ^); anchor it "
              f"with ^, or make repeats possessive (\\d++) or atomic ((?>...))")
     return pattern
 
