@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark: fuzzing the readers of what tandem is handed from outside (issue 19): the
-equivalence spec loader, the assertion language, the device log (pcapng) and the replay
-stream. (The console parser's target runs in `./tandem bench report`, beside its throughput.)
+equivalence spec loader, the assertion language, the device log (pcapng), the replay
+stream, the bundle's manifest, and the console parser (whose target also runs in
+`./tandem bench report`, beside its throughput and scaling probe).
 
 Each target (tests/fuzz/NAME_target.py) runs under atheris (libFuzzer, fork mode) for
 --seconds; the run's executions per second (instrumented), coverage and findings go into
@@ -16,8 +17,11 @@ Usage: ./tandem bench fuzz [--seconds N] [--only NAME]...
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,7 +32,9 @@ sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
 
 import assertions_target  # noqa: E402
 import fuzzing  # noqa: E402
+import manifest_target  # noqa: E402
 import pcapng_target  # noqa: E402
+import report_target  # noqa: E402
 import rrstream_target  # noqa: E402
 import spec_target  # noqa: E402
 from record_replay import replace_part  # noqa: E402
@@ -36,12 +42,54 @@ from record_replay import replace_part  # noqa: E402
 SECTION = "fuzz"
 TITLE = """## Fuzzing the readers of specs, assertions and bundles (issue 19)
 
-A spec file, an assertion file and a bundle's device log and replay stream are input from
-outside: each reader must give a result or its own one-line error, whatever the bytes. A
+A spec file, an assertion file, a bundle's manifest, device log and replay stream, and a
+guest's console are input from outside: each reader must give a result or its own one-line
+error, whatever the bytes. A
 coverage-guided fuzzer runs each for a fixed budget; executions per second bound how much
 of that input space a budget explores."""
-TARGETS = {t.TARGET.name: t.TARGET for t in (spec_target, assertions_target, pcapng_target, rrstream_target)}
-PARTS = ("about", *TARGETS)    # one block per target: `--only NAME` leaves the others' figures
+TARGETS = {t.TARGET.name: t.TARGET for t in (spec_target, assertions_target, pcapng_target, rrstream_target,
+                                                     manifest_target, report_target)}
+PARTS = ("about", "table", *TARGETS)    # one block per target: `--only NAME` leaves the others' figures
+# Each target's last run, kept so the table holds every target whatever `--only` ran.
+RESULTS = ROOT / "bench" / "fuzz-results.json"
+
+
+def tokens_of(name: str):
+    """The console parser's dictionary is bench/report.py's (its report and stack lines)."""
+    if name == "report":
+        import report
+        return report.tokens()
+    return None
+
+
+def record(name: str, r: fuzzing.Result, command: str, load: float) -> dict:
+    """This run of target `name` into RESULTS; all targets' last runs."""
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    results[name] = {"seconds": r.seconds, "elapsed": round(r.elapsed, 1), "execs": r.execs,
+                     "rate": round(r.rate, 1), "cov": r.cov, "ft": r.ft, "corpus": r.after,
+                     "found": len(r.found), "load": round(load, 2), "command": command, "commit": commit,
+                     "date": datetime.date.today().isoformat()}
+    RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    return results
+
+
+def table(results: dict) -> str:
+    """One row per target: executions per second over a fixed budget, and what they ran on."""
+    rows = ["| harness | reads | execs/s | inputs | budget | corpus files | coverage (edges) | new findings "
+            "| load (1 min) | measured | command |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for name, target in TARGETS.items():
+        if name not in results:
+            rows.append(f"| {name} | {target.what} | - | - | - | - | - | - | - | not run | "
+                        f"`./tandem bench fuzz --only {name}` |")
+            continue
+        x = results[name]
+        rows.append(f"| {name} | {target.what} | **{x['rate']:,.0f}** | {x['execs']:,} | {x['seconds']:g} s "
+                    f"({x['elapsed']:.0f} s wall) | {x['corpus']} | {x['cov']} | {x['found']} | {x['load']:.1f} "
+                    f"| {x['date']} at {x['commit']} | `{x['command']}` |")
+    return "\n".join(rows)
 
 
 def paragraph(target: fuzzing.Target, r: fuzzing.Result, command: str) -> str:
@@ -79,9 +127,12 @@ def main() -> int:
     blocks = {"about": about}
     for name in args.only or list(TARGETS):
         print(f"fuzzing {name} for {args.seconds:g} s", file=sys.stderr)
-        r = fuzzing.fuzz(TARGETS[name], args.seconds)
+        load = os.getloadavg()[0]
+        r = fuzzing.fuzz(TARGETS[name], args.seconds, tokens_of(name))
         blocks[name] = paragraph(TARGETS[name], r, f"{command} --only {name}")
         print(blocks[name], file=sys.stderr)
+        if args.out:
+            blocks["table"] = table(record(name, r, f"{command} --only {name}", load))
     for part, text in blocks.items():
         print(text + "\n")
         if args.out:

@@ -8,13 +8,15 @@ replay can refuse a bundle that would silently diverge.
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
+import stat
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 from . import __version__, catalog, private
 from .errors import BundleError
@@ -22,6 +24,7 @@ from .machine import MAC, NIC_DEVICES, RTC_BASE
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
+MANIFEST_MAX = 1 << 20      # bytes; a recording's manifest is 2-3 KiB, and it is read whole
 STREAM = "replay.tdrs"
 DEVLOG = "devices.pcapng"
 STATES = ("recording", "complete", "interrupted")
@@ -123,11 +126,81 @@ def write_manifest(bundle_dir: str | os.PathLike, manifest: dict[str, Any]) -> N
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
+        return _sha256(f)
+
+
+def _sha256(f: IO[bytes]) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(1 << 20):
+        h.update(chunk)
     return h.hexdigest()
+
+
+# --- opening a bundle's files ---------------------------------------------------------------
+# A bundle comes from outside: a member may be a link to /etc/shadow, a FIFO that blocks
+# whoever opens it, or a directory. Every reader of a member opens it here, by one plain
+# name relative to the bundle directory's own fd (so no name leaves the directory), without
+# following a link (O_NOFOLLOW), without waiting on a FIFO (O_NONBLOCK), and keeps it only
+# if fstat says it is a regular file: the check and the read are on the same open file, so
+# a member swapped for a link between them is not followed either.
+
+_MEMBER_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+class MissingMember(BundleError):
+    """A bundle member that is not there (callers with their own word for it catch this)."""
+
+
+def _kind(mode: int) -> str:
+    return next((what for is_kind, what in _KINDS if is_kind(mode)), "not a regular file")
+
+
+def open_member(bundle_dir: str | os.PathLike, name: str, mode: str = "rb", *,
+                buffering: int = -1, encoding: str | None = None) -> IO:
+    """The bundle's file `name` (one plain name), open for reading, or a one-line
+    BundleError naming it: a symbolic link, a FIFO, a directory or a device is refused,
+    never followed or waited on; a missing one is MissingMember."""
+    where = Path(bundle_dir) / str(name)
+    if why := file_name_problem(name):
+        raise BundleError(f"{where}: {why.split(': ', 1)[1]}")
+    if "w" in mode or "a" in mode or "+" in mode or "x" in mode:
+        raise ValueError(f"open_member reads; mode {mode!r}")
+    try:
+        dir_fd = os.open(bundle_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise MissingMember(f"{bundle_dir}: no such recording bundle") from None
+    except OSError as e:
+        raise BundleError(f"{bundle_dir}: cannot open the bundle directory: {e.strerror}") from None
+    try:
+        fd = os.open(name, _MEMBER_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise MissingMember(f"{where}: missing") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:      # what O_NOFOLLOW gives on a link
+            raise BundleError(f"{where}: a symbolic link (a bundle holds its files; "
+                              f"tandem follows no link in one)") from None
+        raise BundleError(f"{where}: cannot open: {e.strerror}") from None
+    finally:
+        os.close(dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BundleError(f"{where}: {_kind(st.st_mode)}, not a regular file (a bundle holds files)")
+        os.set_blocking(fd, True)       # a regular file: O_NONBLOCK only guarded the open
+        return open(fd, mode, buffering=buffering, encoding=encoding)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_path(path: str | os.PathLike, mode: str = "rb", *, buffering: int = -1) -> IO:
+    """open_member for a reader given a path (pcapng, rrstream): its last component opened
+    as a member of its directory. The directory itself is the caller's to name."""
+    p = Path(path)
+    return open_member(p.parent, p.name, mode, buffering=buffering)
 
 
 def file_entry(path: str | os.PathLike) -> dict[str, Any]:
@@ -146,8 +219,12 @@ def load_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
         raise BundleError(f"{d}: no such recording bundle")
     mf = d / MANIFEST
     try:
-        text = mf.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        with open_member(d, MANIFEST) as f:
+            raw = f.read(MANIFEST_MAX + 1)
+        if len(raw) > MANIFEST_MAX:
+            raise BundleError(f"{mf}: over {MANIFEST_MAX} bytes (a manifest is a few KiB)")
+        text = raw.decode("utf-8")
+    except MissingMember:
         raise BundleError(f"{mf}: missing (not a tandem bundle, or recording never started)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise BundleError(f"{mf}: unreadable: {e}") from None
@@ -155,6 +232,10 @@ def load_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
         manifest = json.loads(text)
     except json.JSONDecodeError as e:
         raise BundleError(f"{mf}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    except RecursionError:      # about 1,000 nested arrays or objects (found by fuzzing)
+        raise BundleError(f"{mf}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:     # an integer of more than 4,300 digits
+        raise BundleError(f"{mf}: not valid JSON ({str(e).split(';')[0]})") from None
     if not isinstance(manifest, dict):
         raise BundleError(f"{mf}: not a JSON object")
     if manifest.get("schema") != SCHEMA:
@@ -242,7 +323,7 @@ def file_name_problem(name: Any) -> str | None:
     """Why a `files` key cannot name a file of the bundle, or None: one plain name."""
     if not isinstance(name, str) or not name or len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
         return f"files: {_shown(name)} is not a file name (1 to {NAME_MAX} bytes)"
-    if "/" in name or "\0" in name or name in (".", ".."):
+    if "/" in name or not name.isprintable() or name in (".", ".."):     # a newline would cut a message
         return f"files: {_shown(name)} is not a plain file name in the bundle"
     return None
 
@@ -282,27 +363,36 @@ def verify_files(bundle_dir: str | os.PathLike, manifest: dict[str, Any], *,
     d = Path(bundle_dir)
     problems = []
     for name, entry in sorted((manifest.get("files") or {}).items()):
-        p = d / name
-        if file_name_problem(name):
-            problems.append(Problem(name, "missing", f"{p}: file name escapes the bundle"))
-        elif p.is_symlink():    # a bundle's link to /etc/shadow must not be hashed or read
-            problems.append(Problem(name, "missing", f"{p}: a symbolic link (a bundle holds its files)"))
-        elif not p.is_file():
-            problems.append(Problem(name, "missing", f"{p}: missing"))
-        elif (size := p.stat().st_size) != (want := entry.get("size")):
-            what = "truncated" if isinstance(want, int) and size < want else "size mismatch"
-            problems.append(Problem(name, "size", f"{what}: {p} has {size} bytes, manifest says {want}"))
-        elif check_hash and sha256_file(p) != entry.get("sha256"):
-            problems.append(Problem(name, "hash", f"{p}: checksum mismatch (sha256 differs from manifest)"))
+        try:
+            with open_member(d, name) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != (want := entry.get("size")):
+                    what = "truncated" if isinstance(want, int) and size < want else "size mismatch"
+                    problems.append(Problem(name, "size", f"{what}: {d / name} has {size} bytes, manifest says {want}"))
+                elif check_hash and _sha256(f) != entry.get("sha256"):
+                    problems.append(Problem(name, "hash", f"{d / name}: checksum mismatch (sha256 differs from manifest)"))
+        except BundleError as e:    # a link, FIFO, directory, bad name: not read
+            problems.append(Problem(name, "missing", str(e)))
     return problems
 
 
 def symlink_problems(bundle_dir: str | os.PathLike) -> list[str]:
-    """The symbolic links in a bundle, one line each: a bundle holds its files, and one
-    that links to /etc/shadow must not be read, hashed or even sized."""
+    """The entries of a bundle that are neither files nor directories, one line each: a
+    symbolic link (one to /etc/shadow must not be read, hashed or even sized), a FIFO (it
+    would block its reader), a socket or a device. Directories are the bundle's own (an
+    analysis workdir is made in it); one named as a file is refused by open_member."""
     d = Path(bundle_dir)
-    return [f"{p}: a symbolic link (a bundle holds its files; tandem follows no link in one)"
-            for p in sorted(d.iterdir()) if p.is_symlink()]
+    out = []
+    for p in sorted(d.iterdir()):
+        try:
+            mode = p.lstat().st_mode
+        except FileNotFoundError:   # a live bundle's manifest.json.tmp, renamed meanwhile
+            continue
+        if stat.S_ISLNK(mode):
+            out.append(f"{p}: a symbolic link (a bundle holds its files; tandem follows no link in one)")
+        elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            out.append(f"{p}: {_kind(mode)}, not a regular file (a bundle holds files)")
+    return out
 
 
 def regular_file(path: Path) -> bool:
@@ -311,21 +401,47 @@ def regular_file(path: Path) -> bool:
 
 
 def verify_inputs(manifest: dict[str, Any]) -> list[Problem]:
+    """The recorded inputs (host files the manifest names: kernel, initrd, disk base) that
+    are missing or changed. A path comes from the bundle: it is opened without waiting on
+    a FIFO and kept only if it is a regular file, and what cannot be read is a problem
+    (/proc/self/mem is a regular file of size 0 whose read fails with EIO)."""
     problems = []
     for kind in INPUTS:
         entry = (manifest.get("inputs") or {}).get(kind)
         if not entry:
             continue  # e.g. no initrd
         path = entry.get("path")
-        if not path or not os.path.isfile(path):
-            problems.append(Problem("", "input", f"{kind} {path}: not found"))
-        elif os.stat(path).st_size != entry.get("size") or sha256_file(path) != entry.get("sha256"):
-            problems.append(Problem("", "input", f"{kind} {path}: changed since recording"))
+        shown = printable(str(path))
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK) if isinstance(path, str) and path else None
+        except OSError:
+            fd = None
+        if fd is None:
+            problems.append(Problem("", "input", f"{kind} {shown}: not found"))
+            continue
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            problems.append(Problem("", "input", f"{kind} {shown}: {_kind(st.st_mode)}, not a file"))
+            continue
+        with open(fd, "rb") as f:
+            try:
+                if st.st_size != entry.get("size") or _sha256(f) != entry.get("sha256"):
+                    problems.append(Problem("", "input", f"{kind} {shown}: changed since recording"))
+            except OSError as e:
+                problems.append(Problem("", "input", f"{kind} {shown}: unreadable: {e.strerror}"))
     return problems
 
 
 def _short(build_id: Any) -> str:
-    return str(build_id)[:12]
+    return printable(str(build_id)[:12])
+
+
+def printable(text: str) -> str:
+    """A manifest string in a message or on a terminal: itself, or its repr if it holds a
+    control character (a newline would make two lines, an escape sequence would drive
+    the terminal that `tandem inspect` prints to)."""
+    return text if text.isprintable() else _shown(text)
 
 
 def check_bundle(bundle_dir: str | os.PathLike, *, qemu_build_id: str | None = None,

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from .errors import TandemError
 
 # Sanitizer output is reported as findings, not as divergences: an ASan-built userland
-# prints its reports on the console the native's never has.
-SANITIZER_LINES = (r"^==\d+==", r"^\s*#\d+ 0x[0-9a-f]+ ", r"runtime error:", r"^SUMMARY: ",
+# prints its reports on the console the native's never has. Possessive repeats: a spec's
+# patterns run on guest lines and must not backtrack (equivalence.py's load check).
+SANITIZER_LINES = (r"^==\d+==", r"^\s*+#\d++ 0x[0-9a-f]++ ", r"runtime error:", r"^SUMMARY: ",
                    r"^(Shadow|Address|  )", r"^=+$")
 
 

@@ -22,7 +22,7 @@ from itertools import accumulate
 from operator import itemgetter
 
 from . import inputs as inputs_mod, netpkt
-from .equivalence import Spec
+from .equivalence import MAX_RULED_LINE, Spec
 from .replay_semantic import AnalysisRun
 
 KERNEL_LINE = inputs_mod.KERNEL_LINE
@@ -118,17 +118,26 @@ _DROP = object()
 
 def _apply(lines: list[bytes], rules, serial: bool, cache: dict) -> tuple[list[bytes], list[int]]:
     """The lines the spec keeps, rewritten by its masks, and their indices in `lines`.
-    `cache` maps a line to its rewrite (_DROP: dropped), shared by both sides."""
+    `cache` maps a line to its rewrite (_DROP: dropped), shared by both sides.
+
+    The spec's patterns see a line of at most MAX_RULED_LINE bytes (equivalence.py: their
+    time on one line is bounded by what a line that long allows, so their time on the
+    output is linear in it); a longer line, or one the masks grew past that, is compared
+    as it stands. The guest writes these lines: a 1 MB line of digits kept `\\d+x` busy
+    for over half an hour."""
     out, kept = [], []
     kernel = serial and rules.ignore_kernel_lines
     for i, t in enumerate(lines):
         r = cache.get(t)
         if r is None:
-            if (kernel and KERNEL_LINE.match(t)) or any(p.search(t) for p in rules.ignore):
+            if (kernel and KERNEL_LINE.match(t)) or (len(t) <= MAX_RULED_LINE
+                                                     and any(p.search(t) for p in rules.ignore)):
                 r = _DROP
             else:
                 r = t
                 for p in rules.mask:
+                    if len(r) > MAX_RULED_LINE:
+                        break
                     r = p.sub(MASKED, r)
             cache[t] = r
         if r is not _DROP:

@@ -43,6 +43,19 @@ CHANNELS = ("serial", "tcp", "udp")
 MAX_LAG_MS = 10**12             # 31 years of VM time; the bound in ns stays within int64
 MAX_REORDER_WINDOW = 1 << 20    # lines; the comparator looks this far on both sides
 MAX_OFFSET = (1 << 63) - 1      # byte_ranges: a flow index or a byte offset
+# A spec's patterns run on every line the guest writes, with Python's backtracking engine
+# (no linear one in the venv: no re2, no regex). One search over a line of n bytes can take
+# n x (what one attempt can give back), so the time is bounded twice: patterns are applied
+# only to lines of at most MAX_RULED_LINE bytes (a longer line is compared as it stands,
+# byte for byte), and a pattern whose bound on one line is over RULE_BUDGET steps is refused
+# at load (_cost below). Measured (CPU, one core; bench/spec_lines.py, docs/benchmarks.md):
+# `\d+x` on one line of 1 MB of digits is quadratic without the cap (16 KB: 0.5-0.64 s, so
+# over half an hour for 1 MB); with the cap that line is compared in under 1 ms, and the
+# worst a guest can do is distinct lines of exactly MAX_RULED_LINE bytes: 1 MB of them costs
+# about 1 s per `\d+x`-like pattern (2.1 s with it as ignore and mask). A kernel's console lines stay under 1 KiB (printk
+# records are at most 1,024 bytes), so the cap changes nothing for them.
+MAX_RULED_LINE = 1024
+RULE_BUDGET = 16 * MAX_RULED_LINE ** 2
 
 # Every analysis's, then its own from the catalogue (an ASan userland's sanitizer lines
 # are findings, not divergences).
@@ -164,10 +177,15 @@ def _regex(text: str, where: str, fail) -> re.Pattern:
             pattern = re.compile(text.encode())
     except (re.error, OverflowError, RecursionError, FutureWarning) as e:
         fail(f"{where}: bad regular expression {_show(text)}: {type(e).__name__}: {e}")
-    if _nested_repeat(sre_parse.parse(text.encode())):
-        fail(f"{where}: regular expression {_show(text)} repeats a repeat (like (a+)+): on a line "
-             f"the guest writes it can take exponential time; repeat once, or make the inner "
-             f"repeat possessive (a++) or atomic ((?>...))")
+    parsed = sre_parse.parse(text.encode())
+    if _nested_repeat(parsed) or _choice_in_repeat(parsed):
+        fail(f"{where}: regular expression {_show(text)} repeats a repeat or a choice (like (a+)+ "
+             f"or (a|ab)+): on a line the guest writes it can take exponential time; repeat once, "
+             f"or make the inner repeat possessive (a++) or atomic ((?>...))")
+    if _cost(parsed) * (1 if _anchored(parsed) else MAX_RULED_LINE) > RULE_BUDGET:
+        fail(f"{where}: regular expression {_show(text)} can backtrack over a line in more than "
+             f"quadratic time (three unbounded repeats, or two not anchored with ^); anchor it "
+             f"with ^, or make repeats possessive (\\d++) or atomic ((?>...))")
     return pattern
 
 
@@ -197,6 +215,105 @@ def _nested_repeat(items, inside: bool = False) -> bool:
         elif op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
             if _nested_repeat(av[1], inside):
                 return True
+    return False
+
+
+_CHOICES = (*_REPEATS, sre_constants.BRANCH, sre_constants.GROUPREF, sre_constants.GROUPREF_EXISTS)
+
+
+def _choice_in_repeat(items, inside: bool = False) -> bool:
+    """Whether a repeat (up to more than once, backtracking) holds a choice: an alternation,
+    an optional or variable repeat, a back reference. (a|a)+b and (a?a)+b backtrack
+    exponentially on a line of a's as (a+)+b does (measured: (a|a)+b on 22 bytes, 0.5 s,
+    doubling with each byte); _nested_repeat does not see them."""
+    for op, av in items:
+        if op in _REPEATS:
+            low, high, sub = av
+            if inside and low != high:
+                return True
+            if _choice_in_repeat(sub, inside or high > 1):
+                return True
+        elif op in (sre_constants.POSSESSIVE_REPEAT, sre_constants.ATOMIC_GROUP):
+            continue
+        elif op in (sre_constants.BRANCH, sre_constants.GROUPREF, sre_constants.GROUPREF_EXISTS):
+            if inside:
+                return True
+            if op == sre_constants.BRANCH and any(_choice_in_repeat(b, inside) for b in av[1]):
+                return True
+            if op == sre_constants.GROUPREF_EXISTS and any(_choice_in_repeat(b, inside) for b in av[1:] if b):
+                return True
+        elif op == sre_constants.SUBPATTERN:
+            if _choice_in_repeat(av[-1], inside):
+                return True
+        elif op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
+            if _choice_in_repeat(av[1], inside):
+                return True
+    return False
+
+
+def _cost(items) -> int:
+    """A bound on the steps of one match attempt on a line of MAX_RULED_LINE bytes (with no
+    repeat of a repeat or of a choice, refused before): the ways its choice points can go
+    (_ways), and at least the line (an attempt may read it once)."""
+    return max(_ways(items), MAX_RULED_LINE)
+
+
+def _ways(items) -> int:
+    """The product, over a pattern's choice points, of how many ways each can go: a repeat
+    as many as the lengths it can take (at most the line), an alternation its branches, a
+    back reference the line. Possessive repeats and atomic groups give nothing back: they
+    read on (their reading is the line _cost counts once), and count only the ways inside."""
+    total = 1
+    for op, av in items:
+        if op in _REPEATS:
+            low, high, sub = av
+            total *= min(high - low + 1, MAX_RULED_LINE) * _ways(sub)
+        elif op == sre_constants.BRANCH:
+            total *= len(av[1]) * max(_ways(b) for b in av[1])
+        elif op == sre_constants.GROUPREF_EXISTS:
+            total *= 2 * max((_ways(b) for b in av[1:] if b), default=1)    # (?(1)|): both empty
+        elif op == sre_constants.GROUPREF:
+            total *= MAX_RULED_LINE
+        elif op in (sre_constants.SUBPATTERN,):
+            total *= _ways(av[-1])
+        elif op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
+            total *= _ways(av[1])
+        elif op == sre_constants.POSSESSIVE_REPEAT:
+            total *= _ways_given_nothing_back(av[2])
+        elif op == sre_constants.ATOMIC_GROUP:
+            total *= _ways_given_nothing_back(av)
+        total = min(total, RULE_BUDGET * MAX_RULED_LINE)     # enough to refuse; stays small
+    return total
+
+
+def _ways_given_nothing_back(body) -> int:
+    """The ways inside an atomic group or a possessive repeat's body: its own choice points
+    still backtrack while it first matches, but not a repeat it ends with (nothing after
+    it inside can fail, and nothing outside can take back from it): (?>a+) has one way."""
+    if body and body[-1][0] in _REPEATS:
+        body = body[:-1]
+    return _ways(body)
+
+
+_STARTS = (sre_constants.AT_BEGINNING, sre_constants.AT_BEGINNING_STRING)
+
+
+def _anchored(items) -> bool:
+    """Whether a pattern can match only at the start of a line (^ or \\A first, also inside a
+    group, a lookbehind or every branch): then a search makes one attempt, not one per byte."""
+    if not items:
+        return False
+    op, av = items[0]
+    if op == sre_constants.AT:
+        return av in _STARTS
+    if op == sre_constants.SUBPATTERN:
+        return _anchored(av[-1])
+    if op == sre_constants.ATOMIC_GROUP:
+        return _anchored(av)
+    if op == sre_constants.ASSERT:
+        return _anchored(av[1])
+    if op == sre_constants.BRANCH:
+        return all(_anchored(b) for b in av[1])
     return False
 
 

@@ -34,6 +34,8 @@ def _channels(path: Path, problems: list[str]) -> tuple[dict[str, Any], dict[str
                 c[ev.direction]["bytes"] += len(ev.data)
     except BundleError as e:
         problems.append(str(e))
+        if not reader.interfaces:       # refused at open (a directory) or no header: nothing to count
+            return {}, {"error": str(e)}
     for iface, stats in zip(reader.interfaces, reader.stats):
         c = chans.setdefault(iface.name, {"kind": iface.kind, "events": 0, "bytes": 0,
                                           "first_vm_ns": None, "last_vm_ns": None,
@@ -55,10 +57,10 @@ def _channels(path: Path, problems: list[str]) -> tuple[dict[str, Any], dict[str
 def _stream(path: Path, problems: list[str]) -> dict[str, Any]:
     try:
         info = rrstream.scan(path)
+        live = rrstream.is_being_written(path)
     except BundleError as e:
         problems.append(str(e))
         return {"error": str(e)}
-    live = rrstream.is_being_written(path)
     if info.torn_at is not None:
         problems.append(f"{path}: torn tail at offset {info.torn_at}")
     elif not info.finished and not live:
@@ -90,12 +92,17 @@ def inspect(bundle_dir: str | os.PathLike) -> dict[str, Any]:
         problems += [p.message for p in bundle.verify_inputs(manifest)]
     except BundleError as e:
         problems.append(str(e))
-    problems += bundle.symlink_problems(d)
+    not_files = bundle.symlink_problems(d)
+    problems += not_files
     result["files"] = {p.name: p.stat().st_size for p in sorted(d.iterdir()) if bundle.regular_file(p)}
-    if bundle.regular_file(d / bundle.DEVLOG):
+    # A link or FIFO is listed above and not opened; anything else there is read through
+    # bundle.open_member, which refuses what is not a file (a directory) in one line.
+    refused = {line.split(": ", 1)[0] for line in not_files}
+    if os.path.lexists(d / bundle.DEVLOG) and str(d / bundle.DEVLOG) not in refused:
         result["channels"], result["devlog"] = _channels(d / bundle.DEVLOG, problems)
-    if bundle.regular_file(d / bundle.STREAM):
+    if os.path.lexists(d / bundle.STREAM) and str(d / bundle.STREAM) not in refused:
         result["stream"] = _stream(d / bundle.STREAM, problems)
+    problems = list(dict.fromkeys(problems))    # a member the manifest lists is refused twice
     result["integrity"] = {"ok": not problems, "problems": problems}
     result["exposed"] = {str(p): f"{mode:04o}" for p, mode in private.exposed(d)}
     if result["exposed"]:
@@ -114,7 +121,7 @@ def exposure_warning(d: Path, exposed: dict[str, str]) -> str:
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [headers] + [["-" if v is None else str(v) for v in row] for row in rows]
+    cells = [headers] + [["-" if v is None else bundle.printable(str(v)) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 
     def fmt(row: list[str]) -> str:  # numbers right-aligned, text left-aligned
@@ -127,8 +134,9 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 def render(info: dict[str, Any]) -> str:
     out = [f"bundle {info['bundle']}"]
     m = info.get("manifest")
-    if m:
-        stop = m.get("stop") or {}
+    if m:       # the manifest's strings as printable text: a bundle must not drive the terminal
+        m = {k: bundle.printable(v) if isinstance(v, str) else v for k, v in m.items()}
+        stop = {k: bundle.printable(v) if isinstance(v, str) else v for k, v in (m.get("stop") or {}).items()}
         out.append(f"state {m.get('state')}, created {m.get('created')}, QEMU {m.get('qemu_version')}, "
                    f"stop {stop.get('reason')} at vm_ns {stop.get('vm_ns')} icount {stop.get('icount')}, "
                    f"wall {m.get('wall_time_s')} s")
@@ -153,5 +161,5 @@ def render(info: dict[str, Any]) -> str:
         out += ["", _table(["file", "size"], [[n, sz] for n, sz in info["files"].items()])]
     integ = info["integrity"]
     out += ["", "integrity: ok" if integ["ok"] else f"integrity: {len(integ['problems'])} problem(s)"]
-    out += [f"  - {p}" for p in integ["problems"]]
+    out += [f"  - {bundle.printable(p)}" for p in integ["problems"]]     # names of the bundle's files
     return "\n".join(out)

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterator, NamedTuple
 
+from . import bundle
 from .errors import BundleError
 
 SHB, IDB, EPB, ISB = 0x0A0D0D0A, 0x00000001, 0x00000006, 0x00000005
@@ -228,7 +229,7 @@ class DevlogReader:
         continued) takes the fast path below; anything else (first block, IDB, ISB, other
         option layouts, the pieces of a long event, errors, a torn tail) goes through the
         general path, which reads the file block by block as a stream would."""
-        with open(self.path, "rb", buffering=0) as f:
+        with bundle.open_path(self.path, buffering=0) as f:   # no link, FIFO or directory
             size = os.fstat(f.fileno()).st_size
             buf, base = b"", 0          # buf holds the file's bytes from offset `base` on
             offset, seq, seen_shb = 0, 0, False

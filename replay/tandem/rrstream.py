@@ -18,7 +18,7 @@ from typing import BinaryIO, Iterator, NamedTuple
 
 import zstandard
 
-from . import private
+from . import bundle, private
 from .errors import BundleError
 
 FILE_MAGIC = b"TDMRRLG1"
@@ -85,7 +85,7 @@ def _zeros_to_eof(f: BinaryIO) -> bool:
 def _walk(path: str | os.PathLike, info: StreamInfo) -> Iterator[tuple[Segment, bytes]]:
     """Yield (segment, stored payload) of each intact segment, filling `info`."""
     path = os.fspath(path)
-    with open(path, "rb", buffering=1 << 20) as f:
+    with bundle.open_path(path, buffering=1 << 20) as f:    # no link, FIFO or directory
         size = os.fstat(f.fileno()).st_size
         head = f.read(FILE_HDR.size)
         if len(head) < FILE_HDR.size and FILE_MAGIC.startswith(head[:8]):
@@ -195,7 +195,7 @@ def write_intact_prefix(path: str | os.PathLike, out_path: str | os.PathLike) ->
         first = next(segments, None)  # validates the file header
         if info.version is None:
             return  # torn inside the file header: nothing intact
-        with open(path, "rb") as f:
+        with bundle.open_path(path) as f:
             yield f.read(FILE_HDR.size)
             for seg, payload in itertools.chain([first] if first else [], segments):
                 f.seek(seg.offset)
@@ -223,7 +223,7 @@ def to_stock(path: str | os.PathLike, out_path: str | os.PathLike) -> StreamInfo
 
 def is_being_written(path: str | os.PathLike) -> bool:
     """True if a writer holds its exclusive flock (an unfinished log is live, not torn)."""
-    with open(path, "rb") as f:
+    with bundle.open_path(path) as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -23,12 +23,14 @@ sys.path.insert(0, str(FUZZ))
 
 import assertions_target  # noqa: E402
 import fuzzing  # noqa: E402
+import manifest_target  # noqa: E402
 import pcapng_target  # noqa: E402
 import report_target  # noqa: E402
 import rrstream_target  # noqa: E402
 import spec_target  # noqa: E402
 
-TARGETS = {t.TARGET.name: t.TARGET for t in (spec_target, assertions_target, pcapng_target, rrstream_target)}
+TARGETS = {t.TARGET.name: t.TARGET for t in (spec_target, assertions_target, pcapng_target, rrstream_target,
+                                                     manifest_target)}
 # The console parser's corpus is replayed by test_report_fuzz_corpus.py; its short run is here.
 SHORT = {**TARGETS, report_target.TARGET.name: report_target.TARGET}
 # Inputs per target: 0.2 to 1 s each (CPU) on this 2-core machine; the console parser

@@ -136,3 +136,50 @@ def test_inspect_lists_a_symlink_as_a_problem_and_neither_reads_nor_sizes_it(tmp
     assert "link" not in info["files"] and bundle.STREAM not in info["files"] and info["stream"] is None
     links = {p.split(":")[0] for p in info["integrity"]["problems"] if "symbolic link" in p}
     assert links == {str(d / "link"), str(d / bundle.STREAM)}
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"schema": 1, "files": ' + "[" * 20000, "nested too deeply"),      # RecursionError (fuzz target manifest)
+    ('{"schema": 1, "stop": {"vm_ns": ' + "9" * 5000 + "}}", "4300 digits"),   # ValueError
+    ('{"schema": 1, "state": "' + "x" * (bundle.MANIFEST_MAX + 1) + '"}', "over 1048576 bytes"),
+])
+def test_a_manifest_json_cannot_raise_out_of_the_json_reader(tmp_path, text, why):
+    d, m = make_bundle(tmp_path)
+    (d / bundle.MANIFEST).write_text(text)
+    with pytest.raises(BundleError, match=why) as e:
+        bundle.load_manifest(d)
+    assert "\n" not in str(e.value)
+    assert any(why in p for p in inspect(d)["integrity"]["problems"])
+
+
+@pytest.mark.parametrize("path", ["/proc/self/mem", "/dev/null", "/", "/nonexistent"])
+def test_an_input_path_that_is_no_readable_file_is_one_problem(tmp_path, path):
+    """/proc/self/mem is a regular file of size 0 whose read fails (EIO escaped check_bundle)."""
+    d, m = make_bundle(tmp_path)
+    m["inputs"]["kernel"] = {"path": path, "size": 0, "sha256": "0" * 64}
+    bundle.write_manifest(d, m)
+    with pytest.raises(BundleError, match="kernel ") as e:
+        bundle.check_bundle(d)
+    assert "\n" not in str(e.value)
+    assert [p.kind for p in bundle.verify_inputs(m)] == ["input"]
+
+
+def test_manifest_text_with_control_characters_stays_one_line_and_off_the_terminal(tmp_path):
+    from tandem.inspect_bundle import render
+    d, m = make_bundle(tmp_path)
+    m["qemu"]["build_id"] = "\x1b[2J\nforged"
+    m["inputs"]["kernel"]["path"] = "/x\n- integrity: ok\x1b[0m"
+    m["created"] = "\x1b]0;title\x07"
+    m["stop"]["reason"] = "\x1b[31mred"
+    bundle.write_manifest(d, m)
+    for call in (lambda: bundle.check_bundle(d, qemu_build_id="a" * 64), lambda: bundle.check_bundle(d)):
+        with pytest.raises(BundleError) as e:
+            call()
+        assert "\n" not in str(e.value) and "\x1b" not in str(e.value)
+    (d / "name\x1b[2J").write_bytes(b"x")
+    text = render(inspect(d))
+    assert "\x1b" not in text and "\x07" not in text and "forged" not in text.split("\n")[0]
+    with pytest.raises(BundleError, match="not a plain file name"):
+        m["files"]["a\nb"] = m["files"][bundle.STREAM]
+        bundle.write_manifest(d, m)
+        bundle.load_manifest(d)
