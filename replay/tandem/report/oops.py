@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .needles import hit_lines
 from .rustsym import demangle
 
 # A describer looks at this many characters of a line: kernel report lines are
@@ -133,6 +134,7 @@ def describe(header: str, formats: tuple[Format, ...], lines: list[str], params:
     best: Result | None = None
     best_pos: tuple[int, int] | None = None
     matched_title = False
+    marks = Marks(params, lines)
     holders = _header_lines(header, lines)
     for f in formats:
         pos = _title_pos(f.title, holders, lines)
@@ -149,7 +151,7 @@ def describe(header: str, formats: tuple[Format, ...], lines: list[str], params:
         groups, start = found
         res = Result(format=f)
         if f.stack is not None:
-            keys, frames, ok = extract_stack(params, f.stack, lines, start)
+            keys, frames, ok = extract_stack(params, f.stack, lines, start, marks)
             groups = groups + keys
             res.frames = frames
             if not ok:
@@ -233,16 +235,46 @@ def _search(step: Step, text: str) -> re.Match | None:
     return found
 
 
+class Marks:
+    """The lines of a report that start a stack or are corrupted (params' stack_starts,
+    corrupted_lines), found once per report by their literal texts (needles.hit_lines):
+    a search of every line for the nine stack starts cost 0.7 us a line, a tenth of the
+    parser's CPU on syzkaller's consoles."""
+
+    def __init__(self, params: StackParams, lines: list[str]):
+        self.params, self.lines = params, lines
+        self._found: dict[str, frozenset[int]] = {}
+
+    def of(self, name: str) -> frozenset[int]:
+        """Indices of the lines "any of" params' `name` patterns finds a match in."""
+        if name not in self._found:
+            if not hasattr(self, "_joined"):
+                self._joined = "\n".join(self.lines)
+            self._found[name] = frozenset(
+                i for p in getattr(self.params, name) for i in hit_lines(p, self.lines, self._joined))
+        return self._found[name]
+
+    def test(self, name: str, start: tuple[int, int]) -> Callable[[int, str], bool]:
+        """Whether line `pos` of the text extract_stack() reads from `start` (its first line
+        cut at a column: searched itself) matches one of `name`."""
+        at, col = start
+        found = self.of(name)
+        first = self.params.any_of(name).search
+        return lambda pos, text: (at + pos in found) if pos else first(text) is not None
+
+
 def extract_stack(params: StackParams, stack: Stack, lines: list[str],
-                  start: tuple[int, int]) -> tuple[list[str], list[str], bool]:
+                  start: tuple[int, int], marks: Marks | None = None) -> tuple[list[str], list[str], bool]:
     """syzkaller's extractStackFrame: the key frame of each stack group, the frames
     (guilty first) and whether every group gave one."""
     skip = params.skipped(stack.skip)
+    marks = marks or Marks(params, lines)
     i, col = start
     text = [lines[i][col:]] + lines[i + 1:]
-    keys, frames, ok = _extract(params, stack, stack.parts, text, skip)
+    tests = marks.test("corrupted_lines", start), marks.test("stack_starts", start)
+    keys, frames, ok = _extract(params, stack, stack.parts, text, skip, tests)
     if not ok and stack.parts2:
-        keys, frames, ok = _extract(params, stack, stack.parts2, text, skip)
+        keys, frames, ok = _extract(params, stack, stack.parts2, text, skip, tests)
     return keys, frames, ok
 
 
@@ -262,7 +294,7 @@ def _key_frame(params: StackParams, stack: Stack, raw: list[str]) -> tuple[str, 
 
 
 def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
-             skip: Callable[[str], bool]) -> tuple[list[str], list[str], bool]:
+             skip: Callable[[str], bool], tests) -> tuple[list[str], list[str], bool]:
     keys: list[str] = []
     frames: list[str] = []
     raw: list[str] = []
@@ -270,8 +302,7 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
     traces = 0
     pos = 0
     idx = 0
-    corrupted_line = params.any_of("corrupted_lines").search
-    stack_start = params.any_of("stack_starts").search
+    corrupted_line, stack_start = tests
     while True:
         if idx == len(parts) or (parts[idx] is PARSE and traces > 0):
             key, group = _key_frame(params, stack, raw)
@@ -288,12 +319,14 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
             traces += 1
             while pos < len(lines):
                 ln = lines[pos]
-                pos += 1
-                if corrupted_line(ln):
+                if corrupted_line(pos, ln):
                     ok = False
+                    pos += 1
                     break
-                if stack_start(ln):
+                if stack_start(pos, ln):
+                    pos += 1
                     break
+                pos += 1
                 if idx != len(parts) - 1:
                     m = parts[idx + 1].search(ln)
                     if m:
@@ -308,10 +341,11 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
         else:
             while pos < len(lines):
                 ln = lines[pos]
-                pos += 1
-                if corrupted_line(ln):
+                if corrupted_line(pos, ln):
                     ok = False
+                    pos += 1
                     break
+                pos += 1
                 m = part.search(ln)
                 if m:
                     _append(raw, m, skip)

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import re
-import re._constants as _sre
-import re._parser as _sre_parse
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import compress
 
 from .console import Line, decode, make_line, readable
 from .kind import Kind
+from .needles import needles as _needles
 
 # A panic this close after a report is that report's aftermath (panic_on_warn, Fatal exception).
 TAIL_LINES = 30
@@ -43,34 +42,6 @@ BULK_CHARS = 256 * 1024
 # call (9 ns a character, where a line at a time cost 2 us a line). A run's "\r"s are only
 # before newlines (a "\r" inside a line makes the line one that may matter): stripped after.
 _ROW = re.compile(r"^((?:<\d+>)?\[ *\d+\.\d+\](?:\[ *([CT]\d+)\])? ?|\[\d+\] )?(.*)", re.M)
-
-
-def _needles(pattern: re.Pattern) -> tuple[str, ...] | None:
-    """Texts one of which every line `pattern` finds a match in holds (an end marker's
-    literal start: "---[ end trace" for ^---\\[ end trace), or None when it has none."""
-    if pattern.flags & re.IGNORECASE:
-        return None
-    return _seq_needles(list(_sre_parse.parse(pattern.pattern, pattern.flags)))
-
-
-def _seq_needles(items: list) -> tuple[str, ...] | None:
-    literal = ""
-    for op, av in items:
-        if op is _sre.AT and not literal:
-            continue
-        if op is _sre.LITERAL:
-            literal += chr(av)
-            continue
-        if op is _sre.BRANCH and not literal:
-            found = [_seq_needles(list(alt)) for alt in av[1]]
-            return None if None in found else tuple(n for alt in found for n in alt)
-        if (op is _sre.MAX_REPEAT or op is _sre.MIN_REPEAT) and av[0] >= 1 and len(av[2]) == 1 \
-                and av[2][0][0] is _sre.LITERAL:
-            literal += chr(av[2][0][1]) * av[0]
-            if av[0] == av[1]:
-                continue
-        break
-    return (literal,) if literal else None
 
 
 @dataclass
