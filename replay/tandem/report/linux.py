@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from . import oops
 from .kind import Description, Kind
-from .needles import hit_lines
+from .needles import lines_holding
 from .oops import PARSE, Format, Stack, StackParams, Step, compile
 
 # --- stacks -------------------------------------------------------------------------
@@ -508,21 +508,7 @@ _MARKS = ("Disabling lock debugging due to kernel taint", *_STOP_AT, *INFO_WITH_
 
 def _marked_lines(lines: list[str]) -> list[int]:
     """Indices of the lines after the first that hold one of _MARKS, in order."""
-    joined = "\n".join(lines)
-    hits = set()
-    for mark in _MARKS:
-        at = joined.find(mark, len(lines[0]))
-        while at >= 0:
-            hits.add(at)
-            at = joined.find(mark, at + 1)
-    out: list[int] = []
-    line = prev = 0
-    for at in sorted(hits):
-        line += joined.count("\n", prev, at)
-        prev = at
-        if not out or out[-1] != line:
-            out.append(line)
-    return out
+    return [i for i in lines_holding(_MARKS, "\n".join(lines)) if i > 0]
 
 
 # --- types -----------------------------------------------------------------------------
@@ -577,9 +563,11 @@ _ENDS = [
 def _describer(o: Oops):
     def describe(lines: list[str], ctx: str = "") -> Description:
         title_lines, all_lines = _report_lines(lines, ctx not in ("", "kernel"))
-        res = oops.describe(o.header, o.formats, title_lines, PARAMS)
+        marks = oops.Marks(PARAMS, all_lines)
+        res = oops.describe(o.header, o.formats, title_lines, PARAMS,
+                            marks if title_lines is all_lines else None)
         text = oops.title(res.title)
-        corrupted = res.corrupted or _corrupted(res.title, all_lines, res.format)
+        corrupted = res.corrupted or _corrupted(res.title, all_lines, res.format, marks)
         return Description(title_type(text), text, _frames(text, res.frames, all_lines), corrupted)
     return describe
 
@@ -603,7 +591,7 @@ def _frames(title: str, frames: list[str], lines: list[str]) -> list[str]:
     return named + [f for f in frames if f not in named]
 
 
-def _corrupted(title: str, lines: list[str], f: Format | None) -> str | None:
+def _corrupted(title: str, lines: list[str], f: Format | None, marks: oops.Marks) -> str | None:
     """syzkaller's isCorrupted: a timestamp in the (raw) title, or a stack that has no frame.
     A report with stack frames is whole though no "Call Trace:" line says so (KFENCE
     prints its stacks under its own headers; syzkaller calls that corrupted)."""
@@ -612,9 +600,8 @@ def _corrupted(title: str, lines: list[str], f: Format | None) -> str | None:
     if f is None or f.no_stack_trace:
         return None
     has_stack = False
-    joined = "\n".join(lines)
-    starts = [hit_lines(key, lines, joined) for key in PARAMS.stack_starts]
-    any_start = {i for hits in starts for i in hits}
+    starts = marks.hits("stack_starts")
+    any_start = marks.of("stack_starts")
     for key, hits in zip(PARAMS.stack_starts, starts):
         if not hits:
             continue

@@ -46,24 +46,21 @@ def _sequence(items: list) -> tuple[str, ...] | None:
     return (best,) if best else None
 
 
-def hit_lines(pattern: re.Pattern, lines: list[str], joined: str) -> list[int]:
-    """Indices of the `lines` (no newline in them; `joined` is "\\n".join(lines)) that
-    `pattern` finds a match in, in order: the pattern is tried only where a needle is."""
-    found = needles(pattern)
-    if found is None:
-        return [i for i, text in enumerate(lines) if pattern.search(text)]
+def lines_holding(texts: tuple[str, ...], joined: str) -> list[int]:
+    """Indices of the lines of `joined` (lines joined by newlines) that hold one of
+    `texts` (none holding a newline), in order; linear in len(joined) for any texts."""
     hits = set()
-    for needle in found:
-        at = joined.find(needle)
+    for text in texts:
+        at = joined.find(text)
         while at >= 0:
             hits.add(at)
             nl = joined.find("\n", at)
-            at = joined.find(needle, nl + 1) if nl >= 0 else -1    # one hit a line is enough
+            at = joined.find(text, nl + 1) if nl >= 0 else -1    # one hit a line is enough
     out: list[int] = []
     line = prev = 0
     for at in sorted(hits):
         line += joined.count("\n", prev, at)
         prev = at
-        if (not out or out[-1] != line) and pattern.search(lines[line]):
+        if not out or out[-1] != line:
             out.append(line)
     return out

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .needles import hit_lines
+from .needles import lines_holding, needles
 from .rustsym import demangle
 
 # A describer looks at this many characters of a line: kernel report lines are
@@ -129,12 +129,14 @@ NO_REPORT_MATCH = "matched title but not report regexp"
 FORMAT_CORRUPTED = "report format is marked as corrupted"
 
 
-def describe(header: str, formats: tuple[Format, ...], lines: list[str], params: StackParams) -> Result:
-    """syzkaller's extractDescription over a report's lines (its first line holds `header`)."""
+def describe(header: str, formats: tuple[Format, ...], lines: list[str], params: StackParams,
+             marks: Marks | None = None) -> Result:
+    """syzkaller's extractDescription over a report's lines (its first line holds `header`);
+    `marks`: those lines' Marks, when the caller has them."""
     best: Result | None = None
     best_pos: tuple[int, int] | None = None
     matched_title = False
-    marks = Marks(params, lines)
+    marks = marks or Marks(params, lines)
     holders = _header_lines(header, lines)
     for f in formats:
         pos = _title_pos(f.title, holders, lines)
@@ -237,21 +239,34 @@ def _search(step: Step, text: str) -> re.Match | None:
 
 class Marks:
     """The lines of a report that start a stack or are corrupted (params' stack_starts,
-    corrupted_lines), found once per report by their literal texts (needles.hit_lines):
+    corrupted_lines), found once per report by their literal texts (needles.lines_holding):
     a search of every line for the nine stack starts cost 0.7 us a line, a tenth of the
     parser's CPU on syzkaller's consoles."""
 
     def __init__(self, params: StackParams, lines: list[str]):
         self.params, self.lines = params, lines
+        self._joined: str | None = None
+        self._hits: dict[str, list[list[int]]] = {}
         self._found: dict[str, frozenset[int]] = {}
+
+    def hits(self, name: str) -> list[list[int]]:
+        """For each of params' `name` patterns, the indices of the lines it finds a match in."""
+        if name not in self._hits:
+            patterns = getattr(self.params, name)
+            found = [needles(p) for p in patterns]
+            if self._joined is None:
+                self._joined = "\n".join(self.lines)
+            # one pass for the needles of them all, then each pattern on its candidates
+            maybe = lines_holding(tuple(n for ns in found if ns for n in ns), self._joined)
+            self._hits[name] = [
+                [i for i in (maybe if ns is not None else range(len(self.lines))) if p.search(self.lines[i])]
+                for p, ns in zip(patterns, found)]
+        return self._hits[name]
 
     def of(self, name: str) -> frozenset[int]:
         """Indices of the lines "any of" params' `name` patterns finds a match in."""
         if name not in self._found:
-            if not hasattr(self, "_joined"):
-                self._joined = "\n".join(self.lines)
-            self._found[name] = frozenset(
-                i for p in getattr(self.params, name) for i in hit_lines(p, self.lines, self._joined))
+            self._found[name] = frozenset(i for hits in self.hits(name) for i in hits)
         return self._found[name]
 
     def test(self, name: str, start: tuple[int, int]) -> Callable[[int, str], bool]:
