@@ -172,16 +172,29 @@ class Scanner:
         quiet = self._quiet(cur.kind)
         if quiet is None:
             return i
-        stop = min(len(buf), i + BULK_CHARS)
+        # complete lines only: a line still being written is not searched again per read
+        stop = buf.rfind("\n", i, min(len(buf), i + BULK_CHARS)) + 1
+        if stop <= i:
+            return i
         m = quiet.search(buf, i, stop)
-        to = buf.rfind("\n", i, m.start() if m else stop) + 1
+        to = buf.rfind("\n", i, m.start()) + 1 if m else stop
         if to <= i:
             return i
         run = buf[i:to]
-        rows = _ROW.findall(run)       # and one empty row after the last newline
-        if len(rows) != run.count("\n") + 1 or len(cur.texts) + len(rows) >= MAX_REPORT_LINES or (
-                len(run) >= MAX_LINE and max(map(len, run.split("\n"))) >= MAX_LINE):
-            return i       # a line _line() cuts, or the report's last lines: one at a time
+        lines = run.count("\n")
+        room = MAX_REPORT_LINES - 1 - len(cur.texts)     # then _line() closes the report
+        if lines > room or len(run) >= MAX_LINE:
+            # a run takes no line _line() would cut, nor the line that ends the report at
+            # MAX_REPORT_LINES: it ends before them (returning without taking a line made
+            # every line search again to the same place: quadratic)
+            parts = run.split("\n")[:min(lines, room)]
+            if parts and max(map(len, parts)) >= MAX_LINE:
+                parts = parts[:next(j for j, part in enumerate(parts) if len(part) >= MAX_LINE)]
+            if not parts:
+                return i
+            to = i + sum(map(len, parts)) + len(parts)
+            run = buf[i:to]
+        rows = _ROW.findall(run)       # a row a line (`.` takes all but "\n"), one empty after
         rows.pop()
         texts = [row[2] for row in rows]
         if "\r" in run:
