@@ -252,15 +252,14 @@ class Marks:
     def hits(self, name: str) -> list[list[int]]:
         """For each of params' `name` patterns, the indices of the lines it finds a match in."""
         if name not in self._hits:
-            patterns = getattr(self.params, name)
-            found = [needles(p) for p in patterns]
             if self._joined is None:
                 self._joined = "\n".join(self.lines)
-            # one pass for the needles of them all, then each pattern on its candidates
-            maybe = lines_holding(tuple(n for ns in found if ns for n in ns), self._joined)
-            self._hits[name] = [
-                [i for i in (maybe if ns is not None else range(len(self.lines))) if p.search(self.lines[i])]
-                for p, ns in zip(patterns, found)]
+            hits = []
+            for p in getattr(self.params, name):   # each pattern on the lines holding its needles
+                ns = needles(p)
+                maybe = range(len(self.lines)) if ns is None else lines_holding(ns, self._joined)
+                hits.append([i for i in maybe if p.search(self.lines[i])])
+            self._hits[name] = hits
         return self._hits[name]
 
     def of(self, name: str) -> frozenset[int]:
