@@ -268,13 +268,14 @@ class Marks:
             self._found[name] = frozenset(i for hits in self.hits(name) for i in hits)
         return self._found[name]
 
-    def test(self, name: str, start: tuple[int, int]) -> Callable[[int, str], bool]:
-        """Whether line `pos` of the text extract_stack() reads from `start` (its first line
-        cut at a column: searched itself) matches one of `name`."""
-        at, col = start
-        found = self.of(name)
-        first = self.params.any_of(name).search
-        return lambda pos, text: (at + pos in found) if pos else first(text) is not None
+    def at(self, name: str, start: tuple[int, int], first: str) -> frozenset[int]:
+        """The lines of the text extract_stack() reads from `start` (its first line, `first`,
+        cut at a column: searched itself) that match one of params' `name`, by position."""
+        at = start[0]
+        found = {i - at for i in self.of(name) if i > at}
+        if self.params.any_of(name).search(first):
+            found.add(0)
+        return frozenset(found)
 
 
 def extract_stack(params: StackParams, stack: Stack, lines: list[str],
@@ -285,7 +286,7 @@ def extract_stack(params: StackParams, stack: Stack, lines: list[str],
     marks = marks or Marks(params, lines)
     i, col = start
     text = [lines[i][col:]] + lines[i + 1:]
-    tests = marks.test("corrupted_lines", start), marks.test("stack_starts", start)
+    tests = marks.at("corrupted_lines", start, text[0]), marks.at("stack_starts", start, text[0])
     keys, frames, ok = _extract(params, stack, stack.parts, text, skip, tests)
     if not ok and stack.parts2:
         keys, frames, ok = _extract(params, stack, stack.parts2, text, skip, tests)
@@ -316,7 +317,7 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
     traces = 0
     pos = 0
     idx = 0
-    corrupted_line, stack_start = tests
+    corrupted, starts = tests       # positions in `lines`
     while True:
         if idx == len(parts) or (parts[idx] is PARSE and traces > 0):
             key, group = _key_frame(params, stack, raw)
@@ -333,11 +334,11 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
             traces += 1
             while pos < len(lines):
                 ln = lines[pos]
-                if corrupted_line(pos, ln):
+                if pos in corrupted:
                     ok = False
                     pos += 1
                     break
-                if stack_start(pos, ln):
+                if pos in starts:
                     pos += 1
                     break
                 pos += 1
@@ -355,7 +356,7 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
         else:
             while pos < len(lines):
                 ln = lines[pos]
-                if corrupted_line(pos, ln):
+                if pos in corrupted:
                     ok = False
                     pos += 1
                     break
