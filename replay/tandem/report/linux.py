@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from . import oops
 from .kind import Description, Kind
+from .needles import lines_holding
 from .oops import PARSE, Format, Stack, StackParams, Step, compile
 
 # --- stacks -------------------------------------------------------------------------
@@ -475,21 +476,39 @@ _STOP_AT = ("Kernel panic - not syncing", "WARNING: possible circular locking de
 def _report_lines(lines: list[str], caller: bool) -> tuple[list[str], list[str]]:
     """syzkaller's findReport on a report's lines (other contexts already left out): the
     lines its title comes from (up to a message with a stack of its own, unless the lines
-    carry a printk caller id) and all of them."""
-    out = []
+    carry a printk caller id) and all of them. Only the lines holding one of the texts
+    it looks for are looked at one by one (found with str.find in the lines joined: the
+    checks of every line were a fifth of describing)."""
+    cut = [text[:oops.WIDTH] for text in lines]
+    marked = _marked_lines(cut)
+    if not marked:
+        return cut, cut
     limit = _MIN_LINES_KMSAN if "BUG: KMSAN:" in lines[0] else _MIN_LINES
+    out: list[str] = []
     title_end = None
-    for i, text in enumerate(lines):
-        text = text[:oops.WIDTH]
-        if i > 0:
-            if "Disabling lock debugging due to kernel taint" in text:
-                continue
-            if i + 1 > limit and any(s in text for s in _STOP_AT):
-                break
-            if title_end is None and not caller and any(s in text for s in INFO_WITH_STACK):
-                title_end = len(out)
+    done = 0            # cut[:done] are in out or left out
+    for i in marked:
+        out += cut[done:i]
+        done = i + 1
+        text = cut[i]
+        if "Disabling lock debugging due to kernel taint" in text:
+            continue
+        if i + 1 > limit and any(s in text for s in _STOP_AT):
+            break
+        if title_end is None and not caller and any(s in text for s in INFO_WITH_STACK):
+            title_end = len(out)
         out.append(text)
+    else:
+        out += cut[done:]
     return out[:title_end] if title_end is not None else out, out
+
+
+_MARKS = ("Disabling lock debugging due to kernel taint", *_STOP_AT, *INFO_WITH_STACK)
+
+
+def _marked_lines(lines: list[str]) -> list[int]:
+    """Indices of the lines after the first that hold one of _MARKS, in order."""
+    return [i for i in lines_holding(_MARKS, "\n".join(lines)) if i > 0]
 
 
 # --- types -----------------------------------------------------------------------------
@@ -544,9 +563,11 @@ _ENDS = [
 def _describer(o: Oops):
     def describe(lines: list[str], ctx: str = "") -> Description:
         title_lines, all_lines = _report_lines(lines, ctx not in ("", "kernel"))
-        res = oops.describe(o.header, o.formats, title_lines, PARAMS)
+        marks = oops.Marks(PARAMS, all_lines)
+        res = oops.describe(o.header, o.formats, title_lines, PARAMS,
+                            marks if title_lines is all_lines else None)
         text = oops.title(res.title)
-        corrupted = res.corrupted or _corrupted(res.title, all_lines, res.format)
+        corrupted = res.corrupted or _corrupted(res.title, all_lines, res.format, marks)
         return Description(title_type(text), text, _frames(text, res.frames, all_lines), corrupted)
     return describe
 
@@ -570,7 +591,7 @@ def _frames(title: str, frames: list[str], lines: list[str]) -> list[str]:
     return named + [f for f in frames if f not in named]
 
 
-def _corrupted(title: str, lines: list[str], f: Format | None) -> str | None:
+def _corrupted(title: str, lines: list[str], f: Format | None, marks: oops.Marks) -> str | None:
     """syzkaller's isCorrupted: a timestamp in the (raw) title, or a stack that has no frame.
     A report with stack frames is whole though no "Call Trace:" line says so (KFENCE
     prints its stacks under its own headers; syzkaller calls that corrupted)."""
@@ -579,24 +600,20 @@ def _corrupted(title: str, lines: list[str], f: Format | None) -> str | None:
     if f is None or f.no_stack_trace:
         return None
     has_stack = False
-    first: dict[int, int] = {}      # stack start pattern -> its first line
-    any_start = PARAMS.any_of("stack_starts")
-    for i, t in enumerate(lines):
-        if any_start.search(t):
-            for k, key in enumerate(PARAMS.stack_starts):
-                if k not in first and key.search(t):
-                    first[k] = i
-    for k, key in enumerate(PARAMS.stack_starts):
-        at = first.get(k)
-        if at is None:
+    starts = marks.hits("stack_starts")
+    any_start = marks.of("stack_starts")
+    for key, hits in zip(PARAMS.stack_starts, starts):
+        if not hits:
             continue
-        after = lines[at:] + [""]     # syzkaller's text ends with a newline: one more, empty line
-        if len(after) < 4:
+        at = hits[0]
+        # syzkaller's text ends with a newline: one more, empty line after the last
+        if len(lines) - at + 1 < 4:
             return "call trace is missed"
         found = False
-        for t in after[1:16]:
-            if any(k.search(t) for k in PARAMS.stack_starts):
+        for i in range(at + 1, min(at + 16, len(lines))):
+            if i in any_start:
                 break
+            t = lines[i]
             if "(stack is not available)" in t or any(r.search(t) for r in PARAMS.frame_res):
                 found = has_stack = True
                 break

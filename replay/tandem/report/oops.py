@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .needles import lines_holding, needles
 from .rustsym import demangle
 
 # A describer looks at this many characters of a line: kernel report lines are
@@ -128,11 +129,14 @@ NO_REPORT_MATCH = "matched title but not report regexp"
 FORMAT_CORRUPTED = "report format is marked as corrupted"
 
 
-def describe(header: str, formats: tuple[Format, ...], lines: list[str], params: StackParams) -> Result:
-    """syzkaller's extractDescription over a report's lines (its first line holds `header`)."""
+def describe(header: str, formats: tuple[Format, ...], lines: list[str], params: StackParams,
+             marks: Marks | None = None) -> Result:
+    """syzkaller's extractDescription over a report's lines (its first line holds `header`);
+    `marks`: those lines' Marks, when the caller has them."""
     best: Result | None = None
     best_pos: tuple[int, int] | None = None
     matched_title = False
+    marks = marks or Marks(params, lines)
     holders = _header_lines(header, lines)
     for f in formats:
         pos = _title_pos(f.title, holders, lines)
@@ -149,7 +153,7 @@ def describe(header: str, formats: tuple[Format, ...], lines: list[str], params:
         groups, start = found
         res = Result(format=f)
         if f.stack is not None:
-            keys, frames, ok = extract_stack(params, f.stack, lines, start)
+            keys, frames, ok = extract_stack(params, f.stack, lines, start, marks)
             groups = groups + keys
             res.frames = frames
             if not ok:
@@ -233,16 +237,59 @@ def _search(step: Step, text: str) -> re.Match | None:
     return found
 
 
+class Marks:
+    """The lines of a report that start a stack or are corrupted (params' stack_starts,
+    corrupted_lines), found once per report by their literal texts (needles.lines_holding):
+    a search of every line for the nine stack starts cost 0.7 us a line, a tenth of the
+    parser's CPU on syzkaller's consoles."""
+
+    def __init__(self, params: StackParams, lines: list[str]):
+        self.params, self.lines = params, lines
+        self._joined: str | None = None
+        self._hits: dict[str, list[list[int]]] = {}
+        self._found: dict[str, frozenset[int]] = {}
+
+    def hits(self, name: str) -> list[list[int]]:
+        """For each of params' `name` patterns, the indices of the lines it finds a match in."""
+        if name not in self._hits:
+            if self._joined is None:
+                self._joined = "\n".join(self.lines)
+            hits = []
+            for p in getattr(self.params, name):   # each pattern on the lines holding its needles
+                ns = needles(p)
+                maybe = range(len(self.lines)) if ns is None else lines_holding(ns, self._joined)
+                hits.append([i for i in maybe if p.search(self.lines[i])])
+            self._hits[name] = hits
+        return self._hits[name]
+
+    def of(self, name: str) -> frozenset[int]:
+        """Indices of the lines "any of" params' `name` patterns finds a match in."""
+        if name not in self._found:
+            self._found[name] = frozenset(i for hits in self.hits(name) for i in hits)
+        return self._found[name]
+
+    def at(self, name: str, start: tuple[int, int], first: str) -> frozenset[int]:
+        """The lines of the text extract_stack() reads from `start` (its first line, `first`,
+        cut at a column: searched itself) that match one of params' `name`, by position."""
+        at = start[0]
+        found = {i - at for i in self.of(name) if i > at}
+        if self.params.any_of(name).search(first):
+            found.add(0)
+        return frozenset(found)
+
+
 def extract_stack(params: StackParams, stack: Stack, lines: list[str],
-                  start: tuple[int, int]) -> tuple[list[str], list[str], bool]:
+                  start: tuple[int, int], marks: Marks | None = None) -> tuple[list[str], list[str], bool]:
     """syzkaller's extractStackFrame: the key frame of each stack group, the frames
     (guilty first) and whether every group gave one."""
     skip = params.skipped(stack.skip)
+    marks = marks or Marks(params, lines)
     i, col = start
     text = [lines[i][col:]] + lines[i + 1:]
-    keys, frames, ok = _extract(params, stack, stack.parts, text, skip)
+    tests = marks.at("corrupted_lines", start, text[0]), marks.at("stack_starts", start, text[0])
+    keys, frames, ok = _extract(params, stack, stack.parts, text, skip, tests)
     if not ok and stack.parts2:
-        keys, frames, ok = _extract(params, stack, stack.parts2, text, skip)
+        keys, frames, ok = _extract(params, stack, stack.parts2, text, skip, tests)
     return keys, frames, ok
 
 
@@ -262,7 +309,7 @@ def _key_frame(params: StackParams, stack: Stack, raw: list[str]) -> tuple[str, 
 
 
 def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
-             skip: Callable[[str], bool]) -> tuple[list[str], list[str], bool]:
+             skip: Callable[[str], bool], tests) -> tuple[list[str], list[str], bool]:
     keys: list[str] = []
     frames: list[str] = []
     raw: list[str] = []
@@ -270,8 +317,7 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
     traces = 0
     pos = 0
     idx = 0
-    corrupted_line = params.any_of("corrupted_lines").search
-    stack_start = params.any_of("stack_starts").search
+    corrupted, starts = tests       # positions in `lines`
     while True:
         if idx == len(parts) or (parts[idx] is PARSE and traces > 0):
             key, group = _key_frame(params, stack, raw)
@@ -288,12 +334,14 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
             traces += 1
             while pos < len(lines):
                 ln = lines[pos]
-                pos += 1
-                if corrupted_line(ln):
+                if pos in corrupted:
                     ok = False
+                    pos += 1
                     break
-                if stack_start(ln):
+                if pos in starts:
+                    pos += 1
                     break
+                pos += 1
                 if idx != len(parts) - 1:
                     m = parts[idx + 1].search(ln)
                     if m:
@@ -308,10 +356,11 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
         else:
             while pos < len(lines):
                 ln = lines[pos]
-                pos += 1
-                if corrupted_line(ln):
+                if pos in corrupted:
                     ok = False
+                    pos += 1
                     break
+                pos += 1
                 m = part.search(ln)
                 if m:
                     _append(raw, m, skip)

@@ -1,11 +1,14 @@
 """Cut a console into reports, incrementally: the same code serves parse() and live consoles."""
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import compress
 
 from .console import Line, decode, make_line, readable
 from .kind import Kind
+from .needles import needles as _needles
 
 # A panic this close after a report is that report's aftermath (panic_on_warn, Fatal exception).
 TAIL_LINES = 30
@@ -29,12 +32,24 @@ WAIT_LINES = 5000
 # A report with no end marker ends at the next report: the guest may never print one.
 # Its text is bounded here (the longest in the shared half of syzkaller's corpus has 261 lines).
 MAX_REPORT_LINES = 20000
+# Inside an open report, the lines up to the next one that may matter (see _bulk) are taken
+# as a run: this many characters at most per run, so that a search for that line never
+# reads much further than the lines it takes.
+BULK_CHARS = 256 * 1024
+
+# A console line inside a run (_bulk): its printk or msgbuf prefix with the printk caller
+# id in it, and its text; make_line()'s rules in one pattern, run over many lines in one
+# call (9 ns a character, where a line at a time cost 2 us a line). A run's "\r"s are only
+# before newlines (a "\r" inside a line makes the line one that may matter): stripped after.
+_ROW = re.compile(r"^((?:<\d+>)?\[ *\d+\.\d+\](?:\[ *([CT]\d+)\])? ?|\[\d+\] )?(.*)", re.M)
 
 
 @dataclass
 class _Open:
     kind: Kind
-    lines: list[Line]
+    texts: list[str]            # its lines' texts (prefixes stripped), its first line's first
+    start: int                  # offset of its first line
+    end: int                    # offset just past its last line
     ctx: str
     absorbed: set = field(default_factory=set)
     in_trace: bool = False
@@ -75,8 +90,8 @@ class Scanner:
     @property
     def pending_start(self) -> int:
         """Offset of the first byte a report still to come may start at."""
-        starts = [r.lines[0].start for r in self._readers[:1]]
-        starts += [self._open.lines[0].start] if self._open else []
+        starts = [r.start for r in self._readers[:1]]
+        starts += [self._open.start] if self._open else []
         return min(starts, default=self._pos)
 
     def feed(self, data: bytes | str) -> list:
@@ -85,8 +100,11 @@ class Scanner:
         buf = self._buf + decode(data)
         i = 0
         while True:
-            if self._open is None and not self._readers:
-                i = self._skip(buf, i)     # lines no report reads and none starts
+            if self._open is None:
+                if not self._readers:
+                    i = self._skip(buf, i)     # lines no report reads and none starts
+            elif not self._readers:
+                i = self._bulk(buf, i)         # lines a report only keeps or leaves out
             nl = buf.find("\n", i, i + MAX_LINE)
             if nl < 0:
                 if len(buf) - i < MAX_LINE:
@@ -122,6 +140,92 @@ class Scanner:
             self._since_end += self._lines_in(buf, i, to)
             self._pos += to - i
         return to
+
+    def _quiet(self, kind: Kind) -> re.Pattern | None:
+        """What a line of the open report of `kind` holds when _line() would do more than
+        keep it or leave it out (None: every line may): a header token (another report,
+        or one this one absorbs), its end marker's text, a stack's start or end, the NMI
+        note, a "\r" or a prefix form make_line() looks for; built once per kind."""
+        cache = self._dialect.__dict__.setdefault("quiet", {})
+        if id(kind) not in cache:
+            needles = _needles(kind.end) if kind.end is not None else ()
+            if needles is None or kind.continues is not None:
+                cache[id(kind)] = None
+            else:
+                needles += ("Call Trace:", "<TASK>", "</TASK>") if kind.task_end else ()
+                needles += ("Sending NMI from CPU",) if kind.strict_context else ()
+                needles += ("login: ", "**")   # " login: ", "** ": a space first costs 1.6x
+                cache[id(kind)] = re.compile("|".join([self._dialect.may_start.pattern, *map(re.escape, needles)]))
+        return cache[id(kind)]
+
+    def _bulk(self, buf: str, i: int) -> int:
+        """Inside an open report (none reading on), take the lines from `i` (a line start)
+        up to the next that holds what _quiet() names, as _line() would have: each is
+        starts no report and ends none, so it is only kept or left out by its printk
+        context. One search and one pass of _ROW over the run, where a line at a time
+        (cut, stripped, every header token searched, kept, end checked) cost 2 us a line:
+        83% of the lines of syzkaller's consoles are inside reports. Returns where the
+        lines _line() must see (or a partial last line) start."""
+        cur = self._open
+        if len(cur.texts) < 2:
+            return i       # the header's reprint (REPLAYED) may follow it
+        quiet = self._quiet(cur.kind)
+        if quiet is None:
+            return i
+        # complete lines only: a line still being written is not searched again per read
+        stop = buf.rfind("\n", i, min(len(buf), i + BULK_CHARS)) + 1
+        if stop <= i:
+            return i
+        m = quiet.search(buf, i, stop)
+        to = buf.rfind("\n", i, m.start()) + 1 if m else stop
+        if to <= i:
+            return i
+        run = buf[i:to]
+        lines = run.count("\n")
+        room = MAX_REPORT_LINES - 1 - len(cur.texts)     # then _line() closes the report
+        if lines > room or len(run) >= MAX_LINE:
+            # a run takes no line _line() would cut, nor the line that ends the report at
+            # MAX_REPORT_LINES: it ends before them (returning without taking a line made
+            # every line search again to the same place: quadratic)
+            parts = run.split("\n")[:min(lines, room)]
+            if parts and max(map(len, parts)) >= MAX_LINE:
+                parts = parts[:next(j for j, part in enumerate(parts) if len(part) >= MAX_LINE)]
+            if not parts:
+                return i
+            to = i + sum(map(len, parts)) + len(parts)
+            run = buf[i:to]
+        rows = _ROW.findall(run)       # a row a line (`.` takes all but "\n"), one empty after
+        rows.pop()
+        texts = [row[2] for row in rows]
+        if "\r" in run:
+            texts = [t.rstrip("\r") for t in texts]
+        keep = self._kept(cur, rows, texts)
+        if keep is None:
+            cur.texts += texts
+            cur.end = self._pos + len(run)
+        elif any(keep):
+            last = len(keep) - 1 - keep[::-1].index(True)
+            cur.texts += compress(texts, keep)
+            # the lines after the last kept one: a prefix, a text ("\r"s in it) and a newline each
+            cur.end = self._pos + len(run) - sum(len(p) + len(t) + 1 for p, _, t in rows[last + 1:])
+        self._pos += len(run)
+        return to
+
+    @staticmethod
+    def _kept(cur: _Open, rows: list, texts: list[str]) -> list[bool] | None:
+        """Which lines of a run are the open report's (_ours()), or None: all of them."""
+        ctx = cur.ctx
+        ctxs = [caller or ("kernel" if prefix else "") for prefix, caller, _ in rows]
+        if cur.kind.strict_context:
+            drop = cur.kind.drop_line
+            if drop is None and ctxs.count(ctx) == len(ctxs):
+                return None
+            nmi = cur.nmi
+            return [(c == ctx or (nmi and c.startswith("C"))) and not (c and drop and drop(t))
+                    for c, t in zip(ctxs, texts)]
+        if ctx in ("", "kernel"):
+            return None
+        return [c in (ctx, "") for c in ctxs]
 
     @staticmethod
     def _lines_in(buf: str, i: int, to: int) -> int:
@@ -180,7 +284,7 @@ class Scanner:
         if cur and cur.kind.continues and not cur.kind.continues(line.text):
             self._close(None)
             cur = None
-        if cur and len(cur.lines) == 1 and REPLAYED in line.text:
+        if cur and len(cur.texts) == 1 and REPLAYED in line.text:
             self._open = cur = None     # the kernel prints the cut header line again, whole
         if cur:
             kind = starts
@@ -199,13 +303,13 @@ class Scanner:
                     cur.absorbed.add(kind.name)
                 if self._append(cur, line) and self._ends(cur, line):
                     self._close(None, at_end=True)
-                elif len(cur.lines) >= MAX_REPORT_LINES:
+                elif len(cur.texts) >= MAX_REPORT_LINES:
                     self._close(None)
                 return
         self._since_end += 1
         kind = starts
         if kind and not (kind.tail and self._since_end <= TAIL_LINES):
-            self._open = _Open(kind, [line], line.ctx)
+            self._open = _Open(kind, [line.text], line.start, line.end, line.ctx)
             if kind.end is None and kind.continues is None and self._ends(self._open, line):
                 self._close(None)
 
@@ -235,12 +339,13 @@ class Scanner:
     def _append(self, cur: _Open, line: Line) -> bool:
         if not self._ours(cur, line):
             return False
-        cur.lines.append(line)
+        cur.texts.append(line.text)
+        cur.end = line.end
         return True
 
     def _ends(self, cur: _Open, line: Line) -> bool:
         text = line.text
-        if cur.kind.end is not None and len(cur.lines) > 1 and cur.kind.end.search(text):
+        if cur.kind.end is not None and len(cur.texts) > 1 and cur.kind.end.search(text):
             return True
         if cur.kind.task_end:
             if "Call Trace:" in text or "<TASK>" in text:
@@ -273,20 +378,19 @@ class Scanner:
 
     @staticmethod
     def _text_desc(cur: _Open):
-        texts = [l.text for l in cur.lines] + cur.more
+        texts = cur.texts + cur.more
         return cur.kind.describe(texts, cur.ctx) if cur.kind.with_context else cur.kind.describe(texts)
 
     def _describe(self, cur: _Open, desc=None) -> None:
         from . import USERLAND_TYPES, Report
         if cur in self._readers:
             self._readers.remove(cur)
-        lines = cur.lines
         if desc is None:
             desc = self._text_desc(cur)
         corrupted = cur.cut
         cur.more = []
         cur.report = Report(os="userland" if desc.type in USERLAND_TYPES else self.os, type=desc.type, title=desc.title,
-                      frames=desc.frames, text=readable("\n".join(l.text for l in lines)),
-                      start=lines[0].start, end=lines[-1].end,
+                      frames=desc.frames, text=readable("\n".join(cur.texts)),
+                      start=cur.start, end=cur.end,
                       corrupted=bool(corrupted or desc.corrupted),
                       corrupted_reason=corrupted or desc.corrupted or "")
