@@ -145,3 +145,16 @@ def test_bundle_path_with_commas_and_keys(built, tmp_path):
     assert bundle.load_manifest(path)["state"] == "complete"
     v = replay(path)
     assert v.ok, v.summary()
+
+
+def test_replay_reads_the_stream_it_checked(demo_bundle, monkeypatch):
+    """QEMU gets the replay stream as a file tandem opened (bundle.open_member, no link
+    followed), never by the bundle's path: a link planted after the check is not read."""
+    from tandem.vm import VM
+    argvs, real_start = [], VM.start
+    monkeypatch.setattr(VM, "start", lambda vm, *a, **k: (argvs.append(vm.argv), real_start(vm, *a, **k))[1])
+    v = replay(demo_bundle)
+    assert v.ok, v.summary()
+    (argv,) = argvs
+    icount = argv[argv.index("-icount") + 1]
+    assert "rrfile=/dev/fd/" in icount and str(demo_bundle) not in " ".join(argv), icount

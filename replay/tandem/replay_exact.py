@@ -7,6 +7,7 @@ intact prefix of an unfinished or damaged one.
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tempfile
@@ -96,12 +97,21 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
         overlay = tmp / "disk.qcow2"
         if guest.disk_base:
             make_overlay(guest.disk_base, overlay, guest.disk_format)
-        run = replay_run(manifest, tmp, stream, overlay, follow=follow, partial=partial, extra=extra)
-        vm = VM(guest, run)
-        t0 = time.monotonic()
-        with vm:
-            _run_to_end(vm, partial, progress)
-        wall = time.monotonic() - t0
+        with contextlib.ExitStack() as held:
+            pass_fds: tuple[int, ...] = ()
+            if stream == d / bundle.STREAM:
+                # QEMU reads the stream tandem checked, through an fd tandem opened the
+                # way it opens every bundle file (bundle.open_member: no link followed):
+                # a link planted in its place after the check is not QEMU's to follow.
+                f = held.enter_context(bundle.open_member(d, bundle.STREAM))
+                stream, pass_fds = Path(f"/dev/fd/{f.fileno()}"), (f.fileno(),)
+            run = replay_run(manifest, tmp, stream, overlay, follow=follow, partial=partial, extra=extra)
+            run.pass_fds = pass_fds
+            vm = VM(guest, run)
+            t0 = time.monotonic()
+            with vm:
+                _run_to_end(vm, partial, progress)
+            wall = time.monotonic() - t0
         if keep:
             private.copy_file(tmp / "replay.pcapng", keep)
 

@@ -158,6 +158,7 @@ class Run:
     rtc_base: str = "2026-01-01T00:00:00"  # analysis mode: the guest's wall clock at boot
     rr: str | None = None            # analysis mode: "record" the run, or "replay" a recorded one
     feed_reconnect_ms: int = 0       # analysis mode: retry the feed socket until its feeder listens
+    pass_fds: tuple[int, ...] = ()   # files QEMU gets open (/dev/fd/N in its argv), not by path
     extra: list[str] = field(default_factory=list)
 
     @property
@@ -427,6 +428,8 @@ class VM:
             (self.run.rundir / stale).unlink(missing_ok=True)
         self._log = open(self.log_path, "wb", opener=private.opener)
         if self.launcher is not None:
+            if self.run.pass_fds:       # libvirt starts the QEMU: it cannot inherit our files
+                raise TandemError("a QEMU started by libvirt cannot be given open files (pass_fds)")
             try:
                 self.proc = self.launcher.start(self, self._log)
             except BaseException:
@@ -446,7 +449,7 @@ class VM:
                 argv = ["taskset", "--cpu-list", self.run.cpus, *argv]
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
-                                         umask=private.CHILD_UMASK)
+                                         umask=private.CHILD_UMASK, pass_fds=self.run.pass_fds)
         deadline = time.monotonic() + timeout
         qmp_path = self.run.rundir / "qmp.sock"
         while True:
