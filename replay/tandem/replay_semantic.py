@@ -356,8 +356,8 @@ def _drive(rec, res: AnalysisRun, vm: VM, server: FeedServer, max_lag_ns: int, p
         for fr in frames:
             server.input(feedproto.NET, now, fr)
         live = not rec.finished
-        horizon = _next_horizon(now, todo, nxt, blocked_since, last_output_ns, peer,
-                                rec.end_ns or 0, last_input_ns, live)
+        horizon = next_horizon(now, todo[nxt].vm_ns if nxt < len(todo) else None, blocked_since,
+                               last_output_ns, peer.next_timer(), rec.end_ns or 0, last_input_ns, live)
         if live:
             # The native's clock bounds how far this VM may skip ahead idle (the native's
             # next input may come before), not how far it may work ahead. Nor does it
@@ -508,23 +508,27 @@ def _release(inp, rec, peer: Peer, server: FeedServer, now: int) -> list[bytes]:
     return []
 
 
-def _next_horizon(now, todo, nxt, blocked_since, last_output_ns, peer: Peer, native_end,
-                  last_input_ns, live: bool = False) -> int | None:
-    """Where the VM may run to next; None when the replay is over (or, live, when
-    nothing but the native bounds it)."""
+def next_horizon(now: int, next_input_ns: int | None, blocked_since: int | None, last_output_ns: int,
+                 peer_timer_ns: int | None, native_end_ns: int, last_input_ns: int,
+                 live: bool = False) -> int | None:
+    """Where the VM may run to next, from plain values (tests/unit/test_horizon.py has the
+    table); None when the replay is over (or, live, when nothing but the native bounds it).
+
+    next_input_ns: the next input's recorded VM time (None: all delivered); blocked_since:
+    when that input began waiting on the guest's outputs (None: it is not); peer_timer_ns:
+    the replayed TCP peer's next retransmission or timeout."""
     cands = []
-    if nxt < len(todo):
-        inp = todo[nxt]
+    if next_input_ns is not None:
         # Blocked on dependencies: the guest's outputs pull the horizon in as they
         # come; without any, give up waiting at the dependency timeout.
         cands.append(max(blocked_since, last_output_ns) + DEP_TIMEOUT_NS
-                     if blocked_since is not None and inp.vm_ns <= now else inp.vm_ns)
-    if (t := peer.next_timer()) is not None:
-        cands.append(t)
-    if nxt >= len(todo) and live:
+                     if blocked_since is not None and next_input_ns <= now else next_input_ns)
+    if peer_timer_ns is not None:
+        cands.append(peer_timer_ns)
+    if next_input_ns is None and live:
         return max(min(cands), now + 1) if cands else None
-    if nxt >= len(todo):
-        end = max(native_end, last_input_ns) + SETTLE_NS
+    if next_input_ns is None:
+        end = max(native_end_ns, last_input_ns) + SETTLE_NS
         if now >= end:
             return None
         cands.append(end)
