@@ -45,7 +45,7 @@ def workload(port: int, serial) -> None:
 def run_plain(tmp: Path, icount: bool, rr: bool, qemu: dict | None = None) -> tuple[float, Path | None]:
     g = Guest.default()
     d = Path(tempfile.mkdtemp(dir=tmp))
-    make_overlay(g.disk_base, d / "o.qcow2")
+    make_overlay(g.disk.base, d / "o.qcow2")
     port = free_port()
     run = Run("record" if rr else "plain", d, overlay=d / "o.qcow2", hostfwd_port=port,
               icount=icount, rrfile=d / "replay.bin" if rr else None, qemu=qemu)
@@ -69,7 +69,7 @@ def replay_stock(rrdir: Path, qemu: dict) -> float:
     """Stock rr=replay of the stock recording (no device tap, nothing verified)."""
     g = Guest.default()
     d = Path(tempfile.mkdtemp(dir=rrdir))
-    make_overlay(g.disk_base, d / "o.qcow2")
+    make_overlay(g.disk.base, d / "o.qcow2")
     run = Run("replay", d, rrfile=rrdir / "replay.bin", overlay=d / "o.qcow2", qemu=qemu)
     t0 = time.monotonic()
     with VM(g, run) as vm:

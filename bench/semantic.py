@@ -93,7 +93,7 @@ def live(tmp: Path, flavor: str) -> float:
     """The analysis kernel serving the workload live: QEMU start to exit, no recording."""
     g = Guest.default(flavor)
     d = Path(tempfile.mkdtemp(dir=tmp))
-    make_overlay(g.disk_base, d / "o.qcow2")
+    make_overlay(g.disk.base, d / "o.qcow2")
     port = free_port()
     t0 = time.monotonic()
     with VM(g, Run("plain", d, overlay=d / "o.qcow2", hostfwd_port=port)) as vm:

@@ -115,7 +115,7 @@ def pctl(xs: list[float], p: float) -> float:
 def run_plain(tmp: Path, requests: int):
     d = Path(tempfile.mkdtemp(dir=tmp))
     g = Guest.default()
-    make_overlay(g.disk_base, d / "o.qcow2")
+    make_overlay(g.disk.base, d / "o.qcow2")
     port = free_port()
     with VM(g, Run("plain", d, overlay=d / "o.qcow2", hostfwd_port=port)) as vm:
         vm.serial.wait_for(b"TANDEM-READY", 120)

@@ -34,7 +34,7 @@ class Booted:
     def __init__(self, flavor: str, userland: str, rundir):
         self.key = (flavor, userland)
         self.guest = Guest.default(flavor, userland)
-        make_overlay(self.guest.disk_base, rundir / "disk.qcow2")
+        make_overlay(self.guest.disk.base, rundir / "disk.qcow2")
         self.port = free_port()
         self.vm = VM(self.guest, Run("plain", rundir, overlay=rundir / "disk.qcow2",
                                      hostfwd_port=self.port, icount=False)).start()

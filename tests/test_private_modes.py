@@ -3,7 +3,6 @@ from a second recorder. Real recordings with the real patched QEMU, under the um
 most hosts run with (022), so that nothing here is private by the umask's doing."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
 import subprocess
@@ -47,7 +46,7 @@ def raw_qemu(rundir: Path, *, rrfile: Path, devlog: Path, stop_after_ns: int = 0
     """The patched QEMU alone in record mode (no disk: no overlay to share), started under
     umask 022 and not through tandem's VM (which starts QEMU under umask 077)."""
     rundir.mkdir(exist_ok=True)
-    guest = dataclasses.replace(Guest.default(), disk_base=None)
+    guest = Guest.default().with_disk(None)
     argv = qemu_argv(guest, Run("record", rundir, rrfile=rrfile, devlog=devlog, stop_after_ns=stop_after_ns))
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
                           umask=USUAL_UMASK)

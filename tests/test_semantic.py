@@ -100,7 +100,7 @@ def test_each_planted_bug_is_found_by_its_analyses_and_attributed(planted_bugs_b
 def test_two_replays_into_one_kernel_agree(tmp_path):
     """Initramfs only (no disk): same outputs and findings at the same VM times."""
     g = Guest.default()
-    g = dataclasses.replace(g, disk_base=None)
+    g = g.with_disk(None)
     path = tmp_path / "nodisk.tdm"
     with Recording(path, g) as rec:
         rec.wait_ready()
@@ -108,7 +108,7 @@ def test_two_replays_into_one_kernel_agree(tmp_path):
         rec.serial.type("poweroff")
         rec.wait(timeout=120)
     r_in = inputs.load(path)
-    kasan = dataclasses.replace(Guest.default("kasan"), disk_base=None)
+    kasan = Guest.default("kasan").with_disk(None)
     a, b = (replay_semantic.run(r_in, "kasan", tmp_path / f"run{i}", guest=kasan) for i in (1, 2))
     assert a.outcome == b.outcome == "poweroff"
     assert a.net_out == b.net_out                      # every frame, with its VM time

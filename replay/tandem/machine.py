@@ -111,6 +111,25 @@ def check_mac(value: str | None, what: str = "MAC") -> str | None:
     return value
 
 
+DISK_FORMATS = ("raw", "qcow2")
+
+
+@dataclass(frozen=True)
+class Disk:
+    """One disk as the guest sees it: a base image every run writes through a qcow2 overlay
+    of its own (the base is never written), on virtio-blk. Checked when made."""
+    base: str                   # the image (path); the manifest names it with its hash
+    format: str = "raw"         # of the base image
+    id: str = "disk0"           # the drive id (the device log logs this drive)
+
+    def __post_init__(self) -> None:
+        check_id(self.id, "drive id")
+        if self.format not in DISK_FORMATS:
+            raise OptionError(f"disk format {self.format!r}: tandem takes {' or '.join(DISK_FORMATS)}")
+        if not isinstance(self.base, str) or not self.base or "\0" in self.base:
+            raise OptionError(f"disk image {self.base!r}: not a file path")
+
+
 @dataclass(frozen=True)
 class Nic:
     """One NIC as the guest sees it: QEMU device model and MAC, on netdev `netdev`.

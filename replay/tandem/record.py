@@ -39,21 +39,22 @@ def qemu_identity() -> dict:
 def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | None = None) -> dict:
     """A new bundle at path (with its disk overlay) and its manifest in state 'recording';
     assertions: the pack `tandem record --assertions` declared."""
-    for what, p in (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk base", guest.disk_base)):
+    base = guest.disk.base if guest.disk else None
+    for what, p in (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk base", base)):
         if p and not Path(p).is_file():
             raise TandemError(f"{what} {p}: not found")
     bundle.refuse_existing(path)    # before hashing the inputs: a refusal should be quick
     m = bundle.new_manifest()
     m["qemu"] = qemu_identity()
     m["inputs"] = {k: bundle.input_entry(p) for k, p in
-                   (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk_base", guest.disk_base)) if p}
+                   (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk_base", base)) if p}
     m["machine"] = {**guest.machine_section(), **machine}
     if assertions:
         m["assertions"] = assertions
     bundle.new_bundle(path, m)      # the manifest first: it claims the directory
-    if guest.disk_base:
+    if guest.disk:
         try:
-            make_overlay(guest.disk_base, path / OVERLAY, guest.disk_format)
+            make_overlay(guest.disk.base, path / OVERLAY, guest.disk.format)
         except TandemError:
             m["state"] = "interrupted"
             bundle.write_manifest(path, m)
@@ -104,7 +105,6 @@ class Recording:
         g = self.guest
         m = self.manifest = start_manifest(self.path, g, {
             "stop_after_ns": self.duration_ns,
-            "devices": ["isa-serial", "virtio-net-pci", "virtio-blk-pci", "virtio-rng-pci"],
             "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000},
             **(self.launcher.machine() if self.launcher else {})}, self.assertions)
         # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).

@@ -95,8 +95,8 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
                 stream = tmp / "prefix.tdrs"
                 partial = not info.finished
         overlay = tmp / "disk.qcow2"
-        if guest.disk_base:
-            make_overlay(guest.disk_base, overlay, guest.disk_format)
+        if guest.disk:
+            make_overlay(guest.disk.base, overlay, guest.disk.format)
         with contextlib.ExitStack() as held:
             pass_fds: tuple[int, ...] = ()
             if stream == d / bundle.STREAM:

@@ -200,16 +200,15 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
         manifest = record_mod.start_manifest(res.bundle, guest, {
             "mode": "analysis", "analysis": analysis, "rtc_base": rec.created,
             "lookahead_ns": lookahead_ns, "source": str(rec.path),
-            "devices": ["isa-serial", "virtio-net-pci", "virtio-blk-pci", "virtio-rng-pci"],
             "net": {"backend": "feed"}, **(launcher.machine() if launcher else {})})
         run_args.update(rr="record", rrfile=res.bundle / bundle.STREAM,
                         devlog=res.bundle / bundle.DEVLOG,
-                        overlay=res.bundle / record_mod.OVERLAY if guest.disk_base else None)
+                        overlay=res.bundle / record_mod.OVERLAY if guest.disk else None)
     else:
         run_args.update(devlog=workdir / f"{analysis}.pcapng")
-        if guest.disk_base:
+        if guest.disk:
             run_args["overlay"] = tmp / "disk-overlay.qcow2"
-            make_overlay(guest.disk_base, run_args["overlay"], guest.disk_format)
+            make_overlay(guest.disk.base, run_args["overlay"], guest.disk.format)
     server = FeedServer(tmp / "feed.sock")
     vm = VM(guest, Run("analysis", tmp, feed_socket=server.path, **run_args), launcher=launcher, name=analysis)
     vm.console = lambda: bytes(res.console)

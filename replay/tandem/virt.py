@@ -840,10 +840,10 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
             shadows.append(sh)
             if len(str(sh.feed_socket)) > 107:
                 raise TandemError(f"{sh.feed_socket}: too long for a unix socket path (use --state-dir)")
-            guest = Guest.for_analysis(a)
-            guest.disk_base = str(native.disk) if native.disk else None
+            guest = Guest.for_analysis(a).with_disk(str(native.disk) if native.disk else None,
+                                                    native.disk_format or "raw")
+            guest = guest.with_nic(_shadow_nic(artifacts.qemu()["binary"], native), native.mac)
             guest.memory_mb = max(guest.memory_mb, native.memory_mib)
-            guest.nic_model, guest.mac = _shadow_nic(artifacts.qemu()["binary"], native), native.mac
             if native.disk:
                 make_overlay(str(native.disk), sh.overlay, native.disk_format)
             # The feed socket waits for its feeder instead of failing when nobody listens yet.
@@ -1049,10 +1049,9 @@ class LiveDomains:
         if self.info is None:
             return None         # replay_semantic's own: tandem's guest with the analysis kernel
         g = Guest.for_analysis(analysis)
-        g.disk_base = str(self.info.disk) if self.info.disk else None
-        g.disk_format = self.info.disk_format or "raw"
+        g = g.with_disk(str(self.info.disk) if self.info.disk else None, self.info.disk_format or "raw")
         g.memory_mb = max(g.memory_mb, self.info.memory_mib)
-        g.mac = self.info.mac
+        g = g.with_nic(mac=self.info.mac)
         return g
 
     def analysis_launcher(self, analysis: str) -> Launcher:
@@ -1107,8 +1106,8 @@ def follow(uri: str | None, domain: str, analyses: list[str], *, bundle: str | P
         original = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
     finally:
         conn.close()
-    guest = Guest(kernel=n.kernel, initrd=n.initrd, disk_base=str(n.disk) if n.disk else None,
-                  memory_mb=n.memory_mib, cmdline=n.cmdline, disk_format=n.disk_format or "raw", mac=n.mac)
+    guest = Guest(kernel=n.kernel, initrd=n.initrd, memory_mb=n.memory_mib, cmdline=n.cmdline)
+    guest = guest.with_disk(str(n.disk) if n.disk else None, n.disk_format or "raw").with_nic(mac=n.mac)
     domains = LiveDomains(uri, domain, analyses, native_guest=guest, native_uuid=n.uuid,
                           original=original, info=n)
     return LiveShadow(bundle or f"{domain}.tdm", analyses, libvirt=domains, **shadow_kw)

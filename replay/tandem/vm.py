@@ -6,6 +6,7 @@ so that record and replay can only differ where they must.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import os
@@ -22,7 +23,7 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from . import artifacts, catalog, private
 from .errors import BundleError, TandemError
-from .machine import RTC_BASE, VIRTIO_NET, Nic, OptionError, json_option, keyval_option
+from .machine import RTC_BASE, VIRTIO_NET, Disk, Nic, OptionError, json_option, keyval_option
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +62,32 @@ def initrd_with_modules(initramfs: str, initramfs_sha256: str, modules: dict) ->
 
 @dataclass
 class Guest:
-    """What runs: kernel, initramfs, disk base image, memory."""
+    """The machine tandem runs, as the guest sees it: direct kernel boot (kernel, initramfs,
+    command line), memory, its devices as lists with ids (disks, NICs; one serial port and
+    one entropy source, which every mode has), and its OS. QEMU's command line
+    (qemu_argv), the libvirt domain (virt.domain_xml, from that command line) and the
+    manifest's machine section (machine_section, read back by from_manifest) all come from
+    it. Today's modes take at most one disk and exactly one NIC: the device log and the
+    feed know one of each (qemu_argv says so when given more)."""
     kernel: str
-    initrd: str | None             # None: the kernel boots without one
-    disk_base: str | None
+    initrd: str | None                      # None: the kernel boots without one
+    disks: tuple[Disk, ...] = ()
     memory_mb: int = 256
     cmdline: str = DEFAULT_CMDLINE
-    disk_format: str = "raw"       # of disk_base, which every run's qcow2 overlay backs onto
-    mac: str | None = None         # the NIC's MAC (None: QEMU's default); the guest sees it
-    nic_model: str = VIRTIO_NET    # the NIC's QEMU device (a libvirt domain's may differ)
-    os: str = "linux"              # the guest OS: which console dialect its reports are in
+    nics: tuple[Nic, ...] = (Nic(),)
+    os: str = "linux"                       # the guest OS: which console dialect its reports are in
+
+    @property
+    def disk(self) -> Disk | None:
+        """The disk (today's machines have at most one)."""
+        return self.disks[0] if self.disks else None
+
+    @property
+    def nic(self) -> Nic:
+        """The NIC (today's machines have exactly one)."""
+        if len(self.nics) != 1:
+            raise OptionError(f"{len(self.nics)} NICs: tandem's device log and feed take one (for now)")
+        return self.nics[0]
 
     @classmethod
     def default(cls, flavor: str = "native", userland: str = "native") -> "Guest":
@@ -80,7 +97,7 @@ class Guest:
         cmdline = " ".join(filter(None, (DEFAULT_CMDLINE, land.cmdline_extra, kernel.cmdline_extra)))
         initrd = initrd_with_modules(g[f"initramfs_{userland}"], g[f"initramfs_{userland}_sha256"],
                                      artifacts.modules(flavor))
-        return cls(kernel=k["bzImage"], initrd=initrd, disk_base=g["disk_base"], cmdline=cmdline,
+        return cls(kernel=k["bzImage"], initrd=initrd, disks=(Disk(g["disk_base"]),), cmdline=cmdline,
                    memory_mb=kernel.memory_mb, os=kernel.os)
 
     @classmethod
@@ -92,34 +109,48 @@ class Guest:
     @classmethod
     def from_manifest(cls, manifest: dict) -> "Guest":
         """The guest a bundle recorded, from its manifest's inputs and machine section
-        (shapes checked when the manifest loaded: bundle.manifest_problem); the NIC is
-        checked again as a machine.Nic, so a replay's QEMU gets only a well-formed one."""
+        (shapes checked when the manifest loaded: bundle.manifest_problem); its devices are
+        made again as machine.Disk and machine.Nic, so a replay's QEMU gets only
+        well-formed ones (an OptionError is a BundleError's message here)."""
         inputs, machine = manifest.get("inputs") or {}, manifest.get("machine") or {}
         for where, value in (("inputs.kernel", inputs.get("kernel")), ("machine.memory_mb", machine.get("memory_mb")),
                              ("machine.cmdline", machine.get("cmdline"))):
             if value is None:
                 raise BundleError(f"manifest {where}: missing (a replay needs it)")
-        guest = cls(kernel=inputs["kernel"]["path"], initrd=(inputs.get("initrd") or {}).get("path"),
-                    disk_base=(inputs.get("disk_base") or {}).get("path"),
-                    memory_mb=machine["memory_mb"], cmdline=machine["cmdline"],
-                    disk_format=machine.get("disk_format") or "raw", mac=machine.get("mac"),
-                    nic_model=machine.get("nic_model") or VIRTIO_NET, os=machine.get("os") or "linux")
-        Nic(model=guest.nic_model, mac=guest.mac)
-        return guest
+        base = (inputs.get("disk_base") or {}).get("path")
+        try:
+            disks = (Disk(base, machine.get("disk_format") or "raw"),) if base else ()
+            nics = (Nic(model=machine.get("nic_model") or VIRTIO_NET, mac=machine.get("mac")),)
+        except OptionError as e:
+            raise BundleError(f"manifest machine: {e}") from None
+        return cls(kernel=inputs["kernel"]["path"], initrd=(inputs.get("initrd") or {}).get("path"),
+                   disks=disks, memory_mb=machine["memory_mb"], cmdline=machine["cmdline"], nics=nics,
+                   os=machine.get("os") or "linux")
 
     def machine_section(self) -> dict:
-        """What the manifest's machine section says of this guest; from_manifest reads it back."""
+        """What the manifest's machine section says of this guest; from_manifest reads it back.
+        The disk's base image is in the manifest's inputs (path, size, hash)."""
         out = {"accel": "tcg", "machine": "pc", "icount_shift": ICOUNT_SHIFT, "memory_mb": self.memory_mb,
-               "cmdline": self.cmdline, "smp": 1}
-        if self.disk_format != "raw":      # what the replay's overlay backs onto
-            out["disk_format"] = self.disk_format
-        if self.mac:
-            out["mac"] = self.mac
-        if self.nic_model != VIRTIO_NET:
-            out["nic_model"] = self.nic_model
+               "cmdline": self.cmdline, "smp": 1,
+               "devices": ["isa-serial", *(n.model for n in self.nics),
+                           *("virtio-blk-pci" for _ in self.disks), "virtio-rng-pci"]}
+        if self.disk and self.disk.format != "raw":      # what the replay's overlay backs onto
+            out["disk_format"] = self.disk.format
+        if self.nic.mac:
+            out["mac"] = self.nic.mac
+        if self.nic.model != VIRTIO_NET:
+            out["nic_model"] = self.nic.model
         if self.os != "linux":
             out["os"] = self.os
         return out
+
+    def with_disk(self, base: str | None, fmt: str = "raw") -> "Guest":
+        """This guest with its disk replaced (None: without a disk)."""
+        return dataclasses.replace(self, disks=(Disk(base, fmt),) if base else ())
+
+    def with_nic(self, model: str = VIRTIO_NET, mac: str | None = None) -> "Guest":
+        """This guest with its NIC replaced."""
+        return dataclasses.replace(self, nics=(Nic(model=model, mac=mac),))
 
 
 def analyses_given(names: list[str]) -> list[str]:
@@ -209,7 +240,9 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     machine.py: -device/-object/-netdev as JSON, the rest as key=value lists with their
     values escaped, so no value (a bundle's MAC, a path with a comma) can add a key."""
     q = run.qemu or artifacts.qemu()
-    nic = Nic(model=guest.nic_model, mac=guest.mac)
+    nic = guest.nic
+    if len(guest.disks) > 1:
+        raise OptionError(f"{len(guest.disks)} disks: tandem's device log takes one (for now)")
     argv = [q["binary"], "-L", q["firmware_dir"], "-M", "pc", "-m", str(int(guest.memory_mb)),
             "-smp", "1", "-nodefaults", "-no-user-config", "-display", "none",
             "-no-reboot", "-accel", "tcg",
@@ -221,8 +254,8 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
             "-mon", keyval_option(None, {"chardev": "qmp", "mode": "control"})]
     argv += _clock_options(run, q)
     argv += _serial_options(run)
-    if guest.disk_base:
-        argv += _disk_options(run)
+    if guest.disk:
+        argv += _disk_options(run, guest.disk)
     argv += _net_and_rng_options(run, nic)
     if run.mode in ("record", "replay"):   # analysis runs: the feed is logged instead
         argv += ["-object", json_option({"qom-type": "filter-replay", "id": "rr-net0", "netdev": nic.netdev})]
@@ -241,7 +274,7 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         # shadow follows it without asking the native over QMP.
         argv += ["-object", json_option({
                      "qom-type": "devlog", "id": "devlog", "path": str(run.devlog), "chardev": "serial0",
-                     "rng": "rng0", "drive": "disk0" if guest.disk_base else None,
+                     "rng": "rng0", "drive": guest.disk.id if guest.disk else None,
                      "stop-after": run.stop_after_ns or None,
                      "clock-marks": True if run.mode == "record" else None}),
                  "-object", json_option({"qom-type": "filter-devlog", "id": "devlog-net0", "netdev": nic.netdev,
@@ -293,17 +326,17 @@ def _serial_options(run: Run) -> list[str]:
     return ["-chardev", chardev, "-serial", "chardev:serial0"]
 
 
-def _disk_options(run: Run) -> list[str]:
+def _disk_options(run: Run, disk: Disk) -> list[str]:
     """The disk: the run's qcow2 overlay, behind blkreplay when record/replay runs (block
     completions must be ordered by the replay log)."""
-    image = "disk0-img" if run.rr_mode else "disk0"
+    image = f"{disk.id}-img" if run.rr_mode else disk.id
     argv = ["-drive", keyval_option(None, {"file": str(run.overlay), "if": "none", "id": image, "format": "qcow2"})]
     if run.rr_mode:
-        argv += ["-drive", keyval_option(None, {"driver": "blkreplay", "if": "none", "image": image, "id": "disk0"})]
+        argv += ["-drive", keyval_option(None, {"driver": "blkreplay", "if": "none", "image": image, "id": disk.id})]
     # Analysis VMs: ioeventfd=off runs a queue kick in the vCPU thread, at the
     # instruction that made it; with an eventfd the main loop takes it later,
     # at a host-dependent VM time.
-    return argv + ["-device", json_option({"driver": "virtio-blk-pci", "drive": "disk0",
+    return argv + ["-device", json_option({"driver": "virtio-blk-pci", "drive": disk.id,
                                            "ioeventfd": False if run.mode == "analysis" else None})]
 
 

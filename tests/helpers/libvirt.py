@@ -24,7 +24,7 @@ def native_xml(tmp_path: Path, name: str = "web", nic: str = "virtio") -> str:
     """A domain as a user writes it for libvirt: a disk, tandem's kernel, user networking."""
     g = Guest.default()
     disk = tmp_path / f"{name}.qcow2"
-    make_overlay(g.disk_base, disk)
+    make_overlay(g.disk.base, disk)
     return f"""<domain type='qemu'>
   <name>{name}</name>
   <memory unit='MiB'>256</memory>

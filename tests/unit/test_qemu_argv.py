@@ -18,12 +18,12 @@ import pytest
 
 from tandem import machine
 from tandem.errors import TandemError
-from tandem.machine import Nic, OptionError, json_option, keyval_option
+from tandem.machine import Disk, Nic, OptionError, json_option, keyval_option
 from tandem.vm import Guest, Run, qemu_argv
 
 DATA = Path(__file__).parent / "data"
 Q = {"binary": "/opt/qemu/bin/qemu-system-x86_64", "firmware_dir": "/opt/qemu/share"}
-G = Guest(kernel="/k/bzImage", initrd="/k/initrd.cpio.gz", disk_base="/k/disk.raw")
+G = Guest(kernel="/k/bzImage", initrd="/k/initrd.cpio.gz", disks=(Disk("/k/disk.raw"),))
 R = Path("/run/t")
 
 
@@ -35,7 +35,7 @@ def cases(rundir: Path = R) -> dict[str, tuple[Guest, Run]]:
         "plain-noicount": (G, Run("plain", r, overlay=r / "o.qcow2", icount=False, qemu=Q)),
         "record": (G, Run("record", r, rrfile=r / "b/replay.tdrs", devlog=r / "b/devices.pcapng",
                           overlay=r / "b/o.qcow2", hostfwd_port=5555, stop_after_ns=3_000_000_000, qemu=Q)),
-        "record-gate": (Guest(kernel="/k/bzImage", initrd=None, disk_base=None, mac="52:54:00:12:34:56"),
+        "record-gate": (Guest(kernel="/k/bzImage", initrd=None, nics=(Nic(mac="52:54:00:12:34:56"),)),
                         Run("record", r, rrfile=r / "r", devlog=r / "d", hostfwd_port=5555,
                             gate_socket=r / "gate.sock", gate_outputs=False, qemu=Q)),
         "replay": (G, Run("replay", r, rrfile=r / "r", devlog=r / "d", overlay=r / "o.qcow2", follow=True,
@@ -174,15 +174,14 @@ def test_hostile_paths_add_no_key(rundir):
 
 @pytest.mark.parametrize("mac", ["52:54:00:12:34:56,romfile=/etc/shadow", "52:54:00:12:34", "", "zz:54:00:12:34:56"])
 def test_bad_mac_refused(mac):
-    g = Guest(kernel="/k", initrd=None, disk_base=None, mac=mac)
     with pytest.raises(OptionError, match="not a MAC address"):
-        qemu_argv(g, Run("plain", R, qemu=Q))
+        Guest(kernel="/k", initrd=None).with_nic(mac=mac)
 
 
 @pytest.mark.parametrize("model", ["virtio-net-pci,romfile=/etc/shadow", "pci-testdev", ""])
 def test_unknown_nic_model_refused(model):
     with pytest.raises(OptionError, match="NIC model"):
-        qemu_argv(Guest(kernel="/k", initrd=None, disk_base=None, nic_model=model), Run("plain", R, qemu=Q))
+        Guest(kernel="/k", initrd=None).with_nic(model)
 
 
 @pytest.mark.parametrize("base", ["2026-01-01T00:00:00,clock=host", "now", "2026-01-01"])
@@ -208,8 +207,8 @@ def test_option_builders_refuse_what_qemu_cannot_take():
 
 def test_manifest_machine_round_trip():
     """The manifest's machine section is derived from the Guest and loads back into it."""
-    g = Guest(kernel="/k", initrd="/i", disk_base="/d", memory_mb=512, cmdline="console=ttyS0",
-              disk_format="qcow2", mac="52:54:00:12:34:56", nic_model="e1000")
+    g = Guest(kernel="/k", initrd="/i", disks=(Disk("/d", "qcow2"),), memory_mb=512, cmdline="console=ttyS0",
+              nics=(Nic(model="e1000", mac="52:54:00:12:34:56"),))
     entry = {"path": "", "size": 0, "sha256": "0" * 64}
     m = {"inputs": {k: {**entry, "path": p} for k, p in (("kernel", "/k"), ("initrd", "/i"), ("disk_base", "/d"))},
          "machine": g.machine_section()}
@@ -276,3 +275,23 @@ def test_crafted_manifest_refused_or_inert(where, value):
     honest = options(replay_argv(crafted_manifest()))
     assert [(o, sorted(v) if isinstance(v, dict) else None) for o, v in options(argv)] == \
            [(o, sorted(v) if isinstance(v, dict) else None) for o, v in honest]
+
+
+def test_device_lists_past_what_the_modes_take_are_refused():
+    """The description holds lists of devices with ids; today's device log and feed take
+    one disk and one NIC, and say so rather than drop one."""
+    two_nics = Guest(kernel="/k", initrd=None, nics=(Nic(), Nic(netdev="net1")))
+    with pytest.raises(OptionError, match="2 NICs"):
+        qemu_argv(two_nics, Run("plain", R, qemu=Q))
+    two_disks = Guest(kernel="/k", initrd=None, disks=(Disk("/a"), Disk("/b", id="disk1")))
+    with pytest.raises(OptionError, match="2 disks"):
+        qemu_argv(two_disks, Run("plain", R, overlay=R / "o", qemu=Q))
+    with pytest.raises(OptionError, match="disk format"):
+        Disk("/a", "vmdk")
+
+
+def test_manifest_devices_come_from_the_description():
+    g = Guest(kernel="/k", initrd=None, disks=(Disk("/d"),), nics=(Nic(model="e1000"),))
+    assert g.machine_section()["devices"] == ["isa-serial", "e1000", "virtio-blk-pci", "virtio-rng-pci"]
+    assert Guest(kernel="/k", initrd=None).machine_section()["devices"] == ["isa-serial", "virtio-net-pci",
+                                                                            "virtio-rng-pci"]
