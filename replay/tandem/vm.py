@@ -90,6 +90,7 @@ class Run:
     feed_socket: Path | None = None  # analysis mode: the feed controller's unix socket
     gate_socket: Path | None = None  # record mode: hold the guest's frames for tandem (filter-gate)
     gate_outputs: bool = True        # ... its outgoing ones (release "agreed"); inputs on request
+    gate_overflow: str = "block"     # past its bound: "detach" (lets go) or "block" (refuses frames)
     idle: bool = False               # run QEMU at idle CPU priority (live analyses: the native first)
     cpus: str | None = None          # pin QEMU's threads to these CPUs (a taskset list: live analyses
                                      # off the native's core)
@@ -215,7 +216,7 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         outputs = "" if run.gate_outputs else ",outputs=off"
         argv += ["-chardev", f"socket,id=gatesock,path={run.gate_socket}",
                  "-object", (f"filter-gate,id=gate0,netdev=net0,queue=all,chardev=gatesock,"
-                            f"position=head{outputs}")]
+                            f"position=head,overflow={run.gate_overflow}{outputs}")]
     if run.devlog:
         dl = f"devlog,id=devlog,path={run.devlog},chardev=serial0,rng=rng0"
         dl += ",drive=disk0" if guest.disk_base else ""
