@@ -165,8 +165,8 @@ def test_overflow_block_refuses_frames_at_the_bound_and_leaks_nothing(tmp_path):
 
 
 def test_filter_gate_and_feed_bounds_default_and_refuse_nonsense(tmp_path):
-    """The properties' defaults (qom-get on a bare QEMU), and a zero bound or an unknown
-    policy refused with QEMU's one-line error."""
+    """The gate's and the feed's bounds: their defaults (qom-get on a bare QEMU), and a
+    zero or too small bound or an unknown policy refused with QEMU's one-line error."""
     q = artifacts.qemu()
     sock = tmp_path / "gate.sock"
     listener = socket.socket(socket.AF_UNIX)
@@ -185,6 +185,17 @@ def test_filter_gate_and_feed_bounds_default_and_refuse_nonsense(tmp_path):
                                  + json.dumps({"execute": "quit"}) + "\n", timeout=60)
         answers = [json.loads(x)["return"] for x in out.splitlines() if '"return"' in x][1:7]
         assert answers == [16384, 16 << 20, "block", 0, 0, False], (answers, err)
+        feed = base + ["-object", "feed,id=f0,chardev=c0", "-qmp", "stdio"]
+        cmds = [{"execute": "qmp_capabilities"}] + [
+            {"execute": "qom-get", "arguments": {"path": "/objects/f0", "property": prop}}
+            for prop in ("send-max-bytes", "send-queued-bytes", "send-peak-bytes", "output-holds")]
+        out = subprocess.run(feed, input="".join(json.dumps(c) + "\n" for c in cmds + [{"execute": "quit"}]),
+                             capture_output=True, text=True, timeout=60).stdout
+        answers = [json.loads(x)["return"] for x in out.splitlines() if '"return"' in x][1:5]
+        assert answers == [16 << 20, 0, 0, 0], out
+        r = subprocess.run(base + ["-object", "feed,id=f0,chardev=c0,send-max-bytes=1000"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode != 0 and "send-max-bytes must be at least 1048592 (one message)" in r.stderr, r.stderr
         for bad, says in ((",max-frames=0", "max-frames must be at least 1"),
                           (",max-bytes=1500", "max-bytes must be at least 69632 (the largest frame)"),
                           (",overflow=drop", "overflow 'drop': not detach or block")):
