@@ -26,7 +26,9 @@ A frame past the bound meets the overflow policy, the same as the analyses' buff
 on: the native no longer waits for its analyses) or "block" (the frame is refused, as a
 full link refuses it; the guest's TCP sends it again). QEMU says so (OVERFLOW), and that
 is reported as a limit of the run (`GateEvent` "overflow"), not as a finding about the
-guest.
+guest. At its shutdown QEMU sends its counters (STATS: the peaks held each way, overflows,
+frames the policy passed or refused), kept in `qemu_stats` for gate.json: how full the
+gate got, to size max-frames/max-bytes by.
 """
 from __future__ import annotations
 
@@ -40,10 +42,14 @@ from . import equivalence, netpkt
 from .compare import kept_lines
 from .feedproto import FeedServer
 
-HELD, RELEASE, DROP, HOLD_INPUT, PASS_INPUT, OVERFLOW = 32, 33, 34, 35, 36, 37
+HELD, RELEASE, DROP, HOLD_INPUT, PASS_INPUT, OVERFLOW, STATS = 32, 33, 34, 35, 36, 37, 38
 SYN, ACK = 0x02, 0x10
 # OVERFLOW's payload: frames and bytes held, max-frames, max-bytes, policy (0 detach, 1 block)
 OVERFLOW_BODY = struct.Struct("<QQQQQ")
+# STATS (at QEMU's shutdown): its counters, as qom-get names them
+STATS_NAMES = ("held_peak_frames", "held_peak_bytes", "input_peak_frames", "input_peak_bytes",
+               "overflows", "overflow_frames", "released", "dropped")
+STATS_BODY = struct.Struct("<" + "Q" * len(STATS_NAMES))
 POLICIES = ("detach", "block")
 DIRECTIONS = ("outputs", "inputs")          # OVERFLOW's channel
 
@@ -234,6 +240,7 @@ class Gate:
         self.events: list[GateEvent] = []
         self.released = self.dropped = 0
         self.detached = False           # QEMU's gate let go (overflow policy detach)
+        self.qemu_stats: dict | None = None     # QEMU's counters, sent as it shuts down
         self._streams: dict[tuple[str, int], Stream] = {}      # (analysis, flow) -> its output not agreed yet
         self._agreements: dict[tuple[str, int], Agreement] = {}
         self._index: dict[tuple, int] = {}                     # connection -> flow index
@@ -255,6 +262,8 @@ class Gate:
                     self._held(Held(m.vm_ns, int.from_bytes(m.data[:8], "little"), m.data[8:]))
                 elif m.type == OVERFLOW:
                     self._overflow(m)
+                elif m.type == STATS:
+                    self._stats(m)
             for key in list(self.queues):
                 self._decide(key)
             want = bool(self.hold and self.hold())
@@ -279,6 +288,12 @@ class Gate:
             # DROP now would come too late. What comes later is not held.
             self.detached = True
             self.queues.clear()
+
+    def _stats(self, m) -> None:
+        if len(m.data) != STATS_BODY.size:
+            log.warning("gate: malformed STATS message (%d bytes) ignored", len(m.data))
+            return
+        self.qemu_stats = dict(zip(STATS_NAMES, STATS_BODY.unpack(m.data)))
 
     def _held(self, h: Held) -> None:
         seg = netpkt.tcp4(h.frame)

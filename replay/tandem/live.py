@@ -335,13 +335,15 @@ class Shadow:
         self._findings_file.close()
         if self.gate:
             self.gate.thread.join(10)
-            s.limits += [f"gate: {e.describe()}" for e in self.gate.events]
+            s.limits += [f"gate: {e.describe()}" for e in self.gate.events if e.kind != "overflow"]
+            s.limits += overflow_limits(self.gate.events)
             s.limits += [f"overflow: {f.analysis}'s full buffer held the native's inputs {f.buffer.blocks} "
                          f"time(s), {f.buffer.blocked_s:.1f}s of wall time in all"
                          for f in self.followers if f.buffer.blocks]
             private.write_text(self.workdir / "gate.json", json.dumps(
                 {"released": self.gate.released, "dropped": self.gate.dropped, "input_holds": self.gate.holds,
                  "overflows": sum(e.kind == "overflow" for e in self.gate.events), "detached": self.gate.detached,
+                 "qemu": self.gate.qemu_stats,      # QEMU's own counters at its end (None: none came)
                  "events": [{"kind": e.kind, "analysis": e.analysis, "flow": e.flow, "offset": e.offset,
                              "native": e.native.decode("latin-1"), "analysis_bytes": e.analysis_bytes.decode("latin-1"),
                              "vm_ns": e.vm_ns, **({"qemu": e.qemu} if e.qemu else {})}
@@ -359,6 +361,18 @@ class Shadow:
         data["live"] = {"native_cpu_s": round(self.native_cpu_s, 3)}
         private.write_text(sj, json.dumps(data, indent=1, default=str))
         return s
+
+
+def overflow_limits(events) -> list[str]:
+    """QEMU's gate overflows, one line a direction: under policy block the gate may fill
+    again each time it has drained (gate.json lists every one)."""
+    out = []
+    for direction in ("outputs", "inputs"):
+        evs = [e for e in events if e.kind == "overflow" and e.qemu["direction"] == direction]
+        if evs:
+            more = f" ({len(evs)} times, the last at VM time {evs[-1].vm_ns / 1e9:.3f}s)" if len(evs) > 1 else ""
+            out.append(f"gate: {evs[0].describe()}{more}")
+    return out
 
 
 def analysis_cpuset(spec: str) -> set[int] | None:

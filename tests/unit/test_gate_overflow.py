@@ -4,7 +4,8 @@ What QEMU writes on the gate socket is input like any other: a malformed one is 
 from __future__ import annotations
 
 from tandem.feedproto import Message
-from tandem.gate import OVERFLOW, OVERFLOW_BODY, Gate, Held
+from tandem.live import overflow_limits
+from tandem.gate import OVERFLOW, OVERFLOW_BODY, STATS, STATS_BODY, STATS_NAMES, Gate, Held
 
 
 def overflow(channel: int, policy: int, vm_ns: int = 1_500_000_000) -> Message:
@@ -41,3 +42,23 @@ def test_a_malformed_overflow_is_ignored(caplog):
     assert caplog.text.count("malformed OVERFLOW") == 3
     g._overflow(overflow(0, 9))          # an unknown policy number: said as it is, not trusted
     assert g.events[0].qemu["policy"] == "9" and not g.detached
+
+
+def test_qemus_counters_at_its_end_are_kept_by_name():
+    g = Gate(None, None, [])
+    g._stats(Message(STATS, 0, 0, b"\0" * 63))          # malformed: ignored
+    assert g.qemu_stats is None
+    g._stats(Message(STATS, 0, 0, STATS_BODY.pack(*range(1, 9))))
+    assert g.qemu_stats == dict(zip(STATS_NAMES, range(1, 9)))
+    assert g.qemu_stats["held_peak_frames"] == 1 and g.qemu_stats["dropped"] == 8
+
+
+def test_overflows_are_said_once_a_direction():
+    g = Gate(None, None, [])
+    for vm_ns in (1_000_000_000, 2_000_000_000, 3_000_000_000):
+        g._overflow(overflow(0, 1, vm_ns))
+    g._overflow(overflow(1, 1))
+    out, inp = overflow_limits(g.events)
+    assert out.startswith("gate: QEMU held the native's outputs up to its bound at VM time 1.000s")
+    assert out.endswith("(3 times, the last at VM time 3.000s)")
+    assert inp.startswith("gate: QEMU held the native's inputs") and "times" not in inp
