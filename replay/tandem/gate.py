@@ -18,9 +18,22 @@ The same gate holds the native's *inputs* for the overflow policy "block": while
 `hold()` says so (an analysis's buffer is full), frames towards the guest wait in
 QEMU (HOLD_INPUT) and are delivered in order when it has room again (PASS_INPUT).
 With release "now" the gate holds no outputs (filter-gate outputs=off).
+
+QEMU bounds what it holds each way (filter-gate max-frames, max-bytes: a guest that
+sends fast while the analyses lag must not grow QEMU without limit, qemu-patches/0017).
+A frame past the bound meets the overflow policy, the same as the analyses' buffers:
+"detach" (the held frames leave without agreement and the gate holds nothing from then
+on: the native no longer waits for its analyses) or "block" (the frame is refused, as a
+full link refuses it; the guest's TCP sends it again). QEMU says so (OVERFLOW), and that
+is reported as a limit of the run (`GateEvent` "overflow"), not as a finding about the
+guest. At its shutdown QEMU sends its counters (STATS: the peaks held each way, overflows,
+frames the policy passed or refused), kept in `qemu_stats` for gate.json: how full the
+gate got, to size max-frames/max-bytes by.
 """
 from __future__ import annotations
 
+import logging
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,8 +42,18 @@ from . import equivalence, netpkt
 from .compare import kept_lines
 from .feedproto import FeedServer
 
-HELD, RELEASE, DROP, HOLD_INPUT, PASS_INPUT = 32, 33, 34, 35, 36
+HELD, RELEASE, DROP, HOLD_INPUT, PASS_INPUT, OVERFLOW, STATS = 32, 33, 34, 35, 36, 37, 38
 SYN, ACK = 0x02, 0x10
+# OVERFLOW's payload: frames and bytes held, max-frames, max-bytes, policy (0 detach, 1 block)
+OVERFLOW_BODY = struct.Struct("<QQQQQ")
+# STATS (at QEMU's shutdown): its counters, as qom-get names them
+STATS_NAMES = ("held_peak_frames", "held_peak_bytes", "input_peak_frames", "input_peak_bytes",
+               "overflows", "overflow_frames", "released", "dropped")
+STATS_BODY = struct.Struct("<" + "Q" * len(STATS_NAMES))
+POLICIES = ("detach", "block")
+DIRECTIONS = ("outputs", "inputs")          # OVERFLOW's channel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,14 +72,23 @@ class Held:
 @dataclass
 class GateEvent:
     kind: str                       # "dropped" (a divergence caught) | "timeout" (released anyway)
-    analysis: str
+    analysis: str                   # | "overflow" (QEMU's bound reached: `qemu` says how)
     flow: int
     offset: int
     native: bytes
     analysis_bytes: bytes
     vm_ns: int
+    qemu: dict | None = None        # overflow: direction, frames, bytes, max_frames, max_bytes, policy
 
     def describe(self) -> str:
+        if self.kind == "overflow":
+            q = self.qemu
+            then = ("detached: the held frames left without the analyses' agreement and it holds "
+                    "nothing from then on" if q["policy"] == "detach" else
+                    "frames past it refused until there was room (the guest's TCP sends them again)")
+            return (f"QEMU held the native's {q['direction']} up to its bound at VM time "
+                    f"{self.vm_ns / 1e9:.3f}s ({q['frames']} frames, {q['bytes']} bytes held; max-frames "
+                    f"{q['max_frames']}, max-bytes {q['max_bytes']}): {then}")
         if self.kind == "dropped":
             return (f"native output held and dropped: flow {self.flow} bytes {self.offset}.."
                     f"{self.offset + len(self.native)} {self.native[:60]!r}, {self.analysis} produced "
@@ -207,6 +239,8 @@ class Gate:
         self.dropped_flows: set[tuple] = set()
         self.events: list[GateEvent] = []
         self.released = self.dropped = 0
+        self.detached = False           # QEMU's gate let go (overflow policy detach)
+        self.qemu_stats: dict | None = None     # QEMU's counters, sent as it shuts down
         self._streams: dict[tuple[str, int], Stream] = {}      # (analysis, flow) -> its output not agreed yet
         self._agreements: dict[tuple[str, int], Agreement] = {}
         self._index: dict[tuple, int] = {}                     # connection -> flow index
@@ -224,8 +258,12 @@ class Gate:
             if msgs is None:
                 return                                  # the native has exited
             for m in msgs:
-                if m.type == HELD:
+                if m.type == HELD and not self.detached:
                     self._held(Held(m.vm_ns, int.from_bytes(m.data[:8], "little"), m.data[8:]))
+                elif m.type == OVERFLOW:
+                    self._overflow(m)
+                elif m.type == STATS:
+                    self._stats(m)
             for key in list(self.queues):
                 self._decide(key)
             want = bool(self.hold and self.hold())
@@ -234,6 +272,28 @@ class Gate:
                 self.holding = want
                 self.holds += want
             self.server.flush()
+
+    def _overflow(self, m) -> None:
+        """QEMU's gate reached its bound (m.vm_ns: the VM time). A message QEMU wrote is
+        input like any other: a malformed one is logged, not trusted."""
+        if len(m.data) != OVERFLOW_BODY.size or m.channel > 1:
+            log.warning("gate: malformed OVERFLOW message (%d bytes, channel %d) ignored", len(m.data), m.channel)
+            return
+        frames, nbytes, max_frames, max_bytes, policy = OVERFLOW_BODY.unpack(m.data)
+        q = {"direction": DIRECTIONS[m.channel], "frames": frames, "bytes": nbytes, "max_frames": max_frames,
+             "max_bytes": max_bytes, "policy": POLICIES[policy] if policy < 2 else str(policy)}
+        self.events.append(GateEvent("overflow", "", -1, 0, b"", b"", m.vm_ns, q))
+        if q["policy"] == "detach":
+            # Every frame QEMU held has left: nothing is left here to decide, and a
+            # DROP now would come too late. What comes later is not held.
+            self.detached = True
+            self.queues.clear()
+
+    def _stats(self, m) -> None:
+        if len(m.data) != STATS_BODY.size:
+            log.warning("gate: malformed STATS message (%d bytes) ignored", len(m.data))
+            return
+        self.qemu_stats = dict(zip(STATS_NAMES, STATS_BODY.unpack(m.data)))
 
     def _held(self, h: Held) -> None:
         seg = netpkt.tcp4(h.frame)

@@ -106,6 +106,8 @@ class Shadow:
                                 duration_ns=duration_ns, port=port,
                                 gate_socket=self._gate_server.path if self._gate_server else None,
                                 gate_outputs=release == "agreed",
+                                # QEMU's bound on held frames: the same policy as the buffers'
+                                gate_overflow=overflow,
                                 launcher=libvirt.native_launcher() if libvirt else None)
         self.rec = inputs.Recording([], [], None, [], finished=False, path=str(self.path))
         per = buffer_events_of or {}
@@ -284,6 +286,8 @@ class Shadow:
         native = self.rec.known_ns
         out = [{"vm": "native", "vm_ns": native, "lag_ns": 0, "lag_wall_s": 0.0, "state": "recording"
                 if not self.rec.finished else "finished"}]
+        if self.gate:       # QEMU's gate reached its bound (told in band: no QMP while serving)
+            out[0]["gate_overflows"] = sum(e.kind == "overflow" for e in self.gate.events)
         for f in self.followers:
             run = f.run
             # Lag (FreeDA): how old, in the native's VM time and in wall time, is the
@@ -331,15 +335,19 @@ class Shadow:
         self._findings_file.close()
         if self.gate:
             self.gate.thread.join(10)
-            s.limits += [f"gate: {e.describe()}" for e in self.gate.events]
+            s.limits += [f"gate: {e.describe()}" for e in self.gate.events if e.kind != "overflow"]
+            s.limits += overflow_limits(self.gate.events)
             s.limits += [f"overflow: {f.analysis}'s full buffer held the native's inputs {f.buffer.blocks} "
                          f"time(s), {f.buffer.blocked_s:.1f}s of wall time in all"
                          for f in self.followers if f.buffer.blocks]
             private.write_text(self.workdir / "gate.json", json.dumps(
                 {"released": self.gate.released, "dropped": self.gate.dropped, "input_holds": self.gate.holds,
+                 "overflows": sum(e.kind == "overflow" for e in self.gate.events), "detached": self.gate.detached,
+                 "qemu": self.gate.qemu_stats,      # QEMU's own counters at its end (None: none came)
                  "events": [{"kind": e.kind, "analysis": e.analysis, "flow": e.flow, "offset": e.offset,
                              "native": e.native.decode("latin-1"), "analysis_bytes": e.analysis_bytes.decode("latin-1"),
-                             "vm_ns": e.vm_ns} for e in self.gate.events]}, indent=1))
+                             "vm_ns": e.vm_ns, **({"qemu": e.qemu} if e.qemu else {})}
+                            for e in self.gate.events]}, indent=1))
             self._gate_server.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
         peaks = {f.analysis: {"peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes,
@@ -353,6 +361,18 @@ class Shadow:
         data["live"] = {"native_cpu_s": round(self.native_cpu_s, 3)}
         private.write_text(sj, json.dumps(data, indent=1, default=str))
         return s
+
+
+def overflow_limits(events) -> list[str]:
+    """QEMU's gate overflows, one line a direction: under policy block the gate may fill
+    again each time it has drained (gate.json lists every one)."""
+    out = []
+    for direction in ("outputs", "inputs"):
+        evs = [e for e in events if e.kind == "overflow" and e.qemu["direction"] == direction]
+        if evs:
+            more = f" ({len(evs)} times, the last at VM time {evs[-1].vm_ns / 1e9:.3f}s)" if len(evs) > 1 else ""
+            out.append(f"gate: {evs[0].describe()}{more}")
+    return out
 
 
 def analysis_cpuset(spec: str) -> set[int] | None:

@@ -17,6 +17,8 @@ GAUGES = {   # status key -> (metric, help, scale)
     "buffer_bytes": ("tandem_buffer_bytes", "bytes of those inputs", 1.0),
     "peak_events": ("tandem_buffer_peak_events", "the most inputs the analysis ever trailed by", 1.0),
     "peak_bytes": ("tandem_buffer_peak_bytes", "the most bytes the analysis ever trailed by", 1.0),
+    "gate_overflows": ("tandem_gate_overflows", ("times QEMU's gate reached its bound on held frames "
+                       "(filter-gate max-frames/max-bytes)"), 1.0),
     "blocked_s": ("tandem_blocked_native_seconds", ("wall time the analysis's full buffer held the native "
                   "(overflow policy block)"), 1.0),
 }

@@ -85,7 +85,8 @@ class Recording:
 
     def __init__(self, path: str | Path, guest: Guest | None = None, *,
                  duration_ns: int = 0, port: int | None = None, gate_socket: Path | None = None,
-                 gate_outputs: bool = True, assertions: dict | None = None, launcher=None):
+                 gate_outputs: bool = True, gate_overflow: str = "block", assertions: dict | None = None,
+                 launcher=None):
         """assertions: a declared assertion pack ({path, sha256, ...}) for the manifest;
         it changes nothing in the recorded run (the checking happens on replay).
         launcher: run the QEMU as a libvirt domain (virt.Launcher, see vm.VM); what
@@ -96,7 +97,7 @@ class Recording:
         self.guest = guest or Guest.default()
         self.duration_ns = duration_ns
         self.port = port or free_port()
-        self.gate_socket, self.gate_outputs = gate_socket, gate_outputs
+        self.gate_socket, self.gate_outputs, self.gate_overflow = gate_socket, gate_outputs, gate_overflow
         self.vm: VM | None = None
         self.stop_reason: str | None = None
         self._tmp = None
@@ -112,7 +113,7 @@ class Recording:
         run = Run("record", Path(self._tmp), rrfile=self.path / bundle.STREAM,
                   devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
                   hostfwd_port=self.port, stop_after_ns=self.duration_ns, gate_socket=self.gate_socket,
-                  gate_outputs=self.gate_outputs)
+                  gate_outputs=self.gate_outputs, gate_overflow=self.gate_overflow)
         self.vm = VM(g, run, launcher=self.launcher, name="native")
         self.t0 = time.monotonic()
         try:

@@ -182,6 +182,7 @@ class Run:
     feed_socket: Path | None = None  # analysis mode: the feed controller's unix socket
     gate_socket: Path | None = None  # record mode: hold the guest's frames for tandem (filter-gate)
     gate_outputs: bool = True        # ... its outgoing ones (release "agreed"); inputs on request
+    gate_overflow: str = "block"     # past its bound: "detach" (lets go) or "block" (refuses frames)
     idle: bool = False               # run QEMU at idle CPU priority (live analyses: the native first)
     cpus: str | None = None          # pin QEMU's threads to these CPUs (a taskset list: live analyses
                                      # off the native's core)
@@ -268,6 +269,7 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         argv += ["-chardev", keyval_option("socket", {"id": "gatesock", "path": str(run.gate_socket)}),
                  "-object", json_option({"qom-type": "filter-gate", "id": "gate0", "netdev": nic.netdev,
                                          "queue": "all", "chardev": "gatesock", "position": "head",
+                                         "overflow": run.gate_overflow,
                                          "outputs": None if run.gate_outputs else False})]
     if run.devlog:
         # A recording's log says how far the VM clock has got every 100 ms: a live
