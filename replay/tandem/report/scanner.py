@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from itertools import compress
 
 from .console import Line, decode, make_line, readable
+from .dialects import dialect
 from .kind import Kind
+from .model import USERLAND_TYPES, Report
 from .needles import needles as _needles
 
 # A panic this close after a report is that report's aftermath (panic_on_warn, Fatal exception).
@@ -71,7 +73,6 @@ class Scanner:
     """
 
     def __init__(self, os: str = "linux"):
-        from . import dialect  # the OS tables import this package's modules
         self.os = os
         self._dialect = dialect(os)
         self._buf = ""          # undecoded remainder: a partial last line
@@ -382,7 +383,6 @@ class Scanner:
         return cur.kind.describe(texts, cur.ctx) if cur.kind.with_context else cur.kind.describe(texts)
 
     def _describe(self, cur: _Open, desc=None) -> None:
-        from . import USERLAND_TYPES, Report
         if cur in self._readers:
             self._readers.remove(cur)
         if desc is None:
