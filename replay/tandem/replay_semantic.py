@@ -43,11 +43,6 @@ DELIVERED_KEPT = 5_000             # live: the inputs delivered last, kept to at
 TICK_S = 0.5                        # live: how often the run's `tick` (live comparison) is called
 
 
-def analysis_guest(name: str) -> Guest:
-    """The guest the analysis `name` of the catalogue boots."""
-    return Guest.for_analysis(name)
-
-
 @dataclass
 class Delivered:
     vm_ns: int                  # when the analysis VM got it
@@ -185,7 +180,7 @@ def run(rec: inputs_mod.Recording, analysis: str, workdir: Path, *,
     what it has matched: live_compare.py); a live run keeps only the inputs it delivered
     last and no raw frames, so that its memory does not grow with its length.
     """
-    guest = guest or analysis_guest(analysis)
+    guest = guest or Guest.for_analysis(analysis)
     res = AnalysisRun(analysis)
     if not rec.finished:
         res.delivered, res.net_out = deque(maxlen=DELIVERED_KEPT), None
