@@ -28,11 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_replay import publish  # noqa: E402
 from semantic import CLIENTS, SMALL_REQUESTS, SMALL_VALUE, small_flows  # noqa: E402
-from tandem import bundle  # noqa: E402
+from tandem.formats import bundle  # noqa: E402
 from tandem.assertions import automata, check, trace  # noqa: E402
-from tandem.record import Recording  # noqa: E402
-from tandem.replay_exact import replay  # noqa: E402
-from tandem.workload import KV, demo_traffic  # noqa: E402
+from tandem.record.recording import Recording  # noqa: E402
+from tandem.exact.replay import replay  # noqa: E402
+from tandem.record.workload import KV, demo_traffic  # noqa: E402
 
 SECTION = "assertions"
 PACKS = [ROOT / "guest-kernel" / "assertions" / "linux-6.12.tesla",

@@ -27,11 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 
-from tandem import artifacts, bundle, rrstream  # noqa: E402
-from tandem.record import Recording  # noqa: E402
-from tandem.replay_exact import replay  # noqa: E402
-from tandem.vm import VM, Guest, Run, free_port, make_overlay  # noqa: E402
-from tandem.workload import demo_traffic  # noqa: E402
+from tandem import artifacts
+from tandem.formats import bundle, rrstream  # noqa: E402
+from tandem.record.recording import Recording  # noqa: E402
+from tandem.exact.replay import replay  # noqa: E402
+from tandem.qemu.vm import VM, Guest, Run, free_port, make_overlay  # noqa: E402
+from tandem.record.workload import demo_traffic  # noqa: E402
 
 ROUNDS = 20
 

@@ -31,11 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_replay import replace_section  # noqa: E402
-from tandem import compare, equivalence, inputs, netpkt, pcapng, replay_semantic  # noqa: E402
-from tandem.record import Recording  # noqa: E402
-from tandem.semantic import analyze  # noqa: E402
-from tandem.vm import VM, Guest, Run, free_port, make_overlay  # noqa: E402
-from tandem.workload import KV, demo_traffic  # noqa: E402
+from tandem.semantic import compare, equivalence, inputs, model, replay as replay_semantic  # noqa: E402
+from tandem.formats import netpkt, pcapng  # noqa: E402
+from tandem.record.recording import Recording  # noqa: E402
+from tandem.semantic.analyze import analyze  # noqa: E402
+from tandem.qemu.vm import VM, Guest, Run, free_port, make_overlay  # noqa: E402
+from tandem.record.workload import KV, demo_traffic  # noqa: E402
 
 SECTION = "semantic"
 PARTS = ("replay", "comparator", "parallel")
@@ -179,7 +180,7 @@ def log_payload(devlog: Path) -> tuple[int, int, dict[str, list[int]]]:
     return n, payload, sizes
 
 
-def compared_bytes(rec: inputs.Recording, run: replay_semantic.AnalysisRun) -> tuple[int, int]:
+def compared_bytes(rec: inputs.RecordedInputs, run: model.AnalysisRun) -> tuple[int, int]:
     """Guest output the comparator compares, (native, analysis): console bytes, TCP payload
     of every flow, UDP payload."""
     native = (sum(len(d) for _, d in rec.serial_out) + sum(fl.guest_bytes for fl in rec.flows)

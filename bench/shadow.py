@@ -36,15 +36,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_replay import replace_section  # noqa: E402
-from tandem import inputs as inputs_mod  # noqa: E402
-from tandem import live as live_mod  # noqa: E402
-from tandem import live_compare  # noqa: E402
+from tandem.semantic import inputs as inputs_mod  # noqa: E402
+from tandem.live import shadow as live_mod  # noqa: E402
+from tandem.live import compare as live_compare  # noqa: E402
 from tandem import plan as plan_mod  # noqa: E402
-from tandem import replay_semantic  # noqa: E402
-from tandem.live import SAMPLE_S, Shadow, analysis_cpuset  # noqa: E402
-from tandem.record import Recording  # noqa: E402
-from tandem.vm import VM, Guest, Run, free_port, make_overlay  # noqa: E402
-from tandem.workload import KV  # noqa: E402
+from tandem.semantic import replay as replay_semantic  # noqa: E402
+from tandem.live.shadow import SAMPLE_S, ShadowOptions, ShadowRun, analysis_cpuset  # noqa: E402
+from tandem.record.recording import Recording  # noqa: E402
+from tandem.qemu.vm import VM, Guest, Run, free_port, make_overlay  # noqa: E402
+from tandem.record.workload import KV  # noqa: E402
 
 SECTION = "shadow"
 CLIENTS = 4
@@ -134,7 +134,7 @@ def run_record(tmp: Path, requests: int):
     return out
 
 
-def serve(sh: Shadow, work, each=None) -> None:
+def serve(sh: ShadowRun, work, each=None) -> None:
     """Run `work()` against the started shadow's native, then power it off; sample the
     native (and call `each()`) every SAMPLE_S until it stops; let the analyses finish."""
     def drive():
@@ -178,7 +178,7 @@ def run_record_loaded(tmp: Path, requests: int):
 
 def run_shadow(tmp: Path, requests: int, analyses: list[str]):
     d = Path(tempfile.mkdtemp(dir=tmp))
-    sh = Shadow(d / "s.tdm", analyses, workdir=d / "an", record_analyses=False).start()
+    sh = ShadowRun(d / "s.tdm", analyses, ShadowOptions(record_analyses=False), workdir=d / "an").start()
     out = {}
     serve(sh, lambda: out.setdefault("r", load(sh.port, requests)))
     return out["r"]
@@ -356,7 +356,8 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "no
     # that grows is one block, and RSS moves in pages and with the allocator's slack.
     tracemalloc.start(1)
     try:
-        sh = Shadow(d / "m.tdm", ["native"], workdir=d / "an", record_analyses=False, release=release).start()
+        sh = ShadowRun(d / "m.tdm", ["native"], ShadowOptions(record_analyses=False, release=release),
+                       workdir=d / "an").start()
         done = {"requests": 0}
         last = [0.0]
 
@@ -429,7 +430,7 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "no
 
 def part_buffer(tmp: Path, out_png: Path, bursts: int = 3, gap_s: float = 3.0, per_burst: int = 60) -> list[str]:
     d = Path(tempfile.mkdtemp(dir=tmp))
-    sh = Shadow(d / "b.tdm", ["kasan"], workdir=d / "an", record_analyses=False).start()
+    sh = ShadowRun(d / "b.tdm", ["kasan"], ShadowOptions(record_analyses=False), workdir=d / "an").start()
     series: list[tuple[float, int, float, float, int]] = []  # (t, buffer events, lag VM s, lag wall s, native VM ns)
 
     def drive():

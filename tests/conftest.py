@@ -28,7 +28,7 @@ from hypothesis import settings
 
 from helpers import MARK, ROOT, check_devlogs_readable, in_shared_block, record_demo  # noqa: F401  (ROOT: sys.path)
 from tandem import artifacts
-from tandem.vm import VM
+from tandem.qemu.vm import VM
 
 # Hypothesis: no per-example deadline anywhere (a loaded 2-core machine makes any
 # deadline flaky; the suite's timeout bounds a test instead).
@@ -147,8 +147,8 @@ def bundle_copy(demo_bundle, tmp_path) -> Path:
 @pytest.fixture(scope="module")
 def libvirtd_daemon(built, tmp_path_factory):
     """A private libvirtd (and virtlogd) for one test module, stopped after it."""
-    from tandem import virt
-    d = virt.Libvirtd(tmp_path_factory.mktemp("libvirt") / "libvirt")
+    from tandem.libvirt import daemon
+    d = daemon.Libvirtd(tmp_path_factory.mktemp("libvirt") / "libvirt")
     d.start()
     yield d
     d.stop()
@@ -159,14 +159,14 @@ def libvirtd(libvirtd_daemon):
     """The module's libvirtd, as this test finds it and leaves it: every domain the test
     defined is destroyed and undefined at its end, whatever the test did, so the next test
     meets the same set of domains."""
-    from tandem import virt
-    conn = virt.connect(libvirtd_daemon.uri)
+    from tandem.libvirt import daemon
+    conn = daemon.connect(libvirtd_daemon.uri)
     try:
         before = {d.name() for d in conn.listAllDomains()}
     finally:
         conn.close()
     yield libvirtd_daemon
-    conn = virt.connect(libvirtd_daemon.uri)
+    conn = daemon.connect(libvirtd_daemon.uri)
     try:
         for dom in conn.listAllDomains():
             if dom.name() not in before:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from helpers import assert_one_line_error, run_cli
-from tandem import bundle
+from tandem.formats import bundle
 from tandem.assertions import check, trace
 from tandem.assertions.events import Event
-from tandem.record import Recording
-from tandem.workload import KV, PLANTED_BUGS, demo_traffic
+from tandem.record.recording import Recording
+from tandem.record.workload import KV, PLANTED_BUGS, demo_traffic
 
 PACKS = Path(__file__).resolve().parents[1] / "guest-kernel" / "assertions"
 LINUX_PACK, LSM_PACK = PACKS / "linux-6.12.tesla", PACKS / "linux-6.12-lsm.tesla"

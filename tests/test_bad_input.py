@@ -9,7 +9,7 @@ from helpers import assert_one_line_error, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tandem import bundle, rrstream
+from tandem.formats import bundle, rrstream
 
 
 def edit_manifest(path, fn):

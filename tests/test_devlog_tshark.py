@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from helpers import start_client, wait_until, wireshark_counts
-from tandem import bundle, pcapng
-from tandem.record import Recording
-from tandem.replay_exact import replay
-from tandem.workload import KV
+from tandem.formats import bundle, pcapng
+from tandem.record.recording import Recording
+from tandem.exact.replay import replay
+from tandem.record.workload import KV
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from helpers import wait_until
 from helpers.live import drive, run_until_native_stops
-from tandem import artifacts, inputs, replay_exact
-from tandem.live import Shadow
+from tandem import artifacts
+from tandem.semantic import inputs
+from tandem.exact import replay as replay_exact
+from tandem.live.shadow import ShadowOptions, ShadowRun
 
 MAX_FRAMES, MAX_BYTES = 64, 128 * 1024     # small (max-bytes is at least one 68 KiB frame): the flood passes them many times over
 CONNECTIONS, GETS, VALUE = 100, 20, "x" * 3000
@@ -74,8 +76,10 @@ def flood_with_the_analysis_stopped(tmp_path, overflow: str, connections: int):
     """The flood, with the only analysis SIGSTOPped for the flood (under block, until the
     gate has refused frames at its bound); QEMU's counters sampled meanwhile (QMP from the
     main thread, which owns it)."""
-    sh = Shadow(tmp_path / "native.tdm", ["native"], workdir=tmp_path / "an", release="agreed",
-                overflow=overflow, record_analyses=False, hang_wall_s=600, block_budget_s=600)
+    sh = ShadowRun(tmp_path / "native.tdm", ["native"],
+                   ShadowOptions(release="agreed", overflow=overflow, record_analyses=False, hang_wall_s=600,
+                                 block_budget_s=600),
+                   workdir=tmp_path / "an")
     sh.start()
     qmp, pid = sh.native.vm.qmp, sh.native.vm.proc.pid
 

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from helpers import ROOT, wait_until
-from tandem.cli import build_parser
+from tandem.cli.main import build_parser
 
 LINE = re.compile(r"^(ok|warn|FAIL) +[\w-]+: .+")
 

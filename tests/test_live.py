@@ -14,16 +14,19 @@ from pathlib import Path
 
 from helpers import ROOT, pace, wait_for_service, wait_until
 from helpers.live import analyses_caught_up, drive, run_until_native_stops
-from tandem import bundle, inputs, pcapng, plan, replay_exact
-from tandem.live import Shadow
-from tandem.vm import Serial, free_port
-from tandem.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
+from tandem.formats import bundle, pcapng
+from tandem.semantic import inputs
+from tandem import plan
+from tandem.exact import replay as replay_exact
+from tandem.live.shadow import ShadowOptions, ShadowRun
+from tandem.qemu.vm import Serial, free_port
+from tandem.record.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
 
 
 def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
     live = []
-    sh = Shadow(tmp_path / "native.tdm", ["kasan", "lockdep"], workdir=tmp_path / "an",
-                on_finding=lambda f: live.append((time.monotonic(), f)), metrics_port=0)
+    sh = ShadowRun(tmp_path / "native.tdm", ["kasan", "lockdep"], ShadowOptions(metrics_port=0),
+                   workdir=tmp_path / "an", on_finding=lambda f: live.append((time.monotonic(), f)))
     sh.start()
     scraped = []
     t = drive(sh, lambda: (demo_traffic(sh.port, rounds=3),
@@ -68,8 +71,9 @@ def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
 
 
 def test_a_dying_or_overflowing_analysis_never_stops_the_native(tmp_path):
-    sh = Shadow(tmp_path / "native.tdm", ["native", "lockdep"], workdir=tmp_path / "an",
-                buffer_events_of={"lockdep": 20}, record_analyses=False)
+    sh = ShadowRun(tmp_path / "native.tdm", ["native", "lockdep"],
+                   ShadowOptions(buffer_events_of={"lockdep": 20}, record_analyses=False),
+                   workdir=tmp_path / "an")
     sh.start()
     answers = []
     killed = []
@@ -99,8 +103,8 @@ def test_a_dying_or_overflowing_analysis_never_stops_the_native(tmp_path):
 
 
 def test_a_hung_analysis_is_a_finding_and_the_native_goes_on(tmp_path):
-    sh = Shadow(tmp_path / "native.tdm", ["native"], workdir=tmp_path / "an", record_analyses=False,
-                hang_wall_s=3)
+    sh = ShadowRun(tmp_path / "native.tdm", ["native"], ShadowOptions(record_analyses=False, hang_wall_s=3),
+                   workdir=tmp_path / "an")
     sh.start()
     answers = []
 
@@ -127,8 +131,8 @@ def test_agreed_release_keeps_a_diverging_answer_from_the_client(tmp_path):
     """--release agreed: the native's answer leaves only once the analysis gave the same one.
     The ASan-built service dies on the planted overflow; the native answers it, but that
     answer never reaches the client (what the client receives is the capture)."""
-    sh = Shadow(tmp_path / "native.tdm", ["asan-userland"], workdir=tmp_path / "an",
-                release="agreed", record_analyses=False)
+    sh = ShadowRun(tmp_path / "native.tdm", ["asan-userland"],
+                   ShadowOptions(release="agreed", record_analyses=False), workdir=tmp_path / "an")
     sh.start()
     got = {}
 
@@ -160,9 +164,10 @@ def test_overflow_block_holds_the_native_until_the_analysis_has_room(tmp_path):
     """--overflow block: a slow analysis with a small buffer is never detached; the native's
     inputs wait at the host side of its NIC instead, and its recording still replays."""
     bound = 20
-    sh = Shadow(tmp_path / "native.tdm", ["lockdep"], workdir=tmp_path / "an",
-                buffer_events_of={"lockdep": bound}, record_analyses=False,
-                overflow="block", block_budget_s=120)
+    sh = ShadowRun(tmp_path / "native.tdm", ["lockdep"],
+                   ShadowOptions(buffer_events_of={"lockdep": bound}, record_analyses=False, overflow="block",
+                                 block_budget_s=120),
+                   workdir=tmp_path / "an")
     sh.start()
     answers, times = [], []
 
@@ -202,7 +207,7 @@ def test_a_long_run_keeps_only_what_is_in_flight(tmp_path):
     """What the analysis has taken and compared is dropped while the native runs (the
     native's inputs, output and closed connections; the analysis's console and output);
     a difference found on the way is still reported, and the bundle stays whole."""
-    sh = Shadow(tmp_path / "native.tdm", ["native"], workdir=tmp_path / "an")
+    sh = ShadowRun(tmp_path / "native.tdm", ["native"], workdir=tmp_path / "an")
     sh.start()
     seen = {}
 

@@ -16,12 +16,12 @@ import time
 import pytest
 
 from helpers import shared_across_tests, wait_until
-from tandem import bundle
+from tandem.formats import bundle
 from tandem.errors import TandemError
-from tandem.record import Recording
-from tandem.replay_exact import replay
-from tandem.vm import VM, Guest, Run, free_port, make_overlay
-from tandem.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
+from tandem.record.recording import Recording
+from tandem.exact.replay import replay
+from tandem.qemu.vm import VM, Guest, Run, free_port, make_overlay
+from tandem.record.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
 
 # Anything a sanitizer, lockdep or an oops prints. The native console must have none.
 ANY_REPORT = re.compile(rb"BUG: |WARNING: |UBSAN: |KASAN|AddressSanitizer|circular locking"

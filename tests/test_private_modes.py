@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from helpers import assert_one_line_error, run_cli
-from tandem import bundle, replay_exact
-from tandem.record import Recording
-from tandem.semantic import analyze
-from tandem.vm import Guest, Run, qemu_argv
-from tandem.workload import demo_traffic
+from tandem.formats import bundle
+from tandem.exact import replay as replay_exact
+from tandem.record.recording import Recording
+from tandem.semantic.analyze import analyze
+from tandem.qemu.vm import Guest, Run, qemu_argv
+from tandem.record.workload import demo_traffic
 
 USUAL_UMASK = 0o022
 

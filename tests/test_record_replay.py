@@ -5,10 +5,10 @@ import socket
 
 from helpers import run_cli, start_client, unsent_bytes, wait_until
 
-from tandem import bundle, pcapng
-from tandem.record import Recording
-from tandem.replay_exact import replay
-from tandem.workload import KV
+from tandem.formats import bundle, pcapng
+from tandem.record.recording import Recording
+from tandem.exact.replay import replay
+from tandem.record.workload import KV
 
 
 def test_recording_captures_every_channel(demo_bundle):
@@ -118,7 +118,7 @@ def test_record_duration_in_vm_time(built, tmp_path):
 def test_guest_that_panics_is_not_a_clean_stop(built, tmp_path):
     """No init: the kernel panics at boot. The recording is kept, labeled for what it is,
     and replays exactly (the panic is reproducible)."""
-    from tandem.vm import Guest
+    from tandem.qemu.vm import Guest
     g = Guest.default()
     g.cmdline += " rdinit=/nonexistent"
     path = tmp_path / "panic.tdm"
@@ -150,7 +150,7 @@ def test_bundle_path_with_commas_and_keys(built, tmp_path):
 def test_replay_reads_the_stream_it_checked(demo_bundle, monkeypatch):
     """QEMU gets the replay stream as a file tandem opened (bundle.open_member, no link
     followed), never by the bundle's path: a link planted after the check is not read."""
-    from tandem.vm import VM
+    from tandem.qemu.vm import VM
     argvs, real_start = [], VM.start
     monkeypatch.setattr(VM, "start", lambda vm, *a, **k: (argvs.append(vm.argv), real_start(vm, *a, **k))[1])
     v = replay(demo_bundle)

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from helpers import assert_one_line_error, run_cli
-from tandem import inputs, replay_exact, replay_semantic
-from tandem.findings import findings
-from tandem.record import Recording
-from tandem.semantic import analyze
-from tandem.vm import Guest
-from tandem.workload import PLANTED_BUGS, bad_requests, demo_traffic
+from tandem.semantic import inputs, replay as replay_semantic
+from tandem.exact import replay as replay_exact
+from tandem.semantic.findings import findings
+from tandem.record.recording import Recording
+from tandem.semantic.analyze import analyze
+from tandem.qemu.vm import Guest
+from tandem.record.workload import PLANTED_BUGS, bad_requests, demo_traffic
 
 SANITIZERS = ["kasan", "ubsan", "lockdep", "asan-userland"]
 
@@ -45,7 +46,7 @@ def planted_bugs_bundle(built, tmp_path_factory) -> Path:
     return path
 
 
-def client_line(rec: inputs.Recording, flow: int, offset: int) -> bytes:
+def client_line(rec: inputs.RecordedInputs, flow: int, offset: int) -> bytes:
     """The line the recorded client sent at this offset of its stream on a flow."""
     stream = b"".join(i.data for i in rec.inputs if i.kind == "tcp-data" and i.flow == flow)
     return stream[offset:].split(b"\n", 1)[0]

@@ -16,16 +16,21 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, run_cli, wait_until
 from helpers.libvirt import names, native_xml, shadow_pid, virsh
-from tandem import artifacts, bundle, feedproto, record, virt
-from tandem.replay_exact import replay
-from tandem.vm import Guest, Run, Serial, alive, free_port
-from tandem.workload import KV
+from tandem import artifacts
+from tandem.formats import bundle
+from tandem.semantic import feed as feedproto
+from tandem.record import recording as record
+from tandem.libvirt import daemon, domain, shadows
+from tandem.errors import TandemError
+from tandem.exact.replay import replay
+from tandem.qemu.vm import Guest, Run, Serial, alive, free_port
+from tandem.record.workload import KV
 
 
 def test_private_libvirtd_starts_and_leaves_nothing(built, tmp_path):
     host = {p: Path(p).exists() for p in ("/run/libvirt", "/var/lib/libvirt", "/var/log/libvirt")}
     passwd = hashlib.sha256(Path("/etc/passwd").read_bytes()).hexdigest()
-    d = virt.Libvirtd(tmp_path / "lv")
+    d = daemon.Libvirtd(tmp_path / "lv")
     d.start()
     try:
         pids = d.pids()
@@ -53,14 +58,14 @@ def test_domain_xml_resolves_libvirt_conflicts(libvirtd, tmp_path):
     g = Guest.default()
     run = Run("analysis", tmp_path, overlay=tmp_path / "d.qcow2", feed_socket=tmp_path / "f.sock",
               rtc_base="2026-01-01T00:00:00")
-    xml = virt.domain_xml("conflicts", g, run)
+    xml = domain.domain_xml("conflicts", g, run)
     root = ET.fromstring(xml)
-    passed = [a.get("value") for a in root.iter(f"{{{virt.QEMU_NS}}}arg")]
-    assert not set(passed) & set(virt.LIBVIRT_OWNS)
+    passed = [a.get("value") for a in root.iter(f"{{{domain.QEMU_NS}}}arg")]
+    assert not set(passed) & set(domain.LIBVIRT_OWNS)
     assert passed[:2] == ["-L", artifacts.qemu()["firmware_dir"]] and "-icount" in passed
     clock = root.find("clock")
     assert clock.get("offset") == "absolute" and clock.get("start") == "1767225600"
-    conn = virt.connect(libvirtd.uri)
+    conn = daemon.connect(libvirtd.uri)
     conn.defineXML(xml)
     try:
         argv = virsh(libvirtd.uri, "domxml-to-native", "qemu-argv", "--domain", "conflicts").split()
@@ -70,12 +75,12 @@ def test_domain_xml_resolves_libvirt_conflicts(libvirtd, tmp_path):
         assert argv.count(once) == 1, once
     assert argv[argv.index("-rtc") + 1] == "base=2026-01-01T00:00:00,clock=vm"
     assert argv[argv.index("-accel") + 1] == "tcg" and "-no-acpi" not in argv
-    with pytest.raises(virt.TandemError, match="only under TCG"):
-        virt.domain_xml("k", g, run, virt_type="kvm")
+    with pytest.raises(TandemError, match="only under TCG"):
+        domain.domain_xml("k", g, run, virt_type="kvm")
     # A plain run without icount may be a kvm domain (written, not run here: docs/libvirt.md).
-    kvm = ET.fromstring(virt.domain_xml("k", g, Run("plain", tmp_path, overlay=tmp_path / "d.qcow2", icount=False),
+    kvm = ET.fromstring(domain.domain_xml("k", g, Run("plain", tmp_path, overlay=tmp_path / "d.qcow2", icount=False),
                                         virt_type="kvm"))
-    passed = [a.get("value") for a in kvm.iter(f"{{{virt.QEMU_NS}}}arg")]
+    passed = [a.get("value") for a in kvm.iter(f"{{{domain.QEMU_NS}}}arg")]
     assert kvm.get("type") == "kvm" and "-accel" not in passed and "-icount" not in passed
 
 
@@ -90,8 +95,8 @@ def test_tandem_domain_boots_serves_and_replays(libvirtd, tmp_path):
                                         "net": {"backend": "user", "hostfwd_port": port, "guest_port": 7000}})
     run = Run("record", rundir, rrfile=path / bundle.STREAM, devlog=path / bundle.DEVLOG,
               overlay=path / record.OVERLAY, hostfwd_port=port)
-    conn = virt.connect(libvirtd.uri)
-    dom = conn.defineXML(virt.domain_xml("native", g, run, uuid=uuid))
+    conn = daemon.connect(libvirtd.uri)
+    dom = conn.defineXML(domain.domain_xml("native", g, run, uuid=uuid))
     t0 = time.monotonic()
     dom.create()
     assert "native" in names(libvirtd.uri)
@@ -123,21 +128,21 @@ def test_attach_and_detach(libvirtd, tmp_path):
     r = run_cli("attach", "web", "--analysis", "native,kasan", "--uri", uri, "--state-dir", str(state), "--json",
                 "--no-follow")
     assert r.returncode == 0, r.stderr
-    shadows = {s["analysis"]: s for s in json.loads(r.stdout)}
-    assert set(shadows) == {"native", "kasan"}
+    attached = {s["analysis"]: s for s in json.loads(r.stdout)}
+    assert set(attached) == {"native", "kasan"}
     assert names(uri) == {"web-tandem-native", "web-tandem-kasan"}          # the native is not started
     assert "shut off" in virsh(uri, "dominfo", "web")
 
     # Private (issue 19): the feed and QMP sockets steer a shadow, so they are only in
     # 0700 directories (the state directory was 0755 under umask 022); overlays 0600.
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
-    for s in shadows.values():
+    for s in attached.values():
         assert Path(s["feed_socket"]).parent == Path(s["qmp_socket"]).parent == Path(s["state_dir"])
         assert stat.S_IMODE(Path(s["state_dir"]).stat().st_mode) == 0o700
         assert stat.S_IMODE(Path(s["overlay"]).stat().st_mode) == 0o600
 
     # The shadows: the analysis kernel, the native's MAC, an overlay over the native's disk.
-    kasan = shadows["kasan"]
+    kasan = attached["kasan"]
     cmdline = Path(f"/proc/{shadow_pid(libvirtd, 'web-tandem-kasan')}/cmdline").read_bytes().split(b"\0")
     assert artifacts.kernel("kasan")["bzImage"].encode() in cmdline
     nics = [json.loads(a) for a in cmdline if a.startswith(b'{"driver":"virtio-net-pci"')]
@@ -149,7 +154,7 @@ def test_attach_and_detach(libvirtd, tmp_path):
     assert "Max memory:     524288 KiB" in virsh(uri, "dominfo", "web-tandem-kasan")
 
     # tandem's own QMP monitor, next to libvirt's: the feed holds the VM at time 0.
-    sh = virt.Shadow(**{k: Path(v) if k.endswith(("dir", "socket", "overlay")) else v
+    sh = shadows.ShadowDomain(**{k: Path(v) if k.endswith(("dir", "socket", "overlay")) else v
                         for k, v in kasan.items()})
     qmp = sh.qmp()
     assert qmp.command("query-status")["status"] == "running"           # held, not stopped

@@ -13,11 +13,14 @@ from pathlib import Path
 from helpers import ROOT, assert_one_line_error, quiet, run_cli, wait_for_service, wait_until
 from helpers.libvirt import names, native_xml, virsh
 from helpers.live import drive, run_until_native_stops
-from tandem import bundle, pcapng, replay_exact, virt
+from tandem.formats import bundle, pcapng
+from tandem.exact import replay as replay_exact
+from tandem.libvirt import shadows
+from tandem.live import attach
 from tandem.errors import BundleError
-from tandem.live import Shadow
-from tandem.vm import free_port
-from tandem.workload import KV, demo_traffic
+from tandem.live.shadow import ShadowRun
+from tandem.qemu.vm import free_port
+from tandem.record.workload import KV, demo_traffic
 
 
 def test_shadow_runs_native_and_analysis_as_domains(libvirtd, tmp_path):
@@ -26,8 +29,8 @@ def test_shadow_runs_native_and_analysis_as_domains(libvirtd, tmp_path):
     does the analysis run's; nothing is left defined."""
     uri = libvirtd.uri
     path = tmp_path / "web.tdm"
-    sh = Shadow(path, ["native"], workdir=tmp_path / "an",
-                libvirt=virt.LiveDomains.for_bundle(uri, path, ["native"]))
+    sh = ShadowRun(path, ["native"], workdir=tmp_path / "an",
+                   libvirt=attach.LiveDomains.for_bundle(uri, path, ["native"]))
     sh.start()
     seen = {}
 
@@ -88,13 +91,13 @@ def start_attach(uri: str, tmp_path: Path, port: int) -> subprocess.Popen:
 def tandem_metadata(uri: str, name: str) -> dict[str, str]:
     """Paths tandem names in a domain's <metadata> (run directory, sockets)."""
     root = ET.fromstring(virsh(uri, "dumpxml", name))
-    md = root.find(f"metadata/{{{virt.NS}}}*")
+    md = root.find(f"metadata/{{{shadows.NS}}}*")
     out = {k: v for k, v in md.attrib.items()}
     for e in md:
-        if virt._local(e.tag) == "original":
+        if shadows._local(e.tag) == "original":
             out["original"] = e.text
         elif e.get("path"):
-            out[e.get("role") or virt._local(e.tag)] = e.get("path")
+            out[e.get("role") or shadows._local(e.tag)] = e.get("path")
     return out
 
 

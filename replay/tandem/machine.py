@@ -15,8 +15,8 @@ So every option is built here from a dict of typed values:
   (`qemu_opts_parse` reads `,,` as one comma inside a value);
 
 and the values with a shape (a MAC, an id, a device model) are checked for it before they
-are used. The composition of the whole command line per mode is vm.qemu_argv; libvirt's
-domain XML passes these same strings through (virt.domain_xml).
+are used. The composition of the whole command line per mode is qemu.vm.qemu_argv; libvirt's
+domain XML passes these same strings through (libvirt.domain.domain_xml).
 """
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ NIC_DEVICES = frozenset(NIC_MODELS.values())
 # Properties only virtio-net has: tx=timer (a frame leaves at the same VM time in every
 # run) and ioeventfd=off (a queue kick taken in the vCPU thread); see vm.qemu_argv.
 VIRTIO_NET = "virtio-net-pci"
+# The analysis feed's lookahead (qemu-patches/0006): each output of the guest pulls the
+# horizon in by this much VM time, so the replayer answers within it, as the network did.
+LOOKAHEAD_NS = 1_000_000
 
 
 class OptionError(TandemError):

@@ -11,7 +11,7 @@ entries: the native's N_T requests, less the N_T / F the analysis has consumed
 meanwhile, plus the one it is consuming.
 
 In tandem the buffer holds the native's inputs that an analysis VM has not taken yet
-(replay_semantic.Buffer). That is one entry per input (N_SYS = 1): network, serial and
+(semantic.model.Buffer). That is one entry per input (N_SYS = 1): network, serial and
 datagram inputs. Entropy goes to the analysis at once and never waits in the buffer.
 From a recording, this module measures:
 
@@ -31,7 +31,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import bundle, inputs
+from .formats import bundle
+from .semantic import inputs
 from .errors import TandemError
 
 N_SYS = 1                   # buffer entries per input
@@ -113,7 +114,7 @@ class Workload:
         return len(got), sum(got)
 
 
-def measure(rec: inputs.Recording) -> Workload:
+def measure(rec: inputs.RecordedInputs) -> Workload:
     by_flow: dict[int, list[inputs.Input]] = {}
     background = background_bytes = entropy = 0
     buffered = []
@@ -139,7 +140,7 @@ def measure(rec: inputs.Recording) -> Workload:
                     background_bytes, entropy, _peak(requests))
 
 
-def _ready(rec: inputs.Recording, requests: list[Request]) -> tuple[int, str]:
+def _ready(rec: inputs.RecordedInputs, requests: list[Request]) -> tuple[int, str]:
     """When the native was booted: its agent's READY line, else its first request."""
     tail = b""
     for ns, data in rec.serial_out:

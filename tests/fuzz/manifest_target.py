@@ -29,7 +29,7 @@ if __name__ == "__main__":     # run by hand or by bench/fuzz.py: tandem from th
 
 import fuzzing  # noqa: E402
 
-INSTRUMENT = ("tandem.bundle", "tandem.inspect_bundle", "json")
+INSTRUMENT = ("tandem.formats.bundle", "tandem.cli.inspect_bundle", "json")
 BUNDLE_TOKEN = b"@BUNDLE@"
 BUILD_ID = "a" * 64
 # The scratch bundle's files besides the manifest: name -> where its bytes come from.
@@ -76,9 +76,9 @@ def one_line(e: Exception) -> None:
 def check(data: bytes) -> None:
     """Load `data` as a bundle's manifest every way tandem does; raises what is not a
     one-line BundleError (inspect raises nothing: it lists problems)."""
-    from tandem import bundle
+    from tandem.formats import bundle
     from tandem.errors import BundleError
-    from tandem.inspect_bundle import inspect, render
+    from tandem.cli.inspect_bundle import inspect, render
     d = scratch_bundle()
     write_manifest(d, data)
     try:

@@ -22,12 +22,12 @@ if __name__ == "__main__":     # run by hand or by bench/fuzz.py: tandem from th
 
 import fuzzing  # noqa: E402
 
-INSTRUMENT = ("tandem.pcapng",)
+INSTRUMENT = ("tandem.formats.pcapng",)
 
 
 def check(data: bytes) -> None:
     """Read `data` as a device log, torn tail allowed and not; raises what is not BundleError."""
-    from tandem import pcapng
+    from tandem.formats import pcapng
     from tandem.errors import BundleError
     path = fuzzing.scratch_file(data)
     for allow_torn in (True, False):
@@ -43,7 +43,7 @@ def check(data: bytes) -> None:
 def logs() -> dict[str, bytes]:
     """Device logs as tandem writes them: every kind of interface, events cut in pieces,
     icounts, clock marks, closed cleanly or torn, both formats."""
-    from tandem import pcapng
+    from tandem.formats import pcapng
     out = {}
     for fmt in (1, 2):
         for closed in (True, False):

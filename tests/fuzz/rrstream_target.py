@@ -24,7 +24,7 @@ if __name__ == "__main__":     # run by hand or by bench/fuzz.py: tandem from th
 
 import fuzzing  # noqa: E402
 
-INSTRUMENT = ("tandem.rrstream",)
+INSTRUMENT = ("tandem.formats.rrstream",)
 
 
 def with_crcs(data: bytes) -> bytes:
@@ -32,7 +32,7 @@ def with_crcs(data: bytes) -> bytes:
     their stored lengths, whatever their magic): random mutation changes a CRC-checked
     byte in nearly every input, and the reader stops there; with the CRCs repaired the
     mutations reach the sequence, flag, length and zstd checks behind them."""
-    from tandem import rrstream
+    from tandem.formats import rrstream
     out = bytearray(data)
     offset = rrstream.FILE_HDR.size
     while offset + rrstream.SEG_HDR.size <= len(out):
@@ -54,7 +54,7 @@ def check(data: bytes) -> None:
 
 def check_as_is(data: bytes) -> None:
     """scan() and iter_raw() of `data`: BundleError or the same segments, raw lengths as declared."""
-    from tandem import rrstream
+    from tandem.formats import rrstream
     from tandem.errors import BundleError
     path = fuzzing.scratch_file(data)
     try:
@@ -74,7 +74,7 @@ def check_as_is(data: bytes) -> None:
 
 
 def streams() -> dict[str, bytes]:
-    from tandem import rrstream
+    from tandem.formats import rrstream
     out = {}
     for compress in (False, True):
         for finish in (True, False):

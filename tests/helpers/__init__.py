@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "replay") not in sys.path:
     sys.path.insert(0, str(ROOT / "replay"))
 
-from tandem import pcapng  # noqa: E402
+from tandem.formats import pcapng  # noqa: E402
 from tandem.errors import BundleError  # noqa: E402
 
 # syzkaller's report corpus, beside the clone (../shared) or beside the directory holding a
@@ -152,8 +152,8 @@ def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
 
 def record_demo(path: Path, *, rounds: int = 10) -> Path:
     """Record the demo guest: client traffic, serial lines, disk writes, poweroff."""
-    from tandem.record import Recording
-    from tandem.workload import demo_traffic
+    from tandem.record.recording import Recording
+    from tandem.record.workload import demo_traffic
     with Recording(path) as rec:
         rec.wait_ready()
         demo_traffic(rec.port, rounds=rounds)
@@ -169,7 +169,7 @@ def service_answers(port: int) -> bool:
     one closed without an answer (tandem's TandemError: slirp accepts before the guest
     listens, then closes), a reset, a timeout; anything else fails the test."""
     from tandem.errors import TandemError
-    from tandem.workload import KV
+    from tandem.record.workload import KV
     try:
         with KV(port, timeout=5) as kv:
             return kv.request("SET up 1") == "OK"

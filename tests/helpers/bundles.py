@@ -2,9 +2,9 @@
 readers' unit tests: no QEMU involved."""
 from __future__ import annotations
 
-from tandem import bundle
-from tandem.pcapng import PcapngWriter
-from tandem.rrstream import StreamWriter
+from tandem.formats import bundle
+from tandem.formats.pcapng import PcapngWriter
+from tandem.formats.rrstream import StreamWriter
 
 
 def make_bundle(tmp_path, *, finish=True, state="complete"):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tandem import artifacts, virt
-from tandem.vm import Guest, make_overlay
+from tandem import artifacts
+from tandem.libvirt import daemon
+from tandem.qemu.vm import Guest, make_overlay
 
 
 def virsh(uri: str, *args: str, check: bool = True) -> str:
@@ -40,5 +41,5 @@ def native_xml(tmp_path: Path, name: str = "web", nic: str = "virtio") -> str:
 </domain>"""
 
 
-def shadow_pid(d: virt.Libvirtd, name: str) -> int:
+def shadow_pid(d: daemon.Libvirtd, name: str) -> int:
     return int((d.dir / "run" / "libvirt" / "qemu" / f"{name}.pid").read_text())

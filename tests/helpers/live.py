@@ -3,10 +3,10 @@ sampled until it stops."""
 from __future__ import annotations
 
 from helpers import Client, start_client, wait_until
-from tandem.live import Shadow
+from tandem.live.shadow import ShadowRun
 
 
-def drive(sh: Shadow, work) -> Client:
+def drive(sh: ShadowRun, work) -> Client:
     """Run the client side in a thread (its failure reaches the test at join) while the
     caller samples the native, as the CLI does; the client powers the native off."""
     def client():
@@ -15,7 +15,7 @@ def drive(sh: Shadow, work) -> Client:
         sh.native.serial.type("poweroff")
     return start_client(client, "client")
 
-def run_until_native_stops(sh: Shadow, each=None, timeout: float = 300, client: Client | None = None) -> None:
+def run_until_native_stops(sh: ShadowRun, each=None, timeout: float = 300, client: Client | None = None) -> None:
     """Sample the native (and call `each`) until its QEMU exits; a client that failed ends
     the wait with its own error rather than a timeout."""
     def stopped() -> bool:
@@ -28,7 +28,7 @@ def run_until_native_stops(sh: Shadow, each=None, timeout: float = 300, client: 
         return sh.native.vm.proc.poll() is not None
     wait_until(stopped, timeout, lambda: f"the native to stop (VM {sh.native.vm.vm_status()})")
 
-def analyses_caught_up(sh: Shadow, each=None, timeout: float = 300) -> None:
+def analyses_caught_up(sh: ShadowRun, each=None, timeout: float = 300) -> None:
     """Until every analysis has finished with what the native gave it."""
     def done() -> bool:
         if each:

@@ -5,12 +5,7 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tandem.assertions.lang import (
-    AssertionLangError,
-    load_symbols,
-    parse_file,
-    parse_text,
-)
+from tandem.assertions.lang import AssertionLangError, load_symbols, parse_file, parse_text
 from tandem.assertions.model import EventSpec, Pat, Step
 from tandem.errors import TandemError
 

@@ -1,8 +1,8 @@
-"""A live analysis's buffer bound and its overflow policies (replay_semantic.Buffer)."""
+"""A live analysis's buffer bound and its overflow policies (semantic.model.Buffer)."""
 from __future__ import annotations
 
 
-from tandem.replay_semantic import Buffer
+from tandem.semantic.model import Buffer
 
 
 def test_detach_policy_fails_as_soon_as_the_bound_is_passed():
@@ -35,7 +35,7 @@ def test_analysis_cpus_leave_the_first_cpu_to_the_native():
     import os
     import pytest
     from tandem.errors import TandemError
-    from tandem.live import analysis_cpuset
+    from tandem.live.shadow import analysis_cpuset
     allowed = sorted(os.sched_getaffinity(0))
     assert analysis_cpuset("auto") == (set(allowed[1:]) or None)
     assert analysis_cpuset("all") is None

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from tandem import bundle
+from tandem.formats import bundle
 from tandem.errors import BundleError
-from tandem.inspect_bundle import inspect, render
+from tandem.cli.inspect_bundle import inspect, render
 from helpers.bundles import make_bundle
 
 

@@ -9,9 +9,9 @@ import signal
 
 import pytest
 
-from tandem import bundle, pcapng, rrstream
+from tandem.formats import bundle, pcapng, rrstream
 from tandem.errors import BundleError
-from tandem.inspect_bundle import inspect
+from tandem.cli.inspect_bundle import inspect
 
 from helpers.bundles import make_bundle
 

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tandem import catalog, equivalence, report
-from tandem.cli import build_parser
-from tandem.demo import DEMO_ANALYSES
+from tandem import catalog, report
+from tandem.semantic import equivalence
+from tandem.cli.main import build_parser
+from tandem.cli.demo import DEMO_ANALYSES
 from tandem.errors import TandemError
 from tandem.setup import build
 

@@ -2,20 +2,21 @@
 paths (whole-stream equality, identical lines after the spec) must not change."""
 import tomllib
 
-from tandem import compare, equivalence, inputs, netpkt, pcapng
-from tandem.replay_semantic import AnalysisRun, Delivered
-from tandem.tcp_peer import Peer, PeerFlow
+from tandem.semantic import compare, equivalence, inputs
+from tandem.formats import netpkt, pcapng
+from tandem.semantic.model import AnalysisRun, Delivered
+from tandem.semantic.peer import Peer, PeerFlow
 
 GUEST = (bytes([10, 0, 2, 15]), 7000)
 CLIENT = (bytes([10, 0, 2, 2]), 40000)
 GMAC, CMAC = bytes.fromhex("525400123456"), netpkt.GATEWAY_MAC
 
 
-def recording(native_flow: list[tuple[int, bytes]], console: list[tuple[int, bytes]]) -> inputs.Recording:
+def recording(native_flow: list[tuple[int, bytes]], console: list[tuple[int, bytes]]) -> inputs.RecordedInputs:
     fl = inputs.Flow(0, CLIENT, GUEST, CMAC, GMAC, 0)
     fl.guest_data = list(native_flow)
     fl.guest_bytes = sum(len(d) for _, d in native_flow)
-    return inputs.Recording([], [fl], None, [], serial_out=list(console))
+    return inputs.RecordedInputs([], [fl], None, [], serial_out=list(console))
 
 
 def analysis(flow: list[tuple[int, bytes]], console: list[tuple[int, bytes]], udp=()) -> AnalysisRun:

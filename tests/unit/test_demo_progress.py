@@ -5,7 +5,7 @@ import io
 
 from rich.console import Console
 
-from tandem import demo
+from tandem.cli import demo
 
 
 class Status:

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from tandem import render
-from tandem.findings import Finding, distinct
+from tandem.cli import render
+from tandem.semantic.findings import Finding, distinct
 
 HOSTILE = "WARNING in [/] [bold]x[/bold] [link=file:///etc/passwd]y"
 

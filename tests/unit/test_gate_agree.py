@@ -6,9 +6,9 @@ import re
 
 from hypothesis import given
 from hypothesis import strategies as st
-from tandem.equivalence import ChannelRules
-from tandem.compare import kept_lines
-from tandem.gate import Agreement, Stream, agree
+from tandem.semantic.equivalence import ChannelRules
+from tandem.semantic.compare import kept_lines
+from tandem.live.gate import Agreement, Stream, agree
 
 PLAIN = ChannelRules()
 

@@ -3,9 +3,9 @@ as the host reads it: an event of the run, and under policy detach nothing more 
 What QEMU writes on the gate socket is input like any other: a malformed one is ignored."""
 from __future__ import annotations
 
-from tandem.feedproto import Message
-from tandem.live import overflow_limits
-from tandem.gate import OVERFLOW, OVERFLOW_BODY, STATS, STATS_BODY, STATS_NAMES, Gate, Held
+from tandem.semantic.feed import Message
+from tandem.live.shadow import overflow_limits
+from tandem.live.gate import OVERFLOW, OVERFLOW_BODY, STATS, STATS_BODY, STATS_NAMES, Gate, Held
 
 
 def overflow(channel: int, policy: int, vm_ns: int = 1_500_000_000) -> Message:

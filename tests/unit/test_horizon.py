@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.replay_semantic import DEP_TIMEOUT_NS, SETTLE_NS, next_horizon
+from tandem.semantic.horizon import live_grant, next_horizon
+from tandem.semantic.model import DEP_TIMEOUT_NS, LIVE_SLICE_NS, SETTLE_NS
 
 MS = 1_000_000
 # (what, now, next input, blocked since, last output, peer timer, native end, last input, live) -> horizon
@@ -39,3 +40,25 @@ def test_the_horizon_never_goes_back():
     for what, now, nxt, blocked, out, timer, end, last, live, _ in TABLE:
         h = next_horizon(now, nxt, blocked, out, timer, end, last, live)
         assert h is None or h > now, what
+
+
+# A live run's grant: (what, now, horizon, native's clock, warp granted, behind, idle, sent) -> (horizon, warp) | None
+LIVE = [
+    ("idle, nothing new, the native no further: no grant (wait on the native)",
+     10 * MS, None, 10 * MS, 10 * MS, False, True, False, None),
+    ("idle, the native has moved on: warp to its clock, a slice past it",
+     10 * MS, None, 30 * MS, 10 * MS, False, True, False, (30 * MS + LIVE_SLICE_NS, 30 * MS)),
+    ("idle but inputs were just sent: run on", 10 * MS, None, 10 * MS, 10 * MS, False, True, True,
+     (10 * MS + LIVE_SLICE_NS, 10 * MS)),
+    ("an input ahead, before the cap: run to it", 10 * MS, 20 * MS, 30 * MS, 0, False, False, False,
+     (20 * MS, 30 * MS)),
+    ("far ahead of the native: the slice caps it", 100 * MS, 900 * MS, 30 * MS, 0, False, False, False,
+     (100 * MS + LIVE_SLICE_NS, 30 * MS)),
+    ("behind (an input due waits on the guest): no warp bound, idle time may be skipped",
+     10 * MS, 15 * MS, 30 * MS, 30 * MS, True, True, False, (15 * MS, None)),
+]
+
+
+@pytest.mark.parametrize("what,now,horizon,known,warped,behind,idle,sent,want", LIVE, ids=[r[0] for r in LIVE])
+def test_live_grant(what, now, horizon, known, warped, behind, idle, sent, want):
+    assert live_grant(now, horizon, known, warped, behind=behind, idle=idle, sent=sent) == want

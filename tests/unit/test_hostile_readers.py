@@ -15,7 +15,8 @@ import zlib
 import pytest
 import zstandard
 
-from tandem import equivalence, rrstream
+from tandem.semantic import equivalence
+from tandem.formats import rrstream
 from tandem.assertions.lang import AssertionLangError, parse_text
 from tandem.errors import BundleError, TandemError
 

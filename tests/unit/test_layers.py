@@ -2,6 +2,12 @@
 replay/tandem (lazy ones included: a cycle hidden in a function is still a cycle).
 
 - No cycle among tandem's modules.
+- Packages are layered (docs/architecture.md): the CLI over the stages a user meets,
+  the stages over the concerns they share (one QEMU process, libvirt, the host's setup),
+  those over the formats and the report parser, those over the base (errors, the
+  catalogue, the machine description, file modes). A module imports its own package
+  and lower layers only; among the stages, a later one may use an earlier one (semantic
+  replay uses the recording's guest; live shadows run semantic replays), never the reverse.
 - The pure modules (formats, the report parser, the assertion language, the catalogue,
   the option builders) never import a module that drives QEMU, libvirt or the CLI.
 """
@@ -11,13 +17,34 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "replay" / "tandem"
-# What drives processes or talks to people: the stages and the CLI.
-DRIVERS = {"tandem.vm", "tandem.virt", "tandem.record", "tandem.replay_exact", "tandem.replay_semantic",
-           "tandem.semantic", "tandem.live", "tandem.cli", "tandem.demo", "tandem.render", "tandem.workload"}
-PURE = {"tandem.errors", "tandem.catalog", "tandem.machine", "tandem.pcapng", "tandem.rrstream",
-        "tandem.netpkt", "tandem.verify", "tandem.equivalence", "tandem.feedproto"}
-PURE_PACKAGES = ("tandem.report", "tandem.assertions.lang", "tandem.assertions.model",
-                 "tandem.assertions.automata", "tandem.assertions.events")
+# Lowest first: each prefix with its layer; the longest prefix a module starts with wins.
+LAYERS = {
+    "tandem": 0, "tandem.errors": 0, "tandem.catalog": 0, "tandem.machine": 0,
+    "tandem.artifacts": 0, "tandem.private": 0,
+    "tandem.formats": 1, "tandem.report": 1,
+    "tandem.assertions.lang": 1, "tandem.assertions.model": 1, "tandem.assertions.automata": 1,
+    "tandem.assertions.events": 1, "tandem.assertions.symbols": 1, "tandem.assertions.kernel": 1,
+    "tandem.qemu": 2, "tandem.setup": 2, "tandem.wireshark": 2,
+    "tandem.libvirt": 3,
+    "tandem.record": 4,
+    "tandem.exact": 5,
+    "tandem.semantic": 6,
+    "tandem.assertions": 7, "tandem.live": 7, "tandem.plan": 7,
+    "tandem.cli": 8, "tandem.__main__": 9,
+}
+# What drives processes or talks to people.
+DRIVERS = ("tandem.qemu", "tandem.libvirt", "tandem.record", "tandem.exact", "tandem.semantic.replay",
+           "tandem.semantic.analyze", "tandem.live", "tandem.cli")
+PURE = ("tandem.errors", "tandem.catalog", "tandem.machine", "tandem.formats", "tandem.report",
+        "tandem.exact.verify", "tandem.semantic.equivalence", "tandem.semantic.inputs",
+        "tandem.semantic.compare", "tandem.assertions.lang", "tandem.assertions.model",
+        "tandem.assertions.automata", "tandem.assertions.events")
+
+
+def layer(module: str) -> tuple[int, str]:
+    """(layer, the package prefix that set it) of a module."""
+    prefix = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    return LAYERS[prefix], prefix
 
 
 def module_name(path: Path) -> str:
@@ -77,15 +104,39 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def upward(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """module -> the modules it imports from a higher layer, or from another package of
+    its own layer (two stages of one layer know nothing of each other)."""
+    out = {}
+    for module, deps in graph.items():
+        rank, home = layer(module)
+        bad = [d for d in sorted(deps) if layer(d)[0] > rank
+               or (layer(d)[0] == rank and layer(d)[1] != home and rank > 1)]
+        if bad:
+            out[module] = bad
+    return out
+
+
 def test_no_cycles():
     assert cycles(imports()) == []
 
 
+def test_dependencies_point_down():
+    assert upward(imports()) == {}
+
+
 def test_pure_modules_import_no_driver():
     graph = imports()
-    pure = [m for m in graph if m in PURE or m.startswith(PURE_PACKAGES)]
-    assert {m: sorted(graph[m] & DRIVERS) for m in pure if graph[m] & DRIVERS} == {}
+    pure = [m for m in graph if m.startswith(PURE)]
+    assert {m: sorted(d for d in graph[m] if d.startswith(DRIVERS))
+            for m in pure if any(d.startswith(DRIVERS) for d in graph[m])} == {}
 
 
 def test_the_checks_find_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_checks_find_an_upward_import():
+    assert upward({"tandem.formats.bundle": {"tandem.qemu.vm"}, "tandem.qemu.vm": {"tandem.formats.bundle"},
+                   "tandem.live.shadow": {"tandem.plan"}}) == {
+        "tandem.formats.bundle": ["tandem.qemu.vm"], "tandem.live.shadow": ["tandem.plan"]}

@@ -4,10 +4,12 @@ import tomllib
 
 from hypothesis import given, settings, strategies as st
 
-from tandem import compare, equivalence, inputs, live_compare, netpkt
-from tandem.live_compare import LiveCompare
-from tandem.replay_semantic import AnalysisRun
-from tandem.tcp_peer import Peer, PeerFlow
+from tandem.semantic import compare, equivalence, inputs
+from tandem.live import compare as live_compare
+from tandem.formats import netpkt
+from tandem.live.compare import LiveCompare
+from tandem.semantic.model import AnalysisRun
+from tandem.semantic.peer import Peer, PeerFlow
 
 GUEST = (bytes([10, 0, 2, 15]), 7000)
 CLIENT = (bytes([10, 0, 2, 2]), 40000)
@@ -24,7 +26,7 @@ class Pair:
     """A live native recording with one flow and a console, and an analysis run."""
 
     def __init__(self):
-        self.rec = inputs.Recording([], [inputs.Flow(0, CLIENT, GUEST, CMAC, GMAC, 0)], None, [], finished=False)
+        self.rec = inputs.RecordedInputs([], [inputs.Flow(0, CLIENT, GUEST, CMAC, GMAC, 0)], None, [], finished=False)
         self.run = AnalysisRun("native")
         self.run.peer = Peer()
         self.pf = PeerFlow(0, CLIENT, GUEST, CMAC, GMAC, isn=1)
@@ -107,7 +109,7 @@ def test_what_both_sides_agree_on_is_dropped_as_they_run():
     fl = p.rec.flows[0]
     assert lc.native_at(compare.channel(fl)) == fl.guest_data.end
     assert p.pf.guest_data.size == 0 and len(p.run.console) == 0
-    fl.guest_data.drop_to(lc.native_at(compare.channel(fl)))     # as live.Shadow does
+    fl.guest_data.drop_to(lc.native_at(compare.channel(fl)))     # as live.shadow.ShadowRun does
     assert fl.guest_data.size == 0
     p.close()
     lc.tick(p.run)
@@ -207,7 +209,7 @@ def test_live_and_whole_comparisons_agree_on_whether_outputs_differ(na, nb, cuts
     lc.tick(p.run)
     lc.finish(p.run)
     whole = compare.compare(
-        inputs.Recording([], [inputs.Flow(0, CLIENT, GUEST, CMAC, GMAC, 0, guest_data=[(1, a)])], None, []),
+        inputs.RecordedInputs([], [inputs.Flow(0, CLIENT, GUEST, CMAC, GMAC, 0, guest_data=[(1, a)])], None, []),
         _run_with(b), spec())
     assert bool(lc.divergences) == bool(whole)
 

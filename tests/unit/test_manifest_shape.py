@@ -9,9 +9,9 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tandem import bundle
+from tandem.formats import bundle
 from tandem.errors import BundleError
-from tandem.inspect_bundle import inspect
+from tandem.cli.inspect_bundle import inspect
 
 from helpers.bundles import make_bundle
 
@@ -165,7 +165,7 @@ def test_an_input_path_that_is_no_readable_file_is_one_problem(tmp_path, path):
 
 
 def test_manifest_text_with_control_characters_stays_one_line_and_off_the_terminal(tmp_path):
-    from tandem.inspect_bundle import render
+    from tandem.cli.inspect_bundle import render
     d, m = make_bundle(tmp_path)
     m["qemu"]["build_id"] = "\x1b[2J\nforged"
     m["inputs"]["kernel"]["path"] = "/x\n- integrity: ok\x1b[0m"

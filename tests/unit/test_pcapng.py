@@ -9,8 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tandem.errors import BundleError
-from tandem.pcapng import (EPB, IDB, ISB, PIECE, SNAPLEN, DevlogReader, PcapngWriter, _block, _opt,
-                           _opts, block_record, iter_events, read_devlog)
+from tandem.formats.pcapng import EPB, IDB, ISB, PIECE, SNAPLEN, DevlogReader, PcapngWriter, _block, _opt, _opts, block_record, iter_events, read_devlog
 
 EVENTS = [  # (iface, direction, vm_ns, data, icount)
     (0, "out", 1_000, b"hello\n", 10),

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from helpers import assert_one_line_error, run_cli
-from tandem import bundle, netpkt, pcapng
+from tandem.formats import bundle, netpkt, pcapng
 from tandem.errors import TandemError
-from tandem.inputs import Flow, Input, Recording, from_events
+from tandem.semantic.inputs import Flow, Input, RecordedInputs, from_events
 from tandem.plan import Request, _share_time, equation2, measure, plan
 
 
@@ -132,7 +132,7 @@ def test_concurrent_clients_are_not_counted_once_each():
     requests = [Request(c, 0, 40) for c in range(4)] + [Request(0, 130, 140)]
     _share_time(requests)
     assert [r.work_ns for r in requests] == [10, 10, 10, 10, 10]
-    w = measure(Recording([], [], 200, []))
+    w = measure(RecordedInputs([], [], 200, []))
     w.requests = requests
     assert w.busy_period_requests(3) == 4
 
@@ -241,7 +241,7 @@ def test_cli(recorded):
 def test_a_reply_at_the_next_requests_vm_time_came_before_it():
     """VM time may not move between the guest's reply and the client's next line (an
     idle guest under icount): they are still two requests."""
-    rec = Recording([Input("tcp-open", 10, flow=0), Input("tcp-data", 20, b"a\n", flow=0),
+    rec = RecordedInputs([Input("tcp-open", 10, flow=0), Input("tcp-data", 20, b"a\n", flow=0),
                      Input("tcp-data", 30, b"b\n", flow=0)],
                     [Flow(0, A, GUEST, CMAC, GMAC, 10, guest_data=[(30, b"x\n"), (40, b"y\n")])], 100, [])
     w = measure(rec)

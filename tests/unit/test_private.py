@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tandem import bundle, private
-from tandem.inspect_bundle import inspect
+from tandem.formats import bundle
+from tandem import private
+from tandem.cli.inspect_bundle import inspect
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +58,7 @@ def test_new_bundle_and_manifest_private(tmp_path):
 
 def test_feed_socket_only_in_a_private_directory(tmp_path):
     from tandem.errors import TandemError
-    from tandem.feedproto import FeedServer
+    from tandem.semantic.feed import FeedServer
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
     with pytest.raises(TandemError, match=r"feed socket .*f.sock: its directory .*shared is open to other "

@@ -19,7 +19,7 @@ import pytest
 from tandem import machine
 from tandem.errors import TandemError
 from tandem.machine import Disk, Nic, OptionError, json_option, keyval_option
-from tandem.vm import Guest, Run, qemu_argv
+from tandem.qemu.vm import Guest, Run, qemu_argv
 
 DATA = Path(__file__).parent / "data"
 Q = {"binary": "/opt/qemu/bin/qemu-system-x86_64", "firmware_dir": "/opt/qemu/share"}
@@ -240,7 +240,8 @@ def crafted_manifest(**machine) -> dict:
 
 def replay_argv(m: dict) -> list[str]:
     """The argv `tandem replay` gives QEMU for manifest m (after the load's checks)."""
-    from tandem import bundle, replay_exact
+    from tandem.formats import bundle
+    from tandem.exact import replay as replay_exact
     problem = bundle.manifest_problem(m)
     if problem:
         raise TandemError(problem)

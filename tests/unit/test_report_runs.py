@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from tandem import report
 from tandem.report import scanner
 from tandem.report.scanner import MAX_LINE, MAX_REPORT_LINES, Scanner
 

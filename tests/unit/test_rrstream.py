@@ -4,8 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tandem.errors import BundleError
-from tandem.rrstream import (SEG_HDR, StreamWriter, is_being_written, iter_raw, scan, to_stock,
-                             write_intact_prefix)
+from tandem.formats.rrstream import SEG_HDR, StreamWriter, is_being_written, iter_raw, scan, to_stock, write_intact_prefix
 
 PAYLOADS = [bytes([i]) * (100 + 37 * i) + b"event-%d" % i for i in range(5)]
 

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from tandem import equivalence
-from tandem.compare import MASKED, kept_lines
-from tandem.equivalence import MAX_RULED_LINE, ChannelRules
+from tandem.semantic import equivalence
+from tandem.semantic.compare import MASKED, kept_lines
+from tandem.semantic.equivalence import MAX_RULED_LINE, ChannelRules
 from tandem.errors import TandemError
 
 DIGITS = b"1" * 1_000_000

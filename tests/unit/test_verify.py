@@ -1,8 +1,8 @@
 """Exact-replay verification (verify.first_mismatch), on device logs made by hand."""
 from __future__ import annotations
 
-from tandem.pcapng import Devlog, Event
-from tandem.verify import first_mismatch
+from tandem.formats.pcapng import Devlog, Event
+from tandem.exact.verify import first_mismatch
 
 
 def ev(seq: int, channel: str, data: bytes, vm_ns: int = 0, direction: str = "out") -> Event:

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import bundle, inputs, pcapng
+from ..formats import bundle, pcapng
+from ..semantic import inputs
 from ..errors import TandemError
 from ..report.symbolize import short_path
 from . import trace

@@ -21,10 +21,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import artifacts, bundle, pcapng, private
+from .. import artifacts, private
+from ..formats import bundle, pcapng
 from ..errors import TandemError
-from ..replay_exact import Verdict, replay
-from ..vm import ICOUNT_SHIFT
+from ..exact.replay import Verdict, replay
+from ..qemu.vm import ICOUNT_SHIFT
 from . import kernel as kernel_mod
 from .events import Event
 from .kernel import Func, Kernel

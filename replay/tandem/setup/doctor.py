@@ -120,7 +120,7 @@ def check_disk() -> Check:
     what = "a cold build" if need == COLD_BUILD_BYTES else "recordings and rebuilds"
     if free < need:
         return Check("FAIL", "disk", f"{free / 2**30:.1f} GiB free under {probe}, {what} needs "
-                     f"{need / 2**30:.0f} GiB", f"free space there, or set TANDEM_CACHE to a larger disk")
+                     f"{need / 2**30:.0f} GiB", "free space there, or set TANDEM_CACHE to a larger disk")
     return Check("ok", "disk", f"{free / 2**30:.1f} GiB free under {probe} ({what} needs {need / 2**30:.0f} GiB)")
 
 

@@ -1,0 +1,129 @@
+"""`tandem attach` / `tandem detach` / `tandem libvirtd`: tandem with libvirt domains."""
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+from .. import catalog
+from ..errors import TandemError
+from .common import analysis_names, parse_duration
+from .render import console, print_live_finding, print_summary
+from .shadow import watch
+
+
+def add_parsers(sub) -> None:
+    r = sub.add_parser("attach", help="record a shut-off libvirt domain from boot (started by tandem) "
+                       "while shadow analysis domains DOMAIN-tandem-NAME trail it live, until it stops; "
+                       "its own definition is put back at the end")
+    r.add_argument("domain", help="the native libvirt domain (shut off; direct kernel boot, one virtio "
+                   "NIC on user networking, one file disk on virtio)")
+    r.add_argument("--analysis", action="append", metavar="NAME", required=True,
+                   help="analysis VM to create (repeatable, or comma-separated): "
+                        + catalog.help_lines())
+    r.add_argument("--uri", help="libvirt URI (default: libvirt's, e.g. $LIBVIRT_DEFAULT_URI)")
+    r.add_argument("--bundle", help="the native's recording (default DOMAIN.tdm here)")
+    r.add_argument("--workdir", help="the analyses' recordings, findings.jsonl, summary.json "
+                   "(default BUNDLE.analysis)")
+    r.add_argument("--port", type=int, help="host port forwarded to the guest's port 7000 (default: free port)")
+    r.add_argument("--duration", type=parse_duration, help="stop the native after this much VM time")
+    r.add_argument("--no-follow", action="store_true",
+                   help="only define and start the shadows (the native is untouched): each waits for a "
+                        "feeder on its feed socket (--json)")
+    r.add_argument("--state-dir", help="with --no-follow: where the shadows' overlays and sockets go "
+                   "(default ~/.cache/tandem/shadows/DOMAIN)")
+    r.add_argument("--rtc-base", help="with --no-follow: the shadows' wall clock at boot, UTC (default: now)")
+    r.add_argument("--no-start", action="store_true", help="with --no-follow: define the shadows, do not start them")
+    r.add_argument("--json", action="store_true", help="with --no-follow: also print the shadows as JSON on stdout")
+    r.set_defaults(func=cmd_attach)
+
+    r = sub.add_parser("detach", help="remove a libvirt domain's shadows, their overlays and sockets; "
+                       "put back the domain's own definition if a tandem attach left it tandem's")
+    r.add_argument("domain")
+    r.add_argument("--uri", help="libvirt URI (default: libvirt's)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_detach)
+
+    r = sub.add_parser("libvirtd", help="run a private libvirtd (and virtlogd) with all its files "
+                       "in DIR, until Ctrl-C")
+    r.add_argument("dir", help="an empty or new directory, not under /etc, /var or /run")
+    r.set_defaults(func=cmd_libvirtd)
+
+
+def cmd_attach(args) -> int:
+    from ..libvirt import daemon, shadows
+    if not (args.no_follow or args.no_start):
+        return _attach_live(args)
+    for opt, given in (("--bundle", args.bundle), ("--workdir", args.workdir), ("--port", args.port),
+                       ("--duration", args.duration)):
+        if given:
+            raise TandemError(f"{opt}: not with --no-follow (the native is not recorded)")
+    conn = daemon.connect(args.uri)
+    made = shadows.attach(conn, args.domain, analysis_names(args.analysis), state_dir=args.state_dir,
+                          rtc_base=args.rtc_base, start=not args.no_start)
+    for s in made:
+        console.print(f"[bold]{s.name}[/]: {s.analysis} analysis of {s.native}"
+                      f"{'' if args.no_start else ', waiting for its feed'}", markup=True)
+        console.print(f"  feed {s.feed_socket}, qmp {s.qmp_socket}"
+                      + (f", overlay {s.overlay}" if s.overlay else ""), markup=False)
+    if args.json:
+        print(json.dumps([s.to_json() for s in made], indent=1))
+    return 0
+
+
+def _attach_live(args) -> int:
+    """tandem attach DOMAIN: DOMAIN recorded from boot, its shadows fed live, until it stops."""
+    from ..live.attach import follow
+    from ..live.shadow import ShadowOptions
+    for opt, given in (("--state-dir", args.state_dir), ("--rtc-base", args.rtc_base), ("--json", args.json)):
+        if given:
+            raise TandemError(f"{opt}: only with --no-follow (a followed domain's shadows run in the "
+                              f"analysis workdir, on the native's clock)")
+    sh = follow(args.uri, args.domain, analysis_names(args.analysis), bundle=args.bundle,
+                options=ShadowOptions(port=args.port, duration_ns=args.duration or 0),
+                workdir=Path(args.workdir) if args.workdir else None, on_finding=print_live_finding)
+    try:
+        sh.start()
+        console.print(f"attached to {args.domain}: recording into {sh.path}, guest service on "
+                      f"127.0.0.1:{sh.port}; shadows {', '.join(sh.libvirt.shadow_names())} trail it; "
+                      f"findings in {sh.workdir / 'findings.jsonl'}; stop with guest poweroff, "
+                      f"virsh destroy {args.domain} or Ctrl-C", markup=False)
+        s = watch(sh)
+    finally:        # the native's own definition back, whatever happened
+        if sh.native.vm:
+            sh.native.vm.close()
+    print_summary(s)
+    console.print(f"{args.domain}: its own definition is back; the recording is {sh.path}", markup=False)
+    return 0 if s.ok else 1
+
+
+def cmd_detach(args) -> int:
+    from ..libvirt import daemon, shadows
+    conn = daemon.connect(args.uri)
+    removed = shadows.detach(conn, args.domain)
+    for s in removed.shadows:
+        console.print(f"removed {s.name} and {s.state_dir}", markup=False)
+    if removed.native:
+        console.print(removed.native, markup=False)
+    if args.json:
+        print(json.dumps(removed.to_json(), indent=1))
+    return 0
+
+
+def cmd_libvirtd(args) -> int:
+    from ..libvirt.daemon import Libvirtd
+    d = Libvirtd(args.dir)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    try:
+        d.start()
+        console.print(f"private libvirtd running; stop with Ctrl-C\nexport LIBVIRT_DEFAULT_URI='{d.uri}'",
+                      markup=False)
+        while not stop:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        d.stop()
+    return 0

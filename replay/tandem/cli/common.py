@@ -1,0 +1,36 @@
+"""What the commands share: durations on the command line, progress lines, analysis lists."""
+from __future__ import annotations
+
+import argparse
+
+
+def parse_duration(text: str) -> int:
+    """'10s', '500ms', '2m' or plain seconds -> nanoseconds of VM time."""
+    units = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000}
+    for suffix in sorted(units, key=len, reverse=True):
+        if text.endswith(suffix):
+            num, mult = text[: -len(suffix)], units[suffix]
+            break
+    else:
+        num, mult = text, units["s"]
+    try:
+        value = float(num)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 10s, 500ms, 2m)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"duration must be positive: {text!r}")
+    return int(value * mult)
+
+
+def progress(label: str, status):
+    def show(st: dict):
+        if st:
+            status.update(f"{label}: VM time {st.get('vm-clock-ns', 0) / 1e9:7.2f}s, "
+                          f"{st.get('events', 0)} device log records, "
+                          f"{st.get('icount', 0) / 1e6:,.0f}M instructions")
+    return show
+
+
+def analysis_names(items: list[str] | None) -> list[str]:
+    """--analysis values, repeatable and comma-separated, as one list."""
+    return [a for item in items or [] for a in item.split(",") if a]

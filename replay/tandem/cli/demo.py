@@ -1,0 +1,112 @@
+"""`tandem demo`: the embedded default, end to end.
+
+Record the demo guest while real clients talk to it over the port forward (some
+requests hit the planted bugs, which the native guest serves without noticing)
+and lines are typed on its serial console; power it off; inspect the bundle;
+replay it exactly and show the verdict; then replay it into the analysis VMs
+(sanitizer kernels, ASan userland) and show what they found, attributed to the
+requests.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from .. import catalog, private
+from ..exact.replay import replay
+from ..record.recording import Recording
+from ..record.workload import PLANTED_BUGS, bad_requests, demo_traffic
+from .inspect_bundle import inspect, render
+
+# Every analysis of the catalogue but the null one (the demo adds it itself, for noise).
+DEMO_ANALYSES = [a.name for a in catalog.ALL if a.name != "native"]
+
+
+def _progress(console, status, every_s: float = 30.0):
+    """Show a build's progress lines: on the status line in a terminal; elsewhere (CI, a
+    log) as plain lines, one every `every_s` at most, since a status line prints nothing
+    there and a cold demo waits about 11 minutes for the analyses' kernels."""
+    last = -every_s
+
+    def show(line: str) -> None:
+        nonlocal last
+        if console.is_terminal:
+            status.update(line)
+        elif time.monotonic() - last >= every_s:
+            last = time.monotonic()
+            console.print(line, markup=False)
+    return show
+
+
+def run_demo(console, workdir: Path | None = None) -> int:
+    tmp = None
+    if workdir is None:
+        tmp = Path(tempfile.mkdtemp(prefix="tandem-demo-"))
+        workdir = tmp
+    private.make_dir(workdir)
+    path = workdir / "demo.tdm"
+    if path.exists():
+        shutil.rmtree(path)
+    from ..setup import build
+    build.build(["record"], command="tandem demo")   # QEMU, the native kernel, the guest
+    # The analyses' kernels build while the native is recorded and replayed (measured
+    # cold: docs/benchmarks.md, "cold setup"); a no-op when they are cached.
+    analyses_build = build.Background(["analyses"])
+    try:
+        console.rule("[bold]1. record")
+        with Recording(path) as rec:
+            with console.status("booting the demo guest (native kernel, kvd service)"):
+                rec.wait_ready()
+            console.print(f"guest ready; service forwarded to 127.0.0.1:{rec.port}")
+            with console.status("driving client traffic (python sockets + nc)"):
+                stats = demo_traffic(rec.port)
+            console.print(f"clients made {stats['requests']} requests")
+            replies = bad_requests(rec.port)
+            console.print("planted-bug requests, answered normally by the native guest: "
+                          + ", ".join(f"{PLANTED_BUGS[k][0][:14]!r}->{v}" for k, v in replies.items()),
+                          markup=False)
+            rec.serial.type("echo hello from the serial console")
+            mark = rec.serial.wait_for(b"hello from the serial console", 30)
+            rec.serial.type("stats")
+            rec.serial.wait_for(b"STATS", 30, start=mark)
+            rec.serial.type("poweroff")
+            with console.status("guest powering off"):
+                rec.wait(timeout=120)
+        console.print(render(inspect(path)))
+
+        console.rule("[bold]2. exact replay")
+        with console.status("replaying under icount (idle time skipped)"):
+            v = replay(path)
+        console.print(("[bold green]" if v.ok else "[bold red]") + v.summary())
+
+        console.rule("[bold]3. semantic replay into analysis VMs")
+        from ..semantic.analyze import analyze
+        from .render import print_summary
+        t0 = time.monotonic()
+        with console.status("building the analyses' kernels") as st:
+            analyses_build.wait(_progress(console, st))
+        if time.monotonic() - t0 > 1:
+            console.print(f"waited {time.monotonic() - t0:.0f} s for the analyses' kernels to build")
+        with console.status(f"replaying into {', '.join(DEMO_ANALYSES)} (+ the native kernel, for noise)"):
+            s = analyze(path, DEMO_ANALYSES)
+        print_summary(s, console)
+        console.print(f"bundle kept at {path}" if tmp is None else
+                      f"(bundle in {path}; removed at exit, use --workdir to keep it)")
+        completed = all(r.run.outcome in ("poweroff", "finished") for r in s.results)
+        return 0 if v.ok and completed else 1
+    finally:
+        analyses_build.stop()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def add_parsers(sub) -> None:
+    r = sub.add_parser("demo", help="record the demo guest under client traffic and replay it")
+    r.add_argument("--workdir", help="where to keep the demo bundle (default: a temp dir)")
+    r.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args) -> int:
+    return run_demo(render.console, Path(args.workdir) if args.workdir else None)

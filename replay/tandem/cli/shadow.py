@@ -1,0 +1,118 @@
+"""`tandem shadow`: record a serving guest while analysis VMs trail it live, with a live table."""
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from .. import catalog
+from .common import analysis_names, parse_duration
+from .render import console, print_live_finding, print_summary
+
+
+def add_parsers(sub) -> None:
+    r = sub.add_parser("shadow", help="record a serving guest while analysis VMs trail it live")
+    r.add_argument("bundle", help="bundle directory to create for the native (NAME.tdm)")
+    r.add_argument("--analysis", action="append", required=True,
+                   help="analysis to run live (repeatable, or comma-separated): "
+                        + catalog.help_lines())
+    r.add_argument("--duration", type=parse_duration, help="stop after this much VM time (e.g. 30s)")
+    r.add_argument("--port", type=int, help="host port forwarded to the guest service (default: free port)")
+    r.add_argument("--buffer-events", type=int, default=100_000,
+                   help="inputs an analysis may trail by (default 100000); over that, --overflow applies")
+    r.add_argument("--buffer-bytes", type=int, default=64 << 20,
+                   help="bytes of inputs an analysis may trail by (default 64 MiB); over that, --overflow applies")
+    r.add_argument("--overflow", choices=["detach", "block"], default="detach",
+                   help="an analysis whose buffer is full: detach it and go on (default), or block: hold "
+                        "the native's incoming frames until it has room, for at most --block-budget")
+    r.add_argument("--block-budget", type=float, default=10.0, metavar="SECONDS",
+                   help="with --overflow block: wall time the native may be held at a stretch before "
+                        "the analysis is detached after all (default 10)")
+    r.add_argument("--release", choices=["now", "agreed"], default="now",
+                   help="now: the native's outputs leave at once (default); agreed: each network output "
+                        "leaves only once every analysis produced the same one")
+    r.add_argument("--agree-timeout", type=parse_duration, default=2_000_000_000,
+                   help="with --release agreed: VM time an analysis may take to answer before the "
+                        "output is released without it (default 2s)")
+    r.add_argument("--no-record", action="store_true", help="do not record the analysis VMs themselves")
+    r.add_argument("--spec", help="equivalence spec (TOML, docs/equivalence.md) for comparing outputs and "
+                   "for --release agreed (default: the demo service's, agent/kvd.equiv.toml)")
+    r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
+                   help="CPU priority of the analysis VMs: idle (SCHED_IDLE, default: they take only "
+                        "CPU time the native leaves) or normal")
+    r.add_argument("--analysis-cpus", default="auto", metavar="auto|all|LIST",
+                   help="CPUs the analysis VMs run on: auto (default: every CPU but the first, left to "
+                        "the native), all, or a list such as 1,3-5")
+    r.add_argument("--metrics-port", type=int,
+                   help="serve Prometheus metrics (lag, buffer, findings) on 127.0.0.1:PORT (0: any free port)")
+    r.add_argument("--workdir", help="analysis logs and findings.jsonl (default NAME.tdm.analysis)")
+    r.add_argument("--libvirt", nargs="?", const="", metavar="URI",
+                   help="run the native and the analysis VMs as libvirt domains NAME and "
+                        "NAME-tandem-ANALYSIS, destroyed and undefined at the end (URI default: "
+                        "libvirt's; write --libvirt=URI; docs/libvirt.md)")
+    r.set_defaults(func=cmd_shadow)
+
+
+def _shadow_table(rows: list[dict]):
+    from rich.table import Table
+    t = Table(title="tandem shadow", title_justify="left")
+    for col in ("VM", "VM time", "lag (VM / wall)", "buffer", "peak", "findings", "state"):
+        t.add_column(col)
+    for r in rows:
+        buf = f"{r['buffer_events']} ev / {r['buffer_bytes'] // 1024} KiB" if "buffer_events" in r else "-"
+        peak = f"{r['peak_events']} ev / {r['peak_bytes'] // 1024} KiB" if "peak_events" in r else "-"
+        state = r["state"] + (" (holding the native)" if r.get("blocking") else "")
+        t.add_row(r["vm"], f"{r['vm_ns'] / 1e9:.3f}s", f"{r['lag_ns'] / 1e9:.3f}s / {r['lag_wall_s']:.1f}s", buf, peak,
+                  str(r.get("findings", "-")), state)
+    return t
+
+
+def watch(sh):
+    """Sample the native and show the live table until it stops (Ctrl-C stops it), then
+    let the analyses finish: their summary."""
+    from rich.live import Live
+
+    from ..live.shadow import SAMPLE_S
+    signal.signal(signal.SIGINT, lambda *_: sh.stop_native())
+    signal.signal(signal.SIGTERM, lambda *_: sh.stop_native())
+    with Live(_shadow_table(sh.status()), console=console, refresh_per_second=4) as live:
+        while sh.native.vm.proc.poll() is None:
+            sh.sample()
+            sh.native.vm.poll_events()
+            live.update(_shadow_table(sh.status()))
+            time.sleep(SAMPLE_S)
+        s = sh.finish()
+        live.update(_shadow_table(sh.status()))
+    return s
+
+
+def cmd_shadow(args) -> int:
+    from ..live.shadow import ShadowRun
+    names = analysis_names(args.analysis)
+    domains = None
+    if args.libvirt is not None:    # --libvirt [URI]: the native and the analyses as libvirt domains
+        from ..live.attach import LiveDomains
+        domains = LiveDomains.for_bundle(args.libvirt or None, args.bundle, names)
+    sh = ShadowRun(args.bundle, names, options_from(args), libvirt=domains, on_finding=print_live_finding,
+                   workdir=Path(args.workdir) if args.workdir else None)
+    sh.start()
+    console.print(f"shadowing {args.bundle}: guest service on 127.0.0.1:{sh.port}; analyses "
+                  f"{', '.join(sh.analyses)} trail it; findings in {sh.workdir / 'findings.jsonl'}; "
+                  + (f"metrics on http://127.0.0.1:{sh.metrics_port}/metrics; " if sh.metrics_port is not None else "")
+                  + (f"libvirt domains {domains.native}, {', '.join(domains.shadow_names())}; " if domains else "")
+                  + f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
+    s = watch(sh)
+    print_summary(s)
+    return 0 if s.ok else 1
+
+
+def options_from(args):
+    """The run's options (live.shadow.ShadowOptions) from `tandem shadow`'s command line,
+    checked as they are made."""
+    from ..live.shadow import ShadowOptions
+    return ShadowOptions(
+        duration_ns=args.duration or 0, port=args.port, buffer_events=args.buffer_events,
+        buffer_bytes=args.buffer_bytes, overflow=args.overflow, block_budget_s=args.block_budget,
+        release=args.release, agree_timeout_ns=args.agree_timeout, record_analyses=not args.no_record,
+        spec_path=args.spec, idle_analyses=args.analysis_priority == "idle",
+        analysis_cpus=args.analysis_cpus, metrics_port=args.metrics_port)

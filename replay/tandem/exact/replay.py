@@ -1,0 +1,190 @@
+"""Exact replay: re-execute a bundle under icount replay and verify its outputs.
+
+The replay re-captures the device boundary with the same tap; verify.py then
+checks it against the recording byte for byte, plus the final instruction count.
+`follow` replays a recording that is still being written; `partial` replays the
+intact prefix of an unfinished or damaged one.
+"""
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import artifacts, private, report
+from ..formats import bundle, pcapng, rrstream
+from ..errors import BundleError, TandemError
+from .verify import Mismatch, final_state, first_mismatch
+from ..qemu.vm import VM, Guest, Run, make_overlay
+
+HANG_SECONDS = 60   # no VM-clock progress for this long (wall time) is a hang
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    events: int
+    mismatch: Mismatch | None
+    recorded_end: tuple
+    replayed_end: tuple
+    replay_wall_s: float
+    record_wall_s: float | None
+    partial: bool
+    note: str = ""
+    reports: list[str] = field(default_factory=list)   # sanitizer/oops reports on the replayed console
+
+    def summary(self) -> str:
+        vm_ns, icount = self.replayed_end
+        t = f"{vm_ns / 1e9:.3f}s" if vm_ns is not None else "?"
+        speed = ""
+        if self.record_wall_s:
+            speed = f", replay took {self.replay_wall_s:.1f}s wall vs {self.record_wall_s:.1f}s recording"
+        if self.ok:
+            scope = "intact prefix: " if self.partial else ""
+            found = "".join(f"\n  reproduced: {r}" for r in self.reports)
+            return (f"VERIFIED: {scope}{self.events} device events reproduced byte for byte, "
+                    f"VM time {t}, final instruction count {icount}{speed}{self.note}{found}")
+        return f"MISMATCH: {self.mismatch}{self.note}"
+
+
+def console_reports(devlog: pcapng.Devlog, guest_os: str = "linux") -> list[str]:
+    """The kernel and sanitizer reports a run printed on its serial console, as
+    titles: a replay of an analysis run shows its findings reproduced."""
+    out = b"".join(e.data for e in devlog.events
+                   if e.direction == "out" and e.channel.startswith("serial"))
+    return [r.title for r in report.parse(out, guest_os)]
+
+
+def _wait_for(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise BundleError(f"{path}: did not appear within {timeout:.0f}s (is the recording running?)")
+        time.sleep(0.1)
+
+
+def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = False,
+           progress=None, keep: Path | None = None, extra: list[str] = ()) -> Verdict:
+    """extra: QEMU arguments appended to the replay's (a TCG plugin: assertions/trace.py)."""
+    d = Path(bundle_dir)
+    q = artifacts.qemu()
+    if follow:
+        _wait_for(d / bundle.MANIFEST, 30)
+        manifest = bundle.check_bundle(d, qemu_build_id=q["build_id"], partial=True)
+        _wait_for(d / bundle.STREAM, 30)
+    else:
+        manifest = bundle.check_bundle(d, qemu_build_id=q["build_id"], partial=partial)
+    guest = Guest.from_manifest(manifest)
+
+    tmp = Path(tempfile.mkdtemp(prefix="tandem-replay-"))
+    try:
+        stream = d / bundle.STREAM
+        if not follow:
+            info = rrstream.scan(stream)
+            if not info.finished:
+                where = f"torn at offset {info.torn_at}" if info.torn_at is not None else "has no END segment"
+                if not partial:
+                    raise BundleError(f"{stream}: unfinished recording ({where}); "
+                                      f"replay the intact prefix with --partial")
+            if partial:
+                # QEMU reads a clean copy: only whole, checked segments.
+                info = rrstream.write_intact_prefix(stream, tmp / "prefix.tdrs")
+                stream = tmp / "prefix.tdrs"
+                partial = not info.finished
+        overlay = tmp / "disk.qcow2"
+        if guest.disk:
+            make_overlay(guest.disk.base, overlay, guest.disk.format)
+        with contextlib.ExitStack() as held:
+            pass_fds: tuple[int, ...] = ()
+            if stream == d / bundle.STREAM:
+                # QEMU reads the stream tandem checked, through an fd tandem opened the
+                # way it opens every bundle file (bundle.open_member: no link followed):
+                # a link planted in its place after the check is not QEMU's to follow.
+                f = held.enter_context(bundle.open_member(d, bundle.STREAM))
+                stream, pass_fds = Path(f"/dev/fd/{f.fileno()}"), (f.fileno(),)
+            run = replay_run(manifest, tmp, stream, overlay, follow=follow, partial=partial, extra=extra)
+            run.pass_fds = pass_fds
+            vm = VM(guest, run)
+            t0 = time.monotonic()
+            with vm:
+                _run_to_end(vm, partial, progress)
+            wall = time.monotonic() - t0
+        if keep:
+            private.copy_file(tmp / "replay.pcapng", keep)
+
+        if follow:   # the recording must be sealed before its log can be compared
+            deadline = time.monotonic() + 120
+            while bundle.load_manifest(d)["state"] == "recording":
+                if time.monotonic() > deadline:
+                    raise BundleError(f"{d}: recording did not finish within 120s of the replay")
+                time.sleep(0.2)
+            manifest = bundle.load_manifest(d)
+        recorded = pcapng.read_devlog(d / bundle.DEVLOG)
+        replayed = pcapng.read_devlog(tmp / "replay.pcapng")
+        mm = first_mismatch(recorded, replayed, prefix=partial)
+        rec_end, rep_end = final_state(recorded), final_state(replayed)
+        note = ""
+        if mm is None and not partial and rec_end[1] != rep_end[1]:
+            mm = Mismatch(len(replayed.events), "-", rep_end[0],
+                          f"final instruction count: recorded {rec_end[1]}, replayed {rep_end[1]}")
+        if partial:
+            note = f" (recording has {len(recorded.events)} events; replay stopped at the intact end)"
+        return Verdict(ok=mm is None, events=len(replayed.events), mismatch=mm,
+                       recorded_end=rec_end, replayed_end=rep_end, replay_wall_s=wall,
+                       record_wall_s=manifest.get("wall_time_s"), partial=partial, note=note,
+                       reports=console_reports(replayed, guest.os))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replay_run(manifest: dict, tmp: Path, stream: Path, overlay: Path, *, follow: bool = False,
+               partial: bool = False, extra=()) -> Run:
+    """How a bundle replays: its machine section's stop time, mode and (for an analysis
+    run's own recording) RTC base and lookahead, and what libvirt added that the guest saw."""
+    machine = manifest["machine"]
+    run = Run("replay", tmp, rrfile=stream, devlog=tmp / "replay.pcapng", overlay=overlay,
+              follow=follow, partial=partial, stop_after_ns=machine.get("stop_after_ns") or 0,
+              extra=list(extra))
+    if machine.get("mode") == "analysis":
+        # An analysis run's own recording (replay_semantic): the same machine as
+        # it ran, its feed's inputs now coming from the log.
+        run.mode, run.rr = "analysis", "replay"
+        for key in ("rtc_base", "lookahead_ns"):
+            if machine.get(key) is None:
+                raise BundleError(f"manifest machine.{key}: missing (an analysis run's recording has one)")
+        run.rtc_base, run.feed_lookahead_ns = machine["rtc_base"], machine["lookahead_ns"]
+    if machine.get("libvirt"):
+        # Recorded in a libvirt domain: what libvirt added that the guest sees.
+        from ..libvirt.domain import replay_args
+        run.extra = replay_args(machine["libvirt"]) + run.extra
+    return run
+
+
+def _run_to_end(vm: VM, partial: bool, progress) -> None:
+    """Run until QEMU exits (the recorded shutdown) or, for a prefix, pauses at its end."""
+    last_clock, last_change = None, time.monotonic()
+    while vm.proc.poll() is None:
+        st = vm.vm_status()
+        if progress:
+            progress(st)
+        clock = st.get("vm-clock-ns")
+        if clock != last_clock:
+            last_clock, last_change = clock, time.monotonic()
+        elif vm.status() == "paused":
+            # A prefix replay pauses at the end of its log ("replay file is over").
+            vm.quit()
+            vm.wait(30)
+            return
+        elif time.monotonic() - last_change > HANG_SECONDS:
+            raise TandemError(f"replay hung: VM clock stuck at {clock} ns for {HANG_SECONDS}s "
+                              f"({vm.log_tail()})")
+        try:    # returns as soon as QEMU exits: the replay's end is not rounded up
+            vm.proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
+    if vm.proc.returncode != 0:
+        raise TandemError(f"replay QEMU exited with status {vm.proc.returncode}: {vm.log_tail()}")

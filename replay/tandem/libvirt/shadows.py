@@ -1,0 +1,382 @@
+"""Shadow domains (`tandem attach --no-follow` / `tandem detach`).
+
+`attach` reads an existing domain (its disk, NIC model and MAC), and per analysis
+defines and starts `DOMAIN-tandem-NAME` (a `ShadowDomain`): the analysis kernel, a qcow2
+overlay over the native's disk, the native's NIC model and MAC, and the feed
+(qemu-patches/0006) on a unix socket the caller serves with a `semantic.feed.FeedServer`.
+What tandem created is kept in each domain's own `<metadata>`, so `detach` removes
+exactly that. live/attach.py's `follow` is `tandem attach` itself.
+"""
+from __future__ import annotations
+
+import datetime
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import artifacts, private
+from ..errors import TandemError
+from ..machine import LOOKAHEAD_NS, NIC_MODELS, check_mac
+from ..qemu.vm import Guest, Run, analyses_given, make_overlay
+from .daemon import binding
+from .domain import SHADOW_SUFFIX, domain_xml
+
+NS = "urn:tandem:libvirt:1"          # tandem's <metadata> namespace
+ET.register_namespace("tandem", NS)
+
+
+FEED_RECONNECT_MS = 200     # a shadow's QEMU retries the feed socket until its feeder listens
+
+
+@dataclass
+class ShadowDomain:
+    """One analysis VM of a native domain, as libvirt knows it.
+
+    feed_socket: the shadow's QEMU connects here (retrying every FEED_RECONNECT_MS)
+    and waits at VM time 0 until it is fed: bind a feedproto.FeedServer on this path,
+    accept, then send inputs and horizons. qmp_socket: tandem's own QMP (libvirt keeps
+    its monitor to itself).
+    """
+    name: str
+    native: str
+    analysis: str
+    state_dir: Path
+    overlay: Path | None
+    feed_socket: Path
+    qmp_socket: Path
+
+    def qmp(self, timeout: float = 10.0):
+        """A connected QMP client on tandem's own monitor socket of the shadow's QEMU."""
+        import asyncio
+
+        from qemu.qmp import ConnectError
+        from qemu.qmp.legacy import QEMUMonitorProtocol
+        try:    # qemu.qmp's sync wrapper needs an asyncio loop in this thread
+            asyncio.get_event_loop()
+        except RuntimeError:
+            asyncio.set_event_loop(asyncio.new_event_loop())
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                q = QEMUMonitorProtocol(str(self.qmp_socket))
+                q.connect()
+                return q
+            except (OSError, ConnectError) as e:
+                if time.monotonic() > deadline:
+                    raise TandemError(f"{self.name}: no QMP on {self.qmp_socket}: {e}") from None
+                time.sleep(0.1)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "native": self.native, "analysis": self.analysis,
+                "state_dir": str(self.state_dir), "overlay": str(self.overlay) if self.overlay else None,
+                "feed_socket": str(self.feed_socket), "qmp_socket": str(self.qmp_socket)}
+
+
+@dataclass
+class NativeInfo:
+    """What a shadow takes from the native domain."""
+    name: str
+    uuid: str
+    active: bool
+    disk: Path | None
+    disk_format: str | None
+    disk_readonly: bool
+    nic_model: str | None
+    mac: str | None
+    memory_mib: int
+    nic_type: str | None = None     # <interface type>: user, network, bridge, ...
+    kernel: str | None = None       # direct kernel boot: <os><kernel>, <initrd>, <cmdline>
+    initrd: str | None = None
+    cmdline: str = ""
+    vcpus: int = 1
+
+
+def shadow_name(native: str, analysis: str) -> str:
+    return f"{native}{SHADOW_SUFFIX}{analysis}"
+
+
+def read_native(dom) -> NativeInfo:
+    """The native domain's disk, NIC and memory, from its (inactive) definition."""
+    libvirt = binding()
+    root = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+    name = root.findtext("name")
+    if root.find(f"metadata/{{{NS}}}shadow") is not None:
+        raise TandemError(f"{name}: is itself a tandem shadow (attach to its native domain)")
+    disks = [d for d in root.findall("devices/disk") if d.get("device", "disk") == "disk"]
+    if len(disks) > 1:
+        raise TandemError(f"{name}: {len(disks)} disks; tandem's analysis VMs have one")
+    disk = fmt = None
+    readonly = False
+    if disks:
+        d = disks[0]
+        src = d.find("source")
+        if d.get("type") != "file" or src is None or not src.get("file"):
+            raise TandemError(f"{name}: its disk is not a file (type {d.get('type')!r}); "
+                              f"a shadow's overlay needs a file to back onto")
+        bus = d.find("target").get("bus") if d.find("target") is not None else None
+        if bus not in (None, "virtio"):
+            raise TandemError(f"{name}: disk bus {bus!r}; tandem's analysis VMs use virtio-blk")
+        disk = Path(src.get("file"))
+        drv = d.find("driver")
+        fmt = drv.get("type") if drv is not None and drv.get("type") else "raw"
+        readonly = d.find("readonly") is not None
+    nics = root.findall("devices/interface")
+    if len(nics) > 1:
+        raise TandemError(f"{name}: {len(nics)} network interfaces; tandem feeds one")
+    model = mac = nic_type = None
+    if nics:
+        nic_type = nics[0].get("type")
+        m = nics[0].find("model")
+        model = m.get("type") if m is not None else "rtl8139"    # libvirt's default on pc
+        a = nics[0].find("mac")
+        mac = check_mac(a.get("address") if a is not None else None, f"{name}: its NIC's <mac address>")
+    mem = root.find("memory")
+    scale = {"KiB": 1 / 1024, "k": 1 / 1024, "MiB": 1, "M": 1, "GiB": 1024, "G": 1024}
+    memory = int(int(mem.text) * scale.get(mem.get("unit", "KiB"), 1 / 1024))
+    return NativeInfo(name, root.findtext("uuid"), bool(dom.isActive()), disk, fmt, readonly,
+                      model, mac, memory, nic_type, root.findtext("os/kernel"), root.findtext("os/initrd"),
+                      root.findtext("os/cmdline") or "", int(root.findtext("vcpu") or 1))
+
+
+_device_help: dict[str, str] = {}
+
+
+def _has_device(binary: str, device: str) -> bool:
+    if binary not in _device_help:
+        r = subprocess.run([binary, "-device", "help"], check=False, capture_output=True, text=True, timeout=30)
+        _device_help[binary] = r.stdout + r.stderr
+    return f'name "{device}"' in _device_help[binary]
+
+
+def _shadow_nic(binary: str, native: NativeInfo) -> str:
+    """The QEMU device of the native's NIC model, refused by name when tandem's QEMU lacks it."""
+    model = native.nic_model or "virtio"
+    dev = NIC_MODELS.get(model)
+    if dev is None or not _has_device(binary, dev):
+        raise TandemError(f"{native.name}: NIC model {model!r}: tandem's QEMU has no such "
+                          f"device (its device set is qemu-patches/0003: virtio-net)")
+    return dev
+
+
+def _metadata(native: NativeInfo, analysis: str, guest: Guest, sh: ShadowDomain, backing: Path | None,
+              rtc_base: str) -> ET.Element:
+    md = ET.Element(f"{{{NS}}}shadow", native=native.name, analysis=analysis)
+    if native.uuid:
+        md.set("native-uuid", native.uuid)
+    md.set("created", datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    ET.SubElement(md, f"{{{NS}}}statedir", path=str(sh.state_dir))
+    if sh.overlay:
+        ET.SubElement(md, f"{{{NS}}}overlay", path=str(sh.overlay), backing=str(backing),
+                      format=native.disk_format or "raw")
+    ET.SubElement(md, f"{{{NS}}}socket", role="feed", path=str(sh.feed_socket))
+    ET.SubElement(md, f"{{{NS}}}socket", role="qmp", path=str(sh.qmp_socket))
+    ET.SubElement(md, f"{{{NS}}}kernel", path=guest.kernel, initrd=guest.initrd)
+    ET.SubElement(md, f"{{{NS}}}rtc", base=rtc_base)
+    return md
+
+
+def default_state_dir(native: str) -> Path:
+    return artifacts.cache_dir() / "shadows" / native
+
+
+def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | None = None,
+           lookahead_ns: int | None = None, rtc_base: str | None = None,
+           start: bool = True) -> list[ShadowDomain]:
+    """Define (and start) one shadow domain per analysis for the native `domain`.
+
+    Each shadow: the analysis kernel and initramfs, a qcow2 overlay over the native's
+    disk, the native's NIC model and MAC, 1 vCPU, tandem's analysis-mode QEMU argv
+    (icount, sleep=off, the feed for network, serial and entropy), and <metadata>
+    naming everything tandem created. A started shadow's QEMU waits at VM time 0
+    for its feeder on ShadowDomain.feed_socket. rtc_base: the guest's wall clock at boot
+    (the native's start, UTC; default now).
+    """
+    libvirt = binding()
+    analyses = analyses_given(analyses)
+    dom = native_domain(conn, domain)
+    native = read_native(dom)
+    if native.disk and native.active and not native.disk_readonly:
+        raise TandemError(f"{domain}: running and writing {native.disk}, which the shadows' overlays "
+                          f"would back onto; attach before starting it, or give it a read-only disk")
+    if native.disk and not native.disk.is_file():
+        raise TandemError(f"{domain}: its disk {native.disk} is not a file tandem can read")
+    existing = {d.name() for d in conn.listAllDomains()}
+    for a in analyses:
+        if shadow_name(domain, a) in existing:
+            raise TandemError(f"{shadow_name(domain, a)}: already defined (tandem detach {domain})")
+    base = Path(state_dir).absolute() if state_dir else default_state_dir(domain)
+    rtc_base = rtc_base or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    if not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", rtc_base):
+        raise TandemError(f"--rtc-base {rtc_base!r}: give UTC as YYYY-MM-DDTHH:MM:SS")
+    lookahead_ns = LOOKAHEAD_NS if lookahead_ns is None else lookahead_ns
+
+    shadows: list[ShadowDomain] = []
+    try:
+        for a in analyses:
+            sdir = base / a
+            if sdir.exists():
+                raise TandemError(f"{sdir}: exists (left by an earlier attach? tandem detach {domain})")
+            # 0700 (with the state directory when tandem makes it): the feed and QMP
+            # sockets in it steer the shadow, and a unix socket's own mode is not
+            # checked everywhere; the directory's is. (The shadow's QEMU runs as this
+            # user or root: it creates qmp.sock here, so it could not run as another.)
+            private.make_dir(sdir)
+            sh = ShadowDomain(shadow_name(domain, a), domain, a, sdir,
+                        sdir / "disk.qcow2" if native.disk else None,
+                        sdir / "feed.sock", sdir / "qmp.sock")
+            shadows.append(sh)
+            if len(str(sh.feed_socket)) > 107:
+                raise TandemError(f"{sh.feed_socket}: too long for a unix socket path (use --state-dir)")
+            guest = Guest.for_analysis(a).with_disk(str(native.disk) if native.disk else None,
+                                                    native.disk_format or "raw")
+            guest = guest.with_nic(_shadow_nic(artifacts.qemu()["binary"], native), native.mac)
+            guest.memory_mb = max(guest.memory_mb, native.memory_mib)
+            if native.disk:
+                make_overlay(str(native.disk), sh.overlay, native.disk_format)
+            # The feed socket waits for its feeder instead of failing when nobody listens yet.
+            run = Run("analysis", sdir, overlay=sh.overlay, feed_socket=sh.feed_socket,
+                      feed_lookahead_ns=lookahead_ns, rtc_base=rtc_base, feed_reconnect_ms=FEED_RECONNECT_MS)
+            md = _metadata(native, a, guest, sh, native.disk, rtc_base)
+            xml = domain_xml(sh.name, guest, run, metadata=md, title=f"tandem {a} analysis of {domain}")
+            try:
+                sdom = conn.defineXML(xml)
+                if start:
+                    sdom.create()
+            except libvirt.libvirtError as e:
+                raise TandemError(f"{sh.name}: {e.get_error_message()}") from None
+    except BaseException:
+        _remove(conn, shadows)
+        raise
+    return shadows
+
+
+def shadows_of(conn, domain: str) -> list[tuple[object, ET.Element]]:
+    """The shadow domains tandem created for `domain`, with their tandem metadata."""
+    libvirt = binding()
+    found = []
+    for d in conn.listAllDomains():
+        try:
+            md = ET.fromstring(d.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NS))
+        except libvirt.libvirtError:
+            continue            # no tandem metadata: not ours
+        # libvirt hands the element back without its namespace: tags are local names.
+        if _local(md.tag) == "shadow" and md.get("native") == domain:
+            found.append((d, md))
+    return found
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def _shadow_from_metadata(name: str, md: ET.Element) -> ShadowDomain:
+    def path(tag, **attrs):
+        for e in md:
+            if _local(e.tag) == tag and all(e.get(k) == v for k, v in attrs.items()):
+                return Path(e.get("path"))
+        return None
+    return ShadowDomain(name, md.get("native"), md.get("analysis"), path("statedir"), path("overlay"),
+                  path("socket", role="feed"), path("socket", role="qmp"))
+
+
+@dataclass
+class Detached:
+    """What `detach` removed: the shadows, and what became of the native (None: untouched)."""
+    shadows: list[ShadowDomain]
+    native: str | None = None
+
+    def to_json(self) -> dict:
+        return {"shadows": [s.to_json() for s in self.shadows], "native": self.native}
+
+
+def detach(conn, domain: str) -> Detached:
+    """Destroy and undefine every shadow of `domain`; remove their overlays, sockets and
+    state directories. A native tandem runs (left by a `tandem attach` or `tandem shadow
+    --libvirt` that did not get to clean up, or running under one now) is stopped, and
+    its own definition put back (attach) or the domain undefined (tandem's own)."""
+    shadows = [_shadow_from_metadata(d.name(), md) for d, md in shadows_of(conn, domain)]
+    native = _tandem_native(conn, domain)
+    if not shadows and native is None:
+        raise TandemError(f"{domain}: no tandem shadows (nothing to detach)")
+    _remove(conn, shadows)
+    return Detached(shadows, _release_native(conn, *native) if native else None)
+
+
+def native_domain(conn, domain: str):
+    """The domain to shadow: it exists and tandem does not run it already."""
+    libvirt = binding()
+    try:
+        dom = conn.lookupByName(domain)
+    except libvirt.libvirtError as e:
+        raise TandemError(f"domain {domain!r}: {e.get_error_message()}") from None
+    if _tandem_native(conn, domain):
+        raise TandemError(f"{domain}: tandem runs it already (tandem attach, or tandem shadow --libvirt), "
+                          f"or an earlier run did not clean up; tandem detach {domain} first")
+    return dom
+
+
+def _tandem_native(conn, domain: str):
+    """(domain, its <tandem:native> metadata) if tandem runs (or ran) `domain` as a native."""
+    libvirt = binding()
+    try:
+        dom = conn.lookupByName(domain)
+        md = ET.fromstring(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NS))
+    except libvirt.libvirtError:
+        return None
+    return (dom, md) if _local(md.tag) == "native" else None
+
+
+def _release_native(conn, dom, md: ET.Element) -> str:
+    """Stop a native tandem runs (libvirt's SIGTERM: QEMU ends its recording cleanly), then
+    put its own definition back, or undefine it if tandem made it; remove its run directory."""
+    libvirt = binding()
+    name = dom.name()
+    original = next((e.text for e in md if _local(e.tag) == "original"), None)
+    try:
+        if dom.isActive():
+            dom.destroy()
+        if original:
+            conn.defineXML(original)
+        else:
+            dom.undefine()
+    except libvirt.libvirtError as e:
+        raise TandemError(f"{name}: {e.get_error_message()}") from None
+    rundir = md.get("rundir")
+    if rundir and Path(rundir).is_dir():
+        shutil.rmtree(rundir, ignore_errors=True)
+    return f"restored {name}'s own definition" if original else f"removed {name} (tandem's domain)"
+
+
+def _remove(conn, shadows: list[ShadowDomain]) -> None:
+    libvirt = binding()
+    for sh in shadows:
+        try:
+            d = conn.lookupByName(sh.name)
+        except libvirt.libvirtError:
+            d = None
+        if d is not None:
+            try:
+                if d.isActive():
+                    d.destroy()
+            except libvirt.libvirtError:
+                pass
+            try:
+                d.undefine()
+            except libvirt.libvirtError as e:
+                raise TandemError(f"{sh.name}: cannot undefine: {e.get_error_message()}") from None
+        for p in (sh.overlay, sh.feed_socket, sh.qmp_socket):
+            if p:
+                p.unlink(missing_ok=True)
+        if sh.state_dir and sh.state_dir.is_dir():
+            shutil.rmtree(sh.state_dir)
+            parent = sh.state_dir.parent
+            if parent != Path(tempfile.gettempdir()):   # a live shadow's run directory is in /tmp
+                try:
+                    parent.rmdir()      # the native's directory, once its last shadow is gone
+                except OSError:
+                    pass

@@ -1,0 +1,137 @@
+"""Live runs as libvirt domains: `tandem shadow --libvirt` and `tandem attach DOMAIN`.
+
+`follow` is `tandem attach` itself: the native redefined for the run as tandem's
+record-mode QEMU, the shadows fed live by live.shadow.ShadowRun, the native's own
+definition put back at the end (libvirt/shadows.py keeps what tandem created in each
+domain's `<metadata>`).
+"""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from ..errors import TandemError
+from ..libvirt.daemon import binding, connect
+from ..libvirt.launcher import Launcher
+from ..libvirt.shadows import NS, NativeInfo, native_domain, read_native, shadow_name
+from ..qemu.vm import Guest, analyses_given
+
+
+class LiveDomains:
+    """The VMs of a live shadow run (live.shadow.ShadowRun(..., libvirt=...)) as libvirt domains.
+
+    The native is the domain `native`, each analysis shadow_name(native, analysis);
+    each carries tandem's <metadata>, so `tandem detach NATIVE` finds them should tandem
+    die mid-run. When the run ends, each is destroyed and undefined, except an attached
+    native (`original`: its own definition), whose own definition is put back.
+
+    native_guest, info: what `tandem attach` read from the native domain (its kernel,
+    disk, MAC, memory); the analyses then get the native's disk (through their overlay),
+    MAC and memory. Without them (`tandem shadow --libvirt`) both run tandem's guest.
+    """
+
+    def __init__(self, uri: str | None, native: str, analyses: list[str], *,
+                 native_guest: Guest | None = None, native_uuid: str | None = None,
+                 original: str | None = None, info: NativeInfo | None = None):
+        if not native or "/" in native or native.startswith("."):
+            raise TandemError(f"{native!r}: not usable as a libvirt domain name")
+        self.uri, self.native, self.analyses = uri, native, list(dict.fromkeys(analyses))
+        self.guest, self.uuid, self.original, self.info = native_guest, native_uuid, original, info
+        conn = connect(uri)
+        try:
+            taken = {d.name() for d in conn.listAllDomains()}
+        finally:
+            conn.close()
+        names = self.shadow_names() + ([] if original else [native])
+        for n in names:
+            if n in taken:
+                raise TandemError(f"domain {n}: already defined in libvirt (tandem detach {native}, "
+                                  f"or virsh undefine {n})")
+
+    @classmethod
+    def for_bundle(cls, uri: str | None, bundle: str | Path, analyses: list[str]) -> LiveDomains:
+        """tandem shadow NAME.tdm --libvirt: the native is domain NAME, on tandem's guest."""
+        name = Path(bundle).name
+        return cls(uri, name[:-4] if name.endswith(".tdm") else name, analyses)
+
+    def shadow_names(self) -> list[str]:
+        return [shadow_name(self.native, a) for a in self.analyses]
+
+    def native_guest(self) -> Guest | None:
+        return self.guest
+
+    def native_launcher(self) -> Launcher:
+        def metadata(vm) -> ET.Element:
+            md = ET.Element(f"{{{NS}}}native", rundir=str(vm.run.rundir), bundle=str(vm.run.rrfile.parent))
+            if self.original:
+                ET.SubElement(md, f"{{{NS}}}original").text = self.original
+            return md
+        return Launcher(self.uri, self.native, uuid=self.uuid, metadata=metadata, restore=self.original,
+                        title=f"tandem: {self.native} recorded" + (", analyses trailing it live" if self.analyses else ""))
+
+    def analysis_guest(self, analysis: str) -> Guest | None:
+        if self.info is None:
+            return None         # replay_semantic's own: tandem's guest with the analysis kernel
+        g = Guest.for_analysis(analysis)
+        g = g.with_disk(str(self.info.disk) if self.info.disk else None, self.info.disk_format or "raw")
+        g.memory_mb = max(g.memory_mb, self.info.memory_mib)
+        g = g.with_nic(mac=self.info.mac)
+        return g
+
+    def analysis_launcher(self, analysis: str) -> Launcher:
+        name = shadow_name(self.native, analysis)
+
+        def metadata(vm) -> ET.Element:
+            md = ET.Element(f"{{{NS}}}shadow", native=self.native, analysis=analysis, live="yes")
+            ET.SubElement(md, f"{{{NS}}}statedir", path=str(vm.run.rundir))
+            ET.SubElement(md, f"{{{NS}}}socket", role="feed", path=str(vm.run.feed_socket))
+            ET.SubElement(md, f"{{{NS}}}socket", role="qmp", path=str(vm.run.rundir / "qmp.sock"))
+            ET.SubElement(md, f"{{{NS}}}kernel", path=vm.guest.kernel, initrd=vm.guest.initrd or "")
+            ET.SubElement(md, f"{{{NS}}}rtc", base=vm.run.rtc_base)
+            return md
+        return Launcher(self.uri, name, metadata=metadata, title=f"tandem {analysis} analysis of {self.native}, live")
+
+
+def follow(uri: str | None, domain: str, analyses: list[str], *, bundle: str | Path | None = None,
+           options=None, **run_kw):
+    """`tandem attach DOMAIN`: a live.shadow.ShadowRun (not started) whose native is the libvirt domain
+    `domain`, redefined for the run as tandem's record-mode QEMU (its kernel, its disk
+    through the bundle's overlay, its MAC on a virtio NIC, user networking with the host
+    port forward), and whose analyses are shadow domains fed live. start() starts the
+    native; when it stops, its own definition is put back and the shadows are undefined."""
+    from .shadow import ShadowRun
+    libvirt = binding()
+    analyses = analyses_given(analyses)
+    conn = connect(uri)
+    try:
+        dom = native_domain(conn, domain)
+        n = read_native(dom)
+        if n.active:
+            raise TandemError(f"{domain}: running; tandem attach starts it itself, recorded from boot "
+                              f"(shut it down first)")
+        if not n.kernel:
+            raise TandemError(f"{domain}: boots through firmware, not a kernel (<os><kernel>); "
+                              f"tandem records direct kernel boot only")
+        if n.vcpus != 1:
+            raise TandemError(f"{domain}: {n.vcpus} vCPUs; tandem records 1-vCPU guests")
+        if n.nic_type is None:
+            raise TandemError(f"{domain}: no network interface; tandem records a guest with one "
+                              f"(<interface type='user'><model type='virtio'/></interface>)")
+        if n.nic_type != "user":
+            raise TandemError(f"{domain}: interface type {n.nic_type!r}; tandem records a NIC on "
+                              f"user networking (type 'user') only")
+        if n.nic_model != "virtio":
+            raise TandemError(f"{domain}: NIC model {n.nic_model!r}: tandem's QEMU has virtio-net only "
+                              f"(qemu-patches/0003)")
+        if n.disk_readonly:
+            raise TandemError(f"{domain}: its disk is read-only; tandem's recording writes through an overlay")
+        if n.disk and not n.disk.is_file():
+            raise TandemError(f"{domain}: its disk {n.disk} is not a file tandem can read")
+        original = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
+    finally:
+        conn.close()
+    guest = Guest(kernel=n.kernel, initrd=n.initrd, memory_mb=n.memory_mib, cmdline=n.cmdline)
+    guest = guest.with_disk(str(n.disk) if n.disk else None, n.disk_format or "raw").with_nic(mac=n.mac)
+    domains = LiveDomains(uri, domain, analyses, native_guest=guest, native_uuid=n.uuid,
+                          original=original, info=n)
+    return ShadowRun(bundle or f"{domain}.tdm", analyses, options, libvirt=domains, **run_kw)

@@ -1,0 +1,165 @@
+"""Comparing a live analysis with the native as both run, so that tandem's memory
+does not grow with the length of a shadow run.
+
+A finished recording is compared whole (compare.compare). A live one never finishes
+until the native stops, so each analysis compares as it goes, from its own thread
+(LiveCompare.tick, every semantic.model.TICK_S): on every channel (the console and
+each TCP connection) the longest prefix of complete lines that the native and the
+analysis agree on under the equivalence spec is *matched*, and neither side needs
+it any more. The analysis drops its side at once; the native's side is dropped by
+live.shadow.ShadowRun once every analysis has matched it (or ended).
+
+A difference ends where RESYNC_LINES equal lines follow it on both sides; the lines
+between are diffed as compare.compare diffs a whole stream, and the divergences are
+kept (compare.matched). A difference that does not end within RESYNC_MAX lines makes
+the channel *stuck*: it is kept from there and compared whole when the connection
+closes, or at the end of the run; but once either side has STUCK_MAX bytes kept, it
+is compared whole then, and not compared further (a console that never resyncs
+would otherwise keep the whole run): that is reported in the run's limits.
+
+A connection both sides have closed, and whose inputs this analysis has all taken,
+is compared to its end (compare.compare on what is not matched yet) and forgotten;
+live.shadow.ShadowRun retires the native's once every analysis is done with it.
+
+An analysis that ends early (crashed, hung, detached) is compared at once, up to
+what the native had then; connections it never saw are not compared, and that is
+said once.
+"""
+from __future__ import annotations
+
+from ..semantic import compare, inputs
+from ..semantic.compare import Divergence, _Stream
+from ..semantic.equivalence import Spec
+from ..semantic.model import AnalysisRun
+
+CACHE_LINES = 10_000    # lines whose rewrite under the spec is remembered, at most
+STUCK_MAX = 1 << 20     # bytes a stuck channel keeps, per side, before it is compared and left
+
+
+class LiveCompare:
+    def __init__(self, rec: inputs.RecordedInputs, spec: Spec):
+        self.rec, self.spec = rec, spec
+        self.at: dict[str, tuple[int, int]] = {}   # channel -> (native, analysis) offsets matched
+        self.stuck: set[str] = set()               # channels with a difference: compared whole
+        self.left: set[str] = set()                # stuck past STUCK_MAX: compared no further
+        self.done: set[int] = set()                # flows compared to their end (live.shadow.ShadowRun retires them)
+        self.divergences: list[Divergence] = []
+        self.finished = False                      # compared to the end: the native's data is not needed
+        self.keep_console_from = None              # () -> console offset a report in progress starts at
+        self.keep_flow_from = None                 # (flow) -> analysis output the release gate has not copied
+        self._cache: dict = {}                     # line -> its rewrite under the spec
+        self._seen: dict[str, tuple[int, int]] = {}  # channel -> stream ends at its last try
+
+    def native_at(self, name: str) -> int:
+        """Where the native's side of a channel is still needed from, for this analysis."""
+        return self.at.get(name, (0, 0))[0]
+
+    def tick(self, run: AnalysisRun) -> None:
+        """Match what is new, compare closed connections, drop this analysis's side."""
+        self._match("serial", self.rec.serial_out, run)
+        peer = run.peer
+        if peer is None:
+            return
+        for index, pf in list(peer.flows.items()):
+            fl = self.rec.flows[index]
+            if fl is None or index in self.done:
+                continue
+            name = compare.channel(fl)
+            self._match(name, fl.guest_data, run, pf.guest_data)
+            if fl.closed and (pf.state == "done" or pf.reset) and not run.pending_of_flow(index):
+                self._compare_flow(name, fl, run)
+                self.done.add(index)
+                peer.forget(index)
+                run.last_input_of.pop(index, None)
+
+    def _match(self, name: str, native: inputs.Chunks, run: AnalysisRun, theirs: inputs.Chunks | None = None):
+        n_at, a_at = self.at.get(name, (native.base, 0))
+        a_end = run.console_base + len(run.console) if theirs is None else theirs.end
+        if name in self.stuck:
+            if max(native.end - n_at, a_end - a_at) < STUCK_MAX:
+                return
+            self._leave(name, run)                  # compared to here, and no further
+        if name in self.left:
+            self.at[name] = (native.end, a_end)
+            self._drop(name, a_end, run, theirs)
+            return
+        if self._seen.get(name) == (native.end, a_end):
+            return                                  # nothing new on either side
+        self._seen[name] = (native.end, a_end)
+        with self.rec.lock:
+            sa = _Stream.of_chunks(native, n_at)
+        if theirs is None:
+            sb = _Stream(bytes(run.console[a_at - run.console_base:]), writes=(run.console_times, a_at),
+                         origin=a_at)
+        else:
+            sb = _Stream.of_chunks(theirs, a_at)
+        n_to, a_to, divs, stuck = compare.matched(name, sa, sb, self.spec, self._cache, run)
+        self.divergences += divs
+        if stuck:
+            self.stuck.add(name)
+        if (n_to, a_to) != (n_at, a_at):
+            self.at[name] = (n_to, a_to)
+        self._drop(name, a_to, run, theirs)
+
+    def _drop(self, name: str, a_to: int, run: AnalysisRun, theirs: inputs.Chunks | None) -> None:
+        """This analysis's side of a channel is done with before a_to: it goes, but for
+        what the release gate or the report scanner still read."""
+        if theirs is not None:
+            index = int(name.split()[2])
+            keep = self.keep_flow_from(index) if self.keep_flow_from else a_to
+            with self.rec.lock:         # the release gate reads it from its own thread
+                theirs.drop_to(min(a_to, keep))
+        else:
+            keep = self.keep_console_from() if self.keep_console_from else a_to
+            run.drop_console(min(a_to, keep))
+        if len(self._cache) > CACHE_LINES:          # lines of a long run: do not keep them all
+            self._cache.clear()
+
+    def _compare_flow(self, name: str, fl: inputs.Flow, run: AnalysisRun) -> None:
+        if name not in self.left:
+            with self.rec.lock:
+                self.divergences += compare.compare(self.rec, run, self.spec, self.at, {name})
+        self.at.pop(name, None)
+        self.stuck.discard(name)
+        self.left.discard(name)
+        self._seen.pop(name, None)
+
+    def _leave(self, name: str, run: AnalysisRun) -> None:
+        """A stuck channel has STUCK_MAX bytes on a side: compare it whole now, and say
+        that it is compared no further."""
+        with self.rec.lock:
+            divs = compare.compare(self.rec, run, self.spec, self.at, {name})
+        self.divergences += divs
+        self.stuck.discard(name)
+        self.left.add(name)
+        ns = divs[0].native_ns if divs else None
+        since = f" from VM {ns / 1e9:.6f}s" if ns is not None else ""
+        why = ("its spec compares output times (max_lag), which takes the channel whole" if self.spec.max_lag_ns
+               else f"the outputs differ{since} with no {compare.RESYNC_LINES} equal lines ending it")
+        run.limits.append(f"{name}: {why}; compared to {STUCK_MAX:,} bytes, not after "
+                          f"(the native's bundle keeps it all: tandem replay BUNDLE --analysis {run.analysis} compares "
+                          "it whole, offline)")
+
+    def finish(self, run: AnalysisRun) -> None:
+        """The analysis has ended: compare what is left (the console, the connections
+        not compared yet), against what the native has produced so far."""
+        early = run.outcome not in ("poweroff", "finished")
+        peer = run.peer.flows if run.peer else {}
+        with self.rec.lock:
+            names = {"serial"} - self.left
+            unseen = 0
+            for fl in self.rec.flows:
+                if fl is None or fl.index in self.done:
+                    continue
+                if early and fl.index not in peer:
+                    unseen += 1
+                    continue
+                if compare.channel(fl) not in self.left:
+                    names.add(compare.channel(fl))
+            if not early:
+                names.add("udp")            # datagrams: compared whole, at the end
+            self.divergences += compare.compare(self.rec, run, self.spec, self.at, names)
+        if unseen:
+            run.limits.append(f"{unseen} connection(s) the native served were not compared: "
+                               f"{run.analysis} ended ({run.outcome}) before it replayed them")
+        self.finished = True

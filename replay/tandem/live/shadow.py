@@ -1,0 +1,447 @@
+"""`tandem shadow`: analysis VMs trail a serving native live (FreeDA's leader/followers).
+
+The native records as `tandem record` does (its bundle is the same, replayable
+exactly). Its device log is followed as QEMU writes it (pcapng.DevlogReader with
+follow=) and turned into inputs in place (inputs.from_events with rec=); each
+analysis VM runs replay_semantic.run on that growing recording, never past the VM
+time the native has reached, with a bounded buffer of inputs it has not taken yet.
+With release policy "now" the native never waits for an analysis while its buffer
+has room. An analysis that falls a full buffer behind is detached and reported
+(overflow policy "detach"), or the native's inputs are held at the host side of its
+NIC until that analysis has room again, for at most a wall-time budget (policy
+"block", gate.py); one that crashes or hangs is a finding, and neither touches the
+native or its recording.
+
+Memory: each analysis compares its outputs with the native's as it goes and drops what
+they agree on (live_compare.py); the native's inputs, outputs and connections are
+dropped here once every analysis has taken, matched or compared them, so tandem's
+memory follows what is in flight (buffers, open connections), not the run's length.
+
+How far the native has reached: every 100 ms of wall time the native's QEMU writes
+its VM clock into the device log (a clock mark, devlog clock-marks=on), after every
+input timed before it; the follower raises `known_ns` to each mark it reads. Nothing
+asks the native over QMP while it serves: a QMP command takes the big lock its vCPU
+then waits for (10 a second cost some 18% of its p99 latency).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from ..formats import bundle, pcapng
+from ..semantic import compare, equivalence, inputs, model, replay as replay_semantic
+from . import metrics
+from .. import private, report
+from ..semantic import findings as findings_mod
+from ..errors import TandemError
+from ..semantic.feed import FeedServer
+from .gate import Gate
+from .compare import LiveCompare
+from ..record.recording import Recording
+from ..semantic.analyze import Summary, summarize
+from ..qemu.vm import analyses_given, cpu_seconds
+
+SAMPLE_S = 0.1
+TRIM_S = 0.5            # how often the native's side drops what every analysis is done with
+MARKS_KEPT = 3000       # the native's clock marks kept to measure wall lag: 5 minutes of them
+
+
+@dataclass
+class Follower:
+    """One analysis VM trailing the native, and what it has shown so far."""
+    analysis: str
+    buffer: model.Buffer
+    cmp: LiveCompare
+    run: model.AnalysisRun | None = None
+    console_seen: int = 0
+    scanner: report.Scanner | None = None    # its guest OS's console dialect (catalogue)
+    thread: threading.Thread | None = None
+    live_findings: list[findings_mod.Finding] = field(default_factory=list)
+    symbolize: object = None        # findings_mod.symbolizer, made at the first report
+
+    def __post_init__(self) -> None:
+        if self.scanner is None:
+            self.scanner = report.Scanner(findings_mod.guest_os(self.analysis))
+
+
+class Release(StrEnum):
+    """When the native's network outputs leave (--release)."""
+    NOW = "now"             # at once: the analyses only watch
+    AGREED = "agreed"       # once every analysis produced the same output (the release gate)
+
+
+class Overflow(StrEnum):
+    """What an analysis whose input buffer is full does to the run (--overflow)."""
+    DETACH = "detach"       # it is detached, the native goes on
+    BLOCK = "block"         # the native's incoming frames are held, for at most block_budget_s
+
+
+@dataclass(frozen=True)
+class ShadowOptions:
+    """How a live shadow run runs: what `tandem shadow` and `tandem attach` take on the
+    command line, checked when made (one-line errors naming the option)."""
+    duration_ns: int = 0                    # stop the native after this much VM time (0: never)
+    port: int | None = None                 # host port forwarded to the guest service (None: free)
+    buffer_events: int = 100_000            # inputs an analysis may trail by ...
+    buffer_bytes: int = 64 << 20            # ... and their bytes; over either, `overflow` applies
+    buffer_events_of: dict[str, int] | None = field(default=None, hash=False)   # per analysis
+    overflow: Overflow = Overflow.DETACH
+    block_budget_s: float = 10.0            # overflow block: wall time the native may be held
+    release: Release = Release.NOW
+    agree_timeout_ns: int = 2_000_000_000   # release agreed: VM time an analysis may take to answer
+    record_analyses: bool = True            # each analysis VM leaves its own bundle
+    spec_path: str | None = None            # equivalence spec (default: the built-in ones)
+    idle_analyses: bool = True              # analysis VMs under SCHED_IDLE
+    analysis_cpus: str = "auto"             # auto (all but the first CPU), all, or a list
+    metrics_port: int | None = None         # Prometheus metrics on 127.0.0.1:PORT (0: any free)
+    hang_wall_s: float = model.HANG_WALL_S
+
+    def __post_init__(self) -> None:
+        for name, enum in (("release", Release), ("overflow", Overflow)):
+            value = getattr(self, name)
+            if value not in set(enum):
+                raise TandemError(f"unknown {name} policy {value!r} (known: {', '.join(enum)})")
+            object.__setattr__(self, name, enum(value))
+        if self.block_budget_s <= 0:
+            raise TandemError(f"--block-budget must be positive, not {self.block_budget_s:g}s")
+        for name in ("buffer_events", "buffer_bytes"):
+            if getattr(self, name) <= 0:
+                raise TandemError(f"--{name.replace('_', '-')} must be positive, not {getattr(self, name)}")
+
+
+class ShadowRun:
+    """A live shadow run: the native recorded as it serves, each analysis VM trailing it
+    (semantic.replay.run on the growing recording), compared and reported as they go."""
+
+    def __init__(self, bundle_dir: str | Path, analyses: list[str], options: ShadowOptions | None = None, *,
+                 workdir: Path | None = None, libvirt=None, on_finding=None):
+        """libvirt: run the native and the analysis VMs as libvirt domains (a attach.LiveDomains:
+        tandem shadow --libvirt, tandem attach); everything else is the same.
+        on_finding(analysis, finding): called from the analysis's thread as each is found."""
+        o = self.options = options or ShadowOptions()
+        release, overflow = o.release, o.overflow
+        duration_ns, port, spec_path = o.duration_ns, o.port, o.spec_path
+        self.path = Path(bundle_dir)
+        self.analyses = analyses_given(analyses)     # unknown name, missing kernel: fail now
+        self.workdir = workdir or self.path.with_name(self.path.name + ".analysis")
+        self.release, self.overflow = release, overflow
+        self.idle_analyses = o.idle_analyses
+        self.analysis_cpus = analysis_cpuset(o.analysis_cpus)
+        self.spec_path = spec_path
+        # Loaded now: a bad spec fails here, not at the end; the release gate uses them too.
+        self.specs = {a: equivalence.load(a, spec_path) for a in self.analyses}
+        self.agree_timeout_ns = o.agree_timeout_ns
+        self.gate: Gate | None = None
+        self._gate_server: FeedServer | None = None
+        self._tmp = Path(tempfile.mkdtemp(prefix="tandem-shadow-"))
+        if release == "agreed" or overflow == "block":
+            self._gate_server = FeedServer(self._tmp / "gate.sock")
+        self.libvirt = libvirt
+        self.native = Recording(self.path, libvirt.native_guest() if libvirt else None,
+                                duration_ns=duration_ns, port=port,
+                                gate_socket=self._gate_server.path if self._gate_server else None,
+                                gate_outputs=release == "agreed",
+                                # QEMU's bound on held frames: the same policy as the buffers'
+                                gate_overflow=overflow,
+                                launcher=libvirt.native_launcher() if libvirt else None)
+        self.rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(self.path))
+        per = o.buffer_events_of or {}
+        self.followers = [Follower(a, model.Buffer(per.get(a, o.buffer_events), o.buffer_bytes,
+                                                   overflow, o.block_budget_s),
+                                   LiveCompare(self.rec, self.specs[a]))
+                          for a in self.analyses]
+        self._open_flows: set[int] = set()      # native flows not retired yet
+        self._flows_seen = 0
+        self._trim_at = 0.0
+        self.record_analyses = o.record_analyses
+        self.hang_wall_s = o.hang_wall_s
+        self.metrics_port = o.metrics_port
+        self.on_finding = on_finding
+        self._samples: list[tuple[int, float]] = []     # (native VM clock mark, wall time read)
+        self._reader: pcapng.DevlogReader | None = None
+        self.native_cpu_s = 0.0
+        self._stop = False
+        self._lock = threading.Lock()
+        self._findings_file = None
+
+    @property
+    def port(self) -> int:
+        return self.native.port
+
+    def start(self) -> ShadowRun:
+        self.native.start()
+        if self._gate_server:
+            self._gate_server.accept(30)
+            self.gate = Gate(self._gate_server, self.rec, self.followers, timeout_vm_ns=self.agree_timeout_ns,
+                             hold=self._hold_native, specs=self.specs)
+            self.gate.start()
+        self.rec.created = self.native.manifest["created"][:19]
+        private.make_dir(self.workdir)
+        self._findings_file = open(self.workdir / "findings.jsonl", "w", opener=private.opener)
+        threading.Thread(target=self._follow, name="tandem-follow", daemon=True).start()
+        if self.metrics_port is not None:
+            self.metrics_port = metrics.serve(self.status, self.metrics_port)
+        for f in self.followers:
+            f.thread = threading.Thread(target=self._analyse, args=(f,), name=f"tandem-{f.analysis}",
+                                        daemon=True)
+            f.thread.start()
+        return self
+
+    # --- the native's side ---
+
+    def _native_running(self) -> bool:
+        """At the device log's end (the follow thread): how far the native has reached,
+        and is it still running."""
+        now = time.monotonic()
+        mark = self._reader.clock_ns if self._reader else 0
+        if not self._samples or mark > self._samples[-1][0]:
+            with self._lock:
+                self.rec.known_ns = max(self.rec.known_ns, mark)
+                self._samples.append((mark, now))     # wall lag is measured against these
+                del self._samples[:-MARKS_KEPT]
+        if now - self._trim_at > TRIM_S:
+            self._trim()
+            self._trim_at = now
+        return self.native.vm.proc.poll() is None
+
+    def _trim(self) -> None:
+        """Drop the native's inputs every analysis has taken, its output every analysis
+        has matched, and retire connections every analysis has compared to their end
+        (an analysis that has ended and been compared needs nothing more). Runs in the
+        follow thread, the one that appends to them."""
+        rec = self.rec
+        live = [f for f in self.followers if not f.cmp.finished]
+        self._open_flows.update(range(self._flows_seen, len(rec.flows)))
+        self._flows_seen = len(rec.flows)
+        with rec.lock:
+            taken = min((f.run.taken if f.run else 0 for f in live),
+                        default=len(rec.inputs) + rec.inputs_dropped)
+            if (k := taken - rec.inputs_dropped) > 0:
+                del rec.inputs[:k]
+                rec.inputs_dropped += k
+            rec.serial_out.drop_to(min((f.cmp.native_at("serial") for f in live), default=rec.serial_out.end))
+            for i in list(self._open_flows):
+                fl = rec.flows[i]
+                need = [f for f in live if i not in f.cmp.done]
+                if fl.closed and not need:
+                    rec.flows[i] = None
+                    self._open_flows.discard(i)
+                    for f in self.followers:
+                        f.cmp.done.discard(i)
+                    if self.gate:
+                        self.gate.forget(fl)
+                    continue
+                name = compare.channel(fl)
+                fl.guest_data.drop_to(min((f.cmp.native_at(name) for f in need), default=fl.guest_data.end))
+
+    def _idle_thread(self) -> None:
+        """The calling thread to idle CPU priority, as the analysis VMs are: following
+        the native and feeding the analyses is analysis work. Not with a gate, which
+        the native waits on (a thread at idle priority holding the GIL would hold it)."""
+        if self.idle_analyses and self.gate is None and hasattr(os, "SCHED_IDLE"):
+            try:
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))    # this thread only
+                if self.analysis_cpus:
+                    os.sched_setaffinity(0, self.analysis_cpus)
+            except OSError:
+                pass
+
+    def _follow(self) -> None:
+        self._idle_thread()
+        reader = self._reader = pcapng.DevlogReader(self.path / bundle.DEVLOG, follow=self._native_running)
+        try:
+            inputs.from_events(reader, rec=self.rec)
+        except TandemError as e:        # a damaged log: the analyses end, the native goes on
+            self.rec.limits.append(f"following the native's device log stopped: {e}")
+        self.rec.end_ns = next((s.end_vm_ns for s in reader.stats if s and s.end_vm_ns), None) \
+            or self.rec.known_ns
+        self.rec.finished = True
+
+    def sample(self) -> None:
+        """Note the native's CPU time (from /proc, call from the owning thread, often).
+        Its VM clock comes from its device log's clock marks, not from QMP."""
+        self.native_cpu_s = cpu_seconds(self.native.vm.proc.pid) or self.native_cpu_s
+
+    def _hold_native(self) -> bool:
+        """Overflow policy "block": hold the native's inputs while a live analysis is full."""
+        return self.overflow == "block" and any(
+            f.buffer.over() and (f.run is None or f.run.outcome == "running") for f in self.followers)
+
+    # --- the analyses' side ---
+
+    def _analyse(self, f: Follower) -> None:
+        self._idle_thread()
+
+        def progress(run, done, total):
+            f.run = run
+
+        def tick(run):
+            f.run = run
+            self._emit_findings(f, run)
+            f.cmp.tick(run)
+        f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
+        if self.release == "agreed":    # the gate compares outputs too: keep what it has not copied
+            f.cmp.keep_flow_from = lambda index: self.gate.copied(f.analysis, index)
+        lv = self.libvirt
+        try:
+            f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
+                                        record=self.record_analyses, progress=progress, tick=tick,
+                                        stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
+                                        idle=self.idle_analyses, cpus=_cpu_list(self.analysis_cpus),
+                                        guest=lv.analysis_guest(f.analysis) if lv else None,
+                                        launcher=lv.analysis_launcher(f.analysis) if lv else None)
+        finally:
+            f.buffer.release()          # ended: it holds the native no longer
+            f.buffer.pending = None
+            if f.run is not None:
+                self._emit_findings(f, f.run)
+                f.cmp.finish(f.run)
+            f.cmp.finished = True
+
+    def _emit_findings(self, f: Follower, run) -> None:
+        """Findings as they happen: appended to findings.jsonl the moment a report completes."""
+        new = bytes(run.console[f.console_seen - run.console_base:])
+        f.console_seen += len(new)
+        reps = f.scanner.feed(new) if new else []
+        if run.outcome != "running":
+            reps += f.scanner.flush()
+        for rep in reps:
+            if f.symbolize is None:
+                f.symbolize = findings_mod.symbolizer(f.analysis)
+            x = findings_mod.of_report(run, f.symbolize(rep))
+            f.live_findings.append(x)
+            with self._lock:
+                self._findings_file.write(x.to_json() + "\n")
+                self._findings_file.flush()
+            if self.on_finding:
+                self.on_finding(x)
+
+    def status(self) -> list[dict]:
+        """Per VM: clock, lag behind the native (VM time), buffer fill and peak, findings."""
+        native = self.rec.known_ns
+        out = [{"vm": "native", "vm_ns": native, "lag_ns": 0, "lag_wall_s": 0.0, "state": "recording"
+                if not self.rec.finished else "finished"}]
+        if self.gate:       # QEMU's gate reached its bound (told in band: no QMP while serving)
+            out[0]["gate_overflows"] = sum(e.kind == "overflow" for e in self.gate.events)
+        for f in self.followers:
+            run = f.run
+            # Lag (FreeDA): how old, in the native's VM time and in wall time, is the
+            # oldest input this analysis has not taken yet.
+            oldest = f.buffer.oldest_ns
+            lag_ns = native - oldest if oldest is not None else 0
+            out.append({"vm": f.analysis, "vm_ns": run.end_ns if run else 0, "lag_ns": max(0, lag_ns),
+                        "lag_wall_s": self._wall_since(oldest) if oldest is not None else 0.0,
+                        "buffer_events": f.buffer.events, "buffer_bytes": f.buffer.bytes,
+                        "peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes,
+                        "blocking": f.buffer.full, "blocks": f.buffer.blocks,
+                        "blocked_s": f.buffer.blocked_s + (time.monotonic() - f.buffer.full_since
+                                                           if f.buffer.full else 0.0),
+                        "findings": len(f.live_findings),
+                        "state": run.outcome if run else "starting"})
+        return out
+
+    def _wall_since(self, vm_ns: int) -> float:
+        """Wall seconds since the native's clock passed vm_ns (from the samples)."""
+        with self._lock:
+            for clock, wall in self._samples:
+                if clock >= vm_ns:
+                    return time.monotonic() - wall
+        return 0.0
+
+    # --- the end ---
+
+    def stop_native(self) -> None:
+        self.native.stop()
+
+    def finish(self, timeout: float = 600.0, noise: bool = False) -> Summary:
+        """After the native has stopped: seal its bundle, let the analyses run out, report."""
+        self.native.finish()
+        deadline = time.monotonic() + timeout
+        for f in self.followers:
+            f.thread.join(max(1.0, deadline - time.monotonic()))
+        if any(f.thread.is_alive() for f in self.followers):
+            self._stop = True
+            for f in self.followers:
+                f.thread.join(30)
+        runs = {f.analysis: f.run for f in self.followers}
+        found = {f.analysis: (f.live_findings + findings_mod.outcome(f.run), f.cmp.divergences)
+                 for f in self.followers}
+        s = summarize(self.path, self.rec, self.analyses, runs, self.spec_path, noise, self.workdir, live=found)
+        self._findings_file.close()
+        if self.gate:
+            self.gate.thread.join(10)
+            s.limits += [f"gate: {e.describe()}" for e in self.gate.events if e.kind != "overflow"]
+            s.limits += overflow_limits(self.gate.events)
+            s.limits += [f"overflow: {f.analysis}'s full buffer held the native's inputs {f.buffer.blocks} "
+                         f"time(s), {f.buffer.blocked_s:.1f}s of wall time in all"
+                         for f in self.followers if f.buffer.blocks]
+            private.write_text(self.workdir / "gate.json", json.dumps(
+                {"released": self.gate.released, "dropped": self.gate.dropped, "input_holds": self.gate.holds,
+                 "overflows": sum(e.kind == "overflow" for e in self.gate.events), "detached": self.gate.detached,
+                 "qemu": self.gate.qemu_stats,      # QEMU's own counters at its end (None: none came)
+                 "events": [{"kind": e.kind, "analysis": e.analysis, "flow": e.flow, "offset": e.offset,
+                             "native": e.native.decode("latin-1"), "analysis_bytes": e.analysis_bytes.decode("latin-1"),
+                             "vm_ns": e.vm_ns, **({"qemu": e.qemu} if e.qemu else {})}
+                            for e in self.gate.events]}, indent=1))
+            self._gate_server.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        peaks = {f.analysis: {"peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes,
+                              "blocks": f.buffer.blocks, "blocked_s": round(f.buffer.blocked_s, 3)}
+                 for f in self.followers}
+        private.write_text(self.workdir / "buffers.json", json.dumps(peaks, indent=1))
+        # For `tandem plan --from`: on a live run every VM's wall time is the native's,
+        # so the slowdown is measured in CPU time against the native QEMU's.
+        sj = self.workdir / "summary.json"
+        data = json.loads(sj.read_text())
+        data["live"] = {"native_cpu_s": round(self.native_cpu_s, 3)}
+        private.write_text(sj, json.dumps(data, indent=1, default=str))
+        return s
+
+
+def overflow_limits(events) -> list[str]:
+    """QEMU's gate overflows, one line a direction: under policy block the gate may fill
+    again each time it has drained (gate.json lists every one)."""
+    out = []
+    for direction in ("outputs", "inputs"):
+        evs = [e for e in events if e.kind == "overflow" and e.qemu["direction"] == direction]
+        if evs:
+            more = f" ({len(evs)} times, the last at VM time {evs[-1].vm_ns / 1e9:.3f}s)" if len(evs) > 1 else ""
+            out.append(f"gate: {evs[0].describe()}{more}")
+    return out
+
+
+def analysis_cpuset(spec: str) -> set[int] | None:
+    """The CPUs for analysis VMs: "auto" is every CPU tandem may use but the lowest,
+    left to the native (none to pin when there is only one), "all" pins nothing, else
+    a list such as "1,3-5" of CPUs tandem may use.
+
+    Why: on the benchmark machine two busy loops at idle priority raise a recording's
+    p99 latency 2.4x when they may run on every core, and within the machine's noise
+    when kept off one (the control in docs/benchmarks.md, shadow-latency)."""
+    allowed = os.sched_getaffinity(0)
+    if spec == "all":
+        return None
+    if spec == "auto":
+        return set(sorted(allowed)[1:]) or None
+    cpus: set[int] = set()
+    try:
+        for part in spec.split(","):
+            lo, dash, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi if dash else lo) + 1))
+    except ValueError:
+        raise TandemError(f"--analysis-cpus {spec!r}: not auto, all or a CPU list such as 1,3-5") from None
+    if not cpus or not cpus <= allowed:
+        raise TandemError(f"--analysis-cpus {spec!r}: CPUs {sorted(cpus - allowed) or 'none'} are not "
+                          f"available (available: {_cpu_list(allowed)})")
+    return cpus
+
+
+def _cpu_list(cpus: set[int] | None) -> str | None:
+    return ",".join(map(str, sorted(cpus))) if cpus else None

@@ -1,0 +1,197 @@
+"""Record a guest: boot it under rr=record with the device tap, write a bundle.
+
+The caller (CLI, demo, tests) drives traffic through `Recording.port` and the
+serial console while the recording runs; the bundle is readable up to its last
+complete segment at any time, and finished with a manifest at the end.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .. import artifacts, private
+from ..formats import bundle, pcapng
+from ..errors import TandemError
+from ..qemu.vm import VM, Guest, Run, free_port, make_overlay
+
+OVERLAY = "disk-overlay.qcow2"
+
+
+def channel_stats(devlog: pcapng.Devlog) -> dict:
+    """Per channel: kind, events/bytes per direction, and the pcapng records they took
+    (what Wireshark counts: a long event is several in format 2), from the device log."""
+    out = {i.name: {"kind": i.kind, "records": devlog.records[i.id], "in": {"events": 0, "bytes": 0},
+                    "out": {"events": 0, "bytes": 0}} for i in devlog.interfaces}
+    for e in devlog.events:
+        d = out[e.channel][e.direction or "out"]
+        d["events"] += 1
+        d["bytes"] += len(e.data)
+    return out
+
+
+def qemu_identity() -> dict:
+    q = artifacts.qemu()
+    return {k: q[k] for k in ("binary", "build_id", "patch_series", "version")}
+
+
+def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | None = None) -> dict:
+    """A new bundle at path (with its disk overlay) and its manifest in state 'recording';
+    assertions: the pack `tandem record --assertions` declared."""
+    base = guest.disk.base if guest.disk else None
+    for what, p in (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk base", base)):
+        if p and not Path(p).is_file():
+            raise TandemError(f"{what} {p}: not found")
+    bundle.refuse_existing(path)    # before hashing the inputs: a refusal should be quick
+    m = bundle.new_manifest()
+    m["qemu"] = qemu_identity()
+    m["inputs"] = {k: bundle.input_entry(p) for k, p in
+                   (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk_base", base)) if p}
+    m["machine"] = {**guest.machine_section(), **machine}
+    if assertions:
+        m["assertions"] = assertions
+    bundle.new_bundle(path, m)      # the manifest first: it claims the directory
+    if guest.disk:
+        try:
+            make_overlay(guest.disk.base, path / OVERLAY, guest.disk.format)
+        except TandemError:
+            m["state"] = "interrupted"
+            bundle.write_manifest(path, m)
+            raise
+    return m
+
+
+def seal(path: Path, m: dict, *, status: int, wall_s: float, stop_reason: str) -> dict:
+    """Finish a bundle whose QEMU has exited: channel stats, stop, file hashes, state."""
+    dl = pcapng.read_devlog(path / bundle.DEVLOG)
+    m["channels"] = channel_stats(dl)
+    m["devlog_format"] = dl.format
+    end = next((s for s in dl.stats if s), None)
+    m["stop"] = {"reason": stop_reason, "exit_status": status,
+                 "vm_ns": end.end_vm_ns if end else None,
+                 "icount": end.icount if end else None}
+    m["wall_time_s"] = round(wall_s, 3)
+    m["state"] = "complete" if status == 0 and dl.closed_cleanly else "interrupted"
+    m["files"] = {name: bundle.file_entry(path / name)
+                  for name in (bundle.STREAM, bundle.DEVLOG, OVERLAY, "qemu.log")
+                  if (path / name).exists()}
+    bundle.write_manifest(path, m)
+    return m
+
+
+class Recording:
+    """One recording in progress. Use as a context manager, or start()/finish()."""
+
+    def __init__(self, path: str | Path, guest: Guest | None = None, *,
+                 duration_ns: int = 0, port: int | None = None, gate_socket: Path | None = None,
+                 gate_outputs: bool = True, gate_overflow: str = "block", assertions: dict | None = None,
+                 launcher=None):
+        """assertions: a declared assertion pack ({path, sha256, ...}) for the manifest;
+        it changes nothing in the recorded run (the checking happens on replay).
+        launcher: run the QEMU as a libvirt domain (virt.Launcher, see vm.VM); what
+        libvirt adds that the guest sees goes into the manifest's machine.libvirt."""
+        self.launcher = launcher
+        self.path = Path(path)
+        self.assertions = assertions
+        self.guest = guest or Guest.default()
+        self.duration_ns = duration_ns
+        self.port = port or free_port()
+        self.gate_socket, self.gate_outputs, self.gate_overflow = gate_socket, gate_outputs, gate_overflow
+        self.vm: VM | None = None
+        self.stop_reason: str | None = None
+        self._tmp = None
+
+    def start(self) -> "Recording":
+        g = self.guest
+        m = self.manifest = start_manifest(self.path, g, {
+            "stop_after_ns": self.duration_ns,
+            "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000},
+            **(self.launcher.machine() if self.launcher else {})}, self.assertions)
+        # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).
+        self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
+        run = Run("record", Path(self._tmp), rrfile=self.path / bundle.STREAM,
+                  devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
+                  hostfwd_port=self.port, stop_after_ns=self.duration_ns, gate_socket=self.gate_socket,
+                  gate_outputs=self.gate_outputs, gate_overflow=self.gate_overflow)
+        self.vm = VM(g, run, launcher=self.launcher, name="native")
+        self.t0 = time.monotonic()
+        try:
+            self.vm.start()
+        except TandemError:
+            # Keep the bundle honest: it exists, holds what QEMU wrote, and says so.
+            m["state"] = "interrupted"
+            bundle.write_manifest(self.path, m)
+            private.copy_file(self.vm.log_path, self.path / "qemu.log")
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
+        return self
+
+    @property
+    def serial(self):
+        return self.vm.serial
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Wait for the guest agent's TANDEM-READY line on the serial console."""
+        self.serial.wait_for(b"TANDEM-READY", timeout)
+
+    def stop(self) -> None:
+        """End the recording now (recorded as a host shutdown, so replay stops there too)."""
+        if self.stop_reason is None:
+            self.stop_reason = "interrupt"
+        self.vm.quit()
+
+    def wait(self, timeout: float | None = None, progress=None) -> None:
+        """Wait for the guest to stop by itself (poweroff or --duration)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.vm.proc.poll() is None:
+            self.vm.poll_events()
+            if progress:
+                progress(self.vm.vm_status())
+            if deadline and time.monotonic() > deadline:
+                raise TandemError(f"{self.path}: guest still running after {timeout:.0f}s")
+            try:    # returns as soon as QEMU exits, so the recording's end is not delayed
+                self.vm.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def finish(self, timeout: float = 60.0) -> dict:
+        """Wait for QEMU to exit, then seal the bundle with its manifest."""
+        try:
+            status = self.vm.wait(timeout)
+        except TandemError:
+            self.vm.kill()
+            status = -9
+        wall = time.monotonic() - self.t0
+        self.vm.poll_events()
+        self.vm.close()
+        private.copy_file(self.vm.log_path, self.path / "qemu.log")
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+        if self.stop_reason is None:
+            # QEMU says why it stopped: guest-shutdown is a poweroff; guest-reset is a
+            # reboot or a kernel panic (panic=-1 with -no-reboot), kept distinct so a
+            # panicking guest never passes for a clean stop.
+            reason = self.vm.shutdown_reason
+            self.stop_reason = {"guest-shutdown": "poweroff", "host-qmp-quit": "duration",
+                                None: "duration" if self.duration_ns else "qemu-exit"
+                                }.get(reason, reason)
+        m = seal(self.path, self.manifest, status=status, wall_s=wall, stop_reason=self.stop_reason)
+        if m["state"] != "complete":
+            raise TandemError(f"{self.path}: QEMU exited with status {status} during recording "
+                              f"(bundle kept as 'interrupted'; replay it with --partial)")
+        return m
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, exc_type, *_):
+        if self.vm and self.vm.proc and self.vm.proc.poll() is None and exc_type is not None:
+            self.stop()
+        if self.vm:
+            try:
+                self.finish()
+            except TandemError:
+                if exc_type is None:
+                    raise

@@ -1,0 +1,436 @@
+"""Compare a native recording's outputs with an analysis VM's, per channel.
+
+Streams compared: the serial console (lines), each TCP flow's guest-to-client
+payload (lines of the byte stream, so segmentation does not matter) and the
+UDP datagrams the guest sent (in order, per destination). Both sides pass
+through the equivalence spec first (dropped lines, masks). What still differs
+is a divergence, unless the same difference also appears between the native
+and a replay into a second copy of the native kernel: that is noise (Diffy's
+idea), reported only as a count.
+
+Speed: each stream is joined once and compared whole (memcmp) first; only a
+stream whose bytes differ, or whose spec rewrites lines, is split into lines,
+and only lines that still differ after the spec go through difflib. Line times
+are looked up only for what is reported.
+"""
+from __future__ import annotations
+
+import bisect
+import difflib
+from dataclasses import dataclass
+from itertools import accumulate
+from operator import itemgetter
+
+from ..formats import netpkt
+from . import inputs as inputs_mod
+from .equivalence import MAX_RULED_LINE, Spec
+from .model import AnalysisRun
+
+KERNEL_LINE = inputs_mod.KERNEL_LINE
+MASKED = b"<*>"
+_DATA = itemgetter(1)               # of a (VM time, bytes) chunk
+
+
+@dataclass
+class Line:
+    vm_ns: int
+    text: bytes
+
+
+@dataclass
+class Divergence:
+    channel: str                # serial | tcp flow N (a->b) | udp a:port
+    kind: str                   # differ | missing | extra | lag
+    native: list[Line]
+    analysis: list[Line]
+    native_ns: int | None
+    analysis_ns: int | None
+    after_input: str            # the last input delivered to the analysis VM before it
+    diff: str
+
+    def key(self) -> tuple:
+        """What the difference is, independent of when: matched against noise."""
+        return (self.channel.split(" (")[0], self.kind,
+                tuple(l.text for l in self.native), tuple(l.text for l in self.analysis))
+
+
+class _Stream:
+    """A timed byte stream: its bytes, and the VM time of each chunk it arrived in
+    (indexed only when a line's time is needed)."""
+    __slots__ = ("_chunks", "_skip", "_starts", "_times", "_writes", "origin", "text")
+
+    def __init__(self, text: bytes, chunks: list[tuple[int, bytes]] | None = None,
+                 writes: tuple[list[tuple[int, int]], int] | None = None, skip: int = 0, origin: int = 0):
+        """Timed by `chunks` (VM time, bytes) joined into `text` (less its first `skip`
+        bytes), or by `writes`: ([(offset, VM time)], offset of text[0]) of a buffer
+        text was cut from. `origin`: the stream offset of text[0] (a live comparison
+        starts where the matched part ends)."""
+        self.text = text
+        self._chunks, self._writes, self._skip, self.origin = chunks, writes, skip, origin
+        self._starts: list[int] | None = None
+        self._times: list[int] = []
+
+    @classmethod
+    def of_chunks(cls, chunks: list[tuple[int, bytes]], start: int | None = None) -> _Stream:
+        """The stream of a chunk list (inputs.Chunks, or a plain list), from stream
+        offset `start` (default: its first chunk kept)."""
+        base = inputs_mod.chunks_base(chunks)
+        if start is None or start <= base:
+            return cls(b"".join(map(_DATA, chunks)), chunks=chunks, origin=base)
+        part, skip = chunks.since(start)
+        return cls(b"".join(map(_DATA, part))[skip:], chunks=part, skip=skip, origin=start)
+
+    def masked(self, ranges: list[tuple[int, int]]) -> _Stream:
+        """The same stream with stream bytes [start, end) of each range replaced by '*'."""
+        b = bytearray(self.text)
+        for start, end in ranges:
+            lo, hi = max(0, start - self.origin), min(end - self.origin, len(b))
+            if lo < hi:
+                b[lo:hi] = b"*" * (hi - lo)
+        return _Stream(bytes(b), self._chunks, self._writes, self._skip, self.origin)
+
+    def time_at(self, pos: int) -> int:
+        """VM time of the chunk byte `pos` came in."""
+        if self._writes is not None:
+            writes, base = self._writes
+            return writes[max(0, bisect.bisect_right(writes, (pos + base, _INF)) - 1)][1]
+        if self._starts is None:
+            chunks = self._chunks or []
+            self._starts = list(accumulate([len(d) for _, d in chunks[:-1]], initial=0)) if chunks else []
+            self._times = [ns for ns, _ in chunks]
+        return self._times[bisect.bisect_right(self._starts, pos + self._skip) - 1]
+
+    def lines(self) -> tuple[list[bytes], list[int]]:
+        """The stream's lines (without their \\n or trailing \\r; no empty last line)
+        and the offset each starts at."""
+        parts = self.text.split(b"\n")
+        if not parts[-1]:
+            parts.pop()
+        starts = list(accumulate([len(p) + 1 for p in parts[:-1]], initial=0)) if parts else []
+        if b"\r" in self.text:
+            parts = [p.rstrip(b"\r") for p in parts]
+        return parts, starts
+
+
+_EMPTY = _Stream(b"", chunks=[])
+_INF = float("inf")
+_DROP = object()
+
+
+def _apply(lines: list[bytes], rules, serial: bool, cache: dict) -> tuple[list[bytes], list[int]]:
+    """The lines the spec keeps, rewritten by its masks, and their indices in `lines`.
+    `cache` maps a line to its rewrite (_DROP: dropped), shared by both sides.
+
+    The spec's patterns see a line of at most MAX_RULED_LINE bytes (equivalence.py: their
+    time on one line is bounded by what a line that long allows, so their time on the
+    output is linear in it); a longer line, or one the masks grew past that, is compared
+    as it stands. The guest writes these lines: a 1 MB line of digits kept `\\d+x` busy
+    for over half an hour."""
+    out, kept = [], []
+    kernel = serial and rules.ignore_kernel_lines
+    for i, t in enumerate(lines):
+        r = cache.get(t)
+        if r is None:
+            if (kernel and KERNEL_LINE.match(t)) or (len(t) <= MAX_RULED_LINE
+                                                     and any(p.search(t) for p in rules.ignore)):
+                r = _DROP
+            else:
+                r = t
+                for p in rules.mask:
+                    if len(r) > MAX_RULED_LINE:
+                        break
+                    r = p.sub(MASKED, r)
+            cache[t] = r
+        if r is not _DROP:
+            out.append(r)
+            kept.append(i)
+    return out, kept
+
+
+kept_lines = _apply     # for the release gate (gate.py): the same rules, line by line
+
+
+class _Side:
+    """One side of a stream as lines after the spec; a line's time is looked up only
+    when it is reported."""
+    __slots__ = ("end", "kept", "starts", "stream", "texts")
+
+    def __init__(self, stream: _Stream, rules, serial: bool, cache: dict):
+        lines, self.starts = stream.lines()
+        self.stream, self.end = stream, len(stream.text)
+        self.texts, self.kept = _apply(lines, rules, serial, cache)
+
+    @classmethod
+    def whole_lines(cls, stream: _Stream, rules, serial: bool, cache: dict) -> _Side:
+        """The side's complete lines only (what a live comparison can match yet)."""
+        end = stream.text.rfind(b"\n") + 1
+        side = cls(_Stream(stream.text[:end]), rules, serial, cache)
+        side.stream, side.end = stream, end
+        return side
+
+    def part(self, i: int, j: int) -> _Side:
+        """Kept lines i..j-1 only."""
+        p = object.__new__(_Side)
+        p.stream, p.starts, p.end = self.stream, self.starts, self.end
+        p.texts, p.kept = self.texts[i:j], self.kept[i:j]
+        return p
+
+    def cut(self, i: int) -> int:
+        """Offset just past kept line i-1 and the dropped lines after it: where kept
+        line i starts (the end of the complete lines if there is none)."""
+        return self.starts[self.kept[i]] if i < len(self.kept) else self.end
+
+    def vm_ns(self, i: int) -> int:
+        return self.stream.time_at(self.starts[self.kept[i]])
+
+    def line(self, i: int) -> Line:
+        return Line(self.vm_ns(i), self.texts[i])
+
+
+def _compare_lines(name: str, sa: _Stream, sb: _Stream, rules, serial: bool, spec: Spec,
+                   run: AnalysisRun) -> list[Divergence]:
+    cache: dict = {}
+    a, b = _Side(sa, rules, serial, cache), _Side(sb, rules, serial, cache)
+    if a.texts == b.texts and not spec.max_lag_ns:
+        return []                   # difflib would find one 'equal' block
+    return _diff_stream(name, a, b, spec, run, rules.reorder_window)
+
+
+def _reordered(a: list[bytes], b: list[bytes], opcodes, window: int) -> tuple[set[int], set[int]]:
+    """Lines removed on one side and inserted within `window` lines on the other."""
+    if not window:
+        return set(), set()
+    removed = [(i, j1 - i1) for op, i1, i2, j1, j2 in opcodes if op in ("replace", "delete")
+               for i in range(i1, i2)]
+    inserted = [j for op, i1, i2, j1, j2 in opcodes if op in ("replace", "insert") for j in range(j1, j2)]
+    gone_a, gone_b = set(), set()
+    for i, shift in removed:
+        for j in inserted:
+            if j not in gone_b and abs(j - (i + shift)) <= window and a[i] == b[j]:
+                gone_a.add(i)
+                gone_b.add(j)
+                break
+    return gone_a, gone_b
+
+
+def _diff_stream(channel: str, a: _Side, b: _Side, spec: Spec, run: AnalysisRun,
+                 window: int = 0) -> list[Divergence]:
+    sm = difflib.SequenceMatcher(None, a.texts, b.texts, autojunk=False)
+    out = []
+    opcodes = sm.get_opcodes()
+    gone_a, gone_b = _reordered(a.texts, b.texts, opcodes, window)
+    for op, i1, i2, j1, j2 in opcodes:
+        if op == "equal":
+            if spec.max_lag_ns:
+                for i, j in zip(range(i1, i2), range(j1, j2)):
+                    x, y = a.line(i), b.line(j)
+                    if y.vm_ns - x.vm_ns > spec.max_lag_ns:
+                        out.append(_div(channel, "lag", [x], [y], run,
+                                        f"same output {(y.vm_ns - x.vm_ns) / 1e9:.3f}s of VM time later "
+                                        f"than the native (bound {spec.max_lag_ns / 1e9:.3f}s): {x.text[:100]!r}"))
+                        break
+            continue
+        na = [a.line(i) for i in range(i1, i2) if i not in gone_a]
+        nb = [b.line(j) for j in range(j1, j2) if j not in gone_b]
+        if not na and not nb:
+            continue
+        kind = "differ" if na and nb else "missing" if na else "extra"
+        diff = "\n".join(difflib.unified_diff([l.text.decode(errors="replace") for l in na],
+                                              [l.text.decode(errors="replace") for l in nb],
+                                              "native", "analysis", lineterm="", n=0))
+        out.append(_div(channel, kind, na, nb, run, diff))
+    return out
+
+
+def _div(channel, kind, na, nb, run: AnalysisRun, diff) -> Divergence:
+    ans = nb[0].vm_ns if nb else None
+    before = run.input_before(ans) if ans is not None else None
+    return Divergence(channel, kind, na, nb, na[0].vm_ns if na else None, ans,
+                      before.input.describe() if before else "none (before the first input)", diff)
+
+
+def channel(fl: inputs_mod.Flow) -> str:
+    """A TCP flow's channel name."""
+    return f"tcp flow {fl.index} ({fl.name()})"
+
+
+def streams_native(rec: inputs_mod.RecordedInputs, at: dict | None = None,
+                   only: set | None = None) -> dict[str, _Stream]:
+    """The native's output streams (from what `at` says was matched: channel ->
+    (native offset, analysis offset); only the channels in `only`, if given, where
+    "udp" stands for every UDP destination)."""
+    at = at or {}
+    s = {}
+    if only is None or "serial" in only:
+        s["serial"] = _Stream.of_chunks(rec.serial_out, at.get("serial", (None,))[0])
+    for fl in rec.flows:
+        if fl is not None and (only is None or channel(fl) in only):
+            name = channel(fl)
+            s[name] = _Stream.of_chunks(fl.guest_data, at.get(name, (None,))[0])
+    udp: dict[str, list[tuple[int, bytes]]] = {}
+    for ns, (ip, port), payload in rec.udp_out if only is None or "udp" in only else ():
+        udp.setdefault(f"udp {netpkt.ip_str(ip)}:{port}", []).append((ns, payload + b"\n"))
+    s.update((k, _Stream.of_chunks(v)) for k, v in udp.items())
+    return s
+
+
+def streams_analysis(run: AnalysisRun, rec: inputs_mod.RecordedInputs, at: dict | None = None,
+                     only: set | None = None) -> dict[str, _Stream]:
+    at = at or {}
+    s = {}
+    if only is None or "serial" in only:
+        # The console is one buffer; each write's (offset, VM time) indexes it.
+        start = at["serial"][1] if "serial" in at else \
+            run.console_times[0][0] if run.console_times else run.console_base + len(run.console)
+        s["serial"] = _Stream(bytes(run.console[start - run.console_base:]),
+                              writes=(run.console_times, start), origin=start)
+    for fl in rec.flows:
+        if fl is None or (only is not None and channel(fl) not in only):
+            continue
+        name = channel(fl)
+        pf = run.peer.flows.get(fl.index) if run.peer else None
+        s[name] = _Stream.of_chunks(pf.guest_data if pf else [], at.get(name, (0, None))[1])
+    if only is not None and "udp" not in only:
+        return s
+    # The guest's UDP datagrams: the replayer's peer kept them as it parsed each frame.
+    if run.peer is not None:
+        datagrams = run.peer.udp_out
+    else:                           # a run that stopped before replaying: parse what it has
+        datagrams = []
+        for ns, frame in run.net_out or ():
+            f = netpkt.parse(frame)
+            if f and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP and not f.fragment:
+                datagrams.append((ns, (f.ip_dst, f.dport), f.payload))
+    udp: dict[str, list[tuple[int, bytes]]] = {}
+    for ns, (ip, port), payload in datagrams:
+        udp.setdefault(f"udp {netpkt.ip_str(ip)}:{port}", []).append((ns, payload + b"\n"))
+    s.update((k, _Stream.of_chunks(v)) for k, v in udp.items())
+    return s
+
+
+def compare(rec: inputs_mod.RecordedInputs, run: AnalysisRun, spec: Spec, at: dict | None = None,
+            only: set | None = None) -> list[Divergence]:
+    """Every difference between the native's outputs and the analysis run's (from
+    what `at` says was already matched; in the channels of `only`, if given)."""
+    a, b = streams_native(rec, at, only), streams_analysis(run, rec, at, only)
+    out = []
+    for name in sorted(set(a) | set(b), key=lambda n: (n != "serial", n)):
+        out += compare_channel(name, a.get(name, _EMPTY), b.get(name, _EMPTY), spec, run)
+    return out
+
+
+def _rules(name: str, spec: Spec):
+    """The spec's rules for a channel and the byte ranges it masks (None: not compared)."""
+    chan = name.split(" ")[0]
+    if chan in spec.ignore_channels:
+        return None, []
+    rules = spec.rules[chan]
+    ranges = []
+    if chan == "tcp" and rules.byte_ranges:
+        flow = int(name.split()[2])
+        ranges = [(s, e) for f, s, e in rules.byte_ranges if f == flow]
+    return rules, ranges
+
+
+def compare_channel(name: str, sa: _Stream, sb: _Stream, spec: Spec, run: AnalysisRun) -> list[Divergence]:
+    rules, ranges = _rules(name, spec)
+    if rules is None:
+        return []
+    if ranges:
+        sa, sb = sa.masked(ranges), sb.masked(ranges)
+    plain = not (rules.ignore or rules.mask or rules.ignore_kernel_lines or spec.max_lag_ns)
+    if plain and sa.text == sb.text:
+        return []                   # the common case, at memcmp speed
+    return _compare_lines(name, sa, sb, rules, name == "serial", spec, run)
+
+
+RESYNC_LINES = 4    # after a difference, this many equal lines on both sides end it
+RESYNC_MAX = 200    # lines searched for them; a longer difference is compared at the end
+
+
+def matched(name: str, sa: _Stream, sb: _Stream, spec: Spec, cache: dict,
+            run: AnalysisRun) -> tuple[int, int, list[Divergence], bool]:
+    """Compare two streams from their starts as far as their complete lines allow
+    (a live comparison, live_compare.py): (native offset, analysis offset) up to which
+    they are compared, the divergences found there, and whether the comparison is
+    stuck (a difference no RESYNC_LINES equal lines end within RESYNC_MAX lines: the
+    channel is then compared whole at its end).
+
+    Equal lines under the spec are matched one for one; at a difference, the next
+    RESYNC_LINES lines equal on both sides end it, and the lines between are diffed
+    as compare() diffs a stream (a reordering within the spec's window is no
+    divergence). The part after the last match waits for more lines. Lines the spec
+    drops are skipped; with max_lag (timing) the channel is only compared at its end."""
+    rules, ranges = _rules(name, spec)
+    if rules is None:
+        return sa.origin + len(sa.text), sb.origin + len(sb.text), [], False
+    if spec.max_lag_ns:
+        return sa.origin, sb.origin, [], True
+    if ranges:
+        sa, sb = sa.masked(ranges), sb.masked(ranges)
+    serial = name == "serial"
+    a, b = _Side.whole_lines(sa, rules, serial, cache), _Side.whole_lines(sb, rules, serial, cache)
+    ta, tb = a.texts, b.texts
+    ia = ib = 0
+    divs: list[Divergence] = []
+    stuck = False
+    while True:
+        while ia < len(ta) and ib < len(tb) and ta[ia] == tb[ib]:
+            ia, ib = ia + 1, ib + 1
+        if ia == len(ta) or ib == len(tb):
+            break                           # one side is behind: wait for it
+        m = _reordered_block(ta, tb, ia, ib, rules.reorder_window)
+        if m:
+            ia, ib = ia + m, ib + m         # the same lines, reordered within the window
+            continue
+        if m is None:
+            break                           # maybe a reordering: wait for more lines
+        r = _resync(ta, tb, ia, ib)
+        if r is None:
+            stuck = len(ta) - ia > RESYNC_MAX + RESYNC_LINES and len(tb) - ib > RESYNC_MAX + RESYNC_LINES
+            break
+        divs += _diff_stream(name, a.part(ia, r[0]), b.part(ib, r[1]), spec, run, rules.reorder_window)
+        ia, ib = r
+    if ia == 0 and ib == 0 and (ta or tb):
+        return sa.origin, sb.origin, divs, stuck
+    return sa.origin + a.cut(ia), sb.origin + b.cut(ib), divs, stuck
+
+
+def _reordered_block(ta: list[bytes], tb: list[bytes], ia: int, ib: int, window: int) -> int | None:
+    """At a difference: the length of the shortest block from (ia, ib) that holds the
+    same lines on both sides, each at most `window` lines from its place (a
+    reordering, as _reordered sees one); 0 if there is none, None if more lines are
+    needed to tell."""
+    if not window:
+        return 0
+    for m in range(2, window + 1):
+        if ia + m > len(ta) or ib + m > len(tb):
+            return None
+        if sorted(ta[ia:ia + m]) == sorted(tb[ib:ib + m]):
+            return m
+    return 0
+
+
+def _resync(ta: list[bytes], tb: list[bytes], ia: int, ib: int) -> tuple[int, int] | None:
+    """After a difference at (ia, ib): the nearest (i, j) from which RESYNC_LINES lines
+    are equal on both sides, if any within RESYNC_MAX lines."""
+    n = RESYNC_LINES
+    at: dict[tuple, int] = {}
+    for j in range(ib, min(len(tb) - n, ib + RESYNC_MAX) + 1):
+        at.setdefault(tuple(tb[j:j + n]), j)
+    best = None
+    for i in range(ia, min(len(ta) - n, ia + RESYNC_MAX) + 1):
+        j = at.get(tuple(ta[i:i + n]))
+        if j is not None and (i, j) != (ia, ib) and (best is None or i - ia + j - ib < best[0] - ia + best[1] - ib):
+            best = (i, j)
+    return best
+
+
+def split_noise(divs: list[Divergence], noise: list[Divergence] | None) -> tuple[list[Divergence], int]:
+    """(divergences beyond the noise, how many were noise)."""
+    if not noise:
+        return divs, 0
+    keys = {d.key() for d in noise}
+    real = [d for d in divs if d.key() not in keys]
+    return real, len(divs) - len(real)
+

@@ -1,0 +1,360 @@
+"""The loop of one analysis VM's semantic replay: what it takes from the recording, what
+it releases at each stop of the VM, the horizon it grants, and how the run ends.
+
+The VM stops at each horizon and says so on the feed (WAIT); between stops it sends its
+outputs (OUTPUT: frames and console bytes) and, once, why it ends (SHUTDOWN). At each
+stop the driver releases the inputs whose recorded VM time has come and whose
+dependencies the guest has met (inputs.py: the bytes a flow had sent, the line the
+console had printed, when the native received them), answers the guest's frames as the
+remote TCP peer (peer.py), and grants the next horizon (horizon.py, pure). A live run
+(rec.finished False) trails a native still running: it takes new inputs as they come,
+within its buffer's bound (model.Buffer).
+
+The loop's state is this object's attributes, each stage a method, so the loop is tested
+against a scripted feed and VM (tests/unit/test_driver.py: hang, lag, detach,
+dependency timeout, shutdown causes), the way syzkaller tests its VM monitor loop;
+tests/test_semantic.py and tests/test_live.py run it against real QEMU.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from . import feed as feedproto
+from . import inputs as inputs_mod
+from .horizon import live_grant, next_horizon
+from .model import (
+    DEP_TIMEOUT_NS,
+    HANG_WALL_S,
+    MAX_LAG_NS,
+    TICK_S,
+    AnalysisRun,
+    Buffer,
+    Outcome,
+)
+from .peer import Peer
+
+log = logging.getLogger(__name__)
+
+# How often the run samples its QEMU's CPU time (procfs), in wall seconds.
+CPU_SAMPLE_S = 0.2
+# Delivered inputs are dropped from the front of the to-do list once there are more than
+# this many and they are over half of it (a live run's list would otherwise grow forever).
+TRIM_AT = 256
+# Why QEMU said it stopped (feed SHUTDOWN cause) -> the run's outcome and detail.
+SHUTDOWN_OUTCOMES = {
+    "guest-shutdown": (Outcome.POWEROFF, ""),
+    "host-qmp-quit": (Outcome.FINISHED, ""),
+    "guest-reset": (Outcome.CRASHED, "the guest stopped with guest-reset (kernel panic or reboot)"),
+    "guest-panic": (Outcome.CRASHED, "the guest stopped with guest-panic (kernel panic or reboot)"),
+}
+
+
+def release_input(inp: inputs_mod.Input, rec: inputs_mod.RecordedInputs, peer: Peer, feed, now: int) -> list[bytes]:
+    """Deliver one input at VM time `now`: a serial input straight into the feed; the
+    frames to send for a network input (a raw frame, or the TCP peer's segments)."""
+    if inp.kind == "serial":
+        feed.input(feedproto.SERIAL, now, inp.data)
+        return []
+    if inp.kind == "frame":
+        return [inp.data]
+    fl = rec.flows[inp.flow]
+    if inp.kind == "tcp-open":
+        return peer.open(fl.index, fl.client, fl.server, fl.client_mac, fl.guest_mac, now)
+    if inp.flow not in peer.flows:
+        return []
+    if inp.kind == "tcp-data":
+        return peer.send(inp.flow, inp.data, now)
+    if inp.kind == "tcp-fin":
+        return peer.close(inp.flow, now)
+    if inp.kind == "tcp-rst":
+        return peer.reset(inp.flow, now)
+    return []
+
+
+class AnalysisDriver:
+    """Drive one analysis VM through a recording's inputs; drive() returns when the run
+    has ended, its outcome and detail in `res`.
+
+    vm: what the driver asks of QEMU (qemu.vm.VM): kill(), quit(), wait(s), log_tail(n),
+    status(), feed_counters(), cpu_seconds(). feed: the feed connection (feed.FeedServer):
+    input(), horizon(), flush(), receive(timeout) -> messages, [] on a timeout, None once
+    QEMU has gone. clock: wall seconds (time.monotonic; a scripted test passes its own).
+    """
+
+    def __init__(self, rec: inputs_mod.RecordedInputs, res: AnalysisRun, vm, feed, *,
+                 max_lag_ns: int = MAX_LAG_NS, progress: Callable | None = None,
+                 buffer: Buffer | None = None, stop: Callable[[], bool] | None = None,
+                 hang_wall_s: float = HANG_WALL_S, tick: Callable[[AnalysisRun], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.rec, self.res, self.vm, self.feed = rec, res, vm, feed
+        self.max_lag_ns, self.progress, self.stop, self.tick = max_lag_ns, progress, stop, tick
+        self.buffer = buffer or Buffer()
+        self.hang_wall_s, self.clock = hang_wall_s, clock
+        self.peer = res.peer = Peer()
+        self.lines = inputs_mod.SerialLines()  # the guest's console lines (line dependencies)
+        self.todo: list[inputs_mod.Input] = []  # taken, not delivered yet: todo[nxt:]
+        self.nxt = 0
+        self.trimmed = 0                # delivered inputs dropped from todo's front
+        self.pending_bytes = 0          # of todo[nxt:]
+        self.frames_out: list[bytes] = []   # the peer's frames, sent at the next stop
+        self.stalled_at: int | None = None  # live: idle at a WAIT, waiting on the native
+        self.warp_granted_ns = 0        # live: the last warp bound granted
+        self.blocked_since: int | None = None   # VM time the due input began waiting on deps
+        self.last_input_ns = 0
+        self.last_output_ns = 0
+        self.last_word = clock()        # wall time QEMU last said anything
+        self.shutdown: str | None = None    # the first SHUTDOWN's cause
+        self.ended = False              # the run ended inside the loop (lag, detach, hang)
+        # Outputs given up on: after one dependency timeout, the bytes a flow never
+        # produced (and lines never printed) are not waited for again.
+        self.short: dict[int, int] = {}
+        self.lost_lines: set[bytes] = set()
+        self.cpu_at = self.tick_at = float("-inf")
+
+    # -- the recording's inputs -----------------------------------------------------------
+    def pull(self) -> None:
+        """Take the inputs the native has made since (all of them for a finished one).
+        res.taken counts inputs from the recording's first: a live one drops the front
+        of rec.inputs once every analysis has taken it. Entropy is a pool the guest draws
+        from in order: it goes into the feed at once."""
+        with self.rec.lock:
+            new = self.rec.inputs[self.res.taken - self.rec.inputs_dropped:]
+        self.res.taken += len(new)
+        for i in new:
+            if i.kind == "rng":
+                self.feed.input(feedproto.RNG, 0, i.data)
+                self.res.deliver(0, i)
+            else:
+                self.todo.append(i)
+                self.pending_bytes += len(i.data)
+        self.feed.flush()
+
+    def not_taken(self) -> int:
+        with self.rec.lock:
+            return len(self.rec.inputs) + self.rec.inputs_dropped - self.res.taken
+
+    def pending(self) -> int:
+        """Inputs made and not delivered: the buffer's fill (any thread)."""
+        return len(self.todo) - self.nxt + self.not_taken()
+
+    def pending_of_flow(self, flow: int) -> bool:
+        """Does an input of `flow` still wait to be delivered here?"""
+        with self.rec.lock:
+            later = self.rec.inputs[self.res.taken - self.rec.inputs_dropped:]
+        return any(i.flow == flow for i in self.todo[self.nxt:]) or any(i.flow == flow for i in later)
+
+    def oldest_pending_ns(self) -> int | None:
+        if self.nxt < len(self.todo):
+            return self.todo[self.nxt].vm_ns
+        with self.rec.lock:
+            i = self.res.taken - self.rec.inputs_dropped
+            return self.rec.inputs[i].vm_ns if i < len(self.rec.inputs) else None
+
+    # -- dependencies -----------------------------------------------------------------------
+    def have(self, flow: int) -> int:
+        """Guest bytes flow `flow` has sent here (counting those given up on)."""
+        pf = self.peer.flows.get(flow)
+        if pf is None and self.rec.flows[flow] is None:
+            return 1 << 62          # retired: compared to its end by every analysis
+        return (pf.guest_bytes if pf else 0) + self.short.get(flow, 0)
+
+    def line_missing(self, inp: inputs_mod.Input) -> bool:
+        return bool(inp.needs_line) and inp.needs_line[0] not in self.lost_lines \
+            and not self.lines.has(inp.needs_line)
+
+    def deps_met(self, inp: inputs_mod.Input) -> bool:
+        return not self.line_missing(inp) and all(self.have(f) >= n for f, n in inp.needs_bytes.items())
+
+    def give_up(self, inp: inputs_mod.Input) -> None:
+        if inp.needs_line and not self.lines.has(inp.needs_line):
+            self.lost_lines.add(inp.needs_line[0])
+        for flow, need in inp.needs_bytes.items():
+            if self.have(flow) < need:
+                self.short[flow] = self.short.get(flow, 0) + need - self.have(flow)
+
+    def unmet(self, inp: inputs_mod.Input) -> str:
+        parts = [f"serial line {inp.needs_line[0][:60]!r} (#{inp.needs_line[1]})"] if self.line_missing(inp) else []
+        parts += [f"flow {flow}: {self.have(flow)}/{need} guest bytes"
+                  for flow, need in inp.needs_bytes.items() if self.have(flow) < need]
+        return ", ".join(parts)
+
+    # -- a stop of the VM ---------------------------------------------------------------------
+    def release_due(self, now: int) -> list[bytes]:
+        """Deliver the inputs due at `now` whose dependencies are met (or that waited
+        DEP_TIMEOUT_NS of VM time with no output: sent anyway, a replay limit); the frames
+        to send."""
+        frames = self.frames_out + self.peer.retransmit(now)
+        self.frames_out = []
+        while self.nxt < len(self.todo) and self.todo[self.nxt].vm_ns <= now:
+            inp = self.todo[self.nxt]
+            if not self.deps_met(inp):
+                if self.blocked_since is None:
+                    self.blocked_since = now
+                if now - max(self.blocked_since, self.last_output_ns) < DEP_TIMEOUT_NS:
+                    break
+                self.res.limits.append(f"{inp.describe()}: sent after waiting "
+                                       f"{DEP_TIMEOUT_NS / 1e9:.0f}s of VM time for {self.unmet(inp)}")
+                self.give_up(inp)
+            self.blocked_since = None
+            frames += release_input(inp, self.rec, self.peer, self.feed, now)
+            self.res.deliver(now, inp)
+            self.pending_bytes -= len(inp.data)
+            self.last_input_ns = now
+            self.nxt += 1
+        return frames
+
+    def trim(self) -> None:
+        """Drop delivered inputs from the to-do list's front."""
+        if self.nxt > TRIM_AT and 2 * self.nxt > len(self.todo):
+            del self.todo[:self.nxt]
+            self.trimmed += self.nxt
+            self.nxt = 0
+
+    def grant(self, now: int, idle: bool) -> bool:
+        """Release what is due at a stop and grant the next horizon; False while a live
+        native has given this VM, idle, nothing new to do."""
+        self.pull()
+        first = self.nxt
+        frames = self.release_due(now)
+        sent = bool(frames) or self.nxt != first
+        self.trim()
+        for fr in frames:
+            self.feed.input(feedproto.NET, now, fr)
+        due = self.todo[self.nxt].vm_ns if self.nxt < len(self.todo) else None
+        horizon = next_horizon(now, due, self.blocked_since, self.last_output_ns, self.peer.next_timer(),
+                               self.rec.end_ns or 0, self.last_input_ns, not self.rec.finished)
+        if not self.rec.finished:
+            known = self.rec.known_ns
+            g = live_grant(now, horizon, known, self.warp_granted_ns,
+                           behind=due is not None and due <= now, idle=idle, sent=sent)
+            if g is None:
+                self.feed.flush()
+                return False
+            self.warp_granted_ns = known
+            self.feed.horizon(g[0], warp_ns=g[1])
+        elif horizon is None:
+            self.vm.quit()           # reported back as SHUTDOWN host-qmp-quit
+        else:
+            self.feed.horizon(horizon)
+        self.feed.flush()
+        return True
+
+    # -- the loop ---------------------------------------------------------------------------
+    def drive(self) -> None:
+        self.pull()
+        # The fill as of now, for the native's side (overflow "block" checks it between
+        # this loop's updates, which may be a second apart).
+        self.buffer.pending = self.pending
+        self.res.pending_of_flow = self.pending_of_flow
+        while not self.ended:
+            self.sample()
+            if self.stopped() or self.overflowed():
+                return
+            if self.stalled_at is not None:
+                if self.grant(self.stalled_at, True):
+                    self.stalled_at = None
+                self.last_word = self.clock()    # waiting on the native, not on QEMU
+            msgs = self.feed.receive(0.05 if self.stalled_at is not None else 1.0)
+            if msgs is None:                    # QEMU exited
+                self.finish()
+                return
+            if not msgs:
+                self.check_hang()
+                continue
+            self.last_word = self.clock()
+            for m in msgs:
+                self.on_message(m)
+                if self.ended:
+                    return
+            self.feed.flush()
+
+    def sample(self) -> None:
+        now = self.clock()
+        if now - self.cpu_at > CPU_SAMPLE_S:
+            self.res.cpu_s, self.cpu_at = self.vm.cpu_seconds() or self.res.cpu_s, now
+        if self.tick is not None and now - self.tick_at > TICK_S:
+            self.tick(self.res)
+            self.tick_at = self.clock()
+
+    def end(self, outcome: Outcome, detail: str, kill: bool = True) -> None:
+        self.res.outcome, self.res.detail, self.ended = outcome, detail, True
+        if kill:
+            self.vm.kill()
+
+    def stopped(self) -> bool:
+        if self.stop is not None and self.stop():
+            self.end(Outcome.DETACHED, "stopped by tandem")
+        return self.ended
+
+    def overflowed(self) -> bool:
+        """Over the buffer's bound (policy detach), or blocking the native past its budget:
+        the analysis is detached."""
+        b = self.buffer
+        if b.update(self.pending(), self.pending_bytes, self.oldest_pending_ns()):
+            return False
+        detail = (f"input buffer full ({b.events} events, {b.bytes} bytes; bound {b.max_events} events, "
+                  f"{b.max_bytes} bytes): the analysis fell "
+                  f"{(self.rec.known_ns - self.res.end_ns) / 1e9:.1f}s of VM time behind the native")
+        if b.full:
+            detail += f", still full after blocking the native for the {b.budget_s:g}s wall-time budget"
+            b.release()
+        self.end(Outcome.DETACHED, detail)
+        return True
+
+    def check_hang(self) -> None:
+        if self.clock() - self.last_word > self.hang_wall_s:
+            counters = self.vm.feed_counters()     # first: it puts a deadline on QMP
+            self.end(Outcome.HUNG, f"QEMU silent for {self.hang_wall_s:.0f}s of wall time (QEMU state "
+                     f"{self.vm.status()}, {counters}, last stop at VM "
+                     f"{self.res.end_ns / 1e9:.6f}s)", kill=False)
+
+    def on_message(self, m) -> None:
+        res = self.res
+        if m.type == feedproto.OUTPUT:
+            self.last_output_ns = m.vm_ns
+        if m.type == feedproto.SHUTDOWN:
+            # The first one says why: a QEMU under libvirt (-no-shutdown) pauses at a
+            # guest poweroff and then says SHUTDOWN again for libvirt's SIGTERM.
+            if self.shutdown is None:
+                c = feedproto.SHUTDOWN_CAUSES
+                self.shutdown = c[m.channel] if m.channel < len(c) else f"cause {m.channel}"
+                res.end_ns = m.vm_ns
+        elif m.type == feedproto.OUTPUT and m.channel == feedproto.NET:
+            if res.net_out is not None:
+                res.net_out.append((m.vm_ns, m.data))
+            self.frames_out += self.peer.on_frame(m.data, m.vm_ns)
+        elif m.type == feedproto.OUTPUT and m.channel == feedproto.SERIAL:
+            res.console_times.append((res.console_base + len(res.console), m.vm_ns))
+            res.console += m.data
+            self.lines.feed(m.data)
+        elif m.type == feedproto.WAIT:
+            self.on_wait(m.vm_ns, m.channel == feedproto.WAIT_IDLE)
+
+    def on_wait(self, now: int, idle: bool) -> None:
+        res = self.res
+        res.end_ns = now
+        res.waits += 1
+        if self.rec.finished and now > (self.rec.end_ns or 0) + self.max_lag_ns:
+            self.end(Outcome.LAGGING, f"still running {self.max_lag_ns / 1e9:.0f}s of VM time past the "
+                     f"native's end ({self.delivered()}/{self.trimmed + len(self.todo)} inputs delivered)")
+            return
+        if not self.grant(now, idle):
+            self.stalled_at = now
+        if self.progress:
+            self.progress(res, self.delivered(), self.trimmed + len(self.todo))
+
+    def delivered(self) -> int:
+        return self.trimmed + self.nxt
+
+    def finish(self) -> None:
+        """QEMU has exited: the outcome from why it said it stopped."""
+        self.vm.wait(30)
+        outcome, detail = SHUTDOWN_OUTCOMES.get(self.shutdown, (Outcome.CRASHED, ""))
+        if self.shutdown not in SHUTDOWN_OUTCOMES:
+            detail = f"QEMU exited ({self.shutdown or 'without saying why'}): {self.vm.log_tail(300)}"
+        if self.nxt < len(self.todo):
+            undelivered = f"{len(self.todo) - self.nxt} of {self.trimmed + len(self.todo)} inputs not delivered"
+            detail = f"{detail}; {undelivered}" if detail else undelivered
+        self.res.outcome, self.res.detail = outcome, detail

@@ -1,0 +1,114 @@
+"""The feed's wire protocol between tandem and an analysis QEMU (qemu-patches/0006).
+
+Both directions: a 16-byte little-endian header {u32 payload length, u16 type,
+u16 channel, u64 VM-clock ns} and the payload. tandem sends inputs and horizon
+advances; QEMU sends what the guest outputs and WAIT when the VM stops (its
+channel says why: at the horizon, or idle at the warp bound a horizon may carry,
+qemu-patches/0014), and SHUTDOWN (with QEMU's reason) after the guest's last output.
+QEMU connects to tandem's unix socket at start.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import private
+from ..errors import TandemError
+
+HEADER = struct.Struct("<IHHQ")
+INPUT, HORIZON, END, OUTPUT, WAIT, SHUTDOWN = 1, 2, 3, 16, 17, 18
+# QEMU's ShutdownCause, in its QAPI order: the channel of a SHUTDOWN message.
+SHUTDOWN_CAUSES = ["none", "host-error", "host-qmp-quit", "host-qmp-system-reset", "host-signal",
+                   "host-ui", "guest-shutdown", "guest-reset", "guest-panic", "subsystem-reset",
+                   "snapshot-load"]
+NET, SERIAL, RNG = 1, 2, 3
+WAIT_HORIZON, WAIT_IDLE = 0, 1      # the channel of a WAIT message
+MAX_PAYLOAD = 1 << 20
+
+
+@dataclass
+class Message:
+    type: int
+    channel: int
+    vm_ns: int
+    data: bytes
+
+
+class FeedServer:
+    """Listens for one QEMU; sends inputs, receives outputs and waits."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        private.require_private_dir(Path(path).parent, f"feed socket {path}")
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(str(path))
+        self.listener.listen(1)
+        self.conn: socket.socket | None = None
+        self.buf = bytearray()
+        self.out = bytearray()
+        self._rx: bytearray | None = None
+
+    def accept(self, timeout: float) -> None:
+        self.listener.settimeout(timeout)
+        try:
+            self.conn, _ = self.listener.accept()
+        except socket.timeout:
+            raise TandemError(f"analysis QEMU did not connect to {self.path} within {timeout:.0f}s") from None
+        self.conn.settimeout(None)
+
+    def input(self, channel: int, vm_ns: int, data: bytes) -> None:
+        self.out += HEADER.pack(len(data), INPUT, channel, vm_ns) + data
+
+    def horizon(self, vm_ns: int, warp_ns: int | None = None) -> None:
+        """The VM may run to vm_ns; with warp_ns (< vm_ns), an idle VM warps no further
+        than warp_ns: it executes up to the horizon but idles at the warp bound."""
+        if warp_ns is None or warp_ns >= vm_ns:
+            self.out += HEADER.pack(0, HORIZON, 0, vm_ns)
+        else:
+            self.out += HEADER.pack(8, HORIZON, 0, vm_ns) + struct.pack("<q", warp_ns)
+
+    def send(self, type_: int, channel: int, value: int, data: bytes = b"") -> None:
+        self.out += HEADER.pack(len(data), type_, channel, value) + data
+
+    def flush(self) -> None:
+        if self.out:
+            try:
+                self.conn.sendall(self.out)
+            except (BrokenPipeError, ConnectionResetError):
+                pass    # QEMU has exited; receive() reports it
+            self.out.clear()
+
+    def receive(self, timeout: float) -> list[Message] | None:
+        """Messages that arrived within timeout ([] if none); None once QEMU closed."""
+        self.conn.settimeout(timeout)
+        if self._rx is None:
+            self._rx = bytearray(1 << 20)   # one receive buffer: no 1 MB allocation per call
+        try:
+            n = self.conn.recv_into(self._rx)
+        except socket.timeout:
+            return []
+        except OSError:
+            return None
+        if not n:
+            return None
+        self.buf += memoryview(self._rx)[:n]
+        msgs = []
+        buf, at = self.buf, 0
+        while len(buf) - at >= HEADER.size:
+            ln, typ, ch, ns = HEADER.unpack_from(buf, at)
+            if ln > MAX_PAYLOAD:
+                raise TandemError(f"feed {self.path}: message of {ln} bytes, stream out of sync")
+            if len(buf) - at < HEADER.size + ln:
+                break
+            msgs.append(Message(typ, ch, ns, bytes(buf[at + HEADER.size:at + HEADER.size + ln])))
+            at += HEADER.size + ln
+        del buf[:at]                        # once, not per message
+        return msgs
+
+    def close(self) -> None:
+        for s in (self.conn, self.listener):
+            if s:
+                s.close()
+        self.path.unlink(missing_ok=True)

@@ -1,0 +1,104 @@
+"""Findings of an analysis run: sanitizer reports on its console, and the run's
+own failures (a panic, a hang, a lagging VM), each attributed to the input after
+which it appeared."""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+
+from .. import artifacts, catalog, report
+from ..errors import TandemError
+from ..report.symbolize import short_path
+from .model import AnalysisRun
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Finding:
+    analysis: str
+    type: str                   # a report type (report.TYPES) or VM-CRASH | VM-HANG | VM-LAG | REPLAY-ERROR
+    title: str
+    vm_ns: int
+    after_input: str            # the recorded input delivered last before it
+    input_channel: str | None
+    input_flow: int | None
+    input_offset: int | None
+    text: str
+    frames: list[str]
+    locations: list[tuple[str, str, int]]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def _attributed(run: AnalysisRun, vm_ns: int) -> dict:
+    d = run.input_before(vm_ns)
+    if d is None:
+        return {"after_input": "none (before the first input)", "input_channel": None,
+                "input_flow": None, "input_offset": None}
+    i = d.input
+    chan = "net" if i.kind.startswith("tcp") or i.kind == "frame" else i.kind
+    return {"after_input": i.describe(), "input_channel": chan, "input_flow": i.flow,
+            "input_offset": i.offset}
+
+
+def of_report(run: AnalysisRun, rep: report.Report) -> Finding:
+    """A console report of an analysis run as a finding, with its VM time and input."""
+    ns = run.vm_time_at(rep.start)
+    locs = [(fn, short_path(f), ln) for fn, f, ln in rep.locations]
+    return Finding(run.analysis, rep.type, rep.title, ns, text=rep.text, frames=rep.frames,
+                   locations=locs, **_attributed(run, ns))
+
+
+def distinct(found: list[Finding]) -> list[tuple[Finding, int]]:
+    """Each title once, with its first finding and how many there were, in order.
+
+    The title is the deduplication key (docs/reports.md): it names the bug the way
+    syzkaller does and carries nothing that changes between runs, so a WARNING the
+    kernel prints every few seconds is one bug, and two nights' runs of one bug agree.
+    findings.jsonl keeps every occurrence; summaries show each title once."""
+    first: dict[str, Finding] = {}
+    count: dict[str, int] = {}
+    for f in found:
+        first.setdefault(f.title, f)
+        count[f.title] = count.get(f.title, 0) + 1
+    return [(f, count[t]) for t, f in first.items()]
+
+
+def symbolizer(analysis: str):
+    """rep -> rep with source locations from the analysis kernel's vmlinux and modules
+    (rep unchanged when they are not there)."""
+    known = catalog.ANALYSES.get(analysis)
+    flavor = known.flavor if known else analysis
+    try:
+        vmlinux = artifacts.kernel(flavor)["vmlinux"]
+        modules = artifacts.modules(flavor).get("modules", [])
+    except (TandemError, KeyError) as e:   # not built (./tandem build), or a build record without a vmlinux
+        log.info("findings of %s are not symbolized: %s", analysis, e)
+        return lambda rep: rep
+    return lambda rep: report.symbolize(rep, vmlinux, modules) if vmlinux and rep.os == "linux" else rep
+
+
+def findings(run: AnalysisRun, symbolize: bool = True) -> list[Finding]:
+    sym = symbolizer(run.analysis) if symbolize else (lambda rep: rep)
+    return [of_report(run, sym(rep)) for rep in report.parse(bytes(run.console), guest_os(run.analysis))] + outcome(run)
+
+
+def guest_os(analysis: str) -> str:
+    """The guest OS an analysis runs (its console dialect), from the catalogue; Linux for a
+    name the catalogue does not know (a findings file of an older tandem)."""
+    known = catalog.ANALYSES.get(analysis)
+    return known.os if known else "linux"
+
+
+def outcome(run: AnalysisRun) -> list[Finding]:
+    """The run's own failure as a finding: a crash, a hang, lagging, detached, an error."""
+    kind = {"crashed": "VM-CRASH", "hung": "VM-HANG", "lagging": "VM-LAG", "error": "REPLAY-ERROR",
+            "detached": "VM-DETACHED"}
+    if run.outcome not in kind:
+        return []
+    return [Finding(run.analysis, kind[run.outcome], f"analysis VM {run.outcome}: {run.detail}",
+                    run.end_ns, text=run.qemu_log, frames=[], locations=[],
+                    **_attributed(run, run.end_ns))]

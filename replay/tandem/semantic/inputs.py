@@ -1,0 +1,350 @@
+"""What the native guest received, as inputs a semantic replay can re-deliver.
+
+From the native's device log (`devices.pcapng`) this builds the ordered list of
+inputs for an analysis VM: serial bytes, entropy, the remote peers' TCP payload
+per flow (not their packets: a different kernel gets its own sequence numbers),
+UDP/ICMP datagrams. Each input carries what the native had already *output*
+when the input arrived (its dependencies), because the remote client reacted to
+those outputs: the replayer holds the input until the analysis guest has
+produced them too.
+
+Dependencies are counted per output stream: payload bytes per TCP flow, and,
+for serial input, userland lines on the serial console (kernel printk lines,
+which differ between kernels, are not counted). A dependency on a line is the
+line's text and its occurrence number, so a sanitizer's extra lines do not
+satisfy it early.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..formats import bundle, netpkt, pcapng
+from ..formats.netpkt import ACK, FIN, RST, SYN
+
+KERNEL_LINE = re.compile(rb"^\s*(<\d>)?\[\s*\d+\.\d+\]")
+FIN_CLIENT, FIN_GUEST, FIN_BOTH = 1, 2, 3
+CLOSED_GRACE_NS = 10_000_000_000    # a closed flow's last ACKs and retransmissions
+
+
+@dataclass
+class Input:
+    kind: str                   # tcp-open | tcp-data | tcp-fin | tcp-rst | frame | serial | rng
+    vm_ns: int                  # when the native received it
+    data: bytes = b""
+    flow: int | None = None     # index into RecordedInputs.flows
+    offset: int = 0             # byte offset of data in the flow's client stream / serial input
+    seq: int = 0                # devlog event number (attribution)
+    needs_bytes: dict[int, int] = field(default_factory=dict)   # flow -> guest bytes (grown since the previous input)
+    needs_line: tuple[bytes, int] | None = None                 # (serial line, occurrence)
+
+    def describe(self) -> str:
+        where = f"flow {self.flow} offset {self.offset}" if self.flow is not None else \
+            f"serial offset {self.offset}" if self.kind == "serial" else self.kind
+        return f"{self.kind} at VM {self.vm_ns / 1e9:.6f}s ({where}, devlog event {self.seq})"
+
+
+class Chunks(list):
+    """A timed byte stream as (VM ns, bytes) chunks. A live run drops its front once
+    every analysis has compared it (live_compare.py): `base` is the stream offset of the
+    first chunk kept, `dropped` how many chunks are gone, `size` the bytes kept."""
+
+    def __init__(self, chunks=()):
+        super().__init__(chunks)
+        self.base = self.dropped = 0
+        self.size = sum(len(d) for _, d in self)
+
+    def append(self, chunk: tuple[int, bytes]) -> None:
+        super().append(chunk)
+        self.size += len(chunk[1])
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+    def drop_to(self, offset: int) -> None:
+        """Drop the chunks that end at or before stream offset `offset`."""
+        n, cut = 0, self.base
+        for _, d in self:
+            if cut + len(d) > offset:
+                break
+            cut += len(d)
+            n += 1
+        if n:
+            del self[:n]
+            self.size -= cut - self.base
+            self.base, self.dropped = cut, self.dropped + n
+
+    def since(self, offset: int) -> tuple[list[tuple[int, bytes]], int]:
+        """The chunks holding stream offsets >= `offset`, and how far into the first
+        one `offset` is."""
+        cut = self.base
+        for i, (_, d) in enumerate(self):
+            if cut + len(d) > offset:
+                return self[i:], max(0, offset - cut)
+            cut += len(d)
+        return [], 0
+
+
+def chunks_base(chunks) -> int:
+    """Stream offset of a chunk list's first chunk (a plain list starts at 0)."""
+    return getattr(chunks, "base", 0)
+
+
+@dataclass
+class Flow:
+    """A TCP connection the remote side opened to the guest."""
+    index: int
+    client: tuple[bytes, int]   # remote ip, port
+    server: tuple[bytes, int]   # guest ip, port
+    client_mac: bytes
+    guest_mac: bytes
+    opened_ns: int
+    client_bytes: int = 0
+    guest_bytes: int = 0
+    guest_data: list[tuple[int, bytes]] = field(default_factory=Chunks)  # (VM ns, in-order payload)
+    closed: bool = False        # both sides sent FIN, or one reset it
+
+    def name(self) -> str:
+        return (f"{netpkt.ip_str(self.client[0])}:{self.client[1]}->"
+                f"{netpkt.ip_str(self.server[0])}:{self.server[1]}")
+
+
+@dataclass
+class RecordedInputs:
+    inputs: list[Input]
+    flows: list[Flow]
+    end_ns: int | None
+    limits: list[str]           # what cannot be replayed, said once each
+    created: str = "2026-01-01T00:00:00"     # when the native started (UTC), for the RTC
+    path: str = ""                            # the bundle it was loaded from
+    # A live native (FreeDA's leader) fills these in as it runs: every input before
+    # known_ns is in `inputs`; finished once the native's device log is complete.
+    known_ns: int = 0
+    finished: bool = True
+    serial_out: list[tuple[int, bytes]] = field(default_factory=Chunks)  # the native's console
+    udp_out: list[tuple[int, tuple, bytes]] = field(default_factory=list)  # (ns, (dst ip, port), payload)
+    # A live run drops inputs every analysis has taken: inputs[0] is input number
+    # inputs_dropped, and a retired flow (compared by every analysis) is None in flows.
+    # Dropping, and reading across threads what may be dropped, hold `lock`.
+    inputs_dropped: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+
+class SerialLines:
+    """Userland lines of a console, counted per text: the native's to record line
+    dependencies, an analysis guest's to check them. Over a long run (a service that
+    numbers its connections) the texts seen first are forgotten past KEPT; both
+    sides forget alike, as they see the same lines."""
+    KEPT = 10_000
+
+    def __init__(self):
+        self.partial = b""
+        self.counts: dict[bytes, int] = {}
+        self.last: tuple[bytes, int] | None = None
+
+    def feed(self, data: bytes) -> None:
+        if b"\n" not in data:        # a console arrives a few bytes at a time
+            self.partial += data
+            return
+        self.partial += data
+        *lines, self.partial = self.partial.split(b"\n")
+        for line in lines:
+            line = line.rstrip(b"\r")
+            if line.strip() and not KERNEL_LINE.match(line):
+                n = self.counts.get(line, 0) + 1
+                self.counts[line] = n
+                self.last = (line, n)
+                if n == 1 and len(self.counts) > self.KEPT:
+                    del self.counts[next(iter(self.counts))]
+
+    def has(self, need: tuple[bytes, int] | None) -> bool:
+        return need is None or self.counts.get(need[0], 0) >= need[1]
+
+
+def load(bundle_dir: str | Path) -> RecordedInputs:
+    reader = pcapng.DevlogReader(Path(bundle_dir) / bundle.DEVLOG)
+    rec = from_events(reader)       # streamed: the events are not kept
+    rec.end_ns = next((s.end_vm_ns for s in reader.stats if s and s.end_vm_ns), None)
+    rec.path = str(Path(bundle_dir))
+    created = bundle.load_manifest(bundle_dir).get("created")
+    if isinstance(created, str) and len(created) >= 19:
+        rec.created = created[:19]
+    return rec
+
+
+def from_events(events, end_ns: int | None = None, rec: RecordedInputs | None = None) -> RecordedInputs:
+    """The inputs of a device log's events. Given rec (a live native's), it is filled in
+    place as the events come, so a replayer can follow it."""
+    if rec is None:
+        rec = RecordedInputs([], [], end_ns, [])
+    inputs, flows = rec.inputs, rec.flows
+    by_tuple: dict[tuple, Flow] = {}
+    client_next: dict[int, int] = {}    # flow -> next expected client seq
+    guest_next: dict[int, int] = {}     # flow -> next expected guest seq
+    # flow -> guest bytes so far, for flows that have output any, in flow order: what
+    # the next input depends on.
+    guest_out: dict[int, int] = {}
+    # Flows whose output grew since the last input. An input needs only those: inputs
+    # are delivered in order and guest output only grows, so what earlier inputs needed
+    # still holds (a full copy per input grew with inputs x flows: 15 KB per request
+    # after a few hundred connections of a live run).
+    changed: set[int] = set()
+    # Closed flows, (VM ns, 4-tuple, index): their parse state is forgotten CLOSED_GRACE_NS
+    # later, when the last ACKs and retransmissions are over (a long run has many).
+    closing: list[tuple[int, tuple, int]] = []
+    fins: dict[int, int] = {}           # flow -> FIN_CLIENT | FIN_GUEST seen
+    serial = SerialLines()
+    serial_in = 0
+    serial_out, udp_out = rec.serial_out, rec.udp_out
+    limits: dict[str, None] = {}
+    tcp4, parse = netpkt.tcp4, netpkt.parse
+
+    def deps(inp: Input) -> Input:
+        inp.needs_bytes = {f: guest_out[f] for f in sorted(changed)}
+        changed.clear()
+        # Serial lines gate serial input and new connections (a client that waited
+        # for the guest to say it is ready), not data on open connections: kernel
+        # messages can split a userland line mid-way, and a connection refused
+        # because the service is not listening yet is retried by the peer anyway.
+        inp.needs_line = serial.last if inp.kind in ("serial", "tcp-open") else None
+        return inp
+
+    def fin(fl: Flow, side: int, vm_ns: int) -> None:
+        """A FIN (side FIN_CLIENT or FIN_GUEST) or a reset (both) of a flow."""
+        was = fins.get(fl.index, 0)
+        fins[fl.index] = was | side
+        if fins[fl.index] == FIN_BOTH and was != FIN_BOTH:
+            fl.closed = True
+            closing.append((vm_ns, (fl.client[0], fl.client[1], fl.server[0], fl.server[1]), fl.index))
+
+    def forget_closed(vm_ns: int) -> None:
+        while closing and vm_ns - closing[0][0] > CLOSED_GRACE_NS:
+            _, key, i = closing.pop(0)
+            if (fl := by_tuple.get(key)) is not None and fl.index == i:
+                del by_tuple[key]
+            for d in (client_next, guest_next, guest_out, fins):
+                d.pop(i, None)
+
+    def guest_segment(seg, vm_ns: int) -> None:
+        ip_src, sport, ip_dst, dport, seq, flags, payload = seg
+        fl = by_tuple.get((ip_dst, dport, ip_src, sport))
+        if fl is None:
+            if flags & SYN and not flags & ACK:
+                limits["the guest opened TCP connections (only remote-opened ones are replayed)"] = None
+            return
+        i = fl.index
+        if flags & (FIN | RST):
+            fin(fl, FIN_BOTH if flags & RST else FIN_GUEST, vm_ns)
+        if flags & SYN:
+            guest_next[i] = (seq + 1) & 0xFFFFFFFF
+        elif payload and i in guest_next:
+            # New guest bytes only: a retransmission is not output twice.
+            new = _new_bytes(guest_next[i], seq, payload)
+            if new:
+                fl.guest_bytes += len(new)
+                fl.guest_data.append((vm_ns, new))
+                guest_next[i] = (guest_next[i] + len(new)) & 0xFFFFFFFF
+                known = i in guest_out or not guest_out or i > next(reversed(guest_out))
+                guest_out[i] = fl.guest_bytes
+                changed.add(i)
+                if not known:       # a flow's first output, after a later flow's
+                    ordered = sorted(guest_out.items())
+                    guest_out.clear()
+                    guest_out.update(ordered)
+
+    for e in events:
+        _, _, _, kind, direction, vm_ns, _, data, _ = e
+        if kind == "net":
+            seg = tcp4(data)        # the common case, without building a Frame
+            if seg is None:
+                f = parse(data)
+                if f is None:
+                    continue
+                if not (f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_TCP and not f.fragment):
+                    _other_frame(f, e, inputs, udp_out, limits, deps)
+                    continue
+                seg = (f.ip_src, f.sport, f.ip_dst, f.dport, f.seq, f.flags, f.payload)
+            if direction != "in":
+                guest_segment(seg, vm_ns)
+                continue
+            # The remote client's segment: its new payload is an input of its flow.
+            if seg[5] & (SYN | FIN | RST) or seg[6]:
+                _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits, fin)
+            elif (seg[0], seg[1], seg[2], seg[3]) not in by_tuple:      # a bare ACK
+                limits["TCP segments of connections opened before the recording"] = None
+        elif kind == "serial":
+            if direction == "out":
+                serial.feed(data)
+                serial_out.append((vm_ns, data))
+            elif direction == "in":
+                inputs.append(deps(Input("serial", vm_ns, data, offset=serial_in, seq=e.seq)))
+                serial_in += len(data)
+        elif kind == "rng" and direction == "in":
+            inputs.append(Input("rng", vm_ns, data, seq=e.seq))
+        if len(limits) != len(rec.limits):
+            rec.limits = list(limits)
+        rec.known_ns = max(rec.known_ns, vm_ns)
+        if closing and vm_ns - closing[0][0] > CLOSED_GRACE_NS:
+            forget_closed(vm_ns)
+    rec.limits = list(limits)
+    return rec
+
+
+def _other_frame(f, e, inputs, udp_out, limits, deps) -> None:
+    """A frame that is not an IPv4 TCP segment."""
+    if e.direction == "out" and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP:
+        udp_out.append((e.vm_ns, (f.ip_dst, f.dport), f.payload))
+    elif e.direction == "in" and f.eth_type == netpkt.ETH_IP:
+        if f.fragment:
+            limits["IPv4 fragments"] = None
+            return
+        # UDP and ICMP: re-sent as datagrams at their recorded time.
+        inputs.append(deps(Input("frame", e.vm_ns, e.data, seq=e.seq)))
+    elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
+        limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
+    # ARP from the network is not replayed: the replayer answers the guest's own.
+
+
+def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:
+    """The part of payload at or after the expected sequence number (mod 2^32)."""
+    skip = (expected - seq) & 0xFFFFFFFF
+    if skip >= 0x80000000:      # a gap: data beyond what was expected (not on a virtual link)
+        return payload
+    return payload[skip:] if skip < len(payload) else b""
+
+
+def _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits, fin):
+    ip_src, sport, ip_dst, dport, seq, flags, payload = seg
+    key = (ip_src, sport, ip_dst, dport)
+    fl = by_tuple.get(key)
+    if flags & SYN and not flags & ACK:
+        if fl is not None and fl.index in client_next and not fl.closed:
+            return      # a retransmitted SYN (after a close: the port reused, a new flow)
+        fl = Flow(len(flows), (ip_src, sport), (ip_dst, dport), e.data[6:12], e.data[:6], e.vm_ns)
+        flows.append(fl)
+        by_tuple[key] = fl
+        client_next[fl.index] = (seq + 1) & 0xFFFFFFFF
+        inputs.append(deps(Input("tcp-open", e.vm_ns, flow=fl.index, seq=e.seq)))
+        return
+    if fl is None:
+        limits["TCP segments of connections opened before the recording"] = None
+        return
+    if flags & RST:
+        inputs.append(deps(Input("tcp-rst", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
+        del by_tuple[key]
+        fin(fl, FIN_BOTH, e.vm_ns)
+        return
+    nxt = client_next[fl.index]
+    new = _new_bytes(nxt, seq, payload) if payload else b""
+    if new:
+        inputs.append(deps(Input("tcp-data", e.vm_ns, new, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
+        fl.client_bytes += len(new)
+        nxt = (nxt + len(new)) & 0xFFFFFFFF
+    if flags & FIN and ((seq + len(payload)) & 0xFFFFFFFF) == nxt:
+        inputs.append(deps(Input("tcp-fin", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
+        nxt = (nxt + 1) & 0xFFFFFFFF
+        fin(fl, FIN_CLIENT, e.vm_ns)
+    client_next[fl.index] = nxt

@@ -1,0 +1,156 @@
+"""What a semantic replay holds and produces, apart from the loop that drives it
+(driver.py): the timing rules, one analysis run's result, and a live run's input buffer.
+Pure data: the comparators (compare.py, live/compare.py) and findings read these
+without importing anything that starts QEMU.
+"""
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from ..machine import LOOKAHEAD_NS  # noqa: F401  (a timing rule of semantic replay; the feed option is the machine's)
+from . import inputs as inputs_mod
+from .peer import Peer
+
+DEP_TIMEOUT_NS = 5_000_000_000      # an input waiting on dependencies is sent anyway after
+                                    # this much VM time without any output from the guest
+LIVE_SLICE_NS = 50_000_000         # live, past the native's clock: stop this often to take new inputs
+SETTLE_NS = 1_000_000_000           # run this long after the last input (and the native's end)
+MAX_LAG_NS = 60_000_000_000         # beyond the native's end: the analysis is lagging
+HANG_WALL_S = 60.0                  # no word from QEMU for this long (wall): it is hung
+DELIVERED_KEPT = 5_000             # live: the inputs delivered last, kept to attribute findings
+TICK_S = 0.5                        # live: how often the run's `tick` (live comparison) is called
+
+
+
+
+class Outcome(StrEnum):
+    """How an analysis run ended (AnalysisRun.outcome; summary.json and findings.json
+    carry the value)."""
+    RUNNING = "running"
+    POWEROFF = "poweroff"       # the guest powered off
+    FINISHED = "finished"       # every input delivered, settled, QEMU quit by tandem
+    CRASHED = "crashed"         # panic, reset, or QEMU exited unasked
+    HUNG = "hung"               # QEMU silent for HANG_WALL_S of wall time
+    LAGGING = "lagging"         # still running MAX_LAG_NS of VM time past the native's end
+    DETACHED = "detached"       # stopped by tandem (live: buffer over its bound, or asked)
+    ERROR = "error"             # the run could not start or failed in tandem
+
+
+@dataclass
+class Delivered:
+    vm_ns: int                  # when the analysis VM got it
+    input: inputs_mod.Input
+
+
+@dataclass
+class AnalysisRun:
+    analysis: str
+    outcome: str = Outcome.RUNNING
+    detail: str = ""
+    end_ns: int = 0
+    wall_s: float = 0.0
+    console: bytearray = field(default_factory=bytearray)
+    console_times: list[tuple[int, int]] = field(default_factory=list)   # (offset, vm_ns)
+    console_base: int = 0           # console offset of console[0] (a live run drops what it compared)
+    net_out: list[tuple[int, bytes]] | None = field(default_factory=list)  # (vm_ns, frame); None: live
+    # Offline every input delivered; live the last DELIVERED_KEPT (n_delivered counts them all).
+    delivered: list[Delivered] | deque = field(default_factory=list)
+    n_delivered: int = 0
+    taken: int = 0                  # the recording's inputs looked at so far
+    last_input_of: dict[int, int] = field(default_factory=dict)  # flow -> VM ns of its last input here
+    pending_of_flow: object = None  # (flow) -> does an input of it wait to be delivered?
+    limits: list[str] = field(default_factory=list)
+    waits: int = 0
+    peer: Peer | None = None
+    qemu_log: str = ""
+    bundle: Path | None = None  # the run's own recording, replayable exactly
+    qemu_pid: int | None = None
+    cpu_s: float = 0.0              # CPU time its QEMU used (sampled while it runs)
+
+
+    def vm_time_at(self, offset: int) -> int:
+        """VM time at which console byte `offset` was written."""
+        i = bisect.bisect_right(self.console_times, (offset, float("inf"))) - 1
+        return self.console_times[i][1] if i >= 0 else 0
+
+    def deliver(self, vm_ns: int, inp: inputs_mod.Input) -> None:
+        self.delivered.append(Delivered(vm_ns, inp))
+        self.n_delivered += 1
+        if inp.flow is not None:
+            self.last_input_of[inp.flow] = vm_ns
+
+    def drop_console(self, offset: int) -> None:
+        """Forget console bytes before `offset` (compared, and scanned for reports)."""
+        k = offset - self.console_base
+        if k <= 0:
+            return
+        del self.console[:k]
+        self.console_base = offset
+        i = bisect.bisect_right(self.console_times, (offset, float("inf"))) - 1
+        if i > 0:       # the write that `offset` is in stays: it times what follows
+            del self.console_times[:i]
+
+    def input_before(self, vm_ns: int) -> Delivered | None:
+        """The last input delivered at or before vm_ns: what a finding is attributed to."""
+        last = None
+        for d in self.delivered:
+            if d.vm_ns > vm_ns:
+                break
+            if d.input.kind != "rng":
+                last = d
+        return last
+
+
+@dataclass
+class Buffer:
+    """A live analysis's bound on inputs the native has made but it has not taken yet,
+    and what happens over it: policy "detach" (the analysis is detached at once) or
+    "block" (the native gets no new input until the buffer has room again, for at most
+    `budget_s` of wall time at a stretch; past that the analysis is detached)."""
+    max_events: int = 100_000
+    max_bytes: int = 64 << 20
+    policy: str = "detach"
+    budget_s: float = 10.0
+    events: int = 0             # now
+    bytes: int = 0
+    oldest_ns: int | None = None  # recorded VM time of the oldest input not taken yet
+    peak_events: int = 0        # the most it ever held: what the run needed
+    peak_bytes: int = 0
+    full: bool = False          # policy "block": over its bound, the native's inputs are held
+    full_since: float | None = None
+    blocks: int = 0             # how often it blocked the native, and for how long in all
+    blocked_s: float = 0.0
+    pending: object = None      # () -> inputs not taken right now (set by the analysis's loop)
+
+    # Room again at 90%: the native is not held and let go at every input.
+    RESUME = 0.9
+
+    def update(self, events: int, nbytes: int, oldest_ns: int | None = None) -> bool:
+        """Record the current fill; False once the analysis must be detached."""
+        self.events, self.bytes, self.oldest_ns = events, nbytes, oldest_ns
+        self.peak_events, self.peak_bytes = max(self.peak_events, events), max(self.peak_bytes, nbytes)
+        over = events > self.max_events or nbytes > self.max_bytes
+        if self.policy != "block":
+            return not over
+        now = time.monotonic()
+        if over and not self.full:
+            self.full, self.full_since = True, now
+            self.blocks += 1
+        elif self.full and events <= self.RESUME * self.max_events and nbytes <= self.RESUME * self.max_bytes:
+            self.release(now)
+        return not (self.full and now - self.full_since > self.budget_s)
+
+    def over(self) -> bool:
+        """Full or, by the inputs made since its last update, over its bound (any thread)."""
+        return self.full or (self.pending is not None and self.pending() > self.max_events)
+
+    def release(self, now: float | None = None) -> None:
+        """No longer holding the native (room again, or detached)."""
+        if self.full:
+            self.blocked_s += (now or time.monotonic()) - self.full_since
+            self.full, self.full_since = False, None

@@ -1,0 +1,229 @@
+"""The semantic replay's loop (semantic.driver.AnalysisDriver) against a scripted feed and
+VM, the way syzkaller tests its VM monitor loop (vm/vm_test.go, TestMonitorExecution):
+each scenario is what QEMU says on the feed (WAIT, OUTPUT, SHUTDOWN, silence, exit) and
+what the driver must answer (inputs, horizons) and conclude (outcome, detail, limits).
+tests/test_semantic.py and tests/test_live.py run the same loop against real QEMU."""
+from __future__ import annotations
+
+import pytest
+from tandem.semantic import feed as feedproto
+from tandem.semantic.driver import AnalysisDriver
+from tandem.semantic.inputs import Flow, Input, RecordedInputs
+from tandem.semantic.model import DEP_TIMEOUT_NS, HANG_WALL_S, LIVE_SLICE_NS, SETTLE_NS, AnalysisRun, Buffer
+
+MS = 1_000_000
+CAUSE = {name: i for i, name in enumerate(feedproto.SHUTDOWN_CAUSES)}
+
+
+def wait(ns: int, idle: bool = False) -> feedproto.Message:
+    return feedproto.Message(feedproto.WAIT, feedproto.WAIT_IDLE if idle else feedproto.WAIT_HORIZON, ns, b"")
+
+
+def console(ns: int, text: bytes) -> feedproto.Message:
+    return feedproto.Message(feedproto.OUTPUT, feedproto.SERIAL, ns, text)
+
+
+def shutdown(ns: int, cause: str) -> feedproto.Message:
+    return feedproto.Message(feedproto.SHUTDOWN, CAUSE[cause], ns, b"")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ScriptedVM:
+    """What the driver asks of QEMU, answered from the script's state."""
+
+    def __init__(self):
+        self.killed = self.quit_asked = False
+
+    def kill(self):
+        self.killed = True
+
+    def quit(self):
+        self.quit_asked = True
+
+    def wait(self, timeout=None):
+        return 0
+
+    def log_tail(self, n=400):
+        return "qemu: the log's tail"
+
+    def status(self):
+        return "running"
+
+    def feed_counters(self):
+        return "feed horizon=7 waits=3 delivered=0 late=0"
+
+    def cpu_seconds(self):
+        return 1.5
+
+
+class ScriptedFeed:
+    """The feed as the driver sees it. Each receive() takes the script's next step:
+    a list of messages, None (QEMU exited) or a callable of the feed giving one of
+    those; a finished script is silence (the clock runs on by the timeout). A QEMU
+    asked to quit says SHUTDOWN host-qmp-quit at its last stop and exits."""
+
+    def __init__(self, script, vm: ScriptedVM, clock: Clock):
+        self.script, self.vm, self.clock = list(script), vm, clock
+        self.inputs: list[tuple[int, int, bytes]] = []
+        self.horizons: list[tuple[int, int | None]] = []
+        self.quit_said = False
+
+    def input(self, channel, vm_ns, data):
+        self.inputs.append((channel, vm_ns, data))
+
+    def horizon(self, vm_ns, warp_ns=None):
+        self.horizons.append((vm_ns, warp_ns))
+
+    def flush(self):
+        pass
+
+    def receive(self, timeout):
+        if self.vm.quit_asked:
+            if self.quit_said:
+                return None
+            self.quit_said = True
+            return [shutdown(self.horizons[-1][0] if self.horizons else 0, "host-qmp-quit")]
+        if not self.script:
+            self.clock.now += timeout
+            return []
+        step = self.script.pop(0)
+        return step(self) if callable(step) else step
+
+
+def drive(rec: RecordedInputs, script, stop_when=None, **kw):
+    """Run the driver over the script; stop_when(feed): end the run as tandem's stop() would."""
+    clock, vm = Clock(), ScriptedVM()
+    feed = ScriptedFeed(script, vm, clock)
+    if stop_when is not None:
+        kw["stop"] = lambda: stop_when(feed)
+    res = AnalysisRun("scripted")
+    AnalysisDriver(rec, res, vm, feed, clock=clock, **kw).drive()
+    return res, feed, vm
+
+
+def serial_inputs(*at_ns: int, **kw) -> list[Input]:
+    return [Input("serial", ns, b"x%d\n" % i, offset=i, **kw) for i, ns in enumerate(at_ns)]
+
+
+def test_inputs_are_released_at_their_times_and_the_run_finishes():
+    rec = RecordedInputs(serial_inputs(1 * MS, 2 * MS), [], 3 * MS, [])
+    res, feed, vm = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(2 * MS)], [wait(3 * MS + SETTLE_NS)]])
+    assert feed.inputs == [(feedproto.SERIAL, 1 * MS, b"x0\n"), (feedproto.SERIAL, 2 * MS, b"x1\n")]
+    # the next input's time, then after the last one the native's end plus the settling time
+    assert [h for h, _ in feed.horizons] == [1 * MS, 2 * MS, 3 * MS + SETTLE_NS]
+    assert vm.quit_asked and (res.outcome, res.detail) == ("finished", "")
+    assert res.n_delivered == 2 and res.waits == 4 and res.end_ns == 3 * MS + SETTLE_NS
+
+
+def test_entropy_goes_into_the_feed_at_once():
+    rec = RecordedInputs([Input("rng", 5 * MS, b"\x01\x02")] + serial_inputs(1 * MS), [], 1 * MS, [])
+    res, feed, _ = drive(rec, [[wait(0)]])
+    assert feed.inputs[0] == (feedproto.RNG, 0, b"\x01\x02")
+
+
+def test_silence_is_a_hang_with_the_feed_state():
+    rec = RecordedInputs(serial_inputs(1 * MS), [], 1 * MS, [])
+    res, feed, vm = drive(rec, [[wait(0)]])
+    assert res.outcome == "hung"
+    assert f"QEMU silent for {HANG_WALL_S:.0f}s" in res.detail
+    assert "QEMU state running, feed horizon=7" in res.detail
+    assert not vm.killed            # run() kills it and keeps its log
+
+
+def test_a_run_far_past_the_natives_end_is_lagging():
+    rec = RecordedInputs(serial_inputs(1 * MS, 9_000 * MS), [], 10 * MS, [])
+    res, _, vm = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(12 * MS)]], max_lag_ns=1 * MS)
+    assert res.outcome == "lagging" and vm.killed
+    assert res.detail == "still running 0s of VM time past the native's end (1/2 inputs delivered)"
+
+
+def test_an_input_waits_for_its_line_then_is_sent_at_the_dependency_timeout():
+    rec = RecordedInputs(serial_inputs(1 * MS, needs_line=(b"ready", 1)), [], 1 * MS, [])
+    res, feed, _ = drive(rec, [[wait(1 * MS)], lambda f: [wait(f.horizons[-1][0])]])
+    assert feed.horizons[0][0] == 1 * MS + DEP_TIMEOUT_NS       # blocked: wait at most the timeout
+    assert feed.inputs == [(feedproto.SERIAL, 1 * MS + DEP_TIMEOUT_NS, b"x0\n")]
+    assert res.limits == ["serial at VM 0.001000s (serial offset 0, devlog event 0): sent after waiting "
+                          "5s of VM time for serial line b'ready' (#1)"]
+
+
+def test_an_input_goes_as_soon_as_the_guest_prints_its_line():
+    rec = RecordedInputs(serial_inputs(1 * MS, needs_line=(b"ready", 1)), [], 1 * MS, [])
+    res, feed, _ = drive(rec, [[wait(1 * MS)], [console(2 * MS, b"ready\n"), wait(2 * MS)]])
+    assert feed.inputs == [(feedproto.SERIAL, 2 * MS, b"x0\n")] and res.limits == []
+    assert bytes(res.console) == b"ready\n" and res.console_times == [(0, 2 * MS)]
+
+
+def test_an_output_pushes_the_dependency_timeout_back():
+    flow = Flow(0, (b"\x0a\0\0\x02", 40000), (b"\x0a\0\0\x0f", 80), b"\x52" * 6, b"\x54" * 6, 0)
+    rec = RecordedInputs(serial_inputs(1 * MS, needs_bytes={0: 5}), [flow], 1 * MS, [])
+    # The guest prints at 3 ms on its way to the first horizon (1 ms + the timeout): still
+    # working, so the input keeps waiting, now until 3 ms + the timeout.
+    res, feed, _ = drive(rec, [[wait(1 * MS)], [console(3 * MS, b"working\n"), wait(1 * MS + DEP_TIMEOUT_NS)],
+                               lambda f: [wait(f.horizons[-1][0])]])
+    assert [h for h, _ in feed.horizons[:2]] == [1 * MS + DEP_TIMEOUT_NS, 3 * MS + DEP_TIMEOUT_NS]
+    assert feed.inputs == [(feedproto.SERIAL, 3 * MS + DEP_TIMEOUT_NS, b"x0\n")]
+    assert res.limits[0].endswith("for flow 0: 0/5 guest bytes")
+
+
+def test_waiting_on_a_silent_native_is_not_a_hang():
+    rec = RecordedInputs(serial_inputs(1 * MS), [], None, [], known_ns=1 * MS, finished=False)
+    res, feed, _ = drive(rec, [[wait(1 * MS, idle=True)], [wait(1 * MS, idle=True)]],
+                         stop_when=lambda feed: feed.clock.now > 1000 + 3 * HANG_WALL_S)
+    assert (res.outcome, res.detail) == ("detached", "stopped by tandem")
+
+
+@pytest.mark.parametrize("cause, outcome, detail", [
+    ("guest-shutdown", "poweroff", ""),
+    ("guest-panic", "crashed", "the guest stopped with guest-panic (kernel panic or reboot)"),
+    ("guest-reset", "crashed", "the guest stopped with guest-reset (kernel panic or reboot)"),
+    ("host-signal", "crashed", "QEMU exited (host-signal): qemu: the log's tail"),
+])
+def test_why_qemu_stopped_is_the_outcome(cause, outcome, detail):
+    rec = RecordedInputs(serial_inputs(1 * MS, 2 * MS), [], 2 * MS, [])
+    res, _, _ = drive(rec, [[wait(1 * MS)], [shutdown(1 * MS + 5, cause)], None])
+    assert (res.outcome, res.detail) == (outcome, "; ".join(filter(None, [detail, "1 of 2 inputs not delivered"])))
+    assert res.end_ns == 1 * MS + 5
+
+
+def test_qemu_gone_without_a_word():
+    rec = RecordedInputs([], [], 0, [])
+    res, _, _ = drive(rec, [None])
+    assert (res.outcome, res.detail) == ("crashed", "QEMU exited (without saying why): qemu: the log's tail")
+
+
+def test_stop_detaches():
+    rec = RecordedInputs(serial_inputs(1 * MS), [], 1 * MS, [])
+    res, _, vm = drive(rec, [[wait(0)]], stop=lambda: True)
+    assert (res.outcome, res.detail) == ("detached", "stopped by tandem") and vm.killed
+
+
+def test_a_live_analysis_over_its_buffer_is_detached():
+    rec = RecordedInputs(serial_inputs(1 * MS, 2 * MS, 3 * MS), [], None, [], known_ns=3 * MS, finished=False)
+    res, _, vm = drive(rec, [[wait(0)]], buffer=Buffer(max_events=2))
+    assert res.outcome == "detached" and vm.killed
+    assert res.detail.startswith("input buffer full (3 events, 9 bytes; bound 2 events")
+
+
+def test_a_live_analysis_idles_until_the_native_gives_it_more():
+    rec = RecordedInputs(serial_inputs(1 * MS), [], None, [], known_ns=1 * MS, finished=False)
+
+    def native_makes_an_input(feed):
+        with rec.lock:
+            rec.inputs.append(Input("serial", 4 * MS, b"late\n", offset=1))
+            rec.known_ns = 4 * MS
+        return []
+
+    res, feed, _ = drive(rec, [[wait(1 * MS, idle=True)], [wait(1 * MS, idle=True)], native_makes_an_input,
+                               [wait(4 * MS)]], stop_when=lambda feed: len(feed.inputs) >= 2)
+    assert feed.inputs == [(feedproto.SERIAL, 1 * MS, b"x0\n"), (feedproto.SERIAL, 4 * MS, b"late\n")]
+    # Past the native only by the live slice, warp bound at the native's clock; idle with
+    # nothing new (the second WAIT): no grant at all, until the native's next input.
+    assert feed.horizons == [(1 * MS + LIVE_SLICE_NS, 1 * MS), (4 * MS, 4 * MS), (4 * MS + LIVE_SLICE_NS, 4 * MS)]
+    assert res.outcome == "detached"
