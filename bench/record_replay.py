@@ -31,7 +31,8 @@ from tandem import artifacts
 from tandem.formats import bundle, rrstream  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.exact.replay import replay  # noqa: E402
-from tandem.qemu.vm import VM, Guest, Run, free_port, make_overlay  # noqa: E402
+from tandem.qemu.vm import VM, free_port, make_overlay
+from tandem.machine import RR, Guest, Host, Run, UserNet  # noqa: E402
 from tandem.record.workload import demo_traffic  # noqa: E402
 
 ROUNDS = 20
@@ -48,8 +49,8 @@ def run_plain(tmp: Path, icount: bool, rr: bool, qemu: dict | None = None) -> tu
     d = Path(tempfile.mkdtemp(dir=tmp))
     make_overlay(g.disk.base, d / "o.qcow2")
     port = free_port()
-    run = Run("record" if rr else "plain", d, overlay=d / "o.qcow2", hostfwd_port=port,
-              icount=icount, rrfile=d / "replay.bin" if rr else None, qemu=qemu)
+    run = Run(d, net=UserNet(port), overlay=d / "o.qcow2", icount=icount,
+              rr=RR("record", d / "replay.bin") if rr else None, host=Host(qemu=qemu))
     t0 = time.monotonic()
     with VM(g, run) as vm:
         workload(port, vm.serial)
@@ -71,7 +72,7 @@ def replay_stock(rrdir: Path, qemu: dict) -> float:
     g = Guest.default()
     d = Path(tempfile.mkdtemp(dir=rrdir))
     make_overlay(g.disk.base, d / "o.qcow2")
-    run = Run("replay", d, rrfile=rrdir / "replay.bin", overlay=d / "o.qcow2", qemu=qemu)
+    run = Run(d, rr=RR("replay", rrdir / "replay.bin"), overlay=d / "o.qcow2", host=Host(qemu=qemu))
     t0 = time.monotonic()
     with VM(g, run) as vm:
         vm.wait(600)

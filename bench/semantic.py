@@ -35,7 +35,8 @@ from tandem.semantic import compare, equivalence, inputs, model, replay as repla
 from tandem.formats import netpkt, pcapng  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.semantic.analyze import analyze  # noqa: E402
-from tandem.qemu.vm import VM, Guest, Run, free_port, make_overlay  # noqa: E402
+from tandem.qemu.vm import VM, free_port, make_overlay
+from tandem.machine import Guest, Run, UserNet  # noqa: E402
 from tandem.record.workload import KV, demo_traffic  # noqa: E402
 
 SECTION = "semantic"
@@ -97,7 +98,7 @@ def live(tmp: Path, flavor: str) -> float:
     make_overlay(g.disk.base, d / "o.qcow2")
     port = free_port()
     t0 = time.monotonic()
-    with VM(g, Run("plain", d, overlay=d / "o.qcow2", hostfwd_port=port)) as vm:
+    with VM(g, Run(d, net=UserNet(port), overlay=d / "o.qcow2")) as vm:
         workload(port, vm.serial)
         vm.wait(300)
     return time.monotonic() - t0

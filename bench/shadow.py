@@ -43,7 +43,8 @@ from tandem import plan as plan_mod  # noqa: E402
 from tandem.semantic import replay as replay_semantic  # noqa: E402
 from tandem.live.shadow import SAMPLE_S, ShadowOptions, ShadowRun, analysis_cpuset  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
-from tandem.qemu.vm import VM, Guest, Run, free_port, make_overlay  # noqa: E402
+from tandem.qemu.vm import VM, free_port, make_overlay
+from tandem.machine import Guest, Run, UserNet  # noqa: E402
 from tandem.record.workload import KV  # noqa: E402
 
 SECTION = "shadow"
@@ -117,7 +118,7 @@ def run_plain(tmp: Path, requests: int):
     g = Guest.default()
     make_overlay(g.disk.base, d / "o.qcow2")
     port = free_port()
-    with VM(g, Run("plain", d, overlay=d / "o.qcow2", hostfwd_port=port)) as vm:
+    with VM(g, Run(d, net=UserNet(port), overlay=d / "o.qcow2")) as vm:
         vm.serial.wait_for(b"TANDEM-READY", 120)
         out = load(port, requests)
         vm.serial.type("poweroff")

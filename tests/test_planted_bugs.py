@@ -20,7 +20,8 @@ from tandem.formats import bundle
 from tandem.errors import TandemError
 from tandem.record.recording import Recording
 from tandem.exact.replay import replay
-from tandem.qemu.vm import VM, Guest, Run, free_port, make_overlay
+from tandem.qemu.vm import VM, free_port, make_overlay
+from tandem.machine import Guest, Run, UserNet
 from tandem.record.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
 
 # Anything a sanitizer, lockdep or an oops prints. The native console must have none.
@@ -36,8 +37,8 @@ class Booted:
         self.guest = Guest.default(flavor, userland)
         make_overlay(self.guest.disk.base, rundir / "disk.qcow2")
         self.port = free_port()
-        self.vm = VM(self.guest, Run("plain", rundir, overlay=rundir / "disk.qcow2",
-                                     hostfwd_port=self.port, icount=False)).start()
+        self.vm = VM(self.guest, Run(rundir, net=UserNet(self.port), overlay=rundir / "disk.qcow2",
+                                     icount=False)).start()
         self.vm.serial.wait_for(b"TANDEM-READY", 120)
 
     def console(self) -> bytes:

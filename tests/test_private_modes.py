@@ -15,7 +15,8 @@ from tandem.formats import bundle
 from tandem.exact import replay as replay_exact
 from tandem.record.recording import Recording
 from tandem.semantic.analyze import analyze
-from tandem.qemu.vm import Guest, Run, qemu_argv
+from tandem.machine import RR, Guest, Run
+from tandem.qemu.argv import qemu_argv
 from tandem.record.workload import demo_traffic
 
 USUAL_UMASK = 0o022
@@ -48,7 +49,7 @@ def raw_qemu(rundir: Path, *, rrfile: Path, devlog: Path, stop_after_ns: int = 0
     umask 022 and not through tandem's VM (which starts QEMU under umask 077)."""
     rundir.mkdir(exist_ok=True)
     guest = Guest.default().with_disk(None)
-    argv = qemu_argv(guest, Run("record", rundir, rrfile=rrfile, devlog=devlog, stop_after_ns=stop_after_ns))
+    argv = qemu_argv(guest, Run(rundir, rr=RR("record", rrfile), devlog=devlog, stop_after_ns=stop_after_ns))
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
                           umask=USUAL_UMASK)
 

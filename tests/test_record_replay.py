@@ -118,7 +118,7 @@ def test_record_duration_in_vm_time(built, tmp_path):
 def test_guest_that_panics_is_not_a_clean_stop(built, tmp_path):
     """No init: the kernel panics at boot. The recording is kept, labeled for what it is,
     and replays exactly (the panic is reproducible)."""
-    from tandem.qemu.vm import Guest
+    from tandem.machine import Guest
     g = Guest.default()
     g.cmdline += " rdinit=/nonexistent"
     path = tmp_path / "panic.tdm"

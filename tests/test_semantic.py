@@ -13,7 +13,7 @@ from tandem.exact import replay as replay_exact
 from tandem.semantic.findings import findings
 from tandem.record.recording import Recording
 from tandem.semantic.analyze import analyze
-from tandem.qemu.vm import Guest
+from tandem.machine import Guest
 from tandem.record.workload import PLANTED_BUGS, bad_requests, demo_traffic
 
 SANITIZERS = ["kasan", "ubsan", "lockdep", "asan-userland"]

@@ -23,7 +23,8 @@ from tandem.record import recording as record
 from tandem.libvirt import daemon, domain, shadows
 from tandem.errors import TandemError
 from tandem.exact.replay import replay
-from tandem.qemu.vm import Guest, Run, Serial, alive, free_port
+from tandem.machine import RR, Feed, Guest, Run, UserNet
+from tandem.qemu.vm import Serial, alive, free_port
 from tandem.record.workload import KV
 
 
@@ -56,8 +57,7 @@ def test_private_libvirtd_starts_and_leaves_nothing(built, tmp_path):
 def test_domain_xml_resolves_libvirt_conflicts(libvirtd, tmp_path):
     """What libvirt generates itself is not passed twice; -rtc is libvirt's, as tandem's."""
     g = Guest.default()
-    run = Run("analysis", tmp_path, overlay=tmp_path / "d.qcow2", feed_socket=tmp_path / "f.sock",
-              rtc_base="2026-01-01T00:00:00")
+    run = Run(tmp_path, net=Feed(tmp_path / "f.sock", rtc_base="2026-01-01T00:00:00"), overlay=tmp_path / "d.qcow2")
     xml = domain.domain_xml("conflicts", g, run)
     root = ET.fromstring(xml)
     passed = [a.get("value") for a in root.iter(f"{{{domain.QEMU_NS}}}arg")]
@@ -78,7 +78,7 @@ def test_domain_xml_resolves_libvirt_conflicts(libvirtd, tmp_path):
     with pytest.raises(TandemError, match="only under TCG"):
         domain.domain_xml("k", g, run, virt_type="kvm")
     # A plain run without icount may be a kvm domain (written, not run here: docs/libvirt.md).
-    kvm = ET.fromstring(domain.domain_xml("k", g, Run("plain", tmp_path, overlay=tmp_path / "d.qcow2", icount=False),
+    kvm = ET.fromstring(domain.domain_xml("k", g, Run(tmp_path, overlay=tmp_path / "d.qcow2", icount=False),
                                         virt_type="kvm"))
     passed = [a.get("value") for a in kvm.iter(f"{{{domain.QEMU_NS}}}arg")]
     assert kvm.get("type") == "kvm" and "-accel" not in passed and "-icount" not in passed
@@ -93,8 +93,8 @@ def test_tandem_domain_boots_serves_and_replays(libvirtd, tmp_path):
     uuid = "5a4d1e2b-0000-4000-8000-000000000001"
     m = record.start_manifest(path, g, {"libvirt": {"uuid": uuid},
                                         "net": {"backend": "user", "hostfwd_port": port, "guest_port": 7000}})
-    run = Run("record", rundir, rrfile=path / bundle.STREAM, devlog=path / bundle.DEVLOG,
-              overlay=path / record.OVERLAY, hostfwd_port=port)
+    run = Run(rundir, net=UserNet(port), rr=RR("record", path / bundle.STREAM), devlog=path / bundle.DEVLOG,
+              overlay=path / record.OVERLAY)
     conn = daemon.connect(libvirtd.uri)
     dom = conn.defineXML(domain.domain_xml("native", g, run, uuid=uuid))
     t0 = time.monotonic()

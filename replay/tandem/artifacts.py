@@ -6,8 +6,11 @@ result in `build/NAME.json`. This module only reads those files.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
+import threading
 from pathlib import Path
 
 from .errors import TandemError
@@ -61,3 +64,26 @@ def plugin_calls() -> dict:
 def guest() -> dict:
     """{initramfs_native, initramfs_asan, disk_base, and their _sha256}"""
     return _load("guest")
+
+
+def initrd_with_modules(initramfs: str, initramfs_sha256: str, modules: dict) -> str:
+    """The initramfs followed by a kernel flavor's module cpio, as one file.
+
+    The initramfs is shared by all kernel flavors but modules must match their
+    kernel, so each flavor's modules come as a separate gzipped cpio
+    (scripts/build-modules.sh) and Linux unpacks the concatenation of both. The
+    result is cached under a name derived from both hashes: it is the file QEMU
+    loads, and recordings name it (and its hash) as their initrd, so it must
+    outlive the run.
+    """
+    key = hashlib.sha256(f"{initramfs_sha256} {modules['cpio_sha256']}".encode()).hexdigest()[:16]
+    out = cache_dir() / "initrd" / f"{Path(initramfs).name.split('.')[0]}+{modules['flavor']}-{key}.cpio.gz"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}")
+        with open(tmp, "wb") as f:
+            for part in (initramfs, modules["cpio"]):
+                with open(part, "rb") as src:
+                    shutil.copyfileobj(src, f)
+        os.replace(tmp, out)
+    return str(out)

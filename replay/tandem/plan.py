@@ -31,9 +31,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .errors import TandemError
 from .formats import bundle
 from .semantic import inputs
-from .errors import TandemError
 
 N_SYS = 1                   # buffer entries per input
 EQUATION = "B = (N_T*S_req - N_T/F*S_req + S_req) * N_sys"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from tandem import artifacts
 from tandem.libvirt import daemon
-from tandem.qemu.vm import Guest, make_overlay
+from tandem.machine import Guest
+from tandem.qemu.vm import make_overlay
 
 
 def virsh(uri: str, *args: str, check: bool = True) -> str:

@@ -10,6 +10,7 @@ option by option with QEMU's own parsing rules.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -19,35 +20,37 @@ import pytest
 from tandem import machine
 from tandem.errors import TandemError
 from tandem.machine import Disk, Nic, OptionError, json_option, keyval_option
-from tandem.qemu.vm import Guest, Run, qemu_argv
+from tandem.machine import RR, Feed, Gate, Guest, Host, Run, UserNet
+from tandem.qemu.argv import qemu_argv
 
 DATA = Path(__file__).parent / "data"
 Q = {"binary": "/opt/qemu/bin/qemu-system-x86_64", "firmware_dir": "/opt/qemu/share"}
 G = Guest(kernel="/k/bzImage", initrd="/k/initrd.cpio.gz", disks=(Disk("/k/disk.raw"),))
 R = Path("/run/t")
+H = Host(qemu=Q)
 
 
 def cases(rundir: Path = R) -> dict[str, tuple[Guest, Run]]:
     """One (guest, run) per mode and per option a mode can add."""
     r = rundir
     return {
-        "plain": (G, Run("plain", r, overlay=r / "o.qcow2", hostfwd_port=5555, qemu=Q)),
-        "plain-noicount": (G, Run("plain", r, overlay=r / "o.qcow2", icount=False, qemu=Q)),
-        "record": (G, Run("record", r, rrfile=r / "b/replay.tdrs", devlog=r / "b/devices.pcapng",
-                          overlay=r / "b/o.qcow2", hostfwd_port=5555, stop_after_ns=3_000_000_000, qemu=Q)),
+        "plain": (G, Run(r, net=UserNet(5555), overlay=r / "o.qcow2", host=H)),
+        "plain-noicount": (G, Run(r, overlay=r / "o.qcow2", icount=False, host=H)),
+        "record": (G, Run(r, net=UserNet(5555), rr=RR("record", r / "b/replay.tdrs"), devlog=r / "b/devices.pcapng",
+                          overlay=r / "b/o.qcow2", stop_after_ns=3_000_000_000, host=H)),
         "record-gate": (Guest(kernel="/k/bzImage", initrd=None, nics=(Nic(mac="52:54:00:12:34:56"),)),
-                        Run("record", r, rrfile=r / "r", devlog=r / "d", hostfwd_port=5555,
-                            gate_socket=r / "gate.sock", gate_outputs=False, qemu=Q)),
-        "replay": (G, Run("replay", r, rrfile=r / "r", devlog=r / "d", overlay=r / "o.qcow2", follow=True,
-                          partial=True, stop_after_ns=5, qemu=Q, extra=["-plugin", "x.so"])),
-        "replay-stock": (G, Run("replay", r, rrfile=r / "r", devlog=r / "d", overlay=r / "o.qcow2",
-                                qemu={**Q, "stock": True})),
-        "analysis": (G, Run("analysis", r, overlay=r / "o.qcow2", feed_socket=r / "feed.sock",
-                            feed_lookahead_ns=1000, rtc_base="2026-01-01T00:00:00", qemu=Q)),
-        "analysis-record": (G, Run("analysis", r, overlay=r / "o.qcow2", feed_socket=r / "feed.sock",
-                                   rr="record", rrfile=r / "r", devlog=r / "d", qemu=Q)),
-        "analysis-replay": (G, Run("analysis", r, overlay=r / "o.qcow2", rr="replay", rrfile=r / "r",
-                                   devlog=r / "d", qemu=Q)),
+                        Run(r, net=UserNet(5555), rr=RR("record", r / "r"), devlog=r / "d",
+                            gate=Gate(r / "gate.sock", outputs=False), host=H)),
+        "replay": (G, Run(r, rr=RR("replay", r / "r", follow=True, partial=True), devlog=r / "d",
+                          overlay=r / "o.qcow2", stop_after_ns=5, host=H, extra=("-plugin", "x.so"))),
+        "replay-stock": (G, Run(r, rr=RR("replay", r / "r"), devlog=r / "d", overlay=r / "o.qcow2",
+                                host=Host(qemu={**Q, "stock": True}))),
+        "analysis": (G, Run(r, net=Feed(r / "feed.sock", lookahead_ns=1000, rtc_base="2026-01-01T00:00:00"),
+                            overlay=r / "o.qcow2", host=H)),
+        "analysis-record": (G, Run(r, net=Feed(r / "feed.sock", lookahead_ns=0), overlay=r / "o.qcow2",
+                                   rr=RR("record", r / "r"), devlog=r / "d", host=H)),
+        "analysis-replay": (G, Run(r, net=Feed(None, lookahead_ns=0), overlay=r / "o.qcow2",
+                                   rr=RR("replay", r / "r"), devlog=r / "d", host=H)),
     }
 
 
@@ -192,7 +195,7 @@ def test_unknown_nic_model_refused(model):
 @pytest.mark.parametrize("base", ["2026-01-01T00:00:00,clock=host", "now", "2026-01-01"])
 def test_bad_rtc_base_refused(base):
     with pytest.raises(OptionError, match="RTC base"):
-        qemu_argv(G, Run("analysis", R, overlay=R / "o", feed_socket=R / "f", rtc_base=base, qemu=Q))
+        Feed(R / "f", rtc_base=base)
 
 
 def test_option_builders_refuse_what_qemu_cannot_take():
@@ -245,8 +248,7 @@ def replay_argv(m: dict) -> list[str]:
     problem = bundle.manifest_problem(m)
     if problem:
         raise TandemError(problem)
-    run = replay_exact.replay_run(m, R, R / "r", R / "o.qcow2")
-    run.qemu = Q
+    run = dataclasses.replace(replay_exact.replay_run(m, R, R / "r", R / "o.qcow2"), host=H)
     return qemu_argv(Guest.from_manifest(m), run)
 
 
@@ -288,10 +290,10 @@ def test_device_lists_past_what_the_modes_take_are_refused():
     one disk and one NIC, and say so rather than drop one."""
     two_nics = Guest(kernel="/k", initrd=None, nics=(Nic(), Nic(netdev="net1")))
     with pytest.raises(OptionError, match="2 NICs"):
-        qemu_argv(two_nics, Run("plain", R, qemu=Q))
+        qemu_argv(two_nics, Run(R, host=H))
     two_disks = Guest(kernel="/k", initrd=None, disks=(Disk("/a"), Disk("/b", id="disk1")))
     with pytest.raises(OptionError, match="2 disks"):
-        qemu_argv(two_disks, Run("plain", R, overlay=R / "o", qemu=Q))
+        qemu_argv(two_disks, Run(R, overlay=R / "o", host=H))
     with pytest.raises(OptionError, match="disk format"):
         Disk("/a", "vmdk")
 

@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..formats import bundle, pcapng
-from ..semantic import inputs
 from ..errors import TandemError
+from ..formats import bundle, pcapng
 from ..report.symbolize import short_path
+from ..semantic import inputs
 from . import trace
 from .automata import Checker, Violation
 from .events import Event

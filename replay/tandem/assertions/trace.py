@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import artifacts, private
-from ..formats import bundle, pcapng
 from ..errors import TandemError
 from ..exact.replay import Verdict, replay
-from ..qemu.vm import ICOUNT_SHIFT
+from ..formats import bundle, pcapng
+from ..machine import ICOUNT_SHIFT
 from . import kernel as kernel_mod
 from .events import Event
 from .kernel import Func, Kernel

@@ -25,7 +25,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_record(args) -> int:
-    from ..qemu.vm import Guest
+    from ..machine import Guest
     from ..record.recording import Recording
     guest = Guest.default(args.kernel, args.userland)
     if args.kernel_image:

@@ -8,6 +8,7 @@ intact prefix of an unfinished or damaged one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import subprocess
 import tempfile
@@ -16,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import artifacts, private, report
-from ..formats import bundle, pcapng, rrstream
 from ..errors import BundleError, TandemError
+from ..formats import bundle, pcapng, rrstream
+from ..machine import RR, Feed, Guest, Host, Run, UserNet
+from ..qemu.vm import VM, make_overlay
 from .verify import Mismatch, final_state, first_mismatch
-from ..qemu.vm import VM, Guest, Run, make_overlay
 
 HANG_SECONDS = 60   # no VM-clock progress for this long (wall time) is a hang
 
@@ -106,8 +108,8 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
                 # a link planted in its place after the check is not QEMU's to follow.
                 f = held.enter_context(bundle.open_member(d, bundle.STREAM))
                 stream, pass_fds = Path(f"/dev/fd/{f.fileno()}"), (f.fileno(),)
-            run = replay_run(manifest, tmp, stream, overlay, follow=follow, partial=partial, extra=extra)
-            run.pass_fds = pass_fds
+            run = dataclasses.replace(replay_run(manifest, tmp, stream, overlay, follow=follow, partial=partial,
+                                                 extra=extra), host=Host(pass_fds=pass_fds))
             vm = VM(guest, run)
             t0 = time.monotonic()
             with vm:
@@ -146,22 +148,20 @@ def replay_run(manifest: dict, tmp: Path, stream: Path, overlay: Path, *, follow
     """How a bundle replays: its machine section's stop time, mode and (for an analysis
     run's own recording) RTC base and lookahead, and what libvirt added that the guest saw."""
     machine = manifest["machine"]
-    run = Run("replay", tmp, rrfile=stream, devlog=tmp / "replay.pcapng", overlay=overlay,
-              follow=follow, partial=partial, stop_after_ns=machine.get("stop_after_ns") or 0,
-              extra=list(extra))
+    net: UserNet | Feed = UserNet()
     if machine.get("mode") == "analysis":
-        # An analysis run's own recording (replay_semantic): the same machine as
+        # An analysis run's own recording (semantic/replay.py): the same machine as
         # it ran, its feed's inputs now coming from the log.
-        run.mode, run.rr = "analysis", "replay"
         for key in ("rtc_base", "lookahead_ns"):
             if machine.get(key) is None:
                 raise BundleError(f"manifest machine.{key}: missing (an analysis run's recording has one)")
-        run.rtc_base, run.feed_lookahead_ns = machine["rtc_base"], machine["lookahead_ns"]
+        net = Feed(None, lookahead_ns=machine["lookahead_ns"], rtc_base=machine["rtc_base"])
     if machine.get("libvirt"):
         # Recorded in a libvirt domain: what libvirt added that the guest sees.
         from ..libvirt.domain import replay_args
-        run.extra = replay_args(machine["libvirt"]) + run.extra
-    return run
+        extra = [*replay_args(machine["libvirt"]), *extra]
+    return Run(tmp, net=net, rr=RR("replay", stream, follow=follow, partial=partial), devlog=tmp / "replay.pcapng",
+               overlay=overlay, stop_after_ns=machine.get("stop_after_ns") or 0, extra=tuple(extra))
 
 
 def _run_to_end(vm: VM, partial: bool, progress) -> None:

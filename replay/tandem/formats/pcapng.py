@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterator, NamedTuple
 
-from . import bundle
 from ..errors import BundleError
+from . import bundle
 
 SHB, IDB, EPB, ISB = 0x0A0D0D0A, 0x00000001, 0x00000006, 0x00000005
 BYTE_ORDER_MAGIC = 0x1A2B3C4D

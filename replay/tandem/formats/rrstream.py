@@ -18,9 +18,9 @@ from typing import BinaryIO, Iterator, NamedTuple
 
 import zstandard
 
-from . import bundle
 from .. import private
 from ..errors import BundleError
+from . import bundle
 
 FILE_MAGIC = b"TDMRRLG1"
 SEG_MAGIC = b"SEG1"

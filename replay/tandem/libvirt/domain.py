@@ -1,11 +1,11 @@
-"""Domain XML from tandem's QEMU command line.
+"""A libvirt domain for a Guest and a Run (machine/), the same machine as tandem's QEMU
+command line (qemu/argv.py) says.
 
-Domain XML: `qemu.vm.qemu_argv` is the one place that says how tandem runs QEMU. This
-module turns that argv into a libvirt domain rather than restating it: what libvirt
-models itself (machine, memory, vCPUs, kernel, initrd, command line, RTC, accelerator,
-lifecycle) goes into its elements; everything else (firmware path, -icount, tandem's
-devices, the feed, the devlog, a second QMP socket for tandem) goes through libvirt's
-supported `qemu:commandline` passthrough, in tandem's order. The options libvirt
+What libvirt models itself (machine type, memory, vCPUs, kernel, initrd, command line,
+RTC, accelerator, lifecycle) goes into its elements, from the machine description;
+everything else (firmware path, -icount, tandem's devices, the feed, the devlog, a
+second QMP socket for tandem) goes through libvirt's supported `qemu:commandline`
+passthrough, taken from the argv in tandem's order, so the two never say different things. The options libvirt
 generates itself are not passed twice (see `LIBVIRT_OWNS`). docs/libvirt.md has the
 list of conflicts and how each is resolved.
 """
@@ -17,7 +17,8 @@ import re
 import xml.etree.ElementTree as ET
 
 from ..errors import TandemError
-from ..qemu.vm import Guest, Run, qemu_argv
+from ..machine import Feed, Guest, Run
+from ..qemu.argv import qemu_argv
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 ET.register_namespace("qemu", QEMU_NS)
@@ -63,31 +64,15 @@ def _split(argv: list[str]) -> list[tuple[str, str | None]]:
     return out
 
 
-def _keyvals(text: str) -> dict[str, str]:
-    return dict(kv.split("=", 1) if "=" in kv else (kv, "") for kv in text.split(","))
-
-
-def _clock(rtc: str | None) -> ET.Element:
-    """QEMU's -rtc as libvirt's <clock>: base=utc|localtime|DATETIME, clock=host|vm."""
+def _clock(run: Run) -> ET.Element:
+    """The run's RTC as libvirt's <clock>: an analysis VM's runs on the VM clock from the
+    recording's start (its -rtc); every other mode's is QEMU's default, UTC on the host."""
     clock = ET.Element("clock", offset="utc")
-    if rtc is None:
-        return clock
-    opts = _keyvals(rtc)
-    base = opts.pop("base", "utc")
-    if base in ("utc", "localtime"):
-        clock.set("offset", base)
-    else:
-        try:
-            when = datetime.datetime.fromisoformat(base)
-        except ValueError:
-            raise TandemError(f"-rtc base={base}: not utc, localtime or a date") from None
+    if isinstance(run.net, Feed):
+        when = datetime.datetime.fromisoformat(run.net.rtc_base)     # checked when the Feed was made
         clock.set("offset", "absolute")
         clock.set("start", str(calendar.timegm(when.timetuple())))
-    track = {"host": None, "vm": "guest", "rt": "realtime"}.get(opts.pop("clock", "host"), "?")
-    if track == "?" or opts:
-        raise TandemError(f"-rtc {rtc}: no libvirt <clock> for it")
-    if track:
-        ET.SubElement(clock, "timer", name="rtc", track=track)
+        ET.SubElement(clock, "timer", name="rtc", track="guest")
     return clock
 
 
@@ -106,23 +91,23 @@ def replay_args(libvirt_machine: dict) -> list[str]:
 def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str = "qemu",
                metadata: ET.Element | None = None, title: str | None = None,
                argv: list[str] | None = None, uuid: str | None = None) -> str:
-    """A libvirt domain that runs exactly tandem's QEMU command line for (guest, run).
+    """A libvirt domain that runs exactly tandem's QEMU command line for (guest, run): its
+    elements from the guest and the run, the rest of the argv passed through.
 
     virt_type 'qemu' (TCG) or 'kvm'. record, replay and analysis runs use -icount,
     which QEMU implements only under TCG, so they are 'qemu' domains; 'kvm' is for
-    plain runs without icount. argv: tandem's argv after any edits the caller made
-    (default vm.qemu_argv(guest, run)).
+    plain runs without icount. argv: the command line the VM runs (qemu_argv(guest, run)
+    unless given: a launcher passes its VM's own).
     """
     argv = argv if argv is not None else qemu_argv(guest, run)
     opts = _split(argv)
-    given = dict(opts)
     if virt_type not in ("qemu", "kvm"):
         raise TandemError(f"domain type {virt_type!r}: tandem makes 'qemu' or 'kvm' domains")
-    if virt_type == "kvm" and "-icount" in given:
+    if virt_type == "kvm" and any(opt == "-icount" for opt, _ in opts):
         raise TandemError(f"{name}: a 'kvm' domain cannot run this: {run.mode} runs need -icount, "
                           f"which QEMU implements only under TCG (type 'qemu')")
-    if given.get("-accel", "tcg") != "tcg":
-        raise TandemError(f"-accel {given['-accel']}: tandem's argv is expected to say tcg")
+    if guest.accel != "tcg":
+        raise TandemError(f"accelerator {guest.accel}: the domain type says it (virt_type), the guest says tcg")
 
     dom = ET.Element("domain", type=virt_type)
     ET.SubElement(dom, "name").text = name
@@ -132,17 +117,19 @@ def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str = "qemu",
         ET.SubElement(dom, "title").text = title
     if metadata is not None:
         ET.SubElement(dom, "metadata").append(metadata)
-    ET.SubElement(dom, "memory", unit="MiB").text = given.get("-m", str(guest.memory_mb))
-    ET.SubElement(dom, "vcpu").text = given.get("-smp", "1")
+    # What libvirt models itself comes from the machine description, the rest of the
+    # argv passes through (LIBVIRT_OWNS: the options these elements make QEMU say).
+    ET.SubElement(dom, "memory", unit="MiB").text = str(int(guest.memory_mb))
+    ET.SubElement(dom, "vcpu").text = str(int(guest.vcpus))
     os_ = ET.SubElement(dom, "os")
-    ET.SubElement(os_, "type", arch="x86_64", machine=given.get("-M", "pc")).text = "hvm"
-    for opt, tag in (("-kernel", "kernel"), ("-initrd", "initrd"), ("-append", "cmdline")):
-        if given.get(opt) is not None:
-            ET.SubElement(os_, tag).text = given[opt]
+    ET.SubElement(os_, "type", arch="x86_64", machine=guest.machine_type).text = "hvm"
+    for tag, value in (("kernel", guest.kernel), ("initrd", guest.initrd), ("cmdline", guest.cmdline)):
+        if value is not None:
+            ET.SubElement(os_, tag).text = value
     feats = ET.SubElement(dom, "features")     # QEMU's defaults; without them libvirt says -no-acpi
     ET.SubElement(feats, "acpi")
     ET.SubElement(feats, "apic")
-    dom.append(_clock(given.get("-rtc")))
+    dom.append(_clock(run))
     # tandem's runs end when the guest stops: a reboot or a panic (panic=-1) is the end.
     for event in ("on_poweroff", "on_reboot", "on_crash"):
         ET.SubElement(dom, event).text = "destroy"

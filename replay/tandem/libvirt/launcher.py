@@ -13,7 +13,8 @@ import uuid as uuid_mod
 from pathlib import Path
 
 from ..errors import TandemError
-from ..qemu.vm import alive, qmp_chardev
+from ..qemu.argv import qmp_chardev
+from ..qemu.vm import alive
 from .daemon import binding, connect
 from .domain import SHADOW_SUFFIX, domain_xml
 

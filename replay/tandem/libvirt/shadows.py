@@ -21,8 +21,16 @@ from pathlib import Path
 
 from .. import artifacts, private
 from ..errors import TandemError
-from ..machine import LOOKAHEAD_NS, NIC_MODELS, check_mac
-from ..qemu.vm import Guest, Run, analyses_given, make_overlay
+from ..machine import (
+    LOOKAHEAD_NS,
+    NIC_MODELS,
+    Feed,
+    Guest,
+    Run,
+    analyses_given,
+    check_mac,
+)
+from ..qemu.vm import make_overlay
 from .daemon import binding
 from .domain import SHADOW_SUFFIX, domain_xml
 
@@ -239,8 +247,8 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
             if native.disk:
                 make_overlay(str(native.disk), sh.overlay, native.disk_format)
             # The feed socket waits for its feeder instead of failing when nobody listens yet.
-            run = Run("analysis", sdir, overlay=sh.overlay, feed_socket=sh.feed_socket,
-                      feed_lookahead_ns=lookahead_ns, rtc_base=rtc_base, feed_reconnect_ms=FEED_RECONNECT_MS)
+            run = Run(sdir, net=Feed(sh.feed_socket, lookahead_ns=lookahead_ns, rtc_base=rtc_base,
+                                     reconnect_ms=FEED_RECONNECT_MS), overlay=sh.overlay)
             md = _metadata(native, a, guest, sh, native.disk, rtc_base)
             xml = domain_xml(sh.name, guest, run, metadata=md, title=f"tandem {a} analysis of {domain}")
             try:

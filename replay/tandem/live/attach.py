@@ -14,7 +14,7 @@ from ..errors import TandemError
 from ..libvirt.daemon import binding, connect
 from ..libvirt.launcher import Launcher
 from ..libvirt.shadows import NS, NativeInfo, native_domain, read_native, shadow_name
-from ..qemu.vm import Guest, analyses_given
+from ..machine import Guest, analyses_given
 
 
 class LiveDomains:
@@ -62,7 +62,7 @@ class LiveDomains:
 
     def native_launcher(self) -> Launcher:
         def metadata(vm) -> ET.Element:
-            md = ET.Element(f"{{{NS}}}native", rundir=str(vm.run.rundir), bundle=str(vm.run.rrfile.parent))
+            md = ET.Element(f"{{{NS}}}native", rundir=str(vm.run.rundir), bundle=str(vm.run.rr.rrfile.parent))
             if self.original:
                 ET.SubElement(md, f"{{{NS}}}original").text = self.original
             return md
@@ -84,10 +84,10 @@ class LiveDomains:
         def metadata(vm) -> ET.Element:
             md = ET.Element(f"{{{NS}}}shadow", native=self.native, analysis=analysis, live="yes")
             ET.SubElement(md, f"{{{NS}}}statedir", path=str(vm.run.rundir))
-            ET.SubElement(md, f"{{{NS}}}socket", role="feed", path=str(vm.run.feed_socket))
+            ET.SubElement(md, f"{{{NS}}}socket", role="feed", path=str(vm.run.net.socket))
             ET.SubElement(md, f"{{{NS}}}socket", role="qmp", path=str(vm.run.rundir / "qmp.sock"))
             ET.SubElement(md, f"{{{NS}}}kernel", path=vm.guest.kernel, initrd=vm.guest.initrd or "")
-            ET.SubElement(md, f"{{{NS}}}rtc", base=vm.run.rtc_base)
+            ET.SubElement(md, f"{{{NS}}}rtc", base=vm.run.net.rtc_base)
             return md
         return Launcher(self.uri, name, metadata=metadata, title=f"tandem {analysis} analysis of {self.native}, live")
 

@@ -38,8 +38,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..semantic import equivalence
 from ..formats import netpkt
+from ..semantic import equivalence
 from ..semantic.compare import kept_lines
 from ..semantic.feed import FeedServer
 

@@ -35,18 +35,20 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from ..formats import bundle, pcapng
-from ..semantic import compare, equivalence, inputs, model, replay as replay_semantic
-from . import metrics
 from .. import private, report
-from ..semantic import findings as findings_mod
 from ..errors import TandemError
-from ..semantic.feed import FeedServer
-from .gate import Gate
-from .compare import LiveCompare
+from ..formats import bundle, pcapng
+from ..machine import analyses_given
+from ..qemu.vm import cpu_seconds
 from ..record.recording import Recording
+from ..semantic import compare, equivalence, inputs, model
+from ..semantic import findings as findings_mod
+from ..semantic import replay as replay_semantic
 from ..semantic.analyze import Summary, summarize
-from ..qemu.vm import analyses_given, cpu_seconds
+from ..semantic.feed import FeedServer
+from . import metrics
+from .compare import LiveCompare
+from .gate import Gate
 
 SAMPLE_S = 0.1
 TRIM_S = 0.5            # how often the native's side drops what every analysis is done with

@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 from .. import artifacts, private
-from ..formats import bundle, pcapng
 from ..errors import TandemError
-from ..qemu.vm import VM, Guest, Run, free_port, make_overlay
+from ..formats import bundle, pcapng
+from ..machine import RR, Gate, Guest, Run, UserNet
+from ..qemu.vm import VM, free_port, make_overlay
 
 OVERLAY = "disk-overlay.qcow2"
 
@@ -111,10 +112,10 @@ class Recording:
             **(self.launcher.machine() if self.launcher else {})}, self.assertions)
         # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).
         self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
-        run = Run("record", Path(self._tmp), rrfile=self.path / bundle.STREAM,
+        gate = Gate(self.gate_socket, self.gate_outputs, self.gate_overflow) if self.gate_socket else None
+        run = Run(Path(self._tmp), net=UserNet(self.port), rr=RR("record", self.path / bundle.STREAM),
                   devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
-                  hostfwd_port=self.port, stop_after_ns=self.duration_ns, gate_socket=self.gate_socket,
-                  gate_outputs=self.gate_outputs, gate_overflow=self.gate_overflow)
+                  stop_after_ns=self.duration_ns, gate=gate)
         self.vm = VM(g, run, launcher=self.launcher, name="native")
         self.t0 = time.monotonic()
         try:

@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import private
 from ..errors import TandemError
 from ..formats import bundle
-from ..qemu.vm import analyses_given
+from ..machine import analyses_given
 from . import compare, equivalence, inputs, model
 from . import findings as findings_mod
 from . import replay as replay_semantic

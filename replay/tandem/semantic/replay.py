@@ -25,7 +25,8 @@ from pathlib import Path
 from .. import private
 from ..errors import TandemError
 from ..formats import bundle
-from ..qemu.vm import VM, Guest, Run, make_overlay
+from ..machine import RR, Feed, Guest, Host, Run
+from ..qemu.vm import VM, make_overlay
 from ..record import recording as record_mod
 from . import inputs as inputs_mod
 from .driver import AnalysisDriver
@@ -69,7 +70,9 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         res.delivered, res.net_out = deque(maxlen=DELIVERED_KEPT), None
     tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
     private.make_dir(workdir)
-    run_args = dict(feed_lookahead_ns=lookahead_ns, rtc_base=rec.created, idle=idle, cpus=cpus)
+    server = FeedServer(tmp / "feed.sock")
+    run_args: dict = dict(net=Feed(server.path, lookahead_ns=lookahead_ns, rtc_base=rec.created),
+                          host=Host(idle=idle, cpus=cpus))
     manifest = None
     if record:
         res.bundle = workdir / f"{analysis}.tdm"
@@ -79,16 +82,14 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
             "mode": "analysis", "analysis": analysis, "rtc_base": rec.created,
             "lookahead_ns": lookahead_ns, "source": str(rec.path),
             "net": {"backend": "feed"}, **(launcher.machine() if launcher else {})})
-        run_args.update(rr="record", rrfile=res.bundle / bundle.STREAM,
-                        devlog=res.bundle / bundle.DEVLOG,
+        run_args.update(rr=RR("record", res.bundle / bundle.STREAM), devlog=res.bundle / bundle.DEVLOG,
                         overlay=res.bundle / record_mod.OVERLAY if guest.disk else None)
     else:
         run_args.update(devlog=workdir / f"{analysis}.pcapng")
         if guest.disk:
             run_args["overlay"] = tmp / "disk-overlay.qcow2"
             make_overlay(guest.disk.base, run_args["overlay"], guest.disk.format)
-    server = FeedServer(tmp / "feed.sock")
-    vm = VM(guest, Run("analysis", tmp, feed_socket=server.path, **run_args), launcher=launcher, name=analysis)
+    vm = VM(guest, Run(tmp, **run_args), launcher=launcher, name=analysis)
     vm.console = lambda: bytes(res.console)
     t0 = time.monotonic()
     try:

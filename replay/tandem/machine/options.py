@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Union
 
-from .errors import TandemError
+from ..errors import TandemError
 
 Value = Union[str, int, bool, list, dict]
 
@@ -112,49 +111,3 @@ def check_mac(value: str | None, what: str = "MAC") -> str | None:
     if value is not None and not (isinstance(value, str) and MAC.fullmatch(value)):
         raise OptionError(f"{what} {value!r}: not a MAC address (52:54:00:12:34:56)")
     return value
-
-
-DISK_FORMATS = ("raw", "qcow2")
-
-
-@dataclass(frozen=True)
-class Disk:
-    """One disk as the guest sees it: a base image every run writes through a qcow2 overlay
-    of its own (the base is never written), on virtio-blk. Checked when made."""
-    base: str                   # the image (path); the manifest names it with its hash
-    format: str = "raw"         # of the base image
-    id: str = "disk0"           # the drive id (the device log logs this drive)
-
-    def __post_init__(self) -> None:
-        check_id(self.id, "drive id")
-        if self.format not in DISK_FORMATS:
-            raise OptionError(f"disk format {self.format!r}: tandem takes {' or '.join(DISK_FORMATS)}")
-        if not isinstance(self.base, str) or not self.base or "\0" in self.base:
-            raise OptionError(f"disk image {self.base!r}: not a file path")
-
-
-@dataclass(frozen=True)
-class Nic:
-    """One NIC as the guest sees it: QEMU device model and MAC, on netdev `netdev`.
-    Checked when made, so a NIC that exists is one QEMU can be given."""
-    netdev: str = "net0"
-    model: str = VIRTIO_NET
-    mac: str | None = None
-
-    def __post_init__(self) -> None:
-        check_id(self.netdev, "netdev id")
-        if self.model not in NIC_DEVICES:
-            raise OptionError(f"NIC model {self.model!r}: tandem's QEMU has "
-                              f"{', '.join(sorted(NIC_DEVICES))} (qemu-patches/0003)")
-        check_mac(self.mac)
-
-    def device(self, *, deterministic_tx: bool = False) -> str:
-        """Its -device. deterministic_tx (analysis runs, virtio-net only): transmit from a
-        VM-clock timer and take queue kicks in the vCPU thread, so frames leave at the same
-        VM time in every run."""
-        props: dict[str, Value] = {"driver": self.model, "netdev": self.netdev, "romfile": ""}
-        if deterministic_tx and self.model == VIRTIO_NET:
-            props.update(tx="timer", ioeventfd=False)
-        if self.mac:
-            props["mac"] = self.mac
-        return json_option(props)

@@ -1,0 +1,36 @@
+"""The typed machine description: what tandem runs (Guest: board, boot, devices, OS), how
+(Run: the mode and its parts), and the QEMU option builders every value goes through
+(options.py). Pure: nothing here starts a process; qemu/argv.py composes the command
+line, libvirt/domain.py the domain, formats/bundle.py checks the manifest with it.
+"""
+from .devices import DISK_FORMATS, Disk, Nic
+from .guest import (
+                      ACCEL,
+                      DEFAULT_CMDLINE,
+                      ICOUNT_SHIFT,
+                      MACHINE_TYPE,
+                      VCPUS,
+                      Guest,
+                      analyses_given,
+)
+from .options import (
+                      LOOKAHEAD_NS,
+                      MAC,
+                      NIC_DEVICES,
+                      NIC_MODELS,
+                      RTC_BASE,
+                      VIRTIO_NET,
+                      OptionError,
+                      Value,
+                      check_id,
+                      check_mac,
+                      escape,
+                      json_option,
+                      keyval_option,
+)
+from .run import RR, Feed, Gate, Host, Mode, Run, UserNet
+
+__all__ = ["ACCEL", "DEFAULT_CMDLINE", "DISK_FORMATS", "Disk", "Feed", "Gate", "Guest", "Host", "ICOUNT_SHIFT",
+           "LOOKAHEAD_NS", "MAC", "MACHINE_TYPE", "Mode", "NIC_DEVICES", "NIC_MODELS", "Nic", "OptionError", "RR",
+           "RTC_BASE", "Run", "UserNet", "VCPUS", "VIRTIO_NET", "Value", "analyses_given", "check_id", "check_mac",
+           "escape", "json_option", "keyval_option"]

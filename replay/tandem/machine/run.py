@@ -1,0 +1,113 @@
+"""How a machine runs: the mode (record, exact replay, analysis, plain) and what that mode
+needs, as typed parts; qemu/argv.py composes QEMU's options from a Guest and a Run.
+
+The mode is not a field: it follows from the parts (the feed as the network: an analysis
+run; record/replay: a recording or its exact replay; neither: plain), so no Run can say
+"replay" and carry a host port forward, or "analysis" without a feed. Each part is
+checked when made; the combinations a mode cannot have are refused when the Run is made.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from .options import LOOKAHEAD_NS, RTC_BASE, OptionError
+
+
+class Mode(StrEnum):
+    PLAIN = "plain"         # no record/replay: benchmarks' baseline, planted-bug checks
+    RECORD = "record"       # a native recorded (QEMU's record/replay + tandem's device log)
+    REPLAY = "replay"       # an exact replay of a recording
+    ANALYSIS = "analysis"   # fed by tandem (qemu-patches/0006): semantic replay, live shadows
+
+
+@dataclass(frozen=True)
+class RR:
+    """QEMU's record/replay (-icount rr=...): the stream it writes or reads."""
+    mode: str                   # "record" or "replay"
+    rrfile: Path
+    follow: bool = False        # replay: a recording still being written (qemu-patches/0008)
+    partial: bool = False       # replay: up to the last intact segment
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("record", "replay"):
+            raise OptionError(f"record/replay mode {self.mode!r}: 'record' or 'replay'")
+        if self.mode == "record" and (self.follow or self.partial):
+            raise OptionError("follow and partial are for a replay")
+
+
+@dataclass(frozen=True)
+class UserNet:
+    """QEMU's user networking (slirp); the host forwards a port to the guest service."""
+    hostfwd_port: int | None = None
+
+
+@dataclass(frozen=True)
+class Feed:
+    """tandem's feed (qemu-patches/0006) as the network, the serial input and the entropy
+    of an analysis VM; the VM clock runs from the recording's start (rtc_base)."""
+    socket: Path | None             # None: an analysis run's own recording replayed (inputs in the log)
+    lookahead_ns: int = LOOKAHEAD_NS
+    rtc_base: str = "2026-01-01T00:00:00"
+    reconnect_ms: int = 0           # retry the socket until its feeder listens (libvirt shadows)
+
+    def __post_init__(self) -> None:
+        if not RTC_BASE.fullmatch(str(self.rtc_base)):
+            raise OptionError(f"RTC base {self.rtc_base!r}: not a time YYYY-MM-DDTHH:MM:SS")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """filter-gate (qemu-patches/0010, 0017): the native's frames held for tandem."""
+    socket: Path
+    outputs: bool = True            # hold its outgoing frames (release "agreed"); inputs on request
+    overflow: str = "block"         # past its bound: "detach" (lets go) or "block" (refuses frames)
+
+
+@dataclass(frozen=True)
+class Host:
+    """How the host runs the QEMU process: nothing here is seen by the guest."""
+    qemu: dict | None = None        # artifacts.qemu() unless given (benchmarks: qemu_stock())
+    idle: bool = False              # SCHED_IDLE (live analyses: the native first)
+    cpus: str | None = None         # pinned to these CPUs (a taskset list)
+    pass_fds: tuple[int, ...] = ()  # files QEMU gets open (/dev/fd/N in its argv), not by path
+
+
+@dataclass(frozen=True)
+class Run:
+    """How a Guest runs: its mode's parts and where its files go."""
+    rundir: Path                    # QMP and serial sockets, scratch files
+    net: UserNet | Feed = UserNet()
+    rr: RR | None = None
+    devlog: Path | None = None      # tandem's device log (pcapng)
+    stop_after_ns: int = 0          # the device log stops the VM at this VM time (0: never)
+    overlay: Path | None = None     # the run's qcow2 over the disk's base image
+    gate: Gate | None = None
+    icount: bool = True             # plain runs only: with or without -icount
+    host: Host = Host()
+    extra: tuple[str, ...] = ()     # options libvirt added that the guest saw (a replay repeats them)
+
+    def __post_init__(self) -> None:
+        mode = self.mode
+        if isinstance(self.net, UserNet) and self.net.hostfwd_port and mode == Mode.REPLAY:
+            raise OptionError("a replay forwards no host port (its network input is in the log)")
+        if isinstance(self.net, Feed) and self.net.socket is None and (self.rr is None or self.rr.mode != "replay"):
+            raise OptionError("an analysis run needs its feed's socket (unless its recording is replayed)")
+        if self.gate is not None and mode != Mode.RECORD:
+            raise OptionError("filter-gate holds a recorded native's frames: record mode only")
+        if not self.icount and mode != Mode.PLAIN:
+            raise OptionError(f"{mode} runs need -icount")
+
+    @property
+    def mode(self) -> Mode:
+        if isinstance(self.net, Feed):
+            return Mode.ANALYSIS
+        if self.rr is not None:
+            return Mode(self.rr.mode)
+        return Mode.PLAIN
+
+    @property
+    def rr_mode(self) -> str | None:
+        """record, replay or None: whether and how QEMU's record/replay runs."""
+        return self.rr.mode if self.rr else None

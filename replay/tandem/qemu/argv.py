@@ -1,0 +1,161 @@
+"""QEMU's command line for a Guest and a Run: one place composes it for every mode, so
+that record and replay can only differ where they must, and every option is built from
+typed values by machine/options.py (-device/-object/-netdev as JSON, the rest as
+key=value lists with their values escaped), so no value can add a key."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import artifacts
+from ..machine import (
+    ICOUNT_SHIFT,
+    Disk,
+    Feed,
+    Guest,
+    Mode,
+    Nic,
+    OptionError,
+    Run,
+    json_option,
+    keyval_option,
+)
+
+GUEST_PORT = 7000          # the demo service inside the guest
+
+
+def qemu_argv(guest: Guest, run: Run) -> list[str]:
+    """QEMU's command line for (guest, run), every option built from typed values by
+    machine.py: -device/-object/-netdev as JSON, the rest as key=value lists with their
+    values escaped, so no value (a bundle's MAC, a path with a comma) can add a key."""
+    q = run.host.qemu or artifacts.qemu()
+    nic = guest.nic
+    if len(guest.disks) > 1:
+        raise OptionError(f"{len(guest.disks)} disks: tandem's device log takes one (for now)")
+    if run.mode != Mode.PLAIN and guest.accel != "tcg":
+        raise OptionError(f"accelerator {guest.accel!r}: {run.mode} runs need -icount, which QEMU has only under TCG")
+    argv = [q["binary"], "-L", q["firmware_dir"], "-M", guest.machine_type, "-m", str(int(guest.memory_mb)),
+            "-smp", str(int(guest.vcpus)), "-nodefaults", "-no-user-config", "-display", "none",
+            "-no-reboot", "-accel", guest.accel,
+            "-kernel", guest.kernel, *(["-initrd", guest.initrd] if guest.initrd else []),
+            "-append", guest.cmdline,
+            # QMP on a keyed chardev: -qmp unix:PATH reads a PATH with '=' before its
+            # first ',' as a key (QEMU's implied first option).
+            "-chardev", qmp_chardev(run.rundir),
+            "-mon", keyval_option(None, {"chardev": "qmp", "mode": "control"})]
+    argv += _clock_options(run, q)
+    argv += _serial_options(run)
+    if guest.disk:
+        argv += _disk_options(run, guest.disk)
+    argv += _net_and_rng_options(run, nic)
+    if run.mode in ("record", "replay"):   # analysis runs: the feed is logged instead
+        argv += ["-object", json_option({"qom-type": "filter-replay", "id": "rr-net0", "netdev": nic.netdev})]
+    if run.gate:
+        # The guest's outgoing frames wait for tandem (release policy "agreed"), and its
+        # incoming ones while tandem holds them (overflow policy "block"). At the head of
+        # the list: on the way out it comes after the device log, which stamps each frame
+        # when the guest sent it; on the way in before filter-replay and the device log,
+        # so a held frame is recorded when the guest gets it.
+        argv += ["-chardev", keyval_option("socket", {"id": "gatesock", "path": str(run.gate.socket)}),
+                 "-object", json_option({"qom-type": "filter-gate", "id": "gate0", "netdev": nic.netdev,
+                                         "queue": "all", "chardev": "gatesock", "position": "head",
+                                         "overflow": run.gate.overflow,
+                                         "outputs": None if run.gate.outputs else False})]
+    if run.devlog:
+        # A recording's log says how far the VM clock has got every 100 ms: a live
+        # shadow follows it without asking the native over QMP.
+        argv += ["-object", json_option({
+                     "qom-type": "devlog", "id": "devlog", "path": str(run.devlog), "chardev": "serial0",
+                     "rng": "rng0", "drive": guest.disk.id if guest.disk else None,
+                     "stop-after": run.stop_after_ns or None,
+                     "clock-marks": True if run.mode == "record" else None}),
+                 "-object", json_option({"qom-type": "filter-devlog", "id": "devlog-net0", "netdev": nic.netdev,
+                                         "devlog": "devlog", "position": "tail"})]
+    return argv + list(run.extra)
+
+
+def qmp_chardev(rundir: Path) -> str:
+    """tandem's QMP socket in rundir, as a -chardev (a domain's QEMU is found by it: libvirt/launcher.py)."""
+    return keyval_option("socket", {"id": "qmp", "path": f"{rundir}/qmp.sock", "server": True, "wait": False})
+
+
+def _clock_options(run: Run, q: dict) -> list[str]:
+    """-icount (and the analysis runs' -rtc): how the VM clock runs in this mode."""
+    rr = run.rr_mode
+    rr_opts: dict = {}
+    if rr == "record":
+        rr_opts = {"rr": "record", "rrfile": str(run.rr.rrfile)}
+    elif rr == "replay":
+        # The VM clock's idle warps come from the log, so the replay need not
+        # wait them out: rrskipidle=on (qemu-patches/0004) stops the main loop
+        # sleeping while the replay waits on it.
+        rr_opts = {"rr": "replay", "rrfile": str(run.rr.rrfile), "rrskipidle": None if q.get("stock") else True,
+                   "rrfollow": run.rr.follow or None, "rrpartial": run.rr.partial or None}
+    if run.mode in ("record", "replay"):
+        # sleep stays on in replay to match the recording's warp accounting.
+        return ["-icount", keyval_option(None, {"shift": ICOUNT_SHIFT, "sleep": True, **rr_opts})]
+    if run.mode == "analysis":
+        # sleep=off: an idle analysis guest warps straight to its next input. The RTC
+        # runs on the VM clock from the recording's start time: a host-clock RTC
+        # would interrupt the guest at host-dependent VM times.
+        return ["-icount", keyval_option(None, {"shift": ICOUNT_SHIFT, "sleep": False, **rr_opts}),
+                "-rtc", keyval_option(None, {"base": run.net.rtc_base, "clock": "vm"})]
+    if run.icount:
+        return ["-icount", keyval_option(None, {"shift": ICOUNT_SHIFT, "sleep": True})]
+    return []
+
+
+def _serial_options(run: Run) -> list[str]:
+    """The serial console: a socket while live, nothing in replay (input comes from the
+    log) or in analysis (the feed carries both directions)."""
+    if run.mode in ("replay", "analysis"):
+        chardev = keyval_option("null", {"id": "serial0"})
+    else:
+        chardev = keyval_option("socket", {"id": "serial0", "path": f"{run.rundir}/serial.sock",
+                                           "server": True, "wait": False})
+    return ["-chardev", chardev, "-serial", "chardev:serial0"]
+
+
+def _disk_options(run: Run, disk: Disk) -> list[str]:
+    """The disk: the run's qcow2 overlay, behind blkreplay when record/replay runs (block
+    completions must be ordered by the replay log)."""
+    image = f"{disk.id}-img" if run.rr_mode else disk.id
+    argv = ["-drive", keyval_option(None, {"file": str(run.overlay), "if": "none", "id": image, "format": "qcow2"})]
+    if run.rr_mode:
+        argv += ["-drive", keyval_option(None, {"driver": "blkreplay", "if": "none", "image": image, "id": disk.id})]
+    # Analysis VMs: ioeventfd=off runs a queue kick in the vCPU thread, at the
+    # instruction that made it; with an eventfd the main loop takes it later,
+    # at a host-dependent VM time.
+    return argv + ["-device", json_option({"driver": "virtio-blk-pci", "drive": disk.id,
+                                           "ioeventfd": False if run.mode == "analysis" else None})]
+
+
+def _net_and_rng_options(run: Run, nic: Nic) -> list[str]:
+    """The NIC, its backend and the entropy source."""
+    if run.mode != "analysis":
+        port = run.net.hostfwd_port if not isinstance(run.net, Feed) else None
+        forward = [{"str": f"tcp:127.0.0.1:{int(port)}-:{GUEST_PORT}"}] if port else None
+        return ["-netdev", json_option({"type": "user", "id": nic.netdev, "hostfwd": forward}),
+                "-device", nic.device(),
+                "-object", json_option({"qom-type": "rng-builtin", "id": "rng0"}),
+                "-device", json_option({"driver": "virtio-rng-pci", "rng": "rng0"})]
+    # The feed (qemu-patches/0006) is the network, the serial input and the entropy:
+    # the NIC's backend is an unconnected hub port whose frames filter-feed replaces.
+    # A recorded analysis run replays without its controller: the feed's inputs
+    # are in the log (qemu-patches/0011).
+    argv = []
+    feed = {"qom-type": "feed", "id": "feed", "serial": "serial0", "lookahead": int(run.net.lookahead_ns)}
+    if run.rr_mode != "replay":
+        argv += ["-chardev", keyval_option("socket", {"id": "feedsock", "path": str(run.net.socket),
+                                                      "reconnect-ms": run.net.reconnect_ms or None})]
+        feed["chardev"] = "feedsock"
+    # tx=timer: transmit from a VM-clock timer, not a main-loop bottom half,
+    # so the guest's frames leave at the same VM time in every run.
+    return argv + ["-netdev", json_option({"type": "hubport", "id": nic.netdev, "hubid": 0}),
+                   "-device", nic.device(deterministic_tx=True),
+                   "-object", json_option({"qom-type": "rng-feed", "id": "rng0", "feed": "feed"}),
+                   "-device", json_option({"driver": "virtio-rng-pci", "rng": "rng0", "ioeventfd": False}),
+                   "-object", json_option(feed),
+                   "-object", json_option({"qom-type": "filter-feed", "id": "feed-net0", "netdev": nic.netdev,
+                                           "feed": "feed", "position": "head"})]
+
+
