@@ -1,8 +1,8 @@
 """The planted bugs (docs/planted-bugs.md) on real guests.
 
 The native guest serves every bad request with its normal reply and prints no report;
-each analysis guest (KASAN, UBSAN, lockdep kernel; ASan kvd) prints the report for its
-bugs on the serial console. Reports are matched with plain regexes here: parsing them
+each analysis guest (KASAN, UBSAN, lockdep, KCSAN kernel; ASan kvd) prints the report
+for its bugs on the serial console. Reports are matched with plain regexes here: parsing them
 is the report parser's job, tested on tests/report-corpus/.
 
 The guests run plain (no record/replay, no icount) so each boots in seconds; one
@@ -136,6 +136,17 @@ def test_ubsan_reports_shift_and_index(boot):
                    rb"[^\n]*shift exponent 40 is too large for 32-bit type 'unsigned int'")
     g.wait_console(rb"UBSAN: array-index-out-of-bounds in guest-kernel/modules/tandem_bugs\.c:\d+:\d+\n"
                    rb"[^\n]*index 8 is out of range for type 'u32 \[8\]'")
+
+
+def test_kcsan_reports_the_data_race_of_a_timer_and_a_task(boot):
+    g = boot("kcsan")
+    bad_requests(g.port, ["kcsan-race"])
+    # The timer's write by interrupt, then the read of the task it interrupted.
+    g.wait_console(rb"BUG: KCSAN: data-race in tb_rate_sample \[tandem_bugs\] / tb_rate_tick \[tandem_bugs\]\n"
+                   rb"[^\n]*\n[^\n]*write to 0x[0-9a-f]+ of 8 bytes by interrupt on cpu 0:\n"
+                   rb"[^\n]* tb_rate_tick\+(?:[^\n]*\n)+?"
+                   rb"[^\n]*read to 0x[0-9a-f]+ of 8 bytes by task \d+ on cpu 0:\n"
+                   rb"[^\n]* tb_rate_sample\+")
 
 
 def test_asan_reports_kvd_heap_overflow(boot):

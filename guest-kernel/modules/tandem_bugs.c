@@ -15,13 +15,16 @@
  *   update K   audit hook, then table update of key K (keys >= 1000 are refused)
  *   update-nocheck K
  *              table update without the audit hook   (tandem's temporal assertions)
+ *   race       sample the byte counter a timer bumps   data race: plain read in a
+ *              for 100 timer ticks                     task, plain write in a softirq
+ *                                                      (KCSAN)
  *
  * Every bug is chosen to be invisible on a kernel without sanitizers: the overflow
  * stays inside the slack of its kmalloc slot, freed memory and the word after the
  * array are only read, the shift wraps silently on x86, the two lock orders are
- * never taken at the same time, and a key the hook would allow is updated the same
- * with or without it. A write returns its length, so kvd answers OK whichever
- * kernel runs.
+ * never taken at the same time, a key the hook would allow is updated the same
+ * with or without it, and x86 reads and writes an aligned word whole. A write
+ * returns its length, so kvd answers OK whichever kernel runs.
  *
  * tb_proc_write, tb_audit_check, tb_table_update and tb_table_lock_acquire/release
  * are noinline and keep these names: the Linux assertion pack
@@ -33,6 +36,7 @@
 #include <linux/proc_fs.h>
 #include <linux/slab.h>
 #include <linux/string.h>
+#include <linux/timer.h>
 #include <linux/uaccess.h>
 
 #define TB_CMD_MAX 256
@@ -222,6 +226,49 @@ static noinline int tb_hist_read(unsigned int slot)
 	return 0;
 }
 
+/* --- race: a byte counter a timer bumps while a task samples it --------------------- */
+
+/*
+ * 100 ticks: 1 s of guest time at HZ=100. The guest has one CPU, so KCSAN sees the race
+ * only when a tick's softirq writes the counter while KCSAN holds the task on a
+ * watchpoint over its read (CONFIG_KCSAN_INTERRUPT_WATCHER, kcsan.config): one read in
+ * 1 to 4000 is watched, for 1 to 80 us. How often a tick lands in a watch, and so how
+ * many ticks make the report all but certain, is measured in docs/planted-bugs.md.
+ */
+#define TB_RATE_TICKS 100
+static unsigned long tb_rate_bytes;	/* bumped by the timer, sampled by the task */
+static atomic_t tb_rate_ticks;
+static struct timer_list tb_rate_timer;
+
+static noinline void tb_rate_tick(struct timer_list *t)
+{
+	/*
+	 * BUG: a plain write (part of +=) of a word tb_rate_sample() reads without
+	 * READ_ONCE() or a lock. On x86 the aligned word is written and read whole, so
+	 * the native kernel shows nothing; KCSAN reports the data race.
+	 */
+	tb_rate_bytes += 64;
+	if (atomic_inc_return(&tb_rate_ticks) < TB_RATE_TICKS)
+		mod_timer(t, jiffies + 1);
+}
+
+static noinline int tb_rate_sample(void)
+{
+	unsigned long peak = 0, now;
+
+	atomic_set(&tb_rate_ticks, 0);
+	mod_timer(&tb_rate_timer, jiffies + 1);
+	while (atomic_read(&tb_rate_ticks) < TB_RATE_TICKS) {
+		now = tb_rate_bytes;	/* BUG: the racing plain read */
+		if (now > peak)
+			peak = now;
+		cpu_relax();		/* a compiler barrier too: the word is read anew */
+	}
+	timer_delete_sync(&tb_rate_timer);
+	/* The counter only grows: a peak above its final value would be a torn read. */
+	return peak > tb_rate_bytes ? -EIO : 0;
+}
+
 /* --- /proc/tandem_bugs ------------------------------------------------------------- */
 
 static int tb_dispatch(char *cmd)
@@ -251,6 +298,8 @@ static int tb_dispatch(char *cmd)
 	}
 	if (!strcmp(cmd, "index") && arg && !kstrtouint(arg, 0, &n))
 		return tb_hist_read(n);
+	if (!strcmp(cmd, "race") && !arg)
+		return tb_rate_sample();
 	return -EINVAL;
 }
 
@@ -277,6 +326,7 @@ static const struct proc_ops tb_proc_ops = {
 
 static int __init tb_init(void)
 {
+	timer_setup(&tb_rate_timer, tb_rate_tick, 0);
 	if (!proc_create("tandem_bugs", 0200, NULL, &tb_proc_ops))
 		return -ENOMEM;
 	return 0;
@@ -285,6 +335,7 @@ static int __init tb_init(void)
 static void __exit tb_exit(void)
 {
 	remove_proc_entry("tandem_bugs", NULL);
+	timer_delete_sync(&tb_rate_timer);
 	kfree(tb_last_note);
 }
 

@@ -71,6 +71,7 @@ KERNELS = {k.flavor: k for k in (
     Kernel("kasan", cmdline_extra="kasan_multi_shot", memory_mb=512),
     Kernel("ubsan"),
     Kernel("lockdep"),
+    Kernel("kcsan"),
 )}
 USERLANDS = {u.name: u for u in (Userland("native"), Userland("asan", cmdline_extra="tandem.asan=1"))}
 
@@ -79,6 +80,7 @@ ALL = (
     Analysis("kasan", KERNELS["kasan"], "KASAN: out-of-bounds and use-after-free in the kernel"),
     Analysis("ubsan", KERNELS["ubsan"], "UBSAN: undefined behaviour in the kernel"),
     Analysis("lockdep", KERNELS["lockdep"], "lockdep: lock-order and lock-usage bugs in the kernel"),
+    Analysis("kcsan", KERNELS["kcsan"], "KCSAN: data races in the kernel (task against interrupt, one CPU)"),
     Analysis("asan-userland", KERNELS["native"], "ASan-built guest services: memory errors in userland",
              userland=USERLANDS["asan"], equivalence={"serial": {"ignore": list(SANITIZER_LINES)}}),
 )

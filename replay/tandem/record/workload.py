@@ -96,6 +96,7 @@ PLANTED_BUGS = {
     "lockdep-ba":         ("BUG lock-ba",                "lockdep circular locking",  "OK"),
     "ubsan-shift":        ("BUG shift 40",               "UBSAN shift-out-of-bounds", "OK"),
     "ubsan-index":        ("BUG index 8",                "UBSAN array-index-out-of-bounds", "OK"),
+    "kcsan-race":         ("BUG race",                   "KCSAN data-race",           "OK"),
     "lkdtm-uaf":          ("LKDTM READ_AFTER_FREE",      "KASAN slab-use-after-free", "OK"),
     # A table update without its audit hook: only a temporal assertion sees it
     # (guest-kernel/assertions/linux-6.12.tesla, checked by `tandem assert`).
