@@ -95,6 +95,12 @@ def read_progress(targets: list[str]) -> list[Progress]:
 def _meson_setup() -> None:
     b = build_dir()
     if (b / "build.ninja").is_file():
+        # Regenerated if meson.build or a file it reads changed (guest-kernel/linux/FLAVORS:
+        # a new kernel flavor's targets): `meson compile TARGET` looks a target up before
+        # ninja would regenerate, so a flavor added since the last setup was "not found".
+        r = subprocess.run(["ninja", "-C", str(b), "build.ninja"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise TandemError(f"meson regenerate {b} failed: {(r.stderr or r.stdout).strip().splitlines()[-1]}")
         return
     if b.exists():      # a setup cut short: meson refuses a half-made build directory
         log.info("redoing the meson setup of %s (left half-made)", b)

@@ -83,7 +83,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("flex", "the kernel and QEMU builds", "flex", implicit=True),
     *_p("bison", "the kernel and QEMU builds", "bison", implicit=True),
     *_p("perl-base", "the kernel build", "perl", implicit=True),
-    *_p("ninja-build", "QEMU's and meson's builds", "ninja", implicit=True),
+    *_p("ninja-build", "QEMU's and meson's builds; tandem regenerates build.ninja with it", "ninja"),
     *_p("netcat-openbsd", "the demo's independent client", "nc"),
     *_p("tshark", "the device log read by Wireshark's dissectors (tests, tandem wireshark)", "tshark"),
     *_p("wireshark-common", "the device log counted by capinfos (tests)", "capinfos"),
