@@ -42,7 +42,8 @@ def _dialect(os: str) -> SimpleNamespace:
     # Every start pattern holds one of its table's TOKENS: one search of them all says
     # that a line starts no report (most lines), before each table's patterns in turn;
     # the Scanner searches raw console text for them (may_start) to pass over such lines.
-    tokens = "|".join(re.escape(t) for t in _fewer(t for table in tables[os] for t in table.TOKENS))
+    texts = _fewer(t for table in tables[os] for t in table.TOKENS)
+    tokens = "|".join(re.escape(t) for t in texts)
     any_token = re.compile(tokens)
 
     def start(text: str):
@@ -54,5 +55,5 @@ def _dialect(os: str) -> SimpleNamespace:
                 return kind
         return None
     # In raw console text a token may also be split by a "\r" that make_line() drops.
-    return SimpleNamespace(start=start, may_start=re.compile(tokens + r"|\r[^\r\n]"),
+    return SimpleNamespace(start=start, may_start=re.compile(tokens + r"|\r[^\r\n]"), texts=tuple(texts),
                            longest=max(2, *(len(t) for table in tables[os] for t in table.TOKENS)))

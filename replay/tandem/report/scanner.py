@@ -46,6 +46,23 @@ BULK_CHARS = 256 * 1024
 _ROW = re.compile(r"^((?:<\d+>)?\[ *\d+\.\d+\](?:\[ *([CT]\d+)\])? ?|\[\d+\] )?(.*)", re.M)
 
 
+# The characters most frequent in the lines of syzkaller's reports, most frequent first.
+_COMMON = " 0f18ex2436ac\nd579_[]trs.onil:bp/+umk=RCTygh-vS?PIw,)(A"
+
+
+def _rare_tail(text: str) -> str:
+    """The end of `text` (3 characters at least) that starts with its least frequent
+    character: `re` tries an alternation's branches at each character that starts one, so
+    "ult" in place of "fault" (a line holding one holds the other) makes _bulk's search of
+    report lines about 1.4x as fast (20.5 -> 14.2 ms on the corpus); a line it stops at
+    that holds the tail only goes through _line(), which finds nothing there."""
+    if len(text) <= 3:
+        return text
+    rank = {c: i for i, c in enumerate(_COMMON)}
+    at = max(range(len(text) - 2), key=lambda k: (rank.get(text[k], len(_COMMON)), -k))
+    return text[at:]
+
+
 @dataclass
 class _Open:
     kind: Kind
@@ -161,7 +178,8 @@ class Scanner:
                 needles += ("Call Trace:", "<TASK>", "</TASK>") if kind.task_end else ()
                 needles += ("Sending NMI from CPU",) if kind.strict_context else ()
                 needles += ("login: ", "**")   # " login: ", "** ": a space first costs 1.6x
-                cache[id(kind)] = re.compile("|".join([self._dialect.may_start.pattern, *map(re.escape, needles)]))
+                texts = (*self._dialect.texts, *needles)
+                cache[id(kind)] = re.compile("|".join([*(re.escape(_rare_tail(t)) for t in texts), r"\r[^\r\n]"]))
         return cache[id(kind)]
 
     def _bulk(self, cur: _Open, buf: str, i: int) -> int:
