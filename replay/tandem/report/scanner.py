@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from itertools import compress
 
 from .console import Line, decode, make_line, readable
-from .dialects import dialect
+from .dialects import dialect, rare_tail
 from .kind import Kind
 from .model import USERLAND_TYPES, Report
 from .needles import needles as _needles
@@ -44,23 +44,6 @@ BULK_CHARS = 256 * 1024
 # call (9 ns a character, where a line at a time cost 2 us a line). A run's "\r"s are only
 # before newlines (a "\r" inside a line makes the line one that may matter): stripped after.
 _ROW = re.compile(r"^((?:<\d+>)?\[ *\d+\.\d+\](?:\[ *([CT]\d+)\])? ?|\[\d+\] )?(.*)", re.M)
-
-
-# The characters most frequent in the lines of syzkaller's reports, most frequent first.
-_COMMON = " 0f18ex2436ac\nd579_[]trs.onil:bp/+umk=RCTygh-vS?PIw,)(A"
-
-
-def _rare_tail(text: str) -> str:
-    """The end of `text` (3 characters at least) that starts with its least frequent
-    character: `re` tries an alternation's branches at each character that starts one, so
-    "ult" in place of "fault" (a line holding one holds the other) makes _bulk's search of
-    report lines about 1.4x as fast (20.5 -> 14.2 ms on the corpus); a line it stops at
-    that holds the tail only goes through _line(), which finds nothing there."""
-    if len(text) <= 3:
-        return text
-    rank = {c: i for i, c in enumerate(_COMMON)}
-    at = max(range(len(text) - 2), key=lambda k: (rank.get(text[k], len(_COMMON)), -k))
-    return text[at:]
 
 
 @dataclass
@@ -179,7 +162,7 @@ class Scanner:
                 needles += ("Sending NMI from CPU",) if kind.strict_context else ()
                 needles += ("login: ", "**")   # " login: ", "** ": a space first costs 1.6x
                 texts = (*self._dialect.texts, *needles)
-                cache[id(kind)] = re.compile("|".join([*(re.escape(_rare_tail(t)) for t in texts), r"\r[^\r\n]"]))
+                cache[id(kind)] = re.compile("|".join([*(re.escape(rare_tail(t)) for t in texts), r"\r[^\r\n]"]))
         return cache[id(kind)]
 
     def _bulk(self, cur: _Open, buf: str, i: int) -> int:
