@@ -424,7 +424,9 @@ def main() -> int:
         command = (f"`mkdir /tmp/before && git archive {args.before} replay | tar -x -C /tmp/before && "
                    "PYTHONPATH=/tmp/before/replay python bench/report.py --only throughput "
                    f"--runs {args.runs} --before {args.before} --out docs/benchmarks.md`" if args.before else
-                   f"`./tandem bench report` (runs `bench/report.py --seconds {args.seconds:g} --runs {args.runs}`)")
+                   f"`./tandem bench report{' --only throughput' if only == ['throughput'] else ''}` (runs "
+                   f"`bench/report.py{' --only throughput' if only == ['throughput'] else f' --seconds {args.seconds:g}'} "
+                   f"--runs {args.runs}`)")
         body = [f"Command: {command}. CPU time of the benchmark process (`time.process_time`) on one "
                 f"core, best of {args.runs} runs; MB = 10^6 bytes. The machine (2 cores) is shared "
                 f"(load average {os.getloadavg()[0]:.1f} when this was measured); before and now are "
