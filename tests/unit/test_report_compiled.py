@@ -83,3 +83,14 @@ def test_a_build_missing_a_module_is_not_used(tmp_path):
     (build / compiled.MANIFEST).write_text(json.dumps(
         {"key": key, "modules": ["console"], "libs": {}, "suffix": compiled.sysconfig.get_config_var("EXT_SUFFIX")}))
     assert compiled._files(build) is None
+
+
+@pytest.mark.skipif(compiled.mypy_version() is None, reason="mypy is not installed (replay/requirements.txt)")
+def test_a_type_error_fails_the_build_naming_it(tmp_path):
+    """mypyc compiles no module with a type error: the build says which, and makes nothing."""
+    src = _copy_package(tmp_path / "src")
+    with open(src / "console.py", "a") as f:
+        f.write("\nWRONG: int = 'text'\n")
+    with pytest.raises(compiled.TandemError, match=r"console\.py:\d+: error: Incompatible types"):
+        compiled.build(source=src, modules=("console",), into=tmp_path / "cache")
+    assert not [d for d in (tmp_path / "cache").iterdir() if not d.name.startswith(".")]

@@ -90,9 +90,10 @@ def build(source: Path = HERE, modules: tuple[str, ...] = COMPILED, into: Path |
         files = [str((pkg / f"{m}.py").relative_to(src)) for m in modules]
         log.info("compiling the console parser with mypyc (%d modules, about a minute)", len(modules))
         r = subprocess.run([sys.executable, "-m", "mypyc", *files], cwd=src, capture_output=True, text=True)
-        if r.returncode != 0:
-            last = (r.stdout + r.stderr).strip().splitlines()[-1:] or ["no output"]
-            raise TandemError(f"mypyc failed on {source}: {last[0]}")
+        if r.returncode != 0:     # the first type error (mypyc compiles none), else its last word
+            said = (r.stdout + r.stderr).strip().splitlines() or ["no output"]
+            first = next((line for line in said if ": error: " in line), said[-1])
+            raise TandemError(f"mypyc could not compile the console parser ({source}): {first}")
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
         out = Path(tmp) / "out"
         out.mkdir()
