@@ -23,10 +23,14 @@ Usage: ./tandem bench report [--seconds N]
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
 import logging
 import os
 import random
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -260,12 +264,58 @@ def part_throughput(syzkaller: Path, runs: int) -> list[str]:
 
 
 def throughput_text(syzkaller: Path, runs: int, before: str | None) -> list[str]:
+    parser = getattr(report, "PARSER", "pure Python")
     head = (f"**Before** (the parser at {before}, measured with `git archive {before} replay` "
-            f"on PYTHONPATH):" if before else
-            "**Now** (the parser of this checkout):")
+            f"on PYTHONPATH, {parser}):" if before else
+            f"**Now** (the parser of this checkout, {parser}: report/compiled.py):")
     if not syzkaller.is_dir():
         head += f" ({syzkaller} was not found: tandem's corpus only, not comparable with the totals above)"
-    return [head, "", *part_throughput(syzkaller, runs)]
+    lines = [head, "", *part_throughput(syzkaller, runs)]
+    return lines + (["", *both_parsers(syzkaller, runs)] if not before else [])
+
+
+# --- the pure-Python parser and its mypyc build, side by side ------------------------------
+
+def target_figures(syzkaller: Path, runs: int) -> dict:
+    """Issue 19's three figures for the parser this process imported (MB/s, parse() and the
+    Scanner), and a digest of every report found on the corpora (all their fields)."""
+    digest = hashlib.sha256()
+    size = t_parse = t_scan = 0.0
+    for _, os_, consoles in corpora(syzkaller):
+        for c in consoles:
+            for r in report.parse(c, os_):
+                digest.update(repr(dataclasses.astuple(r)).encode())
+        size += sum(map(len, consoles))
+        t_parse += best_cpu(lambda: parse_all(consoles, os_), runs)[0]
+        t_scan += best_cpu(lambda: scan_all(consoles, os_), runs)[0]
+    out = {"parser": getattr(report, "PARSER", "pure Python"), "digest": digest.hexdigest()[:16],
+           "the corpus (all)": (size / MB / t_parse, size / MB / t_scan)}
+    for name, console in (("a 1 MB line", long_line(1_000_000)), ("10 MB of short lines", short_lines(10_000_000))):
+        out[name] = (len(console) / MB / best_cpu(lambda: parse_all([console], "linux"), min(runs, 3))[0],
+                     len(console) / MB / best_cpu(lambda: scan_all([console], "linux"), min(runs, 3))[0])
+    return out
+
+
+def both_parsers(syzkaller: Path, runs: int) -> list[str]:
+    """The same figures for the pure-Python parser and its mypyc build, each measured in a
+    process of its own (TANDEM_REPORT_PURE), one after the other; their reports must be equal."""
+    got = []
+    for pure in ("1", "0"):
+        r = subprocess.run([sys.executable, __file__, "--figures", "--runs", str(runs), "--syzkaller", str(syzkaller)],
+                           capture_output=True, text=True, check=True, env={**os.environ, "TANDEM_REPORT_PURE": pure})
+        got.append(json.loads(r.stdout.splitlines()[-1]))
+    pure_figures, built = got
+    if built["parser"] == "pure Python":
+        return ["The mypyc build: none for these sources (`./tandem build` makes it): pure Python only."]
+    assert built["digest"] == pure_figures["digest"], "the compiled parser's reports differ from the pure Python one's"
+    names = ("the corpus (all)", "a 1 MB line", "10 MB of short lines")
+    lines = ["The parser as Python and as compiled by mypyc (report/compiled.py), each in a process "
+             "of its own, MB/s parse() / Scanner 4 KiB (CPU time, one core, best of "
+             f"{runs} runs); the two give the very same reports on the corpora (digest {built['digest']}).", "",
+             "| parser | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for f in got:
+        lines.append(f"| {f['parser']} | " + " | ".join(f"{f[n][0]:.1f} / {f[n][1]:.1f}" for n in names) + " |")
+    return lines
 
 
 # --- fuzzing ----------------------------------------------------------------------------
@@ -361,16 +411,22 @@ def main() -> int:
     ap.add_argument("--before", metavar="COMMIT", help="write the throughput as COMMIT's 'before' figures")
     ap.add_argument("--syzkaller", type=Path, default=SYZKALLER, help="syzkaller-reports directory")
     ap.add_argument("--out", type=Path, help="replace this benchmark's blocks in this markdown file")
+    ap.add_argument("--figures", action="store_true", help=argparse.SUPPRESS)   # both_parsers()' child
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    print(f"parser: {Path(report.__file__).parent}", file=sys.stderr)
+    if args.figures:
+        print(json.dumps(target_figures(args.syzkaller, args.runs)))
+        return 0
+    print(f"parser: {Path(report.__file__).parent} ({getattr(report, 'PARSER', 'pure Python')})", file=sys.stderr)
     only = args.only or ["throughput", "fuzz"]
     parts: dict[str, list[str]] = {}
     if "throughput" in only:
         command = (f"`mkdir /tmp/before && git archive {args.before} replay | tar -x -C /tmp/before && "
                    "PYTHONPATH=/tmp/before/replay python bench/report.py --only throughput "
                    f"--runs {args.runs} --before {args.before} --out docs/benchmarks.md`" if args.before else
-                   f"`./tandem bench report` (runs `bench/report.py --seconds {args.seconds:g} --runs {args.runs}`)")
+                   f"`./tandem bench report{' --only throughput' if only == ['throughput'] else ''}` (runs "
+                   f"`bench/report.py{' --only throughput' if only == ['throughput'] else f' --seconds {args.seconds:g}'} "
+                   f"--runs {args.runs}`)")
         body = [f"Command: {command}. CPU time of the benchmark process (`time.process_time`) on one "
                 f"core, best of {args.runs} runs; MB = 10^6 bytes. The machine (2 cores) is shared "
                 f"(load average {os.getloadavg()[0]:.1f} when this was measured); before and now are "
@@ -380,6 +436,8 @@ def main() -> int:
                 "parse().", "", *throughput_text(args.syzkaller, args.runs, args.before)]
         parts["before" if args.before else "throughput"] = body
     if "fuzz" in only and not args.before:
+        # atheris guides its mutations by the Python code each input runs: none in a compiled module
+        os.environ["TANDEM_REPORT_PURE"] = "1"
         parts["fuzz"] = part_fuzz(args.seconds)
     for part, body in parts.items():
         print("\n".join(body) + "\n")

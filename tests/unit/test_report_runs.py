@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tandem.report import scanner
 from tandem.report.scanner import MAX_LINE, MAX_REPORT_LINES, Scanner
 
 ROOT = Path(__file__).resolve().parents[1]
 OSES = ("linux", "freebsd", "openbsd", "netbsd", "userland")
 
 
-def _reports(console: bytes, os: str, chunk: int | None) -> list[tuple]:
+def _reports(console: bytes, os: str, chunk: int | None, runs: bool = True) -> list[tuple]:
     s = Scanner(os)
+    s._runs = runs
     if chunk is None:
         out = s.feed(console)
     else:
@@ -25,12 +25,8 @@ def _reports(console: bytes, os: str, chunk: int | None) -> list[tuple]:
     return [dataclasses.astuple(r) for r in out + s.flush()]
 
 
-def _both(console: bytes, os: str, chunk: int | None, monkeypatch) -> tuple[list, list]:
-    runs = _reports(console, os, chunk)
-    with monkeypatch.context() as m:
-        m.setattr(scanner.Scanner, "_bulk", lambda self, buf, i: i)    # a line at a time
-        lines = _reports(console, os, chunk)
-    return runs, lines
+def _both(console: bytes, os: str, chunk: int | None) -> tuple[list, list]:
+    return _reports(console, os, chunk), _reports(console, os, chunk, runs=False)   # runs, a line at a time
 
 
 KASAN = b"[   10.000000][ T100] BUG: KASAN: use-after-free in f+0x1/0x2\n[   10.000000][ T100] Call Trace:\n"
@@ -51,20 +47,20 @@ CONSOLES = {
 
 @pytest.mark.parametrize("name", CONSOLES)
 @pytest.mark.parametrize("chunk", [None, 4096, 7])
-def test_runs_equal_line_at_a_time(name, chunk, monkeypatch):
+def test_runs_equal_line_at_a_time(name, chunk):
     console = CONSOLES[name]
     if chunk == 7 and len(console) > 100_000:
         chunk = 997
-    runs, lines = _both(console, "linux", chunk, monkeypatch)
+    runs, lines = _both(console, "linux", chunk)
     assert runs == lines and runs
 
 
-def test_runs_equal_line_at_a_time_on_the_corpora(monkeypatch):
+def test_runs_equal_line_at_a_time_on_the_corpora():
     files = sorted(p for p in (ROOT / "report-corpus").rglob("*") if p.is_file())
     rnd = random.Random(19)
     for path in files:
         data = path.read_bytes()
         os = path.parent.name if path.parent.name in OSES else "linux"
         for chunk in (None, rnd.randint(1, 4096)):
-            runs, lines = _both(data, os, chunk, monkeypatch)
+            runs, lines = _both(data, os, chunk)
             assert runs == lines, (path.name, chunk)

@@ -11,10 +11,16 @@ guilty frame. docs/reports.md has the rules.
 """
 from __future__ import annotations
 
-from .dialects import dialect
-from .model import OSES, TYPES, USERLAND_TYPES, Report
-from .scanner import Scanner
-from .symbolize import symbolize
+from . import compiled
+
+# Which parser runs: the mypyc build of exactly these sources when ./tandem build made one, else
+# these .py modules (report/compiled.py).
+PARSER = compiled.install()
+
+from .dialects import dialect  # noqa: E402  (after install(): it decides where they come from)
+from .model import OSES, TYPES, USERLAND_TYPES, Report  # noqa: E402
+from .scanner import Scanner  # noqa: E402
+from .symbolize import symbolize  # noqa: E402
 
 
 def parse(text: str | bytes, os: str = "linux") -> list[Report]:
@@ -23,4 +29,4 @@ def parse(text: str | bytes, os: str = "linux") -> list[Report]:
     return scanner.feed(text) + scanner.flush()
 
 
-__all__ = ["OSES", "Report", "Scanner", "TYPES", "USERLAND_TYPES", "dialect", "parse", "symbolize"]
+__all__ = ["OSES", "PARSER", "Report", "Scanner", "TYPES", "USERLAND_TYPES", "dialect", "parse", "symbolize"]

@@ -17,6 +17,24 @@ _DIALECTS: dict[str, SimpleNamespace] = {}
 _COVER = ("BUG", "panic", "fault", "error:", "ERROR: ", "SYZFA", "VFS: ")
 
 
+# The characters most frequent in the lines of syzkaller's reports, most frequent first.
+_COMMON = " 0f18ex2436ac\nd579_[]trs.onil:bp/+umk=RCTygh-vS?PIw,)(A"
+
+
+def rare_tail(text: str) -> str:
+    """The end of `text` (3 characters at least) that starts with its least frequent
+    character: `re` tries an alternation's branches at each character that starts one, so
+    "ult" in place of "fault" (a line holding one holds the other) makes the Scanner's
+    search of report lines about 1.4x as fast (_bulk's: 20.5 -> 14.2 ms on the corpus);
+    a line it stops at that holds the tail only goes through _line(), which finds nothing
+    there."""
+    if len(text) <= 3:
+        return text
+    rank = {c: i for i, c in enumerate(_COMMON)}
+    at = max(range(len(text) - 2), key=lambda k: (rank.get(text[k], len(_COMMON)), -k))
+    return text[at:]
+
+
 def _fewer(tokens) -> list[str]:
     """Texts one of which every line holding one of `tokens` holds: the covers a token
     holds, and the tokens that hold no cover."""
@@ -42,7 +60,8 @@ def _dialect(os: str) -> SimpleNamespace:
     # Every start pattern holds one of its table's TOKENS: one search of them all says
     # that a line starts no report (most lines), before each table's patterns in turn;
     # the Scanner searches raw console text for them (may_start) to pass over such lines.
-    tokens = "|".join(re.escape(t) for t in _fewer(t for table in tables[os] for t in table.TOKENS))
+    texts = _fewer(t for table in tables[os] for t in table.TOKENS)
+    tokens = "|".join(re.escape(t) for t in texts)
     any_token = re.compile(tokens)
 
     def start(text: str):
@@ -54,5 +73,6 @@ def _dialect(os: str) -> SimpleNamespace:
                 return kind
         return None
     # In raw console text a token may also be split by a "\r" that make_line() drops.
-    return SimpleNamespace(start=start, may_start=re.compile(tokens + r"|\r[^\r\n]"),
+    # (rare_tail() here measured no faster over noise: 10 MB of short lines 115-121 -> 110 MB/s)
+    return SimpleNamespace(start=start, may_start=re.compile(tokens + r"|\r[^\r\n]"), texts=tuple(texts),
                            longest=max(2, *(len(t) for table in tables[os] for t in table.TOKENS)))

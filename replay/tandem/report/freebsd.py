@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from .frames import bsd_frame, sanitize_title, useful
-from .kind import Description, Kind
+from .kind import Description, Kind, matched
 
 # Frames of the debugger, panic, trap and sanitizer machinery, above the code that failed.
 _MACHINERY = re.compile(r"^(?:db_trace_self|db_trace_thread|kdb_|vpanic$|panic$|kassert_panic$|trap$|"
@@ -47,7 +47,7 @@ def fatal_trap(lines: list[str]) -> Description:
     """syzkaller's two title forms, by backtrace style: ddb ("f() at f+0x.../frame"):
     "Fatal trap N: page fault in F", F the frame under the "--- trap" marker; short KDB
     ("#N 0x... at f+0x..."): "Fatal trap N: page fault while in kernel mode in F"."""
-    m = _TRAP.search(lines[0])
+    m = matched(_TRAP.search(lines[0]))
     number, rest = m.group(1), lines[0][m.end():]
     mode_at = _MODE.search(rest)
     what, mode = (rest[:mode_at.start()], mode_at.group(0)) if mode_at else (rest, "")
@@ -58,9 +58,9 @@ def fatal_trap(lines: list[str]) -> Description:
             return _trap_title(number, what, frames)
     start = next((i for i, t in enumerate(lines) if _KDB.search(t)), 0)
     short = [f for t in lines[start:] if _SHORT_FRAME.match(t) and (f := bsd_frame(t))]
-    rest = [f for f in short if f not in _KDB_TRAP_SKIP]
-    if rest:
-        return _trap_title(number, what + mode, rest)
+    past_kdb = [f for f in short if f not in _KDB_TRAP_SKIP]
+    if past_kdb:
+        return _trap_title(number, what + mode, past_kdb)
     frames = _guilty(_frames(lines))
     if frames:
         return _trap_title(number, what, frames)
@@ -103,7 +103,7 @@ def _after(frames: list[str], helper: re.Pattern) -> list[str]:
 def panic(lines: list[str]) -> Description:
     """syzkaller's rules by message (ASan, sx, its fixed titles), else "panic: MESSAGE" with
     source paths cut to the tree; the guilty frame past the panic machinery and lock primitives."""
-    msg = _PANIC.search(lines[0]).group(1).strip()
+    msg = matched(_PANIC.search(lines[0])).group(1).strip()
     frames = _frames(lines)
     asan = _ASAN.search(msg)
     if asan or msg.startswith("ASan:"):
@@ -138,7 +138,7 @@ _TRACE_LINE = re.compile(r"^\s*(?:(?:KDB: )?stack backtrace:|#\d+ 0x|[\w.]+\(\) 
 def kassert_warning(lines: list[str]) -> Description:
     """A KASSERT on a kernel with debug.kassert.warn_only=1: "KASSERT failed: MSG" and a
     backtrace, and the kernel runs on. Titled like the panic it would have been, by message."""
-    msg = _KASSERT_WARNING.match(lines[0]).group(1).strip()
+    msg = matched(_KASSERT_WARNING.match(lines[0])).group(1).strip()
     msg = _SOURCE_AT.sub(lambda m: f" at {_source(m.group(1))}:LINE", msg)
     return Description("KASSERT", sanitize_title(f"KASSERT failed: {msg}"), _guilty(_frames(lines)), None)
 
@@ -229,7 +229,7 @@ _SLEEPS = re.compile(r"^(?:_sleep$|msleep|sbwait$|_?sleepq_|_cv_|cv_|pause|tslee
 def locks_held(lines: list[str]) -> Description:
     """witness_warn(): a lock held where the code may sleep, return to user space or exit,
     titled by its message and the function that called the sleep or allocation."""
-    m = _HELD.match(lines[0])
+    m = matched(_HELD.match(lines[0]))
     what = f"{m.group(1)} with {m.group(2) or ''}locks held"
     frames = [f for f in _guilty(_frames(lines)) if not _SLEEPS.search(f)]
     if not frames:

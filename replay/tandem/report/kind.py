@@ -6,6 +6,18 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 
+# An empty match with nine empty groups: what matched() gives for no match.
+_NOTHING = next(re.finditer("()" * 9, ""))
+
+
+def matched(m: re.Match[str] | None) -> re.Match[str]:
+    """`m`, a match a describer knows is there (its kind's header in the report's first line:
+    the Scanner starts a report only on a line its start pattern matches; a line an earlier
+    search of the same pattern found); an empty match, its groups "", if it is not, so that
+    a describer called on other text still returns instead of raising."""
+    return m if m is not None else _NOTHING
+
+
 class Description(NamedTuple):
     type: str
     title: str
@@ -17,7 +29,7 @@ class Description(NamedTuple):
 class Kind:
     name: str
     start: re.Pattern                       # searched in a prefix-stripped line
-    describe: Callable[[list[str]], Description]
+    describe: Callable[..., Description]    # (lines) or, with_context, (lines, ctx)
     end: re.Pattern | None = None           # the report's own last line (e.g. "=====")
     task_end: bool = False                  # ends with the "</TASK>" closing its last stack
     tail: bool = False                      # may be the aftermath of the report before it

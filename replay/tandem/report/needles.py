@@ -7,9 +7,12 @@ cannot match it, so a pattern is tried only on the lines a needle is found in.
 """
 from __future__ import annotations
 
+import importlib
 import re
-import re._constants as _sre
-import re._parser as _sre_parse
+
+# CPython's own regex parser: typeshed has no stubs for these private modules (typed Any).
+_sre = importlib.import_module("re._constants")
+_sre_parse = importlib.import_module("re._parser")
 
 _CACHE: dict[tuple[str, int], tuple[str, ...] | None] = {}
 
@@ -39,8 +42,9 @@ def _sequence(items: list) -> tuple[str, ...] | None:
                 continue
         elif op is _sre.BRANCH and not best and not run:
             alts = [_sequence(list(alt)) for alt in av[1]]
-            if None not in alts:
-                return tuple(n for alt in alts for n in alt)
+            found = [alt for alt in alts if alt is not None]
+            if len(found) == len(alts):
+                return tuple(n for alt in found for n in alt)
         best, run = max(best, run, key=len), ""
     best = max(best, run, key=len)
     return (best,) if best else None

@@ -99,9 +99,9 @@ def panic(lines: list[str]) -> Description:
         return Description("PANIC", sanitize_title(head), _frames(lines), "no traceback")
     for message, helper, title, type_ in _SANITIZERS:
         if message in head:
-            func = _below_last(lines, helper)
-            if func:
-                return Description(type_, sanitize_title(title.format(func)), [func], None)
+            below = _below_last(lines, helper)
+            if below:
+                return Description(type_, sanitize_title(title.format(below)), [below], None)
             return Description(type_, sanitize_title(head), _frames(lines), "no frame under the sanitizer's")
     return Description("PANIC", sanitize_title(head), _frames(lines), None)
 

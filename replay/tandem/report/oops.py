@@ -202,7 +202,7 @@ def _report_match(f: Format, lines: list[str], pos: tuple[int, int]) -> tuple[li
     if not f.report:
         i, col = pos
         m = f.title.search(lines[i][:col + TITLE_WIDTH], col)
-        return [g or "" for g in m.groups()], pos
+        return ([g or "" for g in m.groups()], pos) if m else None   # found there by _title_pos
     first, *rest = f.report
     groups: list[str] = []
     start = None

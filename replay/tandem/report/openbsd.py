@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from .frames import sanitize_title
-from .kind import Description, Kind
+from .kind import Description, Kind, matched
 
 # A ddb frame: "name(args) at name+0x12" (possibly followed by a source location).
 # One that "names nothing" ("fffffd80...(..) at 0xfffffd80...") is not a frame.
@@ -76,7 +76,7 @@ def uvm_fault(lines: list[str]) -> Description:
         return Description("FATAL_TRAP", "uvm_fault", [], None)
     stopped = next((i for i in range(1, len(lines)) if _stopped(lines[i])), None)
     if stopped is not None and _later(lines, _END_TRACE, stopped):
-        name = _stopped(lines[stopped]).group(1)
+        name = matched(_stopped(lines[stopped])).group(1)
         return Description("FATAL_TRAP", sanitize_title(f"uvm_fault: {name}"), [name], None)
     return Description("FATAL_TRAP", "uvm_fault", [], "no frame or ddb stop to name the fault by")
 
@@ -180,7 +180,7 @@ def _show_panic(lines: list[str], start: int) -> str | None:
     cpu = next((i for i in range(start + 1, len(lines)) if _CPU_PANIC.match(lines[i])), None)
     if cpu is None or not _later(lines, _TRACE_CMD, cpu):
         return None
-    return _CPU_PANIC.match(lines[cpu]).group(1)
+    return matched(_CPU_PANIC.match(lines[cpu])).group(1)
 
 
 def panic(lines: list[str]) -> Description:
@@ -233,7 +233,7 @@ def lor(lines: list[str]) -> Description:
         return Description("WITNESS_LOR", "witness: reversal: lock order data missing", [], None)
     i = next((i for i in range(1, len(lines)) if lines[i].strip()), None)
     first = _LOR_LOCK.match(lines[i]) if i is not None else None
-    second = _LOR_LOCK.match(lines[i + 1]) if first and i + 1 < len(lines) else None
+    second = _LOR_LOCK.match(lines[i + 1]) if i is not None and first and i + 1 < len(lines) else None
     if first and second and first.group(1) == "1st" and second.group(1) == "2nd":
         return Description("WITNESS_LOR", sanitize_title(f"witness: reversal: {first.group(2)} {second.group(2)}"),
                            [], None)

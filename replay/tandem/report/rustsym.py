@@ -24,7 +24,8 @@ class _Bad(Exception):
 
 class _Parser:
     def __init__(self, text: str):
-        self.s, self.i, self.depth, self.out, self.quiet = text, 0, 0, [], 0
+        self.s, self.i, self.depth, self.quiet = text, 0, 0, 0
+        self.out: list[str] = []
         self.size = 0
         self.steps = 0
 

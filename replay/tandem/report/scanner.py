@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from itertools import compress
 
 from .console import Line, decode, make_line, readable
-from .dialects import dialect
+from .dialects import dialect, rare_tail
 from .kind import Kind
 from .model import USERLAND_TYPES, Report
 from .needles import needles as _needles
@@ -53,12 +53,12 @@ class _Open:
     start: int                  # offset of its first line
     end: int                    # offset just past its last line
     ctx: str
-    absorbed: set = field(default_factory=set)
+    absorbed: set[str] = field(default_factory=set)
     in_trace: bool = False
     nmi: bool = False           # "Sending NMI from CPU" seen: other CPUs' lines are ours too
     cut: str | None = None      # why its text ended, once it has
     more: list[str] = field(default_factory=list)  # lines after its text, for its title only
-    report: object = None       # the Report, once described
+    report: Report | None = None    # once described
     ended: bool = False         # past its end marker, its title reads on to the next report
     waited: int = 0             # console lines seen since it began to read on (WAIT_LINES)
 
@@ -87,6 +87,11 @@ class Scanner:
         # before it are described. _readers: those whose titles still read lines.
         self._queue: deque[_Open] = deque()
         self._readers: list[_Open] = []
+        # The two speed-ups, each a pass over many lines where _line() takes one at a time;
+        # tests set them False to check them against line-at-a-time (the class is compiled
+        # by mypyc: its methods cannot be patched or overridden from Python).
+        self._skip_lines = True     # _skip(): lines that start no report, no report open
+        self._runs = True           # _bulk(): an open report's lines that only it keeps
 
     @property
     def pending_start(self) -> int:
@@ -95,17 +100,17 @@ class Scanner:
         starts += [self._open.start] if self._open else []
         return min(starts, default=self._pos)
 
-    def feed(self, data: bytes | str) -> list:
+    def feed(self, data: bytes | str) -> list[Report]:
         """Reports completed by `data`. Lines are cut in one pass over the buffer (a slice of
         the rest per line made an 8 MB console cost 23 s of CPU, 4x for 2x the input)."""
         buf = self._buf + decode(data)
         i = 0
         while True:
             if self._open is None:
-                if not self._readers:
+                if not self._readers and self._skip_lines:
                     i = self._skip(buf, i)     # lines no report reads and none starts
-            elif not self._readers:
-                i = self._bulk(buf, i)         # lines a report only keeps or leaves out
+            elif not self._readers and self._runs:
+                i = self._bulk(self._open, buf, i)     # lines a report only keeps or leaves out
             nl = buf.find("\n", i, i + MAX_LINE)
             if nl < 0:
                 if len(buf) - i < MAX_LINE:
@@ -156,18 +161,18 @@ class Scanner:
                 needles += ("Call Trace:", "<TASK>", "</TASK>") if kind.task_end else ()
                 needles += ("Sending NMI from CPU",) if kind.strict_context else ()
                 needles += ("login: ", "**")   # " login: ", "** ": a space first costs 1.6x
-                cache[id(kind)] = re.compile("|".join([self._dialect.may_start.pattern, *map(re.escape, needles)]))
+                texts = (*self._dialect.texts, *needles)
+                cache[id(kind)] = re.compile("|".join([*(re.escape(rare_tail(t)) for t in texts), r"\r[^\r\n]"]))
         return cache[id(kind)]
 
-    def _bulk(self, buf: str, i: int) -> int:
+    def _bulk(self, cur: _Open, buf: str, i: int) -> int:
         """Inside an open report (none reading on), take the lines from `i` (a line start)
         up to the next that holds what _quiet() names, as _line() would have: each is
         starts no report and ends none, so it is only kept or left out by its printk
         context. One search and one pass of _ROW over the run, where a line at a time
         (cut, stripped, every header token searched, kept, end checked) cost 2 us a line:
         83% of the lines of syzkaller's consoles are inside reports. Returns where the
-        lines _line() must see (or a partial last line) start."""
-        cur = self._open
+        lines _line() must see (or a partial last line) start; `cur` is the open report."""
         if len(cur.texts) < 2:
             return i       # the header's reprint (REPLAYED) may follow it
         quiet = self._quiet(cur.kind)
@@ -206,7 +211,7 @@ class Scanner:
             cur.end = self._pos + len(run)
         elif any(keep):
             last = len(keep) - 1 - keep[::-1].index(True)
-            cur.texts += compress(texts, keep)
+            cur.texts.extend(compress(texts, keep))
             # the lines after the last kept one: a prefix, a text ("\r"s in it) and a newline each
             cur.end = self._pos + len(run) - sum(len(p) + len(t) + 1 for p, _, t in rows[last + 1:])
         self._pos += len(run)
@@ -240,7 +245,7 @@ class Scanner:
             n += 1
         return n
 
-    def flush(self) -> list:
+    def flush(self) -> list[Report]:
         if self._buf:
             raw, self._buf, self._clean = self._buf, "", 0
             self._line(make_line(raw, self._pos, self._pos + len(raw)))
@@ -251,11 +256,12 @@ class Scanner:
             self._describe(self._readers[0])
         return self._ready()
 
-    def _ready(self) -> list:
+    def _ready(self) -> list[Report]:
         """The reports done that no report before them still waits for."""
-        out = []
+        out: list[Report] = []
         while self._queue and self._queue[0].report is not None:
-            out.append(self._queue.popleft().report)
+            out.append(self._queue[0].report)
+            self._queue.popleft()
         return out
 
     def _read_titles(self, line: Line, kind: Kind | None) -> None:
@@ -362,6 +368,8 @@ class Scanner:
         (`at_end`) when its title lacks what comes after, or (`aside`) once its task's
         lines end while another task's report is read."""
         cur, self._open = self._open, None
+        if cur is None:
+            return
         self._since_end = 0
         cur.cut = corrupted
         self._queue.append(cur)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 from .frames import sanitize_title, user_frame, useful
-from .kind import Description, Kind
+from .kind import Description, Kind, matched
 
 # Runtime and libc frames: the allocator, interceptors and process start-up.
 _SKIP = re.compile(r"^(?:malloc|calloc|realloc|free|operator new|operator delete|strdup|strndup|"
@@ -40,7 +40,7 @@ _ACCESS = re.compile(r"^(READ|WRITE) of size|caused by a (READ|WRITE) memory acc
 
 
 def asan(lines: list[str]) -> Description:
-    bug = _ASAN.search(lines[0]).group(1)
+    bug = matched(_ASAN.search(lines[0])).group(1)
     access = next((m for t in lines if (m := _ACCESS.search(t))), None)
     rw = (access.group(1) or access.group(2)).capitalize() if access else ""
     return _named("ASAN", f"ASAN: {bug} {rw}".strip(), _stack(lines))
@@ -68,7 +68,7 @@ _UB_KINDS = [  # message -> kind, in the words of the kernel's UBSAN titles
 
 
 def ubsan(lines: list[str]) -> Description:
-    m = _UBSAN.search(lines[0])
+    m = matched(_UBSAN.search(lines[0]))
     kind = next((k for pattern, k in _UB_KINDS if re.search(pattern, m.group(2))), "undefined-behaviour")
     return _named("UBSAN_USER", f"UBSAN: {kind}", _stack(lines), where=m.group(1))
 

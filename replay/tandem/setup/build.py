@@ -1,5 +1,6 @@
 """Build what tandem runs (QEMU, the guest kernels and modules, the guest image, the
-TCG plugin) through meson, under the setup lock, showing progress.
+TCG plugin) through meson, and the console parser through mypyc (report/compiled.py),
+under the setup lock, showing progress.
 
     python -m tandem.setup.build [TARGET | GROUP ...]     (default: GROUP all)
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from ..artifacts import REPO, build_dir, cache_dir
 from ..catalog import FLAVORS
 from ..errors import TandemError
+from ..report import compiled as compiled_parser
 from .lock import SetupLock
 
 log = logging.getLogger(__name__)
@@ -126,6 +128,9 @@ def build(targets: list[str], command: str = "tandem") -> None:
     """Build these targets (groups expanded) under the setup lock; raise on failure."""
     targets = expand(targets)
     with SetupLock(f"building {', '.join(targets)}", command):
+        # The console parser compiled by mypyc (report/compiled.py), whatever the targets:
+        # every run that watches a console uses it. A no-op when built for these sources.
+        compiled_parser.build()
         _meson_setup()
         logfile = cache_dir() / "logs" / "build.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
