@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,24 +59,11 @@ class ShadowDomain:
 
     def qmp(self, timeout: float = 10.0):
         """A connected QMP client on tandem's own monitor socket of the shadow's QEMU."""
-        import asyncio
-
-        from qemu.qmp import ConnectError
-        from qemu.qmp.legacy import QEMUMonitorProtocol
-        try:    # qemu.qmp's sync wrapper needs an asyncio loop in this thread
-            asyncio.get_event_loop()
-        except RuntimeError:
-            asyncio.set_event_loop(asyncio.new_event_loop())
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                q = QEMUMonitorProtocol(str(self.qmp_socket))
-                q.connect()
-                return q
-            except (OSError, ConnectError) as e:
-                if time.monotonic() > deadline:
-                    raise TandemError(f"{self.name}: no QMP on {self.qmp_socket}: {e}") from None
-                time.sleep(0.1)
+        from ..qemu.vm import QMPUnavailable, qmp_connect
+        try:
+            return qmp_connect(self.qmp_socket, timeout, poll_s=0.1)
+        except QMPUnavailable as e:
+            raise TandemError(f"{self.name}: {e}") from None
 
     def to_json(self) -> dict:
         return {"name": self.name, "native": self.native, "analysis": self.analysis,

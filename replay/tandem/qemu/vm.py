@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from qemu.qmp import ConnectError, QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
@@ -123,6 +124,36 @@ class Serial:
             pass
 
 
+class QMPUnavailable(TandemError):
+    """QEMU's QMP socket did not answer in time, or QEMU went away while tandem waited."""
+
+
+def qmp_connect(path: Path, timeout: float, *, alive: Callable[[], bool] = lambda: True,
+                poll_s: float = 0.02) -> QEMUMonitorProtocol:
+    """A QMP client connected to the socket at `path`, tried until QEMU answers: QEMU makes
+    the socket some time after it starts (tens of ms; seconds for a domain libvirt
+    starts). QMPUnavailable after `timeout` seconds, or as soon as `alive()` says the QEMU
+    is gone."""
+    try:   # qemu.qmp's sync wrapper needs an asyncio loop in this thread
+        asyncio.get_event_loop()
+    except RuntimeError:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+    deadline = time.monotonic() + timeout
+    while True:
+        if not alive():
+            raise QMPUnavailable(f"{path}: QEMU exited before its QMP answered")
+        if path.exists():
+            client = QEMUMonitorProtocol(str(path))
+            try:
+                client.connect()
+                return client
+            except (OSError, ConnectError) as e:
+                log.debug("QMP %s: not yet (%s: %s)", path, type(e).__name__, e)
+        if time.monotonic() > deadline:
+            raise QMPUnavailable(f"{path}: no QMP answer within {timeout:g}s")
+        time.sleep(poll_s)
+
+
 class VM:
     """A running QEMU: process, QMP connection, optional serial console.
 
@@ -151,10 +182,6 @@ class VM:
         self.shutdown_reason: str | None = None   # from QEMU's SHUTDOWN event
 
     def start(self, timeout: float = 30.0) -> "VM":
-        try:   # qemu.qmp's sync wrapper needs an asyncio loop in this thread
-            asyncio.get_event_loop()
-        except RuntimeError:
-            asyncio.set_event_loop(asyncio.new_event_loop())
         for stale in ("qmp.sock", "serial.sock"):
             (self.run.rundir / stale).unlink(missing_ok=True)
         self._log = open(self.log_path, "wb", opener=private.opener)
@@ -181,22 +208,13 @@ class VM:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
                                          umask=private.CHILD_UMASK, pass_fds=self.run.host.pass_fds)
-        deadline = time.monotonic() + timeout
-        qmp_path = self.run.rundir / "qmp.sock"
-        while True:
+        try:
+            self.qmp = qmp_connect(self.run.rundir / "qmp.sock", timeout, alive=lambda: self.proc.poll() is None)
+        except QMPUnavailable as e:
             if self.proc.poll() is not None:
-                raise TandemError(f"QEMU exited at start (status {self.proc.returncode}): {self.log_tail()}")
-            if qmp_path.exists():
-                try:
-                    self.qmp = QEMUMonitorProtocol(str(qmp_path))
-                    self.qmp.connect()
-                    break
-                except (OSError, ConnectError):
-                    self.qmp = None
-            if time.monotonic() > deadline:
-                self.kill()
-                raise TandemError(f"QEMU did not open QMP within {timeout:.0f}s: {self.log_tail()}")
-            time.sleep(0.02)
+                raise TandemError(f"QEMU exited at start (status {self.proc.returncode}): {self.log_tail()}") from None
+            self.kill()
+            raise TandemError(f"QEMU did not open QMP within {timeout:.0f}s: {self.log_tail()}") from e
         if self.run.mode not in ("replay", "analysis"):
             self.serial = Serial(self.run.rundir / "serial.sock")
         return self
