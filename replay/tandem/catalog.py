@@ -54,6 +54,10 @@ class Analysis:
     summary: str                # one line, for --help and the docs
     userland: Userland = Userland("native")
     equivalence: dict = field(default_factory=dict, hash=False)   # built-in spec rules (docs/equivalence.md)
+    # In `tandem demo`'s replay. The demo shows each kind of analysis once on a cold
+    # machine in under 25 minutes (docs/benchmarks.md, cold setup); another kernel to
+    # build is some 4-8 more minutes of it.
+    demo: bool = True
 
     @property
     def flavor(self) -> str:
@@ -80,7 +84,8 @@ ALL = (
     Analysis("kasan", KERNELS["kasan"], "KASAN: out-of-bounds and use-after-free in the kernel"),
     Analysis("ubsan", KERNELS["ubsan"], "UBSAN: undefined behaviour in the kernel"),
     Analysis("lockdep", KERNELS["lockdep"], "lockdep: lock-order and lock-usage bugs in the kernel"),
-    Analysis("kcsan", KERNELS["kcsan"], "KCSAN: data races in the kernel (task against interrupt, one CPU)"),
+    Analysis("kcsan", KERNELS["kcsan"], "KCSAN: data races in the kernel (task against interrupt, one CPU)",
+             demo=False),
     Analysis("asan-userland", KERNELS["native"], "ASan-built guest services: memory errors in userland",
              userland=USERLANDS["asan"], equivalence={"serial": {"ignore": list(SANITIZER_LINES)}}),
 )
@@ -119,3 +124,14 @@ def names() -> str:
 def help_lines() -> str:
     """name: summary, one per analysis, for --help."""
     return "; ".join(f"{a.name} ({a.summary})" for a in ALL)
+
+
+def demo_analyses() -> list[str]:
+    """The analyses `tandem demo` replays into (the native kernel is its noise run)."""
+    return [a.name for a in ALL if a.demo and a.name != "native"]
+
+
+def demo_build_targets() -> list[str]:
+    """The build targets the demo's analyses need beyond recording (their kernels)."""
+    flavors = dict.fromkeys(get(name).flavor for name in demo_analyses())
+    return [t for f in flavors if f != "native" for t in (f"kernel-{f}", f"modules-{f}")]

@@ -21,7 +21,7 @@ from ..record.workload import PLANTED_BUGS, bad_requests, demo_traffic
 from .inspect_bundle import inspect, render
 
 # Every analysis of the catalogue but the null one (the demo adds it itself, for noise).
-DEMO_ANALYSES = [a.name for a in catalog.ALL if a.name != "native"]
+DEMO_ANALYSES = catalog.demo_analyses()
 
 
 def _progress(console, status, every_s: float = 30.0):
@@ -53,7 +53,7 @@ def run_demo(console, workdir: Path | None = None) -> int:
     build.build(["record"], command="tandem demo")   # QEMU, the native kernel, the guest
     # The analyses' kernels build while the native is recorded and replayed (measured
     # cold: docs/benchmarks.md, "cold setup"); a no-op when they are cached.
-    analyses_build = build.Background(["analyses"])
+    analyses_build = build.Background(catalog.demo_build_targets())
     try:
         console.rule("[bold]1. record")
         with Recording(path) as rec:
