@@ -12,7 +12,8 @@ from helpers import assert_one_line_error, run_cli
 from tandem.formats import bundle, netpkt, pcapng
 from tandem.errors import TandemError
 from tandem.semantic.inputs import Flow, Input, RecordedInputs, from_events
-from tandem.plan import Request, _share_time, equation2, measure, plan
+from tandem.plan import Request, equation2, measure, plan
+from tandem.plan.workload import _share_time
 
 
 def pow2(n: float) -> int:
