@@ -171,6 +171,14 @@ SCENARIOS = {
         .tcp("in", 40, ACK | FIN, rel=1).add("serial", "out", 30 + CLOSED_GRACE_NS + 1, b".")
         .tcp("in", 30 + CLOSED_GRACE_NS + 2, ACK | FIN, rel=1),
         [("tcp-open", 10, b"", 0, 0, {}, None), ("tcp-fin", 20, b"", 0, 0, {}, None)], [PRE_RECORDING]),
+    # The guest's last bytes on a flow that then closes are still needed by the next
+    # input, however long after the flow was retired it comes (it raised KeyError).
+    "output of a flow retired before the next input": (
+        Log().open(10).tcp("in", 20, ACK | PSH | FIN, b"QUIT\n").tcp("out", 30, ACK | PSH, b"BYE\n")
+        .tcp("out", 31, ACK | FIN).console(40 + CLOSED_GRACE_NS, b"$ ")
+        .add("serial", "in", 50 + CLOSED_GRACE_NS, b"ls\n"),
+        [("tcp-open", 10, b"", 0, 0, {}, None), ("tcp-data", 20, b"QUIT\n", 0, 0, {}, None),
+         ("tcp-fin", 20, b"", 0, 5, {}, None), ("serial", 50 + CLOSED_GRACE_NS, b"ls\n", None, 0, {0: 4}, None)], []),
 }
 
 

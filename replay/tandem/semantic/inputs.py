@@ -194,14 +194,13 @@ class InputExtractor:
         self.by_tuple: dict[tuple, Flow] = {}   # (client ip, port, guest ip, port) -> open flow
         self.client_next: dict[int, int] = {}   # flow -> next expected client seq
         self.guest_next: dict[int, int] = {}    # flow -> next expected guest seq
-        # flow -> guest bytes so far, for flows that have output any, in flow order: what
-        # the next input depends on.
-        self.guest_out: dict[int, int] = {}
-        # Flows whose output grew since the last input. An input needs only those: inputs
-        # are delivered in order and guest output only grows, so what earlier inputs needed
+        # flow -> its guest bytes so far, for the flows whose output grew since the last
+        # input: what the next input depends on. An input needs only those: inputs are
+        # delivered in order and guest output only grows, so what earlier inputs needed
         # still holds (a full copy per input grew with inputs x flows: 15 KB per request
-        # after a few hundred connections of a live run).
-        self.changed: set[int] = set()
+        # after a few hundred connections of a live run). Kept apart from the flows' parse
+        # state, which a closed flow loses before the next input may come.
+        self.changed: dict[int, int] = {}
         # Closed flows, (VM ns, 4-tuple, index): their parse state is forgotten CLOSED_GRACE_NS
         # later, when the last ACKs and retransmissions are over (a long run has many).
         self.closing: list[tuple[int, tuple, int]] = []
@@ -244,7 +243,7 @@ class InputExtractor:
         return rec
 
     def _deps(self, inp: Input) -> Input:
-        inp.needs_bytes = {f: self.guest_out[f] for f in sorted(self.changed)}
+        inp.needs_bytes = dict(sorted(self.changed.items()))
         self.changed.clear()
         # Serial lines gate serial input and new connections (a client that waited
         # for the guest to say it is ready), not data on open connections: kernel
@@ -275,7 +274,7 @@ class InputExtractor:
             _, key, i = closing.pop(0)
             if (fl := by_tuple.get(key)) is not None and fl.index == i:
                 del by_tuple[key]
-            for d in (self.client_next, self.guest_next, self.guest_out, self.fins):
+            for d in (self.client_next, self.guest_next, self.fins):
                 d.pop(i, None)
 
     def _guest_segment(self, seg, vm_ns: int) -> None:
@@ -294,20 +293,10 @@ class InputExtractor:
             # New guest bytes only: a retransmission is not output twice.
             new = _new_bytes(self.guest_next[i], seq, payload)
             if new:
-                self._guest_output(fl, vm_ns, new)
-
-    def _guest_output(self, fl: Flow, vm_ns: int, new: bytes) -> None:
-        i, guest_out = fl.index, self.guest_out
-        fl.guest_bytes += len(new)
-        fl.guest_data.append((vm_ns, new))
-        self.guest_next[i] = (self.guest_next[i] + len(new)) & 0xFFFFFFFF
-        known = i in guest_out or not guest_out or i > next(reversed(guest_out))
-        guest_out[i] = fl.guest_bytes
-        self.changed.add(i)
-        if not known:       # a flow's first output, after a later flow's
-            ordered = sorted(guest_out.items())
-            guest_out.clear()
-            guest_out.update(ordered)
+                fl.guest_bytes += len(new)
+                fl.guest_data.append((vm_ns, new))
+                self.guest_next[i] = (self.guest_next[i] + len(new)) & 0xFFFFFFFF
+                self.changed[i] = fl.guest_bytes
 
     def _client_segment(self, seg, e) -> None:
         ip_src, sport, ip_dst, dport, seq, flags, payload = seg
