@@ -217,9 +217,9 @@ class InputExtractor:
             _, _, _, kind, direction, vm_ns, _, data, _ = e
             if kind == "net":
                 seg = tcp4(data)        # the common case, without building a Frame
-                # A frame that is not a TCP segment, and the guest's own segments, skip the
-                # bookkeeping below until the next event: known_ns may lag (clock marks
-                # raise it too), never lead, what is in rec.inputs.
+                # A frame that is not a TCP segment, and the guest's own segments, leave the
+                # bookkeeping below (limits, known_ns, retiring closed flows) to the next
+                # event: known_ns may lag (clock marks raise it too), never lead, rec.inputs.
                 if seg is None and (seg := self._parsed_segment(e)) is None:
                     continue
                 if direction != "in":
