@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,12 +176,16 @@ def load(bundle_dir: str | Path) -> RecordedInputs:
     return rec
 
 
-def from_events(events, end_ns: int | None = None) -> RecordedInputs:
+def from_events(events: Iterable[pcapng.Event], end_ns: int | None = None) -> RecordedInputs:
     """The inputs of a whole device log's events."""
     return InputExtractor(RecordedInputs([], [], end_ns, [])).feed(events)
 
 
 PRE_RECORDING = "TCP segments of connections opened before the recording"
+# What netpkt.tcp4 gives: (ip src, sport, ip dst, dport, seq, flags, payload); and a
+# connection's (client ip, port, guest ip, port).
+Segment = tuple[bytes, int, bytes, int, int, int, bytes]
+FlowKey = tuple[bytes, int, bytes, int]
 
 
 class InputExtractor:
@@ -191,7 +196,7 @@ class InputExtractor:
 
     def __init__(self, rec: RecordedInputs):
         self.rec = rec
-        self.by_tuple: dict[tuple, Flow] = {}   # (client ip, port, guest ip, port) -> open flow
+        self.by_tuple: dict[FlowKey, Flow] = {}     # the open flows
         self.client_next: dict[int, int] = {}   # flow -> next expected client seq
         self.guest_next: dict[int, int] = {}    # flow -> next expected guest seq
         # flow -> its guest bytes so far, for the flows whose output grew since the last
@@ -203,13 +208,13 @@ class InputExtractor:
         self.changed: dict[int, int] = {}
         # Closed flows, (VM ns, 4-tuple, index): their parse state is forgotten CLOSED_GRACE_NS
         # later, when the last ACKs and retransmissions are over (a long run has many).
-        self.closing: list[tuple[int, tuple, int]] = []
+        self.closing: list[tuple[int, FlowKey, int]] = []
         self.fins: dict[int, int] = {}          # flow -> FIN_CLIENT | FIN_GUEST seen
         self.serial = SerialLines()             # the native's console, for line dependencies
         self.serial_in = 0                      # serial input bytes so far
         self.limits: dict[str, None] = dict.fromkeys(rec.limits)
 
-    def feed(self, events) -> RecordedInputs:
+    def feed(self, events: Iterable[pcapng.Event]) -> RecordedInputs:
         """Extract the inputs of these events (the ones after the last call's)."""
         rec, limits, closing, by_tuple, tcp4 = self.rec, self.limits, self.closing, self.by_tuple, netpkt.tcp4
         guest_segment, client_segment = self._guest_segment, self._client_segment     # bound once: the hot path
@@ -252,7 +257,7 @@ class InputExtractor:
         inp.needs_line = self.serial.last if inp.kind in ("serial", "tcp-open") else None
         return inp
 
-    def _serial(self, e) -> None:
+    def _serial(self, e: pcapng.Event) -> None:
         if e.direction == "out":
             self.serial.feed(e.data)
             self.rec.serial_out.append((e.vm_ns, e.data))
@@ -277,7 +282,7 @@ class InputExtractor:
             for d in (self.client_next, self.guest_next, self.fins):
                 d.pop(i, None)
 
-    def _guest_segment(self, seg, vm_ns: int) -> None:
+    def _guest_segment(self, seg: Segment, vm_ns: int) -> None:
         ip_src, sport, ip_dst, dport, seq, flags, payload = seg
         fl = self.by_tuple.get((ip_dst, dport, ip_src, sport))
         if fl is None:
@@ -298,7 +303,7 @@ class InputExtractor:
                 self.guest_next[i] = (self.guest_next[i] + len(new)) & 0xFFFFFFFF
                 self.changed[i] = fl.guest_bytes
 
-    def _client_segment(self, seg, e) -> None:
+    def _client_segment(self, seg: Segment, e: pcapng.Event) -> None:
         ip_src, sport, ip_dst, dport, seq, flags, payload = seg
         key = (ip_src, sport, ip_dst, dport)
         fl = self.by_tuple.get(key)
@@ -329,7 +334,7 @@ class InputExtractor:
             self._fin(fl, FIN_CLIENT, e.vm_ns)
         self.client_next[fl.index] = nxt
 
-    def _open(self, seg, e) -> None:
+    def _open(self, seg: Segment, e: pcapng.Event) -> None:
         """The client's SYN: a new flow (also when it reuses a closed flow's ports)."""
         ip_src, sport, ip_dst, dport, seq = seg[:5]
         flows = self.rec.flows
@@ -339,7 +344,7 @@ class InputExtractor:
         self.client_next[fl.index] = (seq + 1) & 0xFFFFFFFF
         self.rec.inputs.append(self._deps(Input("tcp-open", e.vm_ns, flow=fl.index, seq=e.seq)))
 
-    def _parsed_segment(self, e) -> tuple | None:
+    def _parsed_segment(self, e: pcapng.Event) -> Segment | None:
         """A frame tcp4() did not take: its segment if it is an unfragmented IPv4 TCP one
         after all (a header parse() reads), else None once _other_frame has taken it."""
         f = netpkt.parse(e.data)
@@ -350,7 +355,7 @@ class InputExtractor:
             return None
         return (f.ip_src, f.sport, f.ip_dst, f.dport, f.seq, f.flags, f.payload)
 
-    def _other_frame(self, f: netpkt.Frame, e) -> None:
+    def _other_frame(self, f: netpkt.Frame, e: pcapng.Event) -> None:
         """A frame that is not an IPv4 TCP segment."""
         if e.direction == "out" and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP:
             self.rec.udp_out.append((e.vm_ns, (f.ip_dst, f.dport), f.payload))
