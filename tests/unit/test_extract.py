@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tandem.formats import netpkt, pcapng
 from tandem.formats.netpkt import ACK, FIN, PSH, RST, SYN
 from tandem.semantic.inputs import CLOSED_GRACE_NS, PRE_RECORDING, InputExtractor, RecordedInputs, from_events
@@ -267,3 +269,54 @@ def test_the_device_logs_own_events_give_the_scripted_inputs(tmp_path):
     scripted = from_events(log.events)
     assert summary(read) == summary(scripted) and len(summary(read)) == 6
     assert [dataclasses.astuple(i) for i in read.inputs] == [dataclasses.astuple(i) for i in scripted.inputs]
+
+
+ACTIONS = ["open", "request", "reply", "retransmit", "gap", "client FIN", "guest FIN", "client RST",
+           "guest RST", "segment", "console", "serial in", "rng", "udp", "wait"]
+STEPS = st.lists(st.tuples(st.sampled_from(ACTIONS), st.sampled_from([40000, 40001]),
+                           st.sampled_from([SYN, ACK, ACK | PSH, ACK | FIN, RST]), st.sampled_from(["in", "out"])),
+                 min_size=10, max_size=80)
+
+
+def scripted(steps) -> Log:
+    """A log of these actions, each on one of two client ports: whole exchanges (a flow
+    opened, a request and its reply, either side closing or resetting) and raw segments."""
+    log, ns = Log(), 0
+    for what, port, flags, direction in steps:
+        ns += CLOSED_GRACE_NS + 1 if what == "wait" else 1000
+        sent = log.next.get((direction, port), log.isn[direction]) - log.isn[direction]
+        if what == "open":
+            log.open(ns, port)
+        elif what in ("request", "reply"):
+            log.tcp("in" if what == "request" else "out", ns, ACK | PSH, b"GET a\n", port=port)
+        elif what in ("retransmit", "gap"):        # the last 4 bytes again, or 4 bytes past a hole
+            log.tcp(direction, ns, ACK | PSH, b"abcd", port=port, rel=max(0, sent - 4) if what == "retransmit"
+                    else sent + 4)
+        elif what.endswith(("FIN", "RST")):
+            log.tcp("in" if what.startswith("client") else "out", ns, ACK | FIN if what.endswith("FIN") else RST,
+                    port=port)
+        elif what == "segment":
+            log.tcp(direction, ns, flags, b"" if flags & SYN else b"x", port=port)
+        elif what == "udp":
+            log.add("net", "in", ns, udp_in())
+        elif what != "wait":
+            kind, d = {"console": ("serial", "out"), "serial in": ("serial", "in"), "rng": ("rng", "in")}[what]
+            log.add(kind, d, ns, b"READY\n" if port == 40000 else b"ls\n")
+    return log
+
+
+@settings(max_examples=300, deadline=None)
+@given(STEPS, st.data())
+def test_any_log_fed_in_parts_gives_what_the_whole_log_gives(steps, data):
+    """Any traffic (flows opened, reset and reused, retransmissions, gaps, flows retired
+    between inputs), cut anywhere: the live path's inputs are the offline path's."""
+    events = scripted(steps).events
+    whole = from_events(events)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(events)), max_size=3)))
+    ex = InputExtractor(RecordedInputs([], [], None, []))
+    for a, b in zip([0] + cuts, cuts + [len(events)]):
+        ex.feed(iter(events[a:b]))
+    rec = ex.rec
+    assert (rec.inputs, rec.flows, rec.limits, rec.known_ns, rec.serial_out) == \
+        (whole.inputs, whole.flows, whole.limits, whole.known_ns, whole.serial_out)
+    assert all(i.flow is None or 0 <= i.flow < len(rec.flows) for i in rec.inputs)
