@@ -2,7 +2,7 @@
 
 The native records as `tandem record` does (its bundle is the same, replayable
 exactly). Its device log is followed as QEMU writes it (pcapng.DevlogReader with
-follow=) and turned into inputs in place (inputs.from_events with rec=); each
+follow=) and turned into inputs in place (an inputs.InputExtractor fed the events); each
 analysis VM runs replay_semantic.run on that growing recording, never past the VM
 time the native has reached, with a bounded buffer of inputs it has not taken yet.
 With release policy "now" the native never waits for an analysis while its buffer
@@ -259,7 +259,7 @@ class ShadowRun:
         self._idle_thread()
         reader = self._reader = pcapng.DevlogReader(self.path / bundle.DEVLOG, follow=self._native_running)
         try:
-            inputs.from_events(reader, rec=self.rec)
+            inputs.InputExtractor(self.rec).feed(reader)
         except TandemError as e:        # a damaged log: the analyses end, the native goes on
             self.rec.limits.append(f"following the native's device log stopped: {e}")
         self.rec.end_ns = next((s.end_vm_ns for s in reader.stats if s and s.end_vm_ns), None) \

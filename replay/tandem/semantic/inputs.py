@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,137 +176,198 @@ def load(bundle_dir: str | Path) -> RecordedInputs:
     return rec
 
 
-def from_events(events, end_ns: int | None = None, rec: RecordedInputs | None = None) -> RecordedInputs:
-    """The inputs of a device log's events. Given rec (a live native's), it is filled in
-    place as the events come, so a replayer can follow it."""
-    if rec is None:
-        rec = RecordedInputs([], [], end_ns, [])
-    inputs, flows = rec.inputs, rec.flows
-    by_tuple: dict[tuple, Flow] = {}
-    client_next: dict[int, int] = {}    # flow -> next expected client seq
-    guest_next: dict[int, int] = {}     # flow -> next expected guest seq
-    # flow -> guest bytes so far, for flows that have output any, in flow order: what
-    # the next input depends on.
-    guest_out: dict[int, int] = {}
-    # Flows whose output grew since the last input. An input needs only those: inputs
-    # are delivered in order and guest output only grows, so what earlier inputs needed
-    # still holds (a full copy per input grew with inputs x flows: 15 KB per request
-    # after a few hundred connections of a live run).
-    changed: set[int] = set()
-    # Closed flows, (VM ns, 4-tuple, index): their parse state is forgotten CLOSED_GRACE_NS
-    # later, when the last ACKs and retransmissions are over (a long run has many).
-    closing: list[tuple[int, tuple, int]] = []
-    fins: dict[int, int] = {}           # flow -> FIN_CLIENT | FIN_GUEST seen
-    serial = SerialLines()
-    serial_in = 0
-    serial_out, udp_out = rec.serial_out, rec.udp_out
-    limits: dict[str, None] = {}
-    tcp4, parse = netpkt.tcp4, netpkt.parse
+def from_events(events: Iterable[pcapng.Event], end_ns: int | None = None) -> RecordedInputs:
+    """The inputs of a whole device log's events."""
+    return InputExtractor(RecordedInputs([], [], end_ns, [])).feed(events)
 
-    def deps(inp: Input) -> Input:
-        inp.needs_bytes = {f: guest_out[f] for f in sorted(changed)}
-        changed.clear()
+
+PRE_RECORDING = "TCP segments of connections opened before the recording"
+# What netpkt.tcp4 gives: (ip src, sport, ip dst, dport, seq, flags, payload); and a
+# connection's (client ip, port, guest ip, port).
+Segment = tuple[bytes, int, bytes, int, int, int, bytes]
+FlowKey = tuple[bytes, int, bytes, int]
+
+
+class InputExtractor:
+    """Turns a device log's events into `rec`'s inputs, flows and limits. feed() may be
+    called again with the events that follow (a live native's log as it grows): `rec` is
+    filled in place as the events come, so a replayer can follow it, and the parse state
+    of every flow is kept here between calls."""
+
+    def __init__(self, rec: RecordedInputs):
+        self.rec = rec
+        self.by_tuple: dict[FlowKey, Flow] = {}     # the open flows
+        self.client_next: dict[int, int] = {}   # flow -> next expected client seq
+        self.guest_next: dict[int, int] = {}    # flow -> next expected guest seq
+        # flow -> its guest bytes so far, for the flows whose output grew since the last
+        # input: what the next input depends on. An input needs only those: inputs are
+        # delivered in order and guest output only grows, so what earlier inputs needed
+        # still holds (a full copy per input grew with inputs x flows: 15 KB per request
+        # after a few hundred connections of a live run). Kept apart from the flows' parse
+        # state, which a closed flow loses before the next input may come.
+        self.changed: dict[int, int] = {}
+        # Closed flows, (VM ns, 4-tuple, index): their parse state is forgotten CLOSED_GRACE_NS
+        # later, when the last ACKs and retransmissions are over (a long run has many).
+        self.closing: list[tuple[int, FlowKey, int]] = []
+        self.fins: dict[int, int] = {}          # flow -> FIN_CLIENT | FIN_GUEST seen
+        self.serial = SerialLines()             # the native's console, for line dependencies
+        self.serial_in = 0                      # serial input bytes so far
+        self.limits: dict[str, None] = dict.fromkeys(rec.limits)
+
+    def feed(self, events: Iterable[pcapng.Event]) -> RecordedInputs:
+        """Extract the inputs of these events (the ones after the last call's)."""
+        rec, limits, closing, by_tuple, tcp4 = self.rec, self.limits, self.closing, self.by_tuple, netpkt.tcp4
+        guest_segment, client_segment = self._guest_segment, self._client_segment     # bound once: the hot path
+        for e in events:
+            _, _, _, kind, direction, vm_ns, _, data, _ = e
+            if kind == "net":
+                seg = tcp4(data)        # the common case, without building a Frame
+                # A frame that is not a TCP segment, and the guest's own segments, leave the
+                # bookkeeping below (limits, known_ns, retiring closed flows) to the next
+                # event: known_ns may lag (clock marks raise it too), never lead, rec.inputs.
+                if seg is None and (seg := self._parsed_segment(e)) is None:
+                    continue
+                if direction != "in":
+                    guest_segment(seg, vm_ns)
+                    continue
+                # The remote client's segment: its new payload is an input of its flow.
+                if seg[5] & (SYN | FIN | RST) or seg[6]:
+                    client_segment(seg, e)
+                elif (seg[0], seg[1], seg[2], seg[3]) not in by_tuple:      # a bare ACK
+                    limits[PRE_RECORDING] = None
+            elif kind == "serial":
+                self._serial(e)
+            elif kind == "rng" and direction == "in":
+                rec.inputs.append(Input("rng", vm_ns, data, seq=e.seq))
+            if len(limits) != len(rec.limits):
+                rec.limits = list(limits)
+            rec.known_ns = max(rec.known_ns, vm_ns)
+            if closing and vm_ns - closing[0][0] > CLOSED_GRACE_NS:
+                self._forget_closed(vm_ns)
+        rec.limits = list(limits)
+        return rec
+
+    def _deps(self, inp: Input) -> Input:
+        inp.needs_bytes = dict(sorted(self.changed.items()))
+        self.changed.clear()
         # Serial lines gate serial input and new connections (a client that waited
         # for the guest to say it is ready), not data on open connections: kernel
         # messages can split a userland line mid-way, and a connection refused
         # because the service is not listening yet is retried by the peer anyway.
-        inp.needs_line = serial.last if inp.kind in ("serial", "tcp-open") else None
+        inp.needs_line = self.serial.last if inp.kind in ("serial", "tcp-open") else None
         return inp
 
-    def fin(fl: Flow, side: int, vm_ns: int) -> None:
-        """A FIN (side FIN_CLIENT or FIN_GUEST) or a reset (both) of a flow."""
-        was = fins.get(fl.index, 0)
-        fins[fl.index] = was | side
-        if fins[fl.index] == FIN_BOTH and was != FIN_BOTH:
-            fl.closed = True
-            closing.append((vm_ns, (fl.client[0], fl.client[1], fl.server[0], fl.server[1]), fl.index))
+    def _serial(self, e: pcapng.Event) -> None:
+        if e.direction == "out":
+            self.serial.feed(e.data)
+            self.rec.serial_out.append((e.vm_ns, e.data))
+        elif e.direction == "in":
+            self.rec.inputs.append(self._deps(Input("serial", e.vm_ns, e.data, offset=self.serial_in, seq=e.seq)))
+            self.serial_in += len(e.data)
 
-    def forget_closed(vm_ns: int) -> None:
+    def _fin(self, fl: Flow, side: int, vm_ns: int) -> None:
+        """A FIN (side FIN_CLIENT or FIN_GUEST) or a reset (both) of a flow."""
+        was = self.fins.get(fl.index, 0)
+        self.fins[fl.index] = was | side
+        if self.fins[fl.index] == FIN_BOTH and was != FIN_BOTH:
+            fl.closed = True
+            self.closing.append((vm_ns, (fl.client[0], fl.client[1], fl.server[0], fl.server[1]), fl.index))
+
+    def _forget_closed(self, vm_ns: int) -> None:
+        closing, by_tuple = self.closing, self.by_tuple
         while closing and vm_ns - closing[0][0] > CLOSED_GRACE_NS:
             _, key, i = closing.pop(0)
             if (fl := by_tuple.get(key)) is not None and fl.index == i:
                 del by_tuple[key]
-            for d in (client_next, guest_next, guest_out, fins):
+            for d in (self.client_next, self.guest_next, self.fins):
                 d.pop(i, None)
 
-    def guest_segment(seg, vm_ns: int) -> None:
+    def _guest_segment(self, seg: Segment, vm_ns: int) -> None:
         ip_src, sport, ip_dst, dport, seq, flags, payload = seg
-        fl = by_tuple.get((ip_dst, dport, ip_src, sport))
+        fl = self.by_tuple.get((ip_dst, dport, ip_src, sport))
         if fl is None:
             if flags & SYN and not flags & ACK:
-                limits["the guest opened TCP connections (only remote-opened ones are replayed)"] = None
+                self.limits["the guest opened TCP connections (only remote-opened ones are replayed)"] = None
             return
         i = fl.index
         if flags & (FIN | RST):
-            fin(fl, FIN_BOTH if flags & RST else FIN_GUEST, vm_ns)
+            self._fin(fl, FIN_BOTH if flags & RST else FIN_GUEST, vm_ns)
         if flags & SYN:
-            guest_next[i] = (seq + 1) & 0xFFFFFFFF
-        elif payload and i in guest_next:
+            self.guest_next[i] = (seq + 1) & 0xFFFFFFFF
+        elif payload and i in self.guest_next:
             # New guest bytes only: a retransmission is not output twice.
-            new = _new_bytes(guest_next[i], seq, payload)
+            new = _new_bytes(self.guest_next[i], seq, payload)
             if new:
                 fl.guest_bytes += len(new)
                 fl.guest_data.append((vm_ns, new))
-                guest_next[i] = (guest_next[i] + len(new)) & 0xFFFFFFFF
-                known = i in guest_out or not guest_out or i > next(reversed(guest_out))
-                guest_out[i] = fl.guest_bytes
-                changed.add(i)
-                if not known:       # a flow's first output, after a later flow's
-                    ordered = sorted(guest_out.items())
-                    guest_out.clear()
-                    guest_out.update(ordered)
+                self.guest_next[i] = (self.guest_next[i] + len(new)) & 0xFFFFFFFF
+                self.changed[i] = fl.guest_bytes
 
-    for e in events:
-        _, _, _, kind, direction, vm_ns, _, data, _ = e
-        if kind == "net":
-            seg = tcp4(data)        # the common case, without building a Frame
-            if seg is None:
-                f = parse(data)
-                if f is None:
-                    continue
-                if not (f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_TCP and not f.fragment):
-                    _other_frame(f, e, inputs, udp_out, limits, deps)
-                    continue
-                seg = (f.ip_src, f.sport, f.ip_dst, f.dport, f.seq, f.flags, f.payload)
-            if direction != "in":
-                guest_segment(seg, vm_ns)
-                continue
-            # The remote client's segment: its new payload is an input of its flow.
-            if seg[5] & (SYN | FIN | RST) or seg[6]:
-                _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits, fin)
-            elif (seg[0], seg[1], seg[2], seg[3]) not in by_tuple:      # a bare ACK
-                limits["TCP segments of connections opened before the recording"] = None
-        elif kind == "serial":
-            if direction == "out":
-                serial.feed(data)
-                serial_out.append((vm_ns, data))
-            elif direction == "in":
-                inputs.append(deps(Input("serial", vm_ns, data, offset=serial_in, seq=e.seq)))
-                serial_in += len(data)
-        elif kind == "rng" and direction == "in":
-            inputs.append(Input("rng", vm_ns, data, seq=e.seq))
-        if len(limits) != len(rec.limits):
-            rec.limits = list(limits)
-        rec.known_ns = max(rec.known_ns, vm_ns)
-        if closing and vm_ns - closing[0][0] > CLOSED_GRACE_NS:
-            forget_closed(vm_ns)
-    rec.limits = list(limits)
-    return rec
-
-
-def _other_frame(f, e, inputs, udp_out, limits, deps) -> None:
-    """A frame that is not an IPv4 TCP segment."""
-    if e.direction == "out" and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP:
-        udp_out.append((e.vm_ns, (f.ip_dst, f.dport), f.payload))
-    elif e.direction == "in" and f.eth_type == netpkt.ETH_IP:
-        if f.fragment:
-            limits["IPv4 fragments"] = None
+    def _client_segment(self, seg: Segment, e: pcapng.Event) -> None:
+        ip_src, sport, ip_dst, dport, seq, flags, payload = seg
+        key = (ip_src, sport, ip_dst, dport)
+        fl = self.by_tuple.get(key)
+        if flags & SYN and not flags & ACK:
+            if fl is not None and fl.index in self.client_next and not fl.closed:
+                return      # a retransmitted SYN (after a close: the port reused, a new flow)
+            self._open(seg, e)
             return
-        # UDP and ICMP: re-sent as datagrams at their recorded time.
-        inputs.append(deps(Input("frame", e.vm_ns, e.data, seq=e.seq)))
-    elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
-        limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
-    # ARP from the network is not replayed: the replayer answers the guest's own.
+        if fl is None:
+            self.limits[PRE_RECORDING] = None
+            return
+        inputs = self.rec.inputs
+        if flags & RST:
+            inputs.append(self._deps(Input("tcp-rst", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
+            del self.by_tuple[key]
+            self._fin(fl, FIN_BOTH, e.vm_ns)
+            return
+        nxt = self.client_next[fl.index]
+        new = _new_bytes(nxt, seq, payload) if payload else b""
+        if new:
+            inputs.append(self._deps(Input("tcp-data", e.vm_ns, new, flow=fl.index, offset=fl.client_bytes,
+                                           seq=e.seq)))
+            fl.client_bytes += len(new)
+            nxt = (nxt + len(new)) & 0xFFFFFFFF
+        if flags & FIN and ((seq + len(payload)) & 0xFFFFFFFF) == nxt:
+            inputs.append(self._deps(Input("tcp-fin", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
+            nxt = (nxt + 1) & 0xFFFFFFFF
+            self._fin(fl, FIN_CLIENT, e.vm_ns)
+        self.client_next[fl.index] = nxt
+
+    def _open(self, seg: Segment, e: pcapng.Event) -> None:
+        """The client's SYN: a new flow (also when it reuses a closed flow's ports)."""
+        ip_src, sport, ip_dst, dport, seq = seg[:5]
+        flows = self.rec.flows
+        fl = Flow(len(flows), (ip_src, sport), (ip_dst, dport), e.data[6:12], e.data[:6], e.vm_ns)
+        flows.append(fl)
+        self.by_tuple[(ip_src, sport, ip_dst, dport)] = fl
+        self.client_next[fl.index] = (seq + 1) & 0xFFFFFFFF
+        self.rec.inputs.append(self._deps(Input("tcp-open", e.vm_ns, flow=fl.index, seq=e.seq)))
+
+    def _parsed_segment(self, e: pcapng.Event) -> Segment | None:
+        """A frame tcp4() did not take: its segment if it is an unfragmented IPv4 TCP one
+        after all (a header parse() reads), else None once _other_frame has taken it."""
+        f = netpkt.parse(e.data)
+        if f is None:
+            return None
+        if not (f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_TCP and not f.fragment):
+            self._other_frame(f, e)
+            return None
+        return (f.ip_src, f.sport, f.ip_dst, f.dport, f.seq, f.flags, f.payload)
+
+    def _other_frame(self, f: netpkt.Frame, e: pcapng.Event) -> None:
+        """A frame that is not an IPv4 TCP segment."""
+        if e.direction == "out" and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP:
+            self.rec.udp_out.append((e.vm_ns, (f.ip_dst, f.dport), f.payload))
+        elif e.direction == "in" and f.eth_type == netpkt.ETH_IP:
+            if f.fragment:
+                self.limits["IPv4 fragments"] = None
+                return
+            # UDP and ICMP: re-sent as datagrams at their recorded time.
+            self.rec.inputs.append(self._deps(Input("frame", e.vm_ns, e.data, seq=e.seq)))
+        elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
+            self.limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
+        # ARP from the network is not replayed: the replayer answers the guest's own.
 
 
 def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:
@@ -314,37 +376,3 @@ def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:
     if skip >= 0x80000000:      # a gap: data beyond what was expected (not on a virtual link)
         return payload
     return payload[skip:] if skip < len(payload) else b""
-
-
-def _client_segment(seg, e, flows, by_tuple, client_next, inputs, deps, limits, fin):
-    ip_src, sport, ip_dst, dport, seq, flags, payload = seg
-    key = (ip_src, sport, ip_dst, dport)
-    fl = by_tuple.get(key)
-    if flags & SYN and not flags & ACK:
-        if fl is not None and fl.index in client_next and not fl.closed:
-            return      # a retransmitted SYN (after a close: the port reused, a new flow)
-        fl = Flow(len(flows), (ip_src, sport), (ip_dst, dport), e.data[6:12], e.data[:6], e.vm_ns)
-        flows.append(fl)
-        by_tuple[key] = fl
-        client_next[fl.index] = (seq + 1) & 0xFFFFFFFF
-        inputs.append(deps(Input("tcp-open", e.vm_ns, flow=fl.index, seq=e.seq)))
-        return
-    if fl is None:
-        limits["TCP segments of connections opened before the recording"] = None
-        return
-    if flags & RST:
-        inputs.append(deps(Input("tcp-rst", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
-        del by_tuple[key]
-        fin(fl, FIN_BOTH, e.vm_ns)
-        return
-    nxt = client_next[fl.index]
-    new = _new_bytes(nxt, seq, payload) if payload else b""
-    if new:
-        inputs.append(deps(Input("tcp-data", e.vm_ns, new, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
-        fl.client_bytes += len(new)
-        nxt = (nxt + len(new)) & 0xFFFFFFFF
-    if flags & FIN and ((seq + len(payload)) & 0xFFFFFFFF) == nxt:
-        inputs.append(deps(Input("tcp-fin", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
-        nxt = (nxt + 1) & 0xFFFFFFFF
-        fin(fl, FIN_CLIENT, e.vm_ns)
-    client_next[fl.index] = nxt
