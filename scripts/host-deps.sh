@@ -34,6 +34,8 @@ PKGS=(
 DEV_PKGS=(
   # scripts/fresh-check.sh: a clean Debian 12 root, and the repository cloned into it
   git mmdebstrap
+  # scripts/ci-under-load.sh: CI while the machine is loaded
+  stress-ng
 )
 
 dev= check=
