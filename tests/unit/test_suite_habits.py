@@ -6,6 +6,8 @@
 - No thread is joined unchecked: tests start threads through helpers.start_client, whose
   join fails when the thread is still running and re-raises what it raised.
 - No test module imports another, or conftest: shared code is in tests/helpers.
+- No assert on wall-clock time (a TCG boot "under 60 s"): speed belongs to bench/ and
+  docs/benchmarks.md; a loaded machine is slower, and the suite must not go red for it.
 """
 from __future__ import annotations
 
@@ -59,6 +61,36 @@ def test_no_test_module_imports_another():
             if bad:
                 found.setdefault(str(p.relative_to(TESTS)), []).extend(bad)
     assert found == {}
+
+
+# What reads the wall clock or holds a wall time: an assert comparing one is a timed assert.
+WALL = ("wall", "elapsed", "monotonic", "perf_counter", "process_time")
+
+
+def wall_clock_asserts(tree: ast.AST) -> list[int]:
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assert) and any(isinstance(c, ast.Compare) and any(
+                isinstance(op, ast.Lt | ast.LtE | ast.Gt | ast.GtE) for op in c.ops) for c in ast.walk(n.test)):
+            names = [x.attr if isinstance(x, ast.Attribute) else x.id for x in ast.walk(n.test)
+                     if isinstance(x, ast.Attribute | ast.Name)]
+            if any(w in name for name in names for w in WALL) or any(
+                    isinstance(x, ast.Attribute) and x.attr == "time" and isinstance(x.value, ast.Name)
+                    and x.value.id == "time" for x in ast.walk(n.test)):
+                out.append(n.lineno)
+    return out
+
+
+def test_no_wall_clock_assert():
+    found = {str(p.relative_to(TESTS)): lines for p, t in sources().items()
+             if p != Path(__file__) and (lines := wall_clock_asserts(t))}
+    assert found == {}
+
+
+def test_the_wall_clock_check_finds_one():
+    tree = ast.parse("assert r.wall_s < 60\nassert time.monotonic() - t0 <= 5\nassert elapsed > 1\n"
+                     "assert r.vm_ns < 60\nassert r.wall_s == 0\n")
+    assert wall_clock_asserts(tree) == [1, 2, 3]
 
 
 def test_the_checks_find_what_they_look_for():
