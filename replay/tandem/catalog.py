@@ -53,7 +53,8 @@ class Analysis:
     kernel: Kernel
     summary: str                # one line, for --help and the docs
     userland: Userland = Userland("native")
-    equivalence: dict = field(default_factory=dict, hash=False)   # built-in spec rules (docs/equivalence.md)
+    # built-in spec rules (docs/equivalence.md): channel -> its table, as a spec file has it
+    equivalence: dict[str, dict[str, object]] = field(default_factory=dict, hash=False)
 
     @property
     def flavor(self) -> str:

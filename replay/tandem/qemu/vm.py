@@ -23,7 +23,7 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from .. import artifacts, catalog, private
 from ..errors import BundleError, TandemError
-from ..machine import RTC_BASE, VIRTIO_NET, Disk, Nic, OptionError, json_option, keyval_option
+from ..machine import RTC_BASE, VIRTIO_NET, Disk, Nic, OptionError, Value, json_option, keyval_option
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ ICOUNT_SHIFT = 2           # fixed: record and replay must use the same shift
 DEFAULT_CMDLINE = "console=ttyS0 panic=-1 oops=panic"
 
 
-def initrd_with_modules(initramfs: str, initramfs_sha256: str, modules: dict) -> str:
+def initrd_with_modules(initramfs: str, initramfs_sha256: str, modules: artifacts.ModulesBuild) -> str:
     """The initramfs followed by a kernel flavor's module cpio, as one file.
 
     The initramfs is shared by all kernel flavors but modules must match their
@@ -95,8 +95,7 @@ class Guest:
         kernel, land = catalog.kernel(flavor), catalog.userland(userland)
         k, g = artifacts.kernel(flavor), artifacts.guest()
         cmdline = " ".join(filter(None, (DEFAULT_CMDLINE, land.cmdline_extra, kernel.cmdline_extra)))
-        initrd = initrd_with_modules(g[f"initramfs_{userland}"], g[f"initramfs_{userland}_sha256"],
-                                     artifacts.modules(flavor))
+        initrd = initrd_with_modules(*artifacts.initramfs(g, userland), artifacts.modules(flavor))
         return cls(kernel=k["bzImage"], initrd=initrd, disks=(Disk(g["disk_base"]),), cmdline=cmdline,
                    memory_mb=kernel.memory_mb, os=kernel.os)
 
@@ -178,7 +177,7 @@ class Run:
     follow: bool = False
     partial: bool = False
     icount: bool = True            # plain mode: with or without -icount
-    qemu: dict | None = None       # artifacts.qemu() unless given (benchmarks: qemu_stock())
+    qemu: artifacts.QemuBuild | None = None   # artifacts.qemu() unless given (benchmarks: qemu_stock())
     feed_socket: Path | None = None  # analysis mode: the feed controller's unix socket
     gate_socket: Path | None = None  # record mode: hold the guest's frames for tandem (filter-gate)
     gate_outputs: bool = True        # ... its outgoing ones (release "agreed"); inputs on request
@@ -289,7 +288,7 @@ def qmp_chardev(rundir: Path) -> str:
     return keyval_option("socket", {"id": "qmp", "path": f"{rundir}/qmp.sock", "server": True, "wait": False})
 
 
-def _clock_options(run: Run, q: dict) -> list[str]:
+def _clock_options(run: Run, q: artifacts.QemuBuild) -> list[str]:
     """-icount (and the analysis runs' -rtc): how the VM clock runs in this mode."""
     rr = run.rr_mode
     rr_opts: dict = {}
@@ -345,7 +344,7 @@ def _disk_options(run: Run, disk: Disk) -> list[str]:
 def _net_and_rng_options(run: Run, nic: Nic) -> list[str]:
     """The NIC, its backend and the entropy source."""
     if run.mode != "analysis":
-        forward = ([{"str": f"tcp:127.0.0.1:{int(run.hostfwd_port)}-:{GUEST_PORT}"}]
+        forward: list[Value] | None = ([{"str": f"tcp:127.0.0.1:{int(run.hostfwd_port)}-:{GUEST_PORT}"}]
                    if run.hostfwd_port else None)
         return ["-netdev", json_option({"type": "user", "id": nic.netdev, "hostfwd": forward}),
                 "-device", nic.device(),
@@ -356,7 +355,7 @@ def _net_and_rng_options(run: Run, nic: Nic) -> list[str]:
     # A recorded analysis run replays without its controller: the feed's inputs
     # are in the log (qemu-patches/0011).
     argv = []
-    feed = {"qom-type": "feed", "id": "feed", "serial": "serial0", "lookahead": int(run.feed_lookahead_ns)}
+    feed: dict[str, Value] = {"qom-type": "feed", "id": "feed", "serial": "serial0", "lookahead": int(run.feed_lookahead_ns)}
     if run.rr_mode != "replay":
         argv += ["-chardev", keyval_option("socket", {"id": "feedsock", "path": str(run.feed_socket),
                                                       "reconnect-ms": run.feed_reconnect_ms or None})]
