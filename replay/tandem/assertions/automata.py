@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from .events import Event
 from .lang import AssertionSet, parse_text
@@ -169,7 +169,23 @@ class _Instance:
         self.fails: dict[int, dict[int, Violation]] = {}
 
 
-Observed = dict[str, object]    # an observation as a violation reports it (_obs)
+class Observed(TypedDict):
+    """An observation as a violation reports it (_obs)."""
+    event: str                  # the spec it matched, as text
+    kind: str
+    func: str
+    icount: int
+    vm_ns: int
+    task: int
+
+
+class AutomatonState(TypedDict):
+    """Violation.state: where the automaton was when it failed."""
+    matched: list[Observed]
+    expected: list[str]
+    bindings: Sigma
+    found: Observed | None
+    branch: int | None
 
 
 @dataclass
@@ -193,7 +209,7 @@ class Violation:
     alternatives: list[dict[str, object]] = field(default_factory=list)  # the other OR branches' failures
 
     @property
-    def state(self) -> dict[str, object]:
+    def state(self) -> AutomatonState:
         return {"matched": self.matched, "expected": self.expected, "bindings": self.bindings,
                 "found": self.found, "branch": self.branch}
 

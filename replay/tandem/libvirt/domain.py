@@ -49,7 +49,8 @@ NO_ARG = {"-nodefaults", "-no-user-config", "-no-reboot", "-no-shutdown", "-S"}
 
 def _split(argv: list[str]) -> list[tuple[str, str | None]]:
     """tandem's argv (after the binary) as (option, value) pairs, in order."""
-    out, i = [], 1
+    out: list[tuple[str, str | None]] = []
+    i = 1
     while i < len(argv):
         opt = argv[i]
         if not opt.startswith("-"):
@@ -64,7 +65,7 @@ def _split(argv: list[str]) -> list[tuple[str, str | None]]:
 
 
 def _keyvals(text: str) -> dict[str, str]:
-    return dict(kv.split("=", 1) if "=" in kv else (kv, "") for kv in text.split(","))
+    return dict(kv.split("=", 1) if "=" in kv else (kv, "") for kv in text.split(","))  # type: ignore[misc]  # split("=", 1) of a text with "=" is two
 
 
 def _clock(rtc: str | None) -> ET.Element:
@@ -135,7 +136,7 @@ def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str = "qemu",
     ET.SubElement(dom, "memory", unit="MiB").text = given.get("-m", str(guest.memory_mb))
     ET.SubElement(dom, "vcpu").text = given.get("-smp", "1")
     os_ = ET.SubElement(dom, "os")
-    ET.SubElement(os_, "type", arch="x86_64", machine=given.get("-M", "pc")).text = "hvm"
+    ET.SubElement(os_, "type", arch="x86_64", machine=given.get("-M") or "pc").text = "hvm"
     for opt, tag in (("-kernel", "kernel"), ("-initrd", "initrd"), ("-append", "cmdline")):
         if given.get(opt) is not None:
             ET.SubElement(os_, tag).text = given[opt]

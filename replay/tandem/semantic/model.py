@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from ..machine import LOOKAHEAD_NS  # noqa: F401  (a timing rule of semantic replay; the feed option is the machine's)
+from ..machine import LOOKAHEAD_NS as LOOKAHEAD_NS  # a timing rule of semantic replay; the feed option is the machine's
 from . import inputs as inputs_mod
 from .peer import Peer
 

@@ -69,31 +69,34 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         res.delivered, res.net_out = deque(maxlen=DELIVERED_KEPT), None
     tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
     private.make_dir(workdir)
-    run_args = dict(feed_lookahead_ns=lookahead_ns, rtc_base=rec.created, idle=idle, cpus=cpus)
     manifest = None
+    rr: str | None = None
+    rrfile: Path | None = None
+    overlay: Path | None = None
     if record:
-        res.bundle = workdir / f"{analysis}.tdm"
-        if res.bundle.exists():
-            shutil.rmtree(res.bundle)
-        manifest = record_mod.start_manifest(res.bundle, guest, {
+        run_bundle = res.bundle = workdir / f"{analysis}.tdm"
+        if run_bundle.exists():
+            shutil.rmtree(run_bundle)
+        manifest = record_mod.start_manifest(run_bundle, guest, {
             "mode": "analysis", "analysis": analysis, "rtc_base": rec.created,
             "lookahead_ns": lookahead_ns, "source": str(rec.path),
             "net": {"backend": "feed"}, **(launcher.machine() if launcher else {})})
-        run_args.update(rr="record", rrfile=res.bundle / bundle.STREAM,
-                        devlog=res.bundle / bundle.DEVLOG,
-                        overlay=res.bundle / record_mod.OVERLAY if guest.disk else None)
+        rr, rrfile, devlog = "record", run_bundle / bundle.STREAM, run_bundle / bundle.DEVLOG
+        overlay = run_bundle / record_mod.OVERLAY if guest.disk else None
     else:
-        run_args.update(devlog=workdir / f"{analysis}.pcapng")
+        devlog = workdir / f"{analysis}.pcapng"
         if guest.disk:
-            run_args["overlay"] = tmp / "disk-overlay.qcow2"
-            make_overlay(guest.disk.base, run_args["overlay"], guest.disk.format)
+            overlay = tmp / "disk-overlay.qcow2"
+            make_overlay(guest.disk.base, overlay, guest.disk.format)
     server = FeedServer(tmp / "feed.sock")
-    vm = VM(guest, Run("analysis", tmp, feed_socket=server.path, **run_args), launcher=launcher, name=analysis)
+    run = Run("analysis", tmp, feed_socket=server.path, feed_lookahead_ns=lookahead_ns, rtc_base=rec.created,
+              idle=idle, cpus=cpus, rr=rr, rrfile=rrfile, devlog=devlog, overlay=overlay)
+    vm = VM(guest, run, launcher=launcher, name=analysis)
     vm.console = lambda: bytes(res.console)
     t0 = time.monotonic()
     try:
         vm.start()
-        res.qemu_pid = vm.proc.pid
+        res.qemu_pid = vm.process().pid
         server.accept(30)
         AnalysisDriver(rec, res, vm, server, max_lag_ns=max_lag_ns, progress=progress, buffer=buffer,
                        stop=stop, hang_wall_s=hang_wall_s, tick=tick).drive()
@@ -106,18 +109,18 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         res.qemu_log = vm.log_tail(2000)
         vm.close()
         server.close()
-        if manifest is not None:
-            _seal(res, vm, manifest)
+        if manifest is not None and res.bundle is not None:
+            _seal(res, res.bundle, vm, manifest)
         shutil.rmtree(tmp, ignore_errors=True)
     return res
 
 
-def _seal(res: AnalysisRun, vm: VM, manifest: dict) -> None:
-    """Finish the analysis run's bundle; a run that did not end cleanly stays 'interrupted'."""
+def _seal(res: AnalysisRun, run_bundle: Path, vm: VM, manifest: dict) -> None:
+    """Finish the analysis run's bundle (run_bundle); a run that did not end cleanly stays 'interrupted'."""
     try:
-        private.copy_file(vm.log_path, res.bundle / "qemu.log")
+        private.copy_file(vm.log_path, run_bundle / "qemu.log")
         status = vm.proc.returncode if vm.proc and vm.proc.returncode is not None else -9
-        record_mod.seal(res.bundle, manifest, status=status, wall_s=res.wall_s,
+        record_mod.seal(run_bundle, manifest, status=status, wall_s=res.wall_s,
                         stop_reason=res.outcome)
     except (OSError, TandemError) as e:
         res.limits.append(f"the run's recording could not be sealed: {e}")
