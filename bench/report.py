@@ -221,12 +221,12 @@ def rate(nbytes: int, n: int, cpu: float) -> str:
 def part_throughput(syzkaller: Path, runs: int) -> list[str]:
     rows, total = [], [0, 0, 0, 0.0, 0.0]
     target: dict[str, tuple[float, float]] = {}     # input set -> (parse() MB/s, Scanner MB/s)
-    for label, os, consoles in corpora(syzkaller):
+    for label, os_name, consoles in corpora(syzkaller):
         size = sum(map(len, consoles))
-        t_parse, reps = best_cpu(lambda: parse_all(consoles, os), runs)
-        t_scan, reps_live = best_cpu(lambda: scan_all(consoles, os), runs)
+        t_parse, reps = best_cpu(lambda: parse_all(consoles, os_name), runs)
+        t_scan, reps_live = best_cpu(lambda: scan_all(consoles, os_name), runs)
         assert reps_live == reps, f"{label}: the Scanner found {reps_live} reports, parse() {reps}"
-        rows.append(f"| {label} | {os} | {len(consoles)} | {size / MB:.3f} | {reps} | "
+        rows.append(f"| {label} | {os_name} | {len(consoles)} | {size / MB:.3f} | {reps} | "
                     f"{rate(size, len(consoles), t_parse)} | {rate(size, len(consoles), t_scan)} |")
         for i, v in enumerate((len(consoles), size, reps, t_parse, t_scan)):
             total[i] += v
@@ -350,21 +350,21 @@ def scaling_probe() -> list[str]:
         data = path.read_bytes()
         if len(data) < 200:
             continue
-        for os in report.OSES:
+        for os_name in report.OSES:
             small, large = repeat_lines(data, PROBE_SMALL), repeat_lines(data, PROBE_LARGE)
-            t_small, _ = best_cpu(lambda: report.parse(small, os), 1)
-            t_large, _ = best_cpu(lambda: report.parse(large, os), 1)
+            t_small, _ = best_cpu(lambda: report.parse(small, os_name), 1)
+            t_large, _ = best_cpu(lambda: report.parse(large, os_name), 1)
             ratio = (t_large / len(large)) / max(t_small / len(small), 1e-9)
             n += 1
             if ratio > PROBE_SUSPECT:
                 big = repeat_lines(data, PROBE_LARGE * 8)
-                t_big, _ = best_cpu(lambda: report.parse(big, os), 3)
-                t_large, _ = best_cpu(lambda: report.parse(large, os), 3)
+                t_big, _ = best_cpu(lambda: report.parse(big, os_name), 3)
+                t_large, _ = best_cpu(lambda: report.parse(large, os_name), 3)
                 ratio = (t_big / len(big)) / max(t_large / len(large), 1e-9)
                 if ratio > PROBE_SUSPECT:
-                    suspects.append(f"`{path.name}` on {os} ({ratio:.1f}x)")
-            worst = max(worst, (ratio, path.name, os))
-            slowest = min(slowest, (len(large) / MB / max(t_large, 1e-9), path.name, os))
+                    suspects.append(f"`{path.name}` on {os_name} ({ratio:.1f}x)")
+            worst = max(worst, (ratio, path.name, os_name))
+            slowest = min(slowest, (len(large) / MB / max(t_large, 1e-9), path.name, os_name))
     line = (f"Scaling probe: the {n} (input, OS) pairs of the corpus (inputs of 200 B or more), "
             f"each line repeated {PROBE_SMALL} and {PROBE_LARGE} times: per-byte CPU grows at most "
             f"{worst[0]:.1f}x (`{worst[1]}` on {worst[2]}; a ratio over {PROBE_SUSPECT:g} is timed "

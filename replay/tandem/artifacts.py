@@ -12,6 +12,7 @@ import os
 import shutil
 import threading
 from pathlib import Path
+from typing import NotRequired, TypedDict, cast
 
 from .errors import TandemError
 
@@ -26,47 +27,115 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
 
 
-def _load(name: str) -> dict:
+# What each build/NAME.json holds (the scripts in scripts/ write them): paths and hashes
+# as strings. Only the keys tandem reads are listed; a file may carry more.
+class QemuBuild(TypedDict):
+    key: str
+    binary: str
+    img: str
+    firmware_dir: str
+    plugin_include: NotRequired[str]      # read by scripts/build-plugin.sh only
+    build_id: str
+    patch_series: str
+    version: str
+    stock: NotRequired[bool]    # the benchmarks' baseline without tandem's patches (older builds: absent)
+
+
+class KernelBuild(TypedDict):
+    flavor: str
+    key: str
+    bzImage: str
+    vmlinux: str
+    system_map: str
+    config: str
+    bzImage_sha256: str
+    version: str
+
+
+class ModulesBuild(TypedDict):
+    flavor: str
+    key: str
+    kernel_key: str
+    version: str
+    modules: NotRequired[list[str]]     # .ko paths (read with .get: a kernel may have none)
+    cpio: str
+    cpio_sha256: str
+
+
+class PluginBuild(TypedDict):
+    plugin: str                 # the .so
+    key: str
+
+
+class GuestBuild(TypedDict):
+    key: str
+    initramfs_native: str
+    initramfs_native_sha256: str
+    initramfs_asan: str
+    initramfs_asan_sha256: str
+    disk_base: str
+    disk_base_sha256: str
+
+
+def _load(name: str, keys: frozenset[str]) -> dict[str, object]:
+    """build/NAME.json, checked to be an object with `keys` (the TypedDict's): a file the
+    build left half-written or an older layout fails here, naming the file, rather than
+    as a KeyError wherever a path is first used."""
     path = build_dir() / f"{name}.json"
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
     except FileNotFoundError:
         raise TandemError(f"{path}: not built yet (run ./tandem build)") from None
     except json.JSONDecodeError as e:
         raise TandemError(f"{path}: unreadable ({e})") from None
+    if not isinstance(record, dict):
+        raise TandemError(f"{path}: not a JSON object (rebuild: ./tandem build)")
+    missing = sorted(keys - record.keys())
+    if missing:
+        raise TandemError(f"{path}: no {', '.join(missing)} (an older build? ./tandem build)")
+    return record
 
 
-def qemu() -> dict:
+def qemu() -> QemuBuild:
     """{binary, img, firmware_dir, build_id, patch_series, version}"""
-    return _load("qemu")
+    return cast(QemuBuild, _load("qemu", QemuBuild.__required_keys__))
 
 
-def qemu_stock() -> dict:
+def qemu_stock() -> QemuBuild:
     """The benchmarks' baseline: the same QEMU without tandem's code patches."""
-    return _load("qemu-stock")
+    return cast(QemuBuild, _load("qemu-stock", QemuBuild.__required_keys__))
 
 
-def kernel(flavor: str = "native") -> dict:
+def kernel(flavor: str = "native") -> KernelBuild:
     """{flavor, bzImage, vmlinux, system_map, config, bzImage_sha256, version}"""
-    return _load(f"kernel-{flavor}")
+    return cast(KernelBuild, _load(f"kernel-{flavor}", KernelBuild.__required_keys__))
 
 
-def modules(flavor: str = "native") -> dict:
+def modules(flavor: str = "native") -> ModulesBuild:
     """{flavor, modules (.ko paths), cpio, cpio_sha256}: the planted-bug module for a kernel"""
-    return _load(f"modules-{flavor}")
+    return cast(ModulesBuild, _load(f"modules-{flavor}", ModulesBuild.__required_keys__))
 
 
-def plugin_calls() -> dict:
+def plugin_calls() -> PluginBuild:
     """{plugin (.so path), key}: the TCG plugin behind the temporal assertions"""
-    return _load("plugin-calls")
+    return cast(PluginBuild, _load("plugin-calls", PluginBuild.__required_keys__))
 
 
-def guest() -> dict:
+def guest() -> GuestBuild:
     """{initramfs_native, initramfs_asan, disk_base, and their _sha256}"""
-    return _load("guest")
+    return cast(GuestBuild, _load("guest", GuestBuild.__required_keys__))
 
 
-def initrd_with_modules(initramfs: str, initramfs_sha256: str, modules: dict) -> str:
+def initramfs(g: GuestBuild, userland: str) -> tuple[str, str]:
+    """(path, sha256) of a userland's initramfs (catalog.USERLANDS names them)."""
+    if userland == "native":
+        return g["initramfs_native"], g["initramfs_native_sha256"]
+    if userland == "asan":
+        return g["initramfs_asan"], g["initramfs_asan_sha256"]
+    raise TandemError(f"no initramfs for userland {userland!r} in the guest build (native, asan)")
+
+
+def initrd_with_modules(initramfs: str, initramfs_sha256: str, modules: ModulesBuild) -> str:
     """The initramfs followed by a kernel flavor's module cpio, as one file.
 
     The initramfs is shared by all kernel flavors but modules must match their

@@ -53,7 +53,8 @@ class Analysis:
     kernel: Kernel
     summary: str                # one line, for --help and the docs
     userland: Userland = Userland("native")
-    equivalence: dict = field(default_factory=dict, hash=False)   # built-in spec rules (docs/equivalence.md)
+    # built-in spec rules (docs/equivalence.md): channel -> its table, as a spec file has it
+    equivalence: dict[str, dict[str, object]] = field(default_factory=dict, hash=False)
     # In `tandem demo`'s replay. The demo shows each kind of analysis once on a cold
     # machine in under 25 minutes (docs/benchmarks.md, cold setup); another kernel to
     # build is some 4-8 more minutes of it.

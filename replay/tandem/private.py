@@ -22,7 +22,7 @@ FILE_MODE = 0o600
 CHILD_UMASK = 0o077     # subprocess's umask= for the QEMUs and qemu-imgs tandem starts
 
 
-def make_dir(path: str | os.PathLike) -> Path:
+def make_dir(path: str | os.PathLike[str]) -> Path:
     """Create path and its missing parents 0700; an existing path is left as it is.
 
     Parents too: `tandem record out/x.tdm` creating out/ makes a directory as private as
@@ -44,7 +44,7 @@ def make_dir(path: str | os.PathLike) -> Path:
     return p
 
 
-def require_private_dir(d: str | os.PathLike, what: str) -> None:
+def require_private_dir(d: str | os.PathLike[str], what: str) -> None:
     """Raise unless directory d is this user's and closed to group and others: where a
     unix socket that steers a VM goes (a feed, a gate, QMP). A socket file's own mode is
     not honoured everywhere and the first client to connect to a listener wins; only the
@@ -68,18 +68,18 @@ def opener(path: str, flags: int) -> int:
     return fd
 
 
-def write_text(path: str | os.PathLike, text: str) -> None:
+def write_text(path: str | os.PathLike[str], text: str) -> None:
     with open(path, "w", encoding="utf-8", opener=opener) as f:
         f.write(text)
 
 
-def copy_file(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+def copy_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
     """shutil.copyfile, but dst is 0600 from its first byte (copyfile makes it 0644)."""
     with open(src, "rb") as fin, open(dst, "wb", opener=opener) as fout:
         shutil.copyfileobj(fin, fout, 1 << 20)
 
 
-def exposed(path: str | os.PathLike) -> list[tuple[Path, int]]:
+def exposed(path: str | os.PathLike[str]) -> list[tuple[Path, int]]:
     """(path, mode) of path and everything under it that group or others may read or
     write; symlinks are not followed (their own mode means nothing). Search (x) alone is
     not counted: through a 0711 directory only files that are readable themselves leak,

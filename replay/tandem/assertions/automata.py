@@ -11,13 +11,18 @@ activation an instance keeps, per branch (top-level OR split):
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any, TypedDict
 
 from .events import Event
 from .lang import AssertionSet, parse_text
-from .model import MASK64, Assertion, EventSpec, Step
+from .model import MASK64, Assertion, EventSpec, Pat, Step
 
 HISTORY_MAX = 4096      # pre-site observations kept per branch; the oldest half goes first
+
+Sigma = dict[str, int]          # the site's variables, bound
+Key = tuple[int, ...]           # a binding's values in the site's variable order: a pass's key
 
 
 def _value(ev: Event, i: int) -> int | None:
@@ -31,11 +36,11 @@ class _Spec:
     an event belongs to the automaton at all), variable checks once a site bound them."""
     __slots__ = ("alt", "lits", "static", "step", "text", "vars")
 
-    def __init__(self, spec: EventSpec, step: int, alt: int):
+    def __init__(self, spec: EventSpec, step: int, alt: int) -> None:
         self.text, self.step, self.alt = spec.text(), step, alt
         pats = [(i, p) for i, p in enumerate(spec.args)] + ([(-1, spec.ret)] if spec.ret else [])
         self.lits = tuple((i, p.accepted()) for i, p in pats if p.kind == "lit")
-        self.vars = tuple((i, p.value) for i, p in pats if p.kind == "var")
+        self.vars = tuple((i, p.name) for i, p in pats if p.kind == "var")
         self.static = not self.vars
 
     def lit_ok(self, ev: Event) -> bool:
@@ -45,7 +50,7 @@ class _Spec:
                 return False
         return True
 
-    def var_ok(self, ev: Event, sigma: dict[str, int]) -> bool:
+    def var_ok(self, ev: Event, sigma: Sigma) -> bool:
         for i, name in self.vars:
             v = _value(ev, i)
             if v is None or v & MASK64 != sigma[name]:
@@ -53,24 +58,28 @@ class _Spec:
         return True
 
 
+Obs = tuple[_Spec, Event]       # an event an automaton consumed, with the spec it matched
+
+
 class _Site:
     __slots__ = ("lits", "names", "text", "vars")
 
-    def __init__(self, a: Assertion):
+    def __init__(self, a: Assertion) -> None:
         s = a.site
         self.text = "site " + s.text()
         self.lits = tuple((i, p.accepted()) for i, p in enumerate(s.args) if p.kind == "lit")
-        self.vars = tuple((i, p.value) for i, p in enumerate(s.args) if p.kind == "var")
+        self.vars = tuple((i, p.name) for i, p in enumerate(s.args) if p.kind == "var")
         self.names = tuple(s.variables())
 
-    def bind(self, ev: Event) -> tuple[tuple, dict[str, int]] | None:
-        """(key, bindings) if ev is the site (its literals match), else None."""
+    def bind(self, ev: Event) -> tuple[Key, Sigma] | None:
+        """(key, bindings) if ev is the site (its literals match), else None. A site's
+        patterns are all arguments (no return value): ev.arg, never None."""
         for i, acc in self.lits:
-            if _value(ev, i) & MASK64 not in acc:
+            if ev.arg(i) & MASK64 not in acc:
                 return None
-        sigma: dict[str, int] = {}
+        sigma: Sigma = {}
         for i, name in self.vars:
-            v = _value(ev, i) & MASK64
+            v = ev.arg(i) & MASK64
             if sigma.setdefault(name, v) != v:
                 return None         # at f(x, x): both arguments must be equal
         return tuple(sigma[n] for n in self.names), sigma
@@ -79,7 +88,7 @@ class _Site:
 class _Branch:
     """One automaton: the steps of a branch with its successor relation precomputed."""
 
-    def __init__(self, steps: tuple[Step, ...]):
+    def __init__(self, steps: tuple[Step, ...]) -> None:
         self.steps = steps
         self.n = len(steps)
         self.site_idx = next(i for i, s in enumerate(steps) if s.site)
@@ -102,12 +111,13 @@ class _Branch:
             out += ["site"] if self.steps[j].site else [c.text for c in self.specs[j]]
         return out
 
-    def verify_pre(self, obs: list, strict: bool):
+    def verify_pre(self, obs: list[Obs], strict: bool) -> tuple[bool, list[Obs], list[str], Obs | None]:
         """Check the relevant observations before the site against the steps before it,
         walking backwards from the site (ThinTESLA Algorithm 3.2). Conditional: the
         most recent observations must form the sequence, older ones are discarded;
         strict: all of them must. Returns (ok, window, expected, found)."""
-        j, k, window = self.site_idx - 1, len(obs) - 1, []
+        j, k = self.site_idx - 1, len(obs) - 1
+        window: list[Obs] = []
         while j >= 0:
             if k >= 0 and obs[k][0].step == j:
                 seen = 0
@@ -133,7 +143,7 @@ class _Pass:
     """One traversal from the site on, for one binding of the site's variables."""
     __slots__ = ("complete", "hit", "matched", "pos", "seen", "sigma")
 
-    def __init__(self, sigma, pos, matched, hit, complete):
+    def __init__(self, sigma: Sigma, pos: int, matched: list[tuple[str, Event]], hit: int, complete: bool) -> None:
         self.sigma, self.pos, self.seen, self.matched, self.hit, self.complete = sigma, pos, 0, matched, hit, complete
 
 
@@ -141,10 +151,10 @@ class _State:
     """A branch's state in one instance."""
     __slots__ = ("dead", "history", "passes", "sigmas", "site_reached")
 
-    def __init__(self):
-        self.history: list = []
-        self.passes: dict[tuple, _Pass] = {}
-        self.sigmas: list[dict] = []
+    def __init__(self) -> None:
+        self.history: list[Obs] = []
+        self.passes: dict[Key, _Pass] = {}
+        self.sigmas: list[Sigma] = []
         self.site_reached = False
         self.dead = False       # strict after a violation, guideline after its one check
 
@@ -152,11 +162,30 @@ class _State:
 class _Instance:
     __slots__ = ("depth", "fails", "hits", "states")
 
-    def __init__(self, nbranches: int):
+    def __init__(self, nbranches: int) -> None:
         self.depth = 1
         self.hits = 0           # site hits so far: OR branches are judged per hit
         self.states: list[_State | None] = [None] * nbranches
         self.fails: dict[int, dict[int, Violation]] = {}
+
+
+class Observed(TypedDict):
+    """An observation as a violation reports it (_obs)."""
+    event: str                  # the spec it matched, as text
+    kind: str
+    func: str
+    icount: int
+    vm_ns: int
+    task: int
+
+
+class AutomatonState(TypedDict):
+    """Violation.state: where the automaton was when it failed."""
+    matched: list[Observed]
+    expected: list[str]
+    bindings: Sigma
+    found: Observed | None
+    branch: int | None
 
 
 @dataclass
@@ -172,19 +201,19 @@ class Violation:
     task: int
     vm_ns: int
     icount: int
-    matched: list[dict] = field(default_factory=list)   # events matched so far, oldest first
+    matched: list[Observed] = field(default_factory=list)   # events matched so far, oldest first
     expected: list[str] = field(default_factory=list)   # what the automaton waited for
     bindings: dict[str, int] = field(default_factory=dict)
-    found: dict | None = None   # the observation that was out of order, if not `event`
+    found: Observed | None = None   # the observation that was out of order, if not `event`
     branch: int | None = None   # which automaton of a top-level OR
-    alternatives: list[dict] = field(default_factory=list)  # the other OR branches' failures
+    alternatives: list[dict[str, object]] = field(default_factory=list)  # the other OR branches' failures
 
     @property
-    def state(self) -> dict:
+    def state(self) -> AutomatonState:
         return {"matched": self.matched, "expected": self.expected, "bindings": self.bindings,
                 "found": self.found, "branch": self.branch}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["event"] = _event_dict(self.event)
         return d
@@ -196,12 +225,12 @@ class Violation:
                 f"task={self.task:#x} vm_ns={self.vm_ns} icount={self.icount}")
 
 
-def _event_dict(ev: Event) -> dict:
+def _event_dict(ev: Event) -> dict[str, object]:
     return {"kind": ev.kind, "func": ev.func, "args": list(ev.args), "ret": ev.ret, "task": ev.task,
             "vm_ns": ev.vm_ns, "icount": ev.icount, "pc": ev.pc, "stack": list(ev.stack)}
 
 
-def _obs(text: str, ev: Event) -> dict:
+def _obs(text: str, ev: Event) -> Observed:
     return {"event": text, "kind": ev.kind, "func": ev.func, "icount": ev.icount, "vm_ns": ev.vm_ns,
             "task": ev.task}
 
@@ -217,14 +246,14 @@ class CheckerStats:
     history_dropped: int = 0        # pre-site observations dropped past HISTORY_MAX
     open_at_finish: int = 0         # instances whose bound had not returned at finish()
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, int]:
         return asdict(self)
 
 
 class _Rule:
     """The runtime of one assertion: its branches and live instances."""
 
-    def __init__(self, a: Assertion, stats: CheckerStats):
+    def __init__(self, a: Assertion, stats: CheckerStats) -> None:
         self.a, self.stats = a, stats
         self.strict, self.guideline = a.mode == "strict", a.mode == "guideline"
         self.per_thread = a.scope == "per-thread"
@@ -237,7 +266,7 @@ class _Rule:
         self.gtotal = 0
 
     # bounds: an instance lives from the outermost call of the bound to its return
-    def bound_call(self, ev, out, _a, _b):
+    def bound_call(self, ev: Event, out: list[Violation], _a: object, _b: object) -> None:
         if self.per_thread:
             inst = self.insts.get(ev.task)
             if inst is not None:
@@ -252,7 +281,7 @@ class _Rule:
             self.insts[None] = _Instance(len(self.branches))
         self.stats.instances_created += 1
 
-    def bound_return(self, ev, out, _a, _b):
+    def bound_return(self, ev: Event, out: list[Violation], _a: object, _b: object) -> None:
         if self.per_thread:
             inst = self.insts.get(ev.task)
             if inst is None:
@@ -275,7 +304,7 @@ class _Rule:
             inst = self.insts.pop(None)
         self.close(inst, ev, out)
 
-    def close(self, inst: _Instance, ev: Event, out: list) -> None:
+    def close(self, inst: _Instance, ev: Event, out: list[Violation]) -> None:
         bound = self.a.bound
         for bi, br in enumerate(self.branches):
             st = inst.states[bi]
@@ -295,7 +324,7 @@ class _Rule:
                 if not st.site_reached:
                     first = st.history[0] if st.history else None
                     self._fail(inst, bi, 0, f"{bound} returned without reaching the assertion site (strict)",
-                               ev, [], br.expected(-1), {}, first and _obs(first[0].text, first[1]), out)
+                               ev, [], br.expected(-1), {}, _obs(first[0].text, first[1]) if first else None, out)
                 else:
                     left = [o for o in st.history
                             if o[0].static or any(o[0].var_ok(o[1], s) for s in st.sigmas)]
@@ -305,7 +334,7 @@ class _Rule:
                                    _obs(left[0][0].text, left[0][1]), out)
 
     # the assertion site
-    def site_hit(self, ev, out, _a, _b):
+    def site_hit(self, ev: Event, out: list[Violation], _a: object, _b: object) -> None:
         inst = self.insts.get(ev.task if self.per_thread else None)
         if inst is None:
             self.stats.sites_outside_bound += 1
@@ -323,7 +352,8 @@ class _Rule:
             if not st.dead:
                 self._site(inst, bi, br, st, key, sigma, ev, out)
 
-    def _site(self, inst, bi, br, st, key, sigma, ev, out):
+    def _site(self, inst: _Instance, bi: int, br: _Branch, st: _State, key: Key, sigma: Sigma, ev: Event,
+              out: list[Violation]) -> None:
         p = st.passes.get(key)
         if p is not None:
             if p.complete and not self.strict:
@@ -344,7 +374,7 @@ class _Rule:
                 st.history = [o for o in st.history if not o[0].var_ok(o[1], sigma)]
             ok, window, exp, found = br.verify_pre(rel, self.strict)
         elif br.site_idx == 0:
-            ok, window = True, []   # eventually(...): nothing to check before the site
+            ok, window, exp, found = True, [], [], None     # eventually(...): nothing to check before the site
         else:
             ok, window, exp, found = br.verify_pre([], self.strict)
         matched = [(s.text, e) for s, e in window]
@@ -356,7 +386,7 @@ class _Rule:
             else:
                 why = f"{found[0].text} happened before the sequence began (strict)"
             self._fail(inst, bi, inst.hits, why, ev, matched, exp, sigma,
-                       found and _obs(found[0].text, found[1]), out)
+                       _obs(found[0].text, found[1]) if found else None, out)
             return
         matched.append((self.site.text, ev))
         pos = br.site_idx
@@ -370,7 +400,7 @@ class _Rule:
         st.passes[key] = _Pass(sigma, pos, matched, inst.hits, br.complete(pos))
 
     # the events of the sequence
-    def event(self, ev, out, bi, c: _Spec):
+    def event(self, ev: Event, out: list[Violation], bi: int, c: _Spec) -> None:
         inst = self.insts.get(ev.task if self.per_thread else None)
         if inst is None or not c.lit_ok(ev):
             return
@@ -419,13 +449,14 @@ class _Rule:
                 del h[:drop]
                 self.stats.history_dropped += drop
 
-    def _fail(self, inst, bi, hit, reason, ev, matched, expected, sigma, found, out):
+    def _fail(self, inst: _Instance, bi: int, hit: int, reason: str, ev: Event, matched: list[tuple[str, Event]],
+              expected: list[str], sigma: Sigma, found: Observed | None, out: list[Violation]) -> None:
         a = self.a
         v = Violation(a.name, a.mode, a.scope, a.mode != "guideline", reason, ev, ev.task, ev.vm_ns,
                       ev.icount, [_obs(t, e) for t, e in matched], list(expected), dict(sigma), found,
                       bi if len(self.branches) > 1 else None)
-        st = inst.states[bi]
-        if self.strict or self.guideline:
+        st = inst.states[bi]       # made by the caller, which judged this branch
+        if st is not None and (self.strict or self.guideline):
             st.dead = True
             st.passes.clear()
         if len(self.branches) == 1:
@@ -443,6 +474,11 @@ class _Rule:
             self.stats.violations += 1
 
 _SITE = object()     # marks a site op in Checker's index
+# An op's handler: a _Rule method called with the event, the violations found so far and
+# the op's own two arguments (a branch index and its _Spec for an event of a sequence;
+# unused by the bound's call and return and by the site), whose types differ per handler.
+Handler = Callable[[Event, list[Violation], Any, Any], None]
+Live = dict[int | None, _Instance]  # a rule's instances: the op runs only while one lives
 
 
 def _one_of(texts: list[str]) -> str:
@@ -452,7 +488,7 @@ def _one_of(texts: list[str]) -> str:
 class Checker:
     """Feed events in trace order; get the violations each one reveals."""
 
-    def __init__(self, assertion_set: AssertionSet):
+    def __init__(self, assertion_set: AssertionSet) -> None:
         self._stats = CheckerStats()
         self._seen = self._matched = 0     # plain attributes: feed() is the hot path
         self.rules = [_Rule(a, self._stats) for a in assertion_set.assertions]
@@ -461,7 +497,7 @@ class Checker:
         # bound's entry is inside the bound) and its return last
         # op: (handler, arg, arg, live) where live is the rule's instance dict, or None
         # for the bound's call and return, which run whether or not an instance lives
-        ops: dict[tuple[str, str], list] = {}
+        ops: dict[tuple[str, str], list[tuple[int, Handler, object, object, Live | None]]] = {}
         for r in self.rules:
             a = r.a
             ops.setdefault((a.bound, "call"), []).append((0, r.bound_call, None, None, None))
@@ -472,7 +508,7 @@ class Checker:
                         e = br.steps[c.step].alts[c.alt]
                         ops.setdefault((e.func, e.kind), []).append((2, r.event, bi, c, r.insts))
             ops.setdefault((a.bound, "return"), []).append((3, r.bound_return, None, None, None))
-        self._index: dict[str, dict[str, tuple]] = {}
+        self._index: dict[str, dict[str, tuple[tuple[Handler, object, object, Live | None], ...]]] = {}
         for (func, kind), lst in ops.items():
             lst.sort(key=lambda o: o[0])
             self._index.setdefault(func, {})[kind] = tuple(o[1:] for o in lst)
@@ -534,25 +570,28 @@ assert "bench-global" global conditional at commit:
 """
 
 
+Scripted = tuple[str, str, tuple[int, ...], int | None]     # (kind, func, args, ret) of an event
+
+
 def synthetic_events(aset: AssertionSet, n: int, tasks: int = 2, noise: int = 1) -> list[Event]:
     """A stream that satisfies every assertion's first branch, repeated until n events:
     per-thread assertions run on `tasks` interleaved tasks, global ones on one task at
     a time; `noise` events of an unrelated function follow each related one."""
-    def args_for(pats):
-        return tuple(p.value & MASK64 if p.kind == "lit" else 0x1000 for p in pats) + (0,) * (6 - len(pats))
+    def args_for(pats: tuple[Pat, ...]) -> tuple[int, ...]:
+        return tuple(p.number & MASK64 if p.kind == "lit" else 0x1000 for p in pats) + (0,) * (6 - len(pats))
 
-    def script(a: Assertion) -> list[tuple]:
-        out = [("call", a.bound, (0,) * 6, None)]
+    def script(a: Assertion) -> list[Scripted]:
+        out: list[Scripted] = [("call", a.bound, (0,) * 6, None)]
         for s in a.branches[0]:
             if s.site:
                 out.append((a.site.event_kind, a.site.event_func, args_for(a.site.args), None))
             elif not s.optional:
                 e = s.alts[0]
-                ret = (0 if e.ret is None else e.ret.value & MASK64 if e.ret.kind == "lit" else 0x1000)
+                ret = (0 if e.ret is None else e.ret.number & MASK64 if e.ret.kind == "lit" else 0x1000)
                 out.append((e.kind, e.func, args_for(e.args), ret if e.kind == "return" else None))
         return out + [("return", a.bound, (0,) * 6, 0)]
 
-    order: list[tuple[int, tuple]] = []     # (task, event fields)
+    order: list[tuple[int, Scripted]] = []     # (task, event fields)
     for a in aset.assertions:
         sc = script(a)
         if a.scope == "per-thread":
@@ -576,7 +615,7 @@ def bench_ns_per_event(n: int = 200_000, assertion_set: AssertionSet | None = No
     set of four assertions of different shapes."""
     aset = assertion_set or parse_text(BENCH_ASSERTIONS, "<bench>")
     synthetic = events is None
-    if synthetic:
+    if events is None:
         events = synthetic_events(aset, n)
     best = float("inf")
     for _ in range(3):

@@ -473,14 +473,14 @@ class Kernel:
             img = next((i for i, x in enumerate(self.images) if f and x.name == f.image), 0)
             by_image.setdefault(img, []).append(pc)
         for i, group in by_image.items():
-            img = self.images[i]
-            if img.name == "vmlinux":
-                out.update(source_lines(img.path, group))
+            image = self.images[i]
+            if image.name == "vmlinux":
+                out.update(source_lines(image.path, group))
                 continue
             for pc in group:      # module: addr2line wants section-relative addresses
-                for sec, base, size in img.exec_sections:
+                for sec, base, size in image.exec_sections:
                     if base <= pc < base + size:
-                        out[pc] = source_lines(img.path, [pc - base], sec)[pc - base]
+                        out[pc] = source_lines(image.path, [pc - base], sec)[pc - base]
         return out
 
 

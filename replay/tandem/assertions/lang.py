@@ -13,8 +13,10 @@ import difflib
 import itertools
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from ..errors import TandemError
 from .model import MODES, SCOPES, SITE_STEP, Assertion, EventSpec, Pat, Site, Step
@@ -82,6 +84,14 @@ def _tokens(text: str, file: str) -> list[Tok]:
     return out
 
 
+class Positioned(Protocol):
+    """What an error can point at: a token, a node, a pattern, an event, a site."""
+    @property
+    def line(self) -> int: ...
+    @property
+    def col(self) -> int: ...
+
+
 # --- syntax tree (before OR distribution) -------------------------------------------
 
 @dataclass
@@ -89,8 +99,15 @@ class _Node:
     kind: str           # "ev" | "site" | "seq" | "opt" | "or"
     line: int
     col: int
-    spec: EventSpec | None = None
-    items: list[_Node] | None = None
+    spec: EventSpec | None = None   # "ev" only
+    items: list[_Node] = field(default_factory=list)   # what a "seq", "opt" or "or" holds
+
+    @property
+    def event(self) -> EventSpec:
+        """An "ev" node's event."""
+        if self.spec is None:
+            raise TypeError(f"a {self.kind!r} node has no event")
+        return self.spec
 
 
 SEQ_WORDS = {"sequence": "seq", "previously": "prev", "eventually": "next"}
@@ -106,7 +123,7 @@ class _Parser:
     def tok(self) -> Tok:
         return self.toks[self.i]
 
-    def err(self, tok_or_pos, msg: str) -> AssertionLangError:
+    def err(self, tok_or_pos: Positioned, msg: str) -> AssertionLangError:
         return AssertionLangError(self.file, tok_or_pos.line, tok_or_pos.col, msg)
 
     def take(self, kind: str, what: str | None = None) -> Tok:
@@ -157,7 +174,8 @@ class _Parser:
 
     # grammar
     def file_(self) -> list[Assertion]:
-        out, names = [], {}
+        out: list[Assertion] = []
+        names: dict[str, int] = {}     # assertion -> the line it is defined at
         while self.tok.kind != "eof":
             a = self.assertion()
             if a.name in names:
@@ -340,9 +358,9 @@ class _Parser:
         for s in steps:
             for e in s.alts:
                 for p in e.patterns():
-                    if p.kind == "var" and p.value not in bound_vars:
+                    if p.kind == "var" and p.name not in bound_vars:
                         where = f"at {site.text()} binds " + (", ".join(sorted(bound_vars)) or "none")
-                        raise self.err(p, f"variable '{p.value}' is not bound at the assertion site ({where})")
+                        raise self.err(p, f"variable '{p.name}' is not bound at the assertion site ({where})")
                 same = seen.setdefault((e.func, e.kind), [])
                 for other, what in same:
                     if e.overlaps(other):
@@ -358,7 +376,7 @@ def _expand(n: _Node, p: _Parser) -> list[list[tuple[Step, _Node]]]:
     """All branches of a node, each a list of (step, node for positions). An OR of
     plain events is one OR-block step; any other OR is distributed into branches."""
     if n.kind == "ev":
-        return [[(Step((n.spec,)), n)]]
+        return [[(Step((n.event,)), n)]]
     if n.kind == "site":
         return [[(SITE_STEP, n)]]
     if n.kind == "seq":
@@ -373,7 +391,7 @@ def _expand(n: _Node, p: _Parser) -> list[list[tuple[Step, _Node]]]:
     alts = _or_events(n)
     if n.kind == "opt":
         inner = n.items[0]
-        ev = [inner.spec] if inner.kind == "ev" else _or_events(inner)
+        ev = [inner.event] if inner.kind == "ev" else _or_events(inner)
         if ev is not None:
             return [[(Step(tuple(ev), optional=True), n)]]
         return _expand(inner, p) + [[]]     # optional(sequence(...)): with or without it
@@ -391,7 +409,7 @@ def _or_events(n: _Node) -> list[EventSpec] | None:
     if n.kind != "or":
         return None
     items = _flatten_or(n)
-    return [i.spec for i in items] if all(i.kind == "ev" for i in items) else None
+    return [i.event for i in items] if all(i.kind == "ev" for i in items) else None
 
 
 # --- public API ---------------------------------------------------------------------
@@ -406,7 +424,7 @@ class AssertionSet:
     def __len__(self) -> int:
         return len(self.assertions)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Assertion]:
         return iter(self.assertions)
 
     def names(self) -> list[str]:
@@ -429,7 +447,7 @@ class AssertionSet:
         """(symbol, offset) of every symbol+offset assertion site, for the event source."""
         return sorted({(a.site.func, a.site.offset) for a in self.assertions if a.site.offset is not None})
 
-    def select(self, names) -> AssertionSet:
+    def select(self, names: Iterable[str]) -> AssertionSet:
         """The named assertions, in this set's order (for benchmarks: 0, 10 or all)."""
         want = list(names)
         missing = [n for n in want if n not in set(self.names())]
@@ -452,7 +470,7 @@ def parse_text(text: str, name: str = "<string>", symbols: SymbolSource | None =
     return AssertionSet(_Parser(text, name, names).file_(), name)
 
 
-def parse_file(path: str | os.PathLike, symbols: SymbolSource | None = None) -> AssertionSet:
+def parse_file(path: str | os.PathLike[str], symbols: SymbolSource | None = None) -> AssertionSet:
     try:
         text = Path(path).read_text()
     except OSError as e:

@@ -16,22 +16,36 @@ MASK64 = (1 << 64) - 1
 class Pat:
     """An argument or return-value pattern: `_`, a literal integer or a variable."""
     kind: str                   # "any" | "lit" | "var"
-    value: int | str | None = None
+    value: int | str | None = None      # the literal's int, the variable's name, None for "any"
     line: int = field(default=0, compare=False)
     col: int = field(default=0, compare=False)
+
+    @property
+    def number(self) -> int:
+        """A literal's integer."""
+        if not isinstance(self.value, int):
+            raise TypeError(f"a {self.kind!r} pattern has no integer")
+        return self.value
+
+    @property
+    def name(self) -> str:
+        """A variable's name."""
+        if not isinstance(self.value, str):
+            raise TypeError(f"a {self.kind!r} pattern has no variable name")
+        return self.value
 
     def text(self) -> str:
         if self.kind == "any":
             return "_"
         if self.kind == "lit":
-            return str(self.value) if -4096 <= self.value <= 4096 else hex(self.value)
-        return self.value
+            return str(self.number) if -4096 <= self.number <= 4096 else hex(self.number)
+        return self.name
 
     def accepted(self) -> frozenset[int]:
         """The 64-bit values a literal matches. A negative literal also matches its
         32-bit two's complement zero-extended: an `int` result in eax leaves the upper
         half of rax zero (mov eax, -13), and the language does not know C types."""
-        v = self.value
+        v = self.number
         out = {v & MASK64}
         if -(1 << 31) <= v < 0:
             out.add(v & 0xFFFFFFFF)
@@ -59,7 +73,7 @@ class EventSpec:
         return list(self.args) + ([self.ret] if self.ret is not None else [])
 
     def variables(self) -> set[str]:
-        return {p.value for p in self.patterns() if p.kind == "var"}
+        return {p.name for p in self.patterns() if p.kind == "var"}
 
     def overlaps(self, other: EventSpec) -> bool:
         """Whether one runtime event could match both (variables may be equal at runtime)."""
@@ -115,10 +129,10 @@ class Site:
 
     def variables(self) -> list[str]:
         """Bound variables in argument order, each once."""
-        out = []
+        out: list[str] = []
         for p in self.args:
-            if p.kind == "var" and p.value not in out:
-                out.append(p.value)
+            if p.kind == "var" and p.name not in out:
+                out.append(p.name)
         return out
 
     def text(self) -> str:

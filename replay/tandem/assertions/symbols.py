@@ -35,7 +35,7 @@ def load_symbols(path: str | os.PathLike) -> dict[str, int]:
     return out
 
 
-SymbolSource = str | os.PathLike | AbstractSet | Mapping | Iterable
+SymbolSource = str | os.PathLike[str] | AbstractSet[str] | Mapping[str, object] | Iterable["SymbolSource"]
 
 
 def symbol_names(source: SymbolSource | None) -> frozenset[str] | None:
@@ -50,5 +50,5 @@ def symbol_names(source: SymbolSource | None) -> frozenset[str] | None:
         return frozenset(source)
     names: set[str] = set()
     for s in source:
-        names |= symbol_names(s)
+        names |= symbol_names(s) or frozenset()
     return frozenset(names)

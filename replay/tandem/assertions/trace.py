@@ -18,6 +18,7 @@ import shutil
 import struct
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +60,7 @@ class Plan:
         path.write_text("".join(line + "\n" for line in self.lines))
 
 
-def plan(kern: Kernel, needed: dict[str, set[str]], sites: list[tuple[str, int]] = ()) -> Plan:
+def plan(kern: Kernel, needed: dict[str, set[str]], sites: Sequence[tuple[str, int]] = ()) -> Plan:
     """Watch points for the symbols an assertion set needs ("call", "return") and its sites."""
     funcs: list[Func] = []
     roles: dict[int, list[tuple[str, int]]] = {}
@@ -259,15 +260,16 @@ def decode(path: Path, p: Plan, kern: Kernel | None = None) -> tuple[list[Event]
             if ident >= len(p.funcs):
                 raise TraceError(f"{path}: function id {ident} not in the plan")
             func = p.funcs[ident].name
-        stack, n = (), (0, False)
+        stack: tuple[int, ...] = ()
+        n: tuple[int, bool] = (0, False)    # (frames the unwinder found exactly, to the end)
         if kern is not None:
             key = (pc, sp, bp, words)       # loops repeat the same stacks: unwind once
             if key not in unwound:
                 unwound[key] = kern.unwind(pc, sp, bp, words)
-            frames, *n = unwound[key]
-            stack = tuple(frames)
+            frames, exact_n, to_end = unwound[key]
+            stack, n = tuple(frames), (exact_n, to_end)
         events.append(Event(kind, func, args, ret if kind == "return" else None, task,
                             vm_ns - (back << ICOUNT_SHIFT), icount - back, pc, stack))
         comms.append(comm.split(b"\0", 1)[0].decode(errors="replace"))
-        exact.append(tuple(n))
+        exact.append(n)
     return events, comms, exact, end

@@ -19,6 +19,7 @@ from ..exact.replay import replay
 from ..record.recording import Recording
 from ..record.workload import PLANTED_BUGS, bad_requests, demo_traffic
 from .inspect_bundle import inspect, render
+from .render import console
 
 # Every analysis of the catalogue but the null one (the demo adds it itself, for noise).
 DEMO_ANALYSES = catalog.demo_analyses()
@@ -109,4 +110,4 @@ def add_parsers(sub) -> None:
 
 
 def cmd_demo(args) -> int:
-    return run_demo(render.console, Path(args.workdir) if args.workdir else None)
+    return run_demo(console, Path(args.workdir) if args.workdir else None)

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def _wait_for(path: Path, timeout: float) -> None:
 
 
 def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = False,
-           progress=None, keep: Path | None = None, extra: list[str] = ()) -> Verdict:
+           progress=None, keep: Path | None = None, extra: Sequence[str] = ()) -> Verdict:
     """extra: QEMU arguments appended to the replay's (a TCG plugin: assertions/trace.py)."""
     d = Path(bundle_dir)
     q = artifacts.qemu()
@@ -144,7 +145,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
 
 
 def replay_run(manifest: dict, tmp: Path, stream: Path, overlay: Path, *, follow: bool = False,
-               partial: bool = False, extra=()) -> Run:
+               partial: bool = False, extra: Sequence[str] = ()) -> Run:
     """How a bundle replays: its machine section's stop time, mode and (for an analysis
     run's own recording) RTC base and lookahead, and what libvirt added that the guest saw."""
     machine = manifest["machine"]
@@ -167,7 +168,8 @@ def replay_run(manifest: dict, tmp: Path, stream: Path, overlay: Path, *, follow
 def _run_to_end(vm: VM, partial: bool, progress) -> None:
     """Run until QEMU exits (the recorded shutdown) or, for a prefix, pauses at its end."""
     last_clock, last_change = None, time.monotonic()
-    while vm.proc.poll() is None:
+    proc = vm.process()
+    while proc.poll() is None:
         st = vm.vm_status()
         if progress:
             progress(st)
@@ -183,8 +185,8 @@ def _run_to_end(vm: VM, partial: bool, progress) -> None:
             raise TandemError(f"replay hung: VM clock stuck at {clock} ns for {HANG_SECONDS}s "
                               f"({vm.log_tail()})")
         try:    # returns as soon as QEMU exits: the replay's end is not rounded up
-            vm.proc.wait(timeout=0.2)
+            proc.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
             pass
-    if vm.proc.returncode != 0:
-        raise TandemError(f"replay QEMU exited with status {vm.proc.returncode}: {vm.log_tail()}")
+    if proc.returncode != 0:
+        raise TandemError(f"replay QEMU exited with status {proc.returncode}: {vm.log_tail()}")

@@ -16,7 +16,8 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from collections.abc import Callable
+from typing import IO, Any, BinaryIO, Literal, NamedTuple, TextIO, overload
 
 from .. import __version__, catalog, private
 from ..errors import BundleError
@@ -59,7 +60,7 @@ def new_manifest() -> dict[str, Any]:
     }
 
 
-def new_bundle(path: str | os.PathLike, manifest: dict[str, Any] | None = None) -> Path:
+def new_bundle(path: str | os.PathLike[str], manifest: dict[str, Any] | None = None) -> Path:
     """Create the bundle directory, 0700 (private.py), and write its first manifest;
     an existing non-empty one is never overwritten, an existing empty one becomes the
     bundle and is made 0700 too.
@@ -93,7 +94,7 @@ def new_bundle(path: str | os.PathLike, manifest: dict[str, Any] | None = None) 
     return p
 
 
-def refuse_existing(path: str | os.PathLike) -> None:
+def refuse_existing(path: str | os.PathLike[str]) -> None:
     """Raise unless path is free for a new bundle (absent, or an empty directory): the
     cheap check a recorder makes before hashing its inputs; new_bundle repeats it under
     its lock."""
@@ -112,7 +113,7 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def write_manifest(bundle_dir: str | os.PathLike, manifest: dict[str, Any]) -> None:
+def write_manifest(bundle_dir: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
     """Replace manifest.json atomically: a crash leaves the old or the new one, never half."""
     d = Path(bundle_dir)
     tmp = d / (MANIFEST + ".tmp")
@@ -125,7 +126,7 @@ def write_manifest(bundle_dir: str | os.PathLike, manifest: dict[str, Any]) -> N
     _fsync_dir(d)
 
 
-def sha256_file(path: str | os.PathLike) -> str:
+def sha256_file(path: str | os.PathLike[str]) -> str:
     with open(path, "rb") as f:
         return _sha256(f)
 
@@ -158,8 +159,14 @@ def _kind(mode: int) -> str:
     return next((what for is_kind, what in _KINDS if is_kind(mode)), "not a regular file")
 
 
-def open_member(bundle_dir: str | os.PathLike, name: str, mode: str = "rb", *,
-                buffering: int = -1, encoding: str | None = None) -> IO:
+@overload
+def open_member(bundle_dir: str | os.PathLike[str], name: str, mode: Literal["rb"] = "rb", *,
+                buffering: int = -1, encoding: None = None) -> BinaryIO: ...
+@overload
+def open_member(bundle_dir: str | os.PathLike[str], name: str, mode: Literal["r"], *,
+                buffering: int = -1, encoding: str | None = None) -> TextIO: ...
+def open_member(bundle_dir: str | os.PathLike[str], name: str, mode: str = "rb", *,
+                buffering: int = -1, encoding: str | None = None) -> IO[Any]:
     """The bundle's file `name` (one plain name), open for reading, or a one-line
     BundleError naming it: a symbolic link, a FIFO, a directory or a device is refused,
     never followed or waited on; a missing one is MissingMember."""
@@ -196,24 +203,25 @@ def open_member(bundle_dir: str | os.PathLike, name: str, mode: str = "rb", *,
         raise
 
 
-def open_path(path: str | os.PathLike, mode: str = "rb", *, buffering: int = -1) -> IO:
+def open_path(path: str | os.PathLike[str], *, buffering: int = -1) -> BinaryIO:
     """open_member for a reader given a path (pcapng, rrstream): its last component opened
-    as a member of its directory. The directory itself is the caller's to name."""
+    as a member of its directory, for reading bytes. The directory itself is the caller's
+    to name."""
     p = Path(path)
-    return open_member(p.parent, p.name, mode, buffering=buffering)
+    return open_member(p.parent, p.name, buffering=buffering)
 
 
-def file_entry(path: str | os.PathLike) -> dict[str, Any]:
+def file_entry(path: str | os.PathLike[str]) -> dict[str, Any]:
     """{size, sha256} of a file, hashed in chunks (bundle files can be GBs)."""
     return {"size": os.stat(path).st_size, "sha256": sha256_file(path)}
 
 
-def input_entry(path: str | os.PathLike) -> dict[str, Any]:
+def input_entry(path: str | os.PathLike[str]) -> dict[str, Any]:
     """{path, sha256, size} of an input artifact (kernel, initrd, disk base)."""
     return {"path": str(Path(path).resolve()), **file_entry(path)}
 
 
-def load_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
+def load_manifest(bundle_dir: str | os.PathLike[str]) -> dict[str, Any]:
     d = Path(bundle_dir)
     if not d.is_dir():
         raise BundleError(f"{d}: no such recording bundle")
@@ -275,7 +283,7 @@ def _text(value: Any, limit: int = 4096) -> bool:
 
 # field -> (check, what it must be); a field absent or null is not checked here (the code
 # that needs it says so), a present one must have its shape.
-_MACHINE = {
+_MACHINE: FieldRules = {
     "memory_mb": (lambda v: _int(v, 16, 1 << 22), "a whole number of MiB, 16 to 4194303"),
     "smp": (lambda v: _int(v, 1, 1024), "a vCPU count, 1 to 1023"),
     "icount_shift": (lambda v: _int(v, 0, 11), "QEMU's icount shift, 0 to 10"),
@@ -293,7 +301,7 @@ _MACHINE = {
     "analysis": (lambda v: _text(v, 64), "an analysis name"),
     "libvirt": (lambda v: isinstance(v, dict), "a table"),
 }
-_STOP = {"reason": (lambda v: _text(v, 256), "text"), "vm_ns": (_int, "a whole number of nanoseconds"),
+_STOP: FieldRules = {"reason": (lambda v: _text(v, 256), "text"), "vm_ns": (_int, "a whole number of nanoseconds"),
          "icount": (_int, "a whole number of instructions")}
 
 
@@ -309,7 +317,11 @@ def _entry_problem(where: str, entry: Any, *, with_path: bool) -> str | None:
     return None
 
 
-def _fields_problem(where: str, table: Any, rules: dict) -> str | None:
+# A manifest table's rules: key -> (does a value fit, what it should be, for the message).
+FieldRules = dict[str, tuple[Callable[[Any], bool], str]]
+
+
+def _fields_problem(where: str, table: Any, rules: FieldRules) -> str | None:
     if not isinstance(table, dict):
         return f"{where}: {_shown(table)} is not a table"
     for key, (ok, what) in rules.items():
@@ -357,7 +369,7 @@ def manifest_problem(m: dict[str, Any]) -> str | None:
     return None
 
 
-def verify_files(bundle_dir: str | os.PathLike, manifest: dict[str, Any], *,
+def verify_files(bundle_dir: str | os.PathLike[str], manifest: dict[str, Any], *,
                  check_hash: bool = True) -> list[Problem]:
     """Compare the bundle's files against the manifest's `files` section."""
     d = Path(bundle_dir)
@@ -376,7 +388,7 @@ def verify_files(bundle_dir: str | os.PathLike, manifest: dict[str, Any], *,
     return problems
 
 
-def symlink_problems(bundle_dir: str | os.PathLike) -> list[str]:
+def symlink_problems(bundle_dir: str | os.PathLike[str]) -> list[str]:
     """The entries of a bundle that are neither files nor directories, one line each: a
     symbolic link (one to /etc/shadow must not be read, hashed or even sized), a FIFO (it
     would block its reader), a socket or a device. Directories are the bundle's own (an
@@ -444,7 +456,7 @@ def printable(text: str) -> str:
     return text if text.isprintable() else _shown(text)
 
 
-def check_bundle(bundle_dir: str | os.PathLike, *, qemu_build_id: str | None = None,
+def check_bundle(bundle_dir: str | os.PathLike[str], *, qemu_build_id: str | None = None,
                  partial: bool = False) -> dict[str, Any]:
     """Raise BundleError for the first reason the bundle cannot be replayed; return the manifest.
 
@@ -461,8 +473,8 @@ def check_bundle(bundle_dir: str | os.PathLike, *, qemu_build_id: str | None = N
     recorded = (manifest.get("qemu") or {}).get("build_id")
     if qemu_build_id is not None and recorded != qemu_build_id:
         raise BundleError(f"{d}: recorded with QEMU build {_short(recorded)}, this is {_short(qemu_build_id)}")
-    for problem in symlink_problems(d):
-        raise BundleError(problem)
+    for link in symlink_problems(d):
+        raise BundleError(link)
     for problem in verify_files(d, manifest):
         if partial and problem.file in PARTIAL_TOLERANT and problem.kind in ("size", "hash"):
             continue

@@ -48,7 +48,7 @@ class Frame:
     arp_spa: bytes = b""
     arp_tpa: bytes = b""
 
-    def flow(self) -> tuple:
+    def flow(self) -> tuple[bytes, int, bytes, int]:
         """(src ip, src port, dst ip, dst port) for TCP/UDP."""
         return (self.ip_src, self.sport, self.ip_dst, self.dport)
 
@@ -90,7 +90,11 @@ _IP4_TCP = struct.Struct("!2xH2xHBB2x4s4s")   # at offset 14: total length, frag
 _TCP_HEAD = struct.Struct("!HHIIBB")            # ports, seq, ack, data offset, flags
 
 
-def tcp4(frame: bytes) -> tuple | None:
+# tcp4()'s answer: (ip src, sport, ip dst, dport, seq, flags, payload).
+TcpSegment = tuple[bytes, int, bytes, int, int, int, bytes]
+
+
+def tcp4(frame: bytes) -> TcpSegment | None:
     """The fields parse() would give an unfragmented IPv4 TCP segment with a complete
     header, without building a Frame: (ip src, sport, ip dst, dport, seq, flags,
     payload); None for anything else (use parse() for it). The MACs are frame[6:12]
@@ -132,7 +136,7 @@ def _tcp_options(f: Frame, opts: bytes) -> None:
 def _checksum(data: bytes) -> int:
     if len(data) % 2:
         data += b"\0"
-    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    s: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
     while s >> 16:
         s = (s & 0xFFFF) + (s >> 16)
     return ~s & 0xFFFF

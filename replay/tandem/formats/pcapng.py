@@ -82,7 +82,7 @@ class Event(NamedTuple):
 
 class IfaceStats(NamedTuple):
     end_vm_ns: int | None
-    count: int | None
+    count: int | None   # type: ignore[assignment]  # pcapng's isb_ name; hides tuple.count, unused on it
     icount: int | None
 
 
@@ -124,7 +124,7 @@ def _join_block(pieces: list[bytes]) -> bytes:
     return _BLOCK_HDR.pack(op, start, end - start) + b"".join(p[_BLOCK_HDR.size:] for p in pieces)
 
 
-def _fill(f, buf: bytes, base: int, offset: int, k: int) -> tuple[bytes, int]:
+def _fill(f: BinaryIO, buf: bytes, base: int, offset: int, k: int) -> tuple[bytes, int]:
     """(buf, base) holding at least k bytes of the file from `offset` on, unless the
     file ends first; buf holds the file's bytes from offset `base` on."""
     if len(buf) - (offset - base) >= k:
@@ -142,10 +142,10 @@ def _ts_to_ns(ts: int, tsresol: int) -> int:
     # if_tsresol: MSB clear -> units of 10^-n s, MSB set -> 2^-n s.
     n = tsresol & 0x7F
     if tsresol & 0x80:
-        return ts * 10**9 >> n
+        return (ts * 1_000_000_000) >> n
     if n <= 9:
-        return ts * 10 ** (9 - n)
-    return ts // 10 ** (n - 9)
+        return ts * int(10 ** (9 - n))
+    return ts // int(10 ** (n - 9))
 
 
 def _options(body: bytes, start: int) -> Iterator[tuple[int, bytes]]:
@@ -164,14 +164,16 @@ def _options(body: bytes, start: int) -> Iterator[tuple[int, bytes]]:
 
 def _icount_option(value: bytes) -> int | None:
     if len(value) >= 12 and struct.unpack_from("<I", value)[0] == TANDEM_PEN:
-        return struct.unpack_from("<Q", value, 4)[0]
+        icount: int = struct.unpack_from("<Q", value, 4)[0]
+        return icount
     return None
 
 
 def _flags_option(value: bytes) -> int | None:
     """A tandem custom option with a 4-byte value: record flags (EPB), format (SHB)."""
     if len(value) == 8 and struct.unpack_from("<I", value)[0] == TANDEM_PEN:
-        return struct.unpack_from("<I", value, 4)[0]
+        flags: int = struct.unpack_from("<I", value, 4)[0]
+        return flags
     return None
 
 
@@ -182,14 +184,15 @@ class _Pieces:
     def __init__(self, iface: int, direction: str | None, vm_ns: int, icount: int | None,
                  offset: int):
         self.iface, self.direction, self.vm_ns, self.icount = iface, direction, vm_ns, icount
-        self.offset, self.parts = offset, []
+        self.offset = offset
+        self.parts: list[bytes] = []
 
 
 class DevlogReader:
     """Iterate the events of a device log; `interfaces`, `stats` and `torn_at`
     fill in as the file is read (complete once iteration is exhausted)."""
 
-    def __init__(self, path: str | os.PathLike, *, allow_torn: bool = True,
+    def __init__(self, path: str | os.PathLike[str], *, allow_torn: bool = True,
                  follow: Callable[[], bool] | None = None):
         """follow: for a log still being written (a live native): while it returns
         True, the end of the file is waited on instead of ending the iteration."""
@@ -207,7 +210,7 @@ class DevlogReader:
     def _fail(self, what: str, offset: int) -> BundleError:
         return BundleError(f"{self.path}: {what} at offset {offset}")
 
-    def _more(self, f) -> int | None:
+    def _more(self, f: BinaryIO) -> int | None:
         """Following a live log: wait for it to grow; its new size, or None once
         the writer is done (then read what is there as a finished log)."""
         if self.follow is None or not self.follow():
@@ -425,12 +428,12 @@ class DevlogReader:
         self.stats[iface_id] = IfaceStats(end, count, icount)
 
 
-def iter_events(path: str | os.PathLike, *, allow_torn: bool = True) -> Iterator[Event]:
+def iter_events(path: str | os.PathLike[str], *, allow_torn: bool = True) -> Iterator[Event]:
     """Stream the events of a (possibly huge) device log."""
     return iter(DevlogReader(path, allow_torn=allow_torn))
 
 
-def read_devlog(path: str | os.PathLike, *, allow_torn: bool = True) -> Devlog:
+def read_devlog(path: str | os.PathLike[str], *, allow_torn: bool = True) -> Devlog:
     reader = DevlogReader(path, allow_torn=allow_torn)
     events = list(reader)
     return Devlog(reader.interfaces, events, reader.stats, reader.torn_at, reader.records, reader.format)
@@ -461,9 +464,9 @@ class PcapngWriter:
     default, as the QEMU devlog does (long events split into continued records), or
     format 1 (`format=1`), as bundles made before it were."""
 
-    def __init__(self, out: str | os.PathLike | BinaryIO, *, format: int = FORMAT):
-        self._own = not hasattr(out, "write")
-        self.f: BinaryIO = open(out, "wb") if self._own else out  # type: ignore[arg-type]
+    def __init__(self, out: str | os.PathLike[str] | BinaryIO, *, format: int = FORMAT):
+        self._own = isinstance(out, str | os.PathLike)
+        self.f: BinaryIO = open(out, "wb") if isinstance(out, str | os.PathLike) else out
         self.format = format
         self.counts: list[int] = []         # records per interface
         self._linktypes: list[int] = []

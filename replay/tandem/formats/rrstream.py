@@ -83,7 +83,7 @@ def _zeros_to_eof(f: BinaryIO) -> bool:
     return True
 
 
-def _walk(path: str | os.PathLike, info: StreamInfo) -> Iterator[tuple[Segment, bytes]]:
+def _walk(path: str | os.PathLike[str], info: StreamInfo) -> Iterator[tuple[Segment, bytes]]:
     """Yield (segment, stored payload) of each intact segment, filling `info`."""
     path = os.fspath(path)
     with bundle.open_path(path, buffering=1 << 20) as f:    # no link, FIFO or directory
@@ -134,7 +134,7 @@ def _walk(path: str | os.PathLike, info: StreamInfo) -> Iterator[tuple[Segment, 
             seq += 1
 
 
-def scan(path: str | os.PathLike) -> StreamInfo:
+def scan(path: str | os.PathLike[str]) -> StreamInfo:
     """Validate the whole stream (CRCs, sequence) without decompressing."""
     info = StreamInfo()
     for _ in _walk(path, info):
@@ -142,7 +142,7 @@ def scan(path: str | os.PathLike) -> StreamInfo:
     return info
 
 
-def iter_raw(path: str | os.PathLike, info: StreamInfo | None = None) -> Iterator[bytes]:
+def iter_raw(path: str | os.PathLike[str], info: StreamInfo | None = None) -> Iterator[bytes]:
     """Yield the decompressed payload of each intact segment in order."""
     info = StreamInfo() if info is None else info
     dctx = zstandard.ZstdDecompressor()
@@ -173,7 +173,7 @@ def _decompress(dctx: zstandard.ZstdDecompressor, payload: bytes, raw: int) -> b
     return bytes(out)
 
 
-def _atomic_write(out_path: str | os.PathLike, chunks: Iterator[bytes]) -> None:
+def _atomic_write(out_path: str | os.PathLike[str], chunks: Iterator[bytes]) -> None:
     tmp = f"{os.fspath(out_path)}.tmp"
     with open(tmp, "wb", opener=private.opener) as out:
         for chunk in chunks:
@@ -183,7 +183,7 @@ def _atomic_write(out_path: str | os.PathLike, chunks: Iterator[bytes]) -> None:
     os.replace(tmp, out_path)
 
 
-def write_intact_prefix(path: str | os.PathLike, out_path: str | os.PathLike) -> StreamInfo:
+def write_intact_prefix(path: str | os.PathLike[str], out_path: str | os.PathLike[str]) -> StreamInfo:
     """Copy the file header and the intact segments verbatim (drops a torn tail).
 
     For --partial replay of a torn log; the copy then has no END segment. A
@@ -206,7 +206,7 @@ def write_intact_prefix(path: str | os.PathLike, out_path: str | os.PathLike) ->
     return info
 
 
-def to_stock(path: str | os.PathLike, out_path: str | os.PathLike) -> StreamInfo:
+def to_stock(path: str | os.PathLike[str], out_path: str | os.PathLike[str]) -> StreamInfo:
     """Write a stock QEMU replay log (12-byte header + raw events) for size comparison."""
     info = StreamInfo()
 
@@ -222,7 +222,7 @@ def to_stock(path: str | os.PathLike, out_path: str | os.PathLike) -> StreamInfo
     return info
 
 
-def is_being_written(path: str | os.PathLike) -> bool:
+def is_being_written(path: str | os.PathLike[str]) -> bool:
     """True if a writer holds its exclusive flock (an unfinished log is live, not torn)."""
     with bundle.open_path(path) as f:
         try:
@@ -236,10 +236,10 @@ def is_being_written(path: str | os.PathLike) -> bool:
 class StreamWriter:
     """Writes the docs/formats.md layout (tests and tools; QEMU has its own writer)."""
 
-    def __init__(self, out: str | os.PathLike | BinaryIO, *,
+    def __init__(self, out: str | os.PathLike[str] | BinaryIO, *,
                  version: int = DEFAULT_REPLAY_VERSION, compress: bool = False, level: int = 3):
-        self._own = not hasattr(out, "write")
-        self.f: BinaryIO = open(out, "wb") if self._own else out  # type: ignore[arg-type]
+        self._own = isinstance(out, str | os.PathLike)
+        self.f: BinaryIO = open(out, "wb") if isinstance(out, str | os.PathLike) else out
         self.seq = 0
         self.cctx = zstandard.ZstdCompressor(level=level) if compress else None
         self.f.write(FILE_HDR.pack(FILE_MAGIC, version, 0))

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Self
 
 from .. import private
 from ..errors import TandemError
@@ -265,7 +264,7 @@ class Libvirtd:
     def _cleanup(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> Libvirtd:
         return self.start()
 
     def __exit__(self, *exc) -> None:

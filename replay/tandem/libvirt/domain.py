@@ -50,7 +50,8 @@ NO_ARG = {"-nodefaults", "-no-user-config", "-no-reboot", "-no-shutdown", "-S"}
 
 def _split(argv: list[str]) -> list[tuple[str, str | None]]:
     """tandem's argv (after the binary) as (option, value) pairs, in order."""
-    out, i = [], 1
+    out: list[tuple[str, str | None]] = []
+    i = 1
     while i < len(argv):
         opt = argv[i]
         if not opt.startswith("-"):

@@ -11,12 +11,16 @@ import subprocess
 import time
 import uuid as uuid_mod
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import TandemError
 from ..qemu.argv import qmp_chardev
 from ..qemu.vm import alive
 from .daemon import binding, connect
 from .domain import SHADOW_SUFFIX, domain_xml
+
+if TYPE_CHECKING:     # libvirt-python has no type information: these names say what is held
+    import libvirt
 
 # How a domain's QEMU ended, as libvirt tells it, in subprocess terms (returncode).
 # SHUTDOWN: QEMU said SHUTDOWN first (guest poweroff, tandem's QMP quit) and exited.
@@ -62,6 +66,7 @@ class DomainProcess:
             raise TandemError(f"domain {name}: started, but its QEMU is not a process on this host "
                               f"(tandem needs a local libvirtd: its QMP and serial sockets are in {rundir})")
         self.pid = pid
+        self._src: BinaryIO | None
         try:        # the log as the QEMU's mount namespace names it (a private libvirtd has its own /var)
             self._src = open(f"/proc/{pid}/root/var/log/libvirt/qemu/{name}.log", "rb")
         except OSError:
@@ -88,11 +93,11 @@ class DomainProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
+        while (code := self.poll()) is None:
+            if timeout is not None and deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(self.name, timeout)
             time.sleep(0.05)
-        return self.returncode
+        return code
 
     def kill(self) -> None:
         """SIGKILL, as Popen.kill (a stopped or hung QEMU too); libvirt sees it crash."""
@@ -147,24 +152,24 @@ class Launcher:
         self.uuid = uuid or str(uuid_mod.uuid4())
         self.metadata = metadata
         self.restore = restore
-        self.conn = None
-        self.dom = None
+        self.conn: libvirt.virConnect | None = None
+        self.dom: libvirt.virDomain | None = None
 
     def machine(self) -> dict:
         return {"libvirt": {"uuid": self.uuid, "domain": self.name}}
 
     def start(self, vm, log) -> DomainProcess:
         libvirt = binding()
-        self.conn = connect(self.uri)
+        conn = self.conn = connect(self.uri)
         xml = domain_xml(self.name, vm.guest, vm.run, argv=vm.argv, uuid=self.uuid, title=self.title,
                          metadata=self.metadata(vm) if self.metadata else None)
         try:
-            if self.restore is None and self.name in {d.name() for d in self.conn.listAllDomains()}:
+            if self.restore is None and self.name in {d.name() for d in conn.listAllDomains()}:
                 raise TandemError(f"domain {self.name}: already defined in libvirt "
                                   f"(tandem detach {self.name.split(SHADOW_SUFFIX)[0]}, or virsh undefine)")
-            self.dom = self.conn.defineXML(xml)
-            self.dom.create()
-            return DomainProcess(self.dom, self.name, vm.run.rundir, log)
+            dom = self.dom = conn.defineXML(xml)
+            dom.create()
+            return DomainProcess(dom, self.name, vm.run.rundir, log)
         except BaseException as e:
             self._drop()
             if isinstance(e, libvirt.libvirtError):

@@ -17,6 +17,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import artifacts, private
 from ..errors import TandemError
@@ -32,6 +33,9 @@ from ..machine import (
 from ..qemu.vm import make_overlay
 from .daemon import binding
 from .domain import SHADOW_SUFFIX, domain_xml
+
+if TYPE_CHECKING:     # libvirt-python has no type information: the names say what is held
+    import libvirt
 
 NS = "urn:tandem:libvirt:1"          # tandem's <metadata> namespace
 ET.register_namespace("tandem", NS)
@@ -98,7 +102,7 @@ def read_native(dom) -> NativeInfo:
     """The native domain's disk, NIC and memory, from its (inactive) definition."""
     libvirt = binding()
     root = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-    name = root.findtext("name")
+    name = root.findtext("name", "")
     if root.find(f"metadata/{{{NS}}}shadow") is not None:
         raise TandemError(f"{name}: is itself a tandem shadow (attach to its native domain)")
     disks = [d for d in root.findall("devices/disk") if d.get("device", "disk") == "disk"]
@@ -109,13 +113,15 @@ def read_native(dom) -> NativeInfo:
     if disks:
         d = disks[0]
         src = d.find("source")
-        if d.get("type") != "file" or src is None or not src.get("file"):
+        file = src.get("file") if src is not None else None
+        if d.get("type") != "file" or not file:
             raise TandemError(f"{name}: its disk is not a file (type {d.get('type')!r}); "
                               f"a shadow's overlay needs a file to back onto")
-        bus = d.find("target").get("bus") if d.find("target") is not None else None
+        target = d.find("target")
+        bus = target.get("bus") if target is not None else None
         if bus not in (None, "virtio"):
             raise TandemError(f"{name}: disk bus {bus!r}; tandem's analysis VMs use virtio-blk")
-        disk = Path(src.get("file"))
+        disk = Path(file)
         drv = d.find("driver")
         fmt = drv.get("type") if drv is not None and drv.get("type") else "raw"
         readonly = d.find("readonly") is not None
@@ -130,9 +136,11 @@ def read_native(dom) -> NativeInfo:
         a = nics[0].find("mac")
         mac = check_mac(a.get("address") if a is not None else None, f"{name}: its NIC's <mac address>")
     mem = root.find("memory")
+    if mem is None or not (mem.text or "").strip().isdigit():
+        raise TandemError(f"{name}: its <memory> is missing or not a number of KiB")
     scale = {"KiB": 1 / 1024, "k": 1 / 1024, "MiB": 1, "M": 1, "GiB": 1024, "G": 1024}
-    memory = int(int(mem.text) * scale.get(mem.get("unit", "KiB"), 1 / 1024))
-    return NativeInfo(name, root.findtext("uuid"), bool(dom.isActive()), disk, fmt, readonly,
+    memory = int(int(mem.text or "") * scale.get(mem.get("unit", "KiB"), 1 / 1024))
+    return NativeInfo(name, root.findtext("uuid", ""), bool(dom.isActive()), disk, fmt, readonly,
                       model, mac, memory, nic_type, root.findtext("os/kernel"), root.findtext("os/initrd"),
                       root.findtext("os/cmdline") or "", int(root.findtext("vcpu") or 1))
 
@@ -169,7 +177,9 @@ def _metadata(native: NativeInfo, analysis: str, guest: Guest, sh: ShadowDomain,
                       format=native.disk_format or "raw")
     ET.SubElement(md, f"{{{NS}}}socket", role="feed", path=str(sh.feed_socket))
     ET.SubElement(md, f"{{{NS}}}socket", role="qmp", path=str(sh.qmp_socket))
-    ET.SubElement(md, f"{{{NS}}}kernel", path=guest.kernel, initrd=guest.initrd)
+    kernel = ET.SubElement(md, f"{{{NS}}}kernel", path=guest.kernel)
+    if guest.initrd:
+        kernel.set("initrd", guest.initrd)
     ET.SubElement(md, f"{{{NS}}}rtc", base=rtc_base)
     return md
 
@@ -230,8 +240,8 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
                                                     native.disk_format or "raw")
             guest = guest.with_nic(_shadow_nic(artifacts.qemu()["binary"], native), native.mac)
             guest.memory_mb = max(guest.memory_mb, native.memory_mib)
-            if native.disk:
-                make_overlay(str(native.disk), sh.overlay, native.disk_format)
+            if native.disk and sh.overlay:
+                make_overlay(str(native.disk), sh.overlay, native.disk_format or "raw")
             # The feed socket waits for its feeder instead of failing when nobody listens yet.
             run = Run(sdir, net=Feed(sh.feed_socket, lookahead_ns=lookahead_ns, rtc_base=rtc_base,
                                      reconnect_ms=FEED_RECONNECT_MS), overlay=sh.overlay)
@@ -249,7 +259,7 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
     return shadows
 
 
-def shadows_of(conn, domain: str) -> list[tuple[object, ET.Element]]:
+def shadows_of(conn, domain: str) -> list[tuple[libvirt.virDomain, ET.Element]]:
     """The shadow domains tandem created for `domain`, with their tandem metadata."""
     libvirt = binding()
     found = []
@@ -274,7 +284,7 @@ def _shadow_from_metadata(name: str, md: ET.Element) -> ShadowDomain:
             if _local(e.tag) == tag and all(e.get(k) == v for k, v in attrs.items()):
                 return Path(e.get("path"))
         return None
-    return ShadowDomain(name, md.get("native"), md.get("analysis"), path("statedir"), path("overlay"),
+    return ShadowDomain(name, md.get("native", ""), md.get("analysis", ""), path("statedir"), path("overlay"),
                   path("socket", role="feed"), path("socket", role="qmp"))
 
 

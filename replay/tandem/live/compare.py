@@ -27,6 +27,8 @@ said once.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..semantic import compare, inputs
 from ..semantic.compare import Divergence, _Stream
 from ..semantic.equivalence import Spec
@@ -45,8 +47,10 @@ class LiveCompare:
         self.done: set[int] = set()                # flows compared to their end (live.shadow.ShadowRun retires them)
         self.divergences: list[Divergence] = []
         self.finished = False                      # compared to the end: the native's data is not needed
-        self.keep_console_from = None              # () -> console offset a report in progress starts at
-        self.keep_flow_from = None                 # (flow) -> analysis output the release gate has not copied
+        # () -> console offset a report in progress starts at
+        self.keep_console_from: Callable[[], int] | None = None
+        # (flow) -> analysis output the release gate has not copied
+        self.keep_flow_from: Callable[[int], int] | None = None
         self._cache: dict = {}                     # line -> its rewrite under the spec
         self._seen: dict[str, tuple[int, int]] = {}  # channel -> stream ends at its last try
 
@@ -66,7 +70,7 @@ class LiveCompare:
                 continue
             name = compare.channel(fl)
             self._match(name, fl.guest_data, run, pf.guest_data)
-            if fl.closed and (pf.state == "done" or pf.reset) and not run.pending_of_flow(index):
+            if fl.closed and (pf.state == "done" or pf.reset) and not (run.pending_of_flow and run.pending_of_flow(index)):
                 self._compare_flow(name, fl, run)
                 self.done.add(index)
                 peer.forget(index)

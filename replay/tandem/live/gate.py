@@ -57,12 +57,15 @@ DIRECTIONS = ("outputs", "inputs")          # OVERFLOW's channel
 log = logging.getLogger(__name__)
 
 
+FlowKey = tuple[bytes, int, bytes, int]     # (client ip, port, server ip, port)
+
+
 @dataclass
 class Held:
     id: int
     vm_ns: int
     frame: bytes
-    key: tuple | None = None        # (client ip, port, server ip, port) for TCP payload frames
+    key: FlowKey | None = None      # (client ip, port, server ip, port) for TCP payload frames
     a: int = 0
     b: int = 0
     payload: bytes = b""
@@ -83,7 +86,7 @@ class GateEvent:
 
     def describe(self) -> str:
         if self.kind == "overflow":
-            q = self.qemu
+            q = self.qemu or {}         # an overflow event carries QEMU's report
             then = ("detached: the held frames left without the analyses' agreement and it holds "
                     "nothing from then on" if q["policy"] == "detach" else
                     "frames past it refused until there was room (the guest's TCP sends them again)")
@@ -169,6 +172,7 @@ class Agreement:
         nat = self._masked(native.window(lo, b), lo)
         # Bytes: only the frame's own bytes count; lines: all the analysis has after t0.
         got = self._masked(theirs.window(t_lo, b if not self.lines else None), t_lo)
+        verdict: bool | None
         if not self.lines:
             if len(got) >= len(nat):
                 verdict = got[:len(nat)] == nat
@@ -314,7 +318,7 @@ class Gate:
         else:
             self._release(h)
 
-    def _flow(self, key: tuple) -> int | None:
+    def _flow(self, key: FlowKey) -> int | None:
         flows = self.rec.flows
         for fl in flows[self._flows_seen:]:
             if fl is not None:
@@ -379,9 +383,9 @@ class Gate:
                         need = min(need, ag.n0)
         out.trim(need)
         for f in self.followers:
-            ag, got = self._agreements.get((f.analysis, flow)), self._streams.get((f.analysis, flow))
+            theirs, got = self._agreements.get((f.analysis, flow)), self._streams.get((f.analysis, flow))
             if got is not None:
-                got.trim(got.end if ag is None or key in self.dropped_flows else ag.t0 if ag.lines else need)
+                got.trim(got.end if theirs is None or key in self.dropped_flows else theirs.t0 if theirs.lines else need)
 
     def _say(self, f):
         """A follower's equivalence spec if it has a say on TCP output (it runs, or ended
@@ -404,8 +408,9 @@ class Gate:
 
     def _agreement(self, h: Held) -> bool | None:
         """True: every live analysis agrees; False: one diverged; None: not yet known."""
-        flow = self._flow(h.key)
-        if flow is None:
+        key = h.key
+        flow = self._flow(key) if key is not None else None
+        if key is None or flow is None:
             return None                                 # the recording has not seen it yet
         waiting = False
         for f in self.followers:
@@ -420,9 +425,9 @@ class Gate:
             # A connection the analysis has compared to its end (live_compare) is closed too.
             closed = bool(pf and (pf.reset or pf.guest_fin)) or run.outcome != "running" \
                 or (pf is None and flow in f.cmp.done)
-            verdict = self._agreement_of(f, flow).check(self.native_out[h.key], h.a, h.b, got, closed)
+            verdict = self._agreement_of(f, flow).check(self.native_out[key], h.a, h.b, got, closed)
             if verdict is False:
-                return self._diverged(h, f.analysis, flow, got.window(h.a, h.b))
+                return self._diverged(h, key, f.analysis, flow, got.window(h.a, h.b))
             if verdict or f.analysis in h.timed_out:
                 continue
             last = run.last_input_of.get(flow)
@@ -451,9 +456,9 @@ class Gate:
         got = self._streams.get((analysis, flow))
         return got.end if got else 0
 
-    def _diverged(self, h: Held, analysis: str, flow: int, theirs: bytes) -> bool:
+    def _diverged(self, h: Held, key: FlowKey, analysis: str, flow: int, theirs: bytes) -> bool:
         self.events.append(GateEvent("dropped", analysis, flow, h.a, h.payload, theirs, h.vm_ns))
-        self.dropped_flows.add(h.key)
+        self.dropped_flows.add(key)
         return False
 
     def _release(self, h: Held) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.registry import Collector, CollectorRegistry
 
 GAUGES = {   # status key -> (metric, help, scale)
     "vm_ns": ("tandem_vm_clock_seconds", "VM clock of the VM (the native: how far its inputs are known)", 1e-9),
@@ -24,7 +24,7 @@ GAUGES = {   # status key -> (metric, help, scale)
 }
 
 
-class _Collector:
+class _Collector(Collector):
     def __init__(self, status):
         self.status = status
 

@@ -31,9 +31,11 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import TextIO
 
 from .. import private, report
 from ..errors import TandemError
@@ -63,14 +65,22 @@ class Follower:
     cmp: LiveCompare
     run: model.AnalysisRun | None = None
     console_seen: int = 0
-    scanner: report.Scanner | None = None    # its guest OS's console dialect (catalogue)
+    scanner: report.Scanner = field(init=False)     # its guest OS's console dialect (catalogue)
     thread: threading.Thread | None = None
     live_findings: list[findings_mod.Finding] = field(default_factory=list)
-    symbolize: object = None        # findings_mod.symbolizer, made at the first report
+    # findings_mod.symbolizer, made at the first report
+    symbolize: Callable[[report.Report], report.Report] | None = None
 
     def __post_init__(self) -> None:
-        if self.scanner is None:
-            self.scanner = report.Scanner(findings_mod.guest_os(self.analysis))
+        self.scanner = report.Scanner(findings_mod.guest_os(self.analysis))
+
+    def ran(self) -> model.AnalysisRun:
+        """Its run; one that never started (its thread failed, or is stuck, before the
+        run's first report) is an error run, so the summary still has its line."""
+        if self.run is None:
+            self.run = model.AnalysisRun(self.analysis)
+            self.run.outcome, self.run.detail = model.Outcome.ERROR, "the analysis VM never started"
+        return self.run
 
 
 class Release(StrEnum):
@@ -171,7 +181,7 @@ class ShadowRun:
         self.native_cpu_s = 0.0
         self._stop = False
         self._lock = threading.Lock()
-        self._findings_file = None
+        self._findings_file: TextIO | None = None     # findings.jsonl, from start() on
 
     @property
     def port(self) -> int:
@@ -211,7 +221,7 @@ class ShadowRun:
         if now - self._trim_at > TRIM_S:
             self._trim()
             self._trim_at = now
-        return self.native.vm.proc.poll() is None
+        return self.native.started().process().poll() is None
 
     def _trim(self) -> None:
         """Drop the native's inputs every analysis has taken, its output every analysis
@@ -231,6 +241,9 @@ class ShadowRun:
             rec.serial_out.drop_to(min((f.cmp.native_at("serial") for f in live), default=rec.serial_out.end))
             for i in list(self._open_flows):
                 fl = rec.flows[i]
+                if fl is None:          # retired already (_open_flows holds those that are not)
+                    self._open_flows.discard(i)
+                    continue
                 need = [f for f in live if i not in f.cmp.done]
                 if fl.closed and not need:
                     rec.flows[i] = None
@@ -269,7 +282,7 @@ class ShadowRun:
     def sample(self) -> None:
         """Note the native's CPU time (from /proc, call from the owning thread, often).
         Its VM clock comes from its device log's clock marks, not from QMP."""
-        self.native_cpu_s = cpu_seconds(self.native.vm.proc.pid) or self.native_cpu_s
+        self.native_cpu_s = cpu_seconds(self.native.started().process().pid) or self.native_cpu_s
 
     def _hold_native(self) -> bool:
         """Overflow policy "block": hold the native's inputs while a live analysis is full."""
@@ -289,8 +302,9 @@ class ShadowRun:
             self._emit_findings(f, run)
             f.cmp.tick(run)
         f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
-        if self.release == "agreed":    # the gate compares outputs too: keep what it has not copied
-            f.cmp.keep_flow_from = lambda index: self.gate.copied(f.analysis, index)
+        gate = self.gate
+        if self.release == "agreed" and gate is not None:   # the gate compares outputs too: keep what it has not copied
+            f.cmp.keep_flow_from = lambda index: gate.copied(f.analysis, index)
         lv = self.libvirt
         try:
             f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
@@ -320,8 +334,9 @@ class ShadowRun:
             x = findings_mod.of_report(run, f.symbolize(rep))
             f.live_findings.append(x)
             with self._lock:
-                self._findings_file.write(x.to_json() + "\n")
-                self._findings_file.flush()
+                if self._findings_file is not None:
+                    self._findings_file.write(x.to_json() + "\n")
+                    self._findings_file.flush()
             if self.on_finding:
                 self.on_finding(x)
 
@@ -366,17 +381,19 @@ class ShadowRun:
         """After the native has stopped: seal its bundle, let the analyses run out, report."""
         self.native.finish()
         deadline = time.monotonic() + timeout
-        for f in self.followers:
-            f.thread.join(max(1.0, deadline - time.monotonic()))
-        if any(f.thread.is_alive() for f in self.followers):
+        threads = [f.thread for f in self.followers if f.thread is not None]
+        for t in threads:
+            t.join(max(1.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in threads):
             self._stop = True
-            for f in self.followers:
-                f.thread.join(30)
-        runs = {f.analysis: f.run for f in self.followers}
-        found = {f.analysis: (f.live_findings + findings_mod.outcome(f.run), f.cmp.divergences)
+            for t in threads:
+                t.join(30)
+        runs = {f.analysis: f.ran() for f in self.followers}
+        found = {f.analysis: (f.live_findings + findings_mod.outcome(runs[f.analysis]), f.cmp.divergences)
                  for f in self.followers}
         s = summarize(self.path, self.rec, self.analyses, runs, self.spec_path, noise, self.workdir, live=found)
-        self._findings_file.close()
+        if self._findings_file is not None:
+            self._findings_file.close()
         if self.gate:
             self.gate.thread.join(10)
             s.limits += [f"gate: {e.describe()}" for e in self.gate.events if e.kind != "overflow"]
@@ -392,6 +409,7 @@ class ShadowRun:
                              "native": e.native.decode("latin-1"), "analysis_bytes": e.analysis_bytes.decode("latin-1"),
                              "vm_ns": e.vm_ns, **({"qemu": e.qemu} if e.qemu else {})}
                             for e in self.gate.events]}, indent=1))
+        if self._gate_server is not None:
             self._gate_server.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
         peaks = {f.analysis: {"peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes,

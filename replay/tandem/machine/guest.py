@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from .. import artifacts, catalog
 from ..errors import BundleError, TandemError
@@ -61,8 +62,7 @@ class Guest:
         kernel, land = catalog.kernel(flavor), catalog.userland(userland)
         k, g = artifacts.kernel(flavor), artifacts.guest()
         cmdline = " ".join(filter(None, (DEFAULT_CMDLINE, land.cmdline_extra, kernel.cmdline_extra)))
-        initrd = artifacts.initrd_with_modules(g[f"initramfs_{userland}"], g[f"initramfs_{userland}_sha256"],
-                                     artifacts.modules(flavor))
+        initrd = artifacts.initrd_with_modules(*artifacts.initramfs(g, userland), artifacts.modules(flavor))
         return cls(kernel=k["bzImage"], initrd=initrd, disks=(Disk(g["disk_base"]),), cmdline=cmdline,
                    memory_mb=kernel.memory_mb, os=kernel.os)
 
@@ -73,7 +73,7 @@ class Guest:
         return cls.default(a.flavor, a.userland.name)
 
     @classmethod
-    def from_manifest(cls, manifest: dict) -> "Guest":
+    def from_manifest(cls, manifest: dict[str, Any]) -> "Guest":
         """The guest a bundle recorded, from its manifest's inputs and machine section
         (shapes checked when the manifest loaded: bundle.manifest_problem); its devices are
         made again as machine.Disk and machine.Nic, so a replay's QEMU gets only
@@ -94,10 +94,10 @@ class Guest:
                    os=machine.get("os") or "linux", machine_type=machine.get("machine") or MACHINE_TYPE,
                    accel=machine.get("accel") or ACCEL, vcpus=machine.get("smp") or VCPUS)
 
-    def machine_section(self) -> dict:
+    def machine_section(self) -> dict[str, object]:
         """What the manifest's machine section says of this guest; from_manifest reads it back.
         The disk's base image is in the manifest's inputs (path, size, hash)."""
-        out = {"accel": self.accel, "machine": self.machine_type, "icount_shift": ICOUNT_SHIFT,
+        out: dict[str, object] = {"accel": self.accel, "machine": self.machine_type, "icount_shift": ICOUNT_SHIFT,
                "memory_mb": self.memory_mb, "cmdline": self.cmdline, "smp": self.vcpus,
                "devices": ["isa-serial", *(n.model for n in self.nics),
                            *("virtio-blk-pci" for _ in self.disks), "virtio-rng-pci"]}

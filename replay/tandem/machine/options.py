@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Union
 
 from ..errors import TandemError
 
-Value = Union[str, int, bool, list, dict]
+# What a QEMU option's property may hold: JSON's values (QEMU's QAPI types) but null.
+Value = Union[str, int, bool, list["Value"], dict[str, "Value"]]
 
 MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")     # QEMU's id_wellformed, bounded
@@ -70,7 +72,7 @@ def _check_value(where: str, value: object) -> None:
     raise OptionError(f"{where}: {type(value).__name__} {value!r} is not a QEMU option value")
 
 
-def json_option(props: dict[str, Value]) -> str:
+def json_option(props: Mapping[str, Value | None]) -> str:
     """One `-device`/`-object`/`-netdev` argument in QEMU's JSON form (keys in the given
     order). None-valued keys are left out: QEMU's default applies."""
     given = {k: v for k, v in props.items() if v is not None}
@@ -86,7 +88,7 @@ def escape(value: str) -> str:
     return value.replace(",", ",,")
 
 
-def keyval_option(head: str | None, props: dict[str, str | int | bool | None]) -> str:
+def keyval_option(head: str | None, props: Mapping[str, str | int | bool | None]) -> str:
     """`head,key=value,...` for the options with no JSON form (-chardev, -icount, -drive,
     -rtc). Booleans become on/off, None-valued keys are left out, every value is escaped."""
     parts = [] if head is None else [escape(head)]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from ..artifacts import QemuBuild
 from .options import LOOKAHEAD_NS, RTC_BASE, OptionError
 
 
@@ -68,7 +69,7 @@ class Gate:
 @dataclass(frozen=True)
 class Host:
     """How the host runs the QEMU process: nothing here is seen by the guest."""
-    qemu: dict | None = None        # artifacts.qemu() unless given (benchmarks: qemu_stock())
+    qemu: QemuBuild | None = None   # artifacts.qemu() unless given (benchmarks: qemu_stock())
     idle: bool = False              # SCHED_IDLE (live analyses: the native first)
     cpus: str | None = None         # pinned to these CPUs (a taskset list)
     pass_fds: tuple[int, ...] = ()  # files QEMU gets open (/dev/fd/N in its argv), not by path

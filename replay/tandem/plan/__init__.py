@@ -100,7 +100,7 @@ def plan(bundle_dir: str | Path, *, slowdown: float | None = None, concurrency: 
     ev, by = w.per_request(stat)
     if slowdown is not None:
         sds = [Slowdown(slowdown, "given", analysis)]
-    else:
+    elif from_workdir is not None:      # one of the two, checked above
         sds = slowdowns_from(Path(from_workdir), manifest, analysis)
     p = Plan(str(bundle_dir), {
         "requests": len(w.requests), "flows": w.flows, "vm_s": round(w.vm_ns / 1e9, 6),

@@ -85,7 +85,8 @@ def measure(rec: inputs.RecordedInputs) -> Workload:
             by_flow.setdefault(i.flow, []).append(i)
     requests: list[Request] = []
     for index, ins in sorted(by_flow.items()):
-        out_ns = [ns for ns, _ in rec.flows[index].guest_data]
+        flow = rec.flows[index]     # a finished recording's (never retired: live.shadow)
+        out_ns = [ns for ns, _ in flow.guest_data] if flow else []
         requests += _turns(index, ins, out_ns)
     requests.sort(key=lambda r: (r.start_ns, r.flow))
     _share_time(requests)
@@ -112,7 +113,7 @@ def _turns(flow: int, ins: list[inputs.Input], out_ns: list[int]) -> list[Reques
     first request and its close with the last; a connection without data is one request."""
     turns: list[Request] = []
     last_data: int | None = None
-    pending = []                # inputs before the first data (the opening)
+    pending: list[inputs.Input] = []   # inputs before the first data (the opening)
     for i in ins:
         if i.kind == "tcp-data":
             # Answered since the last data: an output at this input's own VM time came

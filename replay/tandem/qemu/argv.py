@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import artifacts
+from ..artifacts import QemuBuild
 from ..machine import (
     ICOUNT_SHIFT,
     Disk,
@@ -16,6 +17,7 @@ from ..machine import (
     Nic,
     OptionError,
     Run,
+    Value,
     json_option,
     keyval_option,
 )
@@ -78,22 +80,22 @@ def qmp_chardev(rundir: Path) -> str:
     return keyval_option("socket", {"id": "qmp", "path": f"{rundir}/qmp.sock", "server": True, "wait": False})
 
 
-def _clock_options(run: Run, q: dict) -> list[str]:
+def _clock_options(run: Run, q: QemuBuild) -> list[str]:
     """-icount (and the analysis runs' -rtc): how the VM clock runs in this mode."""
-    rr = run.rr_mode
-    rr_opts: dict = {}
-    if rr == "record":
-        rr_opts = {"rr": "record", "rrfile": str(run.rr.rrfile)}
-    elif rr == "replay":
+    rr = run.rr
+    rr_opts: dict[str, str | int | bool | None] = {}
+    if rr is not None and rr.mode == "record":
+        rr_opts = {"rr": "record", "rrfile": str(rr.rrfile)}
+    elif rr is not None:
         # The VM clock's idle warps come from the log, so the replay need not
         # wait them out: rrskipidle=on (qemu-patches/0004) stops the main loop
         # sleeping while the replay waits on it.
-        rr_opts = {"rr": "replay", "rrfile": str(run.rr.rrfile), "rrskipidle": None if q.get("stock") else True,
-                   "rrfollow": run.rr.follow or None, "rrpartial": run.rr.partial or None}
+        rr_opts = {"rr": "replay", "rrfile": str(rr.rrfile), "rrskipidle": None if q.get("stock") else True,
+                   "rrfollow": rr.follow or None, "rrpartial": rr.partial or None}
     if run.mode in ("record", "replay"):
         # sleep stays on in replay to match the recording's warp accounting.
         return ["-icount", keyval_option(None, {"shift": ICOUNT_SHIFT, "sleep": True, **rr_opts})]
-    if run.mode == "analysis":
+    if isinstance(run.net, Feed):
         # sleep=off: an idle analysis guest warps straight to its next input. The RTC
         # runs on the VM clock from the recording's start time: a host-clock RTC
         # would interrupt the guest at host-dependent VM times.
@@ -131,9 +133,9 @@ def _disk_options(run: Run, disk: Disk) -> list[str]:
 
 def _net_and_rng_options(run: Run, nic: Nic) -> list[str]:
     """The NIC, its backend and the entropy source."""
-    if run.mode != "analysis":
-        port = run.net.hostfwd_port if not isinstance(run.net, Feed) else None
-        forward = [{"str": f"tcp:127.0.0.1:{int(port)}-:{GUEST_PORT}"}] if port else None
+    if not isinstance(run.net, Feed):
+        port = run.net.hostfwd_port
+        forward: list[Value] | None = [{"str": f"tcp:127.0.0.1:{int(port)}-:{GUEST_PORT}"}] if port else None
         return ["-netdev", json_option({"type": "user", "id": nic.netdev, "hostfwd": forward}),
                 "-device", nic.device(),
                 "-object", json_option({"qom-type": "rng-builtin", "id": "rng0"}),
@@ -142,8 +144,8 @@ def _net_and_rng_options(run: Run, nic: Nic) -> list[str]:
     # the NIC's backend is an unconnected hub port whose frames filter-feed replaces.
     # A recorded analysis run replays without its controller: the feed's inputs
     # are in the log (qemu-patches/0011).
-    argv = []
-    feed = {"qom-type": "feed", "id": "feed", "serial": "serial0", "lookahead": int(run.net.lookahead_ns)}
+    argv: list[str] = []
+    feed: dict[str, Value] = {"qom-type": "feed", "id": "feed", "serial": "serial0", "lookahead": int(run.net.lookahead_ns)}
     if run.rr_mode != "replay":
         argv += ["-chardev", keyval_option("socket", {"id": "feedsock", "path": str(run.net.socket),
                                                       "reconnect-ms": run.net.reconnect_ms or None})]

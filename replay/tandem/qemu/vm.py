@@ -176,7 +176,7 @@ class VM:
         os.chmod(run.rundir, private.DIR_MODE)
         self.argv = qemu_argv(guest, run)
         self.log_path = run.rundir / "qemu.log"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.qmp: QEMUMonitorProtocol | None = None
         self.serial: Serial | None = None
         self.shutdown_reason: str | None = None   # from QEMU's SHUTDOWN event
@@ -208,16 +208,29 @@ class VM:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
                                          umask=private.CHILD_UMASK, pass_fds=self.run.host.pass_fds)
+        proc = self.proc
         try:
-            self.qmp = qmp_connect(self.run.rundir / "qmp.sock", timeout, alive=lambda: self.proc.poll() is None)
+            self.qmp = qmp_connect(self.run.rundir / "qmp.sock", timeout, alive=lambda: proc.poll() is None)
         except QMPUnavailable as e:
-            if self.proc.poll() is not None:
-                raise TandemError(f"QEMU exited at start (status {self.proc.returncode}): {self.log_tail()}") from None
+            if proc.poll() is not None:
+                raise TandemError(f"QEMU exited at start (status {proc.returncode}): {self.log_tail()}") from None
             self.kill()
             raise TandemError(f"QEMU did not open QMP within {timeout:.0f}s: {self.log_tail()}") from e
         if self.run.mode not in ("replay", "analysis"):
             self.serial = Serial(self.run.rundir / "serial.sock")
         return self
+
+    def _monitor(self) -> QEMUMonitorProtocol:
+        """QMP, once start() has connected it."""
+        if self.qmp is None:
+            raise TandemError(f"{self.name}: QEMU's QMP is not connected (the VM was not started)")
+        return self.qmp
+
+    def process(self) -> subprocess.Popen[bytes]:
+        """The QEMU process, once start() has started it."""
+        if self.proc is None:
+            raise TandemError(f"{self.name}: QEMU was not started")
+        return self.proc
 
     def log_tail(self, n: int = 400) -> str:
         try:
@@ -231,7 +244,7 @@ class VM:
         out = {}
         for prop in props:
             try:
-                out[prop] = self.qmp.command("qom-get", path="/objects/devlog", property=prop)
+                out[prop] = self._monitor().command("qom-get", path="/objects/devlog", property=prop)
             except QMP_GONE as e:
                 log.debug("devlog %s: no answer from QEMU (%s: %s)", prop, type(e).__name__, e)
                 return out
@@ -240,7 +253,7 @@ class VM:
     def poll_events(self) -> None:
         """Drain QMP events; remember why the guest stopped (guest-shutdown, guest-reset, ...)."""
         try:
-            for ev in self.qmp.get_events(wait=False):
+            for ev in self._monitor().get_events(wait=False):
                 if ev.get("event") == "SHUTDOWN" and self.shutdown_reason is None:
                     self.shutdown_reason = ev.get("data", {}).get("reason")
         except QMP_GONE as e:   # QEMU is gone; what was received is kept
@@ -248,10 +261,13 @@ class VM:
 
     def status(self) -> str:
         try:
-            return self.qmp.command("query-status")["status"]
+            reply = self._monitor().command("query-status")
         except QMP_GONE as e:
             log.debug("query-status: QEMU gone (%s: %s)", type(e).__name__, e)
             return "gone"
+        if not isinstance(reply, dict) or not isinstance(reply.get("status"), str):
+            raise TandemError(f"{self.name}: query-status answered {str(reply)[:80]!r}, not a status")
+        return reply["status"]
 
     def cpu_seconds(self) -> float | None:
         """CPU time QEMU has used so far (procfs), None once it is gone."""
@@ -260,11 +276,12 @@ class VM:
     def feed_counters(self) -> str:
         """The input feed's counters (qemu-patches/0006), for diagnosing a stuck analysis
         VM: QMP may be as stuck as the feed, so it is asked with a 2 s deadline."""
-        self.qmp.settimeout(2.0)
+        qmp = self._monitor()
+        qmp.settimeout(2.0)
         out = []
         for prop in ("horizon", "waits", "delivered", "late"):
             try:
-                out.append(f"{prop}={self.qmp.command('qom-get', path='/objects/feed', property=prop)}")
+                out.append(f"{prop}={qmp.command('qom-get', path='/objects/feed', property=prop)}")
             except QMP_GONE as e:
                 out.append(f"{prop}=? ({type(e).__name__})")
         return "feed " + " ".join(out)
@@ -272,13 +289,13 @@ class VM:
     def quit(self) -> None:
         """Ask QEMU to quit; in record mode this is recorded as a shutdown."""
         try:
-            self.qmp.command("quit")
+            self._monitor().command("quit")
         except QMP_GONE as e:   # already quitting or gone: the same end
             log.debug("quit: QEMU gone (%s: %s)", type(e).__name__, e)
 
     def wait(self, timeout: float | None = None) -> int:
         try:
-            return self.proc.wait(timeout)
+            return self.process().wait(timeout)
         except subprocess.TimeoutExpired:
             raise TandemError(f"QEMU still running after {timeout:.0f}s") from None
 

@@ -16,21 +16,24 @@ from .. import artifacts, private
 from ..errors import TandemError
 from ..formats import bundle, pcapng
 from ..machine import RR, Gate, Guest, Run, UserNet
-from ..qemu.vm import VM, free_port, make_overlay
+from ..qemu.vm import VM, Serial, free_port, make_overlay
 
 OVERLAY = "disk-overlay.qcow2"
 
 
-def channel_stats(devlog: pcapng.Devlog) -> dict:
+def channel_stats(devlog: pcapng.Devlog) -> dict[str, dict[str, object]]:
     """Per channel: kind, events/bytes per direction, and the pcapng records they took
     (what Wireshark counts: a long event is several in format 2), from the device log."""
-    out = {i.name: {"kind": i.kind, "records": devlog.records[i.id], "in": {"events": 0, "bytes": 0},
-                    "out": {"events": 0, "bytes": 0}} for i in devlog.interfaces}
+    traffic: dict[tuple[str, str], dict[str, int]] = {}     # (channel, direction) -> events, bytes
+    for i in devlog.interfaces:
+        for direction in ("in", "out"):
+            traffic[(i.name, direction)] = {"events": 0, "bytes": 0}
     for e in devlog.events:
-        d = out[e.channel][e.direction or "out"]
+        d = traffic[(e.channel, e.direction or "out")]
         d["events"] += 1
         d["bytes"] += len(e.data)
-    return out
+    return {i.name: {"kind": i.kind, "records": devlog.records[i.id], "in": traffic[(i.name, "in")],
+                     "out": traffic[(i.name, "out")]} for i in devlog.interfaces}
 
 
 def qemu_identity() -> dict:
@@ -102,7 +105,13 @@ class Recording:
         self.gate_socket, self.gate_outputs, self.gate_overflow = gate_socket, gate_outputs, gate_overflow
         self.vm: VM | None = None
         self.stop_reason: str | None = None
-        self._tmp = None
+        self._tmp: str | None = None       # the sockets' directory, while recording
+
+    def started(self) -> VM:
+        """The recording's VM, once start() has made it."""
+        if self.vm is None:
+            raise TandemError(f"{self.path}: the recording was not started")
+        return self.vm
 
     def start(self) -> "Recording":
         g = self.guest
@@ -111,27 +120,30 @@ class Recording:
             "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000},
             **(self.launcher.machine() if self.launcher else {})}, self.assertions)
         # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).
-        self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
+        tmp = self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
         gate = Gate(self.gate_socket, self.gate_outputs, self.gate_overflow) if self.gate_socket else None
-        run = Run(Path(self._tmp), net=UserNet(self.port), rr=RR("record", self.path / bundle.STREAM),
+        run = Run(Path(tmp), net=UserNet(self.port), rr=RR("record", self.path / bundle.STREAM),
                   devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
                   stop_after_ns=self.duration_ns, gate=gate)
-        self.vm = VM(g, run, launcher=self.launcher, name="native")
+        vm = self.vm = VM(g, run, launcher=self.launcher, name="native")
         self.t0 = time.monotonic()
         try:
-            self.vm.start()
+            vm.start()
         except TandemError:
             # Keep the bundle honest: it exists, holds what QEMU wrote, and says so.
             m["state"] = "interrupted"
             bundle.write_manifest(self.path, m)
-            private.copy_file(self.vm.log_path, self.path / "qemu.log")
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            private.copy_file(vm.log_path, self.path / "qemu.log")
+            shutil.rmtree(tmp, ignore_errors=True)
             raise
         return self
 
     @property
-    def serial(self):
-        return self.vm.serial
+    def serial(self) -> Serial:
+        serial = self.started().serial
+        if serial is None:      # a recording's VM always has one (vm.VM.start)
+            raise TandemError(f"{self.path}: the recording's serial console is not connected")
+        return serial
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Wait for the guest agent's TANDEM-READY line on the serial console."""
@@ -141,43 +153,48 @@ class Recording:
         """End the recording now (recorded as a host shutdown, so replay stops there too)."""
         if self.stop_reason is None:
             self.stop_reason = "interrupt"
-        self.vm.quit()
+        self.started().quit()
 
     def wait(self, timeout: float | None = None, progress=None) -> None:
         """Wait for the guest to stop by itself (poweroff or --duration)."""
+        vm = self.started()
+        proc = vm.process()
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.vm.proc.poll() is None:
-            self.vm.poll_events()
+        while proc.poll() is None:
+            vm.poll_events()
             if progress:
-                progress(self.vm.vm_status())
+                progress(vm.vm_status())
             if deadline and time.monotonic() > deadline:
                 raise TandemError(f"{self.path}: guest still running after {timeout:.0f}s")
             try:    # returns as soon as QEMU exits, so the recording's end is not delayed
-                self.vm.proc.wait(timeout=0.2)
+                proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 pass
 
     def finish(self, timeout: float = 60.0) -> dict:
         """Wait for QEMU to exit, then seal the bundle with its manifest."""
+        vm = self.started()
         try:
-            status = self.vm.wait(timeout)
+            status = vm.wait(timeout)
         except TandemError:
-            self.vm.kill()
+            vm.kill()
             status = -9
         wall = time.monotonic() - self.t0
-        self.vm.poll_events()
-        self.vm.close()
-        private.copy_file(self.vm.log_path, self.path / "qemu.log")
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        vm.poll_events()
+        vm.close()
+        private.copy_file(vm.log_path, self.path / "qemu.log")
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
         if self.stop_reason is None:
             # QEMU says why it stopped: guest-shutdown is a poweroff; guest-reset is a
             # reboot or a kernel panic (panic=-1 with -no-reboot), kept distinct so a
             # panicking guest never passes for a clean stop.
-            reason = self.vm.shutdown_reason
-            self.stop_reason = {"guest-shutdown": "poweroff", "host-qmp-quit": "duration",
-                                None: "duration" if self.duration_ns else "qemu-exit"
-                                }.get(reason, reason)
+            reason = vm.shutdown_reason
+            if reason is None:
+                self.stop_reason = "duration" if self.duration_ns else "qemu-exit"
+            else:
+                self.stop_reason = {"guest-shutdown": "poweroff", "host-qmp-quit": "duration"}.get(reason, reason)
         m = seal(self.path, self.manifest, status=status, wall_s=wall, stop_reason=self.stop_reason)
         if m["state"] != "complete":
             raise TandemError(f"{self.path}: QEMU exited with status {status} during recording "

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 from functools import lru_cache
+from collections.abc import Sequence
 from pathlib import Path
 
 from elftools.common.exceptions import ELFError
@@ -116,7 +117,7 @@ def source_lines(path: Path | str, pcs: list[int], section: str = "") -> dict[in
     return syms.lines(pcs, section)
 
 
-def symbolize(report, vmlinux: Path | str, modules: list[Path | str] = ()):
+def symbolize(report, vmlinux: Path | str, modules: Sequence[Path | str] = ()):
     """Fill report.locations for its frames (guilty first); returns the report.
     Frames of out-of-tree modules are found in `modules` (their .ko files)."""
     syms = _load(Path(vmlinux))
@@ -138,8 +139,8 @@ def symbolize(report, vmlinux: Path | str, modules: list[Path | str] = ()):
             pc = syms.address(m.group("name"), int(m.group("off"), 16), size)
             if pc is None:
                 mod = next((x for x in mods if m.group("name") in x.by_name), None)
-                if mod is not None:
-                    mpc = mod.address(m.group("name"), int(m.group("off"), 16), size)
+                mpc = mod.address(m.group("name"), int(m.group("off"), 16), size) if mod is not None else None
+                if mod is not None and mpc is not None:
                     in_mods.append((mod, mod.section.get(m.group("name"), ".text"),
                                     mpc if m.group("rip") else mpc - 1))
                 continue

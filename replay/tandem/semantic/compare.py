@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import enum
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import itemgetter
+from typing import Final
 
 from ..formats import netpkt
 from . import inputs as inputs_mod
-from .equivalence import MAX_RULED_LINE, Spec
+from .equivalence import MAX_RULED_LINE, ChannelRules, Spec
 from .model import AnalysisRun
 
 KERNEL_LINE = inputs_mod.KERNEL_LINE
@@ -77,7 +79,8 @@ class _Stream:
         base = inputs_mod.chunks_base(chunks)
         if start is None or start <= base:
             return cls(b"".join(map(_DATA, chunks)), chunks=chunks, origin=base)
-        part, skip = chunks.since(start)
+        whole = chunks if isinstance(chunks, inputs_mod.Chunks) else inputs_mod.Chunks(chunks)
+        part, skip = whole.since(start)
         return cls(b"".join(map(_DATA, part))[skip:], chunks=part, skip=skip, origin=start)
 
     def masked(self, ranges: list[tuple[int, int]]) -> _Stream:
@@ -114,10 +117,17 @@ class _Stream:
 
 _EMPTY = _Stream(b"", chunks=[])
 _INF = float("inf")
-_DROP = object()
 
 
-def _apply(lines: list[bytes], rules, serial: bool, cache: dict) -> tuple[list[bytes], list[int]]:
+class _Drop(enum.Enum):
+    LINE = "dropped"        # an enum member, not object(): `is not _DROP` narrows a line's type
+
+
+_DROP: Final = _Drop.LINE
+
+
+def _apply(lines: list[bytes], rules: ChannelRules, serial: bool,
+           cache: dict[bytes, bytes | _Drop]) -> tuple[list[bytes], list[int]]:
     """The lines the spec keeps, rewritten by its masks, and their indices in `lines`.
     `cache` maps a line to its rewrite (_DROP: dropped), shared by both sides.
 
@@ -126,7 +136,8 @@ def _apply(lines: list[bytes], rules, serial: bool, cache: dict) -> tuple[list[b
     output is linear in it); a longer line, or one the masks grew past that, is compared
     as it stands. The guest writes these lines: a 1 MB line of digits kept `\\d+x` busy
     for over half an hour."""
-    out, kept = [], []
+    out: list[bytes] = []
+    kept: list[int] = []
     kernel = serial and rules.ignore_kernel_lines
     for i, t in enumerate(lines):
         r = cache.get(t)
@@ -420,9 +431,9 @@ def _resync(ta: list[bytes], tb: list[bytes], ia: int, ib: int) -> tuple[int, in
         at.setdefault(tuple(tb[j:j + n]), j)
     best = None
     for i in range(ia, min(len(ta) - n, ia + RESYNC_MAX) + 1):
-        j = at.get(tuple(ta[i:i + n]))
-        if j is not None and (i, j) != (ia, ib) and (best is None or i - ia + j - ib < best[0] - ia + best[1] - ib):
-            best = (i, j)
+        k = at.get(tuple(ta[i:i + n]))
+        if k is not None and (i, k) != (ia, ib) and (best is None or i - ia + k - ib < best[0] - ia + best[1] - ib):
+            best = (i, k)
     return best
 
 

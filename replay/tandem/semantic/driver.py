@@ -21,6 +21,7 @@ import logging
 import time
 from typing import Callable
 
+from ..errors import TandemError
 from . import feed as feedproto
 from . import inputs as inputs_mod
 from .horizon import live_grant, next_horizon
@@ -59,8 +60,12 @@ def release_input(inp: inputs_mod.Input, rec: inputs_mod.RecordedInputs, peer: P
         return []
     if inp.kind == "frame":
         return [inp.data]
-    fl = rec.flows[inp.flow]
+    if inp.flow is None:
+        raise TandemError(f"{inp}: a {inp.kind} input without its connection")
     if inp.kind == "tcp-open":
+        fl = rec.flows[inp.flow]
+        if fl is None:      # retired once every analysis compared it: long after its opening
+            raise TandemError(f"{inp}: opens a connection already retired")
         return peer.open(fl.index, fl.client, fl.server, fl.client_mac, fl.guest_mac, now)
     if inp.flow not in peer.flows:
         return []
@@ -161,7 +166,7 @@ class AnalysisDriver:
         return (pf.guest_bytes if pf else 0) + self.short.get(flow, 0)
 
     def line_missing(self, inp: inputs_mod.Input) -> bool:
-        return bool(inp.needs_line) and inp.needs_line[0] not in self.lost_lines \
+        return inp.needs_line is not None and inp.needs_line[0] not in self.lost_lines \
             and not self.lines.has(inp.needs_line)
 
     def deps_met(self, inp: inputs_mod.Input) -> bool:
@@ -175,7 +180,8 @@ class AnalysisDriver:
                 self.short[flow] = self.short.get(flow, 0) + need - self.have(flow)
 
     def unmet(self, inp: inputs_mod.Input) -> str:
-        parts = [f"serial line {inp.needs_line[0][:60]!r} (#{inp.needs_line[1]})"] if self.line_missing(inp) else []
+        line = inp.needs_line
+        parts = [f"serial line {line[0][:60]!r} (#{line[1]})"] if line is not None and self.line_missing(inp) else []
         parts += [f"flow {flow}: {self.have(flow)}/{need} guest bytes"
                   for flow, need in inp.needs_bytes.items() if self.have(flow) < need]
         return ", ".join(parts)
@@ -351,7 +357,7 @@ class AnalysisDriver:
     def finish(self) -> None:
         """QEMU has exited: the outcome from why it said it stopped."""
         self.vm.wait(30)
-        outcome, detail = SHUTDOWN_OUTCOMES.get(self.shutdown, (Outcome.CRASHED, ""))
+        outcome, detail = SHUTDOWN_OUTCOMES.get(self.shutdown or "", (Outcome.CRASHED, ""))
         if self.shutdown not in SHUTDOWN_OUTCOMES:
             detail = f"QEMU exited ({self.shutdown or 'without saying why'}): {self.vm.log_tail(300)}"
         if self.nxt < len(self.todo):

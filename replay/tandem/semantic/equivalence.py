@@ -30,8 +30,10 @@ import re._constants as sre_constants
 import re._parser as sre_parse
 import tomllib
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NoReturn
 
 from .. import artifacts, catalog
 from ..errors import TandemError
@@ -59,7 +61,7 @@ RULE_BUDGET = 16 * MAX_RULED_LINE ** 2
 
 # Every analysis's, then its own from the catalogue (an ASan userland's sanitizer lines
 # are findings, not divergences).
-BUILTIN: dict[str, dict] = {
+BUILTIN: dict[str, Mapping[str, object]] = {
     "*": {"serial": {"ignore_kernel_lines": True, "reorder_window": 8}},
     **{a.name: a.equivalence for a in catalog.ALL if a.equivalence},
 }
@@ -67,8 +69,8 @@ BUILTIN: dict[str, dict] = {
 
 @dataclass
 class ChannelRules:
-    ignore: list[re.Pattern] = field(default_factory=list)
-    mask: list[re.Pattern] = field(default_factory=list)
+    ignore: list[re.Pattern[bytes]] = field(default_factory=list)
+    mask: list[re.Pattern[bytes]] = field(default_factory=list)
     ignore_kernel_lines: bool = False
     byte_ranges: list[tuple[int, int, int]] = field(default_factory=list)   # (flow, start, end)
     reorder_window: int = 0
@@ -82,8 +84,8 @@ class Spec:
     sources: list[str] = field(default_factory=list)
 
 
-def _merge(spec: Spec, data: dict, where: str) -> None:
-    def fail(msg: str):
+def _merge(spec: Spec, data: Mapping[str, object], where: str) -> None:
+    def fail(msg: str) -> NoReturn:
         raise TandemError(f"{where}: {msg}")
 
     known = {"ignore_channels", "max_lag_ms", *CHANNELS}
@@ -141,12 +143,12 @@ def _merge(spec: Spec, data: dict, where: str) -> None:
                 fail(f"unknown key {c}.{_show(k)}")
 
 
-def _whole(v, most: int) -> bool:
+def _whole(v: object, most: int) -> bool:
     """v is an integer (not a bool) from 0 to `most`."""
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= most
 
 
-def _show(v, nested: bool = False) -> str:
+def _show(v: object, nested: bool = False) -> str:
     """v for a one-line message, at most 80 characters: repr() of a 5,000-digit int raises
     ValueError, of 1,000 nested lists RecursionError, and a value may be megabytes long.
     A table or list is shown one level deep, as TOML writes it."""
@@ -165,7 +167,7 @@ def _show(v, nested: bool = False) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _regex(text: str, where: str, fail) -> re.Pattern:
+def _regex(text: str, where: str, fail: Callable[[str], NoReturn]) -> re.Pattern[bytes]:
     """re.compile, with every way it refuses a pattern as a spec error: re.error, and
     the OverflowError (a{4294967296}) and RecursionError (1,000 nested groups) that
     sre_parse raises instead. A FutureWarning (`[[a]`, `[a--b]`: set syntax whose meaning
@@ -190,9 +192,13 @@ def _regex(text: str, where: str, fail) -> re.Pattern:
 
 
 _REPEATS = (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT)
+# A parsed pattern (re._parser's SubPattern): (opcode, argument) pairs whose argument's shape
+# depends on the opcode (a (low, high, body) repeat, a branch's list of bodies, ...) and is
+# read per opcode below; typing cannot tie the argument to the opcode, hence Any there.
+Parsed = Sequence[tuple[object, Any]]
 
 
-def _nested_repeat(items, inside: bool = False) -> bool:
+def _nested_repeat(items: Parsed, inside: bool = False) -> bool:
     """Whether a parsed pattern has a repeat (up to more than one) inside another: the
     shape whose backtracking is exponential in the length of the text it fails on (ReDoS).
     The specs' patterns run on every line of guest output, which the guest writes.
@@ -221,7 +227,7 @@ def _nested_repeat(items, inside: bool = False) -> bool:
 _CHOICES = (*_REPEATS, sre_constants.BRANCH, sre_constants.GROUPREF, sre_constants.GROUPREF_EXISTS)
 
 
-def _choice_in_repeat(items, inside: bool = False) -> bool:
+def _choice_in_repeat(items: Parsed, inside: bool = False) -> bool:
     """Whether a repeat (up to more than once, backtracking) holds a choice: an alternation,
     an optional or variable repeat, a back reference. (a|a)+b and (a?a)+b backtrack
     exponentially on a line of a's as (a+)+b does (measured: (a|a)+b on 22 bytes, 0.5 s,
@@ -251,14 +257,14 @@ def _choice_in_repeat(items, inside: bool = False) -> bool:
     return False
 
 
-def _cost(items) -> int:
+def _cost(items: Parsed) -> int:
     """A bound on the steps of one match attempt on a line of MAX_RULED_LINE bytes (with no
     repeat of a repeat or of a choice, refused before): the ways its choice points can go
     (_ways), and at least the line (an attempt may read it once)."""
     return max(_ways(items), MAX_RULED_LINE)
 
 
-def _ways(items) -> int:
+def _ways(items: Parsed) -> int:
     """The product, over a pattern's choice points, of how many ways each can go: a repeat
     as many as the lengths it can take (at most the line), an alternation its branches, a
     back reference the line. Possessive repeats and atomic groups give nothing back: they
@@ -286,7 +292,7 @@ def _ways(items) -> int:
     return total
 
 
-def _ways_given_nothing_back(body) -> int:
+def _ways_given_nothing_back(body: Parsed) -> int:
     """The ways inside an atomic group or a possessive repeat's body: its own choice points
     still backtrack while it first matches, but not a repeat it ends with (nothing after
     it inside can fail, and nothing outside can take back from it): (?>a+) has one way."""
@@ -298,7 +304,7 @@ def _ways_given_nothing_back(body) -> int:
 _STARTS = (sre_constants.AT_BEGINNING, sre_constants.AT_BEGINNING_STRING)
 
 
-def _anchored(items) -> bool:
+def _anchored(items: Parsed) -> bool:
     """Whether a pattern can match only at the start of a line (^ or \\A first, also inside a
     group, a lookbehind or every branch): then a search makes one attempt, not one per byte."""
     if not items:
@@ -321,7 +327,7 @@ def _anchored(items) -> bool:
 DEMO_SPEC = artifacts.REPO / "agent" / "kvd.equiv.toml"
 
 
-def parse_toml(text: bytes, where: str) -> dict:
+def parse_toml(text: bytes, where: str) -> dict[str, object]:
     """A spec file's TOML table, or TandemError. tomllib raises ValueError besides its
     TOMLDecodeError (an integer of more than 4,300 digits) and RecursionError on about
     1,000 nested arrays or inline tables."""
@@ -335,7 +341,7 @@ def parse_toml(text: bytes, where: str) -> dict:
         raise TandemError(f"{where}: not a valid TOML equivalence spec: {e}") from None
 
 
-def check(data: dict, where: str = "<spec>") -> Spec:
+def check(data: Mapping[str, object], where: str = "<spec>") -> Spec:
     """A parsed spec table checked on its own (no built-in defaults): a Spec or TandemError."""
     spec = Spec()
     _merge(spec, data, where)

@@ -58,6 +58,12 @@ class FeedServer:
             raise TandemError(f"analysis QEMU did not connect to {self.path} within {timeout:.0f}s") from None
         self.conn.settimeout(None)
 
+    def _connection(self) -> socket.socket:
+        """QEMU's connection, once accept() has it."""
+        if self.conn is None:
+            raise TandemError(f"{self.path}: no analysis QEMU connected yet")
+        return self.conn
+
     def input(self, channel: int, vm_ns: int, data: bytes) -> None:
         self.out += HEADER.pack(len(data), INPUT, channel, vm_ns) + data
 
@@ -75,18 +81,19 @@ class FeedServer:
     def flush(self) -> None:
         if self.out:
             try:
-                self.conn.sendall(self.out)
+                self._connection().sendall(self.out)
             except (BrokenPipeError, ConnectionResetError):
                 pass    # QEMU has exited; receive() reports it
             self.out.clear()
 
     def receive(self, timeout: float) -> list[Message] | None:
         """Messages that arrived within timeout ([] if none); None once QEMU closed."""
-        self.conn.settimeout(timeout)
+        conn = self._connection()
+        conn.settimeout(timeout)
         if self._rx is None:
             self._rx = bytearray(1 << 20)   # one receive buffer: no 1 MB allocation per call
         try:
-            n = self.conn.recv_into(self._rx)
+            n = conn.recv_into(self._rx)
         except socket.timeout:
             return []
         except OSError:

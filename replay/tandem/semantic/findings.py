@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from .. import artifacts, catalog, report
 from ..errors import TandemError
@@ -74,7 +75,7 @@ def symbolizer(analysis: str):
     flavor = known.flavor if known else analysis
     try:
         vmlinux = artifacts.kernel(flavor)["vmlinux"]
-        modules = artifacts.modules(flavor).get("modules", [])
+        modules: list[Path | str] = list(artifacts.modules(flavor).get("modules", []))
     except (TandemError, KeyError) as e:   # not built (./tandem build), or a build record without a vmlinux
         log.info("findings of %s are not symbolized: %s", analysis, e)
         return lambda rep: rep

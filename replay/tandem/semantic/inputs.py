@@ -47,12 +47,12 @@ class Input:
         return f"{self.kind} at VM {self.vm_ns / 1e9:.6f}s ({where}, devlog event {self.seq})"
 
 
-class Chunks(list):
+class Chunks(list[tuple[int, bytes]]):
     """A timed byte stream as (VM ns, bytes) chunks. A live run drops its front once
     every analysis has compared it (live_compare.py): `base` is the stream offset of the
     first chunk kept, `dropped` how many chunks are gone, `size` the bytes kept."""
 
-    def __init__(self, chunks=()):
+    def __init__(self, chunks: Iterable[tuple[int, bytes]] = ()) -> None:
         super().__init__(chunks)
         self.base = self.dropped = 0
         self.size = sum(len(d) for _, d in self)
@@ -89,7 +89,7 @@ class Chunks(list):
         return [], 0
 
 
-def chunks_base(chunks) -> int:
+def chunks_base(chunks: list[tuple[int, bytes]]) -> int:
     """Stream offset of a chunk list's first chunk (a plain list starts at 0)."""
     return getattr(chunks, "base", 0)
 
@@ -105,7 +105,7 @@ class Flow:
     opened_ns: int
     client_bytes: int = 0
     guest_bytes: int = 0
-    guest_data: list[tuple[int, bytes]] = field(default_factory=Chunks)  # (VM ns, in-order payload)
+    guest_data: Chunks = field(default_factory=Chunks)  # (VM ns, in-order payload)
     closed: bool = False        # both sides sent FIN, or one reset it
 
     def name(self) -> str:
@@ -116,7 +116,7 @@ class Flow:
 @dataclass
 class RecordedInputs:
     inputs: list[Input]
-    flows: list[Flow]
+    flows: list[Flow | None]
     end_ns: int | None
     limits: list[str]           # what cannot be replayed, said once each
     created: str = "2026-01-01T00:00:00"     # when the native started (UTC), for the RTC
@@ -125,7 +125,7 @@ class RecordedInputs:
     # known_ns is in `inputs`; finished once the native's device log is complete.
     known_ns: int = 0
     finished: bool = True
-    serial_out: list[tuple[int, bytes]] = field(default_factory=Chunks)  # the native's console
+    serial_out: Chunks = field(default_factory=Chunks)  # the native's console
     udp_out: list[tuple[int, tuple, bytes]] = field(default_factory=list)  # (ns, (dst ip, port), payload)
     # A live run drops inputs every analysis has taken: inputs[0] is input number
     # inputs_dropped, and a retired flow (compared by every analysis) is None in flows.
@@ -141,7 +141,7 @@ class SerialLines:
     sides forget alike, as they see the same lines."""
     KEPT = 10_000
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.partial = b""
         self.counts: dict[bytes, int] = {}
         self.last: tuple[bytes, int] | None = None

@@ -8,11 +8,12 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from ..machine import LOOKAHEAD_NS  # noqa: F401  (a timing rule of semantic replay; the feed option is the machine's)
+from ..machine import LOOKAHEAD_NS as LOOKAHEAD_NS  # a timing rule of semantic replay; the feed option is the machine's
 from . import inputs as inputs_mod
 from .peer import Peer
 
@@ -59,11 +60,11 @@ class AnalysisRun:
     console_base: int = 0           # console offset of console[0] (a live run drops what it compared)
     net_out: list[tuple[int, bytes]] | None = field(default_factory=list)  # (vm_ns, frame); None: live
     # Offline every input delivered; live the last DELIVERED_KEPT (n_delivered counts them all).
-    delivered: list[Delivered] | deque = field(default_factory=list)
+    delivered: list[Delivered] | deque[Delivered] = field(default_factory=list)
     n_delivered: int = 0
     taken: int = 0                  # the recording's inputs looked at so far
     last_input_of: dict[int, int] = field(default_factory=dict)  # flow -> VM ns of its last input here
-    pending_of_flow: object = None  # (flow) -> does an input of it wait to be delivered?
+    pending_of_flow: Callable[[int], bool] | None = None  # (flow) -> does an input of it wait to be delivered?
     limits: list[str] = field(default_factory=list)
     waits: int = 0
     peer: Peer | None = None
@@ -122,10 +123,10 @@ class Buffer:
     peak_events: int = 0        # the most it ever held: what the run needed
     peak_bytes: int = 0
     full: bool = False          # policy "block": over its bound, the native's inputs are held
-    full_since: float | None = None
+    full_since: float = 0.0     # time.monotonic() when it became full (while full)
     blocks: int = 0             # how often it blocked the native, and for how long in all
     blocked_s: float = 0.0
-    pending: object = None      # () -> inputs not taken right now (set by the analysis's loop)
+    pending: Callable[[], int] | None = None   # () -> inputs not taken right now (set by the analysis's loop)
 
     # Room again at 90%: the native is not held and let go at every input.
     RESUME = 0.9
@@ -153,4 +154,4 @@ class Buffer:
         """No longer holding the native (room again, or detached)."""
         if self.full:
             self.blocked_s += (now or time.monotonic()) - self.full_since
-            self.full, self.full_since = False, None
+            self.full, self.full_since = False, 0.0

@@ -45,7 +45,7 @@ class PeerFlow:
     guest_window: int = 0
     guest_mss: int = 536
     guest_bytes: int = 0        # payload received from the guest, in order
-    guest_data: list[tuple[int, bytes]] = field(default_factory=Chunks)  # (VM ns, in-order payload)
+    guest_data: Chunks = field(default_factory=Chunks)  # (VM ns, in-order payload)
     guest_fin: bool = False
     last_send_ns: int = 0
     opened_ns: int = 0
@@ -57,7 +57,7 @@ class PeerFlow:
 
 
 class Peer:
-    def __init__(self):
+    def __init__(self) -> None:
         self.flows: dict[int, PeerFlow] = {}
         self.by_tuple: dict[tuple, PeerFlow] = {}
         self.ident = 0

@@ -71,30 +71,32 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
     tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
     private.make_dir(workdir)
     server = FeedServer(tmp / "feed.sock")
-    run_args: dict = dict(net=Feed(server.path, lookahead_ns=lookahead_ns, rtc_base=rec.created),
-                          host=Host(idle=idle, cpus=cpus))
     manifest = None
+    rr: RR | None = None
+    overlay: Path | None = None
     if record:
-        res.bundle = workdir / f"{analysis}.tdm"
-        if res.bundle.exists():
-            shutil.rmtree(res.bundle)
-        manifest = record_mod.start_manifest(res.bundle, guest, {
+        run_bundle = res.bundle = workdir / f"{analysis}.tdm"
+        if run_bundle.exists():
+            shutil.rmtree(run_bundle)
+        manifest = record_mod.start_manifest(run_bundle, guest, {
             "mode": "analysis", "analysis": analysis, "rtc_base": rec.created,
             "lookahead_ns": lookahead_ns, "source": str(rec.path),
             "net": {"backend": "feed"}, **(launcher.machine() if launcher else {})})
-        run_args.update(rr=RR("record", res.bundle / bundle.STREAM), devlog=res.bundle / bundle.DEVLOG,
-                        overlay=res.bundle / record_mod.OVERLAY if guest.disk else None)
+        rr, devlog = RR("record", run_bundle / bundle.STREAM), run_bundle / bundle.DEVLOG
+        overlay = run_bundle / record_mod.OVERLAY if guest.disk else None
     else:
-        run_args.update(devlog=workdir / f"{analysis}.pcapng")
+        devlog = workdir / f"{analysis}.pcapng"
         if guest.disk:
-            run_args["overlay"] = tmp / "disk-overlay.qcow2"
-            make_overlay(guest.disk.base, run_args["overlay"], guest.disk.format)
-    vm = VM(guest, Run(tmp, **run_args), launcher=launcher, name=analysis)
+            overlay = tmp / "disk-overlay.qcow2"
+            make_overlay(guest.disk.base, overlay, guest.disk.format)
+    run = Run(tmp, net=Feed(server.path, lookahead_ns=lookahead_ns, rtc_base=rec.created), rr=rr, devlog=devlog,
+              overlay=overlay, host=Host(idle=idle, cpus=cpus))
+    vm = VM(guest, run, launcher=launcher, name=analysis)
     vm.console = lambda: bytes(res.console)
     t0 = time.monotonic()
     try:
         vm.start()
-        res.qemu_pid = vm.proc.pid
+        res.qemu_pid = vm.process().pid
         server.accept(30)
         AnalysisDriver(rec, res, vm, server, max_lag_ns=max_lag_ns, progress=progress, buffer=buffer,
                        stop=stop, hang_wall_s=hang_wall_s, tick=tick).drive()
@@ -107,18 +109,18 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         res.qemu_log = vm.log_tail(2000)
         vm.close()
         server.close()
-        if manifest is not None:
-            _seal(res, vm, manifest)
+        if manifest is not None and res.bundle is not None:
+            _seal(res, res.bundle, vm, manifest)
         shutil.rmtree(tmp, ignore_errors=True)
     return res
 
 
-def _seal(res: AnalysisRun, vm: VM, manifest: dict) -> None:
-    """Finish the analysis run's bundle; a run that did not end cleanly stays 'interrupted'."""
+def _seal(res: AnalysisRun, run_bundle: Path, vm: VM, manifest: dict) -> None:
+    """Finish the analysis run's bundle (run_bundle); a run that did not end cleanly stays 'interrupted'."""
     try:
-        private.copy_file(vm.log_path, res.bundle / "qemu.log")
+        private.copy_file(vm.log_path, run_bundle / "qemu.log")
         status = vm.proc.returncode if vm.proc and vm.proc.returncode is not None else -9
-        record_mod.seal(res.bundle, manifest, status=status, wall_s=res.wall_s,
+        record_mod.seal(run_bundle, manifest, status=status, wall_s=res.wall_s,
                         stop_reason=res.outcome)
     except (OSError, TandemError) as e:
         res.limits.append(f"the run's recording could not be sealed: {e}")

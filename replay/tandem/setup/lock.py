@@ -84,5 +84,6 @@ class SetupLock:
 
     def __exit__(self, *exc) -> None:
         owner_path().unlink(missing_ok=True)
-        os.close(self.fd)
+        if self.fd is not None:
+            os.close(self.fd)
         self.fd = None
