@@ -661,7 +661,8 @@ def _kinds_of(o: Oops) -> list[Kind]:
 
 def _questionable(text: str) -> bool:
     """A frame the unwinder is unsure of (x86 " ? ", powerpc " (unreliable)"): not a frame."""
-    return ("<EOI>" not in text and " ? " in text) or text.endswith(" (unreliable)")
+    # " ? " first: most lines lack it (one test a line, not two)
+    return (" ? " in text and "<EOI>" not in text) or text.endswith(" (unreliable)")
 
 
 _KINDS = {o.header: _kinds_of(o) for o in OOPSES}
