@@ -31,7 +31,9 @@ TITLE_LINES = 50
 TITLE_WIDTH = 512   # characters from the header a title pattern reads
 
 # Go regexp placeholders of syzkaller's compile(), as Python patterns.
-PC = r"\[<?(?:0x)?[0-9a-f]+>?\]"
+# ("(?:0x|)" is syzkaller's "(?:0x)?": the same greedy choice, cheaper in `re`, whose
+# optional groups run through its general repeat machinery; see scanner._ROW.)
+PC = r"\[<?(?:0x|)[0-9a-f]+>?\]"
 FUNC = r"([a-zA-Z0-9_]+)(?:\.|\+)"
 # A source location "net/core/dev.c:123". The look-behind starts a try only at a
 # token's first character and the possessive [a-z]++ cannot backtrack: linear.
