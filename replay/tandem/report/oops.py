@@ -94,6 +94,17 @@ class StackParams:
             self.skip_cache[name] = re.compile("|".join(f"(?:{p.pattern})" for p in parts), re.ASCII)
         return self.skip_cache[name]
 
+    def any_frame(self) -> re.Pattern | None:
+        """frame_res as one pattern, when each is anchored at the line's start (then the
+        first that matches there is the alternation's match: the same groups, each other
+        pattern's None), else None. One search a stack line where a line no pattern
+        matches (a register dump, "Code:") cost one each."""
+        if "any_frame" not in self.skip_cache:
+            anchored = all(p.pattern.startswith("^") for p in self.frame_res)
+            self.skip_cache["any_frame"] = re.compile(
+                "|".join(f"(?:{p.pattern})" for p in self.frame_res), re.ASCII) if anchored else None
+        return self.skip_cache["any_frame"]
+
     def skip_re(self, extra: tuple[str, ...]) -> re.Pattern:
         if extra not in self.skip_cache:
             self.skip_cache[extra] = re.compile("|".join(self.skip + extra), re.ASCII)
@@ -320,6 +331,7 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
     pos = 0
     idx = 0
     corrupted, starts = tests       # positions in `lines`
+    any_frame = params.any_frame()
     while True:
         if idx == len(parts) or (parts[idx] is PARSE and traces > 0):
             key, group = _key_frame(params, stack, raw)
@@ -350,6 +362,11 @@ def _extract(params: StackParams, stack: Stack, parts: tuple, lines: list[str],
                         _append(raw, m, skip)
                         idx += 1
                         break
+                if any_frame is not None:
+                    m = any_frame.search(ln)
+                    if m:
+                        _append(raw, m, skip)
+                    continue
                 for fre in params.frame_res:
                     m = fre.search(ln)
                     if m:
