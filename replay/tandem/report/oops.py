@@ -199,11 +199,25 @@ def _header_lines(header: str, lines: list[str]) -> list[tuple[int, int]]:
     return out
 
 
+# Per title pattern (by id: the formats live as long as the module): whether it is
+# anchored, and the literal texts one of which its every match holds (needles.needles).
+_TITLES: dict[int, tuple[bool, tuple[str, ...] | None]] = {}
+
+
 def _title_pos(title: re.Pattern, holders: list[tuple[int, int]], lines: list[str]) -> tuple[int, int] | None:
-    anchored = title.pattern.startswith("^")
+    info = _TITLES.get(id(title))
+    if info is None:
+        info = _TITLES[id(title)] = (title.pattern.startswith("^"), needles(title))
+    anchored, texts = info
     for i, at in holders[:1] if anchored else holders:
-        # a title starts at its header: look there (a line of repeated headers stays cheap)
-        m = title.search(lines[i][:at + TITLE_WIDTH], 0 if anchored else at)
+        # a title starts at its header: look there (a line of repeated headers stays cheap);
+        # not in a line that lacks all its texts there (most formats of a header are
+        # another report's: a find says so, no search)
+        line = lines[i]
+        begin, end = (0 if anchored else at), at + TITLE_WIDTH
+        if texts is not None and not any(line.find(t, begin, end) >= 0 for t in texts):
+            continue
+        m = title.search(line[:end], begin)
         if m:
             return i, m.start()
     return None
