@@ -112,7 +112,7 @@ _STALL_ANCHORS = re.compile("|".join((
 
 # Whether a frame is a dispatcher, remembered for the last 2048 frames (as oops'
 # StackParams.skipped: the same frames recur in every stall report, and the search of the
-# ~70 anchors tries them at every character of the frame).
+# 75 anchors tries them at every character of the frame).
 _is_anchor: Callable[[str], bool] = functools.lru_cache(maxsize=2048)(
     lambda frame: _STALL_ANCHORS.search(frame) is not None)
 
