@@ -7,7 +7,9 @@ Linux reports follow syzkaller's own tables (linux.py, oops.py).
 """
 from __future__ import annotations
 
+import functools
 import re
+from typing import Callable
 
 # FreeBSD ddb "func() at func+0x12/frame 0x...", KDB "#7 0xffffffff... at func+0xc".
 _BSD_FRAME = re.compile(r"^\s*(?:([A-Za-z_][A-Za-z0-9_.]*)\(\) at |#\d+ 0x[0-9a-f]+ at )"
@@ -52,9 +54,14 @@ def base_name(name: str) -> str:
     return name.split(".", 1)[0] or name
 
 
+# Whether a frame is a helper by SKIP, remembered for the last 2048 frames (the same
+# frames recur in every report; oops.StackParams.skipped does the same for Linux).
+_helper: Callable[[str], bool] = functools.lru_cache(maxsize=2048)(lambda frame: SKIP.search(frame) is not None)
+
+
 def useful(frames: list[str], skip: re.Pattern | None = None) -> list[str]:
     """The frames that are not helpers, in order."""
-    return [f for f in frames if not SKIP.search(f) and not (skip and skip.search(f))]
+    return [f for f in frames if not _helper(f) and not (skip and skip.search(f))]
 
 
 _DYNAMIC = [

@@ -43,7 +43,10 @@ BULK_CHARS = 256 * 1024
 # id in it, and its text; make_line()'s rules in one pattern, run over many lines in one
 # call (9 ns a character, where a line at a time cost 2 us a line). A run's "\r"s are only
 # before newlines (a "\r" inside a line makes the line one that may matter): stripped after.
-_ROW = re.compile(r"^((?:<\d+>)?\[ *\d+\.\d+\](?:\[ *([CT]\d+)\])? ?|\[\d+\] )?(.*)", re.M)
+# Each optional group is written "(?:X|)", not "(?:X)?": the same greedy choice, but `re`
+# runs an optional group through its general repeat machinery and a branch without it:
+# the run's split 19.4 -> 11.4 ms on the corpus's 45,253 run lines (the same rows).
+_ROW = re.compile(r"^((?:<\d+>|)\[ *\d+\.\d+\](?:\[ *([CT]\d+)\]|) ?|\[\d+\] |)(.*)", re.M)
 
 
 @dataclass
@@ -187,8 +190,10 @@ class Scanner:
         if to <= i:
             return i
         run = buf[i:to]
-        lines = run.count("\n")
         room = MAX_REPORT_LINES - 1 - len(cur.texts)     # then _line() closes the report
+        # (lines counted only when there may be more than room: a count per run was 2% of
+        # the parser's CPU on the corpus)
+        lines = run.count("\n") if len(run) > room else 0
         if lines > room or len(run) >= MAX_LINE:
             # a run takes no line _line() would cut, nor the line that ends the report at
             # MAX_REPORT_LINES: it ends before them (returning without taking a line made
@@ -200,12 +205,20 @@ class Scanner:
                 return i
             to = i + sum(map(len, parts)) + len(parts)
             run = buf[i:to]
-        rows = _ROW.findall(run)       # a row a line (`.` takes all but "\n"), one empty after
-        rows.pop()
-        texts = [row[2] for row in rows]
-        if "\r" in run:
-            texts = [t.rstrip("\r") for t in texts]
-        keep = self._kept(cur, rows, texts)
+        rows: list | None = None
+        if run.startswith(("[", "<")) or "\n[" in run or "\n<" in run:
+            rows = _ROW.findall(run)       # a row a line (`.` takes all but "\n"), one empty after
+            rows.pop()
+            raw = [row[2] for row in rows]
+            ctxs = [caller or ("kernel" if prefix else "") for prefix, caller, _ in rows]
+        else:
+            # No line of the run has a prefix (each starts with "[" or "<"): its lines are its
+            # texts, split 6x as fast as by _ROW (a quarter of the corpus's run bytes).
+            raw = run.split("\n")
+            raw.pop()
+            ctxs = [""] * len(raw)
+        texts = [t.rstrip("\r") for t in raw] if "\r" in run else raw
+        keep = self._kept(cur, ctxs, texts)
         if keep is None:
             cur.texts += texts
             cur.end = self._pos + len(run)
@@ -213,15 +226,16 @@ class Scanner:
             last = len(keep) - 1 - keep[::-1].index(True)
             cur.texts.extend(compress(texts, keep))
             # the lines after the last kept one: a prefix, a text ("\r"s in it) and a newline each
-            cur.end = self._pos + len(run) - sum(len(p) + len(t) + 1 for p, _, t in rows[last + 1:])
+            after = sum(len(t) + 1 for t in raw[last + 1:])
+            cur.end = self._pos + len(run) - after - (sum(len(row[0]) for row in rows[last + 1:]) if rows else 0)
         self._pos += len(run)
         return to
 
     @staticmethod
-    def _kept(cur: _Open, rows: list, texts: list[str]) -> list[bool] | None:
-        """Which lines of a run are the open report's (_ours()), or None: all of them."""
+    def _kept(cur: _Open, ctxs: list[str], texts: list[str]) -> list[bool] | None:
+        """Which lines of a run are the open report's (_ours()), or None: all of them;
+        `ctxs`: their printk contexts."""
         ctx = cur.ctx
-        ctxs = [caller or ("kernel" if prefix else "") for prefix, caller, _ in rows]
         if cur.kind.strict_context:
             drop = cur.kind.drop_line
             if drop is None and ctxs.count(ctx) == len(ctxs):
