@@ -148,9 +148,11 @@ def check_bounded_and_whole(tmp_path, sh, s, seen, got, overflow: str, connectio
     assert any(x.startswith("gate: QEMU held the native's outputs up to its bound") for x in s.limits), s.limits
     gj = json.loads((tmp_path / "an" / "gate.json").read_text())
     assert gj["overflows"] == len(events) and gj["detached"] is (overflow == "detach"), gj
-    # QEMU's own counters, sent as it shut down: the same peaks qom-get read.
+    # QEMU's own counters, sent as it shut down: at least the peaks qom-get read while the
+    # flood ran (it may have held more after the last read), and still within the bound.
     q = gj["qemu"]
-    assert (q["held_peak_frames"], q["held_peak_bytes"]) == (c["held-peak-frames"], c["held-peak-bytes"]), q
+    assert c["held-peak-frames"] <= q["held_peak_frames"] <= MAX_FRAMES, (q, c)
+    assert c["held-peak-bytes"] <= q["held_peak_bytes"] <= MAX_BYTES, (q, c)
     # Every overflow was told (under block, one more each time the gate filled again
     # after it drained to 3/4, as the analysis ran and the guest resent refused frames).
     assert q["overflows"] == len(events) >= c["overflows"] and q["overflow_frames"] >= c["overflow-frames"], (q, c)

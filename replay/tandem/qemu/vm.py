@@ -66,7 +66,9 @@ def make_overlay(base: str, overlay: Path, fmt: str = "raw") -> None:
                         "-F", fmt, str(overlay)], capture_output=True, text=True,
                        umask=private.CHILD_UMASK)      # the overlay holds the guest's disk writes
     if r.returncode:
-        raise TandemError(f"{overlay}: qemu-img create failed: {r.stderr.strip()}")
+        why = r.stderr.strip() or r.stdout.strip() or (f"killed by signal {-r.returncode}" if r.returncode < 0
+                                                        else "no message")
+        raise TandemError(f"{overlay}: qemu-img create failed (status {r.returncode}): {why}")
 
 
 class Serial:
