@@ -15,6 +15,7 @@ from ..libvirt.daemon import binding, connect
 from ..libvirt.launcher import Launcher
 from ..libvirt.shadows import NS, NativeInfo, native_domain, read_native, shadow_name
 from ..machine import Guest, analyses_given
+from .shadow import ShadowOptions, ShadowRun
 
 
 class LiveDomains:
@@ -93,13 +94,12 @@ class LiveDomains:
 
 
 def follow(uri: str | None, domain: str, analyses: list[str], *, bundle: str | Path | None = None,
-           options=None, **run_kw):
+           options: ShadowOptions | None = None, **run_kw):
     """`tandem attach DOMAIN`: a live.shadow.ShadowRun (not started) whose native is the libvirt domain
     `domain`, redefined for the run as tandem's record-mode QEMU (its kernel, its disk
     through the bundle's overlay, its MAC on a virtio NIC, user networking with the host
     port forward), and whose analyses are shadow domains fed live. start() starts the
     native; when it stops, its own definition is put back and the shadows are undefined."""
-    from .shadow import ShadowRun
     libvirt = binding()
     analyses = analyses_given(analyses)
     conn = connect(uri)

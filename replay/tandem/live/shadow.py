@@ -153,13 +153,13 @@ class ShadowRun:
         self.gate: Gate | None = None
         self._gate_server: FeedServer | None = None
         self._tmp = Path(tempfile.mkdtemp(prefix="tandem-shadow-"))
-        if release == "agreed" or overflow == "block":
+        if release == Release.AGREED or overflow == Overflow.BLOCK:
             self._gate_server = FeedServer(self._tmp / "gate.sock")
         self.libvirt = libvirt
         self.native = Recording(self.path, libvirt.native_guest() if libvirt else None,
                                 duration_ns=duration_ns, port=port,
                                 gate_socket=self._gate_server.path if self._gate_server else None,
-                                gate_outputs=release == "agreed",
+                                gate_outputs=release == Release.AGREED,
                                 # QEMU's bound on held frames: the same policy as the buffers'
                                 gate_overflow=overflow,
                                 launcher=libvirt.native_launcher() if libvirt else None)
@@ -286,7 +286,7 @@ class ShadowRun:
 
     def _hold_native(self) -> bool:
         """Overflow policy "block": hold the native's inputs while a live analysis is full."""
-        return self.overflow == "block" and any(
+        return self.overflow == Overflow.BLOCK and any(
             f.buffer.over() and (f.run is None or f.run.outcome == "running") for f in self.followers)
 
     # --- the analyses' side ---
@@ -303,7 +303,7 @@ class ShadowRun:
             f.cmp.tick(run)
         f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
         gate = self.gate
-        if self.release == "agreed" and gate is not None:   # the gate compares outputs too: keep what it has not copied
+        if self.release == Release.AGREED and gate is not None:   # the gate compares outputs too: keep what it has not copied
             f.cmp.keep_flow_from = lambda index: gate.copied(f.analysis, index)
         lv = self.libvirt
         try:
