@@ -31,7 +31,8 @@ from tandem import artifacts
 from tandem.formats import bundle, rrstream  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.exact.replay import replay  # noqa: E402
-from tandem.qemu.vm import VM, free_port, make_overlay
+from tandem.qemu.vm import VM, free_port
+from tandem.qemu.image import make_overlay
 from tandem.machine import RR, Guest, Host, Run, UserNet  # noqa: E402
 from tandem.record.workload import demo_traffic  # noqa: E402
 

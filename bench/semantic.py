@@ -35,7 +35,8 @@ from tandem.semantic import compare, equivalence, inputs, model, replay as repla
 from tandem.formats import netpkt, pcapng  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.semantic.analyze import analyze  # noqa: E402
-from tandem.qemu.vm import VM, free_port, make_overlay
+from tandem.qemu.vm import VM, free_port
+from tandem.qemu.image import make_overlay
 from tandem.machine import Guest, Run, UserNet  # noqa: E402
 from tandem.record.workload import KV, demo_traffic  # noqa: E402
 

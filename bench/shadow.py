@@ -43,7 +43,8 @@ from tandem import plan as plan_mod  # noqa: E402
 from tandem.semantic import replay as replay_semantic  # noqa: E402
 from tandem.live.shadow import SAMPLE_S, ShadowOptions, ShadowRun, analysis_cpuset  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
-from tandem.qemu.vm import VM, free_port, make_overlay
+from tandem.qemu.vm import VM, free_port
+from tandem.qemu.image import make_overlay
 from tandem.machine import Guest, Run, UserNet  # noqa: E402
 from tandem.record.workload import KV  # noqa: E402
 

@@ -20,7 +20,8 @@ from tandem.formats import bundle
 from tandem.errors import TandemError
 from tandem.record.recording import Recording
 from tandem.exact.replay import replay
-from tandem.qemu.vm import VM, free_port, make_overlay
+from tandem.qemu.vm import VM, free_port
+from tandem.qemu.image import make_overlay
 from tandem.machine import Guest, Run, UserNet
 from tandem.record.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from tandem import artifacts
 from tandem.libvirt import daemon
 from tandem.machine import Guest
-from tandem.qemu.vm import make_overlay
+from tandem.qemu.image import make_overlay
 
 
 def virsh(uri: str, *args: str, check: bool = True) -> str:

@@ -19,7 +19,7 @@ import pytest
 
 from tandem import machine
 from tandem.errors import TandemError
-from tandem.machine import Disk, Nic, OptionError, json_option, keyval_option
+from tandem.machine import Disk, Forward, Nic, OptionError, json_option, keyval_option
 from tandem.machine import RR, Feed, Gate, Guest, Host, Run, UserNet
 from tandem.qemu.argv import qemu_argv
 
@@ -286,16 +286,54 @@ def test_crafted_manifest_refused_or_inert(where, value):
 
 
 def test_device_lists_past_what_the_modes_take_are_refused():
-    """The description holds lists of devices with ids; today's device log and feed take
-    one disk and one NIC, and say so rather than drop one."""
+    """The description holds lists of devices with ids; the analysis feed takes one NIC
+    and the device log one disk (for now), and they say so rather than drop one."""
     two_nics = Guest(kernel="/k", initrd=None, nics=(Nic(), Nic(netdev="net1")))
     with pytest.raises(OptionError, match="2 NICs"):
-        qemu_argv(two_nics, Run(R, host=H))
+        qemu_argv(two_nics, Run(R, net=Feed(R / "f"), host=H))
     two_disks = Guest(kernel="/k", initrd=None, disks=(Disk("/a"), Disk("/b", id="disk1")))
     with pytest.raises(OptionError, match="2 disks"):
-        qemu_argv(two_disks, Run(R, overlay=R / "o", host=H))
+        qemu_argv(two_disks, Run(R, overlay=R / "o", devlog=R / "d", rr=RR("record", R / "r"), host=H))
     with pytest.raises(OptionError, match="disk format"):
         Disk("/a", "vmdk")
+    with pytest.raises(OptionError, match="drive ids"):
+        Guest(kernel="/k", initrd=None, disks=(Disk("/a"), Disk("/b")))
+
+
+def test_several_nics_each_recorded_and_logged():
+    """Record: every NIC on its own user netdev, each behind filter-replay and logged by
+    the device log; the host's forwards go to the first."""
+    g = Guest(kernel="/k", initrd=None, nics=(Nic(), Nic(netdev="net1", model="e1000")))
+    run = Run(R, net=UserNet(forwards=(Forward("tcp", 8080, 80), Forward("udp", 5353, 53))),
+              rr=RR("record", R / "r"), devlog=R / "d", host=H)
+    opts = options(qemu_argv(g, run))
+    netdevs = [v for o, v in opts if o == "-netdev"]
+    assert [n["id"] for n in netdevs] == ["net0", "net1"]
+    assert netdevs[0]["hostfwd"] == "tcp:127.0.0.1:8080-:80,udp:127.0.0.1:5353-:53"     # options(): as QEMU reads it
+    assert "hostfwd" not in netdevs[1]
+    objects = [(v["qom-type"], v.get("netdev")) for o, v in opts if o == "-object"]
+    for netdev in ("net0", "net1"):
+        assert ("filter-replay", netdev) in objects and ("filter-devlog", netdev) in objects
+
+
+def test_firmware_boot_has_no_kernel_and_boots_the_first_disk():
+    g = Guest(kernel=None, initrd=None, disks=(Disk("/a.qcow2", "qcow2"), Disk("/b", id="disk1")))
+    argv = qemu_argv(g, Run(R, overlay=R / "o.qcow2", host=H))
+    assert "-kernel" not in argv and "-append" not in argv
+    drives = [v for o, v in options(argv) if o == "-device" and v.get("driver") == "virtio-blk-pci"]
+    assert [(d["drive"], d.get("bootindex")) for d in drives] == [("disk0", "0"), ("disk1", None)]
+    files = [v["file"] for o, v in options(argv) if o == "-drive"]
+    assert files == [str(R / "o.qcow2"), str(R / "o.disk1.qcow2")]
+    with pytest.raises(OptionError, match="nothing to boot"):
+        Guest(kernel=None, initrd=None)
+
+
+def test_forward_parse():
+    assert str(Forward.parse("tcp:8080:80")) == "tcp:8080:80"
+    assert Forward.parse("udp:5353:53").hostfwd() == "udp:127.0.0.1:5353-:53"
+    for bad in ("tcp:8080", "sctp:1:2", "tcp:0:80", "tcp:70000:80", "tcp:80:x", "tcp:1:2,hostfwd=x"):
+        with pytest.raises(OptionError, match="forward"):
+            Forward.parse(bad)
 
 
 def test_manifest_devices_come_from_the_description():

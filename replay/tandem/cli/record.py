@@ -1,23 +1,33 @@
-"""`tandem record`: boot a guest and record it into a bundle."""
+"""`tandem record`: boot a guest (the demo guest, or your VM from its disks) and record it
+into a bundle."""
 from __future__ import annotations
 
+import argparse
 import signal
 
-from .. import catalog
 from .common import parse_duration, progress
+from .guest_options import add_guest_options, guest_from_args
 from .render import console
+
+EPILOG = """\
+Your own VM, booted by its own bootloader, its web server on host port 8080:
+  tandem record web.tdm --disk web.qcow2 --forward tcp:8080:80
+  (drive it: curl http://127.0.0.1:8080/ ...; stop it: poweroff in the guest, --duration, Ctrl-C)
+  tandem replay web.tdm
+The recording starts at power-on; no agent runs in the guest. To wait until a service is up
+before driving it, poll its forward (e.g. until curl -sf http://127.0.0.1:8080/ >/dev/null;
+do sleep 1; done): a connection tried before the guest listens is refused, and tandem says so.
+"""
 
 
 def add_parsers(sub) -> None:
-    r = sub.add_parser("record", help="boot a guest and record it into a bundle")
+    r = sub.add_parser("record", help="boot a guest and record it into a bundle", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("bundle", help="bundle directory to create (NAME.tdm)")
     r.add_argument("--duration", type=parse_duration, help="stop after this much VM time (e.g. 30s)")
-    r.add_argument("--port", type=int, help="host port forwarded to the guest service (default: free port)")
-    r.add_argument("--kernel", default="native", choices=list(catalog.KERNELS),
-                   help="guest kernel flavor (default native)")
-    r.add_argument("--kernel-image", help="boot this bzImage instead of a built flavor")
-    r.add_argument("--userland", default="native", choices=list(catalog.USERLANDS),
-                   help="guest userland (default native; asan: its services built with ASan)")
+    r.add_argument("--port", type=int, help="demo guest: the host port forwarded to its service "
+                                            "(port 7000; default a free port)")
+    add_guest_options(r)
     r.add_argument("--assertions", metavar="FILE",
                    help="declare an assertion pack for later `tandem assert` (checked, hashed into "
                         "the manifest; the recording itself is unchanged)")
@@ -25,20 +35,21 @@ def add_parsers(sub) -> None:
 
 
 def cmd_record(args) -> int:
-    from ..machine import Guest
+    from ..qemu.vm import free_port
     from ..record.recording import Recording
-    guest = Guest.default(args.kernel, args.userland)
-    if args.kernel_image:
-        guest.kernel = args.kernel_image
+    guest = guest_from_args(args)
     declared = None
     if args.assertions:     # checked now, so a broken pack is found before the recording
         from ..assertions.check import declare_pack
         declared = declare_pack(args.assertions, args.kernel)
-    rec = Recording(args.bundle, guest, duration_ns=args.duration or 0, port=args.port,
+    port = args.port
+    if not args.disk and port is None:    # the demo guest's service is always forwarded
+        port = free_port()
+    rec = Recording(args.bundle, guest, duration_ns=args.duration or 0, port=port, forwards=tuple(args.forward),
                     assertions=declared)
     rec.start()
-    console.print(f"recording {args.bundle}: guest service on 127.0.0.1:{rec.port}, "
-                  f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
+    console.print(f"recording {args.bundle}: {_what(rec, guest)}; stop with "
+                  f"{'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C", markup=False)
     interrupted = False
 
     def on_sigint(*_):
@@ -47,6 +58,7 @@ def cmd_record(args) -> int:
         rec.stop()
     signal.signal(signal.SIGINT, on_sigint)
     signal.signal(signal.SIGTERM, on_sigint)
+    rec.watch_forwards(lambda line: console.print(f"tandem: warning: {line}", markup=False))
     with console.status("booting") as status:
         rec.wait(progress=progress("recording", status))
     m = rec.finish()
@@ -59,3 +71,12 @@ def cmd_record(args) -> int:
                   f"{sum(c['in']['events'] + c['out']['events'] for c in m['channels'].values())} "
                   f"device events, wall {m['wall_time_s']:.1f}s")
     return 0
+
+
+def _what(rec, guest) -> str:
+    """What is recorded and where its services are, in one line."""
+    fwd = ", ".join(f"{f.protocol} 127.0.0.1:{f.host_port} -> guest {f.guest_port}" for f in rec.all_forwards())
+    disks = ", ".join(d.base for d in guest.disks) if guest.boot == "firmware" or len(guest.disks) > 1 else ""
+    parts = [f"booting {disks} through its bootloader" if guest.boot == "firmware" else f"kernel {guest.kernel}",
+             f"forwards {fwd}" if fwd else "no forwards"]
+    return "; ".join(parts)

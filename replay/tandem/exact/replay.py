@@ -21,7 +21,8 @@ from .. import artifacts, private, report
 from ..errors import BundleError, TandemError
 from ..formats import bundle, pcapng, rrstream
 from ..machine import RR, Feed, Guest, Host, Run, UserNet
-from ..qemu.vm import VM, make_overlay
+from ..qemu.vm import VM
+from ..qemu.image import make_overlays
 from .verify import Mismatch, final_state, first_mismatch
 
 HANG_SECONDS = 60   # no VM-clock progress for this long (wall time) is a hang
@@ -99,8 +100,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
                 stream = tmp / "prefix.tdrs"
                 partial = not info.finished
         overlay = tmp / "disk.qcow2"
-        if guest.disk:
-            make_overlay(guest.disk.base, overlay, guest.disk.format)
+        make_overlays(guest, overlay)
         with contextlib.ExitStack() as held:
             pass_fds: tuple[int, ...] = ()
             if stream == d / bundle.STREAM:

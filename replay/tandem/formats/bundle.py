@@ -21,7 +21,7 @@ from typing import IO, Any, BinaryIO, Literal, NamedTuple, TextIO, overload
 
 from .. import __version__, catalog, private
 from ..errors import BundleError
-from ..machine import MAC, NIC_DEVICES, RTC_BASE
+from ..machine import MAC, NIC_DEVICES, RTC_BASE, OptionError, check_id
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
@@ -29,7 +29,7 @@ MANIFEST_MAX = 1 << 20      # bytes; a recording's manifest is 2-3 KiB, and it i
 STREAM = "replay.tdrs"
 DEVLOG = "devices.pcapng"
 STATES = ("recording", "complete", "interrupted")
-INPUTS = ("kernel", "initrd", "disk_base")
+INPUTS = ("kernel", "initrd", "disk_base")     # disk_base.ID: the base of disk ID (after disk0)
 # Files a crashed recording leaves torn; their own readers validate the intact prefix.
 PARTIAL_TOLERANT = (STREAM, DEVLOG)
 
@@ -265,6 +265,35 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _NS_MAX = 1 << 63           # nanoseconds and sizes: what QEMU's int64 options hold
 NAME_MAX = 255              # a file name in the bundle (one path component)
 _DISK_FORMATS = ("raw", "qcow2")
+_MAX_DEVICES = 16
+
+
+def input_kind_ok(kind: Any) -> bool:
+    """An inputs key: kernel, initrd, disk_base (disk0's base) or disk_base.ID (disk ID's)."""
+    if kind in INPUTS:
+        return True
+    return isinstance(kind, str) and kind.startswith("disk_base.") and _id_ok(kind[len("disk_base."):])
+
+
+def _id_ok(value: Any) -> bool:
+    try:
+        check_id(value)
+    except OptionError:
+        return False
+    return True
+
+
+def _table_list(value: Any, rules: dict[str, Callable[[Any], bool]], required: tuple[str, ...]) -> bool:
+    """A list of at most _MAX_DEVICES tables, each with its required keys and every key it
+    has well formed (machine.disks, machine.nics)."""
+    return (isinstance(value, list) and len(value) <= _MAX_DEVICES
+            and all(isinstance(t, dict) and all(k in t for k in required)
+                    and all(k in rules and (t[k] is None or rules[k](t[k])) for k in t) for t in value))
+
+
+_DISK_ENTRY = {"id": _id_ok, "format": lambda v: v in _DISK_FORMATS}
+_NIC_ENTRY = {"netdev": _id_ok, "model": lambda v: v in NIC_DEVICES,
+              "mac": lambda v: isinstance(v, str) and bool(MAC.fullmatch(v))}
 
 
 def _shown(value: Any) -> str:
@@ -300,6 +329,11 @@ _MACHINE: FieldRules = {
     "mode": (lambda v: v in ("record", "analysis"), "'record' or 'analysis'"),
     "analysis": (lambda v: _text(v, 64), "an analysis name"),
     "libvirt": (lambda v: isinstance(v, dict), "a table"),
+    "boot": (lambda v: v in ("direct", "firmware"), "'direct' or 'firmware'"),
+    "disks": (lambda v: _table_list(v, _DISK_ENTRY, ("id",)),
+              f"a list of at most {_MAX_DEVICES} disks ({{id: a drive id, format: 'raw' or 'qcow2'}})"),
+    "nics": (lambda v: _table_list(v, _NIC_ENTRY, ()),
+             f"a list of at most {_MAX_DEVICES} NICs ({{netdev: an id, model: a NIC model, mac: a MAC}})"),
 }
 _STOP: FieldRules = {"reason": (lambda v: _text(v, 256), "text"), "vm_ns": (_int, "a whole number of nanoseconds"),
          "icount": (_int, "a whole number of instructions")}
@@ -352,8 +386,8 @@ def manifest_problem(m: dict[str, Any]) -> str | None:
         if value is not None and not _text(value):
             return f"qemu.{key}: {_shown(value)} is not text"
     for kind, entry in (m.get("inputs") or {}).items():
-        if kind not in INPUTS:
-            return f"inputs.{_shown(kind)}: not one of {', '.join(INPUTS)}"
+        if not input_kind_ok(kind):
+            return f"inputs.{_shown(kind)}: not one of {', '.join(INPUTS)} or disk_base.ID"
         if entry is not None and (why := _entry_problem(f"inputs.{kind}", entry, with_path=True)):
             return why
     for name, entry in (m.get("files") or {}).items():
@@ -418,9 +452,8 @@ def verify_inputs(manifest: dict[str, Any]) -> list[Problem]:
     a FIFO and kept only if it is a regular file, and what cannot be read is a problem
     (/proc/self/mem is a regular file of size 0 whose read fails with EIO)."""
     problems = []
-    for kind in INPUTS:
-        entry = (manifest.get("inputs") or {}).get(kind)
-        if not entry:
+    for kind, entry in (manifest.get("inputs") or {}).items():
+        if not entry or not input_kind_ok(kind):
             continue  # e.g. no initrd
         path = entry.get("path")
         shown = printable(str(path))

@@ -125,7 +125,7 @@ def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str = "qemu",
     os_ = ET.SubElement(dom, "os")
     ET.SubElement(os_, "type", arch="x86_64", machine=guest.machine_type).text = "hvm"
     for tag, value in (("kernel", guest.kernel), ("initrd", guest.initrd), ("cmdline", guest.cmdline)):
-        if value is not None:
+        if value is not None and guest.kernel is not None:     # firmware boot: the disk's bootindex
             ET.SubElement(os_, tag).text = value
     feats = ET.SubElement(dom, "features")     # QEMU's defaults; without them libvirt says -no-acpi
     ET.SubElement(feats, "acpi")

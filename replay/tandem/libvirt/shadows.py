@@ -30,7 +30,7 @@ from ..machine import (
     analyses_given,
     check_mac,
 )
-from ..qemu.vm import make_overlay
+from ..qemu.image import make_overlay
 from .daemon import binding
 from .domain import SHADOW_SUFFIX, domain_xml
 
@@ -177,6 +177,8 @@ def _metadata(native: NativeInfo, analysis: str, guest: Guest, sh: ShadowDomain,
                       format=native.disk_format or "raw")
     ET.SubElement(md, f"{{{NS}}}socket", role="feed", path=str(sh.feed_socket))
     ET.SubElement(md, f"{{{NS}}}socket", role="qmp", path=str(sh.qmp_socket))
+    if guest.kernel is None:
+        raise TandemError(f"{analysis}: an analysis guest boots a kernel of its own (this one has none)")
     kernel = ET.SubElement(md, f"{{{NS}}}kernel", path=guest.kernel)
     if guest.initrd:
         kernel.set("initrd", guest.initrd)

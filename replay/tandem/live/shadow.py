@@ -185,6 +185,9 @@ class ShadowRun:
 
     @property
     def port(self) -> int:
+        """The native's service port on the host (the demo guest's forward)."""
+        if self.native.port is None:
+            raise TandemError(f"{self.native.path}: the native has no service port forwarded")
         return self.native.port
 
     def start(self) -> ShadowRun:

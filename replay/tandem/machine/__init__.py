@@ -3,7 +3,7 @@
 (options.py). Pure: nothing here starts a process; qemu/argv.py composes the command
 line, libvirt/domain.py the domain, formats/bundle.py checks the manifest with it.
 """
-from .devices import DISK_FORMATS, Disk, Nic
+from .devices import DISK_FORMATS, Disk, Forward, Nic
 from .guest import (
                       ACCEL,
                       DEFAULT_CMDLINE,
@@ -12,6 +12,7 @@ from .guest import (
                       VCPUS,
                       Guest,
                       analyses_given,
+                      disk_input,
 )
 from .options import (
                       LOOKAHEAD_NS,
@@ -30,7 +31,7 @@ from .options import (
 )
 from .run import RR, Feed, Gate, Host, Mode, Run, UserNet
 
-__all__ = ["ACCEL", "DEFAULT_CMDLINE", "DISK_FORMATS", "Disk", "Feed", "Gate", "Guest", "Host", "ICOUNT_SHIFT",
+__all__ = ["ACCEL", "DEFAULT_CMDLINE", "DISK_FORMATS", "Disk", "Feed", "Forward", "Gate", "Guest", "Host", "ICOUNT_SHIFT",
            "LOOKAHEAD_NS", "MAC", "MACHINE_TYPE", "Mode", "NIC_DEVICES", "NIC_MODELS", "Nic", "OptionError", "RR",
-           "RTC_BASE", "Run", "UserNet", "VCPUS", "VIRTIO_NET", "Value", "analyses_given", "check_id", "check_mac",
+           "RTC_BASE", "Run", "UserNet", "VCPUS", "VIRTIO_NET", "Value", "analyses_given", "check_id", "disk_input", "check_mac",
            "escape", "json_option", "keyval_option"]

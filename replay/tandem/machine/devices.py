@@ -15,6 +15,7 @@ from .options import (
 )
 
 DISK_FORMATS = ("raw", "qcow2")
+FORWARD_PROTOCOLS = ("tcp", "udp")
 
 
 @dataclass(frozen=True)
@@ -58,3 +59,36 @@ class Nic:
         if self.mac:
             props["mac"] = self.mac
         return json_option(props)
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A host port forwarded to a guest port by QEMU's user networking (slirp's hostfwd):
+    `tcp:8080:80` is host 127.0.0.1:8080 to the guest's port 80. Bound to the loopback
+    address only: a recorded guest's services are not for the host's network."""
+    protocol: str
+    host_port: int
+    guest_port: int
+    host_addr: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        if self.protocol not in FORWARD_PROTOCOLS:
+            raise OptionError(f"forward protocol {self.protocol!r}: {' or '.join(FORWARD_PROTOCOLS)}")
+        for what, port in (("host", self.host_port), ("guest", self.guest_port)):
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise OptionError(f"forward {self.protocol}: {what} port {port!r} is not a port (1-65535)")
+
+    @classmethod
+    def parse(cls, text: str) -> "Forward":
+        """`tcp:HOSTPORT:GUESTPORT` or `udp:HOSTPORT:GUESTPORT` (tandem record --forward)."""
+        parts = text.split(":")
+        if len(parts) != 3 or not all(p.isdigit() and len(p) <= 5 for p in parts[1:]):
+            raise OptionError(f"forward {text!r}: not PROTOCOL:HOSTPORT:GUESTPORT (e.g. tcp:8080:80)")
+        return cls(parts[0], int(parts[1]), int(parts[2]))
+
+    def __str__(self) -> str:
+        return f"{self.protocol}:{self.host_port}:{self.guest_port}"
+
+    def hostfwd(self) -> str:
+        """slirp's hostfwd rule: PROTOCOL:HOSTADDR:HOSTPORT-:GUESTPORT."""
+        return f"{self.protocol}:{self.host_addr}:{self.host_port}-:{self.guest_port}"

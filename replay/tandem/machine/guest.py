@@ -24,16 +24,27 @@ ACCEL = "tcg"
 VCPUS = 1
 
 
+BOOTS = ("direct", "firmware")    # the kernel given to QEMU, or the disk's own bootloader
+MAX_DISKS, MAX_NICS = 16, 8
+
+
+def disk_input(disk_id: str) -> str:
+    """The manifest's inputs key for a disk's base image: `disk_base` for the first disk
+    (the key every bundle before issue 23 has), `disk_base.ID` for the others."""
+    return "disk_base" if disk_id == "disk0" else f"disk_base.{disk_id}"
+
+
 @dataclass
 class Guest:
     """The machine tandem runs, as the guest sees it: its board (machine type, vCPUs,
-    accelerator, memory), direct kernel boot (kernel, initramfs, command line), its
-    devices as lists with ids (disks, NICs; one serial port and one entropy source, which
-    every mode has), and its OS. QEMU's command line (qemu/argv.py), the libvirt domain
-    (libvirt/domain.py) and the manifest's machine section (machine_section, read back by
-    from_manifest) all come from it. Today's modes take at most one disk and exactly one
-    NIC: the device log and the feed know one of each (qemu_argv says so when given more)."""
-    kernel: str
+    accelerator, memory), how it boots (direct: a kernel, initramfs and command line given
+    to QEMU; firmware: kernel None, SeaBIOS boots the first disk's own bootloader), its
+    devices as lists with ids (disks disk0.., NICs on net0..; one serial port and one
+    entropy source, which every mode has), and its OS. QEMU's command line (qemu/argv.py),
+    the libvirt domain (libvirt/domain.py) and the manifest's machine section
+    (machine_section, read back by from_manifest) all come from it. Record and exact replay
+    take several disks and NICs; the analysis feed knows one NIC (`nic` says so)."""
+    kernel: str | None                      # None: boot the first disk's bootloader
     initrd: str | None                      # None: the kernel boots without one
     disks: tuple[Disk, ...] = ()
     memory_mb: int = 256
@@ -44,6 +55,42 @@ class Guest:
     accel: str = ACCEL
     vcpus: int = VCPUS
 
+    def __post_init__(self) -> None:
+        if self.kernel is None and not self.disks:
+            raise OptionError("no kernel and no disk: nothing to boot")
+        if self.kernel is None and self.initrd:
+            raise OptionError("an initrd without a kernel: give the kernel too (--kernel-image)")
+        if len(self.disks) > MAX_DISKS or len(self.nics) > MAX_NICS:
+            raise OptionError(f"{len(self.disks)} disks, {len(self.nics)} NICs: tandem takes at most "
+                              f"{MAX_DISKS} disks and {MAX_NICS} NICs")
+        for what, ids in (("drive", [d.id for d in self.disks]), ("netdev", [n.netdev for n in self.nics])):
+            if len(set(ids)) != len(ids):
+                raise OptionError(f"{what} ids {ids}: each must be given once")
+
+    @property
+    def boot(self) -> str:
+        """direct (QEMU loads the kernel) or firmware (the disk's own bootloader)."""
+        return "firmware" if self.kernel is None else "direct"
+
+    @classmethod
+    def of_disks(cls, disks: list[tuple[str, str]], *, kernel: str | None = None, initrd: str | None = None,
+                 append: str | None = None, memory_mb: int = 1024, nic_models: tuple[str, ...] = (VIRTIO_NET,),
+                 os: str = "linux") -> "Guest":
+        """A user's guest: its disks [(path, format)] as disk0.., booted by the first disk's
+        bootloader, or directly when a kernel is given (append: its command line; the
+        serial console is ttyS0 unless append names one), NICs of the given models on
+        net0.."""
+        cmdline = ""
+        if kernel is not None:
+            cmdline = append if append is not None else ""
+            if "console=" not in cmdline:
+                cmdline = " ".join(filter(None, ("console=ttyS0", cmdline)))
+        elif append is not None:
+            raise OptionError("--append without --kernel-image: the disk's bootloader has its own command line")
+        return cls(kernel=kernel, initrd=initrd, memory_mb=memory_mb, cmdline=cmdline, os=os,
+                   disks=tuple(Disk(path, fmt, id=f"disk{i}") for i, (path, fmt) in enumerate(disks)),
+                   nics=tuple(Nic(netdev=f"net{i}", model=m) for i, m in enumerate(nic_models)))
+
     @property
     def disk(self) -> Disk | None:
         """The disk (today's machines have at most one)."""
@@ -51,9 +98,9 @@ class Guest:
 
     @property
     def nic(self) -> Nic:
-        """The NIC (today's machines have exactly one)."""
+        """The NIC, for the modes that take one (the analysis feed, libvirt shadows)."""
         if len(self.nics) != 1:
-            raise OptionError(f"{len(self.nics)} NICs: tandem's device log and feed take one (for now)")
+            raise OptionError(f"{len(self.nics)} NICs: tandem's analysis feed takes one (for now)")
         return self.nics[0]
 
     @classmethod
@@ -77,43 +124,68 @@ class Guest:
         """The guest a bundle recorded, from its manifest's inputs and machine section
         (shapes checked when the manifest loaded: bundle.manifest_problem); its devices are
         made again as machine.Disk and machine.Nic, so a replay's QEMU gets only
-        well-formed ones (an OptionError is a BundleError's message here)."""
+        well-formed ones (an OptionError is a BundleError's message here). Bundles from
+        before issue 23 have one disk (inputs.disk_base, machine.disk_format) and one NIC
+        (machine.nic_model, machine.mac): read as such."""
         inputs, machine = manifest.get("inputs") or {}, manifest.get("machine") or {}
-        for where, value in (("inputs.kernel", inputs.get("kernel")), ("machine.memory_mb", machine.get("memory_mb")),
-                             ("machine.cmdline", machine.get("cmdline"))):
+        boot = machine.get("boot") or "direct"
+        needed = [("machine.memory_mb", machine.get("memory_mb")), ("machine.cmdline", machine.get("cmdline"))]
+        if boot == "direct":
+            needed.insert(0, ("inputs.kernel", inputs.get("kernel")))
+        for where, value in needed:
             if value is None:
                 raise BundleError(f"manifest {where}: missing (a replay needs it)")
-        base = (inputs.get("disk_base") or {}).get("path")
         try:
-            disks = (Disk(base, machine.get("disk_format") or "raw"),) if base else ()
-            nics = (Nic(model=machine.get("nic_model") or VIRTIO_NET, mac=machine.get("mac")),)
+            disks = tuple(Disk(cls._disk_base(inputs, d["id"]), d.get("format") or "raw", id=d["id"])
+                          for d in cls._disk_table(machine, inputs))
+            nics = tuple(Nic(netdev=n.get("netdev") or "net0", model=n.get("model") or VIRTIO_NET, mac=n.get("mac"))
+                         for n in machine.get("nics") or [{"model": machine.get("nic_model"), "mac": machine.get("mac")}])
+            return cls(kernel=(inputs.get("kernel") or {}).get("path") if boot == "direct" else None,
+                       initrd=(inputs.get("initrd") or {}).get("path"),
+                       disks=disks, memory_mb=machine["memory_mb"], cmdline=machine["cmdline"], nics=nics,
+                       os=machine.get("os") or "linux", machine_type=machine.get("machine") or MACHINE_TYPE,
+                       accel=machine.get("accel") or ACCEL, vcpus=machine.get("smp") or VCPUS)
         except OptionError as e:
             raise BundleError(f"manifest machine: {e}") from None
-        return cls(kernel=inputs["kernel"]["path"], initrd=(inputs.get("initrd") or {}).get("path"),
-                   disks=disks, memory_mb=machine["memory_mb"], cmdline=machine["cmdline"], nics=nics,
-                   os=machine.get("os") or "linux", machine_type=machine.get("machine") or MACHINE_TYPE,
-                   accel=machine.get("accel") or ACCEL, vcpus=machine.get("smp") or VCPUS)
+
+    @staticmethod
+    def _disk_table(machine: dict[str, Any], inputs: dict[str, Any]) -> list[dict[str, Any]]:
+        if machine.get("disks") is not None:
+            return list(machine["disks"])
+        return [{"id": "disk0", "format": machine.get("disk_format")}] if inputs.get("disk_base") else []
+
+    @staticmethod
+    def _disk_base(inputs: dict[str, Any], disk_id: str) -> str:
+        entry = inputs.get(disk_input(disk_id))
+        if not entry:
+            raise BundleError(f"manifest inputs.{disk_input(disk_id)}: missing (machine.disks names {disk_id})")
+        return str(entry["path"])
 
     def machine_section(self) -> dict[str, object]:
         """What the manifest's machine section says of this guest; from_manifest reads it back.
-        The disk's base image is in the manifest's inputs (path, size, hash)."""
+        The disks' base images are in the manifest's inputs (path, size, hash), keyed by
+        disk_input(id)."""
         out: dict[str, object] = {"accel": self.accel, "machine": self.machine_type, "icount_shift": ICOUNT_SHIFT,
                "memory_mb": self.memory_mb, "cmdline": self.cmdline, "smp": self.vcpus,
                "devices": ["isa-serial", *(n.model for n in self.nics),
                            *("virtio-blk-pci" for _ in self.disks), "virtio-rng-pci"]}
-        if self.disk and self.disk.format != "raw":      # what the replay's overlay backs onto
-            out["disk_format"] = self.disk.format
-        if self.nic.mac:
-            out["mac"] = self.nic.mac
-        if self.nic.model != VIRTIO_NET:
-            out["nic_model"] = self.nic.model
+        if self.boot != "direct":
+            out["boot"] = self.boot
+        if self.disks:
+            out["disks"] = [{"id": d.id, "format": d.format} for d in self.disks]
+        out["nics"] = [{k: v for k, v in (("netdev", n.netdev), ("model", n.model), ("mac", n.mac)) if v}
+                       for n in self.nics]
         if self.os != "linux":
             out["os"] = self.os
         return out
 
     def with_disk(self, base: str | None, fmt: str = "raw") -> "Guest":
-        """This guest with its disk replaced (None: without a disk)."""
+        """This guest with its one disk replaced (None: without a disk)."""
         return dataclasses.replace(self, disks=(Disk(base, fmt),) if base else ())
+
+    def with_nics(self, models: tuple[str, ...]) -> "Guest":
+        """This guest with NICs of these models on net0.. (no MACs given: QEMU's defaults)."""
+        return dataclasses.replace(self, nics=tuple(Nic(netdev=f"net{i}", model=m) for i, m in enumerate(models)))
 
     def with_nic(self, model: str = VIRTIO_NET, mac: str | None = None) -> "Guest":
         """This guest with its NIC replaced."""

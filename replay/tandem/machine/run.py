@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from ..artifacts import QemuBuild
+from .devices import Forward
 from .options import LOOKAHEAD_NS, RTC_BASE, OptionError
 
 
@@ -40,8 +41,16 @@ class RR:
 
 @dataclass(frozen=True)
 class UserNet:
-    """QEMU's user networking (slirp); the host forwards a port to the guest service."""
+    """QEMU's user networking (slirp) on every NIC; the host's forwards go to the first NIC.
+    hostfwd_port is the demo guest's shorthand (`tandem record --port`): that host port to
+    its service's port 7000."""
     hostfwd_port: int | None = None
+    forwards: tuple[Forward, ...] = ()
+
+    def all_forwards(self, demo_port: int) -> tuple[Forward, ...]:
+        """The forwards, the demo shorthand's first (to demo_port in the guest)."""
+        demo = (Forward("tcp", self.hostfwd_port, demo_port),) if self.hostfwd_port else ()
+        return demo + self.forwards
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,7 @@ class Run:
 
     def __post_init__(self) -> None:
         mode = self.mode
-        if isinstance(self.net, UserNet) and self.net.hostfwd_port and mode == Mode.REPLAY:
+        if isinstance(self.net, UserNet) and (self.net.hostfwd_port or self.net.forwards) and mode == Mode.REPLAY:
             raise OptionError("a replay forwards no host port (its network input is in the log)")
         if isinstance(self.net, Feed) and self.net.socket is None and (self.rr is None or self.rr.mode != "replay"):
             raise OptionError("an analysis run needs its feed's socket (unless its recording is replayed)")

@@ -30,27 +30,28 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     machine.py: -device/-object/-netdev as JSON, the rest as key=value lists with their
     values escaped, so no value (a bundle's MAC, a path with a comma) can add a key."""
     q = run.host.qemu or artifacts.qemu()
-    nic = guest.nic
-    if len(guest.disks) > 1:
-        raise OptionError(f"{len(guest.disks)} disks: tandem's device log takes one (for now)")
     if run.mode != Mode.PLAIN and guest.accel != "tcg":
         raise OptionError(f"accelerator {guest.accel!r}: {run.mode} runs need -icount, which QEMU has only under TCG")
+    if run.mode == Mode.ANALYSIS and len(guest.nics) != 1:
+        raise OptionError(f"{len(guest.nics)} NICs: tandem's analysis feed takes one (for now)")
+    if run.devlog and len(guest.disks) > 1:
+        raise OptionError(f"{len(guest.disks)} disks: tandem's device log takes one (for now)")
     argv = [q["binary"], "-L", q["firmware_dir"], "-M", guest.machine_type, "-m", str(int(guest.memory_mb)),
             "-smp", str(int(guest.vcpus)), "-nodefaults", "-no-user-config", "-display", "none",
-            "-no-reboot", "-accel", guest.accel,
-            "-kernel", guest.kernel, *(["-initrd", guest.initrd] if guest.initrd else []),
-            "-append", guest.cmdline,
+            "-no-reboot", "-accel", guest.accel, *_boot_options(guest),
             # QMP on a keyed chardev: -qmp unix:PATH reads a PATH with '=' before its
             # first ',' as a key (QEMU's implied first option).
             "-chardev", qmp_chardev(run.rundir),
             "-mon", keyval_option(None, {"chardev": "qmp", "mode": "control"})]
     argv += _clock_options(run, q)
     argv += _serial_options(run)
-    if guest.disk:
-        argv += _disk_options(run, guest.disk)
-    argv += _net_and_rng_options(run, nic)
+    for disk in guest.disks:
+        argv += _disk_options(run, disk, overlay_path(run.overlay, disk) if run.overlay else None, boot=guest.boot == "firmware" and disk is guest.disks[0])
+    argv += _net_and_rng_options(run, guest.nics)
     if run.mode in ("record", "replay"):   # analysis runs: the feed is logged instead
-        argv += ["-object", json_option({"qom-type": "filter-replay", "id": "rr-net0", "netdev": nic.netdev})]
+        argv += [a for nic in guest.nics for a in
+                 ("-object", json_option({"qom-type": "filter-replay", "id": f"rr-{nic.netdev}", "netdev": nic.netdev}))]
+    nic = guest.nics[0]
     if run.gate:
         # The guest's outgoing frames wait for tandem (release policy "agreed"), and its
         # incoming ones while tandem holds them (overflow policy "block"). At the head of
@@ -72,7 +73,26 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
                      "clock-marks": True if run.mode == "record" else None}),
                  "-object", json_option({"qom-type": "filter-devlog", "id": "devlog-net0", "netdev": nic.netdev,
                                          "devlog": "devlog", "position": "tail"})]
+        for other in guest.nics[1:]:
+            argv += ["-object", json_option({"qom-type": "filter-devlog", "id": f"devlog-{other.netdev}",
+                                             "netdev": other.netdev, "devlog": "devlog", "position": "tail"})]
     return argv + list(run.extra)
+
+
+def _boot_options(guest: Guest) -> list[str]:
+    """Direct boot: the kernel, initrd and command line to QEMU. Firmware boot: nothing
+    here (SeaBIOS boots the first disk: its bootindex, _disk_options)."""
+    if guest.kernel is None:
+        return []
+    return ["-kernel", guest.kernel, *(["-initrd", guest.initrd] if guest.initrd else []), "-append", guest.cmdline]
+
+
+def overlay_path(first: Path, disk: Disk) -> Path:
+    """A run's qcow2 overlay over this disk's base: `first` (the run's overlay) for disk0,
+    the same name with the drive id added for the others (disk-overlay.disk1.qcow2)."""
+    if disk.id == "disk0":
+        return first
+    return first.with_name(f"{first.stem}.{disk.id}{first.suffix}")
 
 
 def qmp_chardev(rundir: Path) -> str:
@@ -117,38 +137,49 @@ def _serial_options(run: Run) -> list[str]:
     return ["-chardev", chardev, "-serial", "chardev:serial0"]
 
 
-def _disk_options(run: Run, disk: Disk) -> list[str]:
-    """The disk: the run's qcow2 overlay, behind blkreplay when record/replay runs (block
-    completions must be ordered by the replay log)."""
+def _disk_options(run: Run, disk: Disk, overlay: Path | None, *, boot: bool = False) -> list[str]:
+    """A disk: the run's qcow2 overlay over its base, behind blkreplay when record/replay
+    runs (block completions must be ordered by the replay log). boot: the disk SeaBIOS
+    boots (bootindex 0)."""
+    if overlay is None:
+        raise OptionError(f"disk {disk.id}: the run has no overlay for it (the base image is never written)")
     image = f"{disk.id}-img" if run.rr_mode else disk.id
-    argv = ["-drive", keyval_option(None, {"file": str(run.overlay), "if": "none", "id": image, "format": "qcow2"})]
+    argv = ["-drive", keyval_option(None, {"file": str(overlay), "if": "none", "id": image, "format": "qcow2"})]
     if run.rr_mode:
         argv += ["-drive", keyval_option(None, {"driver": "blkreplay", "if": "none", "image": image, "id": disk.id})]
     # Analysis VMs: ioeventfd=off runs a queue kick in the vCPU thread, at the
     # instruction that made it; with an eventfd the main loop takes it later,
     # at a host-dependent VM time.
     return argv + ["-device", json_option({"driver": "virtio-blk-pci", "drive": disk.id,
-                                           "ioeventfd": False if run.mode == "analysis" else None})]
+                                           "ioeventfd": False if run.mode == "analysis" else None,
+                                           "bootindex": 0 if boot else None})]
 
 
-def _net_and_rng_options(run: Run, nic: Nic) -> list[str]:
-    """The NIC, its backend and the entropy source."""
-    if not isinstance(run.net, Feed):
-        port = run.net.hostfwd_port
-        forward: list[Value] | None = [{"str": f"tcp:127.0.0.1:{int(port)}-:{GUEST_PORT}"}] if port else None
-        return ["-netdev", json_option({"type": "user", "id": nic.netdev, "hostfwd": forward}),
-                "-device", nic.device(),
-                "-object", json_option({"qom-type": "rng-builtin", "id": "rng0"}),
-                "-device", json_option({"driver": "virtio-rng-pci", "rng": "rng0"})]
-    # The feed (qemu-patches/0006) is the network, the serial input and the entropy:
-    # the NIC's backend is an unconnected hub port whose frames filter-feed replaces.
-    # A recorded analysis run replays without its controller: the feed's inputs
-    # are in the log (qemu-patches/0011).
+def _net_and_rng_options(run: Run, nics: tuple[Nic, ...]) -> list[str]:
+    """Each NIC and its backend, and the entropy source: user networking (the host's
+    forwards on the first NIC) and the host's entropy, or tandem's feed for both
+    (analysis runs: one NIC)."""
+    if isinstance(run.net, Feed):
+        return _feed_options(run, run.net, nics[0])
+    forwards = run.net.all_forwards(GUEST_PORT)
     argv: list[str] = []
-    feed: dict[str, Value] = {"qom-type": "feed", "id": "feed", "serial": "serial0", "lookahead": int(run.net.lookahead_ns)}
+    for i, nic in enumerate(nics):
+        hostfwd: list[Value] | None = [{"str": f.hostfwd()} for f in forwards] if i == 0 and forwards else None
+        argv += ["-netdev", json_option({"type": "user", "id": nic.netdev, "hostfwd": hostfwd}), "-device", nic.device()]
+    return argv + ["-object", json_option({"qom-type": "rng-builtin", "id": "rng0"}),
+                   "-device", json_option({"driver": "virtio-rng-pci", "rng": "rng0"})]
+
+
+def _feed_options(run: Run, feed_net: Feed, nic: Nic) -> list[str]:
+    """The feed (qemu-patches/0006) as the network, the serial input and the entropy: the
+    NIC's backend is an unconnected hub port whose frames filter-feed replaces. A
+    recorded analysis run replays without its controller: the feed's inputs are in the
+    log (qemu-patches/0011)."""
+    argv: list[str] = []
+    feed: dict[str, Value] = {"qom-type": "feed", "id": "feed", "serial": "serial0", "lookahead": int(feed_net.lookahead_ns)}
     if run.rr_mode != "replay":
-        argv += ["-chardev", keyval_option("socket", {"id": "feedsock", "path": str(run.net.socket),
-                                                      "reconnect-ms": run.net.reconnect_ms or None})]
+        argv += ["-chardev", keyval_option("socket", {"id": "feedsock", "path": str(feed_net.socket),
+                                                      "reconnect-ms": feed_net.reconnect_ms or None})]
         feed["chardev"] = "feedsock"
     # tx=timer: transmit from a VM-clock timer, not a main-loop bottom half,
     # so the guest's frames leave at the same VM time in every run.
@@ -157,7 +188,5 @@ def _net_and_rng_options(run: Run, nic: Nic) -> list[str]:
                    "-object", json_option({"qom-type": "rng-feed", "id": "rng0", "feed": "feed"}),
                    "-device", json_option({"driver": "virtio-rng-pci", "rng": "rng0", "ioeventfd": False}),
                    "-object", json_option(feed),
-                   "-object", json_option({"qom-type": "filter-feed", "id": "feed-net0", "netdev": nic.netdev,
+                   "-object", json_option({"qom-type": "filter-feed", "id": f"feed-{nic.netdev}", "netdev": nic.netdev,
                                            "feed": "feed", "position": "head"})]
-
-

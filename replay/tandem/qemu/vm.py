@@ -15,7 +15,7 @@ from typing import Callable
 from qemu.qmp import ConnectError, QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
-from .. import artifacts, private
+from .. import private
 from ..errors import TandemError
 from ..machine import Guest, Run
 from .argv import qemu_argv
@@ -57,18 +57,6 @@ def alive(pid: int) -> bool:
     """Running (a zombie waiting for its parent counts as gone)."""
     fields = _stat_fields(pid)
     return fields is not None and fields[0] != "Z"
-
-
-def make_overlay(base: str, overlay: Path, fmt: str = "raw") -> None:
-    """A qcow2 overlay so the base image (of format fmt) is never written."""
-    img = artifacts.qemu()["img"]
-    r = subprocess.run([img, "create", "-q", "-f", "qcow2", "-b", str(Path(base).resolve()),
-                        "-F", fmt, str(overlay)], capture_output=True, text=True,
-                       umask=private.CHILD_UMASK)      # the overlay holds the guest's disk writes
-    if r.returncode:
-        why = r.stderr.strip() or r.stdout.strip() or (f"killed by signal {-r.returncode}" if r.returncode < 0
-                                                        else "no message")
-        raise TandemError(f"{overlay}: qemu-img create failed (status {r.returncode}): {why}")
 
 
 class Serial:

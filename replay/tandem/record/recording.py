@@ -7,6 +7,7 @@ complete segment at any time, and finished with a manifest at the end.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -15,8 +16,11 @@ from pathlib import Path
 from .. import artifacts, private
 from ..errors import TandemError
 from ..formats import bundle, pcapng
-from ..machine import RR, Gate, Guest, Run, UserNet
-from ..qemu.vm import VM, Serial, free_port, make_overlay
+from . import forwards as forward_watch
+from ..machine import RR, Forward, Gate, Guest, Run, UserNet, disk_input
+from ..qemu.argv import GUEST_PORT
+from ..qemu.vm import VM, Serial, free_port
+from ..qemu.image import make_overlay
 
 OVERLAY = "disk-overlay.qcow2"
 
@@ -41,30 +45,43 @@ def qemu_identity() -> dict:
     return {k: q[k] for k in ("binary", "build_id", "patch_series", "version")}
 
 
+def overlay_name(disk_id: str) -> str:
+    """The bundle's overlay of a disk: the recording's writes to it (its base is never written)."""
+    return OVERLAY if disk_id == "disk0" else f"disk-overlay.{disk_id}.qcow2"
+
+
 def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | None = None) -> dict:
-    """A new bundle at path (with its disk overlay) and its manifest in state 'recording';
-    assertions: the pack `tandem record --assertions` declared."""
-    base = guest.disk.base if guest.disk else None
-    for what, p in (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk base", base)):
+    """A new bundle at path (with its disks' overlays) and its manifest in state
+    'recording'; assertions: the pack `tandem record --assertions` declared."""
+    for what, p in (("kernel", guest.kernel), ("initrd", guest.initrd), *((f"disk {d.id}", d.base) for d in guest.disks)):
         if p and not Path(p).is_file():
             raise TandemError(f"{what} {p}: not found")
     bundle.refuse_existing(path)    # before hashing the inputs: a refusal should be quick
     m = bundle.new_manifest()
     m["qemu"] = qemu_identity()
     m["inputs"] = {k: bundle.input_entry(p) for k, p in
-                   (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk_base", base)) if p}
+                   (("kernel", guest.kernel), ("initrd", guest.initrd),
+                    *((disk_input(d.id), d.base) for d in guest.disks)) if p}
     m["machine"] = {**guest.machine_section(), **machine}
     if assertions:
         m["assertions"] = assertions
     bundle.new_bundle(path, m)      # the manifest first: it claims the directory
-    if guest.disk:
-        try:
-            make_overlay(guest.disk.base, path / OVERLAY, guest.disk.format)
-        except TandemError:
-            m["state"] = "interrupted"
-            bundle.write_manifest(path, m)
-            raise
+    try:
+        for d in guest.disks:
+            make_overlay(d.base, path / overlay_name(d.id), d.format)
+    except TandemError:
+        m["state"] = "interrupted"
+        bundle.write_manifest(path, m)
+        raise
     return m
+
+
+def overlay_names(m: dict) -> list[str]:
+    """The overlays a bundle's manifest says it has (one per disk)."""
+    disks = (m.get("machine") or {}).get("disks")
+    if disks is None:   # before issue 23: one disk or none
+        return [OVERLAY] if (m.get("inputs") or {}).get("disk_base") else []
+    return [overlay_name(d["id"]) for d in disks]
 
 
 def seal(path: Path, m: dict, *, status: int, wall_s: float, stop_reason: str) -> dict:
@@ -79,29 +96,46 @@ def seal(path: Path, m: dict, *, status: int, wall_s: float, stop_reason: str) -
     m["wall_time_s"] = round(wall_s, 3)
     m["state"] = "complete" if status == 0 and dl.closed_cleanly else "interrupted"
     m["files"] = {name: bundle.file_entry(path / name)
-                  for name in (bundle.STREAM, bundle.DEVLOG, OVERLAY, "qemu.log")
+                  for name in (bundle.STREAM, bundle.DEVLOG, *overlay_names(m), "qemu.log")
                   if (path / name).exists()}
     bundle.write_manifest(path, m)
     return m
+
+
+def check_host_ports(forwards: tuple[Forward, ...]) -> None:
+    """Each forward's host port is free now, or a one-line error naming the forward (QEMU
+    would only say that a hostfwd rule failed, after the bundle was made)."""
+    for f in forwards:
+        kind = socket.SOCK_STREAM if f.protocol == "tcp" else socket.SOCK_DGRAM
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind((f.host_addr, f.host_port))
+            except OSError as e:
+                raise TandemError(f"forward {f}: host port {f.host_addr}:{f.host_port} is taken "
+                                  f"({e.strerror}); choose another") from None
 
 
 class Recording:
     """One recording in progress. Use as a context manager, or start()/finish()."""
 
     def __init__(self, path: str | Path, guest: Guest | None = None, *,
-                 duration_ns: int = 0, port: int | None = None, gate_socket: Path | None = None,
-                 gate_outputs: bool = True, gate_overflow: str = "block", assertions: dict | None = None,
-                 launcher=None):
-        """assertions: a declared assertion pack ({path, sha256, ...}) for the manifest;
-        it changes nothing in the recorded run (the checking happens on replay).
-        launcher: run the QEMU as a libvirt domain (virt.Launcher, see vm.VM); what
-        libvirt adds that the guest sees goes into the manifest's machine.libvirt."""
+                 duration_ns: int = 0, port: int | None = None, forwards: tuple[Forward, ...] | None = None,
+                 gate_socket: Path | None = None, gate_outputs: bool = True, gate_overflow: str = "block",
+                 assertions: dict | None = None, launcher=None):
+        """port: the demo guest's service forward (host port to its port 7000); without
+        forwards, a free port is chosen for it. forwards: the host ports forwarded to the
+        guest (`tandem record --forward`); given (even empty), no demo port is added unless
+        port is given too. assertions: a declared assertion pack ({path, sha256, ...}) for
+        the manifest; it changes nothing in the recorded run (the checking happens on
+        replay). launcher: run the QEMU as a libvirt domain (virt.Launcher, see vm.VM);
+        what libvirt adds that the guest sees goes into the manifest's machine.libvirt."""
         self.launcher = launcher
         self.path = Path(path)
         self.assertions = assertions
         self.guest = guest or Guest.default()
         self.duration_ns = duration_ns
-        self.port = port or free_port()
+        self.forwards = forwards or ()
+        self.port = port or (free_port() if forwards is None else None)
         self.gate_socket, self.gate_outputs, self.gate_overflow = gate_socket, gate_outputs, gate_overflow
         self.vm: VM | None = None
         self.stop_reason: str | None = None
@@ -115,14 +149,17 @@ class Recording:
 
     def start(self) -> "Recording":
         g = self.guest
+        net = UserNet(self.port, self.forwards)
+        check_host_ports(self.all_forwards())
         m = self.manifest = start_manifest(self.path, g, {
             "stop_after_ns": self.duration_ns,
-            "net": {"backend": "user", "hostfwd_port": self.port, "guest_port": 7000},
+            "net": {"backend": "user", "forwards": [str(f) for f in self.all_forwards()],
+                    **({"hostfwd_port": self.port, "guest_port": GUEST_PORT} if self.port else {})},
             **(self.launcher.machine() if self.launcher else {})}, self.assertions)
         # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).
         tmp = self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
         gate = Gate(self.gate_socket, self.gate_outputs, self.gate_overflow) if self.gate_socket else None
-        run = Run(Path(tmp), net=UserNet(self.port), rr=RR("record", self.path / bundle.STREAM),
+        run = Run(Path(tmp), net=net, rr=RR("record", self.path / bundle.STREAM),
                   devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
                   stop_after_ns=self.duration_ns, gate=gate)
         vm = self.vm = VM(g, run, launcher=self.launcher, name="native")
@@ -137,6 +174,17 @@ class Recording:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return self
+
+    def all_forwards(self) -> tuple[Forward, ...]:
+        """Every host port forwarded to the guest: the demo port's first."""
+        return UserNet(self.port, self.forwards).all_forwards(GUEST_PORT)
+
+    def watch_forwards(self, say) -> None:
+        """Say (once each) the forwards the guest refuses a connection on, while it records
+        (record/forwards.py)."""
+        vm = self.started()
+        forward_watch.watch(self.path / bundle.DEVLOG, self.all_forwards(), lambda: vm.proc is not None
+                       and vm.proc.poll() is None, say)
 
     @property
     def serial(self) -> Serial:

@@ -26,7 +26,8 @@ from .. import private
 from ..errors import TandemError
 from ..formats import bundle
 from ..machine import RR, Feed, Guest, Host, Run
-from ..qemu.vm import VM, make_overlay
+from ..qemu.vm import VM
+from ..qemu.image import make_overlay
 from ..record import recording as record_mod
 from . import inputs as inputs_mod
 from .driver import AnalysisDriver

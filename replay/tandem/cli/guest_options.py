@@ -1,0 +1,70 @@
+"""The options that say which guest runs, shared by the commands that boot one (`record`
+today; `shadow` takes the same with issue 24): the demo guest by default, or the user's
+own VM from its disks, booted by its own bootloader or directly."""
+from __future__ import annotations
+
+import argparse
+
+from .. import catalog
+from ..machine import NIC_MODELS, VIRTIO_NET, Forward, Guest, OptionError
+
+
+def parse_memory(text: str) -> int:
+    """'1024', '1024M', '1G' -> MiB (QEMU's -m units)."""
+    units = {"": 1, "M": 1, "G": 1024}
+    num, unit = (text[:-1], text[-1].upper()) if text[-1:].upper() in ("M", "G") else (text, "")
+    if not num.isdigit() or not 16 <= int(num) * units[unit] < (1 << 22):
+        raise argparse.ArgumentTypeError(f"not a memory size: {text!r} (MiB, or 512M, 2G; at least 16M)")
+    return int(num) * units[unit]
+
+
+def parse_forward(text: str) -> Forward:
+    try:
+        return Forward.parse(text)
+    except OptionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_guest_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the guest", "without --disk: tandem's demo guest (busybox and kvd on port 7000, "
+                                          "booted with a built kernel flavor)")
+    g.add_argument("--disk", action="append", metavar="PATH", default=[],
+                   help="a disk image of your VM (qcow2 or raw; repeatable: the first is the boot disk). "
+                        "Never written: the run writes a qcow2 overlay in the bundle")
+    g.add_argument("--kernel-image", metavar="BZIMAGE",
+                   help="boot this kernel directly (default with --disk: the disk's own bootloader)")
+    g.add_argument("--initrd", metavar="FILE", help="the initramfs for --kernel-image")
+    g.add_argument("--append", metavar="CMDLINE",
+                   help="the command line for --kernel-image (e.g. 'root=/dev/vda1'; console=ttyS0 is added "
+                        "unless it names a console)")
+    g.add_argument("--memory", type=parse_memory, metavar="SIZE", help="guest memory (1G, 512M; default "
+                                                                        "1G with --disk, the flavor's otherwise)")
+    g.add_argument("--nic", action="append", metavar="MODEL", default=[], choices=sorted(NIC_MODELS),
+                   help="a NIC of this model on its own user network (repeatable; default one virtio); "
+                        "each is logged as its own interface")
+    g.add_argument("--forward", action="append", type=parse_forward, metavar="tcp:HOSTPORT:GUESTPORT", default=[],
+                   help="forward a host port (on 127.0.0.1) to the guest, tcp or udp, to the first NIC (repeatable)")
+    g.add_argument("--kernel", default="native", choices=list(catalog.KERNELS),
+                   help="demo guest: its kernel flavor (default native)")
+    g.add_argument("--userland", default="native", choices=list(catalog.USERLANDS),
+                   help="demo guest: its userland (default native; asan: its services built with ASan)")
+
+
+def guest_from_args(args: argparse.Namespace) -> Guest:
+    """The guest the options describe; a disk that is not one is a one-line error naming it."""
+    nics = tuple(NIC_MODELS[m] for m in args.nic) or None
+    if not args.disk:
+        if args.initrd or args.append:
+            raise OptionError("--initrd and --append go with --disk (the demo guest has its own)")
+        guest = Guest.default(args.kernel, args.userland)
+        if args.kernel_image:
+            guest.kernel = args.kernel_image
+        if args.memory:
+            guest.memory_mb = args.memory
+        if nics:
+            guest = guest.with_nics(nics)
+        return guest
+    from ..qemu.image import probe_disk
+    images = [probe_disk(path) for path in args.disk]
+    return Guest.of_disks([(i.path, i.format) for i in images], kernel=args.kernel_image, initrd=args.initrd,
+                          append=args.append, memory_mb=args.memory or 1024, nic_models=nics or (VIRTIO_NET,))
