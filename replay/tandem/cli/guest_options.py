@@ -64,7 +64,9 @@ def guest_from_args(args: argparse.Namespace) -> Guest:
         if nics:
             guest = guest.with_nics(nics)
         return guest
-    from ..qemu.image import probe_disk
+    from ..qemu.image import check_bootable, probe_disk
     images = [probe_disk(path) for path in args.disk]
+    if args.kernel_image is None:
+        check_bootable(images[0])
     return Guest.of_disks([(i.path, i.format) for i in images], kernel=args.kernel_image, initrd=args.initrd,
                           append=args.append, memory_mb=args.memory or 1024, nic_models=nics or (VIRTIO_NET,))

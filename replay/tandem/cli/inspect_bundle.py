@@ -14,15 +14,19 @@ from typing import Any
 from .. import private
 from ..errors import BundleError
 from ..formats import bundle, pcapng, rrstream
+from ..formats.wire import WireSummary
+from ..machine import disk_input
 
 log = logging.getLogger(__name__)
 
 
-def _channels(path: Path, problems: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _channels(path: Path, problems: list[str], wire: WireSummary) -> tuple[dict[str, Any], dict[str, Any]]:
     reader = pcapng.DevlogReader(path)
     chans: dict[str, dict[str, Any]] = {}
     try:
         for ev in reader:
+            if ev.kind == "net":
+                wire.see(ev.data)
             c = chans.setdefault(ev.channel, {
                 "kind": ev.kind, "events": 0, "bytes": 0, "first_vm_ns": ev.vm_ns,
                 "last_vm_ns": ev.vm_ns, "in": {"events": 0, "bytes": 0},
@@ -87,6 +91,7 @@ def inspect(bundle_dir: str | os.PathLike) -> dict[str, Any]:
         result["manifest"] = {k: manifest.get(k) for k in
                               ("state", "created", "tandem_version", "stop", "wall_time_s")}
         result["manifest"]["qemu_version"] = (manifest.get("qemu") or {}).get("version")
+        result["machine"] = _machine(manifest)
         if manifest.get("state") != "complete":
             problems.append(f"{d}: recording state is {manifest.get('state')}")
         problems += [p.message for p in bundle.verify_files(d, manifest)]
@@ -100,7 +105,9 @@ def inspect(bundle_dir: str | os.PathLike) -> dict[str, Any]:
     # bundle.open_member, which refuses what is not a file (a directory) in one line.
     refused = {line.split(": ", 1)[0] for line in not_files}
     if os.path.lexists(d / bundle.DEVLOG) and str(d / bundle.DEVLOG) not in refused:
-        result["channels"], result["devlog"] = _channels(d / bundle.DEVLOG, problems)
+        wire = WireSummary()
+        result["channels"], result["devlog"] = _channels(d / bundle.DEVLOG, problems, wire)
+        result["wire"] = wire.as_dict()
     if os.path.lexists(d / bundle.STREAM) and str(d / bundle.STREAM) not in refused:
         result["stream"] = _stream(d / bundle.STREAM, problems)
     problems = list(dict.fromkeys(problems))    # a member the manifest lists is refused twice
@@ -109,6 +116,32 @@ def inspect(bundle_dir: str | os.PathLike) -> dict[str, Any]:
     if result["exposed"]:
         log.warning("%s", exposure_warning(d, result["exposed"]))
     return result
+
+
+def _machine(manifest: dict[str, Any]) -> dict[str, Any]:
+    """How the bundle's guest booted and what it had: boot method, memory, disks (base
+    image, hash, size), NICs and the host's forwards, from the manifest (shapes checked
+    when it loaded; the texts are printed through bundle.printable)."""
+    inputs, machine = manifest.get("inputs") or {}, manifest.get("machine") or {}
+    boot = machine.get("boot") or "direct"
+    disks = []
+    table = machine.get("disks")
+    if table is None and inputs.get("disk_base"):
+        table = [{"id": "disk0", "format": machine.get("disk_format") or "raw"}]
+    for disk in table or []:
+        base = inputs.get(disk_input(disk["id"])) or {}
+        disks.append({"id": disk["id"], "format": disk.get("format") or "raw", "base": base.get("path"),
+                      "sha256": base.get("sha256"), "size": base.get("size")})
+    net: dict[str, Any] = machine["net"] if isinstance(machine.get("net"), dict) else {}
+    forwards = net.get("forwards")
+    if forwards is None and net.get("hostfwd_port"):
+        forwards = [f"tcp:{net['hostfwd_port']}:{net.get('guest_port', 7000)}"]
+    nics = machine.get("nics") or [{"netdev": "net0", "model": machine.get("nic_model") or "virtio-net-pci",
+                                    "mac": machine.get("mac")}]
+    return {"boot": boot, "kernel": (inputs.get("kernel") or {}).get("path") if boot == "direct" else None,
+            "cmdline": machine.get("cmdline") if boot == "direct" else None, "memory_mb": machine.get("memory_mb"),
+            "disks": disks, "nics": nics,
+            "forwards": [str(f) for f in forwards] if isinstance(forwards, list) else []}
 
 
 def exposure_warning(d: Path, exposed: dict[str, str]) -> str:
@@ -132,6 +165,34 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join([fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]])
 
 
+def _machine_lines(m: dict[str, Any], channels: dict[str, Any]) -> list[str]:
+    """Boot, disks (with the bytes the guest wrote, from the device log's block channel of
+    each drive), NICs and forwards."""
+    boot = (f"boot: direct, kernel {m['kernel']}, command line {m['cmdline']!r}" if m["boot"] == "direct"
+            else "boot: firmware (SeaBIOS, the first disk's own bootloader)")
+    lines = [bundle.printable(boot) + f"; memory {m.get('memory_mb')} MiB"]
+    if m["disks"]:
+        rows = [[d["id"], d["format"], d["base"], (d["sha256"] or "")[:16], d["size"],
+                 (channels.get(d["id"]) or {}).get("out", {}).get("bytes")] for d in m["disks"]]
+        lines += [_table(["disk", "format", "base image", "sha256", "base bytes", "bytes written"], rows)]
+    nics = ", ".join(f"{n.get('netdev')} {n.get('model')}{' ' + n['mac'] if n.get('mac') else ''}"
+                     for n in m["nics"])
+    lines.append(bundle.printable(f"NICs: {nics}; forwards (host 127.0.0.1 to guest, on net0): "
+                                  f"{', '.join(m['forwards']) or 'none'}"))
+    return lines
+
+
+def _wire_lines(w: dict[str, Any]) -> list[str]:
+    """The guest's own ARP, DHCP and DNS, as counts and a few examples."""
+    def counts(c: dict[str, int]) -> str:
+        return ", ".join(f"{n} {k}" for k, n in c.items()) or "none"
+    lines = [f"on the wire: ARP {counts(w['arp'])}; DHCP {counts(w['dhcp'])}"
+             + (f" (leased {', '.join(w['leased'])})" if w["leased"] else "") + f"; DNS {counts(w['dns'])}"]
+    if w["names"]:
+        lines.append("  DNS names asked: " + ", ".join(w["names"]))
+    return [bundle.printable(line) for line in lines]
+
+
 def render(info: dict[str, Any]) -> str:
     out = [f"bundle {info['bundle']}"]
     m = info.get("manifest")
@@ -141,6 +202,8 @@ def render(info: dict[str, Any]) -> str:
         out.append(f"state {m.get('state')}, created {m.get('created')}, QEMU {m.get('qemu_version')}, "
                    f"stop {stop.get('reason')} at vm_ns {stop.get('vm_ns')} icount {stop.get('icount')}, "
                    f"wall {m.get('wall_time_s')} s")
+    if info.get("machine"):
+        out += ["", *_machine_lines(info["machine"], info["channels"])]
     if info["channels"]:
         rows = [[name, c["kind"], c["events"], c.get("records"), c["bytes"], c["in"]["events"],
                  c["in"]["bytes"], c["out"]["events"], c["out"]["bytes"], c["first_vm_ns"], c["last_vm_ns"]]
@@ -150,6 +213,8 @@ def render(info: dict[str, Any]) -> str:
                     "(what Wireshark counts)",
                 _table(["channel", "kind", "events", "records", "bytes", "in ev", "in bytes",
                         "out ev", "out bytes", "first vm_ns", "last vm_ns"], rows)]
+    if info.get("wire"):
+        out += ["", *_wire_lines(info["wire"])]
     s = info.get("stream")
     if s and "error" not in s:
         ratio = f"{s['ratio']:.2f}" if s["ratio"] else None

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,10 +55,31 @@ def probe_disk(path: str) -> DiskImage:
     if info.get("backing-filename"):
         raise TandemError(f"disk {path}: a qcow2 over a backing file ({info['backing-filename']}); give tandem a "
                           f"standalone image (qemu-img convert -O qcow2 {path} NEW.qcow2)")
+    if fmt == "raw" and stat.S_ISREG(st.st_mode):
+        size = st.st_size       # qemu-img rounds a raw file up to whole sectors
     if fmt == "raw" and (size == 0 or size % SECTOR):
         raise TandemError(f"disk {path}: {size} bytes, not a whole number of {SECTOR}-byte sectors: "
                           f"not a disk image")
     return DiskImage(path, fmt, size)
+
+
+def check_bootable(image: DiskImage) -> None:
+    """The disk SeaBIOS is to boot has a boot sector (0x55 0xAA at byte 510 of its first
+    sector: an MBR, or a GPT disk's protective MBR), or a one-line error: without one
+    SeaBIOS says "No bootable device" on a screen tandem's VMs do not have, and the
+    recording would run until stopped with nothing to show. Read through qemu-img, so a
+    qcow2's first sector is read as the guest sees it."""
+    with tempfile.TemporaryDirectory(prefix="tandem-mbr-") as tmp:
+        out = Path(tmp) / "mbr"
+        r = subprocess.run([artifacts.qemu()["img"], "dd", "-U", "-f", image.format, "-O", "raw", "bs=512",
+                            "count=1", f"if={image.path}", f"of={out}"], capture_output=True, text=True)
+        if r.returncode:
+            why = (r.stderr.strip().splitlines() or [f"status {r.returncode}"])[-1]
+            raise TandemError(f"disk {image.path}: its first sector cannot be read ({why})")
+        sector = out.read_bytes()
+    if sector[510:512] != b"\x55\xaa":
+        raise TandemError(f"disk {image.path}: no boot sector (no 55 AA signature at byte 510), so it cannot "
+                          f"boot by its bootloader; boot a kernel directly with --kernel-image and --append root=...")
 
 
 def make_overlay(base: str, overlay: Path, fmt: str = "raw") -> None:
