@@ -27,6 +27,8 @@ PKGS=(
   busybox-static e2fsprogs
   # tests and demo clients
   tshark wireshark-common netcat-openbsd curl socat libzstd-dev
+  # clients of an ordinary guest's services (the reference VM: nginx, redis)
+  apache2-utils wrk redis-tools
   # libvirt: the daemons (tandem starts its own private libvirtd, never the system's),
   # virsh, and what the libvirt-python binding builds against
   libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev python3-dev

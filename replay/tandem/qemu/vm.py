@@ -276,6 +276,14 @@ class VM:
                 out.append(f"{prop}=? ({type(e).__name__})")
         return "feed " + " ".join(out)
 
+    def powerdown(self) -> None:
+        """Press the guest's ACPI power button (QMP system_powerdown): a guest that handles
+        it (systemd-logind, acpid) shuts down and powers off by itself."""
+        try:
+            self._monitor().command("system_powerdown")
+        except QMP_GONE as e:
+            log.debug("system_powerdown: QEMU gone (%s: %s)", type(e).__name__, e)
+
     def quit(self) -> None:
         """Ask QEMU to quit; in record mode this is recorded as a shutdown."""
         try:

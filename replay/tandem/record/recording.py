@@ -203,6 +203,11 @@ class Recording:
             self.stop_reason = "interrupt"
         self.started().quit()
 
+    def powerdown(self) -> None:
+        """Press the guest's power button (ACPI): the recording ends when it powers off,
+        recorded as the guest's own shutdown (stop reason 'poweroff')."""
+        self.started().powerdown()
+
     def wait(self, timeout: float | None = None, progress=None) -> None:
         """Wait for the guest to stop by itself (poweroff or --duration)."""
         vm = self.started()
