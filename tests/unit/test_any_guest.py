@@ -182,3 +182,26 @@ def test_disk_images_told_apart(tmp_path):
     raw = tmp_path / "mbr.img"
     raw.write_bytes(bytes(510) + b"\x55\xaa" + bytes(512))
     check_bootable(probe_disk(str(raw)))
+
+
+# --- base image hashes, kept per file version ---------------------------------------------
+
+def test_an_input_hash_is_kept_per_file_version(tmp_path, monkeypatch):
+    """A big base image is hashed once per version: the cached digest is used while the
+    file is unchanged (shown by planting one), and a write makes a new version."""
+    import hashlib as h
+    import os
+    from tandem.formats import bundle
+    monkeypatch.setenv("TANDEM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(bundle, "HASH_CACHE_MIN", 1)
+    disk = tmp_path / "disk.img"
+    disk.write_bytes(b"a" * 4096)
+    first = bundle.input_entry(disk)
+    assert first["sha256"] == h.sha256(b"a" * 4096).hexdigest()
+    (known,) = (tmp_path / "cache" / "hashes").iterdir()
+    known.write_text("f" * 64)
+    assert bundle.input_entry(disk)["sha256"] == "f" * 64          # from the cache
+    with open(disk, "r+b") as f:
+        f.write(b"b")
+    os.utime(disk, ns=(os.stat(disk).st_atime_ns, os.stat(known).st_mtime_ns))   # mtime set back: ctime moves
+    assert bundle.input_entry(disk)["sha256"] == h.sha256(b"b" + b"a" * 4095).hexdigest()

@@ -182,9 +182,7 @@ class Recording:
     def watch_forwards(self, say) -> None:
         """Say (once each) the forwards the guest refuses a connection on, while it records
         (record/forwards.py)."""
-        vm = self.started()
-        forward_watch.watch(self.path / bundle.DEVLOG, self.all_forwards(), lambda: vm.proc is not None
-                       and vm.proc.poll() is None, say)
+        forward_watch.watch(self.path / bundle.DEVLOG, self.all_forwards(), self.running, say)
 
     @property
     def serial(self) -> Serial:
@@ -202,6 +200,11 @@ class Recording:
         if self.stop_reason is None:
             self.stop_reason = "interrupt"
         self.started().quit()
+
+    def running(self) -> bool:
+        """The recording's QEMU is still running."""
+        vm = self.started()
+        return vm.proc is not None and vm.proc.poll() is None
 
     def powerdown(self) -> None:
         """Press the guest's power button (ACPI): the recording ends when it powers off,
