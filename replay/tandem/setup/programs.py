@@ -85,6 +85,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("perl-base", "the kernel build", "perl", implicit=True),
     *_p("ninja-build", "QEMU's and meson's builds; tandem regenerates build.ninja with it", "ninja"),
     *_p("netcat-openbsd", "the demo's independent client", "nc"),
+    *_p("curl", "fetches a guest's web files, their hashes checked (demo --guest debian, tests, bench)", "curl"),
     *_p("tshark", "the device log read by Wireshark's dissectors (tests, tandem wireshark)", "tshark"),
     *_p("wireshark-common", "the device log counted by capinfos (tests)", "capinfos"),
     *_p("libvirt-daemon", "the private libvirtd (tandem attach, --libvirt, tests)", "libvirtd", "virtlogd"),
