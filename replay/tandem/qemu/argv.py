@@ -31,8 +31,6 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     values escaped, so no value (a bundle's MAC, a path with a comma) can add a key."""
     q = run.host.qemu or artifacts.qemu()
     nic = guest.nic
-    if len(guest.disks) > 1:
-        raise OptionError(f"{len(guest.disks)} disks: tandem's device log takes one (for now)")
     if run.mode != Mode.PLAIN and guest.accel != "tcg":
         raise OptionError(f"accelerator {guest.accel!r}: {run.mode} runs need -icount, which QEMU has only under TCG")
     argv = [q["binary"], "-L", q["firmware_dir"], "-M", guest.machine_type, "-m", str(int(guest.memory_mb)),
@@ -46,8 +44,8 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
             "-mon", keyval_option(None, {"chardev": "qmp", "mode": "control"})]
     argv += _clock_options(run, q)
     argv += _serial_options(run)
-    if guest.disk:
-        argv += _disk_options(run, guest.disk)
+    for disk in guest.disks:
+        argv += _disk_options(run, disk)
     argv += _net_and_rng_options(run, nic)
     if run.mode in ("record", "replay"):   # analysis runs: the feed is logged instead
         argv += ["-object", json_option({"qom-type": "filter-replay", "id": "rr-net0", "netdev": nic.netdev})]
@@ -67,7 +65,7 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         # shadow follows it without asking the native over QMP.
         argv += ["-object", json_option({
                      "qom-type": "devlog", "id": "devlog", "path": str(run.devlog), "chardev": "serial0",
-                     "rng": "rng0", "drive": guest.disk.id if guest.disk else None,
+                     "rng": "rng0", "drives": [disk.id for disk in guest.disks] or None,
                      "stop-after": run.stop_after_ns or None,
                      "clock-marks": True if run.mode == "record" else None}),
                  "-object", json_option({"qom-type": "filter-devlog", "id": "devlog-net0", "netdev": nic.netdev,
@@ -117,11 +115,22 @@ def _serial_options(run: Run) -> list[str]:
     return ["-chardev", chardev, "-serial", "chardev:serial0"]
 
 
+def overlay_path(first: Path, disk: Disk) -> Path:
+    """A run's qcow2 overlay over this disk's base: `first` (the run's overlay) for disk0,
+    the same name with the drive id added for the others (disk-overlay.disk1.qcow2)."""
+    if disk.id == "disk0":
+        return first
+    return first.with_name(f"{first.stem}.{disk.id}{first.suffix}")
+
+
 def _disk_options(run: Run, disk: Disk) -> list[str]:
-    """The disk: the run's qcow2 overlay, behind blkreplay when record/replay runs (block
-    completions must be ordered by the replay log)."""
+    """A disk: the run's qcow2 overlay over its base, behind blkreplay when record/replay
+    runs (block completions must be ordered by the replay log)."""
+    if run.overlay is None:
+        raise OptionError(f"disk {disk.id}: the run has no overlay for it (the base image is never written)")
     image = f"{disk.id}-img" if run.rr_mode else disk.id
-    argv = ["-drive", keyval_option(None, {"file": str(run.overlay), "if": "none", "id": image, "format": "qcow2"})]
+    argv = ["-drive", keyval_option(None, {"file": str(overlay_path(run.overlay, disk)), "if": "none",
+                                           "id": image, "format": "qcow2"})]
     if run.rr_mode:
         argv += ["-drive", keyval_option(None, {"driver": "blkreplay", "if": "none", "image": image, "id": disk.id})]
     # Analysis VMs: ioeventfd=off runs a queue kick in the vCPU thread, at the
