@@ -1,14 +1,18 @@
 """Record the demo guest under real client traffic and replay it exactly."""
 from __future__ import annotations
 
+import os
+import signal
 import socket
 
+import pytest
 from helpers import run_cli, start_client, unsent_bytes, wait_until
 
+from tandem.errors import TandemError
 from tandem.formats import bundle, pcapng
 from tandem.record.recording import Recording
 from tandem.exact.replay import replay
-from tandem.record.workload import KV
+from tandem.record.workload import KV, Hammer
 
 
 def test_recording_captures_every_channel(demo_bundle):
@@ -76,6 +80,30 @@ def test_follow_replay_of_live_recording(built, tmp_path):
         rec.finish()
     t.join(300)
     assert t.result.ok, t.result.summary()
+
+
+def test_torn_heavy_recording_replays_its_intact_prefix(built, tmp_path):
+    """Issue 23: QEMU killed (SIGKILL) while one client hammers the guest with SETs. The
+    record log's intact prefix replays and verifies against the device log, whichever of
+    the two logs the kill cut first (each is flushed on its own clock)."""
+    path = tmp_path / "torn.tdm"
+    rec = Recording(path).start()
+    try:
+        rec.wait_ready()
+        hammer = Hammer(rec.port)
+        client = start_client(hammer.run, "hammer")
+        wait_until(lambda: hammer.replies >= 8000, 300, lambda: f"8000 SETs answered ({hammer.replies} so far)")
+        os.kill(rec.started().process().pid, signal.SIGKILL)
+    finally:
+        with pytest.raises(TandemError, match="replay it with --partial"):
+            rec.finish()
+    client.join(60)
+    assert bundle.load_manifest(path)["state"] == "interrupted"
+    r = run_cli("replay", "--partial", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "VERIFIED: intact prefix" in r.stderr, r.stderr
+    events = int(r.stderr.split("VERIFIED: intact prefix: ")[1].split()[0])
+    assert events >= 2 * 8000       # a request and its reply each: the heavy part was replayed
 
 
 def test_input_arriving_as_the_recording_stops_is_not_half_recorded(built, tmp_path):

@@ -105,6 +105,9 @@ def option_dict(opt: str, value: str) -> dict[str, str]:
         for k, v in json.loads(value).items():
             if k == "hostfwd":                  # NetdevUserOptions: ['String']
                 v = ",".join(x["str"] for x in v)
+            if k == "drives":                   # DevlogProperties: ['str'], keyval drives.N=
+                out.update({f"{k}.{i}": str(x) for i, x in enumerate(v)})
+                continue
             out[k] = ("on" if v else "off") if isinstance(v, bool) else str(v)
         return out
     out = parse_keyval(value)
@@ -149,11 +152,14 @@ def deliberate_changes(argv: list[str]) -> list[str]:
       and `-mon chardev=qmp,mode=control` (the same monitor; -qmp's implied path reads a
       PATH with '=' before its first ',' as a key);
     - filter-gate says its overflow policy (`overflow=block`, the host's default;
-      qemu-patches/0017 bounds what the gate holds)."""
+      qemu-patches/0017 bounds what the gate holds);
+    - the device log takes every disk of the guest as `drives` (qemu-patches/0020), not
+      one `drive`."""
     i = argv.index("-qmp")
     path = argv[i + 1].removeprefix("unix:").split(",server=on", 1)[0]
     argv = argv[:i] + ["-chardev", f"socket,id=qmp,path={path},server=on,wait=off",
                        "-mon", "chardev=qmp,mode=control"] + argv[i + 2:]
+    argv = [a.replace(",drive=", ",drives.0=") if a.startswith("devlog,") else a for a in argv]
     return [a.replace(",position=head", ",position=head,overflow=block") if a.startswith("filter-gate,") else a
             for a in argv]
 
@@ -287,15 +293,14 @@ def test_crafted_manifest_refused_or_inert(where, value):
 
 def test_device_lists_past_what_the_modes_take_are_refused():
     """The description holds lists of devices with ids; the analysis feed takes one NIC
-    and the device log one disk (for now), and they say so rather than drop one."""
+    and says so rather than drop one."""
     two_nics = Guest(kernel="/k", initrd=None, nics=(Nic(), Nic(netdev="net1")))
     with pytest.raises(OptionError, match="2 NICs"):
         qemu_argv(two_nics, Run(R, net=Feed(R / "f"), host=H))
-    two_disks = Guest(kernel="/k", initrd=None, disks=(Disk("/a"), Disk("/b", id="disk1")))
-    with pytest.raises(OptionError, match="2 disks"):
-        qemu_argv(two_disks, Run(R, overlay=R / "o", devlog=R / "d", rr=RR("record", R / "r"), host=H))
     with pytest.raises(OptionError, match="disk format"):
         Disk("/a", "vmdk")
+    with pytest.raises(OptionError, match="disk disk0: the run has no overlay"):
+        qemu_argv(G, Run(R, host=H))
     with pytest.raises(OptionError, match="drive ids"):
         Guest(kernel="/k", initrd=None, disks=(Disk("/a"), Disk("/b")))
 
@@ -334,6 +339,25 @@ def test_forward_parse():
     for bad in ("tcp:8080", "sctp:1:2", "tcp:0:80", "tcp:70000:80", "tcp:80:x", "tcp:1:2,hostfwd=x"):
         with pytest.raises(OptionError, match="forward"):
             Forward.parse(bad)
+
+
+def test_every_disk_has_its_overlay_and_is_in_the_device_log():
+    """Two disks recorded: each on its own overlay behind its own blkreplay, and the
+    device log takes both (qemu-patches/0020: one pcapng block interface per drive)."""
+    two_disks = dataclasses.replace(G, disks=(Disk("/k/disk.raw"), Disk("/data.qcow2", "qcow2", id="disk1")))
+    argv = qemu_argv(two_disks, Run(R, net=UserNet(5555), rr=RR("record", R / "r"), devlog=R / "d",
+                                    overlay=R / "b/disk-overlay.qcow2", host=H))
+    opts = options(argv)
+    drives = [v for o, v in opts if o == "-drive"]
+    assert [(d.get("id"), d.get("file"), d.get("driver")) for d in drives] == [
+        ("disk0-img", "/run/t/b/disk-overlay.qcow2", None), ("disk0", None, "blkreplay"),
+        ("disk1-img", "/run/t/b/disk-overlay.disk1.qcow2", None), ("disk1", None, "blkreplay")]
+    assert [v["drive"] for o, v in opts if o == "-device" and v["driver"] == "virtio-blk-pci"] == ["disk0", "disk1"]
+    devlog = next(json.loads(v) for o, v in zip(argv, argv[1:]) if o == "-object" and '"devlog"' in v
+                  and json.loads(v)["qom-type"] == "devlog")
+    assert devlog["drives"] == ["disk0", "disk1"] and "drive" not in devlog
+    no_disk = qemu_argv(dataclasses.replace(G, disks=()), Run(R, rr=RR("record", R / "r"), devlog=R / "d", host=H))
+    assert not any('"drives"' in a for a in no_disk)
 
 
 def test_manifest_devices_come_from_the_description():

@@ -30,6 +30,17 @@ def test_a_prefix_replay_may_stop_early():
     assert "missing" in first_mismatch(RECORDED, Devlog(events=RECORDED.events[:2])).what
 
 
+def test_a_prefix_replay_may_go_on_past_a_device_log_cut_earlier():
+    """A torn recording's device log may end before its record log's intact prefix
+    (each is flushed on its own clock): the replay's later events are not compared."""
+    assert first_mismatch(Devlog(events=RECORDED.events[:2]), RECORDED, prefix=True) is None
+    assert "extra event" in first_mismatch(Devlog(events=RECORDED.events[:2]), RECORDED).what
+    wrong = RECORDED.events[1]._replace(data=b"\x02" * 60)
+    mm = first_mismatch(Devlog(events=RECORDED.events[:2]), Devlog(events=[RECORDED.events[0], wrong,
+                                                                           *RECORDED.events[2:]]), prefix=True)
+    assert mm is not None and mm.index == 1
+
+
 def test_a_prefix_replay_may_stop_inside_its_last_event():
     """The replay paused where the intact log ends, inside the guest's write of a line:
     its last event has the line's first bytes. Not a divergence."""

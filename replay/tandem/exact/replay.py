@@ -134,9 +134,14 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
         if mm is None and not partial and rec_end[1] != rep_end[1]:
             mm = Mismatch(len(replayed.events), "-", rep_end[0],
                           f"final instruction count: recorded {rec_end[1]}, replayed {rep_end[1]}")
+        compared = len(replayed.events)
         if partial:
             note = f" (recording has {len(recorded.events)} events; replay stopped at the intact end)"
-        return Verdict(ok=mm is None, events=len(replayed.events), mismatch=mm,
+            if len(replayed.events) > len(recorded.events):
+                compared = len(recorded.events)
+                note = (f" (the recording's device log ends at its event {compared}; the replay's "
+                        f"{len(replayed.events) - compared} later events are not compared)")
+        return Verdict(ok=mm is None, events=compared, mismatch=mm,
                        recorded_end=rec_end, replayed_end=rep_end, replay_wall_s=wall,
                        record_wall_s=manifest.get("wall_time_s"), partial=partial, note=note,
                        reports=console_reports(replayed, guest.os))

@@ -34,8 +34,6 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         raise OptionError(f"accelerator {guest.accel!r}: {run.mode} runs need -icount, which QEMU has only under TCG")
     if run.mode == Mode.ANALYSIS and len(guest.nics) != 1:
         raise OptionError(f"{len(guest.nics)} NICs: tandem's analysis feed takes one (for now)")
-    if run.devlog and len(guest.disks) > 1:
-        raise OptionError(f"{len(guest.disks)} disks: tandem's device log takes one (for now)")
     argv = [q["binary"], "-L", q["firmware_dir"], "-M", guest.machine_type, "-m", str(int(guest.memory_mb)),
             "-smp", str(int(guest.vcpus)), "-nodefaults", "-no-user-config", "-display", "none",
             "-no-reboot", "-accel", guest.accel, *_boot_options(guest),
@@ -68,7 +66,7 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         # shadow follows it without asking the native over QMP.
         argv += ["-object", json_option({
                      "qom-type": "devlog", "id": "devlog", "path": str(run.devlog), "chardev": "serial0",
-                     "rng": "rng0", "drive": guest.disk.id if guest.disk else None,
+                     "rng": "rng0", "drives": [disk.id for disk in guest.disks] or None,
                      "stop-after": run.stop_after_ns or None,
                      "clock-marks": True if run.mode == "record" else None}),
                  "-object", json_option({"qom-type": "filter-devlog", "id": "devlog-net0", "netdev": nic.netdev,
@@ -165,7 +163,11 @@ def _net_and_rng_options(run: Run, nics: tuple[Nic, ...]) -> list[str]:
     argv: list[str] = []
     for i, nic in enumerate(nics):
         hostfwd: list[Value] | None = [{"str": f.hostfwd()} for f in forwards] if i == 0 and forwards else None
-        argv += ["-netdev", json_option({"type": "user", "id": nic.netdev, "hostfwd": hostfwd}), "-device", nic.device()]
+        # Each NIC its own network (10.0.2.0/24, 10.0.3.0/24, ...): on one subnet twice the
+        # guest could not tell which NIC reaches which gateway.
+        subnet = f"10.0.{2 + i}.0/24" if i else None
+        argv += ["-netdev", json_option({"type": "user", "id": nic.netdev, "net": subnet, "hostfwd": hostfwd}),
+                 "-device", nic.device()]
     return argv + ["-object", json_option({"qom-type": "rng-builtin", "id": "rng0"}),
                    "-device", json_option({"driver": "virtio-rng-pci", "rng": "rng0"})]
 

@@ -6,10 +6,14 @@ what it sends (not in when: that is what recording is for).
 """
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
+import threading
 
 from ..errors import TandemError
+
+log = logging.getLogger(__name__)
 
 
 class KV:
@@ -53,6 +57,41 @@ class KV:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class Hammer:
+    """One client sending SET after SET, each waiting for its reply, until stop is set or
+    the guest's service goes away under it (the recording ended or was killed): the heavy
+    load of issue 23's torn and followed replays (51,000 requests in a 15 s recording, two
+    device events each). `replies` counts as it goes, for whoever waits on the load."""
+
+    def __init__(self, port: int, keys: int = 1000):
+        self.port, self.keys = port, keys
+        self.replies = 0
+        self.stop = threading.Event()
+
+    def run(self) -> int:
+        try:
+            kv = KV(self.port)
+        except TandemError as e:
+            return self._gone(e)
+        with kv:
+            while not self.stop.is_set():
+                line = f"SET k{self.replies % self.keys} v{self.replies}"
+                try:
+                    reply = kv.request(line)
+                except (TandemError, OSError) as e:     # the service is gone: the load ends
+                    return self._gone(e)
+                if reply != "OK":
+                    raise TandemError(f"guest service: expected OK to {line!r}, got {reply!r}")
+                self.replies += 1
+        return self.replies
+
+    def _gone(self, why: Exception) -> int:
+        if not self.stop.is_set():
+            log.info("hammer on port %d: the service went away after %d replies (%s)",
+                     self.port, self.replies, why)
+        return self.replies
 
 
 def nc_session(port: int, lines: list[str], timeout: float = 30.0) -> list[str]:
