@@ -42,7 +42,7 @@ def _p(package: str, why: str, *names: str, **kw) -> list[Program]:
 PROGRAMS: dict[str, Program] = {p.name: p for p in [
     # Debian's required set: on every Debian root.
     *_p("coreutils", "files, hashes and paths in the launcher and build scripts",
-        "basename", "cat", "chmod", "chroot", "cp", "cut", "date", "dirname", "env", "head", "id",
+        "basename", "cat", "chmod", "chroot", "cp", "cut", "date", "dd", "dirname", "env", "head", "id",
         "install", "ln", "ls", "mkdir", "mknod", "mv", "nproc", "realpath", "rm", "sha256sum",
         "seq", "sleep", "sort", "stat", "sync", "tail", "tee", "touch", "tr", "truncate"),
     *_p("bash", "the launcher and build scripts", "bash"),
@@ -54,7 +54,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("grep", "build scripts", "grep"),
     *_p("sed", "build scripts", "sed"),
     *_p("mawk", "build scripts (awk)", "awk"),
-    *_p("findutils", "build scripts", "find"),
+    *_p("findutils", "build scripts", "find", "xargs"),
     *_p("diffutils", "module build: is the kernel object dir at the published config", "cmp"),
     *_p("gzip", "initramfs and module archives", "gzip"),
     *_p("tar", "extracting the kernel source", "tar"),
@@ -90,7 +90,13 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("libvirt-daemon", "the private libvirtd (tandem attach, --libvirt, tests)", "libvirtd", "virtlogd"),
     *_p("libvirt-clients", "virsh in tests and docs", "virsh"),
     *_p("git", "scripts/fresh-check.sh clones the repository", "git"),
-    *_p("mmdebstrap", "scripts/fresh-check.sh makes a clean Debian 12 root", "mmdebstrap"),
+    *_p("mmdebstrap", "the reference VM's Debian root (scripts/build-refvm.sh); fresh-check's clean Debian 12 root",
+        "mmdebstrap"),
+    *_p("fdisk", "the reference VM's partition table, written into its disk image file", "sfdisk"),
+    *_p("qemu-utils", "the reference VM's raw disk converted to qcow2 (not tandem's: this build does not wait for QEMU's)",
+        "qemu-img"),
+    *_p("redis-tools", "the reference VM's redis checked from the host (tests)", "redis-cli"),
+    *_p("curl", "the reference VM's web site fetched from the host (tests)", "curl"),
     *_p("stress-ng", "scripts/ci-under-load.sh loads the machine while CI runs", "stress-ng"),
     # The launcher's venv.
     *_p(VENV, "runs the meson build", "meson"),
