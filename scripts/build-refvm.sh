@@ -22,17 +22,32 @@
 # core.img made by the guest's grub-mkimage at sector 1 (boot.img's kernel_sector is 1 by
 # default and grub-mkimage fills diskboot's blocklist length: no grub-install).
 #
-# Reproducible: fixed filesystem UUID and hash seed, fixed MBR label id, fixed machine-id,
-# file times clamped to SOURCE_DATE_EPOCH, mkfs's own times faked. What varies: the
-# package versions, as Debian updates bookworm (only deb.debian.org is reachable here: no
-# snapshot.debian.org to pin a date), so two cold builds months apart differ; the JSON
-# names the versions of the kernel, nginx and redis it got.
-# KEY = sha256(this script, the versions of mmdebstrap, e2fsprogs, fdisk and qemu-utils
-# on the host)[:16]; it does not cover the bookworm archive's state. A cached build is
-# used until this script or those tools change.
+# Reproducible: fixed filesystem UUID and hash seed, MBR label id and machine-id, every
+# inode's times at SOURCE_DATE_EPOCH or before, mkfs's own times faked, apt's partial
+# directories owned as apt leaves them whatever the cache's path. Seven cold builds within
+# an hour (five keys; under /root/.cache and under /tmp; the last two with no grub-pc-bin on
+# the host) gave byte-identical disks (before the inode times and apt's owners were fixed,
+# builds differed in them). What varies: the package versions, as Debian updates
+# bookworm (only deb.debian.org is reachable here: no snapshot.debian.org to pin a
+# date), so builds on different days may differ; the JSON names the versions of the
+# kernel, systemd, nginx, redis and GRUB it got.
+# KEY = sha256(this script without its comment lines, the versions of mmdebstrap,
+# e2fsprogs, fdisk and qemu-utils on the host)[:16]: a comment (these figures) does not
+# cost a 1-4 min rebuild from the network. It does not cover the bookworm archive's
+# state: a cached build is used until this script's code or those tools change.
 #
-# Measured on this 2-core machine (load ~3, TCG: /dev/kvm cannot boot stock kernels):
-# MEASURED
+# Measured on this 2-core machine shared with other jobs (TCG: its /dev/kvm cannot boot
+# stock kernels; docs/guests.md has the details):
+#   cold build 66 s at load 3 (mmdebstrap 36 s of it), 143 s at load 5 (111 s), 198-230 s
+#   at load 6-7, 249-260 s for two at once at load 9; cached 0.4 s (3.4 s through
+#   ./tandem build refvm);
+#   disk.qcow2 238.6 MB for 2 GiB (721 MB as uncompressed qcow2), root 15418 inodes and
+#   752 MiB used, vmlinuz 8.2 MB, initrd.img 7.0 MB;
+#   power-on to nginx answering under -icount shift=2: through GRUB 45 s at load 2.5,
+#   51 s at load 3.7 (12-13 s of it GRUB reading the kernel and initrd through the BIOS,
+#   compressed or not), 55 s at load 6, 117 s at load 8; directly 29-32 s at load 3.2,
+#   51 s at load 7;
+#   about 29 s of guest time either way; ACPI power-off to QEMU's exit 1.2-4.8 s.
 set -euo pipefail
 # The whole script is one function so bash parses it fully before running: editing
 # this file while a build runs cannot corrupt that build.
@@ -66,13 +81,13 @@ DISK_MIB=2048                            # the partition starts at 1 MiB and fil
 ROOT_ARG="root=UUID=$UUID"
 CMDLINE="$ROOT_ARG ro console=ttyS0"
 
-for t in mmdebstrap mkfs.ext4 sfdisk qemu-img dd chroot dpkg-query python3 sha256sum flock; do
+for t in mmdebstrap mkfs.ext4 debugfs dumpe2fs e2fsck sfdisk qemu-img dd chroot dpkg-query python3 sha256sum flock; do
   command -v "$t" >/dev/null || die "$t not found (scripts/host-deps.sh installs it)"
 done
 mkdir -p "$RDIR"
 
 KEY=$({
-  sha256sum <"$SELF"
+  grep -v '^[[:space:]]*#' "$SELF" | sha256sum
   dpkg-query -W -f='${Package} ${Version}\n' "${HOST_TOOLS[@]}"
 } | sha256sum | cut -c1-16)
 FINAL="$RDIR/$KEY"
@@ -101,7 +116,7 @@ exec 9>"$RDIR/.lock"
 flock 9
 if [ -f "$FINAL/refvm.json" ]; then write_json; exit 0; fi
 
-log "building the reference VM $KEY (Debian $SUITE from $MIRROR; ~4 min cold)..."
+log "building the reference VM $KEY (Debian $SUITE from $MIRROR; 1-4 min)..."
 TMP="$RDIR/.tmp-$KEY-$$"
 rm -rf "$TMP"
 mkdir -p "$TMP/out"
@@ -116,13 +131,12 @@ step() {
 }
 step 0 "mmdebstrap"
 
-run() {
-  if ! "$@" >>"$BUILD_LOG" 2>&1; then
-    echo "tandem: refvm build failed: $*; last lines of log:" >&2
-    tail -n 30 "$BUILD_LOG" >&2
-    exit 1
-  fi
+fail() {
+  echo "tandem: refvm build failed: $1; last lines of its log:" >&2
+  tail -n 30 "$BUILD_LOG" >&2
+  exit 1
 }
+run() { "$@" >>"$BUILD_LOG" 2>&1 || fail "$*"; }
 
 # --- what goes into the root besides Debian's packages --------------------------------
 # Written before mmdebstrap and copied in by its hooks: the initramfs configuration
@@ -208,20 +222,22 @@ R="$TMP/root"
 # recording; pstore; the getty on tty1 (no display: the serial getty is the console).
 UNITS_OFF="apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer fstrim.timer e2scrub_all.timer \
 e2scrub_reap.service man-db.timer systemd-pstore.service"
-run mmdebstrap --mode=root --variant=apt --include="$PACKAGES" \
+mmdebstrap --mode=root --variant=apt --include="$PACKAGES" \
   --essential-hook="sync-in $IOV /" \
   --customize-hook="sync-in $OV /" \
   --customize-hook='sed -i -e "s/^bind .*/bind * -::*/" -e "s/^protected-mode yes/protected-mode no/" "$1/etc/redis/redis.conf"' \
   --customize-hook='chroot "$1" systemctl enable systemd-networkd.service' \
   --customize-hook="for u in $UNITS_OFF; do [ ! -e \"\$1/lib/systemd/system/\$u\" ] || chroot \"\$1\" systemctl disable \"\$u\"; done" \
   --customize-hook='chroot "$1" systemctl disable getty@tty1.service' \
+  --customize-hook='chroot "$1" chown _apt:root /var/cache/apt/archives/partial /var/lib/apt/lists/partial' \
   --customize-hook='rm -f "$1/var/www/html/index.nginx-debian.html" "$1/vmlinuz.old" "$1/initrd.img.old"' \
   --customize-hook='mkdir -p "$1/boot/grub/i386-pc" && cp "$1"/usr/lib/grub/i386-pc/*.mod "$1"/usr/lib/grub/i386-pc/*.lst "$1/boot/grub/i386-pc/"' \
   --customize-hook="copy-in $TMP/early.cfg /tmp" \
   --customize-hook='chroot "$1" grub-mkimage -O i386-pc -o /boot/grub/i386-pc/core.img -c /tmp/early.cfg -p /boot/grub biosdisk part_msdos ext2 search_fs_uuid normal linux serial terminal && rm "$1/tmp/early.cfg"' \
   "$SUITE" "$R" \
   "deb $MIRROR/debian $SUITE main" "deb $MIRROR/debian $SUITE-updates main" \
-  "deb $MIRROR/debian-security $SUITE-security main"
+  "deb $MIRROR/debian-security $SUITE-security main" >>"$BUILD_LOG" 2>&1 ||
+  fail "mmdebstrap could not make the Debian root (is $MIRROR reachable?)"
 # mmdebstrap's reproducibility cleanup empties /etc/machine-id (a first boot would then
 # run `systemctl preset-all` and undo the units set above): a fixed one instead.
 echo "$MACHINE_ID" >"$R/etc/machine-id"
@@ -275,6 +291,18 @@ FS="$TMP/root.ext4"
 run env E2FSPROGS_FAKE_TIME="$SOURCE_DATE_EPOCH" mkfs.ext4 -q -F -L refvm-root -U "$UUID" \
   -O ^metadata_csum_seed,^orphan_file -E hash_seed="$UUID",lazy_itable_init=0,lazy_journal_init=0 \
   -d "$R" "$FS" "$((DISK_MIB - 1))M"
+# mkfs -d copies each file's ctime (the build's time: no tool sets it) and atime (the
+# build reads files): both set to SOURCE_DATE_EPOCH in every inode it made. It allocates
+# them in order after the reserved ones, so they are first_ino+1 .. the count in use.
+# Two cold builds then differed in nothing else (compared file by file and byte by byte).
+used=$(dumpe2fs -h "$FS" 2>/dev/null | awk -F: '/^Inode count/ {n = $2} /^Free inodes/ {f = $2} END {print n - f}')
+first=$(dumpe2fs -h "$FS" 2>/dev/null | awk -F: '/^First inode/ {print $2 + 1}')
+seq "$first" "$used" | awk -v t="@$SOURCE_DATE_EPOCH" '{print "sif <" $1 "> ctime " t; print "sif <" $1 "> atime " t}' \
+  >"$TMP/times.debugfs"
+# (debugfs echoes each command: 31k lines kept out of the log; its complaints stay in it)
+env E2FSPROGS_FAKE_TIME="$SOURCE_DATE_EPOCH" debugfs -w -f "$TMP/times.debugfs" "$FS" >/dev/null 2>>"$BUILD_LOG" ||
+  fail "debugfs could not set the inode times of the root filesystem"
+run e2fsck -fn "$FS"
 rm -rf "$R"
 step 8 "the disk"
 RAW="$TMP/disk.raw"
@@ -289,7 +317,9 @@ rm -f "$FS"
 run dd if="$TMP/boot.img" of="$RAW" bs=440 count=1 conv=notrunc status=none
 run dd if="$TMP/core.img" of="$RAW" bs=512 seek=1 conv=notrunc status=none
 step 9 "qcow2"
-# Compressed: MEASURED_QCOW2
+# Compressed (-c): 238.6 MB instead of 721 MB, and not slower to boot: GRUB reached the
+# kernel in 13.0 s from either at load 2.8; to nginx 55 s compressed at load 6, 67 s
+# uncompressed at load 7 (the host's load moves it more than compression does).
 run qemu-img convert -c -f raw -O qcow2 "$RAW" "$TMP/out/disk.qcow2"
 rm -f "$RAW"
 python3 - "$TMP/out" <<'PY'

@@ -21,8 +21,9 @@ from helpers import wait_until
 from tandem import artifacts
 from tandem.qemu import vm as qemu_vm
 
-# Measured with the disk from scripts/build-refvm.sh on this 2-core machine at load 2-3
-# (TCG, -icount shift=2): see docs/guests.md. The bounds leave room for a loaded CI.
+# Measured on this 2-core machine (TCG, -icount shift=2; docs/guests.md): power-on to
+# nginx 32-51 s at load 3-4 and 117 s at load 8, power-off 1.2-4.8 s. The bounds leave
+# room for a loaded CI; they bound a wait, they assert no speed.
 BOOT_S = 420            # power-on to nginx answering
 POWEROFF_S = 180        # system_powerdown to QEMU's exit
 MEMORY_MB = 1024
@@ -50,7 +51,7 @@ def refvm_argv(ref: artifacts.RefvmBuild, q: artifacts.QemuBuild, overlay: Path,
                ports: dict[str, int], direct: bool) -> list[str]:
     """QEMU for the reference VM, its services' ports forwarded from 127.0.0.1:ports[name]:
     booted by SeaBIOS and the disk's GRUB, or (direct) with its own kernel and initrd and
-    the root its build names."""
+    the command line GRUB passes (root=UUID=...)."""
     fwd = ",".join(f"hostfwd=tcp:127.0.0.1:{ports[name]}-:{port}" for name, port in ref["services"].items())
     argv = [q["binary"], "-L", q["firmware_dir"], "-M", "pc", "-accel", "tcg", "-m", str(MEMORY_MB),
             "-icount", f"shift={qemu_vm.ICOUNT_SHIFT},sleep=on",

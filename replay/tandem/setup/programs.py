@@ -78,6 +78,8 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("xz-utils", "tar's decompressor for linux-source-6.12.tar.xz", "xz", implicit=True),
     *_p("kmod", "module vermagic", "modinfo"),
     *_p("e2fsprogs", "the guest's disk image", "mkfs.ext4"),
+    *_p("e2fsprogs", "the reference VM's root filesystem: inode times fixed, then checked",
+        "debugfs", "dumpe2fs", "e2fsck"),
     *_p("busybox-static", "the guest userland", "busybox", implicit=True),
     *_p("bc", "the kernel build", "bc", implicit=True),
     *_p("flex", "the kernel and QEMU builds", "flex", implicit=True),
