@@ -2,7 +2,7 @@
 # Install the Debian packages tandem needs on a Debian 12 host.
 #
 #   scripts/host-deps.sh           install what is missing (as root, or through sudo)
-#   scripts/host-deps.sh --dev     also what scripts/fresh-check.sh needs (git, mmdebstrap)
+#   scripts/host-deps.sh --dev     also the developer scripts' (git: fresh-check.sh, stress-ng: ci-under-load.sh)
 #   scripts/host-deps.sh --list    print the packages, one a line (--dev: with the dev ones)
 #   scripts/host-deps.sh --check   exit 0 if nothing is missing, 1 otherwise; installs nothing
 #
@@ -25,17 +25,20 @@ PKGS=(
   linux-source-6.12/bookworm-backports
   # guest image
   busybox-static e2fsprogs
+  # the reference VM (scripts/build-refvm.sh): a Debian root made into a disk image
+  mmdebstrap fdisk qemu-utils
   # tests and demo clients
   tshark wireshark-common netcat-openbsd curl socat libzstd-dev
-  # clients of an ordinary guest's services (the reference VM: nginx, redis)
-  apache2-utils wrk redis-tools
+  # the reference VM's clients in tests and benchmarks (redis-cli, redis-benchmark, wrk, ab)
+  redis-tools wrk apache2-utils
   # libvirt: the daemons (tandem starts its own private libvirtd, never the system's),
   # virsh, and what the libvirt-python binding builds against
   libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev python3-dev
 )
 DEV_PKGS=(
-  # scripts/fresh-check.sh: a clean Debian 12 root, and the repository cloned into it
-  git mmdebstrap
+  # scripts/fresh-check.sh: the repository cloned into a clean Debian 12 root (made by
+  # mmdebstrap, which the reference VM's build needs anyway: in PKGS)
+  git
   # scripts/ci-under-load.sh: CI while the machine is loaded
   stress-ng
 )

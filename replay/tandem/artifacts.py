@@ -1,4 +1,4 @@
-"""Where the build put things: QEMU, guest kernels, the guest image.
+"""Where the build put things: QEMU, guest kernels, the guest image, the reference VM.
 
 The meson build (`meson.build` at the repository root) runs the scripts in
 `scripts/`, which build into the content-addressed cache and describe each
@@ -77,7 +77,30 @@ class GuestBuild(TypedDict):
     disk_base_sha256: str
 
 
-def _load(name: str, keys: frozenset[str]) -> dict[str, object]:
+class SiteFile(TypedDict):
+    path: str                   # the URL path nginx serves it at ("/4m.bin")
+    bytes: int
+    sha256: str
+
+
+class RefvmBuild(TypedDict):
+    """The reference ordinary VM (scripts/build-refvm.sh): a Debian 12 disk that boots
+    through its own GRUB, or directly with its own kernel and initramfs."""
+    key: str
+    disk: str                   # qcow2: use it as a base, never write it
+    disk_sha256: str
+    disk_format: str
+    kernel: str                 # the guest's /vmlinuz, copied out for a direct boot
+    initrd: str
+    kernel_release: str
+    root: str                   # "root=UUID=...": the root device for a direct boot's --append
+    cmdline: str                # what the disk's GRUB passes to the kernel
+    services: dict[str, int]    # {"http": 80, "redis": 6379}: guest ports
+    packages: dict[str, str]    # Debian package -> version (kernel, systemd, nginx, redis, GRUB)
+    site: list[SiteFile]        # the static site nginx serves
+
+
+def _load(name: str, keys: frozenset[str], build: str = "./tandem build") -> dict[str, object]:
     """build/NAME.json, checked to be an object with `keys` (the TypedDict's): a file the
     build left half-written or an older layout fails here, naming the file, rather than
     as a KeyError wherever a path is first used."""
@@ -85,7 +108,7 @@ def _load(name: str, keys: frozenset[str]) -> dict[str, object]:
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:
-        raise TandemError(f"{path}: not built yet (run ./tandem build)") from None
+        raise TandemError(f"{path}: not built yet (run {build})") from None
     except json.JSONDecodeError as e:
         raise TandemError(f"{path}: unreadable ({e})") from None
     if not isinstance(record, dict):
@@ -124,6 +147,11 @@ def plugin_calls() -> PluginBuild:
 def guest() -> GuestBuild:
     """{initramfs_native, initramfs_asan, disk_base, and their _sha256}"""
     return cast(GuestBuild, _load("guest", GuestBuild.__required_keys__))
+
+
+def refvm() -> RefvmBuild:
+    """The reference ordinary VM's disk, kernel, initrd, services and site files."""
+    return cast(RefvmBuild, _load("refvm", RefvmBuild.__required_keys__, build="./tandem build refvm"))
 
 
 def initramfs(g: GuestBuild, userland: str) -> tuple[str, str]:

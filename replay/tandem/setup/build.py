@@ -1,5 +1,5 @@
 """Build what tandem runs (QEMU, the guest kernels and modules, the guest image, the
-TCG plugin) through meson, and the console parser through mypyc (report/compiled.py),
+TCG plugin, the reference ordinary VM) through meson, and the console parser through mypyc (report/compiled.py),
 under the setup lock, showing progress.
 
     python -m tandem.setup.build [TARGET | GROUP ...]     (default: GROUP all)
@@ -35,12 +35,15 @@ from .lock import SetupLock
 
 log = logging.getLogger(__name__)
 
-# What `tandem record` and an exact replay need; the rest is for analyses and assertions.
+# What `tandem record` and an exact replay of the demo guest need; what analyses and
+# assertions need; the ordinary guests that stand for a user's own VM (tests, benchmarks,
+# `tandem demo --guest debian`; the CLI itself never needs them).
 GROUPS = {
     "record": ["qemu", "kernel-native", "modules-native", "guest"],
     "analyses": [t for f in FLAVORS[1:] for t in (f"kernel-{f}", f"modules-{f}")] + ["plugin-calls"],
+    "guests": ["refvm"],
 }
-GROUPS["all"] = GROUPS["record"] + GROUPS["analyses"]
+GROUPS["all"] = GROUPS["record"] + GROUPS["analyses"] + GROUPS["guests"]
 PLAIN_EVERY = 30.0      # seconds between progress lines when not on a terminal
 JOBS = 2                # build targets at once (each script runs make -j$(nproc) itself)
 

@@ -37,13 +37,13 @@ COLD_BUILD_BYTES = 10 << 30
 WARM_BYTES = 1 << 30
 KVM_BOOT_TIMEOUT = 20.0   # seconds; a KVM boot to the root-mount panic takes under 2
 # Build scripts that can print the key their sources give now (TANDEM_KEY_ONLY=1).
-KEYED = {"qemu": ["build-qemu.sh", "OUT"], "guest": ["build-guest.sh", "OUT"],
+KEYED = {"qemu": ["build-qemu.sh", "OUT"], "guest": ["build-guest.sh", "OUT"], "refvm": ["build-refvm.sh", "OUT"],
          **{f"kernel-{f}": ["build-kernel.sh", f, "OUT"] for f in FLAVORS}}
 # Builds whose key comes from another build's output (a module from its kernel's image,
 # the plugin from QEMU's header): checked for presence; their inputs' keys are above.
 UNKEYED = [*(f"modules-{f}" for f in FLAVORS), "plugin-calls"]
 # The fields of a build's JSON that name the files it made.
-ARTIFACTS = ("binary", "bzImage", "vmlinux", "disk_base", "initramfs_native", "cpio", "plugin")
+ARTIFACTS = ("binary", "bzImage", "vmlinux", "disk_base", "initramfs_native", "cpio", "plugin", "disk", "kernel", "initrd")
 
 
 @dataclass
