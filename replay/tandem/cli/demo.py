@@ -106,8 +106,16 @@ def run_demo(console, workdir: Path | None = None) -> int:
 def add_parsers(sub) -> None:
     r = sub.add_parser("demo", help="record the demo guest under client traffic and replay it")
     r.add_argument("--workdir", help="where to keep the demo bundle (default: a temp dir)")
+    r.add_argument("--guest", choices=("demo", "debian"), default="demo",
+                   help="demo: tandem's own guest, recorded, replayed and analysed (default); debian: an "
+                        "ordinary VM (Debian 12 from its own disk, nginx and redis) recorded under Debian's "
+                        "clients and replayed exactly")
     r.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args) -> int:
-    return run_demo(console, Path(args.workdir) if args.workdir else None)
+    workdir = Path(args.workdir) if args.workdir else None
+    if args.guest == "debian":
+        from .demo_debian import run_debian_demo
+        return run_debian_demo(console, workdir)
+    return run_demo(console, workdir)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import TandemError
-from ..setup.programs import require
+from ..setup import programs
 
 HOST = "127.0.0.1"
 
@@ -103,7 +103,7 @@ def fetch_files(port: int, files: dict[str, str]) -> int:
     """curl each path and check its sha256 (files: path -> hex digest); the bytes fetched."""
     total = 0
     for path, digest in files.items():
-        body = subprocess.run([require("curl"), "-sf", "--max-time", "120", f"http://{HOST}:{port}{path}"],
+        body = subprocess.run([programs.require("curl"), "-sf", "--max-time", "120", f"http://{HOST}:{port}{path}"],
                               capture_output=True, timeout=180)
         if body.returncode:
             raise TandemError(f"curl http://{HOST}:{port}{path}: failed (status {body.returncode})")
@@ -116,7 +116,7 @@ def fetch_files(port: int, files: dict[str, str]) -> int:
 
 def ab(port: int, path: str = "/", requests: int = 500, concurrency: int = 4) -> Load:
     """ApacheBench: a new connection per request."""
-    out = _run([require("ab"), "-q", "-n", str(requests), "-c", str(concurrency), "-s", "60",
+    out = _run([programs.require("ab"), "-q", "-n", str(requests), "-c", str(concurrency), "-s", "60",
                 f"http://{HOST}:{port}{path}"], timeout=600)
     done = int(_field(out, r"Complete requests:\s+(\d+)"))
     failed = int(_field(out, r"Failed requests:\s+(\d+)")) + int(_field(out, r"Non-2xx responses:\s+(\d+)", "0"))
@@ -129,7 +129,7 @@ _WRK_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 def wrk(port: int, path: str = "/", seconds: int = 10, connections: int = 4) -> Load:
     """wrk: connections kept alive for `seconds`."""
-    out = _run([require("wrk"), "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "30s",
+    out = _run([programs.require("wrk"), "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "30s",
                 f"http://{HOST}:{port}{path}"], timeout=seconds + 120)
     p99 = re.search(r"\n\s*99%\s+([\d.]+)(us|ms|s)", out)
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
@@ -140,7 +140,7 @@ def wrk(port: int, path: str = "/", seconds: int = 10, connections: int = 4) -> 
 
 def redis_benchmark(port: int, requests: int = 2000, clients: int = 4, tests: str = "set,get") -> list[Load]:
     """redis-benchmark: one Load per test, from its --csv output."""
-    out = _run([require("redis-benchmark"), "-h", HOST, "-p", str(port), "-n", str(requests), "-c", str(clients),
+    out = _run([programs.require("redis-benchmark"), "-h", HOST, "-p", str(port), "-n", str(requests), "-c", str(clients),
                 "-t", tests, "--csv"], timeout=600)
     loads = []
     for row in csv.DictReader(io.StringIO(out)):
