@@ -20,6 +20,7 @@ import pytest
 from helpers import wait_until
 from tandem import artifacts
 from tandem.qemu import vm as qemu_vm
+from tandem.qemu.image import make_overlay
 
 # Measured on this 2-core machine (TCG, -icount shift=2; docs/guests.md): power-on to
 # nginx 32-51 s at load 3-4 and 117 s at load 8, power-off 1.2-4.8 s. The bounds leave
@@ -68,7 +69,7 @@ def refvm_argv(ref: artifacts.RefvmBuild, q: artifacts.QemuBuild, overlay: Path,
 
 def boot(ref: artifacts.RefvmBuild, tmp_path: Path, direct: bool) -> Booted:
     overlay = tmp_path / "overlay.qcow2"
-    qemu_vm.make_overlay(ref["disk"], overlay, fmt=ref["disk_format"])
+    make_overlay(ref["disk"], overlay, fmt=ref["disk_format"])
     ports = {name: qemu_vm.free_port() for name in ref["services"]}
     argv = refvm_argv(ref, artifacts.qemu(), overlay, tmp_path, ports, direct)
     with open(tmp_path / "qemu.log", "wb") as log:
