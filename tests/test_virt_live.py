@@ -156,7 +156,7 @@ def test_attach_follows_a_plain_domain_live(libvirtd, tmp_path):
     for p in (native["rundir"], shadow["statedir"]):
         assert not Path(p).exists(), p
     m = bundle.load_manifest(tmp_path / "web.tdm")
-    assert m["machine"]["mac"] == "52:54:00:7a:6e:01" and m["machine"]["disk_format"] == "qcow2"
+    assert m["machine"]["nics"][0]["mac"] == "52:54:00:7a:6e:01" and m["machine"]["disks"][0]["format"] == "qcow2"
     v = replay_exact.replay(tmp_path / "web.tdm")
     assert v.ok, v.summary()
     assert_one_line_error(run_cli("detach", "web", "--uri", uri), "nothing to detach")
