@@ -106,7 +106,7 @@ def _clock_options(run: Run, q: QemuBuild) -> list[str]:
         rr_opts = {"rr": "record", "rrfile": str(rr.rrfile)}
     elif rr is not None:
         # The VM clock's idle warps come from the log, so the replay need not
-        # wait them out: rrskipidle=on (qemu-patches/0004) stops the main loop
+        # wait them out: rrskipidle=on (qemu-patches/0005) stops the main loop
         # sleeping while the replay waits on it.
         rr_opts = {"rr": "replay", "rrfile": str(rr.rrfile), "rrskipidle": None if q.get("stock") else True,
                    "rrfollow": rr.follow or None, "rrpartial": rr.partial or None}
