@@ -18,7 +18,7 @@ import sys
 import pytest
 from helpers import ROOT, assert_one_line_error, run_cli, wait_for_service
 from tandem import artifacts
-from tandem.formats import bundle
+from tandem.formats import bundle, pcapng
 from tandem.qemu.vm import free_port
 from tandem.record.workload import KV
 
@@ -111,3 +111,25 @@ def test_bad_guest_options_are_one_line_errors(tmp_path, user_files):
     r = run_cli("record", tdm, "--forward", "tcp:1:99999")
     assert r.returncode == 2 and "guest port 99999 is not a port" in r.stderr
     assert not (tmp_path / "x.tdm").exists()      # refused before any bundle was made
+
+
+@pytest.mark.timeout(900)
+def test_reference_vm_boots_its_own_grub_recorded_and_replayed(tmp_path):
+    """The reference VM (Debian 12) from its own disk: SeaBIOS, its GRUB, its kernel and
+    systemd, recorded from power-on (no agent, no kernel given) and replayed exactly; its
+    DHCP exchange is on the wire; its base image is not written."""
+    ref = artifacts.refvm()
+    base = tmp_path / "refvm.qcow2"
+    shutil.copyfile(ref["disk"], base)
+    before = sha256(base)
+    tdm = tmp_path / "deb.tdm"
+    r = run_cli("record", str(tdm), "--disk", str(base), "--duration", "75s", timeout=800)   # DHCP at ~47 s of VM time
+    assert r.returncode == 0, r.stderr
+    r = run_cli("replay", str(tdm), timeout=800)
+    assert r.returncode == 0 and "VERIFIED" in r.stderr, r.stderr
+    r = run_cli("inspect", str(tdm))
+    said = r.stdout + r.stderr
+    assert "boot: firmware" in said and "DHCP 1 DISCOVER, 1 OFFER, 1 REQUEST, 1 ACK (leased 10.0.2.15)" in said, said
+    console = b"".join(e.data for e in pcapng.read_devlog(tdm / bundle.DEVLOG).events if e.channel == "serial0")
+    assert b"Booting `Debian GNU/Linux 12" in console and b"systemd" in console
+    assert sha256(base) == before
