@@ -8,8 +8,10 @@ tandem's own in the recording):
 - UDP: an ICMP port unreachable the guest sends about a datagram to the guest port.
 
 Each forward is reported once, then no longer watched; once every forward has either
-answered or been reported, the watcher stops reading the log (a heavy recording's log
-is tens of MB a second: reading it all would take CPU from the recording)."""
+answered or been reported, or after the first WATCH_VM_NS of VM time (a forward no
+client uses would keep it reading), the watcher stops reading the log: a heavy
+recording's log is tens of MB a second, and reading it all would take CPU from the
+recording. A refusal after that is not said (the client sees its reset)."""
 from __future__ import annotations
 
 import logging
@@ -26,6 +28,7 @@ log = logging.getLogger(__name__)
 
 TCP_SYN, TCP_RST, TCP_ACK = 0x02, 0x04, 0x10
 ICMP_UNREACHABLE, ICMP_PORT_UNREACHABLE = 3, 3
+WATCH_VM_NS = 300 * 10**9       # boot and the first clients: when an absent service shows
 
 
 class RefusedForwards:
@@ -87,7 +90,8 @@ def watch(devlog: Path, forwards: tuple[Forward, ...], running: Callable[[], boo
     state = RefusedForwards(forwards)
 
     def run() -> None:
-        reader = pcapng.DevlogReader(devlog, follow=lambda: running() and not state.done())
+        reader = pcapng.DevlogReader(devlog, follow=lambda: running() and not state.done()
+                                     and reader.clock_ns < WATCH_VM_NS)
         try:
             for event in reader:
                 if (refused := state.see(event)) is not None:
@@ -95,7 +99,7 @@ def watch(devlog: Path, forwards: tuple[Forward, ...], running: Callable[[], boo
                     say(f"forward {forward}: the guest refused a connection to its {forward.protocol} port "
                         f"{forward.guest_port} at VM {vm_ns / 1e9:.2f}s (nothing listens there yet?); "
                         f"the recording goes on")
-                if state.done():
+                if state.done() or event.vm_ns >= WATCH_VM_NS:
                     return
         except TandemError as e:    # a log torn by a crash: the recording says so itself
             log.debug("forward watcher stopped: %s", e)
