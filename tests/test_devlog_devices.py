@@ -27,7 +27,7 @@ def _run(guest: Guest, d: Path, rr: RR, port: int | None = None) -> Run:
     d.mkdir()
     overlay = d / "disk-overlay.qcow2"
     for disk in guest.disks:
-        make_overlay(disk.base, overlay_path(overlay, disk), disk.format)
+        make_overlay(disk.base, overlay_path(overlay, disk.id), disk.format)
     return Run(d, net=UserNet(port), rr=rr, devlog=d / bundle.DEVLOG, overlay=overlay)
 
 

@@ -44,7 +44,7 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     argv += _clock_options(run, q)
     argv += _serial_options(run)
     for disk in guest.disks:
-        argv += _disk_options(run, disk, overlay_path(run.overlay, disk) if run.overlay else None, boot=guest.boot == "firmware" and disk is guest.disks[0])
+        argv += _disk_options(run, disk, overlay_path(run.overlay, disk.id) if run.overlay else None, boot=guest.boot == "firmware" and disk is guest.disks[0])
     argv += _net_and_rng_options(run, guest.nics)
     if run.mode in ("record", "replay"):   # analysis runs: the feed is logged instead
         argv += [a for nic in guest.nics for a in
@@ -85,12 +85,14 @@ def _boot_options(guest: Guest) -> list[str]:
     return ["-kernel", guest.kernel, *(["-initrd", guest.initrd] if guest.initrd else []), "-append", guest.cmdline]
 
 
-def overlay_path(first: Path, disk: Disk) -> Path:
-    """A run's qcow2 overlay over this disk's base: `first` (the run's overlay) for disk0,
-    the same name with the drive id added for the others (disk-overlay.disk1.qcow2)."""
-    if disk.id == "disk0":
+def overlay_path(first: Path, disk_id: str) -> Path:
+    """A run's qcow2 overlay over a disk's base: `first` (the run's overlay) for disk0,
+    the same name with the drive id added for the others (disk-overlay.disk1.qcow2). The
+    one naming: QEMU's command line, the overlays made (qemu/image.py) and the bundle's
+    files (record/recording.py) all come from here."""
+    if disk_id == "disk0":
         return first
-    return first.with_name(f"{first.stem}.{disk.id}{first.suffix}")
+    return first.with_name(f"{first.stem}.{disk_id}{first.suffix}")
 
 
 def qmp_chardev(rundir: Path) -> str:

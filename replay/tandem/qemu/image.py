@@ -98,4 +98,4 @@ def make_overlays(guest: Guest, first: Path) -> None:
     """A qcow2 overlay over each disk's base: `first` for disk0, the others beside it
     (argv.overlay_path names them: QEMU's command line and this agree)."""
     for disk in guest.disks:
-        make_overlay(disk.base, overlay_path(first, disk), disk.format)
+        make_overlay(disk.base, overlay_path(first, disk.id), disk.format)

@@ -18,9 +18,9 @@ from ..errors import TandemError
 from ..formats import bundle, pcapng
 from . import forwards as forward_watch
 from ..machine import RR, Forward, Gate, Guest, Run, UserNet, disk_input
-from ..qemu.argv import GUEST_PORT
+from ..qemu.argv import GUEST_PORT, overlay_path
 from ..qemu.vm import VM, Serial, free_port
-from ..qemu.image import make_overlay
+from ..qemu.image import make_overlays
 
 OVERLAY = "disk-overlay.qcow2"
 
@@ -47,7 +47,7 @@ def qemu_identity() -> dict:
 
 def overlay_name(disk_id: str) -> str:
     """The bundle's overlay of a disk: the recording's writes to it (its base is never written)."""
-    return OVERLAY if disk_id == "disk0" else f"disk-overlay.{disk_id}.qcow2"
+    return overlay_path(Path(OVERLAY), disk_id).name
 
 
 def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | None = None) -> dict:
@@ -67,8 +67,7 @@ def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | N
         m["assertions"] = assertions
     bundle.new_bundle(path, m)      # the manifest first: it claims the directory
     try:
-        for d in guest.disks:
-            make_overlay(d.base, path / overlay_name(d.id), d.format)
+        make_overlays(guest, path / OVERLAY)
     except TandemError:
         m["state"] = "interrupted"
         bundle.write_manifest(path, m)
@@ -150,7 +149,7 @@ class Recording:
     def start(self) -> "Recording":
         g = self.guest
         net = UserNet(self.port, self.forwards)
-        check_host_ports(self.all_forwards())
+        check_host_ports(net.all_forwards(GUEST_PORT))
         m = self.manifest = start_manifest(self.path, g, {
             "stop_after_ns": self.duration_ns,
             "net": {"backend": "user", "forwards": [str(f) for f in self.all_forwards()],
