@@ -6,6 +6,7 @@ tests/test_semantic.py and tests/test_live.py run the same loop against real QEM
 from __future__ import annotations
 
 import pytest
+from tandem.formats import netpkt
 from tandem.semantic import feed as feedproto
 from tandem.semantic.driver import AnalysisDriver
 from tandem.semantic.inputs import Flow, Input, RecordedInputs
@@ -227,3 +228,32 @@ def test_a_live_analysis_idles_until_the_native_gives_it_more():
     # nothing new (the second WAIT): no grant at all, until the native's next input.
     assert feed.horizons == [(1 * MS + LIVE_SLICE_NS, 1 * MS), (4 * MS, 4 * MS), (4 * MS + LIVE_SLICE_NS, 4 * MS)]
     assert res.outcome == "detached"
+
+
+def flow(index: int, answer: str | None) -> Flow:
+    return Flow(index, (b"\x0a\x00\x02\x02", 40000 + index), (b"\x0a\x00\x02\x0f", 7000), b"\x52" * 6, b"\x54" * 6,
+                0, answer=answer)
+
+
+def test_a_connection_the_native_refused_is_not_opened():
+    """A probe the native refused (its service not listening yet) opened here could be
+    accepted: an extra connection, numbered before the native's next one."""
+    rec = RecordedInputs([Input("tcp-open", 1 * MS, flow=0), Input("tcp-open", 2 * MS, flow=1)],
+                         [flow(0, "refused"), flow(1, "accepted")], 2 * MS, [])
+    res, feed, _ = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(2 * MS)], [wait(2 * MS + SETTLE_NS)]])
+    # flow 1's SYN (and its retransmission, nothing answers here), none of flow 0's
+    assert feed.inputs[0][1] == 2 * MS and {netpkt.parse(d).sport for _, _, d in feed.inputs} == {40001}
+    assert res.n_delivered == 2 and res.peer is not None and set(res.peer.flows) == {1}
+
+
+def test_a_live_open_waits_for_the_natives_answer_to_its_syn():
+    rec = RecordedInputs([Input("tcp-open", 1 * MS, flow=0)], [flow(0, None)], None, [],
+                         known_ns=1 * MS, finished=False)
+
+    def native_answers(feed):
+        rec.flows[0].answer = "accepted"
+        rec.known_ns = 2 * MS
+        return [wait(1 * MS + LIVE_SLICE_NS)]
+
+    res, feed, _ = drive(rec, [[wait(1 * MS)], native_answers], stop_when=lambda feed: len(feed.inputs) >= 1)
+    assert [ns for _, ns, _ in feed.inputs] == [1 * MS + LIVE_SLICE_NS]

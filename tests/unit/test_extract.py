@@ -320,3 +320,18 @@ def test_any_log_fed_in_parts_gives_what_the_whole_log_gives(steps, data):
     assert (rec.inputs, rec.flows, rec.limits, rec.known_ns, rec.serial_out) == \
         (whole.inputs, whole.flows, whole.limits, whole.known_ns, whole.serial_out)
     assert all(i.flow is None or 0 <= i.flow < len(rec.flows) for i in rec.inputs)
+
+
+@pytest.mark.parametrize("answer, flags", [("accepted", SYN | ACK), ("refused", ACK | RST), (None, None)],
+                         ids=["SYN-ACK", "RST", "not yet"])
+def test_the_natives_answer_to_a_syn_is_kept_on_its_flow(answer, flags):
+    log = Log().tcp("in", 10, SYN)
+    if flags is not None:
+        log.tcp("out", 11, flags)
+    (fl,) = from_events(log.events).flows
+    assert fl.answer == answer
+
+
+def test_a_reset_after_the_handshake_leaves_the_flow_accepted():
+    (fl,) = from_events(Log().open(10).tcp("out", 20, ACK | RST).events).flows
+    assert fl.answer == "accepted" and fl.closed

@@ -64,6 +64,10 @@ class LiveCompare:
         peer = run.peer
         if peer is None:
             return
+        for index in peer.not_opened:          # nothing to compare: retired by the shadow's _trim
+            self.done.add(index)
+            run.last_input_of.pop(index, None)
+        peer.not_opened.clear()
         for index, pf in list(peer.flows.items()):
             fl = self.rec.flows[index]
             if fl is None or index in self.done:

@@ -66,6 +66,9 @@ def release_input(inp: inputs_mod.Input, rec: inputs_mod.RecordedInputs, peer: P
         fl = rec.flows[inp.flow]
         if fl is None:      # retired once every analysis compared it: long after its opening
             raise TandemError(f"{inp}: opens a connection already retired")
+        if fl.answer == "refused":     # the native refused it: opened here, it could be accepted
+            peer.not_opened.add(fl.index)
+            return []
         return peer.open(fl.index, fl.client, fl.server, fl.client_mac, fl.guest_mac, now)
     if inp.flow not in peer.flows:
         return []
@@ -169,8 +172,17 @@ class AnalysisDriver:
         return inp.needs_line is not None and inp.needs_line[0] not in self.lost_lines \
             and not self.lines.has(inp.needs_line)
 
+    def answer_unknown(self, inp: inputs_mod.Input) -> bool:
+        """A live native's answer to this connection's SYN is not in its log yet: whether
+        to open it here (not if the native refused it) is not known."""
+        if inp.kind != "tcp-open" or self.rec.finished or inp.flow is None:
+            return False
+        fl = self.rec.flows[inp.flow]
+        return fl is not None and fl.answer is None
+
     def deps_met(self, inp: inputs_mod.Input) -> bool:
-        return not self.line_missing(inp) and all(self.have(f) >= n for f, n in inp.needs_bytes.items())
+        return not self.line_missing(inp) and not self.answer_unknown(inp) \
+            and all(self.have(f) >= n for f, n in inp.needs_bytes.items())
 
     def give_up(self, inp: inputs_mod.Input) -> None:
         if inp.needs_line and not self.lines.has(inp.needs_line):
@@ -182,6 +194,7 @@ class AnalysisDriver:
     def unmet(self, inp: inputs_mod.Input) -> str:
         line = inp.needs_line
         parts = [f"serial line {line[0][:60]!r} (#{line[1]})"] if line is not None and self.line_missing(inp) else []
+        parts += ["the native's answer to its SYN"] if self.answer_unknown(inp) else []
         parts += [f"flow {flow}: {self.have(flow)}/{need} guest bytes"
                   for flow, need in inp.needs_bytes.items() if self.have(flow) < need]
         return ", ".join(parts)

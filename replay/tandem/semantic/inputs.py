@@ -107,6 +107,12 @@ class Flow:
     guest_bytes: int = 0
     guest_data: Chunks = field(default_factory=Chunks)  # (VM ns, in-order payload)
     closed: bool = False        # both sides sent FIN, or one reset it
+    # How the native's guest answered the client's SYN: None until it did, then
+    # "accepted" (SYN-ACK) or "refused" (RST: nothing listened yet, the client retried
+    # on a new connection). A refused connection is not opened in an analysis: one
+    # whose service already listens would accept it, print what the native never did
+    # and number its later connections one higher (a live attach under load, 2026-11-25).
+    answer: str | None = None
 
     def name(self) -> str:
         return (f"{netpkt.ip_str(self.client[0])}:{self.client[1]}->"
@@ -290,6 +296,8 @@ class InputExtractor:
                 self.limits["the guest opened TCP connections (only remote-opened ones are replayed)"] = None
             return
         i = fl.index
+        if fl.answer is None and flags & (SYN | RST):
+            fl.answer = "refused" if flags & RST and i not in self.guest_next else "accepted"
         if flags & (FIN | RST):
             self._fin(fl, FIN_BOTH if flags & RST else FIN_GUEST, vm_ns)
         if flags & SYN:

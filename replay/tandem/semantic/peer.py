@@ -65,6 +65,9 @@ class Peer:
         # The guest's UDP datagrams, (VM ns, (dst ip, port), payload): kept for the
         # comparator, since every guest frame is parsed here anyway.
         self.udp_out: list[tuple[int, tuple[bytes, int], bytes]] = []
+        # Connections the native refused, not opened here (driver.release_input): done
+        # with as soon as their time has come (live/compare.py retires them).
+        self.not_opened: set[int] = set()
 
     # -- actions of the recorded client --------------------------------------
     def open(self, index: int, client, server, client_mac, guest_mac, now: int) -> list[bytes]:
