@@ -83,6 +83,14 @@ class SiteFile(TypedDict):
     sha256: str
 
 
+class DataDisk(TypedDict):
+    """A second disk the reference VM mounts if it has one: an ext4 with this label,
+    mounted at `mount`, where nginx appends a line per request to `log`."""
+    label: str
+    mount: str
+    log: str
+
+
 class RefvmBuild(TypedDict):
     """The reference ordinary VM (scripts/build-refvm.sh): a Debian 12 disk that boots
     through its own GRUB, or directly with its own kernel and initramfs."""
@@ -98,6 +106,7 @@ class RefvmBuild(TypedDict):
     services: dict[str, int]    # {"http": 80, "redis": 6379}: guest ports
     packages: dict[str, str]    # Debian package -> version (kernel, systemd, nginx, redis, GRUB)
     site: list[SiteFile]        # the static site nginx serves
+    data_disk: DataDisk         # a second disk the guest mounts, if given one
 
 
 def _load(name: str, keys: frozenset[str], build: str = "./tandem build") -> dict[str, object]:
