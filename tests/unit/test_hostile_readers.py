@@ -126,7 +126,7 @@ def one_segment(tmp_path, stored: bytes, raw: int):
     hdr = struct.pack("<4sIIIIIQQI", rrstream.SEG_MAGIC, 0, rrstream.FLAG_END | rrstream.FLAG_ZSTD,
                       len(stored), raw, zlib.crc32(stored), 1, 0, 0)
     path = tmp_path / "replay.tdrs"
-    path.write_bytes(rrstream.FILE_HDR.pack(rrstream.FILE_MAGIC, 0xE0200D, 0) + hdr
+    path.write_bytes(rrstream.FILE_HDR.pack(rrstream.FILE_MAGIC, rrstream.DEFAULT_REPLAY_VERSION, 0) + hdr
                      + struct.pack("<I", zlib.crc32(hdr)) + stored)
     return path
 
