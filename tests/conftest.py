@@ -39,6 +39,20 @@ VMS = pytest.StashKey[list]()
 TAIL_BYTES = 3000
 
 
+# --- where a test runs ----------------------------------------------------------------------
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (./tandem test runs two workers), every test outside tests/unit
+    is in one group, "vm": they boot VMs (a TCG vCPU takes a core), so one runs at a
+    time, as they were written to; the unit tests run beside them on the other core."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    unit = ROOT / "tests" / "unit"
+    for item in items:
+        if unit not in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("vm"))
+
+
 # --- what a test leaves ------------------------------------------------------------------
 
 def _marked(mark: str) -> list[int]:
