@@ -41,16 +41,25 @@ TAIL_BYTES = 3000
 
 # --- where a test runs ----------------------------------------------------------------------
 
+# Test modules in an xdist group of their own (the rest of the VM tests are in "vm").
+# The reference VM's tests (4 min of the suite's 12 in one worker) share no fixture with
+# the demo guest's: on the unit tests' worker, once those are done, they run beside the
+# demo guest's tests, two TCG guests on the 2 cores.
+XDIST_GROUPS = {"test_record_any_guest.py": "guests"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (./tandem test runs two workers), every test outside tests/unit
-    is in one group, "vm": they boot VMs (a TCG vCPU takes a core), so one runs at a
-    time, as they were written to; the unit tests run beside them on the other core."""
+    """Under pytest-xdist (./tandem test runs two workers), the tests outside tests/unit
+    are in groups, each run in one worker one test at a time: "vm" (they boot the demo
+    guest, a TCG vCPU a core; module fixtures such as the private libvirtd are shared
+    within a module) and those of XDIST_GROUPS. The unit tests go to whichever worker
+    is free."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     unit = ROOT / "tests" / "unit"
     for item in items:
         if unit not in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group("vm"))
+            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(item.path.name, "vm")))
 
 
 # --- what a test leaves ------------------------------------------------------------------

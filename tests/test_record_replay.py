@@ -113,6 +113,13 @@ def test_torn_heavy_recording_replays_its_intact_prefix(built, tmp_path):
         hammer = Hammer(rec.port)
         client = start_client(hammer.run, "hammer")
         wait_until(lambda: hammer.replies >= 8000, 300, lambda: f"8000 SETs answered ({hammer.replies} so far)")
+        # Each log is flushed on its own clock (every 50 and 100 ms of host time, later on a
+        # loaded machine): the kill waits for one flush of each after the 8000th reply, so
+        # that both hold every event up to it (a kill at once left 15,972 of 16,000 once).
+        logs = [path / bundle.DEVLOG, path / bundle.STREAM]
+        sizes = [f.stat().st_size for f in logs]
+        wait_until(lambda: all(f.stat().st_size > n for f, n in zip(logs, sizes)), 60,
+                   "both logs flushed after the 8000th reply")
         os.kill(rec.started().process().pid, signal.SIGKILL)
     finally:
         with pytest.raises(TandemError, match="replay it with --partial"):

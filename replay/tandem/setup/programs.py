@@ -102,7 +102,6 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("fdisk", "the reference VM's partition table, written into its disk image file", "sfdisk"),
     *_p("qemu-utils", "the reference VM's raw disk converted to qcow2 (not tandem's: this build does not wait for QEMU's)",
         "qemu-img"),
-    *_p("redis-tools", "the reference VM's redis checked from the host (tests)", "redis-cli"),
     *_p("stress-ng", "scripts/ci-under-load.sh loads the machine while CI runs", "stress-ng"),
     # The launcher's venv.
     *_p(VENV, "runs the meson build", "meson"),
