@@ -104,6 +104,28 @@ def test_bug_requests_need_the_module_and_a_valid_command(boot):
         assert kv.request("BUG oob short note") == "OK"
 
 
+def test_kvd_closes_each_open_connection_when_the_guest_powers_off(built, tmp_path):
+    """The agent's poweroff sends SIGTERM: kvd closes what is open, one line each.
+    Killed at once, a connection's "close" line raced its client's FIN, and a replay into
+    the slower KCSAN kernel lost the line the native printed (a CI run on 2026-11-27)."""
+    g = Booted("native", "native", tmp_path)
+    try:
+        a, b = KV(g.port), KV(g.port)          # conns 2 and 3 (the agent's probe was 1)
+        assert a.request("SET k v") == "OK" and b.request("GET k") == "VALUE v"
+        g.vm.serial.type("poweroff")
+
+        def closed_after_poweroff() -> list[bytes]:
+            out = g.console()
+            tail = out[out.find(b"tandem-agent: poweroff"):] if b"tandem-agent: poweroff" in out else b""
+            return sorted(re.findall(rb"kvd: close conn (\d+)", tail))
+        wait_until(lambda: closed_after_poweroff() == [b"2", b"3"], 30, lambda: (
+            f"kvd's close of conns 2 and 3 after the poweroff; console tail:\n"
+            f"{g.console()[-1500:].decode(errors='replace')}"))
+        assert g.vm.wait(60) == 0, g.vm.log_tail()
+    finally:
+        g.vm.close()
+
+
 def test_kasan_reports_slab_out_of_bounds_and_use_after_free(boot):
     g = boot("kasan")
     bad_requests(g.port, ["kasan-oob", "kasan-uaf"])
