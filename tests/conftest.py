@@ -48,12 +48,18 @@ TAIL_BYTES = 3000
 XDIST_GROUPS = {"test_record_any_guest.py": "guests"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (./tandem test runs two workers), the tests outside tests/unit
     are in groups, each run in one worker one test at a time: "vm" (they boot the demo
     guest, a TCG vCPU a core; module fixtures such as the private libvirtd are shared
     within a module) and those of XDIST_GROUPS. The unit tests go to whichever worker
-    is free."""
+    is free.
+
+    tryfirst: xdist's worker reads the groups in its own hook of this name (it names
+    each test "nodeid@group"), and a hook registered after this conftest runs before
+    it. Without tryfirst the marks came too late and no test was grouped: two VM tests
+    of one module ran at once (seen 2026-11-27: two private libvirtds side by side)."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     unit = ROOT / "tests" / "unit"

@@ -97,3 +97,17 @@ def test_the_checks_find_what_they_look_for():
     tree = ast.parse("import time\nfrom time import sleep\nimport threading\n"
                      "time.sleep(1)\nsleep(2)\nthreading.Thread(target=f)\n")
     assert calls(tree, "time.sleep") == [4, 5] and calls(tree, "threading.Thread") == [6]
+
+
+def test_under_xdist_every_vm_test_is_in_a_group(request):
+    """./tandem test runs two xdist workers; the VM tests must run one at a time per
+    group (conftest.XDIST_GROUPS). xdist groups a test by renaming it "nodeid@group" in
+    its worker: a conftest hook that marks the groups after xdist read them left every
+    test ungrouped, and two VM tests of one module ran side by side (2026-11-27)."""
+    if not hasattr(request.config, "workerinput"):
+        import pytest
+        pytest.skip("not under xdist (-n 0): nothing is grouped")
+    unit = TESTS / "unit"
+    loose = [i.nodeid for i in request.session.items
+             if unit not in i.path.parents and "@" not in i.nodeid.rsplit("::", 1)[-1]]
+    assert not loose, f"{len(loose)} VM tests in no xdist group, e.g. {loose[:3]}"
