@@ -41,31 +41,45 @@ TAIL_BYTES = 3000
 
 # --- where a test runs ----------------------------------------------------------------------
 
-# Test modules in an xdist group of their own (the rest of the VM tests are in "vm").
-# The reference VM's tests (4 min of the suite's 12 in one worker) share no fixture with
-# the demo guest's: on the unit tests' worker, once those are done, they run beside the
-# demo guest's tests, two TCG guests on the 2 cores.
-XDIST_GROUPS = {"test_record_any_guest.py": "guests"}
+# The VM test modules, slowest first: each is an xdist group of its own (one test at a
+# time, its module fixtures shared), and the two workers take them in this order, so the
+# longest start first and the short ones and the unit tests fill in at the end. Seconds
+# of one module's tests with the two workers busy (./tandem test --durations=0,
+# 2026-11-27); a module not listed runs after these, before the unit tests. Stale figures
+# only cost balance: the order is a hint, the groups are what keeps a module's VMs apart.
+SLOWEST_FIRST = {
+    "test_record_any_guest.py": 294, "test_semantic.py": 159, "test_live.py": 132,
+    "test_gate_bound.py": 95, "test_record_replay.py": 82, "test_assertions.py": 65,
+    "test_virt_live.py": 64, "test_planted_bugs.py": 54, "test_bad_input.py": 38,
+    "test_launcher.py": 26, "test_virt.py": 26, "test_private_modes.py": 18,
+    "test_devlog_tshark.py": 16, "test_devlog_devices.py": 9,
+}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (./tandem test runs two workers), the tests outside tests/unit
-    are in groups, each run in one worker one test at a time: "vm" (they boot the demo
-    guest, a TCG vCPU a core; module fixtures such as the private libvirtd are shared
-    within a module) and those of XDIST_GROUPS. The unit tests go to whichever worker
-    is free.
+    """Under pytest-xdist (./tandem test runs two workers), each test module outside
+    tests/unit is a group run in one worker one test at a time (its VMs one after
+    another, its module fixtures such as a private libvirtd shared), two modules at once
+    on the two cores; the unit tests go to whichever worker is free. Modules are taken
+    slowest first (SLOWEST_FIRST), the unit tests last.
 
     tryfirst: xdist's worker reads the groups in its own hook of this name (it names
     each test "nodeid@group"), and a hook registered after this conftest runs before
     it. Without tryfirst the marks came too late and no test was grouped: two VM tests
     of one module ran at once (seen 2026-11-27: two private libvirtds side by side)."""
-    if not config.pluginmanager.hasplugin("xdist"):
+    if not hasattr(config, "workerinput"):      # not an xdist worker: one process, in order
         return
     unit = ROOT / "tests" / "unit"
+
+    def is_unit(item) -> bool:
+        return unit in item.path.parents
+
     for item in items:
-        if unit not in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(item.path.name, "vm")))
+        if not is_unit(item):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    # A stable sort: a module's tests keep their order (its fixtures are shared in it).
+    items.sort(key=lambda i: (is_unit(i), -SLOWEST_FIRST.get(i.path.name, 0)))
 
 
 # --- what a test leaves ------------------------------------------------------------------

@@ -116,24 +116,25 @@ def test_bad_guest_options_are_one_line_errors(tmp_path, user_files):
 @pytest.mark.timeout(600)
 def test_reference_vm_booted_directly_with_its_kernel_and_append_root(tmp_path):
     """The reference VM's disk booted directly, as a user would type it: --kernel-image
-    and --initrd its own, --append root=UUID=...; recorded for 40 s of VM time (the
-    kernel's first line at 18.5 s, systemd's welcome at 31 s: measured) and replayed
-    exactly; its base image is not written."""
+    and --initrd its own, --append root=UUID=...; recorded for 36 s of VM time (the
+    kernel's first line at 18.5 s, after the decompression of its xz kernel; systemd's
+    welcome at 31 s: measured); its base image is not written. Not replayed here: the
+    exact replay of a direct boot is test_user_disk_direct_boot_forwards_and_exact_replay's
+    (10 s), of this disk the GRUB-booted test's; this one's replay took 35 s of the
+    suite's 10 minutes."""
     ref = artifacts.refvm()
     base = tmp_path / "refvm.qcow2"
     shutil.copyfile(ref["disk"], base)
     before = sha256(base)
     tdm = tmp_path / "direct.tdm"
     r = run_cli("record", str(tdm), "--disk", str(base), "--kernel-image", ref["kernel"], "--initrd", ref["initrd"],
-                "--append", f"{ref['root']} ro", "--duration", "40s", timeout=500)
+                "--append", f"{ref['root']} ro", "--duration", "36s", timeout=500)
     assert r.returncode == 0, r.stderr
     console = b"".join(e.data for e in pcapng.read_devlog(tdm / bundle.DEVLOG).events if e.channel == "serial0")
     # Booted the way asked (GRUB would pass BOOT_IMAGE=), the root found, systemd running.
     assert b"BOOT_IMAGE=" not in console and ref["root"].encode() in console, console[:2000]
     assert b"Welcome to \x1b[1mDebian GNU/Linux 12" in console or b"Welcome to Debian GNU/Linux 12" in console, \
         console[-2000:]
-    r = run_cli("replay", str(tdm), timeout=500)
-    assert r.returncode == 0 and "VERIFIED" in r.stderr, r.stderr
     r = run_cli("inspect", str(tdm))
     assert "boot: direct" in r.stdout + r.stderr, r.stdout + r.stderr
     assert sha256(base) == before
@@ -186,14 +187,14 @@ def test_reference_vm_from_power_on_under_debians_clients_with_a_data_disk_repla
         wait_until(lambda: up(lambda: clients.redis_up(redis)), 120, "redis on the reference VM", poll=1.0)
         assert clients.fetch_files(http, {f["path"]: f["sha256"] for f in ref["site"]}) == \
             sum(f["bytes"] for f in ref["site"])
-        loads = [start_client(lambda: clients.wrk(http, seconds=5), "wrk"),
-                 start_client(lambda: clients.ab(http, requests=300), "ab"),
-                 start_client(lambda: clients.redis_benchmark(redis, requests=2000), "redis-benchmark")]
+        loads = [start_client(lambda: clients.wrk(http, seconds=3), "wrk"),
+                 start_client(lambda: clients.ab(http, requests=200), "ab"),
+                 start_client(lambda: clients.redis_benchmark(redis, requests=1000), "redis-benchmark")]
         for t in loads:
             t.join(600)
         wrk, ab = loads[0].result, loads[1].result
-        assert wrk.requests > 0 and wrk.failed == 0 and ab.requests == 300 and ab.failed == 0, (wrk, ab)
-        assert all(r.requests == 2000 for r in loads[2].result), loads[2].result
+        assert wrk.requests > 0 and wrk.failed == 0 and ab.requests == 200 and ab.failed == 0, (wrk, ab)
+        assert all(r.requests == 1000 for r in loads[2].result), loads[2].result
         rec.powerdown()
         rec.wait(timeout=300)
     m = bundle.load_manifest(tdm)

@@ -101,7 +101,7 @@ def test_the_checks_find_what_they_look_for():
 
 def test_under_xdist_every_vm_test_is_in_a_group(request):
     """./tandem test runs two xdist workers; the VM tests must run one at a time per
-    group (conftest.XDIST_GROUPS). xdist groups a test by renaming it "nodeid@group" in
+    group (conftest: one per module). xdist groups a test by renaming it "nodeid@group" in
     its worker: a conftest hook that marks the groups after xdist read them left every
     test ungrouped, and two VM tests of one module ran side by side (2026-11-27)."""
     if not hasattr(request.config, "workerinput"):
