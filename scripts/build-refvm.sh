@@ -79,7 +79,9 @@ MACHINE_ID=5e7a4d2c9b8f4a61a3c0d1e2f3a4b5c6
 export SOURCE_DATE_EPOCH=1735689600      # 2025-01-01T00:00:00Z
 DISK_MIB=2048                            # the partition starts at 1 MiB and fills the rest
 ROOT_ARG="root=UUID=$UUID"
-export DATA_LABEL=tandem-data            # a second disk's ext4 with this label: /srv/data
+export DATA_LABEL=tandem-data            # a second disk's ext4 with this label...
+export DATA_MOUNT=/srv/data              # ...mounted here...
+export DATA_LOG=$DATA_MOUNT/nginx-access.log   # ...where nginx logs every request too
 CMDLINE="$ROOT_ARG ro console=ttyS0"
 
 for t in mmdebstrap mkfs.ext4 debugfs dumpe2fs e2fsck sfdisk qemu-img dd chroot dpkg-query python3 sha256sum flock; do
@@ -170,15 +172,15 @@ echo refvm >"$OV/etc/hostname"
 printf '127.0.0.1\tlocalhost\n127.0.1.1\trefvm\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$OV/etc/hosts"
 echo "nameserver 10.0.2.3" >"$OV/etc/resolv.conf"        # QEMU user networking's DNS
 echo "$MACHINE_ID" >"$OV/etc/machine-id"
-# A data disk, if the VM is given one (a second disk with an ext4 labelled tandem-data):
-# mounted at /srv/data, where nginx logs every request too; without it the boot goes on
-# (nofail) and the log lands on the root in /srv/data.
+# A data disk, if the VM is given one (a second disk with an ext4 labelled $DATA_LABEL):
+# mounted at $DATA_MOUNT, where nginx logs every request too; without it the boot goes on
+# (nofail) and the log lands on the root in $DATA_MOUNT.
 cat >"$OV/etc/fstab" <<EOF
 UUID=$UUID / ext4 errors=remount-ro 0 1
-LABEL=$DATA_LABEL /srv/data ext4 nofail,x-systemd.device-timeout=10s 0 2
+LABEL=$DATA_LABEL $DATA_MOUNT ext4 nofail,x-systemd.device-timeout=10s 0 2
 EOF
-mkdir -p "$OV/srv/data" "$OV/etc/nginx/conf.d"
-echo "access_log /srv/data/nginx-access.log;" >"$OV/etc/nginx/conf.d/refvm-data.conf"
+mkdir -p "$OV$DATA_MOUNT" "$OV/etc/nginx/conf.d"
+echo "access_log $DATA_LOG;" >"$OV/etc/nginx/conf.d/refvm-data.conf"
 cat >"$OV/etc/systemd/network/20-wired.network" <<'EOF'
 [Match]
 Name=en* eth*
@@ -278,7 +280,7 @@ j = {"key": key, "disk": "disk.qcow2", "disk_format": "qcow2",
      "kernel": "vmlinuz", "initrd": "initrd.img", "kernel_release": release,
      "root": root_arg, "cmdline": cmdline,
      "services": {"http": 80, "redis": 6379},
-     "data_disk": {"label": os.environ["DATA_LABEL"], "mount": "/srv/data", "log": "/srv/data/nginx-access.log"},
+     "data_disk": {"label": os.environ["DATA_LABEL"], "mount": os.environ["DATA_MOUNT"], "log": os.environ["DATA_LOG"]},
      "packages": {p: version(p) for p in (f"linux-image-{release}", "linux-image-amd64", "systemd",
                                           "nginx-light", "redis-server", "grub-pc-bin")},
      "site": site}
