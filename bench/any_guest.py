@@ -17,7 +17,8 @@ The demo guest's heavy runs (many short requests over 4 long-lived connections; 
 connection per request; idle gaps) are recorded and replayed too: the replay target
 holds on every guest.
 
-Usage: python bench/any_guest.py --runs 3 --out docs/benchmarks.md [--only refvm|demo]
+Usage: ./tandem bench any-guest [--runs 3] [--only refvm|demo]
+       (python bench/any_guest.py --runs 3 --out docs/benchmarks.md [--only refvm|demo])
 """
 from __future__ import annotations
 
@@ -134,7 +135,7 @@ def refvm_part(runs: int, wrk_seconds: int) -> str:
         f"TCG. Workload: power-on to nginx answering, wrk {wrk_seconds} s x 4 connections, redis-benchmark "
         "SET/GET 20000 each x 4 connections, ab 500 requests x 4 (a connection each), curl of every site file "
         f"(up to 4 MiB), {IDLE_S:.0f} s idle, ACPI poweroff. Command: "
-        f"`python bench/any_guest.py --runs {runs} --only refvm --out docs/benchmarks.md`.",
+        f"`./tandem bench any-guest --runs {runs} --only refvm`.",
         "",
         "| target | measured | met |",
         "|---|---|---|",
@@ -210,7 +211,7 @@ def demo_part(runs: int, seconds: float) -> str:
                 print(f"round {i + 1}: {kind} {n} requests, replay {v.replay_wall_s:.1f}s for "
                       f"{v.record_wall_s:.1f}s", file=sys.stderr)
     lines = [f"Demo guest, heavy runs of {seconds:.0f} s each, {runs} rounds (medians): the exact replay against its "
-             "recording's wall time. Command: `python bench/any_guest.py --only demo --out docs/benchmarks.md`.",
+             f"recording's wall time. Command: `./tandem bench any-guest --runs {runs} --only demo`.",
              "", "| run | requests | device events | recording (s) | replay (s) | replay/recording | met (<= 1.0x) |",
              "|---|---|---|---|---|---|---|"]
     for kind in ("keepalive", "connect", "idle"):
