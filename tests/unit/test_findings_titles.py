@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import io
-from types import SimpleNamespace
 
 from rich.console import Console
 
 from tandem.cli import render
+from tandem.semantic.analyze import AnalysisResult, Summary
+from tandem.semantic.compare import NotAnalysed
 from tandem.semantic.findings import Finding, distinct
+from tandem.semantic.model import AnalysisRun
 
 HOSTILE = "WARNING in [/] [bold]x[/bold] [link=file:///etc/passwd]y"
 
@@ -28,13 +30,25 @@ def _capture() -> tuple[Console, io.StringIO]:
 
 
 def test_summary_prints_each_title_once_and_as_text():
-    run = SimpleNamespace(outcome="finished", end_ns=10**9, wall_s=1.0, bundle=None)
-    result = SimpleNamespace(analysis="kasan", run=run, noise=0, divergences=[],
-                             findings=[finding(HOSTILE, 1), finding(HOSTILE, 2)])
+    run = AnalysisRun("kasan", outcome="finished", end_ns=10**9, wall_s=1.0)
+    result = AnalysisResult("kasan", run, [finding(HOSTILE, 1), finding(HOSTILE, 2)], [], 0, [])
     out, buf = _capture()
-    render.print_summary(SimpleNamespace(results=[result], limits=[], ok=False), out=out)
+    render.print_summary(Summary("b", [result]), out=out)
     text = buf.getvalue()
     assert text.count("FINDING") == 1 and f"FINDING {HOSTILE} (2 times; first shown)" in text
+    assert "FOUND: 2 finding(s)" in text
+
+
+def test_what_was_not_analysed_prints_apart_and_as_text():
+    run = AnalysisRun("kasan", outcome="lagging", end_ns=10**9, wall_s=1.0, detail=HOSTILE)
+    unreached = [NotAnalysed(f"tcp flow {i} (x)", 10**9, 3, HOSTILE.encode()) for i in range(7)]
+    result = AnalysisResult("kasan", run, [], [], 0, [], f"lagging: {HOSTILE}", unreached)
+    out, buf = _capture()
+    render.print_summary(Summary("b", [result]), out=out)
+    text = buf.getvalue()
+    assert f"NOT ANALYSED lagging: {HOSTILE}" in text and "FINDING" not in text
+    assert "21 line(s) of the native's output on 7 channel(s)" in text and "... 2 more channel(s)" in text
+    assert "INCOMPLETE: 0 finding(s), 0 divergence(s) across 1 analysis VM(s); 1 did not analyse" in text
 
 
 def test_live_finding_prints_hostile_title_as_text():

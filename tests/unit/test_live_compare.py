@@ -5,9 +5,9 @@ import tomllib
 from hypothesis import given, settings, strategies as st
 
 from tandem.semantic import compare, equivalence, inputs
-from tandem.live import compare as live_compare
+from tandem.semantic import live_compare
 from tandem.formats import netpkt
-from tandem.live.compare import LiveCompare
+from tandem.semantic.live_compare import LiveCompare
 from tandem.semantic.model import AnalysisRun
 from tandem.semantic.peer import Peer, PeerFlow
 
@@ -221,3 +221,54 @@ def _run_with(data: bytes) -> AnalysisRun:
     pf.guest_data = [(1, data)]
     run.peer.flows[0] = pf
     return run
+
+
+def test_an_analysis_that_ended_early_has_output_not_analysed_not_missing():
+    # The analysis answered the first request and was stopped (detached) before the
+    # second: the native's answer to it is output the analysis never reached.
+    p = Pair()
+    p.native(b"OK\n", b"kvd: conn 1\n")
+    p.analysis(b"OK\n", b"kvd: conn 1\n")
+    p.native(b"VALUE 2\nVALUE 3\n", b"kvd: close conn 1\n")
+    p.run.outcome = "detached"
+    lc = LiveCompare(p.rec, spec())
+    lc.tick(p.run)
+    lc.finish(p.run)
+    assert lc.divergences == []
+    by = {x.channel: x for x in lc.not_analysed}
+    assert by["serial"].lines == 1 and by["serial"].first == b"kvd: close conn 1"
+    (flow,) = [x for x in lc.not_analysed if x.channel.startswith("tcp")]
+    assert (flow.lines, flow.first) == (2, b"VALUE 2")
+
+
+def test_a_real_difference_before_an_early_end_is_still_a_divergence():
+    p = Pair()
+    p.native(b"OK\nVALUE 2\n")
+    p.analysis(b"OK\nVALUE 9\n")
+    p.run.outcome = "detached"
+    lc = LiveCompare(p.rec, spec())
+    lc.finish(p.run)
+    (d,) = lc.divergences
+    assert d.kind == "differ" and lc.not_analysed == []
+
+
+def test_a_run_that_ended_cleanly_reports_missing_output_as_a_divergence():
+    p = Pair()
+    p.native(b"OK\nVALUE 2\n")
+    p.analysis(b"OK\n")
+    p.run.outcome = "poweroff"
+    lc = LiveCompare(p.rec, spec())
+    lc.finish(p.run)
+    assert [d.kind for d in lc.divergences] == ["missing"] and lc.not_analysed == []
+
+
+def test_connections_an_early_ended_analysis_never_opened_are_not_analysed():
+    p = Pair()
+    p.run.peer.flows.clear()            # it never got to the connection
+    p.native(b"OK\nOK\n")
+    p.run.outcome = "lagging"
+    lc = LiveCompare(p.rec, spec())
+    lc.finish(p.run)
+    assert lc.divergences == []
+    (x,) = lc.not_analysed
+    assert x.channel.startswith("tcp flow 0") and (x.lines, x.first) == (2, b"OK")

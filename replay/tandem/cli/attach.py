@@ -28,6 +28,8 @@ def add_parsers(sub) -> None:
                    "(default BUNDLE.analysis)")
     r.add_argument("--port", type=int, help="host port forwarded to the guest's port 7000 (default: free port)")
     r.add_argument("--duration", type=parse_duration, help="stop the native after this much VM time")
+    r.add_argument("--no-drain", action="store_true",
+                   help="do not analyse again offline, from the native's recording, a shadow stopped for lag")
     r.add_argument("--no-follow", action="store_true",
                    help="only define and start the shadows (the native is untouched): each waits for a "
                         "feeder on its feed socket (--json)")
@@ -81,7 +83,7 @@ def _attach_live(args) -> int:
             raise TandemError(f"{opt}: only with --no-follow (a followed domain's shadows run in the "
                               f"analysis workdir, on the native's clock)")
     sh = follow(args.uri, args.domain, analysis_names(args.analysis), bundle=args.bundle,
-                options=ShadowOptions(port=args.port, duration_ns=args.duration or 0),
+                options=ShadowOptions(port=args.port, duration_ns=args.duration or 0, drain=not args.no_drain),
                 workdir=Path(args.workdir) if args.workdir else None, on_finding=print_live_finding)
     try:
         sh.start()
@@ -95,7 +97,7 @@ def _attach_live(args) -> int:
             sh.native.vm.close()
     print_summary(s)
     console.print(f"{args.domain}: its own definition is back; the recording is {sh.path}", markup=False)
-    return 0 if s.ok else 1
+    return s.exit_status()
 
 
 def cmd_detach(args) -> int:

@@ -50,9 +50,29 @@ def print_summary(s, out=console) -> None:
                 out.print("    " + line, markup=False)
             if len(lines) > 14:
                 out.print(f"    ... {len(lines) - 14} more lines", markup=False)
+        print_not_analysed(r, out)
     for lim in s.limits:
         out.print(f"  replay limit: {lim}", markup=False)
     n_f = sum(len(r.findings) for r in s.results)
     n_d = sum(len(r.divergences) for r in s.results)
-    out.print(("[bold green]CLEAN" if s.ok else "[bold red]FOUND") +
-              f"[/]: {n_f} finding(s), {n_d} divergence(s) across {len(s.results)} analysis VM(s)")
+    n_i = sum(not r.complete for r in s.results)
+    verdict = "[bold red]FOUND" if not s.ok else "[bold yellow]INCOMPLETE" if not s.complete else "[bold green]CLEAN"
+    out.print(verdict + f"[/]: {n_f} finding(s), {n_d} divergence(s) across {len(s.results)} analysis VM(s)"
+              + (f"; {n_i} did not analyse the whole recording (tandem's limit, not a finding)" if n_i else ""))
+
+
+SHOWN = 5       # channels of output not analysed shown, per analysis
+
+
+def print_not_analysed(r, out=console) -> None:
+    """What an analysis could not analyse, and why: apart from findings and divergences."""
+    if r.failure:
+        out.print(f"  [yellow]NOT ANALYSED[/] {escape(r.failure)}")
+    if r.not_analysed:
+        lines = sum(x.lines for x in r.not_analysed)
+        out.print(f"  not analysed: {lines} line(s) of the native's output on {len(r.not_analysed)} "
+                  "channel(s), which the analysis never reached", markup=False)
+        for x in r.not_analysed[:SHOWN]:
+            out.print(f"    {x.describe()}", markup=False)
+        if len(r.not_analysed) > SHOWN:
+            out.print(f"    ... {len(r.not_analysed) - SHOWN} more channel(s)", markup=False)

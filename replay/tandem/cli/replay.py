@@ -62,4 +62,4 @@ def cmd_analyze(args) -> int:
     if args.json:
         print((Path(args.workdir) if args.workdir else Path(args.bundle) / "analysis").joinpath(
             "summary.json").read_text())
-    return 0 if s.ok else 1
+    return s.exit_status()

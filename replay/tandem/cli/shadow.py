@@ -35,6 +35,9 @@ def add_parsers(sub) -> None:
                    help="with --release agreed: VM time an analysis may take to answer before the "
                         "output is released without it (default 2s)")
     r.add_argument("--no-record", action="store_true", help="do not record the analysis VMs themselves")
+    r.add_argument("--no-drain", action="store_true",
+                   help="do not analyse again offline, from the native's recording, an analysis stopped "
+                        "for lag (by default it is, so that every recorded input is analysed)")
     r.add_argument("--spec", help="equivalence spec (TOML, docs/equivalence.md) for comparing outputs and "
                    "for --release agreed (default: the demo service's, agent/kvd.equiv.toml)")
     r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
@@ -71,6 +74,7 @@ def watch(sh):
     """Sample the native and show the live table until it stops (Ctrl-C stops it), then
     let the analyses finish: their summary."""
     from rich.live import Live
+    from rich.text import Text
 
     from ..live.shadow import SAMPLE_S
     signal.signal(signal.SIGINT, lambda *_: sh.stop_native())
@@ -81,6 +85,9 @@ def watch(sh):
             sh.native.vm.poll_events()
             live.update(_shadow_table(sh.status()))
             time.sleep(SAMPLE_S)
+        sh.on_drain_progress = lambda name, run, done, total: live.update(Text(
+            f"{name} stopped live for lag; analysing it again offline from {sh.path}: "
+            f"VM {run.end_ns / 1e9:.1f}s, {done} inputs delivered"))
         s = sh.finish()
         live.update(_shadow_table(sh.status()))
     return s
@@ -103,7 +110,7 @@ def cmd_shadow(args) -> int:
                   + f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
     s = watch(sh)
     print_summary(s)
-    return 0 if s.ok else 1
+    return s.exit_status()
 
 
 def options_from(args):
@@ -115,4 +122,4 @@ def options_from(args):
         buffer_bytes=args.buffer_bytes, overflow=args.overflow, block_budget_s=args.block_budget,
         release=args.release, agree_timeout_ns=args.agree_timeout, record_analyses=not args.no_record,
         spec_path=args.spec, idle_analyses=args.analysis_priority == "idle",
-        analysis_cpus=args.analysis_cpus, metrics_port=args.metrics_port)
+        analysis_cpus=args.analysis_cpus, metrics_port=args.metrics_port, drain=not args.no_drain)

@@ -26,6 +26,7 @@ then waits for (10 a second cost some 18% of its p99 latency).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -35,52 +36,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TextIO
 
-from .. import private, report
+from .. import private
 from ..errors import TandemError
 from ..formats import bundle, pcapng
 from ..machine import analyses_given
 from ..qemu.vm import cpu_seconds
 from ..record.recording import Recording
-from ..semantic import compare, equivalence, inputs, model
-from ..semantic import findings as findings_mod
-from ..semantic import replay as replay_semantic
-from ..semantic.analyze import Summary, summarize
+from ..semantic import equivalence, inputs, model
+from ..semantic.analyze import Summary, analyze, summarize, write_summary
 from ..semantic.feed import FeedServer
+from ..semantic.trail import Trail
 from . import metrics
-from .compare import LiveCompare
 from .gate import Gate
+
+log = logging.getLogger(__name__)
 
 SAMPLE_S = 0.1
 TRIM_S = 0.5            # how often the native's side drops what every analysis is done with
 MARKS_KEPT = 3000       # the native's clock marks kept to measure wall lag: 5 minutes of them
-
-
-@dataclass
-class Follower:
-    """One analysis VM trailing the native, and what it has shown so far."""
-    analysis: str
-    buffer: model.Buffer
-    cmp: LiveCompare
-    run: model.AnalysisRun | None = None
-    console_seen: int = 0
-    scanner: report.Scanner = field(init=False)     # its guest OS's console dialect (catalogue)
-    thread: threading.Thread | None = None
-    live_findings: list[findings_mod.Finding] = field(default_factory=list)
-    # findings_mod.symbolizer, made at the first report
-    symbolize: Callable[[report.Report], report.Report] | None = None
-
-    def __post_init__(self) -> None:
-        self.scanner = report.Scanner(findings_mod.guest_os(self.analysis))
-
-    def ran(self) -> model.AnalysisRun:
-        """Its run; one that never started (its thread failed, or is stuck, before the
-        run's first report) is an error run, so the summary still has its line."""
-        if self.run is None:
-            self.run = model.AnalysisRun(self.analysis)
-            self.run.outcome, self.run.detail = model.Outcome.ERROR, "the analysis VM never started"
-        return self.run
 
 
 class Release(StrEnum):
@@ -114,6 +88,7 @@ class ShadowOptions:
     analysis_cpus: str = "auto"             # auto (all but the first CPU), all, or a list
     metrics_port: int | None = None         # Prometheus metrics on 127.0.0.1:PORT (0: any free)
     hang_wall_s: float = model.HANG_WALL_S
+    drain: bool = True                      # an analysis stopped for lag is analysed again offline
 
     def __post_init__(self) -> None:
         for name, enum in (("release", Release), ("overflow", Overflow)):
@@ -165,23 +140,21 @@ class ShadowRun:
                                 launcher=libvirt.native_launcher() if libvirt else None)
         self.rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(self.path))
         per = o.buffer_events_of or {}
-        self.followers = [Follower(a, model.Buffer(per.get(a, o.buffer_events), o.buffer_bytes,
-                                                   overflow, o.block_budget_s),
-                                   LiveCompare(self.rec, self.specs[a]))
-                          for a in self.analyses]
-        self._open_flows: set[int] = set()      # native flows not retired yet
-        self._flows_seen = 0
+        buffers = {a: model.Buffer(per.get(a, o.buffer_events), o.buffer_bytes, overflow, o.block_budget_s)
+                   for a in self.analyses}
+        self.trail = Trail(self.rec, self.analyses, self.specs, buffers, self.workdir,
+                           run_options=self._run_options, on_finding=on_finding)
+        self.followers = self.trail.followers
         self._trim_at = 0.0
         self.record_analyses = o.record_analyses
         self.hang_wall_s = o.hang_wall_s
         self.metrics_port = o.metrics_port
-        self.on_finding = on_finding
         self._samples: list[tuple[int, float]] = []     # (native VM clock mark, wall time read)
         self._reader: pcapng.DevlogReader | None = None
         self.native_cpu_s = 0.0
         self._stop = False
         self._lock = threading.Lock()
-        self._findings_file: TextIO | None = None     # findings.jsonl, from start() on
+        self.on_drain_progress: Callable | None = None  # (analysis, run, delivered, taken), while draining
 
     @property
     def port(self) -> int:
@@ -197,17 +170,28 @@ class ShadowRun:
             self.gate = Gate(self._gate_server, self.rec, self.followers, timeout_vm_ns=self.agree_timeout_ns,
                              hold=self._hold_native, specs=self.specs)
             self.gate.start()
+            self.trail.on_retire = self.gate.forget
+            if self.release == Release.AGREED:      # the gate compares outputs too: keep what it has not copied
+                gate = self.gate
+                for f in self.followers:
+                    f.cmp.keep_flow_from = lambda index, a=f.analysis: gate.copied(a, index)
         self.rec.created = self.native.manifest["created"][:19]
         private.make_dir(self.workdir)
-        self._findings_file = open(self.workdir / "findings.jsonl", "w", opener=private.opener)
+        self.trail.findings_file = open(self.workdir / "findings.jsonl", "w", opener=private.opener)
         threading.Thread(target=self._follow, name="tandem-follow", daemon=True).start()
         if self.metrics_port is not None:
             self.metrics_port = metrics.serve(self.status, self.metrics_port)
-        for f in self.followers:
-            f.thread = threading.Thread(target=self._analyse, args=(f,), name=f"tandem-{f.analysis}",
-                                        daemon=True)
-            f.thread.start()
+        self.trail.start()
         return self
+
+    def _run_options(self, analysis: str) -> dict:
+        """How each analysis VM runs (semantic.replay.run's options), from this thread of it."""
+        self._idle_thread()
+        lv = self.libvirt
+        return {"record": self.record_analyses, "stop": lambda: self._stop, "hang_wall_s": self.hang_wall_s,
+                "idle": self.idle_analyses, "cpus": _cpu_list(self.analysis_cpus),
+                "guest": lv.analysis_guest(analysis) if lv else None,
+                "launcher": lv.analysis_launcher(analysis) if lv else None}
 
     # --- the native's side ---
 
@@ -222,42 +206,9 @@ class ShadowRun:
                 self._samples.append((mark, now))     # wall lag is measured against these
                 del self._samples[:-MARKS_KEPT]
         if now - self._trim_at > TRIM_S:
-            self._trim()
+            self.trail.trim()
             self._trim_at = now
         return self.native.started().process().poll() is None
-
-    def _trim(self) -> None:
-        """Drop the native's inputs every analysis has taken, its output every analysis
-        has matched, and retire connections every analysis has compared to their end
-        (an analysis that has ended and been compared needs nothing more). Runs in the
-        follow thread, the one that appends to them."""
-        rec = self.rec
-        live = [f for f in self.followers if not f.cmp.finished]
-        self._open_flows.update(range(self._flows_seen, len(rec.flows)))
-        self._flows_seen = len(rec.flows)
-        with rec.lock:
-            taken = min((f.run.taken if f.run else 0 for f in live),
-                        default=len(rec.inputs) + rec.inputs_dropped)
-            if (k := taken - rec.inputs_dropped) > 0:
-                del rec.inputs[:k]
-                rec.inputs_dropped += k
-            rec.serial_out.drop_to(min((f.cmp.native_at("serial") for f in live), default=rec.serial_out.end))
-            for i in list(self._open_flows):
-                fl = rec.flows[i]
-                if fl is None:          # retired already (_open_flows holds those that are not)
-                    self._open_flows.discard(i)
-                    continue
-                need = [f for f in live if i not in f.cmp.done]
-                if fl.closed and not need:
-                    rec.flows[i] = None
-                    self._open_flows.discard(i)
-                    for f in self.followers:
-                        f.cmp.done.discard(i)
-                    if self.gate:
-                        self.gate.forget(fl)
-                    continue
-                name = compare.channel(fl)
-                fl.guest_data.drop_to(min((f.cmp.native_at(name) for f in need), default=fl.guest_data.end))
 
     def _idle_thread(self) -> None:
         """The calling thread to idle CPU priority, as the analysis VMs are: following
@@ -293,55 +244,6 @@ class ShadowRun:
             f.buffer.over() and (f.run is None or f.run.outcome == "running") for f in self.followers)
 
     # --- the analyses' side ---
-
-    def _analyse(self, f: Follower) -> None:
-        self._idle_thread()
-
-        def progress(run, done, total):
-            f.run = run
-
-        def tick(run):
-            f.run = run
-            self._emit_findings(f, run)
-            f.cmp.tick(run)
-        f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
-        gate = self.gate
-        if self.release == Release.AGREED and gate is not None:   # the gate compares outputs too: keep what it has not copied
-            f.cmp.keep_flow_from = lambda index: gate.copied(f.analysis, index)
-        lv = self.libvirt
-        try:
-            f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
-                                        record=self.record_analyses, progress=progress, tick=tick,
-                                        stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
-                                        idle=self.idle_analyses, cpus=_cpu_list(self.analysis_cpus),
-                                        guest=lv.analysis_guest(f.analysis) if lv else None,
-                                        launcher=lv.analysis_launcher(f.analysis) if lv else None)
-        finally:
-            f.buffer.release()          # ended: it holds the native no longer
-            f.buffer.pending = None
-            if f.run is not None:
-                self._emit_findings(f, f.run)
-                f.cmp.finish(f.run)
-            f.cmp.finished = True
-
-    def _emit_findings(self, f: Follower, run) -> None:
-        """Findings as they happen: appended to findings.jsonl the moment a report completes."""
-        new = bytes(run.console[f.console_seen - run.console_base:])
-        f.console_seen += len(new)
-        reps = f.scanner.feed(new) if new else []
-        if run.outcome != "running":
-            reps += f.scanner.flush()
-        for rep in reps:
-            if f.symbolize is None:
-                f.symbolize = findings_mod.symbolizer(f.analysis)
-            x = findings_mod.of_report(run, f.symbolize(rep))
-            f.live_findings.append(x)
-            with self._lock:
-                if self._findings_file is not None:
-                    self._findings_file.write(x.to_json() + "\n")
-                    self._findings_file.flush()
-            if self.on_finding:
-                self.on_finding(x)
 
     def status(self) -> list[dict]:
         """Per VM: clock, lag behind the native (VM time), buffer fill and peak, findings."""
@@ -384,19 +286,15 @@ class ShadowRun:
         """After the native has stopped: seal its bundle, let the analyses run out, report."""
         self.native.finish()
         deadline = time.monotonic() + timeout
-        threads = [f.thread for f in self.followers if f.thread is not None]
-        for t in threads:
-            t.join(max(1.0, deadline - time.monotonic()))
-        if any(t.is_alive() for t in threads):
+        if not self.trail.join(max(1.0, deadline - time.monotonic())):
             self._stop = True
-            for t in threads:
-                t.join(30)
-        runs = {f.analysis: f.ran() for f in self.followers}
-        found = {f.analysis: (f.live_findings + findings_mod.outcome(runs[f.analysis]), f.cmp.divergences)
-                 for f in self.followers}
-        s = summarize(self.path, self.rec, self.analyses, runs, self.spec_path, noise, self.workdir, live=found)
-        if self._findings_file is not None:
-            self._findings_file.close()
+            self.trail.join(30 * len(self.followers))
+        runs, found = self.trail.results()
+        s = summarize(self.path, self.rec, self.analyses, runs, self.spec_path, noise, self.workdir, found)
+        if self.trail.findings_file is not None:
+            self.trail.findings_file.close()
+        if self.options.drain:
+            self._drain(s)
         if self.gate:
             self.gate.thread.join(10)
             s.limits += [f"gate: {e.describe()}" for e in self.gate.events if e.kind != "overflow"]
@@ -426,6 +324,28 @@ class ShadowRun:
         data["live"] = {"native_cpu_s": round(self.native_cpu_s, 3)}
         private.write_text(sj, json.dumps(data, indent=1, default=str))
         return s
+
+
+    def _drain(self, s: Summary) -> None:
+        """Every analysis stopped for lag (detached, lagging) analysed again offline from the
+        native's sealed bundle, from its start: its result replaces the live one, so every
+        recorded input is analysed in the end (ShadowOptions.drain, --no-drain)."""
+        lagged = [r.analysis for r in s.results if r.run.outcome in (model.Outcome.DETACHED, model.Outcome.LAGGING)]
+        if not lagged:
+            return
+        lv = self.libvirt
+        log.info("analysing %s again offline from %s (stopped live for lag)", ", ".join(lagged), self.path)
+        d = analyze(self.path, lagged, spec_path=self.spec_path, workdir=self.workdir / "drain", noise=False,
+                    record=self.record_analyses, progress=self.on_drain_progress,
+                    guests={a: lv.analysis_guest(a) for a in lagged} if lv else None)
+        again = {r.analysis: r for r in d.results}
+        for i, r in enumerate(s.results):
+            if r.analysis in again:
+                s.limits.append(f"{r.analysis}: live, {r.failure}; analysed again offline from the native's "
+                                f"bundle (in {self.workdir / 'drain'}; --no-drain skips this): {again[r.analysis].run.outcome}")
+                s.results[i] = again[r.analysis]
+        s.limits += [x for x in d.limits if x not in s.limits]
+        write_summary(self.workdir, s)
 
 
 def overflow_limits(events) -> list[str]:

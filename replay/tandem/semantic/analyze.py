@@ -1,24 +1,32 @@
 """`tandem replay BUNDLE --analysis A ...`: replay a recording into analysis VMs in
 parallel, then report their findings and their divergences from the native.
 
-record -> inputs.load (what the native received) -> replay_semantic.run per
-analysis (feed + TCP peer) -> compare (equivalence spec, noise from a replay
-into the native kernel) + findings (console reports) -> this summary.
+The bundle's device log is read as the analyses advance (read_paced: inputs.InputExtractor
+into a recording that fills in, as a live native's does) -> replay_semantic.run per analysis
+(feed + TCP peer), trailing it (trail.Trail) -> compared as it goes (live_compare, under the
+equivalence spec; noise from a replay into the native kernel) + findings (console reports,
+as they complete) -> this summary. Memory follows what is in flight: a 20 s heavy recording
+(203k device events) held 100,000 inputs and detached every analysis when it was loaded
+whole; now no bound applies and the reading waits for the slowest analysis.
 """
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
+import logging
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import private
 from ..errors import TandemError
-from ..formats import bundle
+from ..formats import bundle, pcapng
 from ..machine import analyses_given
 from . import compare, equivalence, inputs, model
 from . import findings as findings_mod
-from . import replay as replay_semantic
+from .live_compare import OFFLINE_STUCK_MAX
+from .trail import Trail
+
+log = logging.getLogger(__name__)
 
 NOISE = "native"
 
@@ -31,6 +39,18 @@ class AnalysisResult:
     divergences: list[compare.Divergence]
     noise: int                      # differences also seen between two runs of the native kernel
     spec: list[str]
+    # What tandem could not do: why the run did not analyse the whole recording
+    # (findings.failure), and the native's output it never reached.
+    failure: str | None = None
+    not_analysed: list[compare.NotAnalysed] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return self.failure is None and not self.not_analysed
+
+
+# `tandem replay --analysis`, `tandem shadow`, `tandem attach`: how they exit.
+EXIT_CLEAN, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 @dataclass
@@ -41,7 +61,18 @@ class Summary:
 
     @property
     def ok(self) -> bool:
+        """Nothing found: no finding, no divergence, in what was analysed."""
         return not any(r.findings or r.divergences for r in self.results)
+
+    @property
+    def complete(self) -> bool:
+        """Every analysis analysed the whole recording."""
+        return all(r.complete for r in self.results)
+
+    def exit_status(self) -> int:
+        """EXIT_FOUND for a finding or a divergence; else EXIT_INCOMPLETE when tandem
+        could not analyse all of it (tandem's limit, never a finding); else EXIT_CLEAN."""
+        return EXIT_FOUND if not self.ok else EXIT_INCOMPLETE if not self.complete else EXIT_CLEAN
 
 
 def check_request(bundle_dir: Path, analyses: list[str], spec_path: str | None) -> dict:
@@ -56,63 +87,124 @@ def check_request(bundle_dir: Path, analyses: list[str], spec_path: str | None) 
     return m
 
 
+# Reading a finished bundle: how far ahead of its slowest analysis (inputs read and not
+# delivered there, and bytes of the recording held), and below what it reads on regardless
+# (an analysis that has few inputs left may need the output that comes with the next).
+READ_AHEAD_INPUTS = 20_000
+READ_AHEAD_BYTES = 64 << 20
+READ_ON_BELOW = 1_000
+PACE_EVERY = 512            # events read between two looks at the analyses
+PACE_SLEEP_S = 0.02
+
+
 def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | None = None,
             workdir: Path | None = None, noise: bool = True, jobs: int = 2,
             lookahead_ns: int = model.LOOKAHEAD_NS, progress=None,
-            record: bool = True) -> Summary:
+            record: bool = True, guests: dict | None = None) -> Summary:
+    """Replay a finished recording into analysis VMs, `jobs` at a time, each batch
+    trailing one reading of the bundle's device log (trail.Trail): tandem's memory
+    follows what is in flight, not the recording's length, and no bound stops an
+    analysis; the reading waits for the slowest instead. guests: analysis -> the
+    machine.Guest it boots (default: the catalogue's)."""
     bundle_dir = Path(bundle_dir)
     analyses = list(dict.fromkeys(analyses))
-    check_request(bundle_dir, analyses, spec_path)
+    manifest = check_request(bundle_dir, analyses, spec_path)
     workdir = workdir or bundle_dir / "analysis"
-    rec = inputs.load(bundle_dir)
+    private.make_dir(workdir)
     runs_wanted = analyses + ([NOISE] if noise and NOISE not in analyses else [])
+    specs = {a: equivalence.load(a, spec_path) for a in runs_wanted}
+    runs: dict[str, model.AnalysisRun] = {}
+    found: dict[str, tuple[list, list, list]] = {}
+    rec = _unread(bundle_dir, manifest)
+    with open(workdir / "findings.jsonl", "w", opener=private.opener) as findings_file:
+        for at in range(0, len(runs_wanted), max(1, jobs)):
+            batch = runs_wanted[at:at + max(1, jobs)]
+            rec = _unread(bundle_dir, manifest)
+            trail = Trail(rec, batch, specs, {a: model.Buffer.unbounded() for a in batch}, workdir,
+                          run_options=lambda a: {"record": record, "lookahead_ns": lookahead_ns,
+                                                 "guest": (guests or {}).get(a)},
+                          findings_file=findings_file, stuck_max=OFFLINE_STUCK_MAX, progress=progress)
+            trail.start()
+            read_paced(trail, bundle_dir)
+            trail.join()
+            r, f = trail.results()
+            runs.update(r)
+            found.update(f)
+    return summarize(bundle_dir, rec, analyses, runs, spec_path, noise, workdir, found)
 
-    def one(name: str) -> model.AnalysisRun:
-        return replay_semantic.run(rec, name, workdir, lookahead_ns=lookahead_ns, record=record,
-                                   progress=(lambda r, n, t: progress(name, r, n, t)) if progress else None)
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        runs = dict(zip(runs_wanted, pool.map(one, runs_wanted)))
+def _unread(bundle_dir: Path, manifest: dict) -> inputs.RecordedInputs:
+    """A recording's inputs before its device log is read (filled in by read_paced)."""
+    rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(bundle_dir))
+    created = manifest.get("created")
+    if isinstance(created, str) and len(created) >= 19:
+        rec.created = created[:19]
+    return rec
 
-    return summarize(bundle_dir, rec, analyses, runs, spec_path, noise, workdir)
+
+def read_paced(trail: Trail, bundle_dir: Path) -> None:
+    """Read the bundle's device log into trail.rec no faster than its slowest analysis
+    takes it (READ_AHEAD_*), trimming what every analysis is done with; stop reading
+    once no analysis runs. Sets rec.finished at the end."""
+    rec = trail.rec
+    reader = pcapng.DevlogReader(bundle_dir / bundle.DEVLOG)
+
+    def paced():
+        for n, e in enumerate(reader):
+            if n % PACE_EVERY == 0:
+                trail.trim()
+                while (pending := trail.slowest_pending()) is not None and pending >= READ_ON_BELOW and (
+                        pending > READ_AHEAD_INPUTS or trail.kept_bytes() > READ_AHEAD_BYTES):
+                    time.sleep(PACE_SLEEP_S)
+                    trail.trim()
+                if pending is None:
+                    log.debug("%s: no analysis runs; reading stops at event %d", bundle_dir, n)
+                    return
+            yield e
+    try:
+        inputs.InputExtractor(rec).feed(paced())
+    except TandemError as e:        # checked whole before the run: a log damaged since
+        rec.limits.append(f"reading the device log stopped: {e}")
+    rec.end_ns = next((s.end_vm_ns for s in reader.stats if s and s.end_vm_ns), None) or rec.known_ns
+    rec.finished = True
 
 
 def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[str],
               runs: dict[str, model.AnalysisRun], spec_path: str | None, noise: bool,
-              workdir: Path, live: dict | None = None) -> Summary:
-    """Findings and divergences of finished analysis runs; writes summary.json and
-    findings.jsonl into workdir. live: analysis -> (findings, divergences) already
-    found as a live run went (live.shadow.ShadowRun), instead of from the whole runs."""
+              workdir: Path, found: dict[str, tuple]) -> Summary:
+    """The summary of finished analysis runs; writes summary.json and findings.jsonl into
+    workdir. found: analysis -> (findings, divergences, not analysed), as each run found
+    them while it went (trail.Trail.results)."""
     summary = Summary(str(bundle_dir), limits=list(rec.limits))
     for name in analyses:
         run = runs[name]
         spec = equivalence.load(name, spec_path)
-        if live:
-            found, divs = live[name]
-        else:
-            found, divs = findings_mod.findings(run), compare.compare(rec, run, spec)
+        findings, divs, unreached = found[name]
         n_noise = 0
         if noise and name != NOISE and NOISE in runs:
-            divs, n_noise = compare.split_noise(
-                divs, live[NOISE][1] if live else compare.compare(rec, runs[NOISE], spec))
-        summary.results.append(AnalysisResult(name, run, found, divs, n_noise, spec.sources))
+            divs, n_noise = compare.split_noise(divs, found[NOISE][1])
+        summary.results.append(AnalysisResult(name, run, findings, divs, n_noise, spec.sources,
+                                              findings_mod.failure(run), unreached))
         unknown = run.peer.unknown[:5] if run.peer else []
         summary.limits += [f"{name}: {x}" for x in run.limits + unknown]
-    _write(workdir, summary)
+    write_summary(workdir, summary)
     return summary
 
 
-def _write(workdir: Path, s: Summary) -> None:
+def write_summary(workdir: Path, s: Summary) -> None:
     """findings.jsonl (one finding per line) and summary.json, next to the analysis logs."""
     private.make_dir(workdir)
     with open(workdir / "findings.jsonl", "w", opener=private.opener) as f:
         for r in s.results:
             for fd in r.findings:
                 f.write(fd.to_json() + "\n")
-    out = {"bundle": s.bundle, "ok": s.ok, "limits": s.limits, "analyses": [
+    out = {"bundle": s.bundle, "ok": s.ok, "complete": s.complete, "exit_status": s.exit_status(),
+           "limits": s.limits, "analyses": [
         {"analysis": r.analysis, "outcome": r.run.outcome, "detail": r.run.detail,
          "end_vm_ns": r.run.end_ns, "wall_s": round(r.run.wall_s, 3), "waits": r.run.waits,
          "cpu_s": round(r.run.cpu_s, 3), "delivered": r.run.n_delivered,
+         "failure": r.failure, "stopped_before": r.run.stopped_before or None,
+         "not_analysed": [asdict(x) | {"first": x.first.decode("latin-1")} for x in r.not_analysed],
          "recording": str(r.run.bundle) if r.run.bundle else None,
          "findings": [asdict(x) for x in r.findings],
          "distinct": [{"title": f.title, "type": f.type, "count": n, "first_vm_ns": f.vm_ns}

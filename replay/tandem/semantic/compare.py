@@ -56,6 +56,20 @@ class Divergence:
                 tuple(l.text for l in self.native), tuple(l.text for l in self.analysis))
 
 
+@dataclass
+class NotAnalysed:
+    """Output of the native's that an analysis never reached (it ended early): not a
+    divergence, since the analysis never got the inputs it answers."""
+    channel: str
+    native_ns: int | None       # VM time of its first line on the native
+    lines: int
+    first: bytes                # that line
+
+    def describe(self) -> str:
+        at = f" from native VM {self.native_ns / 1e9:.6f}s" if self.native_ns is not None else ""
+        return f"{self.channel}: {self.lines} line(s){at}, the first {self.first[:80]!r}"
+
+
 class _Stream:
     """A timed byte stream: its bytes, and the VM time of each chunk it arrived in
     (indexed only when a line's time is needed)."""
@@ -199,12 +213,12 @@ class _Side:
 
 
 def _compare_lines(name: str, sa: _Stream, sb: _Stream, rules, serial: bool, spec: Spec,
-                   run: AnalysisRun) -> list[Divergence]:
+                   run: AnalysisRun, unreached: list[NotAnalysed] | None = None) -> list[Divergence]:
     cache: dict = {}
     a, b = _Side(sa, rules, serial, cache), _Side(sb, rules, serial, cache)
     if a.texts == b.texts and not spec.max_lag_ns:
         return []                   # difflib would find one 'equal' block
-    return _diff_stream(name, a, b, spec, run, rules.reorder_window)
+    return _diff_stream(name, a, b, spec, run, rules.reorder_window, unreached)
 
 
 def _reordered(a: list[bytes], b: list[bytes], opcodes, window: int) -> tuple[set[int], set[int]]:
@@ -225,10 +239,16 @@ def _reordered(a: list[bytes], b: list[bytes], opcodes, window: int) -> tuple[se
 
 
 def _diff_stream(channel: str, a: _Side, b: _Side, spec: Spec, run: AnalysisRun,
-                 window: int = 0) -> list[Divergence]:
+                 window: int = 0, unreached: list[NotAnalysed] | None = None) -> list[Divergence]:
+    """The differences of two sides. With `unreached` (the analysis ended early), native
+    lines at the end that the analysis has nothing after are not a divergence: they go
+    into `unreached`, as output it never reached."""
     sm = difflib.SequenceMatcher(None, a.texts, b.texts, autojunk=False)
     out = []
     opcodes = sm.get_opcodes()
+    if unreached is not None and opcodes and opcodes[-1][0] == "delete" and opcodes[-1][3] == len(b.texts):
+        _, i1, i2, _, _ = opcodes.pop()
+        unreached.append(NotAnalysed(channel, a.vm_ns(i1), i2 - i1, a.texts[i1]))
     gone_a, gone_b = _reordered(a.texts, b.texts, opcodes, window)
     for op, i1, i2, j1, j2 in opcodes:
         if op == "equal":
@@ -320,13 +340,15 @@ def streams_analysis(run: AnalysisRun, rec: inputs_mod.RecordedInputs, at: dict 
 
 
 def compare(rec: inputs_mod.RecordedInputs, run: AnalysisRun, spec: Spec, at: dict | None = None,
-            only: set | None = None) -> list[Divergence]:
+            only: set | None = None, unreached: list[NotAnalysed] | None = None) -> list[Divergence]:
     """Every difference between the native's outputs and the analysis run's (from
-    what `at` says was already matched; in the channels of `only`, if given)."""
+    what `at` says was already matched; in the channels of `only`, if given). With
+    `unreached` (a run that ended early), what the native output at the end of a
+    channel and the analysis never did goes there, not into the divergences."""
     a, b = streams_native(rec, at, only), streams_analysis(run, rec, at, only)
     out = []
     for name in sorted(set(a) | set(b), key=lambda n: (n != "serial", n)):
-        out += compare_channel(name, a.get(name, _EMPTY), b.get(name, _EMPTY), spec, run)
+        out += compare_channel(name, a.get(name, _EMPTY), b.get(name, _EMPTY), spec, run, unreached)
     return out
 
 
@@ -343,7 +365,8 @@ def _rules(name: str, spec: Spec):
     return rules, ranges
 
 
-def compare_channel(name: str, sa: _Stream, sb: _Stream, spec: Spec, run: AnalysisRun) -> list[Divergence]:
+def compare_channel(name: str, sa: _Stream, sb: _Stream, spec: Spec, run: AnalysisRun,
+                    unreached: list[NotAnalysed] | None = None) -> list[Divergence]:
     rules, ranges = _rules(name, spec)
     if rules is None:
         return []
@@ -352,7 +375,7 @@ def compare_channel(name: str, sa: _Stream, sb: _Stream, spec: Spec, run: Analys
     plain = not (rules.ignore or rules.mask or rules.ignore_kernel_lines or spec.max_lag_ns)
     if plain and sa.text == sb.text:
         return []                   # the common case, at memcmp speed
-    return _compare_lines(name, sa, sb, rules, name == "serial", spec, run)
+    return _compare_lines(name, sa, sb, rules, name == "serial", spec, run, unreached)
 
 
 RESYNC_LINES = 4    # after a difference, this many equal lines on both sides end it

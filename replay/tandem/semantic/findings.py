@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import artifacts, catalog, report
 from ..errors import TandemError
 from ..report.symbolize import short_path
-from .model import AnalysisRun
+from .model import AnalysisRun, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Finding:
     analysis: str
-    type: str                   # a report type (report.TYPES) or VM-CRASH | VM-HANG | VM-LAG | REPLAY-ERROR
+    type: str                   # a report type (report.TYPES) or VM-CRASH
     title: str
     vm_ns: int
     after_input: str            # the recorded input delivered last before it
@@ -94,12 +94,36 @@ def guest_os(analysis: str) -> str:
     return known.os if known else "linux"
 
 
+def booted(run: AnalysisRun) -> bool:
+    """Did the analysis VM get as far as its first recorded input (other than entropy)?"""
+    return run.first_input_ns is not None
+
+
 def outcome(run: AnalysisRun) -> list[Finding]:
-    """The run's own failure as a finding: a crash, a hang, lagging, detached, an error."""
-    kind = {"crashed": "VM-CRASH", "hung": "VM-HANG", "lagging": "VM-LAG", "error": "REPLAY-ERROR",
-            "detached": "VM-DETACHED"}
-    if run.outcome not in kind:
+    """The run's end as a finding about the guest: a crash (panic, reset, QEMU gone)
+    after its first input. Other ends that are not clean are tandem's own (failure())."""
+    if run.outcome != Outcome.CRASHED or not booted(run):
         return []
-    return [Finding(run.analysis, kind[run.outcome], f"analysis VM {run.outcome}: {run.detail}",
+    return [Finding(run.analysis, "VM-CRASH", f"analysis VM crashed: {run.detail}",
                     run.end_ns, text=run.qemu_log, frames=[], locations=[],
                     **_attributed(run, run.end_ns))]
+
+
+# Ends of a run that say what tandem could not do, not what the guest did.
+TANDEM_OUTCOMES = {Outcome.HUNG: "QEMU stopped answering", Outcome.LAGGING: "timed out",
+                   Outcome.DETACHED: "detached", Outcome.ERROR: "failed in tandem"}
+
+
+def failure(run: AnalysisRun) -> str | None:
+    """Why the analysis could not analyse the whole recording, when tandem (or the
+    analysis VM's setup) is why: hung, lagging, detached, an error, or a VM that crashed
+    before its first input (it did not boot). None for a run that ended cleanly or
+    crashed on the way (a finding)."""
+    if run.outcome in TANDEM_OUTCOMES:
+        what = f"{run.outcome} ({TANDEM_OUTCOMES[Outcome(run.outcome)]})"
+    elif run.outcome == Outcome.CRASHED and not booted(run):
+        what = "did not boot (crashed before its first input)"
+    else:
+        return None
+    stop = f"; stopped before {run.stopped_before}" if run.stopped_before else ""
+    return f"{what}: {run.detail}{stop}"

@@ -1,6 +1,6 @@
 """What a semantic replay holds and produces, apart from the loop that drives it
 (driver.py): the timing rules, one analysis run's result, and a live run's input buffer.
-Pure data: the comparators (compare.py, live/compare.py) and findings read these
+Pure data: the comparators (compare.py, semantic/live_compare.py) and findings read these
 without importing anything that starts QEMU.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ DEP_TIMEOUT_NS = 5_000_000_000      # an input waiting on dependencies is sent a
                                     # this much VM time without any output from the guest
 LIVE_SLICE_NS = 50_000_000         # live, past the native's clock: stop this often to take new inputs
 SETTLE_NS = 1_000_000_000           # run this long after the last input (and the native's end)
-MAX_LAG_NS = 60_000_000_000         # beyond the native's end: the analysis is lagging
+MAX_LAG_NS = 60_000_000_000         # beyond the native's end, without progress this long: lagging
 HANG_WALL_S = 60.0                  # no word from QEMU for this long (wall): it is hung
 DELIVERED_KEPT = 5_000             # live: the inputs delivered last, kept to attribute findings
 TICK_S = 0.5                        # live: how often the run's `tick` (live comparison) is called
@@ -31,13 +31,14 @@ TICK_S = 0.5                        # live: how often the run's `tick` (live com
 
 class Outcome(StrEnum):
     """How an analysis run ended (AnalysisRun.outcome; summary.json and findings.json
-    carry the value)."""
+    carry the value). HUNG, LAGGING, DETACHED and ERROR are tandem's own limits, not
+    findings about the guest (findings.failure)."""
     RUNNING = "running"
     POWEROFF = "poweroff"       # the guest powered off
     FINISHED = "finished"       # every input delivered, settled, QEMU quit by tandem
     CRASHED = "crashed"         # panic, reset, or QEMU exited unasked
     HUNG = "hung"               # QEMU silent for HANG_WALL_S of wall time
-    LAGGING = "lagging"         # still running MAX_LAG_NS of VM time past the native's end
+    LAGGING = "lagging"         # past the native's end, no input answered for MAX_LAG_NS of VM time
     DETACHED = "detached"       # stopped by tandem (live: buffer over its bound, or asked)
     ERROR = "error"             # the run could not start or failed in tandem
 
@@ -72,6 +73,9 @@ class AnalysisRun:
     bundle: Path | None = None  # the run's own recording, replayable exactly
     qemu_pid: int | None = None
     cpu_s: float = 0.0              # CPU time its QEMU used (sampled while it runs)
+    first_input_ns: int | None = None   # VM time its first input (other than entropy) was delivered
+    # Ended early: the first recorded input it never got (Input.describe()), "" if it got them all.
+    stopped_before: str = ""
 
 
     def vm_time_at(self, offset: int) -> int:
@@ -82,6 +86,8 @@ class AnalysisRun:
     def deliver(self, vm_ns: int, inp: inputs_mod.Input) -> None:
         self.delivered.append(Delivered(vm_ns, inp))
         self.n_delivered += 1
+        if self.first_input_ns is None and inp.kind != "rng":
+            self.first_input_ns = vm_ns
         if inp.flow is not None:
             self.last_input_of[inp.flow] = vm_ns
 
@@ -130,6 +136,11 @@ class Buffer:
 
     # Room again at 90%: the native is not held and let go at every input.
     RESUME = 0.9
+
+    @classmethod
+    def unbounded(cls) -> Buffer:
+        """No bound: an analysis of a finished recording, whose reading waits for it instead."""
+        return cls(max_events=1 << 62, max_bytes=1 << 62)
 
     def update(self, events: int, nbytes: int, oldest_ns: int | None = None) -> bool:
         """Record the current fill; False once the analysis must be detached."""

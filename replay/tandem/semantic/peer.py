@@ -66,7 +66,7 @@ class Peer:
         # comparator, since every guest frame is parsed here anyway.
         self.udp_out: list[tuple[int, tuple[bytes, int], bytes]] = []
         # Connections the native refused, not opened here (driver.release_input): done
-        # with as soon as their time has come (live/compare.py retires them).
+        # with as soon as their time has come (semantic/live_compare.py retires them).
         self.not_opened: set[int] = set()
 
     # -- actions of the recorded client --------------------------------------

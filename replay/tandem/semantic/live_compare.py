@@ -29,23 +29,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..semantic import compare, inputs
-from ..semantic.compare import Divergence, _Stream
-from ..semantic.equivalence import Spec
-from ..semantic.model import AnalysisRun
+from . import compare, inputs
+from .compare import Divergence, NotAnalysed, _Stream
+from .equivalence import Spec
+from .model import AnalysisRun
 
 CACHE_LINES = 10_000    # lines whose rewrite under the spec is remembered, at most
 STUCK_MAX = 1 << 20     # bytes a stuck channel keeps, per side, before it is compared and left
+OFFLINE_STUCK_MAX = 64 << 20    # the same, reading a finished bundle (nothing waits on the memory)
 
 
 class LiveCompare:
-    def __init__(self, rec: inputs.RecordedInputs, spec: Spec):
+    def __init__(self, rec: inputs.RecordedInputs, spec: Spec, stuck_max: int | None = None):
+        """stuck_max: bytes a stuck channel keeps per side (default STUCK_MAX)."""
         self.rec, self.spec = rec, spec
+        self.stuck_max = stuck_max or STUCK_MAX
         self.at: dict[str, tuple[int, int]] = {}   # channel -> (native, analysis) offsets matched
         self.stuck: set[str] = set()               # channels with a difference: compared whole
         self.left: set[str] = set()                # stuck past STUCK_MAX: compared no further
         self.done: set[int] = set()                # flows compared to their end (live.shadow.ShadowRun retires them)
         self.divergences: list[Divergence] = []
+        self.not_analysed: list[NotAnalysed] = []   # the native's output an early-ended analysis never reached
         self.finished = False                      # compared to the end: the native's data is not needed
         # () -> console offset a report in progress starts at
         self.keep_console_from: Callable[[], int] | None = None
@@ -84,7 +88,7 @@ class LiveCompare:
         n_at, a_at = self.at.get(name, (native.base, 0))
         a_end = run.console_base + len(run.console) if theirs is None else theirs.end
         if name in self.stuck:
-            if max(native.end - n_at, a_end - a_at) < STUCK_MAX:
+            if max(native.end - n_at, a_end - a_at) < self.stuck_max:
                 return
             self._leave(name, run)                  # compared to here, and no further
         if name in self.left:
@@ -144,30 +148,35 @@ class LiveCompare:
         since = f" from VM {ns / 1e9:.6f}s" if ns is not None else ""
         why = ("its spec compares output times (max_lag), which takes the channel whole" if self.spec.max_lag_ns
                else f"the outputs differ{since} with no {compare.RESYNC_LINES} equal lines ending it")
-        run.limits.append(f"{name}: {why}; compared to {STUCK_MAX:,} bytes, not after "
-                          f"(the native's bundle keeps it all: tandem replay BUNDLE --analysis {run.analysis} compares "
-                          "it whole, offline)")
+        more = (f" (the native's bundle keeps it all: tandem replay BUNDLE --analysis {run.analysis} "
+                f"compares {OFFLINE_STUCK_MAX >> 20} MiB of it)" if self.stuck_max < OFFLINE_STUCK_MAX else "")
+        run.limits.append(f"{name}: {why}; compared to {self.stuck_max:,} bytes, not after{more}")
 
     def finish(self, run: AnalysisRun) -> None:
         """The analysis has ended: compare what is left (the console, the connections
-        not compared yet), against what the native has produced so far."""
+        not compared yet), against what the native has produced so far. One that ended
+        early (crashed, hung, lagging, detached) never reached the native's output after
+        its last input: that is not analysed (not_analysed), not a divergence."""
         early = run.outcome not in ("poweroff", "finished")
+        unreached = self.not_analysed if early else None
         peer = run.peer.flows if run.peer else {}
         with self.rec.lock:
             names = {"serial"} - self.left
-            unseen = 0
             for fl in self.rec.flows:
                 if fl is None or fl.index in self.done:
                     continue
                 if early and fl.index not in peer:
-                    unseen += 1
+                    first = next((d for _, d in fl.guest_data), b"")
+                    lines = sum(d.count(b"\n") for _, d in fl.guest_data)
+                    self.not_analysed.append(NotAnalysed(compare.channel(fl), fl.opened_ns, lines,
+                                                         first.split(b"\n")[0]))
                     continue
                 if compare.channel(fl) not in self.left:
                     names.add(compare.channel(fl))
             if not early:
                 names.add("udp")            # datagrams: compared whole, at the end
-            self.divergences += compare.compare(self.rec, run, self.spec, self.at, names)
-        if unseen:
-            run.limits.append(f"{unseen} connection(s) the native served were not compared: "
-                               f"{run.analysis} ended ({run.outcome}) before it replayed them")
+            elif self.rec.udp_out:
+                ns, (ip, port), payload = self.rec.udp_out[0]
+                self.not_analysed.append(NotAnalysed("udp", ns, len(self.rec.udp_out), payload[:80]))
+            self.divergences += compare.compare(self.rec, run, self.spec, self.at, names, unreached)
         self.finished = True

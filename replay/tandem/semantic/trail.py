@@ -1,0 +1,206 @@
+"""Analyses trailing a recording as it is read (FreeDA's followers), with memory that
+follows what is in flight, not the recording's length.
+
+Both ways of analysing a recording use this: `tandem shadow` reads a live native's
+device log as its QEMU writes it (live/shadow.py), `tandem replay --analysis` reads a
+finished bundle's no further ahead than its slowest analysis needs (analyze.py). Either
+way the log is turned into inputs in place (inputs.InputExtractor into `rec`, which
+stays unfinished until the log's end), each analysis VM runs semantic.replay.run on it
+in a thread of its own, compares its outputs with the native's as it goes
+(live_compare.LiveCompare) and reports findings the moment their report completes;
+`trim()`, called by the reading thread, drops the inputs every analysis has taken, the
+output every analysis has matched, and the connections every analysis has compared.
+
+Measured (docs/benchmarks.md, shadow memory): a live run's Python heap grows by under
+a byte per request over 60,000 requests; before this (a finished recording loaded
+whole) a 20 s heavy recording of 203k events detached every analysis at the live
+bound of 100,000 inputs, and a longer one would have held every input and every frame.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from .. import report
+from . import compare, inputs, model
+from . import findings as findings_mod
+from . import replay as replay_semantic
+from .equivalence import Spec
+from .live_compare import LiveCompare
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Follower:
+    """One analysis VM trailing the recording, and what it has shown so far."""
+    analysis: str
+    buffer: model.Buffer
+    cmp: LiveCompare
+    run: model.AnalysisRun | None = None
+    console_seen: int = 0
+    scanner: report.Scanner = field(init=False)     # its guest OS's console dialect (catalogue)
+    thread: threading.Thread | None = None
+    live_findings: list[findings_mod.Finding] = field(default_factory=list)
+    # findings_mod.symbolizer, made at the first report
+    symbolize: Callable[[report.Report], report.Report] | None = None
+
+    def __post_init__(self) -> None:
+        self.scanner = report.Scanner(findings_mod.guest_os(self.analysis))
+
+    def ran(self) -> model.AnalysisRun:
+        """Its run; one that never started (its thread failed, or is stuck, before the
+        run's first report) is an error run, so the summary still has its line."""
+        if self.run is None:
+            self.run = model.AnalysisRun(self.analysis)
+            self.run.outcome, self.run.detail = model.Outcome.ERROR, "the analysis VM never started"
+        return self.run
+
+    def running(self) -> bool:
+        return not self.cmp.finished
+
+
+class Trail:
+    """Analysis VMs trailing `rec` (filled in by the caller's reading thread)."""
+
+    def __init__(self, rec: inputs.RecordedInputs, analyses: list[str], specs: dict[str, Spec],
+                 buffers: dict[str, model.Buffer], workdir, *, run_options: Callable[[str], dict],
+                 findings_file: TextIO | None = None, on_finding=None, stuck_max: int | None = None,
+                 progress: Callable | None = None):
+        """run_options(analysis): keyword arguments for semantic.replay.run (record,
+        guest, launcher, idle, cpus, hang_wall_s, stop). findings_file: findings.jsonl,
+        a line written the moment each finding is reported; on_finding(finding) is
+        called then too, from the analysis's thread. progress(analysis, run, delivered,
+        taken): at each stop of an analysis VM."""
+        self.rec, self.workdir, self.run_options, self.progress = rec, workdir, run_options, progress
+        self.followers = [Follower(a, buffers[a], LiveCompare(rec, specs[a], stuck_max=stuck_max))
+                          for a in analyses]
+        self.findings_file, self.on_finding = findings_file, on_finding
+        self.on_retire: Callable[[inputs.Flow], None] | None = None   # a flow every analysis is done with
+        self._open_flows: set[int] = set()      # the recording's flows not retired yet
+        self._flows_seen = 0
+        self._lock = threading.Lock()           # findings_file
+
+    def start(self) -> None:
+        for f in self.followers:
+            f.thread = threading.Thread(target=self._analyse, args=(f,), name=f"tandem-{f.analysis}",
+                                        daemon=True)
+            f.thread.start()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for every analysis to end (at most `timeout` seconds in all); True if they have."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for f in self.followers:
+            if f.thread is not None:
+                f.thread.join(None if deadline is None else max(1.0, deadline - time.monotonic()))
+        return not any(f.thread is not None and f.thread.is_alive() for f in self.followers)
+
+    # --- the reading side ---
+
+    def trim(self) -> None:
+        """Drop the recording's inputs every analysis has taken, its output every analysis
+        has matched, and retire connections every analysis has compared to their end (an
+        analysis that has ended and been compared needs nothing more). Called from the
+        thread that appends to them."""
+        rec = self.rec
+        live = [f for f in self.followers if f.running()]
+        self._open_flows.update(range(self._flows_seen, len(rec.flows)))
+        self._flows_seen = len(rec.flows)
+        with rec.lock:
+            taken = min((f.run.taken if f.run else 0 for f in live),
+                        default=len(rec.inputs) + rec.inputs_dropped)
+            if (k := taken - rec.inputs_dropped) > 0:
+                del rec.inputs[:k]
+                rec.inputs_dropped += k
+            rec.serial_out.drop_to(min((f.cmp.native_at("serial") for f in live), default=rec.serial_out.end))
+            for i in list(self._open_flows):
+                fl = rec.flows[i]
+                if fl is None:          # retired already (_open_flows holds those that are not)
+                    self._open_flows.discard(i)
+                    continue
+                need = [f for f in live if i not in f.cmp.done]
+                if fl.closed and not need:
+                    rec.flows[i] = None
+                    self._open_flows.discard(i)
+                    for f in self.followers:
+                        f.cmp.done.discard(i)
+                    if self.on_retire:
+                        self.on_retire(fl)
+                    continue
+                name = compare.channel(fl)
+                fl.guest_data.drop_to(min((f.cmp.native_at(name) for f in need), default=fl.guest_data.end))
+
+    def kept_bytes(self) -> int:
+        """Bytes of the recording held now: inputs not taken by every analysis, and output
+        not matched by every analysis (the console's and open connections')."""
+        rec = self.rec
+        with rec.lock:
+            n = sum(len(i.data) for i in rec.inputs) + rec.serial_out.size
+            for i in self._open_flows:
+                fl = rec.flows[i] if i < len(rec.flows) else None
+                n += fl.guest_data.size if fl is not None else 0
+        return n
+
+    def slowest_pending(self) -> int | None:
+        """Inputs read and not delivered yet by the analysis furthest behind (None: no
+        analysis is running)."""
+        read = len(self.rec.inputs) + self.rec.inputs_dropped
+        pend = [f.buffer.pending() if f.buffer.pending else read - (f.run.taken if f.run else 0)
+                for f in self.followers if f.running()]
+        return min(pend) if pend else None
+
+    # --- the analyses' side ---
+
+    def _analyse(self, f: Follower) -> None:
+        def progress(run, done, total):
+            f.run = run
+            if self.progress:
+                self.progress(f.analysis, run, done, total)
+
+        def tick(run):
+            f.run = run
+            self._emit_findings(f, run)
+            f.cmp.tick(run)
+        f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
+        try:
+            f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
+                                        progress=progress, tick=tick, **self.run_options(f.analysis))
+        finally:
+            f.buffer.release()          # ended: it holds the native no longer
+            f.buffer.pending = None
+            if f.run is not None:
+                self._emit_findings(f, f.run)
+                f.cmp.finish(f.run)
+            f.cmp.finished = True
+
+    def _emit_findings(self, f: Follower, run: model.AnalysisRun) -> None:
+        """Findings as they happen: appended to findings.jsonl the moment a report completes."""
+        new = bytes(run.console[f.console_seen - run.console_base:])
+        f.console_seen += len(new)
+        reps = f.scanner.feed(new) if new else []
+        if run.outcome != "running":
+            reps += f.scanner.flush()
+        for rep in reps:
+            if f.symbolize is None:
+                f.symbolize = findings_mod.symbolizer(f.analysis)
+            x = findings_mod.of_report(run, f.symbolize(rep))
+            f.live_findings.append(x)
+            with self._lock:
+                if self.findings_file is not None:
+                    self.findings_file.write(x.to_json() + "\n")
+                    self.findings_file.flush()
+            if self.on_finding:
+                self.on_finding(x)
+
+    def results(self) -> tuple[dict[str, model.AnalysisRun], dict[str, tuple[list, list, list]]]:
+        """Every analysis's run, and its (findings, divergences, output not analysed) as
+        found while it ran."""
+        runs = {f.analysis: f.ran() for f in self.followers}
+        found = {f.analysis: (f.live_findings + findings_mod.outcome(runs[f.analysis]), f.cmp.divergences,
+                              f.cmp.not_analysed)
+                 for f in self.followers}
+        return runs, found

@@ -1,0 +1,56 @@
+"""What tandem could not do is reported apart from findings, with its own exit status
+(issue 24): hung, lagging, detached, an error, a VM that never booted are failures of
+the analysis, not findings about the guest; a crash after the first input is a finding."""
+import pytest
+
+from tandem.semantic import analyze, compare, findings, inputs, model
+
+
+def run(outcome: str, booted: bool = True, stopped_before: str = "") -> model.AnalysisRun:
+    r = model.AnalysisRun("kasan", outcome=outcome, detail="why", stopped_before=stopped_before, end_ns=10)
+    if booted:
+        r.deliver(5, inputs.Input("tcp-open", 5, flow=0))
+    return r
+
+
+@pytest.mark.parametrize("outcome", ["hung", "lagging", "detached", "error"])
+def test_tandems_own_ends_are_failures_not_findings(outcome):
+    r = run(outcome, stopped_before="tcp-data at VM 1.0s")
+    assert findings.outcome(r) == []
+    f = findings.failure(r)
+    assert f.startswith(outcome) and "why" in f and "stopped before tcp-data at VM 1.0s" in f
+
+
+def test_a_crash_after_the_first_input_is_a_finding_about_the_guest():
+    r = run("crashed")
+    (f,) = findings.outcome(r)
+    assert f.type == "VM-CRASH" and "tcp-open" in f.after_input
+    assert findings.failure(r) is None
+
+
+def test_a_crash_before_the_first_input_is_a_vm_that_did_not_boot():
+    r = run("crashed", booted=False)
+    r.deliver(0, inputs.Input("rng", 0, b"x"))      # entropy is no input the guest reached
+    assert findings.outcome(r) == []
+    assert findings.failure(r).startswith("did not boot")
+
+
+@pytest.mark.parametrize("outcome", ["poweroff", "finished"])
+def test_a_clean_end_is_neither(outcome):
+    assert findings.outcome(run(outcome)) == [] and findings.failure(run(outcome)) is None
+
+
+def result(**kw) -> analyze.AnalysisResult:
+    return analyze.AnalysisResult("kasan", run("poweroff"), kw.get("findings", []), kw.get("divergences", []),
+                                  0, [], kw.get("failure"), kw.get("not_analysed", []))
+
+
+def test_exit_status_says_found_incomplete_or_clean():
+    na = compare.NotAnalysed("serial", 1, 2, b"line")
+    div = compare.Divergence("serial", "differ", [], [], None, None, "", "")
+    assert analyze.Summary("b", [result()]).exit_status() == analyze.EXIT_CLEAN == 0
+    assert analyze.Summary("b", [result(not_analysed=[na])]).exit_status() == analyze.EXIT_INCOMPLETE == 3
+    assert analyze.Summary("b", [result(failure="hung")]).exit_status() == analyze.EXIT_INCOMPLETE
+    # a finding wins: what was analysed found something
+    assert analyze.Summary("b", [result(failure="hung"), result(divergences=[div])]).exit_status() == \
+        analyze.EXIT_FOUND == 1
