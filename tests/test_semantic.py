@@ -3,6 +3,8 @@ userland, the real feed in the patched QEMU."""
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,11 @@ from tandem.exact import replay as replay_exact
 from tandem.semantic import findings as findings_mod
 from tandem.semantic.findings import findings
 from tandem.record.recording import Recording
+from tandem.semantic import analyze as analyze_mod
 from tandem.semantic.analyze import analyze
+from tandem.semantic.trail import Trail
 from tandem.machine import Guest
-from tandem.record.workload import PLANTED_BUGS, bad_requests, demo_traffic
+from tandem.record.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
 
 # Every analysis of the catalogue but the null one: a new analysis is tested here once it
 # says below what it finds in the planted bugs.
@@ -138,7 +142,7 @@ def test_analysis_vm_that_panics_at_boot_did_not_boot_and_is_no_crash_of_the_gue
     assert why.startswith("did not boot") and ("guest-reset" in why or "panic" in why), why
 
 
-def test_analysis_vm_that_never_serves_is_a_finding_not_a_hang(demo_bundle, tmp_path):
+def test_analysis_vm_that_never_serves_is_tandems_limit_not_a_finding_nor_a_hang(demo_bundle, tmp_path):
     # The guest boots to cat(1) as init, echoing the console; the service never starts.
     g = dataclasses.replace(Guest.default(), cmdline=Guest.default().cmdline + " rdinit=/bin/cat")
     r = replay_semantic.run(inputs.load(demo_bundle), "native", tmp_path, guest=g,
@@ -181,6 +185,52 @@ def test_missing_analysis_kernel_is_a_one_line_error(demo_bundle, tmp_path):
                        capture_output=True, text=True, env=env, timeout=120,
                        cwd=str(Path(__file__).resolve().parents[1] / "replay"))
     assert_one_line_error(r, "kernel-kasan.json", "not built")
+
+
+def hammer(port: int, seconds: float, clients: int = 4) -> int:
+    """Keep-alive clients pipelining SET/GET as fast as the guest answers; requests made."""
+    made, stop = [0] * clients, time.monotonic() + seconds
+
+    def one(n: int) -> None:
+        with KV(port) as kv:
+            while time.monotonic() < stop:
+                assert kv.requests([f"SET h{n}-{made[n]} {made[n]}", f"GET h{n}-{made[n]}"]) == \
+                    ["OK", f"VALUE {made[n]}"]
+                made[n] += 1
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return 2 * sum(made)
+
+
+def test_a_heavy_recording_is_analysed_whole_reading_no_further_ahead_than_its_window(tmp_path, monkeypatch):
+    """A finished recording is read as the analysis advances (issue 24): a heavy one is
+    analysed to its end (it used to detach every analysis at the live bound of 100,000
+    inputs), clean, and the inputs held never exceed the read-ahead window (made small
+    here so that a short recording crosses it many times)."""
+    path = tmp_path / "heavy.tdm"
+    with Recording(path) as rec:
+        rec.wait_ready()
+        requests = hammer(rec.port, 3)
+        rec.serial.type("poweroff")
+        rec.wait(timeout=120)
+    recorded = [i for i in inputs.load(path).inputs if i.kind != "rng"]
+    window = 1000
+    monkeypatch.setattr(analyze_mod, "READ_AHEAD_INPUTS", window)
+    monkeypatch.setattr(analyze_mod, "READ_ON_BELOW", 100)
+    held: list[int] = []
+    trim = Trail.trim
+    monkeypatch.setattr(Trail, "trim", lambda self: (held.append(len(self.rec.inputs)), trim(self))[1])
+    s = analyze(path, ["native"], noise=False, workdir=tmp_path / "an", record=False)
+    (r,) = s.results
+    assert r.run.outcome == "poweroff", r.run.detail
+    assert r.complete and not r.findings and not r.divergences, (r.failure, [d.diff for d in r.divergences])
+    assert s.exit_status() == 0
+    delivered = r.run.n_delivered - sum(1 for i in inputs.load(path).inputs if i.kind == "rng")
+    assert delivered == len(recorded) > 4 * window, (delivered, len(recorded), requests)
+    assert max(held) <= window + analyze_mod.PACE_EVERY, max(held)
 
 
 def test_cli_prints_findings_and_exits_1(planted_bugs_bundle, tmp_path):
