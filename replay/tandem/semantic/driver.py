@@ -22,8 +22,10 @@ import time
 from typing import Callable
 
 from ..errors import TandemError
+from ..formats import netpkt
 from . import feed as feedproto
 from . import inputs as inputs_mod
+from .exchanges import Answers
 from .horizon import live_grant, next_horizon
 from .model import (
     DEP_TIMEOUT_NS,
@@ -59,6 +61,9 @@ def release_input(inp: inputs_mod.Input, rec: inputs_mod.RecordedInputs, peer: P
         feed.input(feedproto.SERIAL, now, inp.data)
         return []
     if inp.kind == "frame":
+        f = netpkt.parse(inp.data)
+        if f is not None and f.proto == netpkt.PROTO_UDP:      # the guest's answers to it are no requests
+            peer.served.add((f.dport, f.ip_src, f.sport))
         return [inp.data]
     if inp.flow is None:
         raise TandemError(f"{inp}: a {inp.kind} input without its connection")
@@ -121,6 +126,9 @@ class AnalysisDriver:
         self.short: dict[int, int] = {}
         self.lost_lines: set[bytes] = set()
         self.cpu_at = self.tick_at = float("-inf")
+        self.answers = Answers()        # the guest's UDP requests, answered from the recording
+        self.exchanges_taken = 0
+        self.unanswered: list[netpkt.Frame] = []    # live: requests the native's log may answer later
 
     # -- the recording's inputs -----------------------------------------------------------
     def pull(self) -> None:
@@ -130,7 +138,11 @@ class AnalysisDriver:
         from in order: it goes into the feed at once."""
         with self.rec.lock:
             new = self.rec.inputs[self.res.taken - self.rec.inputs_dropped:]
+            exchanges = self.rec.exchanges[self.exchanges_taken:]
         self.res.taken += len(new)
+        self.exchanges_taken += len(exchanges)
+        for ex in exchanges:
+            self.answers.add(ex)
         for i in new:
             if i.kind == "rng":
                 self.feed.input(feedproto.RNG, 0, i.data)
@@ -200,6 +212,20 @@ class AnalysisDriver:
                   for flow, need in inp.needs_bytes.items() if self.have(flow) < need]
         return ", ".join(parts)
 
+    def answer(self, now: int) -> None:
+        """Answer the guest's UDP requests from the recording (exchanges.py); one it holds
+        no answer to is reported once, unless a live native's log may bring it yet."""
+        left = []
+        for f in self.unanswered:
+            replies = self.answers.on_request(f, now)
+            if replies is not None:
+                self.frames_out += [frame for _, frame in replies]
+            elif not self.rec.finished:
+                left.append(f)
+            elif (line := self.answers.miss(f)) is not None:
+                self.res.limits.append(line)
+        self.unanswered = left
+
     # -- a stop of the VM ---------------------------------------------------------------------
     def release_due(self, now: int) -> list[bytes]:
         """Deliver the inputs due at `now` whose dependencies are met (or that waited
@@ -238,6 +264,8 @@ class AnalysisDriver:
         """Release what is due at a stop and grant the next horizon; False while a live
         native has given this VM, idle, nothing new to do."""
         self.pull()
+        if self.unanswered:
+            self.answer(now)
         first = self.nxt
         frames = self.release_due(now)
         sent = bool(frames) or self.nxt != first
@@ -357,6 +385,10 @@ class AnalysisDriver:
             if res.net_out is not None:
                 res.net_out.append((m.vm_ns, m.data))
             self.frames_out += self.peer.on_frame(m.data, m.vm_ns)
+            if self.peer.requests:
+                self.unanswered += self.peer.requests
+                self.peer.requests.clear()
+                self.answer(m.vm_ns)
         elif m.type == feedproto.OUTPUT and m.channel == feedproto.SERIAL:
             res.console_times.append((res.console_base + len(res.console), m.vm_ns))
             res.console += m.data

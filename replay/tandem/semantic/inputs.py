@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..formats import bundle, netpkt, pcapng
 from ..formats.netpkt import ACK, FIN, RST, SYN
+from .exchanges import Exchange, answers, request_key
 
 KERNEL_LINE = re.compile(rb"^\s*(<\d>)?\[\s*\d+\.\d+\]")
 FIN_CLIENT, FIN_GUEST, FIN_BOTH = 1, 2, 3
@@ -133,6 +134,9 @@ class RecordedInputs:
     finished: bool = True
     serial_out: Chunks = field(default_factory=Chunks)  # the native's console
     udp_out: list[tuple[int, tuple, bytes]] = field(default_factory=list)  # (ns, (dst ip, port), payload)
+    # UDP exchanges the guest started (DHCP, DNS, ...): each request with its replies,
+    # answered by request in an analysis (exchanges.py), not re-sent at their times.
+    exchanges: list[Exchange] = field(default_factory=list)
     # A live run drops inputs every analysis has taken: inputs[0] is input number
     # inputs_dropped, and a retired flow (compared by every analysis) is None in flows.
     # Dropping, and reading across threads what may be dropped, hold `lock`.
@@ -219,6 +223,12 @@ class InputExtractor:
         self.serial = SerialLines()             # the native's console, for line dependencies
         self.serial_in = 0                      # serial input bytes so far
         self.limits: dict[str, None] = dict.fromkeys(rec.limits)
+        # UDP: the guest's last request from each of its ports to each destination port,
+        # (guest port, remote port) -> (exchange, (src ip, port, dst ip, port)); and the
+        # datagrams the remote side started, (guest port, remote ip, remote port): the
+        # guest's answers to those are no requests.
+        self.asked: dict[tuple[int, int], tuple[Exchange, tuple[bytes, int, bytes, int]]] = {}
+        self.served: set[tuple[int, bytes, int]] = set()
 
     def feed(self, events: Iterable[pcapng.Event]) -> RecordedInputs:
         """Extract the inputs of these events (the ones after the last call's)."""
@@ -367,15 +377,30 @@ class InputExtractor:
         """A frame that is not an IPv4 TCP segment."""
         if e.direction == "out" and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP:
             self.rec.udp_out.append((e.vm_ns, (f.ip_dst, f.dport), f.payload))
+            if not f.fragment and (f.sport, f.ip_dst, f.dport) not in self.served:
+                self._udp_request(f, e.vm_ns)
         elif e.direction == "in" and f.eth_type == netpkt.ETH_IP:
             if f.fragment:
                 self.limits["IPv4 fragments"] = None
                 return
-            # UDP and ICMP: re-sent as datagrams at their recorded time.
+            if f.proto == netpkt.PROTO_UDP:
+                asked = self.asked.get((f.dport, f.sport))
+                if asked is not None and answers(f, asked[1]):
+                    asked[0].replies.append((e.vm_ns - asked[0].vm_ns, e.data))
+                    return      # a reply: answered by request (exchanges.py)
+                self.served.add((f.dport, f.ip_src, f.sport))
+            # UDP the remote side started, and ICMP: re-sent as datagrams at their recorded time.
             self.rec.inputs.append(self._deps(Input("frame", e.vm_ns, e.data, seq=e.seq)))
         elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
             self.limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
         # ARP from the network is not replayed: the replayer answers the guest's own.
+
+
+    def _udp_request(self, f: netpkt.Frame, vm_ns: int) -> None:
+        """A datagram the guest started: a request whose replies come next."""
+        ex = Exchange(len(self.rec.exchanges), request_key(f.dport, f.payload), vm_ns, f.payload, (f.ip_dst, f.dport))
+        self.rec.exchanges.append(ex)
+        self.asked[(f.sport, f.dport)] = (ex, f.flow())
 
 
 def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:

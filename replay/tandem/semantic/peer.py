@@ -7,7 +7,9 @@ it speaks with the analysis guest's own sequence numbers), carries the recorded
 client payload, respects the guest's window and MSS, acknowledges what the
 guest sends (again if the guest retransmits), retransmits its own data when
 unacknowledged, and closes as the client did (FIN or RST). It answers ARP for
-the network's addresses. Everything happens at VM times the caller gives.
+the network's addresses, and hands the guest's own UDP requests to the driver, which
+answers them from the recording (exchanges.py). Everything happens at VM times the
+caller gives.
 """
 from __future__ import annotations
 
@@ -68,6 +70,11 @@ class Peer:
         # Connections the native refused, not opened here (driver.release_input): done
         # with as soon as their time has come (semantic/live_compare.py retires them).
         self.not_opened: set[int] = set()
+        # UDP the remote side started, (guest port, remote ip, remote port): the guest's
+        # datagrams back are answers, not requests (driver.release_input notes them).
+        self.served: set[tuple[int, bytes, int]] = set()
+        # The guest's UDP requests since the driver last took them (exchanges.Answers answers them).
+        self.requests: list[netpkt.Frame] = []
 
     # -- actions of the recorded client --------------------------------------
     def open(self, index: int, client, server, client_mac, guest_mac, now: int) -> list[bytes]:
@@ -110,6 +117,8 @@ class Peer:
         if f.eth_type != netpkt.ETH_IP or f.proto != netpkt.PROTO_TCP:
             if f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP and not f.fragment:
                 self.udp_out.append((now, (f.ip_dst, f.dport), f.payload))
+                if (f.sport, f.ip_dst, f.dport) not in self.served:
+                    self.requests.append(f)
             return []
         fl = self.by_tuple.get((f.ip_src, f.sport, f.ip_dst, f.dport))
         if fl is None:
