@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Benchmark: semantic replay of heavy recordings, offline (issue 24).
+
+Two parts, each measured in one run side by side:
+  memory  tandem's own memory (the Python process's resident set, sampled every 0.25 s)
+          while it replays a heavy demo recording into an analysis, for recordings of two
+          lengths (default 20 s and 120 s of four keep-alive clients pipelining SET/GET):
+          it must not grow with the recording's length (the reading is paced by the
+          analysis, and what every analysis is done with is dropped: semantic/trail.py).
+  ratio   the same replay's wall time against the analysis kernel serving the same
+          requests live (a recording of the demo guest booted with that kernel, its
+          clients making as many requests as the native's recording holds): target 1.1x.
+
+Usage: ./tandem bench offline-heavy [--seconds 20,120] [--analysis kasan] [--only memory|ratio]
+       (python bench/offline_heavy.py --out docs/benchmarks.md ...)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
+
+from record_replay import replace_part  # noqa: E402
+
+from tandem import catalog  # noqa: E402
+from tandem.machine import Guest  # noqa: E402
+from tandem.record.recording import Recording  # noqa: E402
+from tandem.record.workload import KV  # noqa: E402
+from tandem.semantic.analyze import analyze  # noqa: E402
+
+SECTION, TITLE, PARTS = "offline_heavy", "## Offline semantic replay of heavy recordings (issue 24)", \
+    ("memory", "ratio")
+CLIENTS = 4
+
+
+def hammer(port: int, *, seconds: float | None = None, requests: int | None = None) -> int:
+    """CLIENTS keep-alive clients pipelining SET/GET pairs, for `seconds` or until
+    `requests` in all; the requests made."""
+    made = [0] * CLIENTS
+    stop = time.monotonic() + seconds if seconds else None
+    each = -(-requests // (2 * CLIENTS)) if requests else None
+
+    def one(n: int) -> None:
+        with KV(port) as kv:
+            while (stop is None or time.monotonic() < stop) and (each is None or made[n] < each):
+                kv.requests([f"SET k{n}-{made[n]} {made[n]}", f"GET k{n}-{made[n]}"])
+                made[n] += 1
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return 2 * sum(made)
+
+
+def record(path: Path, guest: Guest | None = None, **load) -> tuple[int, float]:
+    """A demo-guest recording under the heavy load: (requests, wall seconds power-on to off)."""
+    t0 = time.monotonic()
+    with Recording(path, guest) as rec:
+        rec.wait_ready()
+        n = hammer(rec.port, **load)
+        rec.serial.type("poweroff")
+        rec.wait(timeout=600)
+    return n, time.monotonic() - t0
+
+
+def rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def replay_sampled(path: Path, analysis: str, workdir: Path) -> dict:
+    """Replay `path` into `analysis` offline, sampling tandem's resident set."""
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.25):
+            samples.append(rss_kib())
+    t = threading.Thread(target=sample, daemon=True)
+    before = rss_kib()
+    t.start()
+    t0 = time.monotonic()
+    s = analyze(path, [analysis], noise=False, workdir=workdir, record=False)
+    wall = time.monotonic() - t0
+    done.set()
+    t.join()
+    (r,) = s.results
+    if not (r.complete and s.ok):
+        raise SystemExit(f"{analysis} of {path}: {r.run.outcome} {r.failure or ''}; "
+                         f"{len(r.findings)} findings, {len(r.divergences)} divergences")
+    half = samples[len(samples) // 2:] or [before]
+    return {"wall_s": wall, "inputs": r.run.n_delivered, "vm_s": r.run.end_ns / 1e9, "before_kib": before,
+            "peak_kib": max(samples or [before]), "late_mean_kib": sum(half) / len(half)}
+
+
+def memory_part(seconds: list[float], analysis: str) -> str:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-") as t:
+        for secs in seconds:
+            path = Path(t) / f"heavy-{secs:g}.tdm"
+            n, rec_wall = record(path, seconds=secs)
+            m = replay_sampled(path, analysis, Path(t) / f"an-{secs:g}")
+            rows.append((secs, n, rec_wall, m))
+            print(f"memory: {secs:g}s recording, {n} requests: {analysis} replay {m['wall_s']:.0f}s, "
+                  f"tandem RSS peak {m['peak_kib'] / 1024:.1f} MiB", file=sys.stderr)
+    first = rows[0][3]["peak_kib"]
+    lines = [f"Demo guest, {CLIENTS} keep-alive clients pipelining SET/GET for each length, replayed offline into "
+             f"{analysis} (`tandem replay --analysis {analysis} --no-noise --no-record`, in-process). Command: "
+             f"`./tandem bench offline-heavy --only memory --seconds {','.join(f'{s:g}' for s in seconds)} "
+             f"--analysis {analysis}`.", "",
+             "| recording | requests | inputs delivered | analysis VM time (s) | replay wall (s) | tandem RSS before "
+             "(MiB) | peak (MiB) | mean, second half (MiB) | peak vs the shortest |", "|---|---|---|---|---|---|---|---|---|"]
+    for secs, n, _, m in rows:
+        lines.append(f"| {secs:g} s | {n} | {m['inputs']} | {m['vm_s']:.1f} | {m['wall_s']:.0f} | "
+                     f"{m['before_kib'] / 1024:.1f} | {m['peak_kib'] / 1024:.1f} | {m['late_mean_kib'] / 1024:.1f} | "
+                     f"{m['peak_kib'] / first:.2f}x |")
+    growth = rows[-1][3]["peak_kib"] / first
+    lines += ["", f"Target: flat in the recording's length. {'Met' if growth <= 1.2 else 'Not met'}: "
+              f"{rows[-1][0] / rows[0][0]:.0f}x the recording, {growth:.2f}x the peak (bound used: 1.2x, for "
+              "the allocator's noise)."]
+    return "\n".join(lines + [""])
+
+
+def ratio_part(seconds: float, analysis: str) -> str:
+    kernel = catalog.get(analysis).flavor
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-") as t:
+        path = Path(t) / "heavy.tdm"
+        n, native_wall = record(path, seconds=seconds)
+        m = replay_sampled(path, analysis, Path(t) / "an")
+        n_live, live_wall = record(Path(t) / "live.tdm", Guest.for_analysis(analysis), requests=n)
+    ratio = m["wall_s"] / live_wall
+    print(f"ratio: replay {m['wall_s']:.0f}s, {kernel} live {live_wall:.0f}s for {n_live} requests", file=sys.stderr)
+    return "\n".join([
+        f"Demo guest, {CLIENTS} keep-alive clients pipelining SET/GET for {seconds:g} s on the native kernel "
+        f"({n} requests, {native_wall:.0f} s power-on to off), replayed offline into {analysis}; against the "
+        f"{kernel} kernel serving the same requests live (recorded, power-on to off). Command: "
+        f"`./tandem bench offline-heavy --only ratio --seconds {seconds:g} --analysis {analysis}`.", "",
+        "| run | requests | wall (s) |", "|---|---|---|",
+        f"| semantic replay into {analysis} | {n} | {m['wall_s']:.0f} |",
+        f"| {kernel} kernel serving them live | {n_live} | {live_wall:.0f} |", "",
+        f"Ratio {ratio:.2f}x; target at most 1.1x: {'met' if ratio <= 1.1 else 'not met'}.", ""])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", default="20,120", help="recording lengths, comma-separated (ratio: the first)")
+    ap.add_argument("--analysis", default="kasan")
+    ap.add_argument("--only", choices=PARTS)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    seconds = [float(x) for x in args.seconds.split(",")]
+    for part in PARTS:
+        if args.only and part != args.only:
+            continue
+        text = memory_part(seconds, args.analysis) if part == "memory" else ratio_part(seconds[0], args.analysis)
+        print(text)
+        if args.out:
+            replace_part(args.out, SECTION, TITLE, PARTS, part, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
