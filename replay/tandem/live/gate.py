@@ -403,7 +403,9 @@ class Gate:
     def _agreement_of(self, f, flow: int) -> Agreement:
         ag = self._agreements.get((f.analysis, flow))
         if ag is None:
-            ag = self._agreements[(f.analysis, flow)] = Agreement(self.specs[f.analysis].rules["tcp"], flow)
+            fl = self.rec.flows[flow] if flow < len(self.rec.flows) else None     # its protocol's rules too
+            spec = self.specs[f.analysis].for_protocol(fl.protocol if fl is not None else None)
+            ag = self._agreements[(f.analysis, flow)] = Agreement(spec.rules["tcp"], flow)
         return ag
 
     def _agreement(self, h: Held) -> bool | None:

@@ -348,8 +348,18 @@ def compare(rec: inputs_mod.RecordedInputs, run: AnalysisRun, spec: Spec, at: di
     a, b = streams_native(rec, at, only), streams_analysis(run, rec, at, only)
     out = []
     for name in sorted(set(a) | set(b), key=lambda n: (n != "serial", n)):
-        out += compare_channel(name, a.get(name, _EMPTY), b.get(name, _EMPTY), spec, run, unreached)
+        out += compare_channel(name, a.get(name, _EMPTY), b.get(name, _EMPTY), spec_of(name, rec, spec), run,
+                               unreached)
     return out
+
+
+def spec_of(name: str, rec: inputs_mod.RecordedInputs, spec: Spec) -> Spec:
+    """The spec a channel is compared under: a connection's with its protocol's rules."""
+    if not name.startswith("tcp flow "):
+        return spec
+    index = int(name.split()[2])
+    fl = rec.flows[index] if index < len(rec.flows) else None
+    return spec.for_protocol(fl.protocol) if fl is not None else spec
 
 
 def _rules(name: str, spec: Spec):

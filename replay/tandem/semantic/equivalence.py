@@ -18,12 +18,20 @@ A spec is a TOML file (docs/equivalence.md); every key is optional:
     mask = []
     byte_ranges = [{flow = 0, start = 0, end = 8}]   # masked payload bytes of a flow
     relaxed_flow_order = true          # flows are compared one by one (the only mode)
+    [http]                             # added to [tcp] on connections that carry HTTP/1.x
+    ignore = []                        # (the client's first bytes are a request line)
+    mask = []
+    [resp]                             # added to [tcp] on connections that carry RESP (redis)
+    mask = []
 
 Built-in defaults per analysis are applied first (BUILTIN below); a user spec
-adds to them.
+adds to them. The built-in protocol rules (PROTOCOL_RULES) allow what differs between two
+servers answering the same requests at different times: docs/equivalence.md says why
+each is there.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import re._constants as sre_constants
@@ -39,6 +47,7 @@ from .. import artifacts, catalog
 from ..errors import TandemError
 
 CHANNELS = ("serial", "tcp", "udp")
+PROTOCOLS = ("http", "resp")        # rule sets added to [tcp] by what a connection carries
 
 # A spec is input from outside (issue 19): every value is checked by type and range, so no
 # value reaches int()/re.compile() in a shape that raises anything but TandemError.
@@ -61,8 +70,34 @@ RULE_BUDGET = 16 * MAX_RULED_LINE ** 2
 
 # Every analysis's, then its own from the catalogue (an ASan userland's sanitizer lines
 # are findings, not divergences).
+# Protocol rules, on every analysis's connections that carry the protocol:
+#  http: response headers whose values come from the server's clock or state, not from
+#        the request (Date, Expires, Age; Last-Modified and ETag, nginx's made of the file's
+#        mtime, which a guest that writes its files at boot sets from its own clock;
+#        Keep-Alive's timeout=, max= count down per connection). Status lines, other
+#        headers and bodies are compared as they are: a different body, status or a
+#        missing response is a divergence.
+#  resp: redis INFO fields that are the server's time, memory, counters or ids, and the
+#        $LENGTH line of a bulk reply (INFO's length follows those fields; any other
+#        difference shows in the value line itself).
+PROTOCOL_RULES: dict[str, Mapping[str, object]] = {
+    "http": {"mask": [r"(?i)(?<=^date: ).*", r"(?i)(?<=^expires: ).*", r"(?i)(?<=^age: ).*",
+                      r"(?i)(?<=^last-modified: ).*", r"(?i)(?<=^etag: ).*", r"(?i)(?<=^keep-alive: ).*"]},
+    "resp": {"mask": [r"^\$\d++$",
+                      r"(?<=^uptime_in_seconds:).*", r"(?<=^uptime_in_days:).*", r"(?<=^server_time_usec:).*",
+                      r"(?<=^lru_clock:).*", r"(?<=^process_id:).*", r"(?<=^run_id:).*",
+                      r"(?<=^used_memory).*", r"(?<=^used_cpu_).*", r"(?<=^mem_).*", r"(?<=^rss_).*",
+                      r"(?<=^allocator_).*", r"(?<=^total_net_).*", r"(?<=^instantaneous_).*",
+                      r"(?<=^total_connections_received:).*", r"(?<=^total_commands_processed:).*",
+                      r"(?<=^total_reads_processed:).*", r"(?<=^total_writes_processed:).*",
+                      r"(?<=^connected_clients:).*", r"(?<=^client_recent_max_).*", r"(?<=^cmdstat_).*",
+                      r"(?<=^latest_fork_usec:).*", r"(?<=^rdb_).*", r"(?<=^aof_).*", r"(?<=^expired_).*",
+                      r"(?<=^evicted_).*", r"(?<=^keyspace_).*", r"(?<=^executable:).*",
+                      r"(?<=^config_file:).*", r"(?<=^io_threads_).*", r"(?<=^errorstat_).*"]},
+}
+
 BUILTIN: dict[str, Mapping[str, object]] = {
-    "*": {"serial": {"ignore_kernel_lines": True, "reorder_window": 8}},
+    "*": {"serial": {"ignore_kernel_lines": True, "reorder_window": 8}, **PROTOCOL_RULES},
     **{a.name: a.equivalence for a in catalog.ALL if a.equivalence},
 }
 
@@ -80,15 +115,29 @@ class ChannelRules:
 class Spec:
     ignore_channels: set[str] = field(default_factory=set)
     max_lag_ns: int = 0
-    rules: dict[str, ChannelRules] = field(default_factory=lambda: {c: ChannelRules() for c in CHANNELS})
+    rules: dict[str, ChannelRules] = field(default_factory=lambda: {c: ChannelRules() for c in (*CHANNELS, *PROTOCOLS)})
     sources: list[str] = field(default_factory=list)
+    _per_protocol: dict[str, Spec] = field(default_factory=dict, repr=False, compare=False)
+
+    def for_protocol(self, protocol: str | None) -> Spec:
+        """This spec for a connection carrying `protocol` (inputs.Flow.protocol): its [tcp]
+        rules with the protocol's added (made once per protocol)."""
+        if protocol not in PROTOCOLS:
+            return self
+        if protocol not in self._per_protocol:
+            tcp, extra = self.rules["tcp"], self.rules[protocol]
+            merged = ChannelRules(tcp.ignore + extra.ignore, tcp.mask + extra.mask, tcp.ignore_kernel_lines,
+                                  tcp.byte_ranges, max(tcp.reorder_window, extra.reorder_window))
+            self._per_protocol[protocol] = dataclasses.replace(self, rules={**self.rules, "tcp": merged},
+                                                               _per_protocol={})
+        return self._per_protocol[protocol]
 
 
 def _merge(spec: Spec, data: Mapping[str, object], where: str) -> None:
     def fail(msg: str) -> NoReturn:
         raise TandemError(f"{where}: {msg}")
 
-    known = {"ignore_channels", "max_lag_ms", *CHANNELS}
+    known = {"ignore_channels", "max_lag_ms", *CHANNELS, *PROTOCOLS}
     for k in data:
         if k not in known:
             fail(f"unknown key {_show(k)} (known: {', '.join(sorted(known))})")
@@ -107,7 +156,7 @@ def _merge(spec: Spec, data: Mapping[str, object], where: str) -> None:
                 or not 0 <= v <= MAX_LAG_MS):
             fail(f"max_lag_ms: want a number from 0 to {MAX_LAG_MS}, got {_show(v)}")
         spec.max_lag_ns = int(v * 1e6)
-    for c in CHANNELS:
+    for c in (*CHANNELS, *PROTOCOLS):
         sect = data.get(c, {})
         if not isinstance(sect, dict):
             fail(f"[{c}] must be a table")
@@ -127,7 +176,7 @@ def _merge(spec: Spec, data: Mapping[str, object], where: str) -> None:
                     fail(f"{c}.{k}: want a whole number of lines from 0 to {MAX_REORDER_WINDOW}, "
                          f"got {_show(v)}")
                 r.reorder_window = v
-            elif k == "byte_ranges" and c == "tcp":
+            elif k == "byte_ranges" and c == "tcp":     # of a flow: [tcp] only
                 if not isinstance(v, list):
                     fail(f"{c}.byte_ranges: want a list of {{flow, start, end}}, got {_show(v)}")
                 for br in v:

@@ -114,6 +114,9 @@ class Flow:
     # whose service already listens would accept it, print what the native never did
     # and number its later connections one higher (a live attach under load, 2026-11-25).
     answer: str | None = None
+    # What it carries, from the client's first bytes (protocol_of): "http", "resp" or
+    # "line"; None until the client has sent any. The spec's rules for it apply.
+    protocol: str | None = None
 
     def name(self) -> str:
         return (f"{netpkt.ip_str(self.client[0])}:{self.client[1]}->"
@@ -341,6 +344,8 @@ class InputExtractor:
             return
         nxt = self.client_next[fl.index]
         new = _new_bytes(nxt, seq, payload) if payload else b""
+        if new and fl.protocol is None:
+            fl.protocol = protocol_of(new)
         if new:
             inputs.append(self._deps(Input("tcp-data", e.vm_ns, new, flow=fl.index, offset=fl.client_bytes,
                                            seq=e.seq)))
@@ -401,6 +406,20 @@ class InputExtractor:
         ex = Exchange(len(self.rec.exchanges), request_key(f.dport, f.payload), vm_ns, f.payload, (f.ip_dst, f.dport))
         self.rec.exchanges.append(ex)
         self.asked[(f.sport, f.dport)] = (ex, f.flow())
+
+
+HTTP_REQUEST = re.compile(rb"(?:GET|HEAD|POST|PUT|DELETE|OPTIONS|PATCH|CONNECT|TRACE) \S")
+RESP_REQUEST = re.compile(rb"\*\d{1,9}\r\n\$\d{1,9}\r\n")
+
+
+def protocol_of(first: bytes) -> str:
+    """What a connection carries, from the first bytes its client sent: an HTTP/1.x
+    request line, a RESP (redis) command array, or else lines."""
+    if HTTP_REQUEST.match(first):
+        return "http"
+    if RESP_REQUEST.match(first):
+        return "resp"
+    return "line"
 
 
 def _new_bytes(expected: int, seq: int, payload: bytes) -> bytes:

@@ -55,7 +55,7 @@ class LiveCompare:
         self.keep_console_from: Callable[[], int] | None = None
         # (flow) -> analysis output the release gate has not copied
         self.keep_flow_from: Callable[[int], int] | None = None
-        self._cache: dict = {}                     # line -> its rewrite under the spec
+        self._cache: dict[int, dict] = {}          # id(spec for the channel) -> line -> its rewrite under it
         self._seen: dict[str, tuple[int, int]] = {}  # channel -> stream ends at its last try
 
     def native_at(self, name: str) -> int:
@@ -105,7 +105,8 @@ class LiveCompare:
                          origin=a_at)
         else:
             sb = _Stream.of_chunks(theirs, a_at)
-        n_to, a_to, divs, stuck = compare.matched(name, sa, sb, self.spec, self._cache, run)
+        spec = compare.spec_of(name, self.rec, self.spec)
+        n_to, a_to, divs, stuck = compare.matched(name, sa, sb, spec, self._cache.setdefault(id(spec), {}), run)
         self.divergences += divs
         if stuck:
             self.stuck.add(name)
@@ -124,7 +125,7 @@ class LiveCompare:
         else:
             keep = self.keep_console_from() if self.keep_console_from else a_to
             run.drop_console(min(a_to, keep))
-        if len(self._cache) > CACHE_LINES:          # lines of a long run: do not keep them all
+        if sum(map(len, self._cache.values())) > CACHE_LINES:  # lines of a long run: do not keep them all
             self._cache.clear()
 
     def _compare_flow(self, name: str, fl: inputs.Flow, run: AnalysisRun) -> None:
