@@ -3,13 +3,12 @@ userland, the real feed in the patched QEMU."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import assert_one_line_error, run_cli
+from helpers import assert_one_line_error, run_cli, start_client
 from tandem import catalog
 from tandem.semantic import inputs, replay as replay_semantic
 from tandem.exact import replay as replay_exact
@@ -197,11 +196,9 @@ def hammer(port: int, seconds: float, clients: int = 4) -> int:
                 assert kv.requests([f"SET h{n}-{made[n]} {made[n]}", f"GET h{n}-{made[n]}"]) == \
                     ["OK", f"VALUE {made[n]}"]
                 made[n] += 1
-    threads = [threading.Thread(target=one, args=(n,)) for n in range(clients)]
+    threads = [start_client(lambda n=n: one(n), f"hammer-{n}") for n in range(clients)]
     for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        t.join(seconds + 60)        # a client's failed assert fails the test here
     return 2 * sum(made)
 
 

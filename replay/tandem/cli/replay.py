@@ -20,6 +20,9 @@ def add_parsers(sub) -> None:
                    help="semantic replay into this analysis VM (repeatable, or comma-separated): "
                         + catalog.help_lines())
     r.add_argument("--spec", help="equivalence spec (TOML) added to the built-in one (docs/equivalence.md)")
+    r.add_argument("--root", metavar="DEVICE",
+                   help="a recording of your own VM: the root device its analysis kernels mount (default: the "
+                        "root= it booted with, a UUID or LABEL found on its disks; e.g. /dev/vda1)")
     r.add_argument("--jobs", type=int, default=2, help="analysis VMs run at once (default 2)")
     r.add_argument("--no-noise", action="store_true",
                    help="do not replay into the native kernel to learn what differs between runs")
@@ -57,7 +60,7 @@ def cmd_analyze(args) -> int:
             status.update("semantic replay: " + ", ".join(state.values()))
         s = analyze(args.bundle, names, spec_path=args.spec, jobs=args.jobs, noise=not args.no_noise,
                     workdir=Path(args.workdir) if args.workdir else None, progress=progress,
-                    record=not args.no_record)
+                    record=not args.no_record, root=args.root)
     print_summary(s)
     if args.json:
         print((Path(args.workdir) if args.workdir else Path(args.bundle) / "analysis").joinpath(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from .. import artifacts, private
 from ..errors import TandemError
-from ..machine import DISK_FORMATS, Guest
+from ..machine import DISK_FORMATS, Disk, Guest
 from .argv import overlay_path
 
 SECTOR = 512
@@ -99,3 +100,84 @@ def make_overlays(guest: Guest, first: Path) -> None:
     (argv.overlay_path names them: QEMU's command line and this agree)."""
     for disk in guest.disks:
         make_overlay(disk.base, overlay_path(first, disk.id), disk.format)
+
+
+def read_bytes(path: str, fmt: str, offset: int, length: int) -> bytes:
+    """`length` bytes of a disk image at `offset`, as the guest sees them (qemu-img dd:
+    a qcow2 is read through its format); shorter at the image's end."""
+    first, last = offset // 512, -(-(offset + length) // 512)
+    with tempfile.TemporaryDirectory(prefix="tandem-read-") as tmp:
+        out = Path(tmp) / "part"
+        # qemu-img dd: skip= and count= in bs-sized blocks, count= from the image's start
+        r = subprocess.run([artifacts.qemu()["img"], "dd", "-U", "-f", fmt, "-O", "raw", "bs=512",
+                            f"skip={first}", f"count={last}", f"if={path}", f"of={out}"],
+                           capture_output=True, text=True)
+        if r.returncode:
+            why = (r.stderr.strip().splitlines() or [f"status {r.returncode}"])[-1]
+            raise TandemError(f"disk {path}: bytes {offset}..{offset + length} cannot be read ({why})")
+        data = out.read_bytes()
+    return data[offset - first * 512:offset - first * 512 + length]
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition of a disk image and the ext2/3/4 file system on it, if any."""
+    number: int                 # as Linux numbers it (vda1 is 1)
+    offset: int                 # bytes
+    size: int
+    fs_uuid: str | None = None  # the ext superblock's UUID, lower case
+    fs_label: str | None = None
+
+
+EXT_MAGIC = 0xEF53
+GPT_SIGNATURE = b"EFI PART"
+
+
+def partitions(path: str, fmt: str) -> list[Partition]:
+    """The partitions of a disk image (an MBR's primary ones, or a GPT's), each with its
+    ext file system's UUID and label when it has one. Everything read is the guest's
+    (hostile) data: a table that points past the image or loops is read as far as it
+    makes sense, never trusted for more."""
+    mbr = read_bytes(path, fmt, 0, 512)
+    if len(mbr) < 512 or mbr[510:512] != b"\x55\xaa":
+        return []
+    parts: list[tuple[int, int, int]] = []      # (number, first LBA, sectors)
+    entries = [struct.unpack_from("<B3xB3xII", mbr, 446 + 16 * i) for i in range(4)]
+    if any(e[1] == 0xEE for e in entries):
+        head = read_bytes(path, fmt, 512, 92)
+        if head[:8] == GPT_SIGNATURE:
+            table_lba, count, size = struct.unpack_from("<QII", head, 72)
+            count, size = min(count, 128), max(128, min(size, 4096))
+            table = read_bytes(path, fmt, table_lba * 512, count * size)
+            for i in range(len(table) // size):
+                first, last = struct.unpack_from("<QQ", table, i * size + 32)
+                if table[i * size:i * size + 16] != bytes(16) and last >= first:
+                    parts.append((i + 1, first, last - first + 1))
+    else:
+        parts = [(i + 1, lba, n) for i, (_, kind, lba, n) in enumerate(entries) if kind and n]
+    return [_with_fs(path, fmt, number, lba * 512, n * 512) for number, lba, n in parts]
+
+
+def _with_fs(path: str, fmt: str, number: int, offset: int, size: int) -> Partition:
+    sb = read_bytes(path, fmt, offset + 1024, 256)
+    if len(sb) < 0x88 or struct.unpack_from("<H", sb, 0x38)[0] != EXT_MAGIC:
+        return Partition(number, offset, size)
+    u = sb[0x68:0x78].hex()
+    label = sb[0x78:0x88].split(b"\0")[0].decode("ascii", "replace") or None
+    return Partition(number, offset, size, f"{u[:8]}-{u[8:12]}-{u[12:16]}-{u[16:20]}-{u[20:]}", label)
+
+
+def root_device(disks: tuple[Disk, ...], root: str) -> str:
+    """The device a kernel without an initramfs mounts for `root` (a root= value:
+    UUID=, LABEL=, PARTUUID= or a device): UUID and LABEL are looked up in the disks'
+    ext file systems (an initramfs resolves them; tandem's analysis kernels boot without
+    one) and named /dev/vdXN by the disk's place (virtio-blk, in order)."""
+    kind, _, value = root.partition("=")
+    if kind not in ("UUID", "LABEL"):
+        return root
+    for i, d in enumerate(disks):
+        for p in partitions(d.base, d.format):
+            if (kind == "UUID" and p.fs_uuid == value.lower()) or (kind == "LABEL" and p.fs_label == value):
+                return f"/dev/vd{chr(ord('a') + i)}{p.number}"
+    raise TandemError(f"root={root}: no partition of the recording's disks has that file system "
+                      f"{kind.lower()}; give the analysis's root device with --root (e.g. /dev/vda1)")

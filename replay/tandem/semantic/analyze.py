@@ -23,6 +23,7 @@ from ..formats import bundle, pcapng
 from ..machine import analyses_given
 from . import compare, equivalence, inputs, model
 from . import findings as findings_mod
+from . import guests as guests_mod
 from .live_compare import OFFLINE_STUCK_MAX
 from .trail import Trail
 
@@ -100,12 +101,13 @@ PACE_SLEEP_S = 0.02
 def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | None = None,
             workdir: Path | None = None, noise: bool = True, jobs: int = 2,
             lookahead_ns: int = model.LOOKAHEAD_NS, progress=None,
-            record: bool = True, guests: dict | None = None) -> Summary:
+            record: bool = True, guests: dict | None = None, root: str | None = None) -> Summary:
     """Replay a finished recording into analysis VMs, `jobs` at a time, each batch
     trailing one reading of the bundle's device log (trail.Trail): tandem's memory
     follows what is in flight, not the recording's length, and no bound stops an
     analysis; the reading waits for the slowest instead. guests: analysis -> the
-    machine.Guest it boots (default: the catalogue's)."""
+    machine.Guest it boots (default: guests.analysis_guest's: a user's VM on its own
+    disks, its root device `root` or the recorded one)."""
     bundle_dir = Path(bundle_dir)
     analyses = list(dict.fromkeys(analyses))
     manifest = check_request(bundle_dir, analyses, spec_path)
@@ -113,6 +115,7 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     private.make_dir(workdir)
     runs_wanted = analyses + ([NOISE] if noise and NOISE not in analyses else [])
     specs = {a: equivalence.load(a, spec_path) for a in runs_wanted}
+    guests = guests or {a: guests_mod.analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
     runs: dict[str, model.AnalysisRun] = {}
     found: dict[str, tuple[list, list, list]] = {}
     rec = _unread(bundle_dir, manifest)
@@ -122,7 +125,7 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
             rec = _unread(bundle_dir, manifest)
             trail = Trail(rec, batch, specs, {a: model.Buffer.unbounded() for a in batch}, workdir,
                           run_options=lambda a: {"record": record, "lookahead_ns": lookahead_ns,
-                                                 "guest": (guests or {}).get(a)},
+                                                 "guest": guests.get(a)},
                           findings_file=findings_file, stuck_max=OFFLINE_STUCK_MAX, progress=progress)
             trail.start()
             read_paced(trail, bundle_dir)
