@@ -77,3 +77,14 @@ def test_a_spec_can_add_to_a_protocols_rules():
     equivalence._merge(s, {"http": {"mask": ["(?<=^Server: ).*"]}}, "test")
     assert len(s.for_protocol("http").rules["tcp"].mask) == len(equivalence.load("kasan").for_protocol("http").rules["tcp"].mask) + 1
     assert s.for_protocol("line") is s and s.for_protocol(None) is s
+
+
+def test_a_users_vm_console_is_compared_only_when_a_spec_asks(tmp_path):
+    assert "serial" in equivalence.load("kasan", users_guest=True).ignore_channels
+    assert "serial" not in equivalence.load("kasan").ignore_channels          # the demo guest's is
+    asks = tmp_path / "s.toml"
+    asks.write_text("[serial]\nignore = ['^systemd']\n")
+    assert "serial" not in equivalence.load("kasan", asks, users_guest=True).ignore_channels
+    other = tmp_path / "o.toml"
+    other.write_text("[tcp]\nmask = ['x']\n")
+    assert "serial" in equivalence.load("kasan", other, users_guest=True).ignore_channels

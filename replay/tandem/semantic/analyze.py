@@ -114,7 +114,8 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     workdir = workdir or bundle_dir / "analysis"
     private.make_dir(workdir)
     runs_wanted = analyses + ([NOISE] if noise and NOISE not in analyses else [])
-    specs = {a: equivalence.load(a, spec_path) for a in runs_wanted}
+    users = guests_mod.is_users_guest(manifest)
+    specs = {a: equivalence.load(a, spec_path, users) for a in runs_wanted}
     guests = guests or {a: guests_mod.analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
     runs: dict[str, model.AnalysisRun] = {}
     found: dict[str, tuple[list, list, list]] = {}
@@ -133,7 +134,7 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
             r, f = trail.results()
             runs.update(r)
             found.update(f)
-    return summarize(bundle_dir, rec, analyses, runs, spec_path, noise, workdir, found)
+    return summarize(bundle_dir, rec, analyses, runs, spec_path, noise, workdir, found, specs)
 
 
 def _unread(bundle_dir: Path, manifest: dict) -> inputs.RecordedInputs:
@@ -174,14 +175,15 @@ def read_paced(trail: Trail, bundle_dir: Path) -> None:
 
 def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[str],
               runs: dict[str, model.AnalysisRun], spec_path: str | None, noise: bool,
-              workdir: Path, found: dict[str, tuple]) -> Summary:
+              workdir: Path, found: dict[str, tuple], specs: dict | None = None) -> Summary:
     """The summary of finished analysis runs; writes summary.json and findings.jsonl into
     workdir. found: analysis -> (findings, divergences, not analysed), as each run found
-    them while it went (trail.Trail.results)."""
+    them while it went (trail.Trail.results). specs: analysis -> the spec it was compared
+    under (default: loaded again from spec_path)."""
     summary = Summary(str(bundle_dir), limits=list(rec.limits))
     for name in analyses:
         run = runs[name]
-        spec = equivalence.load(name, spec_path)
+        spec = (specs or {}).get(name) or equivalence.load(name, spec_path)
         findings, divs, unreached = found[name]
         n_noise = 0
         if noise and name != NOISE and NOISE in runs:

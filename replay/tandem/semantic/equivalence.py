@@ -397,16 +397,21 @@ def check(data: Mapping[str, object], where: str = "<spec>") -> Spec:
     return spec
 
 
-def load(analysis: str, path: str | Path | None = None) -> Spec:
+def load(analysis: str, path: str | Path | None = None, users_guest: bool = False) -> Spec:
     """The built-in defaults for this analysis, plus the user's spec file if given
-    (else the demo service's, agent/kvd.equiv.toml)."""
+    (else, for the demo guest, the demo service's, agent/kvd.equiv.toml).
+
+    users_guest: a recording of the user's own VM, whose console carries its boot's
+    chatter (systemd's, its services'): scanned for reports, compared only when the
+    user's spec asks for it with a [serial] table."""
     spec = Spec()
     for key in ("*", analysis):
         if key in BUILTIN:
             _merge(spec, BUILTIN[key], f"built-in spec {key!r}")
             spec.sources.append(f"built-in:{key}")
-    if path is None and DEMO_SPEC.is_file():
+    if path is None and DEMO_SPEC.is_file() and not users_guest:
         path = DEMO_SPEC
+    data: dict[str, object] = {}
     if path is not None:
         p = Path(path)
         try:
@@ -415,6 +420,10 @@ def load(analysis: str, path: str | Path | None = None) -> Spec:
             raise TandemError(f"{p}: equivalence spec not found") from None
         except OSError as e:
             raise TandemError(f"{p}: cannot read the equivalence spec: {e.strerror}") from None
-        _merge(spec, parse_toml(text, str(p)), str(p))
+        data = parse_toml(text, str(p))
+        _merge(spec, data, str(p))
         spec.sources.append(str(p))
+    if users_guest and "serial" not in data:
+        spec.ignore_channels.add("serial")
+        spec.sources.append("built-in:your VM's console is scanned for reports, not compared")
     return spec
