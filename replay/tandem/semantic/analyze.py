@@ -126,7 +126,7 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
             rec = _unread(bundle_dir, manifest)
             trail = Trail(rec, batch, specs, {a: model.Buffer.unbounded() for a in batch}, workdir,
                           run_options=lambda a: {"record": record, "lookahead_ns": lookahead_ns,
-                                                 "guest": guests.get(a)},
+                                                 "guest": guests.get(a), "line_deps": not users},
                           findings_file=findings_file, stuck_max=OFFLINE_STUCK_MAX, progress=progress)
             trail.start()
             read_paced(trail, bundle_dir)

@@ -47,7 +47,8 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
         max_lag_ns: int = MAX_LAG_NS, progress=None, record: bool = True,
         buffer: Buffer | None = None, stop=None, hang_wall_s: float = HANG_WALL_S,
-        idle: bool = False, cpus: str | None = None, launcher=None, tick=None) -> AnalysisRun:
+        idle: bool = False, cpus: str | None = None, launcher=None, tick=None,
+        line_deps: bool = True) -> AnalysisRun:
     """Replay rec into one analysis VM; never raises for what the guest does.
 
     With record (the default) the analysis VM runs under QEMU's record/replay and
@@ -61,6 +62,8 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
     "detached"). `stop()` returning True ends the run early (outcome "detached").
 
     launcher: run the analysis VM as a libvirt domain (virt.Launcher, see vm.VM).
+    line_deps: inputs wait for the console lines the native had printed (False for a
+    user's VM: driver.AnalysisDriver).
     tick(run): called every TICK_S from the run's thread (a live run compares and drops
     what it has matched: live_compare.py); a live run keeps only the inputs it delivered
     last and no raw frames, so that its memory does not grow with its length.
@@ -100,7 +103,7 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         res.qemu_pid = vm.process().pid
         server.accept(30)
         AnalysisDriver(rec, res, vm, server, max_lag_ns=max_lag_ns, progress=progress, buffer=buffer,
-                       stop=stop, hang_wall_s=hang_wall_s, tick=tick).drive()
+                       stop=stop, hang_wall_s=hang_wall_s, tick=tick, line_deps=line_deps).drive()
     except TandemError as e:
         res.outcome, res.detail = Outcome.ERROR, str(e)
     finally:
