@@ -235,8 +235,10 @@ def replace_part(path: Path, section: str, title: str, parts: tuple[str, ...], p
         replace_section(path, f"{title}\n\n{begin}\n<!-- /bench:{section}-{part} -->", section)
     elif begin not in old:
         marks = [f"<!-- /bench:{section}-{p} -->" for p in parts[:parts.index(part)]]
-        at = max((old.index(m) + len(m) for m in marks if m in old),
-                 default=old.index(f"<!-- bench:{section} -->") + len(f"<!-- bench:{section} -->"))
+        start = old.index(f"<!-- bench:{section} -->") + len(f"<!-- bench:{section} -->")
+        if old[start:].lstrip("\n").startswith(title):     # after the section's title, not before it
+            start = old.index(title, start) + len(title)
+        at = max((old.index(m) + len(m) for m in marks if m in old), default=start)
         path.write_text(old[:at] + f"\n\n{begin}\n<!-- /bench:{section}-{part} -->" + old[at:])
     replace_section(path, text, f"{section}-{part}")
 

@@ -170,11 +170,24 @@ def replay_run(manifest: dict, tmp: Path, stream: Path, overlay: Path, *, follow
                overlay=overlay, stop_after_ns=machine.get("stop_after_ns") or 0, extra=tuple(extra))
 
 
+STATUS_EVERY_S = 1.0    # how often the replay's progress is asked over QMP
+
+
 def _run_to_end(vm: VM, partial: bool, progress) -> None:
-    """Run until QEMU exits (the recorded shutdown) or, for a prefix, pauses at its end."""
+    """Run until QEMU exits (the recorded shutdown) or, for a prefix, pauses at its end.
+
+    Its progress (VM clock, for the hang check and the progress line) is asked once every
+    STATUS_EVERY_S: each QMP command runs in QEMU's main loop under the big lock, which the
+    vCPU thread takes for every device access (three commands every 0.2 s before,
+    2026-11-27; a recording asks nothing while it runs). Its exit is seen at once."""
     last_clock, last_change = None, time.monotonic()
     proc = vm.process()
-    while proc.poll() is None:
+    while True:
+        try:    # returns as soon as QEMU exits: the replay's end is not rounded up
+            proc.wait(timeout=STATUS_EVERY_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
         st = vm.vm_status()
         if progress:
             progress(st)
@@ -189,9 +202,5 @@ def _run_to_end(vm: VM, partial: bool, progress) -> None:
         elif time.monotonic() - last_change > HANG_SECONDS:
             raise TandemError(f"replay hung: VM clock stuck at {clock} ns for {HANG_SECONDS}s "
                               f"({vm.log_tail()})")
-        try:    # returns as soon as QEMU exits: the replay's end is not rounded up
-            proc.wait(timeout=0.2)
-        except subprocess.TimeoutExpired:
-            pass
     if proc.returncode != 0:
         raise TandemError(f"replay QEMU exited with status {proc.returncode}: {vm.log_tail()}")

@@ -27,7 +27,7 @@ from ..errors import TandemError
 from ..formats import bundle
 from ..machine import RR, Feed, Guest, Host, Run
 from ..qemu.vm import VM
-from ..qemu.image import make_overlay
+from ..qemu.image import make_overlays
 from ..record import recording as record_mod
 from . import inputs as inputs_mod
 from .driver import AnalysisDriver
@@ -92,7 +92,7 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         devlog = workdir / f"{analysis}.pcapng"
         if guest.disk:
             overlay = tmp / "disk-overlay.qcow2"
-            make_overlay(guest.disk.base, overlay, guest.disk.format)
+            make_overlays(guest, overlay)     # one per disk, each the analysis's own
     run = Run(tmp, net=Feed(server.path, lookahead_ns=lookahead_ns, rtc_base=rec.created), rr=rr, devlog=devlog,
               overlay=overlay, host=Host(idle=idle, cpus=cpus))
     vm = VM(guest, run, launcher=launcher, name=analysis)
