@@ -10,7 +10,8 @@ from tandem.formats import netpkt
 from tandem.semantic import feed as feedproto
 from tandem.semantic.driver import AnalysisDriver
 from tandem.semantic.inputs import Flow, Input, RecordedInputs
-from tandem.semantic.model import DEP_TIMEOUT_NS, HANG_WALL_S, LIVE_SLICE_NS, SETTLE_NS, AnalysisRun, Buffer
+from tandem.semantic.model import (DEP_TIMEOUT_NS, HANG_WALL_S, LIVE_SLICE_NS, POWEROFF_WAIT_NS, SETTLE_NS,
+                                   AnalysisRun, Buffer)
 
 MS = 1_000_000
 CAUSE = {name: i for i, name in enumerate(feedproto.SHUTDOWN_CAUSES)}
@@ -40,13 +41,16 @@ class ScriptedVM:
     """What the driver asks of QEMU, answered from the script's state."""
 
     def __init__(self):
-        self.killed = self.quit_asked = False
+        self.killed = self.quit_asked = self.pressed = False
 
     def kill(self):
         self.killed = True
 
     def quit(self):
         self.quit_asked = True
+
+    def powerdown(self):
+        self.pressed = True
 
     def wait(self, timeout=None):
         return 0
@@ -121,6 +125,22 @@ def test_inputs_are_released_at_their_times_and_the_run_finishes():
     assert [h for h, _ in feed.horizons] == [1 * MS, 2 * MS, 3 * MS + SETTLE_NS]
     assert vm.quit_asked and (res.outcome, res.detail) == ("finished", "")
     assert res.n_delivered == 2 and res.waits == 4 and res.end_ns == 3 * MS + SETTLE_NS
+
+
+def test_a_native_powered_off_by_its_button_has_the_analysis_pressed_too():
+    # A user's VM ended by its ACPI power button: after the last input and the settling
+    # time the analysis guest's button is pressed, and it may take POWEROFF_WAIT_NS to
+    # power off (its shutdown, a DHCP RELEASE among it, is compared as the native's was).
+    rec = RecordedInputs(serial_inputs(1 * MS), [], 1 * MS, [], power_button=True)
+    end = 1 * MS + SETTLE_NS
+    res, feed, vm = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(end)], [wait(end + 5 * MS)],
+                                [shutdown(end + 7 * MS, "guest-shutdown")], None])
+    assert vm.pressed and not vm.quit_asked
+    assert [h for h, _ in feed.horizons][-2:] == [end + POWEROFF_WAIT_NS] * 2
+    assert res.outcome == "poweroff"
+    # one that never powers off is quit at the bound
+    res, feed, vm = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(end)], [wait(end + POWEROFF_WAIT_NS)]])
+    assert vm.pressed and vm.quit_asked and res.outcome == "finished"
 
 
 def test_entropy_goes_into_the_feed_at_once():

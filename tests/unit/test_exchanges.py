@@ -106,3 +106,21 @@ def test_hostile_payloads_are_no_dhcp_nor_dns():
         assert exchanges.request_key(67, junk)[0] in ("udp", "dhcp")
         assert exchanges.request_key(53, junk)[0] in ("udp", "dns")
     assert exchanges.dns_question(struct.pack("!HHHHHH", 1, 0, 1, 0, 0, 0) + b"\xc0\x0c" + b"\0" * 4) is None
+
+
+def test_the_comparator_sees_dhcp_and_dns_without_their_ids():
+    a, b = dhcp(1, 7, 0x1111, GMAC), dhcp(1, 7, 0x2222, GMAC)      # two guests' RELEASEs
+    assert a != b and exchanges.without_ids(67, a) == exchanges.without_ids(67, b)
+    assert exchanges.without_ids(67, dhcp(1, 7, 1, GMAC)) != exchanges.without_ids(67, dhcp(1, 3, 1, GMAC))
+    assert exchanges.without_ids(53, dns(1, "a.org")) == exchanges.without_ids(53, dns(2, "a.org"))
+    assert exchanges.without_ids(53, dns(1, "a.org")) != exchanges.without_ids(53, dns(1, "b.org"))
+    assert exchanges.without_ids(5000, b"ab") == b"ab" and exchanges.without_ids(67, b"short") == b"short"
+
+
+def test_a_dhcp_client_identifier_is_not_compared():
+    def with_id(ident: bytes) -> bytes:
+        return dhcp(1, 3, 9, GMAC)[:-1] + bytes([61, len(ident)]) + ident + bytes([255])
+    assert exchanges.without_ids(67, with_id(b"\xff\x01\x02")) == exchanges.without_ids(67, with_id(b"\xff\x07\x08"))
+    assert exchanges.without_ids(67, with_id(b"\xff")) != exchanges.without_ids(67, with_id(b"\xff\x07"))
+    # an option whose length runs past the end is cut, not overrun
+    assert exchanges.without_ids(67, dhcp(1, 3, 9, GMAC)[:-1] + bytes([61, 200, 1])).endswith(b"\x00")

@@ -29,7 +29,6 @@ QMP_GONE = (QMPError, OSError, EOFError, asyncio.TimeoutError)
 
 GUEST_PORT = 7000          # the demo service inside the guest
 ICOUNT_SHIFT = 2           # fixed: record and replay must use the same shift
-DEFAULT_CMDLINE = "console=ttyS0 panic=-1 oops=panic"
 
 
 def free_port() -> int:

@@ -143,6 +143,8 @@ def _unread(bundle_dir: Path, manifest: dict) -> inputs.RecordedInputs:
     created = manifest.get("created")
     if isinstance(created, str) and len(created) >= 19:
         rec.created = created[:19]
+    stop = manifest.get("stop") or {}
+    rec.power_button = guests_mod.is_users_guest(manifest) and stop.get("reason") == "poweroff"
     return rec
 
 

@@ -25,6 +25,7 @@ from typing import Final
 
 from ..formats import netpkt
 from . import inputs as inputs_mod
+from .exchanges import without_ids
 from .equivalence import MAX_RULED_LINE, ChannelRules, Spec
 from .model import AnalysisRun
 
@@ -300,7 +301,7 @@ def streams_native(rec: inputs_mod.RecordedInputs, at: dict | None = None,
             s[name] = _Stream.of_chunks(fl.guest_data, at.get(name, (None,))[0])
     udp: dict[str, list[tuple[int, bytes]]] = {}
     for ns, (ip, port), payload in rec.udp_out if only is None or "udp" in only else ():
-        udp.setdefault(f"udp {netpkt.ip_str(ip)}:{port}", []).append((ns, payload + b"\n"))
+        udp.setdefault(f"udp {netpkt.ip_str(ip)}:{port}", []).append((ns, without_ids(port, payload) + b"\n"))
     s.update((k, _Stream.of_chunks(v)) for k, v in udp.items())
     return s
 
@@ -334,7 +335,7 @@ def streams_analysis(run: AnalysisRun, rec: inputs_mod.RecordedInputs, at: dict 
                 datagrams.append((ns, (f.ip_dst, f.dport), f.payload))
     udp: dict[str, list[tuple[int, bytes]]] = {}
     for ns, (ip, port), payload in datagrams:
-        udp.setdefault(f"udp {netpkt.ip_str(ip)}:{port}", []).append((ns, payload + b"\n"))
+        udp.setdefault(f"udp {netpkt.ip_str(ip)}:{port}", []).append((ns, without_ids(port, payload) + b"\n"))
     s.update((k, _Stream.of_chunks(v)) for k, v in udp.items())
     return s
 

@@ -30,6 +30,7 @@ from .horizon import live_grant, next_horizon
 from .model import (
     DEP_TIMEOUT_NS,
     HANG_WALL_S,
+    POWEROFF_WAIT_NS,
     MAX_LAG_NS,
     TICK_S,
     AnalysisRun,
@@ -131,6 +132,7 @@ class AnalysisDriver:
         self.short: dict[int, int] = {}
         self.lost_lines: set[bytes] = set()
         self.cpu_at = self.tick_at = float("-inf")
+        self.pressed_at: int | None = None   # VM time the power button was pressed (rec.power_button)
         self.answers = Answers()        # the guest's UDP requests, answered from the recording
         self.exchanges_taken = 0
         self.unanswered: list[netpkt.Frame] = []    # live: requests the native's log may answer later
@@ -289,6 +291,15 @@ class AnalysisDriver:
                 return False
             self.warp_granted_ns = known
             self.feed.horizon(g[0], warp_ns=g[1])
+        elif horizon is None and self.rec.power_button and self.pressed_at is None:
+            # The native ended by its power button after its last input: so does this
+            # guest, which then shuts down as the native did (a DHCP RELEASE, services
+            # stopping) or is quit at POWEROFF_WAIT_NS.
+            self.pressed_at = now
+            self.vm.powerdown()
+            self.feed.horizon(now + POWEROFF_WAIT_NS)
+        elif horizon is None and self.pressed_at is not None and now < self.pressed_at + POWEROFF_WAIT_NS:
+            self.feed.horizon(self.pressed_at + POWEROFF_WAIT_NS)
         elif horizon is None:
             self.vm.quit()           # reported back as SHUTDOWN host-qmp-quit
         else:

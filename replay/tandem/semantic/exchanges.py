@@ -132,6 +132,30 @@ def rewrite(reply: bytes, request: netpkt.Frame) -> bytes:
     return netpkt.udp(f.src, dst_mac, f.ip_src, dst_ip, f.sport, request.sport, bytes(payload))
 
 
+def without_ids(dport: int, payload: bytes) -> bytes:
+    """A guest's datagram as the comparator sees it: a DHCP or DNS message without what
+    each guest draws at random or counts by itself (DHCP's transaction ID and seconds
+    elapsed, DNS's query ID), which two guests asking the same never agree on; and a DHCP
+    client identifier's value (option 61): systemd-networkd makes its IAID from the
+    interface's name, which a kernel without the PCI slot information Debian's has names
+    enp0s3, not ens3 (the reference VM, 2026-11-27)."""
+    if dport in (DHCP_SERVER, DHCP_CLIENT) and len(payload) >= 12 and dhcp_type(payload) is not None:
+        out = bytearray(payload[:4] + bytes(6) + payload[10:])
+        i = 240
+        while i + 1 < len(out) and out[i] != 255:
+            if out[i] == 0:
+                i += 1
+                continue
+            n = out[i + 1]
+            if out[i] == 61:
+                out[i + 2:i + 2 + n] = bytes(len(out[i + 2:i + 2 + n]))
+            i += 2 + n
+        return bytes(out)
+    if dport == DNS and len(payload) >= 2:
+        return bytes(2) + payload[2:]
+    return payload
+
+
 class Answers:
     """The recorded exchanges, taken in order per key as the analysis guest asks."""
 

@@ -145,6 +145,9 @@ class RecordedInputs:
     # Dropping, and reading across threads what may be dropped, hold `lock`.
     inputs_dropped: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # The native ended by its ACPI power button (a user's VM powered off by
+    # Recording.powerdown): an analysis gets the press too, after its last input.
+    power_button: bool = False
 
 
 class SerialLines:

@@ -21,6 +21,7 @@ DEP_TIMEOUT_NS = 5_000_000_000      # an input waiting on dependencies is sent a
                                     # this much VM time without any output from the guest
 LIVE_SLICE_NS = 50_000_000         # live, past the native's clock: stop this often to take new inputs
 SETTLE_NS = 1_000_000_000           # run this long after the last input (and the native's end)
+POWEROFF_WAIT_NS = 60_000_000_000   # after the power button: VM time the guest may take to power off
 MAX_LAG_NS = 60_000_000_000         # beyond the native's end, without progress this long: lagging
 HANG_WALL_S = 60.0                  # no word from QEMU for this long (wall): it is hung
 DELIVERED_KEPT = 5_000             # live: the inputs delivered last, kept to attribute findings
