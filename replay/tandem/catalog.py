@@ -15,6 +15,8 @@ Nothing here imports the rest of tandem: every stage reads it, it reads none of 
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from .errors import TandemError
@@ -37,6 +39,10 @@ class Kernel:
     cmdline_extra: str = ""     # appended to the guest's kernel command line
     memory_mb: int = 256        # the guest needs at least this much memory under it
     os: str = "linux"           # the guest OS, whose console dialect report.parse reads
+    # A kernel the user brought (tandem replay --analysis-kernel): its bzImage, booted as it
+    # is, and its vmlinux for symbolizing reports (None: reports keep addresses only).
+    image: str | None = None
+    vmlinux: str | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,9 @@ class Analysis:
     userland: Userland = Userland("native")
     # built-in spec rules (docs/equivalence.md): channel -> its table, as a spec file has it
     equivalence: dict[str, dict[str, object]] = field(default_factory=dict, hash=False)
+    # Files swapped into the guest's userland (tandem replay --overlay): a directory whose
+    # tree is copied over the guest's root before the analysis boots (semantic/overlay.py).
+    overlay: str | None = None
     # In `tandem demo`'s replay. The demo shows each kind of analysis once on a cold
     # machine in under 25 minutes (docs/benchmarks.md, cold setup); another kernel to
     # build is some 4-8 more minutes of it.
@@ -101,6 +110,42 @@ def get(name: str) -> Analysis:
         return ANALYSES[name]
     except (KeyError, TypeError):
         raise TandemError(f"unknown analysis {name!r} (known: {names()})") from None
+
+
+# What a user may call an analysis of their own: it names files in the analysis's work
+# directory (NAME.tdm, NAME-console.log).
+USER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,39}")
+
+
+def check_name(name: str) -> None:
+    """A name fit for an analysis of the user's, or a one-line error."""
+    if not USER_NAME.fullmatch(name):
+        raise TandemError(f"analysis name {name!r}: use lower-case letters, digits, '.', '_' and '-' (it names files)")
+    if name in {a.name for a in ALL}:
+        raise TandemError(f"analysis name {name!r}: a built-in analysis has it; call yours otherwise")
+
+
+def add(analysis: Analysis) -> Analysis:
+    """Make an analysis of the user's (a kernel they brought, files swapped in) known to
+    this process, beside the catalogue's: every stage looks analyses up by name. A name
+    the catalogue has, or one not fit for a file name, is a one-line error."""
+    check_name(analysis.name)
+    known = ANALYSES.get(analysis.name)
+    if known is not None and known != analysis:
+        raise TandemError(f"analysis {analysis.name!r} given twice, differently")
+    ANALYSES[analysis.name] = analysis
+    return analysis
+
+
+def brought_kernel(name: str, image: str, vmlinux: str | None = None) -> Analysis:
+    """An analysis that boots the user's own kernel (checked by the caller: qemu.kernel_image)."""
+    return Analysis(name, Kernel(name, image=image, vmlinux=vmlinux), f"your kernel {image}", demo=False)
+
+
+def with_overlay(name: str, base: Analysis, overlay: str) -> Analysis:
+    """An analysis that is `base` with the files under `overlay` swapped into the guest."""
+    return dataclasses.replace(base, name=name, overlay=overlay, demo=False,
+                               summary=f"{base.name} with the files of {overlay} in the guest")
 
 
 def kernel(flavor: str) -> Kernel:

@@ -34,3 +34,25 @@ def progress(label: str, status):
 def analysis_names(items: list[str] | None) -> list[str]:
     """--analysis values, repeatable and comma-separated, as one list."""
     return [a for item in items or [] for a in item.split(",") if a]
+
+
+def add_users_analysis_options(p: argparse.ArgumentParser) -> None:
+    """Analyses of a user's VM beyond the catalogue's: a kernel they bring, files swapped in."""
+    p.add_argument("--analysis-kernel", action="append", metavar="NAME=BZIMAGE[,VMLINUX]", default=[],
+                   help="your VM: also analyse under this kernel, booted directly on the VM's disks as analysis "
+                        "NAME (it needs virtio-blk and the root's file system built in: no initramfs); the "
+                        "vmlinux symbolizes its reports (repeatable)")
+    p.add_argument("--overlay", action="append", metavar="NAME=DIR[,ANALYSIS]", default=[],
+                   help="your VM: also run analysis NAME, which is ANALYSIS (default native) with the files under "
+                        "DIR copied over the guest's root (DIR/usr/bin/x replaces /usr/bin/x; e.g. an ASan build "
+                        "of a service; repeatable)")
+
+
+def users_analyses(args: argparse.Namespace) -> list[str]:
+    """--analysis, then the analyses --analysis-kernel and --overlay define (made known to
+    the catalogue here; their files checked: a one-line error naming the culprit)."""
+    from ..semantic.guests import bring_kernel, swap_files
+    names = analysis_names(args.analysis)
+    names += [bring_kernel(spec) for spec in args.analysis_kernel]
+    names += [swap_files(spec) for spec in args.overlay]
+    return list(dict.fromkeys(names))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import catalog
 from ..errors import TandemError
-from .common import analysis_names, progress
+from .common import add_users_analysis_options, progress, users_analyses
 from .render import console, print_summary
 
 
@@ -19,6 +19,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--analysis", action="append", metavar="NAME",
                    help="semantic replay into this analysis VM (repeatable, or comma-separated): "
                         + catalog.help_lines())
+    add_users_analysis_options(r)
     r.add_argument("--spec", help="equivalence spec (TOML) added to the built-in one (docs/equivalence.md)")
     r.add_argument("--root", metavar="DEVICE",
                    help="a recording of your own VM: the root device its analysis kernels mount (default: the "
@@ -36,7 +37,7 @@ def add_parsers(sub) -> None:
 
 def cmd_replay(args) -> int:
     from ..exact.replay import replay
-    if args.analysis:
+    if args.analysis or args.analysis_kernel or args.overlay:
         return cmd_analyze(args)
     with console.status("replaying") as status:
         v = replay(args.bundle, follow=args.follow, partial=args.partial,
@@ -52,7 +53,7 @@ def cmd_analyze(args) -> int:
     from ..semantic.analyze import analyze
     if args.follow or args.partial:
         raise TandemError("--follow and --partial are for exact replay; not with --analysis")
-    names = analysis_names(args.analysis)
+    names = users_analyses(args)
     state: dict[str, str] = {}
     with console.status("replaying into analysis VMs") as status:
         def progress(name, run, done, total):

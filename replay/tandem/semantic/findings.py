@@ -72,6 +72,9 @@ def symbolizer(analysis: str):
     """rep -> rep with source locations from the analysis kernel's vmlinux and modules
     (rep unchanged when they are not there)."""
     known = catalog.ANALYSES.get(analysis)
+    if known is not None and known.kernel.image:        # a kernel the user brought, with its vmlinux or none
+        brought = known.kernel.vmlinux
+        return lambda rep: report.symbolize(rep, brought) if brought and rep.os == "linux" else rep
     flavor = known.flavor if known else analysis
     try:
         vmlinux = artifacts.kernel(flavor)["vmlinux"]

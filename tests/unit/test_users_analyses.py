@@ -1,0 +1,149 @@
+"""Analyses of a user's VM beyond the catalogue's (issue 24, point 1): a kernel the user
+brings (--analysis-kernel NAME=BZIMAGE[,VMLINUX]) and files swapped into the guest
+(--overlay NAME=DIR[,ANALYSIS]). Bad input is a one-line error naming the culprit before
+any VM starts; what is given is made known to every stage by name (catalog.add)."""
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+
+import pytest
+
+from tandem import catalog
+from tandem.errors import TandemError
+from tandem.qemu import kernel_image
+from tandem.semantic import findings, guests, overlay
+
+
+@pytest.fixture(autouse=True)
+def catalogue_as_built():
+    """catalog.add changes the process's catalogue: each test starts from the built-in one."""
+    before = dict(catalog.ANALYSES)
+    yield
+    catalog.ANALYSES.clear()
+    catalog.ANALYSES.update(before)
+
+
+def bzimage(path, version: bytes = b"6.12.0-mine (me@host) #1", protocol: int = 0x020F) -> str:
+    """A file with the x86 boot protocol's header as a bzImage has it (boot.rst)."""
+    head = bytearray(0x400)
+    head[0x1FE:0x200] = b"\x55\xaa"
+    head[0x202:0x206] = b"HdrS"
+    struct.pack_into("<H", head, 0x206, protocol)
+    struct.pack_into("<H", head, 0x20E, 0x300 - 0x200)
+    head[0x300:0x300 + len(version) + 1] = version + b"\0"
+    path.write_bytes(bytes(head) + bytes(4096))
+    return str(path)
+
+
+def elf(path) -> str:
+    path.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(57))
+    return str(path)
+
+
+def test_a_bzimage_is_known_by_its_boot_header_and_says_its_version(tmp_path):
+    assert kernel_image.bzimage_version(bzimage(tmp_path / "bz")) == "6.12.0-mine (me@host) #1"
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda p: p.write_text("#!/bin/sh\necho not a kernel\n"), "not a Linux kernel image"),
+    (lambda p: p.write_bytes(b""), "not a Linux kernel image"),
+    (lambda p: elf(p), r"an ELF file \(a vmlinux\?\), not a bzImage"),
+    (lambda p: bzimage(p, protocol=0x0105), "boot protocol 1.05"),
+    (lambda p: p.mkdir(), "a directory"),
+    (lambda p: None, "not found"),
+])
+def test_a_file_that_is_not_a_kernel_is_refused_naming_it(tmp_path, make, says):
+    path = tmp_path / "kernel"
+    make(path)
+    with pytest.raises(TandemError, match=says) as e:
+        guests.bring_kernel(f"mine={path}")
+    assert str(path) in str(e.value) and "mine" in str(e.value) and "\n" not in str(e.value)
+    assert "mine" not in catalog.ANALYSES
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("mine", "give NAME=BZIMAGE"),
+    ("=BZ", "give NAME=BZIMAGE"),
+    ("mine=", "give NAME=BZIMAGE"),
+    ("kasan=BZ", "a built-in analysis has it"),
+    ("My Kernel=BZ", "lower-case letters"),
+    ("../up=BZ", "lower-case letters"),
+])
+def test_a_malformed_kernel_option_is_refused_before_any_file_is_read(spec, says):
+    with pytest.raises(TandemError, match=says):
+        guests.bring_kernel(spec)
+
+
+def test_a_brought_kernel_is_an_analysis_every_stage_finds_by_name(tmp_path):
+    image, vmlinux = bzimage(tmp_path / "bz"), elf(tmp_path / "vmlinux")
+    assert guests.bring_kernel(f"mine={image},{vmlinux}") == "mine"
+    a = catalog.get("mine")
+    assert (a.kernel.image, a.kernel.vmlinux, a.demo) == (image, vmlinux, False)
+    assert findings.guest_os("mine") == "linux"
+    with pytest.raises(TandemError, match="vmlinux .*not a 64-bit ELF"):
+        guests.bring_kernel(f"other={image},{image}")
+    with pytest.raises(TandemError, match="given twice, differently"):
+        guests.bring_kernel(f"mine={image}")
+
+
+def test_a_brought_kernel_boots_the_users_disks_not_the_demo_guest(tmp_path):
+    image = bzimage(tmp_path / "bz")
+    guests.bring_kernel(f"mine={image}")
+    demo = {"machine": {"net": {"guest_port": 7000}, "disks": [{"id": "disk0"}]}}
+    with pytest.raises(TandemError, match="a kernel you bring analyses a recording of your own VM"):
+        guests.analysis_guest(tmp_path, demo, "mine")
+
+
+def tree(root, files: dict[str, bytes]):
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def test_an_overlay_is_a_tree_laid_out_as_the_guests_root(tmp_path):
+    d = tree(tmp_path / "ovl", {"usr/bin/redis-server": b"\x7fELF" + bytes(100),
+                                "var/www/html/index.html": b"<p>changed</p>\n"})
+    os.symlink("redis-server", d / "usr/bin/redis-check-rdb")
+    assert overlay.check_tree(str(d)) == (3, 104 + 15)
+    assert guests.swap_files(f"changed={d}") == "changed"
+    a = catalog.get("changed")
+    assert (a.overlay, a.kernel, a.userland.name) == (str(d), catalog.KERNELS["native"], "native")
+    assert guests.swap_files(f"changed-kasan={d},kasan") and catalog.get("changed-kasan").flavor == "kasan"
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda d: None, "not found"),
+    (lambda d: d.write_text("x"), "not a directory"),
+    (lambda d: d.mkdir(), "no files in it"),
+    (lambda d: tree(d, {"etc/a file": b"x"}), "a name with white space"),
+    (lambda d: (tree(d, {"etc/x": b"x"}), os.mkfifo(d / "etc/fifo")), "not a regular file"),
+])
+def test_a_bad_overlay_is_refused_naming_it(tmp_path, make, says):
+    d = tmp_path / "ovl"
+    make(d)
+    with pytest.raises(TandemError, match=says):
+        guests.swap_files(f"changed={d}")
+    assert "changed" not in catalog.ANALYSES
+
+
+def test_an_overlay_on_an_unknown_analysis_is_refused(tmp_path):
+    d = tree(tmp_path / "ovl", {"etc/x": b"x"})
+    with pytest.raises(TandemError, match="unknown analysis 'nosuch'"):
+        guests.swap_files(f"changed={d},nosuch")
+
+
+def test_the_preparation_initramfs_holds_busybox_init_and_the_tree_as_root(tmp_path):
+    d = tree(tmp_path / "ovl", {"usr/bin/redis-server": b"binary", "etc/redis/redis.conf": b"port 6379\n"})
+    (d / "usr/bin/redis-server").chmod(0o755)
+    out = tmp_path / "o.cpio"
+    overlay.initramfs(str(d), out)
+    listing = subprocess.run(["cpio", "-itv", "--quiet"], input=out.read_bytes(), capture_output=True,
+                             check=True).stdout.decode()
+    rows = {line.split()[-1]: line.split() for line in listing.splitlines()}
+    assert {"init", "bin/busybox", "files/usr/bin/redis-server", "files/etc/redis/redis.conf"} <= set(rows)
+    assert rows["files/usr/bin/redis-server"][0] == "-rwxr-xr-x"
+    assert all(r[2] == "root" and r[3] == "root" for r in rows.values())
+    assert rows["init"][0] == "-rwxr-xr-x"
