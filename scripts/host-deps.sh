@@ -9,7 +9,8 @@
 # Every program tandem calls is declared with its package in
 # replay/tandem/setup/programs.py; tests/unit/test_host_programs.py checks that each
 # package is here or in Debian's required/important set.
-# trixie is added as deb-src only (QEMU 10.0 source); never as a binary suite.
+# trixie is added as deb-src only (QEMU 10.0 source); never as a binary suite. bookworm's
+# sources too (scripts/build-asan-redis.sh: the reference VM's redis, built with ASan).
 # bookworm-backports is added as deb for linux-source-6.12.
 set -euo pipefail
 
@@ -27,6 +28,8 @@ PKGS=(
   busybox-static e2fsprogs
   # the reference VM (scripts/build-refvm.sh): a Debian root made into a disk image
   mmdebstrap fdisk qemu-utils
+  # the reference VM's redis built with ASan (scripts/build-asan-redis.sh: an overlay's service)
+  libsystemd-dev
   # tests and demo clients
   tshark wireshark-common netcat-openbsd curl socat libzstd-dev
   # the reference VM's clients in tests and benchmarks (redis-cli, redis-benchmark, wrk, ab)
@@ -57,7 +60,7 @@ src=/etc/apt/sources.list.d/tandem.sources
 want=$(cat <<'SRC'
 Types: deb-src
 URIs: http://deb.debian.org/debian
-Suites: trixie
+Suites: trixie bookworm
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 

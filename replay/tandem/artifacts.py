@@ -163,6 +163,20 @@ def refvm() -> RefvmBuild:
     return cast(RefvmBuild, _load("refvm", RefvmBuild.__required_keys__, build="./tandem build refvm"))
 
 
+class AsanRedisBuild(TypedDict):
+    """The reference VM's redis built with ASan (scripts/build-asan-redis.sh), as a tree
+    for `tandem replay --overlay`."""
+    key: str
+    overlay: str                # DIR: usr/bin/redis-server, its libasan, a unit drop-in
+    binary: str
+    redis_source: str           # the Debian source version it was built from
+
+
+def asan_redis() -> AsanRedisBuild:
+    return cast(AsanRedisBuild, _load("asan-redis", AsanRedisBuild.__required_keys__,
+                                      build="./tandem build asan-redis"))
+
+
 def initramfs(g: GuestBuild, userland: str) -> tuple[str, str]:
     """(path, sha256) of a userland's initramfs (catalog.USERLANDS names them)."""
     if userland == "native":

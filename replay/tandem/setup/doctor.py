@@ -38,6 +38,7 @@ WARM_BYTES = 1 << 30
 KVM_BOOT_TIMEOUT = 20.0   # seconds; a KVM boot to the root-mount panic takes under 2
 # Build scripts that can print the key their sources give now (TANDEM_KEY_ONLY=1).
 KEYED = {"qemu": ["build-qemu.sh", "OUT"], "guest": ["build-guest.sh", "OUT"], "refvm": ["build-refvm.sh", "OUT"],
+         "asan-redis": ["build-asan-redis.sh", "OUT"],
          **{f"kernel-{f}": ["build-kernel.sh", f, "OUT"] for f in FLAVORS}}
 # Builds whose key comes from another build's output (a module from its kernel's image,
 # the plugin from QEMU's header): checked for presence; their inputs' keys are above.

@@ -43,7 +43,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     # Debian's required set: on every Debian root.
     *_p("coreutils", "files, hashes and paths in the launcher and build scripts",
         "basename", "cat", "chmod", "chroot", "cp", "cut", "date", "dd", "dirname", "env", "head", "id",
-        "install", "ln", "ls", "mkdir", "mknod", "mv", "nproc", "realpath", "rm", "sha256sum",
+        "install", "ln", "ls", "mkdir", "mknod", "mv", "nproc", "readlink", "realpath", "rm", "sha256sum",
         "seq", "sleep", "sort", "stat", "sync", "tail", "tee", "touch", "tr", "truncate"),
     *_p("bash", "the launcher and build scripts", "bash"),
     *_p("dash", "/bin/sh: the private libvirtd's launch script", "sh"),
