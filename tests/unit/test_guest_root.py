@@ -95,7 +95,7 @@ def test_the_root_a_guest_booted_with_is_read_from_its_console(tmp_path):
             chunks = [b"SeaBIOS\r\nBooting from Hard Disk...\r\n[    0.000000] Command line: BOOT_IMAGE=/boot/vmlinuz",
                       b" root=UUID=" + UUID.encode() + b" ro console=ttyS0\r\n[    0.1] more"]
             return iter(pcapng.Event(i, 1, "serial0", "serial", "out", i, i, c, 0) for i, c in enumerate(chunks))
-    m = {"machine": {"cmdline": "", "disks": [{"id": "disk0"}]}, "net": {"forwards": []}}
+    m = {"machine": {"cmdline": "", "disks": [{"id": "disk0"}], "net": {"forwards": []}}}
     orig = guests.pcapng.DevlogReader
     guests.pcapng.DevlogReader = Reader
     try:
@@ -103,4 +103,5 @@ def test_the_root_a_guest_booted_with_is_read_from_its_console(tmp_path):
     finally:
         guests.pcapng.DevlogReader = orig
     assert guests.recorded_root(tmp_path, {"machine": {"cmdline": "console=ttyS0 root=/dev/vdb1"}}) == "/dev/vdb1"
-    assert guests.is_users_guest(m) and not guests.is_users_guest({**m, "net": {"guest_port": 7000}})
+    assert guests.is_users_guest(m)
+    assert not guests.is_users_guest({"machine": {**m["machine"], "net": {"hostfwd_port": 4000, "guest_port": 7000}}})

@@ -35,8 +35,8 @@ ROOT_ARG = re.compile(r"(?:^|\s)root=(\S+)")
 def is_users_guest(manifest: dict) -> bool:
     """Was the recording of a user's VM (tandem record --disk), not of the demo guest
     (whose service port forward the manifest's net section names)?"""
-    net = manifest.get("net") or {}
-    return "guest_port" not in net and bool((manifest.get("machine") or {}).get("disks"))
+    machine = manifest.get("machine") or {}
+    return "guest_port" not in (machine.get("net") or {}) and bool(machine.get("disks"))
 
 
 def recorded_root(bundle_dir: Path, manifest: dict) -> str | None:
