@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from tandem.formats import netpkt, pcapng
+from tandem.formats import netpkt, pcapng, wire
 from tandem.semantic import exchanges
 from tandem.semantic.driver import release_input
 from tandem.semantic.inputs import from_events
@@ -20,7 +20,7 @@ MS = 1_000_000
 def dhcp(op: int, kind: int, xid: int, chaddr: bytes, yiaddr: bytes = ZERO) -> bytes:
     body = struct.pack("!BBBBIHH4s4s4s4s16s64s128s", op, 1, 6, 0, xid, 0, 0, ZERO, yiaddr, ZERO, ZERO,
                        chaddr + b"\0" * 10, b"", b"")
-    return body + exchanges.DHCP_MAGIC + bytes([53, 1, kind, 255])
+    return body + wire.DHCP_MAGIC + bytes([53, 1, kind, 255])
 
 
 def dns(qid: int, name: str, qtype: int = 1, answer: bytes = b"") -> bytes:
@@ -72,7 +72,7 @@ def test_the_analysis_guest_gets_the_recorded_offer_with_its_own_transaction_id(
     assert at == 51 * MS and (offer.sport, offer.dport) == (67, 68)
     assert struct.unpack_from("!I", offer.payload, 4)[0] == 0x2222
     assert offer.payload[28:34] == bytes.fromhex("525400abcdef")
-    assert offer.payload[16:20] == GUEST and exchanges.dhcp_type(offer.payload) == 2
+    assert offer.payload[16:20] == GUEST and wire.dhcp_type(offer.payload) == 2
     # the native asked once: a second DISCOVER (a retransmission) has nothing left
     assert a.on_request(mine, 60 * MS) is None
     assert "DHCP DISCOVER" in a.miss(mine) and a.miss(mine) is None     # said once
@@ -102,10 +102,10 @@ def test_the_peer_hands_over_requests_but_not_answers_to_the_remote_side():
 
 
 def test_hostile_payloads_are_no_dhcp_nor_dns():
-    for junk in (b"", b"\xff" * 300, exchanges.DHCP_MAGIC * 80, b"\0" * 12 + b"\x3f" * 40):
+    for junk in (b"", b"\xff" * 300, wire.DHCP_MAGIC * 80, b"\0" * 12 + b"\x3f" * 40):
         assert exchanges.request_key(67, junk)[0] in ("udp", "dhcp")
         assert exchanges.request_key(53, junk)[0] in ("udp", "dns")
-    assert exchanges.dns_question(struct.pack("!HHHHHH", 1, 0, 1, 0, 0, 0) + b"\xc0\x0c" + b"\0" * 4) is None
+    assert wire.dns_question(struct.pack("!HHHHHH", 1, 0, 1, 0, 0, 0) + b"\xc0\x0c" + b"\0" * 4) is None
 
 
 def test_the_comparator_sees_dhcp_and_dns_without_their_ids():

@@ -46,7 +46,7 @@ class WireSummary:
     def _dhcp(self, msg: bytes) -> None:
         if len(msg) < 240 or msg[236:240] != DHCP_MAGIC:
             return
-        kind = _dhcp_type(msg[240:])
+        kind = dhcp_type(msg)
         self.dhcp[DHCP_TYPES.get(kind, f"type {kind}") if kind is not None else "BOOTP"] += 1
         yiaddr = netpkt.ip_str(msg[16:20])
         if kind in (2, 5) and yiaddr != "0.0.0.0" and yiaddr not in self.leased and len(self.leased) < EXAMPLES:
@@ -56,15 +56,9 @@ class WireSummary:
         if len(msg) < 12:
             return
         self.dns["query" if query else "answer"] += 1
-        (qdcount,) = struct.unpack_from("!H", msg, 4)
-        if not query or qdcount < 1:
-            return
-        parsed = _qname(msg, 12)
-        if parsed is None:
-            return
-        name, end = parsed
-        if end + 4 <= len(msg):
-            (qtype,) = struct.unpack_from("!H", msg, end)
+        question = dns_question(msg) if query else None
+        if question is not None:
+            name, qtype = question
             shown = f"{name} {DNS_TYPES.get(qtype, f'type {qtype}')}"
             if shown not in self.names and len(self.names) < EXAMPLES:
                 self.names.append(shown)
@@ -75,6 +69,23 @@ class WireSummary:
     def as_dict(self) -> dict[str, object]:
         return {"arp": dict(self.arp), "dhcp": dict(self.dhcp), "leased": self.leased,
                 "dns": dict(self.dns), "names": self.names}
+
+
+def dhcp_type(msg: bytes) -> int | None:
+    """The DHCP message type (option 53) of a BOOTP message, None if it is not DHCP."""
+    if len(msg) < 240 or msg[236:240] != DHCP_MAGIC:
+        return None
+    return _dhcp_type(msg[240:])
+
+
+def dns_question(msg: bytes) -> tuple[str, int] | None:
+    """(name, type) of a DNS message's first question, None if it has none or is malformed."""
+    if len(msg) < 12 or struct.unpack_from("!H", msg, 4)[0] < 1:
+        return None
+    parsed = _qname(msg, 12)
+    if parsed is None or parsed[1] + 4 > len(msg):
+        return None
+    return parsed[0], struct.unpack_from("!H", msg, parsed[1])[0]
 
 
 def _dhcp_type(options: bytes) -> int | None:

@@ -20,16 +20,13 @@ same way).
 """
 from __future__ import annotations
 
-import struct
 from collections import deque
 from dataclasses import dataclass, field
 
 from ..formats import netpkt
+from ..formats.wire import DHCP_CLIENT, DHCP_SERVER, DHCP_TYPES, DNS, dhcp_type, dns_question
 
-DHCP_SERVER, DHCP_CLIENT, DNS, NTP = 67, 68, 53, 123
-DHCP_MAGIC = b"\x63\x82\x53\x63"
-DHCP_TYPES = {1: "DISCOVER", 2: "OFFER", 3: "REQUEST", 4: "DECLINE", 5: "ACK", 6: "NAK", 7: "RELEASE",
-              8: "INFORM"}
+NTP = 123
 BROADCAST = b"\xff\xff\xff\xff"
 
 
@@ -47,49 +44,12 @@ class Exchange:
         return f"udp {netpkt.ip_str(self.dst[0])}:{self.dst[1]} {describe_key(self.key)}"
 
 
-def dhcp_type(payload: bytes) -> int | None:
-    """The DHCP message type (option 53) of a BOOTP payload, None if it is not DHCP."""
-    if len(payload) < 240 or payload[236:240] != DHCP_MAGIC:
-        return None
-    i = 240
-    while i < len(payload):
-        code = payload[i]
-        if code == 255:
-            break
-        if code == 0:
-            i += 1
-            continue
-        if i + 1 >= len(payload):
-            break
-        n = payload[i + 1]
-        if code == 53 and n >= 1 and i + 2 < len(payload):
-            return payload[i + 2]
-        i += 2 + n
-    return None
-
-
-def dns_question(payload: bytes) -> tuple[str, int] | None:
-    """(lower-case name, type) of a DNS query's first question, None if it is not one."""
-    if len(payload) < 17 or struct.unpack_from("!H", payload, 4)[0] < 1:
-        return None
-    labels, i = [], 12
-    while i < len(payload) and payload[i]:
-        n = payload[i]
-        if n & 0xC0 or i + 1 + n > len(payload):
-            return None
-        labels.append(payload[i + 1:i + 1 + n].decode("ascii", "replace").lower())
-        i += 1 + n
-    if i + 5 > len(payload):
-        return None
-    return ".".join(labels), struct.unpack_from("!H", payload, i + 1)[0]
-
-
 def request_key(dport: int, payload: bytes) -> tuple:
     """What a guest's request asks, without what differs between two guests asking it."""
     if dport == DHCP_SERVER and (t := dhcp_type(payload)) is not None:
         return ("dhcp", t)
     if dport == DNS and (q := dns_question(payload)) is not None:
-        return ("dns", q)
+        return ("dns", (q[0].lower(), q[1]))
     if dport == NTP:
         return ("ntp",)
     return ("udp", dport, payload)
