@@ -119,11 +119,10 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     guests = guests or {a: guests_mod.analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
     runs: dict[str, model.AnalysisRun] = {}
     found: dict[str, tuple[list, list, list]] = {}
-    rec = _unread(bundle_dir, manifest)
     with open(workdir / "findings.jsonl", "w", opener=private.opener) as findings_file:
         for at in range(0, len(runs_wanted), max(1, jobs)):
             batch = runs_wanted[at:at + max(1, jobs)]
-            rec = _unread(bundle_dir, manifest)
+            rec = _unread(bundle_dir, manifest, users)
             trail = Trail(rec, batch, specs, {a: model.Buffer.unbounded() for a in batch}, workdir,
                           run_options=lambda a: {"record": record, "lookahead_ns": lookahead_ns,
                                                  "guest": guests.get(a), "line_deps": not users},
@@ -137,14 +136,14 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     return summarize(bundle_dir, rec, analyses, runs, spec_path, noise, workdir, found, specs)
 
 
-def _unread(bundle_dir: Path, manifest: dict) -> inputs.RecordedInputs:
+def _unread(bundle_dir: Path, manifest: dict, users_guest: bool) -> inputs.RecordedInputs:
     """A recording's inputs before its device log is read (filled in by read_paced)."""
     rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(bundle_dir))
     created = manifest.get("created")
     if isinstance(created, str) and len(created) >= 19:
         rec.created = created[:19]
     stop = manifest.get("stop") or {}
-    rec.power_button = guests_mod.is_users_guest(manifest) and stop.get("reason") == "poweroff"
+    rec.power_button = users_guest and stop.get("reason") == "poweroff"
     return rec
 
 
