@@ -154,12 +154,16 @@ def deliberate_changes(argv: list[str]) -> list[str]:
     - filter-gate says its overflow policy (`overflow=block`, the host's default;
       qemu-patches/0017 bounds what the gate holds);
     - the device log takes every disk of the guest as `drives` (qemu-patches/0020), not
-      one `drive`."""
+      one `drive`;
+    - the demo guest's command line turns IPv6 off (`ipv6.disable=1`): the kernels have it
+      since issue 24, for ordinary guests' services."""
     i = argv.index("-qmp")
     path = argv[i + 1].removeprefix("unix:").split(",server=on", 1)[0]
     argv = argv[:i] + ["-chardev", f"socket,id=qmp,path={path},server=on,wait=off",
                        "-mon", "chardev=qmp,mode=control"] + argv[i + 2:]
     argv = [a.replace(",drive=", ",drives.0=") if a.startswith("devlog,") else a for a in argv]
+    argv = [a.replace("oops=panic", "oops=panic ipv6.disable=1", 1) if p == "-append" else a
+            for p, a in zip(["", *argv], argv)]
     return [a.replace(",position=head", ",position=head,overflow=block") if a.startswith("filter-gate,") else a
             for a in argv]
 
