@@ -183,7 +183,7 @@ def test_an_input_waits_for_its_line_then_is_sent_at_the_dependency_timeout():
     res, feed, _ = drive(rec, [[wait(1 * MS)], lambda f: [wait(f.horizons[-1][0])]])
     assert feed.horizons[0][0] == 1 * MS + DEP_TIMEOUT_NS       # blocked: wait at most the timeout
     assert feed.inputs == [(feedproto.SERIAL, 1 * MS + DEP_TIMEOUT_NS, b"x0\n")]
-    assert res.limits == ["serial at VM 0.001000s (serial offset 0, devlog event 0): sent after waiting "
+    assert res.limits == ["serial at VM 0.001000s (serial offset 0, devlog event 0) \"x0\": sent after waiting "
                           "5s of VM time for serial line b'ready' (#1)"]
 
 

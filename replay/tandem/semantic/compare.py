@@ -276,7 +276,8 @@ def _diff_stream(channel: str, a: _Side, b: _Side, spec: Spec, run: AnalysisRun,
 
 def _div(channel, kind, na, nb, run: AnalysisRun, diff) -> Divergence:
     ans = nb[0].vm_ns if nb else None
-    before = run.input_before(ans) if ans is not None else None
+    flow = int(channel.split()[2]) if channel.startswith("tcp flow ") else None
+    before = run.input_before(ans, flow) if ans is not None else None
     return Divergence(channel, kind, na, nb, na[0].vm_ns if na else None, ans,
                       before.input.describe() if before else "none (before the first input)", diff)
 

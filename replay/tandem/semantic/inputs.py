@@ -29,6 +29,7 @@ from .exchanges import Exchange, answers, request_key
 KERNEL_LINE = re.compile(rb"^\s*(<\d>)?\[\s*\d+\.\d+\]")
 FIN_CLIENT, FIN_GUEST, FIN_BOTH = 1, 2, 3
 CLOSED_GRACE_NS = 10_000_000_000    # a closed flow's last ACKs and retransmissions
+GIST_BYTES = 80                     # of an input's first line, in what it is described by
 
 
 @dataclass
@@ -43,9 +44,31 @@ class Input:
     needs_line: tuple[bytes, int] | None = None                 # (serial line, occurrence)
 
     def describe(self) -> str:
+        """What a finding or divergence came after, for a person: the input, where it is in
+        the recording, and what it said (a request's first line, a datagram's addresses)."""
         where = f"flow {self.flow} offset {self.offset}" if self.flow is not None else \
             f"serial offset {self.offset}" if self.kind == "serial" else self.kind
-        return f"{self.kind} at VM {self.vm_ns / 1e9:.6f}s ({where}, devlog event {self.seq})"
+        said = self.gist()
+        return f"{self.kind} at VM {self.vm_ns / 1e9:.6f}s ({where}, devlog event {self.seq})" + \
+            (f" {said}" if said else "")
+
+    def gist(self) -> str:
+        """The input's content in brief: the first line of bytes on a connection or the
+        console (escaped: it is the client's, or hostile), a frame's protocol, addresses
+        and size."""
+        if self.kind in ("tcp-data", "serial") and self.data:
+            line = self.data.split(b"\n", 1)[0].rstrip(b"\r")[:GIST_BYTES]
+            more = "..." if len(line) < len(self.data.rstrip(b"\r\n")) else ""
+            return '"' + line.decode("latin-1").encode("unicode_escape").decode("ascii") \
+                .replace('"', '\\"') + more + '"'
+        if self.kind == "frame" and self.data:
+            f = netpkt.parse(self.data)
+            if f is not None and f.proto in (netpkt.PROTO_UDP, netpkt.PROTO_TCP):
+                kind = "udp" if f.proto == netpkt.PROTO_UDP else "tcp"
+                return (f"[{kind} {netpkt.ip_str(f.ip_src)}:{f.sport} -> {netpkt.ip_str(f.ip_dst)}:{f.dport}, "
+                        f"{len(f.payload)} bytes of payload]")
+            return f"[{len(self.data)}-byte frame]"
+        return ""
 
 
 class Chunks(list[tuple[int, bytes]]):

@@ -103,15 +103,20 @@ class AnalysisRun:
         if i > 0:       # the write that `offset` is in stays: it times what follows
             del self.console_times[:i]
 
-    def input_before(self, vm_ns: int) -> Delivered | None:
-        """The last input delivered at or before vm_ns: what a finding is attributed to."""
-        last = None
+    def input_before(self, vm_ns: int, flow: int | None = None) -> Delivered | None:
+        """The last input delivered at or before vm_ns: what a finding is attributed to;
+        with flow, the last on that connection (the request a reply on it answers: with
+        other clients' inputs between, the last input of all is some other client's),
+        else the last of all."""
+        last = last_on_flow = None
         for d in self.delivered:
             if d.vm_ns > vm_ns:
                 break
             if d.input.kind != "rng":
                 last = d
-        return last
+                if flow is not None and d.input.flow == flow:
+                    last_on_flow = d
+        return last_on_flow or last
 
 
 @dataclass
