@@ -291,6 +291,27 @@ def test_connections_one_after_another_are_matched_by_order_at_their_syn():
     assert res.peer.flows[0].server == (GUEST_IP, 50000) and res.peer.unbound == []
 
 
+@pytest.mark.parametrize("requests, answers, closed_first, ambiguous", [
+    ([REQ_A, REQ_B], ["accepted"] * 2, None, True),
+    ([REQ_A, REQ_B], ["accepted"] * 2, 3 * MS + 2, True),        # the second opened before the first closed
+    ([REQ_A, REQ_B], ["accepted"] * 2, 3 * MS + 1, False),       # ... not before: one after the other
+    ([REQ_A, b""], ["accepted"] * 2, None, False),               # a server that spoke first: order alone
+    ([REQ_A, REQ_B], ["accepted", "refused"], None, False),
+], ids=["open at once", "overlapping", "one after the other", "a server spoke first", "one refused"])
+def test_a_syn_waits_for_its_first_bytes_only_where_they_tell_connections_apart(requests, answers, closed_first,
+                                                                               ambiguous):
+    native = Native()
+    for k, _ in enumerate(requests):
+        native.conn(33000 + k).guest_opens(3 * MS + k)
+    rec = native.recording(9 * MS)
+    c = connections.Connections()
+    for fl, req, answer in zip(rec.flows, requests, answers):
+        fl.request, fl.answer = req, answer
+        c.add(fl)
+    rec.flows[0].closed_ns = closed_first
+    assert c.at_syn(BACKEND) == (rec.flows if ambiguous else rec.flows[:1])
+
+
 @pytest.mark.parametrize("requests, first, picked", [
     ([REQ_A, REQ_B], REQ_B, 1),
     ([REQ_A, REQ_B], REQ_A[:5], 0),                     # no byte tells them apart: the earlier one

@@ -12,9 +12,9 @@ accepts it unbound and it is matched by its first bytes once they come: the reco
 connection whose first request (inputs.Flow.request) shares the longest prefix with
 them, the earlier one on a tie. That is request_key's idea for UDP (exchanges.py) with
 the prefix as the key: an HTTP request line, a RESP command, a protocol's first line
-all tell requests apart at their start. A recorded connection whose server spoke first
-(no request) is matched by order alone: its guest waits for the server, so there are no
-first bytes to wait for.
+all tell requests apart at their start. Where one of them had its server speak first
+(no request), they are matched by order alone: its guest waits for the server, so there
+may be no first bytes to wait for.
 
 A connection with no recorded one left to match is reset and reported once (miss).
 """
@@ -62,8 +62,8 @@ class Connections:
         recorded connection there is left, or none read yet), [fl] that one (by order),
         several: ambiguous until its first bytes (pick)."""
         g = self.group(dst)
-        if len(g) > 1 and (not g[0].request or any(fl.answer != "accepted" for fl in g)):
-            return g[:1]        # the server spoke first, or one was refused: order alone
+        if len(g) > 1 and not all(fl.request and fl.answer == "accepted" for fl in g):
+            return g[:1]        # a server spoke first, or one refused: order alone
         return g
 
     def pick(self, dst: tuple[bytes, int], first: bytes) -> Flow | None:

@@ -152,13 +152,13 @@ class Peer:
 
     def bind(self, fl: PeerFlow, index: int) -> None:
         """An unbound connection is recorded connection `index` (its bytes so far count)."""
-        self.unbound.remove(fl)
+        self._unbind(fl)
         fl.index = index
         self.flows[index] = fl
 
     def reset_unbound(self, fl: PeerFlow) -> list[bytes]:
         """An unbound connection no recorded one is left for: reset."""
-        self.unbound.remove(fl)
+        self._unbind(fl)
         if fl.state == "done":
             return []
         fl.state = "done"
@@ -173,11 +173,15 @@ class Peer:
         return netpkt.tcp(syn.dst, syn.src, syn.ip_dst, syn.ip_src, syn.dport, syn.sport, 0,
                           (syn.seq + 1) & 0xFFFFFFFF, RST | ACK, 0, ident=self.ident)
 
+    def _unbind(self, fl: PeerFlow) -> None:
+        # By identity: a PeerFlow compares equal by value.
+        self.unbound = [x for x in self.unbound if x is not fl]
+
     def _note_ready(self, fl: PeerFlow, f: netpkt.Frame) -> None:
         """An unbound connection's first bytes have come when the guest ends a write
         (PSH), has sent as much as a recorded request keeps, or closes."""
-        if fl not in self.ready and (fl.guest_bytes >= REQUEST_KEPT or f.flags & (FIN | RST)
-                                     or (f.flags & PSH and fl.guest_bytes)):
+        if all(x is not fl for x in self.ready) and (fl.guest_bytes >= REQUEST_KEPT or f.flags & (FIN | RST)
+                                                     or (f.flags & PSH and fl.guest_bytes)):
             self.ready.append(fl)
 
     # -- what the guest sent --------------------------------------------------
