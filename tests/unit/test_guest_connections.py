@@ -20,7 +20,7 @@ from tandem.semantic.live_compare import LiveCompare
 from tandem.semantic.model import DEP_TIMEOUT_NS, AnalysisRun
 from tandem.semantic.peer import Peer
 
-from test_driver import Clock, ScriptedFeed, ScriptedVM, wait
+from scripted_feed import Clock, ScriptedFeed, ScriptedVM, wait
 
 GMAC, SMAC = bytes.fromhex("525400123456"), netpkt.GATEWAY_MAC
 GUEST_IP, HOST_IP = bytes([10, 0, 2, 15]), bytes([10, 0, 2, 2])
