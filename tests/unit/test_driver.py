@@ -13,93 +13,9 @@ from tandem.semantic.inputs import Flow, Input, RecordedInputs
 from tandem.semantic.model import (DEP_TIMEOUT_NS, HANG_WALL_S, LIVE_SLICE_NS, POWEROFF_WAIT_NS, SETTLE_NS,
                                    AnalysisRun, Buffer)
 
+from scripted_feed import Clock, ScriptedFeed, ScriptedVM, console, shutdown, wait
+
 MS = 1_000_000
-CAUSE = {name: i for i, name in enumerate(feedproto.SHUTDOWN_CAUSES)}
-
-
-def wait(ns: int, idle: bool = False) -> feedproto.Message:
-    return feedproto.Message(feedproto.WAIT, feedproto.WAIT_IDLE if idle else feedproto.WAIT_HORIZON, ns, b"")
-
-
-def console(ns: int, text: bytes) -> feedproto.Message:
-    return feedproto.Message(feedproto.OUTPUT, feedproto.SERIAL, ns, text)
-
-
-def shutdown(ns: int, cause: str) -> feedproto.Message:
-    return feedproto.Message(feedproto.SHUTDOWN, CAUSE[cause], ns, b"")
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class ScriptedVM:
-    """What the driver asks of QEMU, answered from the script's state."""
-
-    def __init__(self):
-        self.killed = self.quit_asked = self.pressed = False
-
-    def kill(self):
-        self.killed = True
-
-    def quit(self):
-        self.quit_asked = True
-
-    def powerdown(self):
-        self.pressed = True
-
-    def wait(self, timeout=None):
-        return 0
-
-    def log_tail(self, n=400):
-        return "qemu: the log's tail"
-
-    def status(self):
-        return "running"
-
-    def feed_counters(self):
-        return "feed horizon=7 waits=3 delivered=0 late=0"
-
-    def cpu_seconds(self):
-        return 1.5
-
-
-class ScriptedFeed:
-    """The feed as the driver sees it. Each receive() takes the script's next step:
-    a list of messages, None (QEMU exited) or a callable of the feed giving one of
-    those; a finished script is silence (the clock runs on by the timeout). A QEMU
-    asked to quit says SHUTDOWN host-qmp-quit at its last stop and exits."""
-
-    def __init__(self, script, vm: ScriptedVM, clock: Clock):
-        self.script, self.vm, self.clock = list(script), vm, clock
-        self.inputs: list[tuple[int, int, bytes]] = []
-        self.horizons: list[tuple[int, int | None]] = []
-        self.quit_said = False
-
-    def input(self, channel, vm_ns, data):
-        self.inputs.append((channel, vm_ns, data))
-
-    def horizon(self, vm_ns, warp_ns=None):
-        self.horizons.append((vm_ns, warp_ns))
-
-    def flush(self):
-        pass
-
-    def receive(self, timeout):
-        if self.vm.quit_asked:
-            if self.quit_said:
-                return None
-            self.quit_said = True
-            return [shutdown(self.horizons[-1][0] if self.horizons else 0, "host-qmp-quit")]
-        if not self.script:
-            self.clock.now += timeout
-            return []
-        step = self.script.pop(0)
-        return step(self) if callable(step) else step
 
 
 def drive(rec: RecordedInputs, script, stop_when=None, **kw):

@@ -18,7 +18,6 @@ CMAC, GMAC = bytes.fromhex("52550a000202"), bytes.fromhex("525400123456")
 CLIENT_IP, GUEST_IP, GUEST_PORT = bytes([10, 0, 2, 2]), bytes([10, 0, 2, 15]), 7
 C_ISN, G_ISN = 1000, 5000               # client's and guest's initial sequence numbers
 S = 1_000_000_000
-GUEST_OPENED = "the guest opened TCP connections (only remote-opened ones are replayed)"
 CHANNELS = {"net": (0, "net0"), "serial": (1, "serial0"), "rng": (2, "rng0")}
 
 
@@ -126,7 +125,28 @@ SCENARIOS = {
     "connection opened before the recording": (
         Log().tcp("in", 10, ACK | PSH, b"GET a\n").tcp("in", 20, ACK), [], [PRE_RECORDING]),
     "bare ACK of an unknown connection": (Log().tcp("in", 10, ACK), [], [PRE_RECORDING]),
-    "guest opens a connection": (Log().tcp("out", 10, SYN), [], [GUEST_OPENED]),
+    # A connection the guest opens (nginx to its backend): no tcp-open, the analysis guest
+    # opens its own; the server's bytes are inputs needing the request the guest had sent
+    # by then, its FIN too; a refusal is no input (the peer refuses the SYN itself).
+    "guest opens a connection": (Log().tcp("out", 10, SYN), [], []),
+    "guest-opened: the server answers the request": (
+        Log().tcp("out", 10, SYN).tcp("in", 11, SYN | ACK).tcp("in", 12, SYN | ACK, rel=0).tcp("out", 13, ACK)
+        .tcp("out", 20, ACK | PSH, b"GET /a HTTP/1.0\r\n").tcp("out", 21, ACK | PSH, b"\r\n")
+        .tcp("in", 30, ACK | PSH, b"HTTP/1.0 200 OK\r\n\r\nhi").tcp("in", 31, ACK | FIN).tcp("out", 32, ACK | FIN),
+        [("tcp-data", 30, b"HTTP/1.0 200 OK\r\n\r\nhi", 0, 0, {0: 19}, None), ("tcp-fin", 31, b"", 0, 21, {}, None)],
+        []),
+    "guest-opened: the server speaks first": (
+        Log().tcp("out", 10, SYN).tcp("in", 11, SYN | ACK).tcp("in", 20, ACK | PSH, b"220 ready\r\n")
+        .tcp("out", 30, ACK | PSH, b"HELO\r\n").tcp("in", 40, ACK | PSH, b"250 hi\r\n"),
+        [("tcp-data", 20, b"220 ready\r\n", 0, 0, {}, None), ("tcp-data", 40, b"250 hi\r\n", 0, 11, {0: 6}, None)],
+        []),
+    "guest-opened: refused, then tried again": (
+        Log().tcp("out", 10, SYN).tcp("in", 11, RST | ACK).tcp("out", 20, SYN, rel=100).tcp("in", 21, SYN | ACK)
+        .tcp("in", 30, ACK | PSH, b"late"),
+        [("tcp-data", 30, b"late", 1, 0, {}, None)], []),
+    "guest-opened: a reset by the server is an input": (
+        Log().tcp("out", 10, SYN).tcp("in", 11, SYN | ACK).tcp("out", 20, ACK | PSH, b"x").tcp("in", 30, RST),
+        [("tcp-rst", 30, b"", 0, 0, {0: 1}, None)], []),
     "UDP, ICMP, ARP, IPv6, fragments": (
         Log().add("net", "in", 10, udp_in()).add("net", "in", 20, icmp_in())
         .add("net", "in", 30, netpkt.arp_reply(CMAC, CLIENT_IP, GMAC, GUEST_IP))
@@ -240,6 +260,21 @@ def test_a_flow_is_closed_by_a_fin_from_each_side_or_a_reset(closing, closed):
     assert ex.client_next == {0: C_ISN + 1 + sum(1 for d, f in closing if d == "in" and f & FIN)}
     ex.feed(Log().console(22 + CLOSED_GRACE_NS, b".").events)
     assert (ex.by_tuple == {}, ex.client_next == {}, ex.guest_next == {}, ex.fins == {}) == (closed,) * 4
+
+
+def test_a_guest_opened_flow_says_who_opened_it_what_it_asked_and_how_it_was_answered():
+    log = Log().tcp("out", 10, SYN).tcp("in", 11, SYN | ACK).tcp("out", 20, ACK | PSH, b"*1\r\n$4\r\nPING\r\n")
+    log.tcp("in", 30, ACK | PSH, b"+PONG\r\n").tcp("out", 40, ACK | PSH, b"*1\r\n$4\r\nQUIT\r\n")
+    log.tcp("out", 50, SYN, port=40001).tcp("in", 51, RST | ACK, port=40001)
+    rec = from_events(log.events)
+    fl, refused = rec.flows
+    assert (fl.guest_opened, fl.client, fl.server, fl.client_mac, fl.guest_mac, fl.opened_ns) == \
+        (True, (CLIENT_IP, 40000), (GUEST_IP, GUEST_PORT), CMAC, GMAC, 10)
+    # the guest is the client: its first bytes say the protocol, and its request is what
+    # it sent before the server's first byte
+    assert (fl.answer, fl.protocol, fl.request) == ("accepted", "resp", b"*1\r\n$4\r\nPING\r\n")
+    assert fl.guest_bytes == 28 and fl.client_bytes == 7 and fl.name() == "10.0.2.15:7->10.0.2.2:40000"
+    assert (refused.answer, refused.closed, refused.closed_ns, refused.guest_opened) == ("refused", True, 51, True)
 
 
 def test_the_live_recording_fills_in_as_events_come():

@@ -247,3 +247,16 @@ def test_a_reply_at_the_next_requests_vm_time_came_before_it():
                     [Flow(0, A, GUEST, CMAC, GMAC, 10, guest_data=[(30, b"x\n"), (40, b"y\n")])], 100, [])
     w = measure(rec)
     assert [(r.start_ns, r.end_ns, r.events) for r in w.requests] == [(10, 30, 2), (30, 40, 1)]
+
+
+def test_a_backends_answers_are_no_requests():
+    """What the guest's own backend connection brings in is part of the client's request
+    that made the guest ask (a proxy): buffered, outside any request."""
+    rec = RecordedInputs([Input("tcp-open", 10, flow=0), Input("tcp-data", 20, b"GET /\n", flow=0),
+                          Input("tcp-data", 25, b"backend says\n", flow=1), Input("tcp-fin", 26, flow=1)],
+                         [Flow(0, A, GUEST, CMAC, GMAC, 10, guest_data=[(30, b"x\n")]),
+                          Flow(1, A, GUEST, CMAC, GMAC, 21, guest_data=[(22, b"GET /b\n")], guest_opened=True)],
+                         100, [])
+    w = measure(rec)
+    assert [(r.flow, r.start_ns, r.end_ns, r.events) for r in w.requests] == [(0, 10, 30, 2)]
+    assert (w.background_events, w.background_bytes, len(w.buffered)) == (2, 13, 4)

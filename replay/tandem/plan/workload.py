@@ -78,7 +78,9 @@ def measure(rec: inputs.RecordedInputs) -> Workload:
             entropy += 1
             continue
         buffered.append((i.vm_ns, len(i.data)))
-        if i.flow is None:
+        # A server's answer on a connection the guest opened (its backend) is part of the
+        # request that made the guest ask, not a request of its own.
+        if i.flow is None or _guest_opened(rec, i.flow):
             background += 1
             background_bytes += len(i.data)
         else:
@@ -94,6 +96,11 @@ def measure(rec: inputs.RecordedInputs) -> Workload:
     ready, source = _ready(rec, requests)
     return Workload(requests, len(by_flow), end, ready, source, buffered, background,
                     background_bytes, entropy, _peak(requests))
+
+
+def _guest_opened(rec: inputs.RecordedInputs, index: int) -> bool:
+    flow = rec.flows[index]
+    return flow is not None and flow.guest_opened
 
 
 def _ready(rec: inputs.RecordedInputs, requests: list[Request]) -> tuple[int, str]:

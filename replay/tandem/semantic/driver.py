@@ -6,7 +6,9 @@ outputs (OUTPUT: frames and console bytes) and, once, why it ends (SHUTDOWN). At
 stop the driver releases the inputs whose recorded VM time has come and whose
 dependencies the guest has met (inputs.py: the bytes a flow had sent, the line the
 console had printed, when the native received them), answers the guest's frames as the
-remote TCP peer (peer.py), and grants the next horizon (horizon.py, pure). A live run
+remote TCP peer (peer.py): the client of a connection the recording opened to the guest,
+the server of one the guest opens (matched to the recording's by connections.py), and
+grants the next horizon (horizon.py, pure). A live run
 (rec.finished False) trails a native still running: it takes new inputs as they come,
 within its buffer's bound (model.Buffer).
 
@@ -25,6 +27,7 @@ from ..errors import TandemError
 from ..formats import netpkt
 from . import feed as feedproto
 from . import inputs as inputs_mod
+from .connections import Connections
 from .exchanges import Answers
 from .horizon import live_grant, next_horizon
 from .model import (
@@ -136,6 +139,13 @@ class AnalysisDriver:
         self.answers = Answers()        # the guest's UDP requests, answered from the recording
         self.exchanges_taken = 0
         self.unanswered: list[netpkt.Frame] = []    # live: requests the native's log may answer later
+        # TCP connections the guest opens, matched to the recording's (connections.py);
+        # SYNs not answered yet, by 4-tuple (live: the native's log may bring their match);
+        # recorded guest-opened connections given up on (never opened here).
+        self.connections = Connections()
+        self.flows_taken = 0
+        self.connecting: dict[tuple[bytes, int, bytes, int], netpkt.Frame] = {}
+        self.not_opened_here: set[int] = set()
 
     # -- the recording's inputs -----------------------------------------------------------
     def pull(self) -> None:
@@ -146,10 +156,15 @@ class AnalysisDriver:
         with self.rec.lock:
             new = self.rec.inputs[self.res.taken - self.rec.inputs_dropped:]
             exchanges = self.rec.exchanges[self.exchanges_taken:]
+            flows = self.rec.flows[self.flows_taken:]
         self.res.taken += len(new)
         self.exchanges_taken += len(exchanges)
+        self.flows_taken += len(flows)
         for ex in exchanges:
             self.answers.add(ex)
+        for fl in flows:
+            if fl is not None and fl.guest_opened:
+                self.connections.add(fl)
         for i in new:
             if i.kind == "rng":
                 self.feed.input(feedproto.RNG, 0, i.data)
@@ -200,13 +215,25 @@ class AnalysisDriver:
         fl = self.rec.flows[inp.flow]
         return fl is not None and fl.answer is None
 
+    def unopened(self, inp: inputs_mod.Input) -> bool:
+        """An input of a connection the native's guest opened, which this guest has not
+        opened yet (or it is not matched yet): the server's bytes wait for it."""
+        if inp.flow is None or inp.flow in self.peer.flows or inp.flow in self.not_opened_here:
+            return False
+        fl = self.rec.flows[inp.flow]
+        return fl is not None and fl.guest_opened
+
     def deps_met(self, inp: inputs_mod.Input) -> bool:
-        return not self.line_missing(inp) and not self.answer_unknown(inp) \
+        return not self.line_missing(inp) and not self.answer_unknown(inp) and not self.unopened(inp) \
             and all(self.have(f) >= n for f, n in inp.needs_bytes.items())
 
     def give_up(self, inp: inputs_mod.Input) -> None:
         if inp.needs_line and not self.lines.has(inp.needs_line):
             self.lost_lines.add(inp.needs_line[0])
+        if self.unopened(inp) and inp.flow is not None and (fl := self.rec.flows[inp.flow]) is not None:
+            # Not waited for again, nor matched to a connection this guest opens later.
+            self.not_opened_here.add(fl.index)
+            self.connections.take(fl)
         for flow, need in inp.needs_bytes.items():
             if self.have(flow) < need:
                 self.short[flow] = self.short.get(flow, 0) + need - self.have(flow)
@@ -215,6 +242,7 @@ class AnalysisDriver:
         line = inp.needs_line
         parts = [f"serial line {line[0][:60]!r} (#{line[1]})"] if line is not None and self.line_missing(inp) else []
         parts += ["the native's answer to its SYN"] if self.answer_unknown(inp) else []
+        parts += [f"the guest to open its connection (flow {inp.flow})"] if self.unopened(inp) else []
         parts += [f"flow {flow}: {self.have(flow)}/{need} guest bytes"
                   for flow, need in inp.needs_bytes.items() if self.have(flow) < need]
         return ", ".join(parts)
@@ -232,6 +260,42 @@ class AnalysisDriver:
             elif (line := self.answers.miss(f)) is not None:
                 self.res.limits.append(line)
         self.unanswered = left
+
+    def connect(self, now: int) -> None:
+        """Answer the guest's new TCP connections as the recorded server did, each matched
+        to a recorded connection (connections.py): by its SYN, or once its first bytes
+        have come when the SYN leaves it ambiguous. One that matches none is reset and
+        reported once, unless a live native's log may bring its match yet."""
+        peer = self.peer
+        for syn in peer.connects:
+            self.connecting[syn.flow()] = syn       # a retransmitted SYN: once
+        peer.connects.clear()
+        for key, syn in list(self.connecting.items()):
+            group = self.connections.at_syn((syn.ip_dst, syn.dport))
+            if not self.rec.finished and (not group or group[0].answer is None):
+                continue                            # the native's log may say yet
+            del self.connecting[key]
+            if not group:
+                self.miss((syn.ip_src, syn.sport), (syn.ip_dst, syn.dport))
+                self.frames_out += peer.answer_syn(None, syn, now, "refused")
+            elif len(group) == 1:
+                self.connections.take(group[0])
+                self.frames_out += peer.answer_syn(group[0].index, syn, now, group[0].answer)
+            else:
+                self.frames_out += peer.answer_syn(None, syn, now, "accepted")
+        for pf in peer.ready:
+            fl = self.connections.pick(pf.client, peer.first_bytes(pf))
+            if fl is None:                          # its matches were all taken meanwhile
+                self.miss(pf.server, pf.client)
+                self.frames_out += peer.reset_unbound(pf)
+            else:
+                self.connections.take(fl)
+                peer.bind(pf, fl.index)
+        peer.ready.clear()
+
+    def miss(self, guest: tuple[bytes, int], dst: tuple[bytes, int]) -> None:
+        if (line := self.connections.miss(guest, dst)) is not None:
+            self.res.limits.append(line)
 
     # -- a stop of the VM ---------------------------------------------------------------------
     def release_due(self, now: int) -> list[bytes]:
@@ -273,6 +337,8 @@ class AnalysisDriver:
         self.pull()
         if self.unanswered:
             self.answer(now)
+        if self.connecting:
+            self.connect(now)
         first = self.nxt
         frames = self.release_due(now)
         sent = bool(frames) or self.nxt != first
@@ -405,6 +471,8 @@ class AnalysisDriver:
                 self.unanswered += self.peer.requests
                 self.peer.requests.clear()
                 self.answer(m.vm_ns)
+            if self.peer.connects or self.peer.ready:
+                self.connect(m.vm_ns)
         elif m.type == feedproto.OUTPUT and m.channel == feedproto.SERIAL:
             res.console_times.append((res.console_base + len(res.console), m.vm_ns))
             res.console += m.data

@@ -8,6 +8,12 @@ when the input arrived (its dependencies), because the remote client reacted to
 those outputs: the replayer holds the input until the analysis guest has
 produced them too.
 
+A TCP flow is either side's. One the remote side opened (a client of a forwarded
+port) starts with a tcp-open input. One the guest opened (nginx to its backend)
+has none: the analysis guest opens its own, which the replayer matches to this one
+(connections.py) and answers as the remote server did; the server's bytes, FIN or
+RST are its inputs, each waiting for the request bytes the guest had sent by then.
+
 Dependencies are counted per output stream: payload bytes per TCP flow, and,
 for serial input, userland lines on the serial console (kernel printk lines,
 which differ between kernels, are not counted). A dependency on a line is the
@@ -120,7 +126,9 @@ def chunks_base(chunks: list[tuple[int, bytes]]) -> int:
 
 @dataclass
 class Flow:
-    """A TCP connection the remote side opened to the guest."""
+    """A TCP connection of the guest's. `client` is the remote side's end and `server`
+    the guest's, whoever opened it (guest_opened): the peer plays the remote side of both
+    kinds, and an input's bytes are always the remote side's, an output's the guest's."""
     index: int
     client: tuple[bytes, int]   # remote ip, port
     server: tuple[bytes, int]   # guest ip, port
@@ -136,14 +144,25 @@ class Flow:
     # on a new connection). A refused connection is not opened in an analysis: one
     # whose service already listens would accept it, print what the native never did
     # and number its later connections one higher (a live attach under load, 2026-11-25).
+    # Of a guest-opened flow: how the remote server answered the guest's SYN; the peer
+    # answers the analysis guest's the same way.
     answer: str | None = None
     # What it carries, from the client's first bytes (protocol_of): "http", "resp" or
-    # "line"; None until the client has sent any. The spec's rules for it apply.
+    # "line"; None until the client has sent any. The spec's rules for it apply. The
+    # client of a guest-opened flow is the guest.
     protocol: str | None = None
+    guest_opened: bool = False
+    # Of a guest-opened flow: the guest's first bytes (at most REQUEST_KEPT) before the
+    # remote side sent any, what tells it from the other connections to the same
+    # server open at the same time (connections.py); b"" if the server spoke first.
+    request: bytes = b""
+    closed_ns: int | None = None    # when both sides had sent FIN, or one reset it
 
     def name(self) -> str:
-        return (f"{netpkt.ip_str(self.client[0])}:{self.client[1]}->"
-                f"{netpkt.ip_str(self.server[0])}:{self.server[1]}")
+        """opener->acceptor, each as ip:port."""
+        remote = f"{netpkt.ip_str(self.client[0])}:{self.client[1]}"
+        guest = f"{netpkt.ip_str(self.server[0])}:{self.server[1]}"
+        return f"{guest}->{remote}" if self.guest_opened else f"{remote}->{guest}"
 
 
 @dataclass
@@ -221,6 +240,7 @@ def from_events(events: Iterable[pcapng.Event], end_ns: int | None = None) -> Re
 
 
 PRE_RECORDING = "TCP segments of connections opened before the recording"
+REQUEST_KEPT = 512      # bytes of a guest-opened flow's first request kept to match it by
 # What netpkt.tcp4 gives: (ip src, sport, ip dst, dport, seq, flags, payload); and a
 # connection's (client ip, port, guest ip, port).
 Segment = tuple[bytes, int, bytes, int, int, int, bytes]
@@ -273,9 +293,9 @@ class InputExtractor:
                 if seg is None and (seg := self._parsed_segment(e)) is None:
                     continue
                 if direction != "in":
-                    guest_segment(seg, vm_ns)
+                    guest_segment(seg, vm_ns, data)
                     continue
-                # The remote client's segment: its new payload is an input of its flow.
+                # The remote side's segment: its new payload is an input of its flow.
                 if seg[5] & (SYN | FIN | RST) or seg[6]:
                     client_segment(seg, e)
                 elif (seg[0], seg[1], seg[2], seg[3]) not in by_tuple:      # a bare ACK
@@ -315,7 +335,7 @@ class InputExtractor:
         was = self.fins.get(fl.index, 0)
         self.fins[fl.index] = was | side
         if self.fins[fl.index] == FIN_BOTH and was != FIN_BOTH:
-            fl.closed = True
+            fl.closed, fl.closed_ns = True, vm_ns
             self.closing.append((vm_ns, (fl.client[0], fl.client[1], fl.server[0], fl.server[1]), fl.index))
 
     def _forget_closed(self, vm_ns: int) -> None:
@@ -327,15 +347,16 @@ class InputExtractor:
             for d in (self.client_next, self.guest_next, self.fins):
                 d.pop(i, None)
 
-    def _guest_segment(self, seg: Segment, vm_ns: int) -> None:
+    def _guest_segment(self, seg: Segment, vm_ns: int, frame: bytes) -> None:
         ip_src, sport, ip_dst, dport, seq, flags, payload = seg
         fl = self.by_tuple.get((ip_dst, dport, ip_src, sport))
+        if flags & SYN and not flags & ACK and (fl is None or (fl.closed and fl.guest_opened)):
+            self._guest_open(seg, vm_ns, frame)     # (after a close: the port reused, a new flow)
+            return
         if fl is None:
-            if flags & SYN and not flags & ACK:
-                self.limits["the guest opened TCP connections (only remote-opened ones are replayed)"] = None
             return
         i = fl.index
-        if fl.answer is None and flags & (SYN | RST):
+        if fl.answer is None and flags & (SYN | RST) and not fl.guest_opened:
             fl.answer = "refused" if flags & RST and i not in self.guest_next else "accepted"
         if flags & (FIN | RST):
             self._fin(fl, FIN_BOTH if flags & RST else FIN_GUEST, vm_ns)
@@ -345,10 +366,31 @@ class InputExtractor:
             # New guest bytes only: a retransmission is not output twice.
             new = _new_bytes(self.guest_next[i], seq, payload)
             if new:
+                if fl.guest_opened:
+                    self._request(fl, new)
                 fl.guest_bytes += len(new)
                 fl.guest_data.append((vm_ns, new))
                 self.guest_next[i] = (self.guest_next[i] + len(new)) & 0xFFFFFFFF
                 self.changed[i] = fl.guest_bytes
+
+    def _guest_open(self, seg: Segment, vm_ns: int, frame: bytes) -> None:
+        """The guest's SYN: a new flow it opened. No input: the analysis guest opens its
+        own, which the peer answers as the remote server did (connections.py)."""
+        ip_src, sport, ip_dst, dport, seq = seg[:5]
+        flows = self.rec.flows
+        fl = Flow(len(flows), (ip_dst, dport), (ip_src, sport), frame[:6], frame[6:12], vm_ns, guest_opened=True)
+        flows.append(fl)
+        self.by_tuple[(ip_dst, dport, ip_src, sport)] = fl
+        self.guest_next[fl.index] = (seq + 1) & 0xFFFFFFFF
+
+    @staticmethod
+    def _request(fl: Flow, new: bytes) -> None:
+        """The guest's first bytes on a flow it opened: its protocol, and the request
+        that tells it from others to the same server (until the server sends any)."""
+        if fl.protocol is None:
+            fl.protocol = protocol_of(new)
+        if fl.client_bytes == 0 and len(fl.request) < REQUEST_KEPT:
+            fl.request += new[:REQUEST_KEPT - len(fl.request)]
 
     def _client_segment(self, seg: Segment, e: pcapng.Event) -> None:
         ip_src, sport, ip_dst, dport, seq, flags, payload = seg
@@ -362,15 +404,20 @@ class InputExtractor:
         if fl is None:
             self.limits[PRE_RECORDING] = None
             return
+        if fl.guest_opened and fl.index not in self.client_next:
+            self._answer(fl, seg, e.vm_ns)
+            return
         inputs = self.rec.inputs
         if flags & RST:
             inputs.append(self._deps(Input("tcp-rst", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
             del self.by_tuple[key]
             self._fin(fl, FIN_BOTH, e.vm_ns)
             return
+        if flags & SYN:
+            return      # a guest-opened flow's SYN-ACK again (its ACK was lost)
         nxt = self.client_next[fl.index]
         new = _new_bytes(nxt, seq, payload) if payload else b""
-        if new and fl.protocol is None:
+        if new and fl.protocol is None and not fl.guest_opened:
             fl.protocol = protocol_of(new)
         if new:
             inputs.append(self._deps(Input("tcp-data", e.vm_ns, new, flow=fl.index, offset=fl.client_bytes,
@@ -382,6 +429,20 @@ class InputExtractor:
             nxt = (nxt + 1) & 0xFFFFFFFF
             self._fin(fl, FIN_CLIENT, e.vm_ns)
         self.client_next[fl.index] = nxt
+
+    def _answer(self, fl: Flow, seg: Segment, vm_ns: int) -> None:
+        """The remote server's answer to the SYN of a flow the guest opened: SYN-ACK
+        (accepted) or RST (refused: nothing listened, the guest may try again on a new
+        connection). No input either way: the peer answers the analysis guest's SYN the
+        same way when it comes (connections.py). Anything else before it is ignored."""
+        ip_src, sport, ip_dst, dport, seq, flags = seg[:6]
+        if flags & RST:
+            fl.answer = "refused"
+            del self.by_tuple[(ip_src, sport, ip_dst, dport)]
+            self._fin(fl, FIN_BOTH, vm_ns)
+        elif flags & SYN and flags & ACK:
+            fl.answer = "accepted"
+            self.client_next[fl.index] = (seq + 1) & 0xFFFFFFFF
 
     def _open(self, seg: Segment, e: pcapng.Event) -> None:
         """The client's SYN: a new flow (also when it reuses a closed flow's ports)."""

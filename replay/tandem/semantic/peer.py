@@ -10,6 +10,13 @@ unacknowledged, and closes as the client did (FIN or RST). It answers ARP for
 the network's addresses, and hands the guest's own UDP requests to the driver, which
 answers them from the recording (exchanges.py). Everything happens at VM times the
 caller gives.
+
+It plays the remote server of a connection the guest opens (a backend nginx proxies
+to) too: the driver matches the guest's SYN to a recorded connection (connections.py)
+and the peer answers it as the recorded server did (answer_syn: SYN-ACK, RST, or
+nothing); from there the server's bytes and its FIN or RST are sent like a client's.
+A SYN that may be one of several recorded connections open at once is accepted
+unbound, and bound to one once the guest's first bytes have come (ready, bind).
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ..formats import netpkt
 from ..formats.netpkt import ACK, FIN, PSH, RST, SYN
-from .inputs import Chunks
+from .inputs import REQUEST_KEPT, Chunks
 
 UNKNOWN_KEPT = 100
 PEER_WINDOW = 65535
@@ -25,6 +32,7 @@ PEER_MSS = 1460
 RTO_NS = 200_000_000        # VM time before unacknowledged data is sent again
 SYN_RETRY_NS = 50_000_000   # a refused connection (service not listening yet) is retried
 SYN_RETRY_FOR_NS = 60_000_000_000   # ... for this long, like a patient client
+ACCEPT_ISN = 0x8000_0000    # the first initial sequence number of a connection the guest opens
 
 
 @dataclass
@@ -35,7 +43,10 @@ class PeerFlow:
     client_mac: bytes
     guest_mac: bytes
     isn: int
-    state: str = "closed"       # closed | syn-sent | refused | established | done
+    # closed | syn-sent | refused | established | done; a connection the guest opened:
+    # syn-received (SYN-ACK sent) | established | done, or silent (the recorded server
+    # never answered its SYN: neither does the peer)
+    state: str = "closed"
     snd_una: int = 0            # offsets into our stream (0 = SYN)
     snd_nxt: int = 0
     sendbuf: bytearray = field(default_factory=bytearray)   # client bytes not acknowledged yet,
@@ -75,6 +86,14 @@ class Peer:
         self.served: set[tuple[int, bytes, int]] = set()
         # The guest's UDP requests since the driver last took them (exchanges.Answers answers them).
         self.requests: list[netpkt.Frame] = []
+        # The guest's SYNs opening connections since the driver last took them: it matches
+        # each to a recorded connection (connections.py) and calls answer_syn.
+        self.connects: list[netpkt.Frame] = []
+        # Connections accepted before it was known which recorded one they are (index -1),
+        # and those of them whose first bytes have come: the driver binds each (bind).
+        self.unbound: list[PeerFlow] = []
+        self.ready: list[PeerFlow] = []
+        self.accepted = 0
 
     # -- actions of the recorded client --------------------------------------
     def open(self, index: int, client, server, client_mac, guest_mac, now: int) -> list[bytes]:
@@ -104,6 +123,67 @@ class Peer:
         fl.state = "done"
         return [self._seg(fl, fl.snd_nxt, RST | ACK)]
 
+    # -- the remote server of a connection the guest opened ------------------------
+    def answer_syn(self, index: int | None, syn: netpkt.Frame, now: int, answer: str | None) -> list[bytes]:
+        """Answer the guest's SYN as the recorded server answered recorded connection
+        `index`: "accepted" (SYN-ACK), "refused" (RST) or None (it never answered: the
+        peer keeps silent on this connection). index None: accepted, to be bound to a
+        recorded connection by its first bytes (ready, bind)."""
+        if answer == "refused":
+            if index is not None:
+                self.not_opened.add(index)     # nothing to compare: done with at once
+            return [self._refusal(syn)]
+        self.accepted += 1
+        fl = PeerFlow(-1 if index is None else index, (syn.ip_dst, syn.dport), (syn.ip_src, syn.sport), syn.dst,
+                      syn.src, isn=(ACCEPT_ISN + self.accepted * 0x0100_0000) & 0xFFFFFFFF)
+        self.by_tuple[(syn.ip_src, syn.sport, syn.ip_dst, syn.dport)] = fl
+        if index is None:
+            self.unbound.append(fl)
+        else:
+            self.flows[index] = fl
+        fl.last_send_ns = fl.opened_ns = now
+        if answer is None:
+            fl.state = "silent"
+            return []
+        fl.state, fl.snd_nxt = "syn-received", 1
+        fl.guest_isn, fl.rcv_nxt = syn.seq, (syn.seq + 1) & 0xFFFFFFFF
+        fl.guest_mss, fl.guest_window = syn.mss or 536, syn.window
+        return [self._seg(fl, 0, SYN | ACK, mss=PEER_MSS)]
+
+    def bind(self, fl: PeerFlow, index: int) -> None:
+        """An unbound connection is recorded connection `index` (its bytes so far count)."""
+        self._unbind(fl)
+        fl.index = index
+        self.flows[index] = fl
+
+    def reset_unbound(self, fl: PeerFlow) -> list[bytes]:
+        """An unbound connection no recorded one is left for: reset."""
+        self._unbind(fl)
+        if fl.state == "done":
+            return []
+        fl.state = "done"
+        return [self._seg(fl, fl.snd_nxt, RST | ACK)]
+
+    def first_bytes(self, fl: PeerFlow) -> bytes:
+        """The guest's first bytes on a connection, as many as a recorded request keeps."""
+        return b"".join(d for _, d in fl.guest_data)[:REQUEST_KEPT]
+
+    def _refusal(self, syn: netpkt.Frame) -> bytes:
+        self.ident += 1
+        return netpkt.tcp(syn.dst, syn.src, syn.ip_dst, syn.ip_src, syn.dport, syn.sport, 0,
+                          (syn.seq + 1) & 0xFFFFFFFF, RST | ACK, 0, ident=self.ident)
+
+    def _unbind(self, fl: PeerFlow) -> None:
+        # By identity: a PeerFlow compares equal by value.
+        self.unbound = [x for x in self.unbound if x is not fl]
+
+    def _note_ready(self, fl: PeerFlow, f: netpkt.Frame) -> None:
+        """An unbound connection's first bytes have come when the guest ends a write
+        (PSH), has sent as much as a recorded request keeps, or closes."""
+        if all(x is not fl for x in self.ready) and (fl.guest_bytes >= REQUEST_KEPT or f.flags & (FIN | RST)
+                                                     or (f.flags & PSH and fl.guest_bytes)):
+            self.ready.append(fl)
+
     # -- what the guest sent --------------------------------------------------
     def on_frame(self, frame: bytes, now: int) -> list[bytes]:
         f = netpkt.parse(frame)
@@ -121,12 +201,18 @@ class Peer:
                     self.requests.append(f)
             return []
         fl = self.by_tuple.get((f.ip_src, f.sport, f.ip_dst, f.dport))
+        if f.flags & SYN and not f.flags & ACK and (fl is None or fl.state == "done"):
+            self.connects.append(f)         # a new connection (on a closed one's ports, too)
+            return []
         if fl is None:
             if len(self.unknown) < UNKNOWN_KEPT:
                 self.unknown.append(f"TCP from the guest on an unknown connection "
                                     f"{netpkt.ip_str(f.ip_src)}:{f.sport}->{netpkt.ip_str(f.ip_dst)}:{f.dport}")
             return []
-        return self._on_segment(fl, f, now)
+        out = self._on_segment(fl, f, now)
+        if fl.index < 0:
+            self._note_ready(fl, f)
+        return out
 
     def _on_segment(self, fl: PeerFlow, f, now: int) -> list[bytes]:
         out: list[bytes] = []
@@ -140,6 +226,12 @@ class Peer:
                 fl.reset = "refused" if fl.state == "syn-sent" else "reset by the guest"
             fl.state = "done"
             return out
+        if fl.state == "syn-received":
+            if f.flags & SYN:                           # the guest's SYN again: our SYN-ACK once more
+                return [self._seg(fl, 0, SYN | ACK, mss=PEER_MSS)]
+            if not (f.flags & ACK and f.ack == fl.seq(1)):
+                return out
+            fl.state, fl.snd_una = "established", 1     # and what the ACK carries, below
         if fl.state == "syn-sent":
             if f.flags & SYN and f.flags & ACK and f.ack == fl.seq(1):
                 fl.guest_isn = f.seq
