@@ -226,7 +226,7 @@ HELD = {
     "request in two parts: the reply after the second": ([(6 * MS, HEAD), (9 * MS, TAIL)], 9 * MS, []),
     "request cut short: the reply at the dependency timeout": (
         [(6 * MS, HEAD)], 6 * MS + DEP_TIMEOUT_NS,
-        ["tcp-data at VM 0.005000s (flow 0 offset 0, devlog event 4): sent after waiting 5s of VM time for "
+        ["tcp-data at VM 0.005000s (flow 0 offset 0, devlog event 4) \"HTTP/1.0 200 OK...\": sent after waiting 5s of VM time for "
          f"flow 0: 17/{len(REQ_A)} guest bytes"]),
 }
 
@@ -444,6 +444,6 @@ def test_the_run_ends_on_time_when_the_guest_never_opens_the_recorded_connection
     at the dependency timeout, once: its FIN does not wait again."""
     rec = one_backend_call()
     res, feed = drive(rec, [[wait(0)]])
-    assert res.limits == ["tcp-data at VM 0.005000s (flow 0 offset 0, devlog event 4): sent after waiting 5s of "
+    assert res.limits == ["tcp-data at VM 0.005000s (flow 0 offset 0, devlog event 4) \"HTTP/1.0 200 OK...\": sent after waiting 5s of "
                           f"VM time for the guest to open its connection (flow 0), flow 0: 0/{len(REQ_A)} guest bytes"]
     assert feed.inputs == [] and res.outcome == "finished" and res.n_delivered == 2
