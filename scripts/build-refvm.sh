@@ -13,8 +13,8 @@
 # The guest: bookworm with systemd, Debian's kernel (linux-image-amd64) and GRUB (from
 # the guest's own grub-pc-bin), systemd-networkd doing DHCP on any en*/eth* NIC, nginx-light
 # serving a static site (index.html and 1 KiB, 64 KiB, 1 MiB, 4 MiB files generated from
-# fixed seeds) on port 80, redis-server on all addresses port 6379 (protected mode off: a
-# test VM on user networking), a serial getty on ttyS0 (console=ttyS0). No root password.
+# fixed seeds) on port 80 and proxying /backend/ to the host's port 18081, redis-server on
+# all addresses port 6379 (protected mode off: a test VM on user networking), a serial getty on ttyS0 (console=ttyS0). No root password.
 #
 # How, without loop mounts: mmdebstrap into a directory, `mkfs.ext4 -d` of that directory
 # into a file, a partition table written into the disk file by sfdisk, the filesystem
@@ -82,6 +82,7 @@ ROOT_ARG="root=UUID=$UUID"
 export DATA_LABEL=tandem-data            # a second disk's ext4 with this label...
 export DATA_MOUNT=/srv/data              # ...mounted here...
 export DATA_LOG=$DATA_MOUNT/nginx-access.log   # ...where nginx logs every request too
+export BACKEND_PORT=18081                # nginx's /backend/ goes to this port of the host
 CMDLINE="$ROOT_ARG ro console=ttyS0"
 
 for t in mmdebstrap mkfs.ext4 debugfs dumpe2fs e2fsck sfdisk qemu-img dd chroot dpkg-query python3 sha256sum flock; do
@@ -181,6 +182,25 @@ LABEL=$DATA_LABEL $DATA_MOUNT ext4 nofail,x-systemd.device-timeout=10s 0 2
 EOF
 mkdir -p "$OV$DATA_MOUNT" "$OV/etc/nginx/conf.d"
 echo "access_log $DATA_LOG;" >"$OV/etc/nginx/conf.d/refvm-data.conf"
+# Debian's default site without its comments, and a backend the guest connects to
+# itself: /backend/ is proxied to port $BACKEND_PORT of the host (QEMU user networking's
+# 10.0.2.2), a connection the guest opens (issue 24: answered from the recording when the
+# recording is replayed). Nothing listens there unless a test starts it: 502 otherwise.
+cat >"$TMP/nginx-site" <<EOF
+server {
+	listen 80 default_server;
+	listen [::]:80 default_server;
+	root /var/www/html;
+	index index.html;
+	server_name _;
+	location /backend/ {
+		proxy_pass http://10.0.2.2:$BACKEND_PORT/;
+	}
+	location / {
+		try_files \$uri \$uri/ =404;
+	}
+}
+EOF
 cat >"$OV/etc/systemd/network/20-wired.network" <<'EOF'
 [Match]
 Name=en* eth*
@@ -242,6 +262,7 @@ mmdebstrap --mode=root --variant=apt --include="$PACKAGES" \
   --customize-hook='chroot "$1" systemctl disable getty@tty1.service' \
   --customize-hook='chroot "$1" chown _apt:root /var/cache/apt/archives/partial /var/lib/apt/lists/partial' \
   --customize-hook='rm -f "$1/var/www/html/index.nginx-debian.html" "$1/vmlinuz.old" "$1/initrd.img.old"' \
+  --customize-hook="cp $TMP/nginx-site \"\$1/etc/nginx/sites-available/default\"" \
   --customize-hook='mkdir -p "$1/boot/grub/i386-pc" && cp "$1"/usr/lib/grub/i386-pc/*.mod "$1"/usr/lib/grub/i386-pc/*.lst "$1/boot/grub/i386-pc/"' \
   --customize-hook="copy-in $TMP/early.cfg /tmp" \
   --customize-hook='chroot "$1" grub-mkimage -O i386-pc -o /boot/grub/i386-pc/core.img -c /tmp/early.cfg -p /boot/grub biosdisk part_msdos ext2 search_fs_uuid normal linux serial terminal && rm "$1/tmp/early.cfg"' \
@@ -280,6 +301,7 @@ j = {"key": key, "disk": "disk.qcow2", "disk_format": "qcow2",
      "kernel": "vmlinuz", "initrd": "initrd.img", "kernel_release": release,
      "root": root_arg, "cmdline": cmdline,
      "services": {"http": 80, "redis": 6379},
+     "backend": {"path": "/backend/", "host_port": int(os.environ["BACKEND_PORT"])},
      "data_disk": {"label": os.environ["DATA_LABEL"], "mount": os.environ["DATA_MOUNT"], "log": os.environ["DATA_LOG"]},
      "packages": {p: version(p) for p in (f"linux-image-{release}", "linux-image-amd64", "systemd",
                                           "nginx-light", "redis-server", "grub-pc-bin")},

@@ -8,36 +8,88 @@ redis swapped in analyse clean; a kernel that cannot mount the root is tandem's 
 (exit 3), reported within a bound."""
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import shutil
+import subprocess
+import threading
 
 import pytest
 from helpers import assert_one_line_error, run_cli, start_client, wait_until
+from helpers.live import run_until_native_stops
 from tandem import artifacts
 from tandem.formats import netpkt, pcapng
+from tandem.live.shadow import ShadowOptions, ShadowRun
 from tandem.machine import Forward, Guest
 from tandem.qemu.vm import free_port
 from tandem.record import clients
 from tandem.record.recording import Recording
-from tandem.semantic import exchanges
+from tandem.semantic import exchanges, inputs
 from tandem.semantic.analyze import analyze
+
+
+class Backend(http.server.BaseHTTPRequestHandler):
+    """The host's side of the reference VM's /backend/ (nginx proxies it to the host): the
+    same answer for the same request, whoever asks and when."""
+
+    def do_GET(self):
+        body = f"backend answers {self.path}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def backend(port: int):
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Backend)
+    except OSError as e:
+        pytest.fail(f"the reference VM's backend port {port} on the host: {e.strerror} (is another test using it?)")
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def via_backend(port: int, path: str) -> bytes:
+    """GET path of the reference VM's nginx, which asks the backend on the host."""
+    r = subprocess.run(["curl", "-sf", "--max-time", "60", f"http://127.0.0.1:{port}{path}"], capture_output=True)
+    assert r.returncode == 0, (path, r.returncode, r.stderr)
+    return r.stdout
 
 
 @pytest.fixture(scope="module")
 def refvm_recording(built, tmp_path_factory):
-    """The reference VM from power-on under curl (every site file), ab and redis-benchmark
-    at once, powered off by its ACPI button."""
+    """The reference VM from power-on under curl (every site file; pages nginx asks a
+    backend on the host for, one at a time and four at once), ab and redis-benchmark at
+    once, powered off by its ACPI button."""
     ref = artifacts.refvm()
     tmp = tmp_path_factory.mktemp("refvm-an")
     base = tmp / "refvm.qcow2"
     shutil.copyfile(ref["disk"], base)
     http, redis = free_port(), free_port()
     tdm = tmp / "web.tdm"
-    with Recording(tdm, Guest.of_disks([(str(base), "qcow2")]),
+    back = ref["backend"]
+    with backend(back["host_port"]), Recording(tdm, Guest.of_disks([(str(base), "qcow2")]),
                    forwards=(Forward("tcp", http, 80), Forward("tcp", redis, 6379))) as rec:
         wait_until(lambda: rec.running() and clients.http_up(http), 600, "nginx on the reference VM", poll=1.0)
         wait_until(lambda: rec.running() and clients.redis_up(redis), 120, "redis on the reference VM", poll=1.0)
         clients.fetch_files(http, {f["path"]: f["sha256"] for f in ref["site"]})
+        for i in range(2):
+            assert via_backend(http, f"{back['path']}one-{i}") == f"backend answers /one-{i}\n".encode()
+        at_once = [start_client(lambda i=i: via_backend(http, f"{back['path']}at-once-{i}"), f"backend {i}")
+                   for i in range(4)]
+        for t in at_once:
+            t.join(120)
         loads = [start_client(lambda: clients.ab(http, requests=50), "ab"),
                  start_client(lambda: clients.redis_benchmark(redis, requests=200), "redis-benchmark")]
         for t in loads:
@@ -57,6 +109,22 @@ def dhcp_to_guest(devlog) -> list[int]:
     return out
 
 
+def backend_answers(devlog, port: int) -> set[bytes]:
+    """What reached the guest from the backend on the host (10.0.2.2:port), by line."""
+    seen = b""
+    for e in pcapng.read_devlog(devlog).events:
+        f = netpkt.parse(e.data) if e.kind == "net" and e.direction == "in" else None
+        if f is not None and f.proto == netpkt.PROTO_TCP and f.sport == port:
+            seen += f.payload
+    return {line for line in seen.split(b"\n") if line.startswith(b"backend answers")}
+
+
+def test_the_recording_has_the_connections_the_guest_opened(refvm_recording):
+    port = artifacts.refvm()["backend"]["host_port"]
+    flows = [fl for fl in inputs.load(refvm_recording).flows if fl.guest_opened and fl.client[1] == port]
+    assert len(flows) == 6 and all(fl.answer == "accepted" and fl.protocol == "http" for fl in flows), flows
+
+
 def test_the_reference_vm_analysed_on_its_own_disk_is_clean(refvm_recording, tmp_path):
     s = analyze(refvm_recording, ["kasan", "ubsan", "lockdep"], workdir=tmp_path, record=False)
     assert [r.analysis for r in s.results] == ["kasan", "ubsan", "lockdep"]
@@ -71,6 +139,13 @@ def test_the_reference_vm_analysed_on_its_own_disk_is_clean(refvm_recording, tmp
     for name in ("native", "kasan", "ubsan", "lockdep"):
         assert dhcp_to_guest(tmp_path / f"{name}.pcapng")[:2] == [2, 5], (name, s.limits)
     assert not [x for x in s.limits if "no answer in the recording" in x and "DHCP" in x], s.limits
+    # nginx's connections to the backend were answered from the recording, each its own
+    # page (matched by request where four were open at once).
+    port = artifacts.refvm()["backend"]["host_port"]
+    want = {f"backend answers /{p}".encode() for p in ("one-0", "one-1", *(f"at-once-{i}" for i in range(4)))}
+    for name in ("native", "kasan", "ubsan", "lockdep"):
+        assert backend_answers(tmp_path / f"{name}.pcapng", port) == want, name
+    assert not [x for x in s.limits if "no match" in x], s.limits
     assert s.exit_status() == 0
 
 
@@ -147,3 +222,35 @@ def test_a_root_or_kernel_that_is_not_there_is_a_one_line_error(refvm_recording,
     r = run_cli("replay", str(refvm_recording), "--analysis", "native", "--no-noise", *args)
     assert r.returncode == 2
     assert_one_line_error(r, *needles)
+
+
+def test_a_live_shadow_of_the_reference_vm_is_clean(built, tmp_path):
+    """`tandem shadow --disk ... --forward ...`: the reference VM served live while a KASAN
+    analysis boots its disk and trails it (its root device read from what the native's
+    kernel printed at boot); powered off by its button, the analysis follows: nothing
+    found, nothing different, its DHCP answered from the live recording."""
+    ref = artifacts.refvm()
+    base = tmp_path / "refvm.qcow2"
+    shutil.copyfile(ref["disk"], base)
+    http, redis = free_port(), free_port()
+    sh = ShadowRun(tmp_path / "live.tdm", ["kasan"], ShadowOptions(record_analyses=False), workdir=tmp_path / "an",
+                   guest=Guest.of_disks([(str(base), "qcow2")]),
+                   forwards=(Forward("tcp", http, 80), Forward("tcp", redis, 6379)))
+    sh.start()
+
+    def serve():
+        wait_until(lambda: clients.http_up(http), 600, "nginx on the reference VM", poll=1.0)
+        wait_until(lambda: clients.redis_up(redis), 120, "redis on the reference VM", poll=1.0)
+        clients.fetch_files(http, {f["path"]: f["sha256"] for f in ref["site"]})
+        clients.ab(http, requests=50)
+        clients.redis_benchmark(redis, requests=200)
+        sh.native.powerdown()
+    client = start_client(serve, "clients")
+    run_until_native_stops(sh, timeout=1200, client=client)
+    client.join(0)
+    s = sh.finish(timeout=1800)
+    (r,) = s.results
+    assert r.run.outcome in ("poweroff", "finished"), (r.run.outcome, r.run.detail, r.run.qemu_log[-2000:])
+    assert r.complete and not r.findings and not r.divergences, (r.failure, r.findings[:2], r.divergences[:2])
+    assert dhcp_to_guest(tmp_path / "an" / "kasan.pcapng")[:2] == [2, 5], s.limits
+    assert s.exit_status() == 0

@@ -91,6 +91,11 @@ class DataDisk(TypedDict):
     log: str
 
 
+class RefvmBackend(TypedDict):
+    path: str                   # nginx proxies this path...
+    host_port: int              # ...to this port of the host (10.0.2.2 on user networking)
+
+
 class RefvmBuild(TypedDict):
     """The reference ordinary VM (scripts/build-refvm.sh): a Debian 12 disk that boots
     through its own GRUB, or directly with its own kernel and initramfs."""
@@ -107,6 +112,7 @@ class RefvmBuild(TypedDict):
     packages: dict[str, str]    # Debian package -> version (kernel, systemd, nginx, redis, GRUB)
     site: list[SiteFile]        # the static site nginx serves
     data_disk: DataDisk         # a second disk the guest mounts, if given one
+    backend: RefvmBackend       # nginx's path proxied to a port of the host (a connection the guest opens)
 
 
 def _load(name: str, keys: frozenset[str], build: str = "./tandem build") -> dict[str, object]:

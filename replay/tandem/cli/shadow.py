@@ -6,16 +6,21 @@ import time
 from pathlib import Path
 
 from .. import catalog
-from .common import analysis_names, parse_duration
+from .common import add_users_analysis_options, parse_duration, users_analyses
+from .guest_options import add_guest_options, guest_from_args
 from .render import console, print_live_finding, print_summary
 
 
 def add_parsers(sub) -> None:
     r = sub.add_parser("shadow", help="record a serving guest while analysis VMs trail it live")
     r.add_argument("bundle", help="bundle directory to create for the native (NAME.tdm)")
-    r.add_argument("--analysis", action="append", required=True,
+    r.add_argument("--analysis", action="append",
                    help="analysis to run live (repeatable, or comma-separated): "
                         + catalog.help_lines())
+    add_users_analysis_options(r)
+    r.add_argument("--root", metavar="DEVICE",
+                   help="your VM (--disk): the root device its analysis kernels mount (default: the root= its "
+                        "kernel booted with, a UUID or LABEL found on its disks; e.g. /dev/vda1)")
     r.add_argument("--duration", type=parse_duration, help="stop after this much VM time (e.g. 30s)")
     r.add_argument("--port", type=int, help="host port forwarded to the guest service (default: free port)")
     r.add_argument("--buffer-events", type=int, default=100_000,
@@ -53,6 +58,7 @@ def add_parsers(sub) -> None:
                    help="run the native and the analysis VMs as libvirt domains NAME and "
                         "NAME-tandem-ANALYSIS, destroyed and undefined at the end (URI default: "
                         "libvirt's; write --libvirt=URI; docs/libvirt.md)")
+    add_guest_options(r)
     r.set_defaults(func=cmd_shadow)
 
 
@@ -94,16 +100,29 @@ def watch(sh):
 
 
 def cmd_shadow(args) -> int:
+    from ..errors import TandemError
     from ..live.shadow import ShadowRun
-    names = analysis_names(args.analysis)
+    names = users_analyses(args)
+    if not names:
+        raise TandemError("no analysis given (--analysis, --analysis-kernel or --overlay)")
     domains = None
     if args.libvirt is not None:    # --libvirt [URI]: the native and the analyses as libvirt domains
         from ..live.attach import LiveDomains
         domains = LiveDomains.for_bundle(args.libvirt or None, args.bundle, names)
+    users = bool(args.disk)         # your VM, booted as `tandem record --disk` boots it
+    if not users and (args.forward or args.root or args.analysis_kernel or args.overlay):
+        raise TandemError("--forward, --root, --analysis-kernel and --overlay go with --disk (your own VM)")
+    if users and args.port is not None:
+        raise TandemError("--port is the demo guest's service; forward your VM's ports with --forward")
     sh = ShadowRun(args.bundle, names, options_from(args), libvirt=domains, on_finding=print_live_finding,
-                   workdir=Path(args.workdir) if args.workdir else None)
+                   workdir=Path(args.workdir) if args.workdir else None,
+                   guest=None if domains else guest_from_args(args),
+                   forwards=tuple(args.forward) if users else None, root=args.root)
     sh.start()
-    console.print(f"shadowing {args.bundle}: guest service on 127.0.0.1:{sh.port}; analyses "
+    where = (", ".join(f"{f.protocol} 127.0.0.1:{f.host_port} -> guest {f.guest_port}"
+                       for f in sh.native.all_forwards()) or "no forwards") if users \
+        else f"guest service on 127.0.0.1:{sh.port}"
+    console.print(f"shadowing {args.bundle}: {where}; analyses "
                   f"{', '.join(sh.analyses)} trail it; findings in {sh.workdir / 'findings.jsonl'}; "
                   + (f"metrics on http://127.0.0.1:{sh.metrics_port}/metrics; " if sh.metrics_port is not None else "")
                   + (f"libvirt domains {domains.native}, {', '.join(domains.shadow_names())}; " if domains else "")

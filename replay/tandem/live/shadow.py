@@ -40,10 +40,10 @@ from pathlib import Path
 from .. import private
 from ..errors import TandemError
 from ..formats import bundle, pcapng
-from ..machine import analyses_given
+from ..machine import Forward, Guest, analyses_given
 from ..qemu.vm import cpu_seconds
 from ..record.recording import Recording
-from ..semantic import equivalence, inputs, model
+from ..semantic import equivalence, guests, inputs, model
 from ..semantic.analyze import Summary, analyze, summarize, write_summary
 from ..semantic.feed import FeedServer
 from ..semantic.trail import Trail
@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 SAMPLE_S = 0.1
 TRIM_S = 0.5            # how often the native's side drops what every analysis is done with
 MARKS_KEPT = 3000       # the native's clock marks kept to measure wall lag: 5 minutes of them
+# A user's VM booted by its bootloader: its root device is known once its kernel prints
+# its command line (GRUB and the kernel's first second: 15-20 s of wall time under TCG).
+ROOT_WAIT_S = 300.0
+STOP_REASON_WAIT_S = 120.0  # the native's exit to its stop reason (finish(), the main thread)
 
 
 class Release(StrEnum):
@@ -108,11 +112,20 @@ class ShadowRun:
     (semantic.replay.run on the growing recording), compared and reported as they go."""
 
     def __init__(self, bundle_dir: str | Path, analyses: list[str], options: ShadowOptions | None = None, *,
-                 workdir: Path | None = None, libvirt=None, on_finding=None):
+                 workdir: Path | None = None, libvirt=None, on_finding=None, guest: Guest | None = None,
+                 forwards: tuple[Forward, ...] | None = None, root: str | None = None):
         """libvirt: run the native and the analysis VMs as libvirt domains (a attach.LiveDomains:
         tandem shadow --libvirt, tandem attach); everything else is the same.
-        on_finding(analysis, finding): called from the analysis's thread as each is found."""
+        on_finding(analysis, finding): called from the analysis's thread as each is found.
+        guest, forwards: the user's own VM as `tandem record` takes it (--disk ...,
+        --forward ...): its analyses boot its disks with their kernels (semantic/guests.py,
+        root= as given, or as the native's kernel prints it at boot), as offline."""
         o = self.options = options or ShadowOptions()
+        if guest is not None and libvirt is not None:
+            raise TandemError("a VM of your own (--disk) runs under tandem's QEMU here, not as libvirt domains "
+                              "(tandem attach shadows a libvirt domain)")
+        self.users_guest = guest is not None and forwards is not None and o.port is None
+        self.root = root
         release, overflow = o.release, o.overflow
         duration_ns, port, spec_path = o.duration_ns, o.port, o.spec_path
         self.path = Path(bundle_dir)
@@ -123,7 +136,7 @@ class ShadowRun:
         self.analysis_cpus = analysis_cpuset(o.analysis_cpus)
         self.spec_path = spec_path
         # Loaded now: a bad spec fails here, not at the end; the release gate uses them too.
-        self.specs = {a: equivalence.load(a, spec_path) for a in self.analyses}
+        self.specs = {a: equivalence.load(a, spec_path, self.users_guest) for a in self.analyses}
         self.agree_timeout_ns = o.agree_timeout_ns
         self.gate: Gate | None = None
         self._gate_server: FeedServer | None = None
@@ -131,8 +144,8 @@ class ShadowRun:
         if release == Release.AGREED or overflow == Overflow.BLOCK:
             self._gate_server = FeedServer(self._tmp / "gate.sock")
         self.libvirt = libvirt
-        self.native = Recording(self.path, libvirt.native_guest() if libvirt else None,
-                                duration_ns=duration_ns, port=port,
+        self.native = Recording(self.path, libvirt.native_guest() if libvirt else guest,
+                                duration_ns=duration_ns, port=port, forwards=forwards,
                                 gate_socket=self._gate_server.path if self._gate_server else None,
                                 gate_outputs=release == Release.AGREED,
                                 # QEMU's bound on held frames: the same policy as the buffers'
@@ -149,6 +162,7 @@ class ShadowRun:
         self.record_analyses = o.record_analyses
         self.hang_wall_s = o.hang_wall_s
         self.metrics_port = o.metrics_port
+        self._native_sealed = threading.Event()         # finish() has the native's stop reason
         self._samples: list[tuple[int, float]] = []     # (native VM clock mark, wall time read)
         self._reader: pcapng.DevlogReader | None = None
         self.native_cpu_s = 0.0
@@ -190,8 +204,31 @@ class ShadowRun:
         lv = self.libvirt
         return {"record": self.record_analyses, "stop": lambda: self._stop, "hang_wall_s": self.hang_wall_s,
                 "idle": self.idle_analyses, "cpus": _cpu_list(self.analysis_cpus),
-                "guest": lv.analysis_guest(analysis) if lv else None,
-                "launcher": lv.analysis_launcher(analysis) if lv else None}
+                "guest": lv.analysis_guest(analysis) if lv else self._users_analysis_guest(analysis),
+                "launcher": lv.analysis_launcher(analysis) if lv else None,
+                "line_deps": not self.users_guest}
+
+    def _users_analysis_guest(self, analysis: str) -> Guest | None:
+        """For the user's VM: the machine the analysis boots, once its root device is known
+        (given, on a direct boot's command line, or printed by the native's kernel as it
+        boots: waited for, up to ROOT_WAIT_S of wall time, while the native boots)."""
+        if not self.users_guest:
+            return None
+        deadline = time.monotonic() + ROOT_WAIT_S
+        while True:
+            try:
+                root = self.root or guests.recorded_root(self.path, self.native.manifest)
+            except TandemError as e:        # the log's last block is still being written
+                log.debug("%s: reading the native's console for its root device: %s", analysis, e)
+                root = None
+            if root is not None or time.monotonic() > deadline or self._stop:
+                break
+            time.sleep(0.5)
+        if root is None:
+            raise TandemError(f"{self.path}: the native's kernel printed no root= within {ROOT_WAIT_S:.0f}s of "
+                              "wall time; give it with --root (e.g. /dev/vda1)")
+        guest = guests.analysis_guest(self.path, self.native.manifest, analysis, root)
+        return guests.with_files_swapped(guest, analysis, self.workdir)
 
     # --- the native's side ---
 
@@ -231,6 +268,13 @@ class ShadowRun:
             self.rec.limits.append(f"following the native's device log stopped: {e}")
         self.rec.end_ns = next((s.end_vm_ns for s in reader.stats if s and s.end_vm_ns), None) \
             or self.rec.known_ns
+        if self.users_guest:
+            # Did the native power off by itself (its ACPI button, a shutdown in the guest)?
+            # Then each analysis's button is pressed after its last input (driver): known
+            # once finish() has the native's stop reason, before the analyses are told the
+            # recording is finished.
+            self._native_sealed.wait(STOP_REASON_WAIT_S)
+            self.rec.power_button = self.native.stop_reason == "poweroff"
         self.rec.finished = True
 
     def sample(self) -> None:
@@ -284,7 +328,10 @@ class ShadowRun:
 
     def finish(self, timeout: float = 600.0, noise: bool = False) -> Summary:
         """After the native has stopped: seal its bundle, let the analyses run out, report."""
-        self.native.finish()
+        try:
+            self.native.finish()
+        finally:
+            self._native_sealed.set()
         deadline = time.monotonic() + timeout
         if not self.trail.join(max(1.0, deadline - time.monotonic())):
             self._stop = True
@@ -337,7 +384,7 @@ class ShadowRun:
         log.info("analysing %s again offline from %s (stopped live for lag)", ", ".join(lagged), self.path)
         d = analyze(self.path, lagged, spec_path=self.spec_path, workdir=self.workdir / "drain", noise=False,
                     record=self.record_analyses, progress=self.on_drain_progress,
-                    guests={a: lv.analysis_guest(a) for a in lagged} if lv else None)
+                    guests={a: lv.analysis_guest(a) for a in lagged} if lv else None, root=self.root)
         again = {r.analysis: r for r in d.results}
         for i, r in enumerate(s.results):
             if r.analysis in again:

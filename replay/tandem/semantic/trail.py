@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from .. import report
+from ..errors import TandemError
 from . import compare, inputs, model
 from . import findings as findings_mod
 from . import replay as replay_semantic
@@ -169,6 +170,10 @@ class Trail:
         try:
             f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
                                         progress=progress, tick=tick, **self.run_options(f.analysis))
+        except TandemError as e:        # its machine could not be made (a live user VM's root, an overlay)
+            log.warning("%s: %s", f.analysis, e)
+            f.run = model.AnalysisRun(f.analysis)
+            f.run.outcome, f.run.detail = model.Outcome.ERROR, str(e)
         finally:
             f.buffer.release()          # ended: it holds the native no longer
             f.buffer.pending = None
