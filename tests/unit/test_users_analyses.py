@@ -5,6 +5,7 @@ any VM starts; what is given is made known to every stage by name (catalog.add).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import struct
 import subprocess
 
@@ -139,7 +140,8 @@ def test_the_preparation_initramfs_holds_busybox_init_and_the_tree_as_root(tmp_p
     d = tree(tmp_path / "ovl", {"usr/bin/redis-server": b"binary", "etc/redis/redis.conf": b"port 6379\n"})
     (d / "usr/bin/redis-server").chmod(0o755)
     out = tmp_path / "o.cpio"
-    overlay.initramfs(str(d), out)
+    later = tree(tmp_path / "later", {"etc/redis/redis.conf": b"port 6380\n"})
+    overlay.initramfs([str(d), str(later)], out)
     listing = subprocess.run(["cpio", "-itv", "--quiet"], input=out.read_bytes(), capture_output=True,
                              check=True).stdout.decode()
     rows = {line.split()[-1]: line.split() for line in listing.splitlines()}
@@ -147,3 +149,44 @@ def test_the_preparation_initramfs_holds_busybox_init_and_the_tree_as_root(tmp_p
     assert rows["files/usr/bin/redis-server"][0] == "-rwxr-xr-x"
     assert all(r[2] == "root" and r[3] == "root" for r in rows.values())
     assert rows["init"][0] == "-rwxr-xr-x"
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["cpio", "-id", "--quiet"], input=out.read_bytes(), cwd=unpacked, check=True)
+    assert (unpacked / "files/etc/redis/redis.conf").read_bytes() == b"port 6380\n"     # the later tree's
+
+
+def console_log(bundle_dir, *chunks: bytes) -> None:
+    from tandem.formats import bundle, pcapng
+    w = pcapng.PcapngWriter(bundle_dir / bundle.DEVLOG)
+    i = w.add_interface("serial0", "serial")
+    for n, c in enumerate(chunks):
+        w.event(i, "out", n * 1000, c)
+    w.f.close()
+
+
+def test_the_native_kernels_release_is_read_from_its_console(tmp_path):
+    console_log(tmp_path, b"SeaBIOS\r\n[    0.000000] Linux version 6.12.95-tand", b"em (tandem@tandem) #1\r\n")
+    assert guests.recorded_release(tmp_path) == "6.12.95-tandem"
+    other = tmp_path / "other"
+    other.mkdir()
+    console_log(other, b"[    0.000000] Linux version 6.1.0-56-amd64 (debian-kernel@lists.debian.org)")  # no end yet
+    assert guests.recorded_release(other) is None
+
+
+def test_a_native_on_tandems_kernel_gets_the_flavors_own_modules(tmp_path, monkeypatch):
+    """The native ran tandem's kernel of the flavor's release: the analysis's tree has the
+    flavor's build of each module where the native's own are; another release, a brought
+    kernel: none."""
+    kasan_ko = tmp_path / "kasan" / "tandem_bugs.ko"
+    kasan_ko.parent.mkdir()
+    kasan_ko.write_bytes(b"\x7fELF kasan build")
+    monkeypatch.setattr(guests.artifacts, "kernel", lambda flavor: {"version": "6.12.95-tandem"})
+    monkeypatch.setattr(guests.artifacts, "modules", lambda flavor: {"modules": [str(kasan_ko)]})
+    console_log(tmp_path, b"[    0.000000] Linux version 6.12.95-tandem (tandem@tandem) #1\r\n")
+    tree = guests.flavor_modules(catalog.get("kasan"), tmp_path, tmp_path / "work")
+    assert tree is not None
+    assert (Path(tree) / "lib/modules/6.12.95-tandem/extra/tandem_bugs.ko").read_bytes() == b"\x7fELF kasan build"
+    monkeypatch.setattr(guests.artifacts, "kernel", lambda flavor: {"version": "6.12.96-tandem"})
+    assert guests.flavor_modules(catalog.get("kasan"), tmp_path, tmp_path / "work2") is None
+    guests.bring_kernel(f"mine={bzimage(tmp_path / 'bz')}")
+    assert guests.flavor_modules(catalog.get("mine"), tmp_path, tmp_path / "work3") is None

@@ -228,7 +228,7 @@ class ShadowRun:
             raise TandemError(f"{self.path}: the native's kernel printed no root= within {ROOT_WAIT_S:.0f}s of "
                               "wall time; give it with --root (e.g. /dev/vda1)")
         guest = guests.analysis_guest(self.path, self.native.manifest, analysis, root)
-        return guests.with_files_swapped(guest, analysis, self.workdir)
+        return guests.with_files_swapped(guest, analysis, self.workdir, self.path)
 
     # --- the native's side ---
 

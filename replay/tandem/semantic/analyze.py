@@ -117,7 +117,8 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     users = guests_mod.is_users_guest(manifest)
     specs = {a: equivalence.load(a, spec_path, users) for a in runs_wanted}
     guests = guests or {a: guests_mod.analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
-    guests = {a: guests_mod.with_files_swapped(g, a, workdir) for a, g in guests.items()}
+    if users:
+        guests = {a: guests_mod.with_files_swapped(g, a, workdir, bundle_dir) for a, g in guests.items()}
     runs: dict[str, model.AnalysisRun] = {}
     found: dict[str, tuple[list, list, list]] = {}
     with open(workdir / "findings.jsonl", "w", opener=private.opener) as findings_file:

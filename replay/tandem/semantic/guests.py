@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import shutil
 from pathlib import Path
 
-from .. import artifacts, catalog
+from .. import artifacts, catalog, private
 from ..errors import TandemError
 from ..formats import bundle, pcapng
 from ..machine import Guest
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 # first lines a kernel prints; GRUB's menu and SeaBIOS come before it).
 CONSOLE_SEARCHED = 256 << 10
 COMMAND_LINE = re.compile(rb"Command line: ([^\r\n]*)")
+KERNEL_VERSION = re.compile(rb"Linux version (\S+)")
 ROOT_ARG = re.compile(r"(?:^|\s)root=(\S+)")
 
 
@@ -50,13 +52,26 @@ def recorded_root(bundle_dir: Path, manifest: dict) -> str | None:
     m = ROOT_ARG.search(str((manifest.get("machine") or {}).get("cmdline") or ""))
     if m:
         return m.group(1)
+    line = console_line(bundle_dir, COMMAND_LINE)
+    m = ROOT_ARG.search(line.decode("ascii", "replace")) if line is not None else None
+    return m.group(1) if m else None
+
+
+def recorded_release(bundle_dir: Path) -> str | None:
+    """The kernel release the native ran ("Linux version 6.12.95-tandem ..." on its console)."""
+    line = console_line(bundle_dir, KERNEL_VERSION)
+    return line.decode("ascii", "replace") if line is not None else None
+
+
+def console_line(bundle_dir: Path, pattern: re.Pattern[bytes]) -> bytes | None:
+    """pattern's group 1 in the first whole console line of the native that has it, among
+    the first CONSOLE_SEARCHED bytes (a kernel's first lines)."""
     seen = bytearray()
     for e in pcapng.DevlogReader(bundle_dir / bundle.DEVLOG):
         if e.kind == "serial" and e.direction == "out":
             seen += e.data
-            if (line := COMMAND_LINE.search(seen)) and line.end() < len(seen):     # the whole line
-                m = ROOT_ARG.search(line.group(1).decode("ascii", "replace"))
-                return m.group(1) if m else None
+            if (m := pattern.search(seen)) and m.end() < len(seen) and b"\n" in seen[m.end():]:
+                return m.group(1)
             if len(seen) > CONSOLE_SEARCHED:
                 break
     return None
@@ -88,16 +103,47 @@ def analysis_guest(bundle_dir: Path, manifest: dict, analysis: str, root: str | 
                                memory_mb=max(recorded.memory_mb, a.kernel.memory_mb), nics=recorded.nics[:1])
 
 
-def with_files_swapped(guest: Guest, analysis: str, workdir: Path) -> Guest:
-    """guest, or for an analysis with an overlay (--overlay) the same guest booting disks
-    its files have been written into (overlay.prepare: a preparation boot)."""
+def with_files_swapped(guest: Guest, analysis: str, workdir: Path, bundle_dir: Path | None = None) -> Guest:
+    """guest, or the same guest booting disks with files written into them (overlay.prepare:
+    a preparation boot): the analysis's --overlay tree, and, where the native ran one of
+    tandem's own kernels as its distro kernel (the same release as the analysis's flavor,
+    read from the recording in bundle_dir), that flavor's own builds of tandem's modules
+    over the native's (a KASAN kernel needs KASAN-built modules: a module built for another
+    flavor is not instrumented, and a lockdep kernel's locks have another layout)."""
     a = catalog.get(analysis)
-    if a.overlay is None:
+    trees = [a.overlay] if a.overlay else []
+    modules = flavor_modules(a, bundle_dir, workdir) if bundle_dir is not None else None
+    if modules:
+        trees.insert(0, modules)
+    if not trees:
         return guest
     root = ROOT_ARG.search(guest.cmdline)
     if guest.kernel is None or root is None:
         raise TandemError(f"--overlay {analysis}: its guest boots no kernel tandem gives a root= to")
-    return overlay.prepare(guest, a.overlay, root.group(1), workdir, analysis)
+    return overlay.prepare(guest, trees, root.group(1), workdir, analysis)
+
+
+def flavor_modules(a: catalog.Analysis, bundle_dir: Path, workdir: Path) -> str | None:
+    """A tree of the analysis flavor's builds of tandem's modules at the path the native's
+    own are at (lib/modules/RELEASE/extra), when the native ran tandem's kernel of that
+    release; None otherwise (a user's own kernel, or a brought one)."""
+    if a.kernel.image is not None:
+        return None
+    release = recorded_release(bundle_dir)
+    try:
+        built, mods = artifacts.kernel(a.flavor), artifacts.modules(a.flavor)
+    except TandemError:         # not built: the analysis fails where its kernel is looked up
+        return None
+    if release is None or release != built["version"] or not mods.get("modules"):
+        return None
+    tree = workdir / f"{a.name}-modules"
+    extra = tree / "lib" / "modules" / release / "extra"
+    private.make_dir(extra)
+    for ko in mods.get("modules", []):
+        shutil.copyfile(ko, extra / Path(ko).name)
+    log.info("%s: the native ran tandem's kernel %s; the analysis gets its own %s modules (%s)", a.name, release,
+             a.flavor, ", ".join(Path(ko).name for ko in mods.get("modules", [])))
+    return str(tree)
 
 
 def bring_kernel(spec: str) -> str:

@@ -120,9 +120,9 @@ def check_tree(directory: str, what: str = "--overlay") -> tuple[int, int]:
     return files, size
 
 
-def initramfs(directory: str, out: Path) -> None:
-    """The preparation initramfs: busybox, /init and the tree under /files (newc cpio,
-    everything owned by root)."""
+def initramfs(trees: list[str], out: Path) -> None:
+    """The preparation initramfs: busybox, /init and the trees under /files, a later
+    tree's file over an earlier's (newc cpio, everything owned by root)."""
     busybox, cpio = programs.require("busybox"), programs.require("cpio")
     with tempfile.TemporaryDirectory(prefix="tandem-overlay-") as tmp:
         stage = Path(tmp)
@@ -130,7 +130,8 @@ def initramfs(directory: str, out: Path) -> None:
         shutil.copy(busybox, stage / "bin" / "busybox")
         (stage / "init").write_text(INIT)
         (stage / "init").chmod(0o755)
-        shutil.copytree(directory, stage / "files", symlinks=True)
+        for tree in trees:
+            shutil.copytree(tree, stage / "files", symlinks=True, dirs_exist_ok=True)
         names = subprocess.run(["find", "."], cwd=stage, capture_output=True, check=True).stdout
         with open(out, "wb", opener=private.opener) as f:
             r = subprocess.run([cpio, "-o", "-H", "newc", "-R", "0:0", "--quiet"], cwd=stage, input=names,
@@ -139,12 +140,16 @@ def initramfs(directory: str, out: Path) -> None:
             raise TandemError(f"{out}: cpio failed: {r.stderr.decode(errors='replace').strip()}")
 
 
-def prepare(guest: Guest, directory: str, root: str, workdir: Path, name: str) -> Guest:
-    """guest with the tree under directory copied over its root device `root`: its disks
-    become qcow2 overlays in workdir/NAME-overlay written by a preparation boot of its
-    own kernel. A tree the VM cannot hold, a kernel that cannot mount the root, or no
-    answer within PREPARE_TIMEOUT_S: a one-line error naming the analysis."""
-    files, size = check_tree(directory, f"--overlay {name}:")
+def prepare(guest: Guest, trees: list[str], root: str, workdir: Path, name: str) -> Guest:
+    """guest with the trees copied over its root device `root` (a later tree's file over
+    an earlier's): its disks become qcow2 overlays in workdir/NAME-overlay written by a
+    preparation boot of its own kernel. A tree the VM cannot hold, a kernel that cannot
+    mount the root, or no answer within PREPARE_TIMEOUT_S: a one-line error naming the
+    analysis."""
+    counted = [check_tree(tree, f"--overlay {name}:") for tree in trees]
+    files = len({p.relative_to(tree) for tree in trees for p in Path(tree).rglob("*")
+                 if p.is_symlink() or not p.is_dir()})     # as the guest's `find ! -type d` counts
+    size = sum(n for _, n in counted)
     if size > guest.memory_mb * (1 << 20) * MAX_SHARE_OF_MEMORY:
         raise TandemError(f"--overlay {name}: {size >> 20} MiB of files; the preparation VM holds them in memory "
                           f"and has {guest.memory_mb} MiB (give --memory when recording, or fewer files)")
@@ -158,9 +163,9 @@ def prepare(guest: Guest, directory: str, root: str, workdir: Path, name: str) -
         overlay_path(first, disk.id).unlink(missing_ok=True)
     make_overlays(guest, first)
     cpio = here / "overlay.cpio"
-    initramfs(directory, cpio)
+    initramfs(trees, cpio)
     prep = dataclasses.replace(guest, initrd=str(cpio), cmdline=f"console=ttyS0 panic=-1 rdinit=/init tandem.root={root}")
-    log.info("%s: writing %d files (%d bytes) of %s into its disk overlays", name, files, size, directory)
+    log.info("%s: writing %d files (%d bytes) of %s into its disk overlays", name, files, size, ", ".join(trees))
     with VM(prep, Run(here / "run", overlay=first, icount=False), name=f"{name} overlay") as vm:
         assert vm.serial is not None        # a plain run has its console on a socket
         try:
