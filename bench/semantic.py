@@ -7,7 +7,9 @@
    of comparing them with an analysis run's, on two multi-flow workloads (small
    200-byte values, and bulk 4000-byte values with pipelined GETs): payload MB/s and
    device events/s.
-3. parallel: three analyses (kasan, ubsan, lockdep) with --jobs 2 vs one after the other.
+3. protocols: the comparator on the reference VM's HTTP (wrk) and RESP (redis-benchmark)
+   flows under the built-in protocol rules: payload MB/s on one core.
+4. parallel: three analyses (kasan, ubsan, lockdep) with --jobs 2 vs one after the other.
 
 Each part has its own block in docs/benchmarks.md (inside the `semantic` section), so
 one part can be rerun alone:
@@ -32,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_replay import replace_section  # noqa: E402
 from tandem.semantic import compare, equivalence, inputs, model, replay as replay_semantic  # noqa: E402
-from tandem.formats import netpkt, pcapng  # noqa: E402
+from tandem.formats import bundle, netpkt, pcapng  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.semantic.analyze import analyze  # noqa: E402
 from tandem.qemu.vm import VM, free_port
@@ -41,7 +43,7 @@ from tandem.machine import Guest, Run, UserNet  # noqa: E402
 from tandem.record.workload import KV, demo_traffic  # noqa: E402
 
 SECTION = "semantic"
-PARTS = ("replay", "comparator", "parallel")
+PARTS = ("replay", "comparator", "protocols", "parallel")
 TITLE = "## Semantic replay (issue 3)"
 
 # Comparator workloads: CLIENTS concurrent connections each.
@@ -269,6 +271,86 @@ def part_comparator(tmp: Path, reps: int) -> list[str]:
     return lines
 
 
+# --- comparator, on the reference VM's HTTP and RESP flows ---
+
+WRK_SECONDS, WRK_PATH = 10, "/64k.bin"          # kept-alive HTTP/1.1: Date on every reply
+RESP_REQUESTS = 20_000                          # redis-benchmark SET/GET, 4 clients
+
+
+def record_refvm(tmp: Path, name: str, load) -> Path:
+    """The reference VM from power-on under `load(http_port, redis_port)`, powered off by its button."""
+    from tandem import artifacts
+    from tandem.machine import Forward
+    from tandem.record import clients
+    ref = artifacts.refvm()
+    d = Path(tempfile.mkdtemp(dir=tmp))
+    base = d / "refvm.qcow2"
+    shutil.copyfile(ref["disk"], base)
+    http, redis = free_port(), free_port()
+    path = d / f"{name}.tdm"
+    with Recording(path, Guest.of_disks([(str(base), "qcow2")]),
+                   forwards=(Forward("tcp", http, 80), Forward("tcp", redis, 6379))) as rec:
+        deadline = time.monotonic() + 900
+        while not (clients.http_up(http) and clients.redis_up(redis)):
+            if time.monotonic() > deadline or not rec.running():
+                raise RuntimeError("the reference VM's services did not come up")
+            time.sleep(1)
+        load(http, redis)
+        rec.powerdown()
+        rec.wait(timeout=600)
+    return path
+
+
+def measure_protocol(tmp: Path, name: str, load, reps: int) -> dict:
+    """Compare CPU time of one reference-VM recording against its replay into the native
+    kernel booting the same disk, under the built-in protocol rules (the spec a user's VM
+    gets: HTTP's and RESP's rules chosen per connection)."""
+    from tandem.semantic import guests
+    b = record_refvm(tmp, name, load)
+    rec = inputs.load(b)
+    rec.power_button = True
+    manifest = bundle.load_manifest(b)
+    run = replay_semantic.run(rec, "native", tmp / f"cmp-{name}", record=False, line_deps=False,
+                              guest=guests.analysis_guest(b, manifest, "native"))
+    assert run.outcome in ("poweroff", "finished"), (name, run.outcome, run.detail)
+    spec = equivalence.load("native", None, users_guest=True)
+    n_events, log_bytes, seg_sizes = log_payload(b / "devices.pcapng")
+    t_cmp, divs = cpu_median(lambda: compare.compare(rec, run, spec), reps)
+    native, analysis = compared_bytes(rec, run)
+    protocols = sorted({fl.protocol or "other" for fl in rec.flows if fl is not None})
+    print(f"{name}: compare {t_cmp * 1e3:.3f} ms, {len(divs)} divergences, protocols {protocols}", file=sys.stderr)
+    return {"name": name, "events": n_events, "flows": len(rec.flows), "sizes": seg_sizes, "t_cmp": t_cmp,
+            "divs": len(divs), "native": native, "analysis": analysis, "protocols": protocols,
+            "file": (b / "devices.pcapng").stat().st_size}
+
+
+def part_protocols(tmp: Path, reps: int) -> list[str]:
+    from tandem.record import clients
+    http = measure_protocol(tmp, "http", lambda h, r: clients.wrk(h, WRK_PATH, seconds=WRK_SECONDS), reps)
+    resp = measure_protocol(tmp, "resp", lambda h, r: clients.redis_benchmark(r, requests=RESP_REQUESTS), reps)
+    lines = ["### Comparator throughput on HTTP and RESP, protocol rules on", "",
+             f"Command: `./tandem bench semantic --only protocols` (runs `bench/semantic.py --only protocols "
+             f"--reps {reps}`). CPU time of the benchmark process on one core, median of {reps} repetitions, "
+             "of `compare.compare` under the spec a user's VM gets (console not compared; each connection "
+             "under its protocol's built-in rules, docs/equivalence.md: HTTP's Date, ETag, Last-Modified, "
+             "...; RESP's INFO fields and bulk lengths), between a recording of the reference VM (its own "
+             "disk, systemd, nginx, redis; from power-on to its power button) and its replay into tandem's "
+             "native kernel booting that disk:", "",
+             f"- **http**: wrk, 4 connections kept alive for {WRK_SECONDS} s, GET {WRK_PATH} (65,536-byte "
+             "body, a Date header per reply): guest to client " + sizes_text(http["sizes"]["out"]) + ".",
+             f"- **resp**: redis-benchmark -c 4 -n {RESP_REQUESTS} -t set,get: guest to client "
+             + sizes_text(resp["sizes"]["out"]) + ".", "",
+             f"Target: compare >= {CMP_TARGET_MBS} MB/s.", "",
+             "| workload | flows (protocols) | events | payload compared (MB) | CPU ms | MB/s | divergences | met |",
+             "|---|---|---|---|---|---|---|---|"]
+    for w in (http, resp):
+        mb = (w["native"] + w["analysis"]) / 1e6
+        lines.append(f"| {w['name']} | {w['flows']} ({', '.join(w['protocols'])}) | {w['events']:,} "
+                     f"| {mb:.2f} ({w['native'] / 1e6:.2f} + {w['analysis'] / 1e6:.2f}) | {w['t_cmp'] * 1e3:.2f} "
+                     f"| {mb / w['t_cmp']:,.0f} | {w['divs']} | {'yes' if mb / w['t_cmp'] >= CMP_TARGET_MBS else 'no'} |")
+    return lines
+
+
 def part_parallel(tmp: Path) -> list[str]:
     b = record(tmp)
     trio = ["kasan", "ubsan", "lockdep"]
@@ -319,6 +401,8 @@ def main() -> int:
             parts["replay"] = part_replay(tmp, args.runs)
         if "comparator" in only:
             parts["comparator"] = part_comparator(tmp, args.reps)
+        if "protocols" in only:
+            parts["protocols"] = part_protocols(tmp, args.reps)
         if "parallel" in only:
             parts["parallel"] = part_parallel(tmp)
     finally:

@@ -137,7 +137,6 @@ class AnalysisDriver:
         self.cpu_at = self.tick_at = float("-inf")
         self.pressed_at: int | None = None   # VM time the power button was pressed (rec.power_button)
         self.answers = Answers()        # the guest's UDP requests, answered from the recording
-        self.exchanges_taken = 0
         self.unanswered: list[netpkt.Frame] = []    # live: requests the native's log may answer later
         # TCP connections the guest opens, matched to the recording's (connections.py);
         # SYNs not answered yet, by 4-tuple (live: the native's log may bring their match);
@@ -155,10 +154,10 @@ class AnalysisDriver:
         from in order: it goes into the feed at once."""
         with self.rec.lock:
             new = self.rec.inputs[self.res.taken - self.rec.inputs_dropped:]
-            exchanges = self.rec.exchanges[self.exchanges_taken:]
+            exchanges = self.rec.exchanges[self.res.exchanges_taken - self.rec.exchanges_dropped:]
             flows = self.rec.flows[self.flows_taken:]
         self.res.taken += len(new)
-        self.exchanges_taken += len(exchanges)
+        self.res.exchanges_taken += len(exchanges)
         self.flows_taken += len(flows)
         for ex in exchanges:
             self.answers.add(ex)

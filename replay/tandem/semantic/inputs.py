@@ -182,6 +182,7 @@ class RecordedInputs:
     # UDP exchanges the guest started (DHCP, DNS, ...): each request with its replies,
     # answered by request in an analysis (exchanges.py), not re-sent at their times.
     exchanges: list[Exchange] = field(default_factory=list)
+    exchanges_dropped: int = 0      # taken by every analysis of a live run, dropped (trail.Trail.trim)
     # A live run drops inputs every analysis has taken: inputs[0] is input number
     # inputs_dropped, and a retired flow (compared by every analysis) is None in flows.
     # Dropping, and reading across threads what may be dropped, hold `lock`.
@@ -490,7 +491,8 @@ class InputExtractor:
 
     def _udp_request(self, f: netpkt.Frame, vm_ns: int) -> None:
         """A datagram the guest started: a request whose replies come next."""
-        ex = Exchange(len(self.rec.exchanges), request_key(f.dport, f.payload), vm_ns, f.payload, (f.ip_dst, f.dport))
+        ex = Exchange(self.rec.exchanges_dropped + len(self.rec.exchanges), request_key(f.dport, f.payload), vm_ns,
+                      f.payload, (f.ip_dst, f.dport))
         self.rec.exchanges.append(ex)
         self.asked[(f.sport, f.dport)] = (ex, f.flow())
 

@@ -65,6 +65,7 @@ class AnalysisRun:
     delivered: list[Delivered] | deque[Delivered] = field(default_factory=list)
     n_delivered: int = 0
     taken: int = 0                  # the recording's inputs looked at so far
+    exchanges_taken: int = 0        # the recording's UDP exchanges (the guest's requests) taken so far
     last_input_of: dict[int, int] = field(default_factory=dict)  # flow -> VM ns of its last input here
     pending_of_flow: Callable[[int], bool] | None = None  # (flow) -> does an input of it wait to be delivered?
     limits: list[str] = field(default_factory=list)

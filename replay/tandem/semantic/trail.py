@@ -117,6 +117,11 @@ class Trail:
             if (k := taken - rec.inputs_dropped) > 0:
                 del rec.inputs[:k]
                 rec.inputs_dropped += k
+            asked = min((f.run.exchanges_taken if f.run else 0 for f in live),
+                        default=len(rec.exchanges) + rec.exchanges_dropped)
+            if (k := asked - rec.exchanges_dropped) > 0:      # each analysis holds what it took (exchanges.Answers)
+                del rec.exchanges[:k]
+                rec.exchanges_dropped += k
             rec.serial_out.drop_to(min((f.cmp.native_at("serial") for f in live), default=rec.serial_out.end))
             for i in list(self._open_flows):
                 fl = rec.flows[i]
