@@ -40,10 +40,12 @@ def test_output_on_a_connection_is_attributed_to_that_connections_last_input():
     run = AnalysisRun("kasan")
     run.delivered = [Delivered(t, Input("tcp-data", t, d, flow=f)) for t, f, d in
                      ((10, 0, b"GET /a"), (20, 1, b"SET k v"), (30, 0, b"GET /b"), (40, 1, b"GET k"),
-                      (45, None, b""))]
+                      (42, 0, b""), (45, None, b""))]
+    run.delivered[-2].input.kind = "tcp-fin"
     run.delivered[-1].input.kind = "rng"
+    assert run.input_before(43, flow=0).input.data == b"GET /b"     # the client's FIN after its request
     assert run.input_before(35, flow=0).input.data == b"GET /b"
     assert run.input_before(35, flow=1).input.data == b"SET k v"
-    assert run.input_before(50).input.data == b"GET k"          # entropy is no one's request
+    assert run.input_before(50).input.kind == "tcp-fin"         # entropy is no one's request
     assert run.input_before(15, flow=1).input.data == b"GET /a"  # none on the flow yet: the last of all
     assert run.input_before(5) is None

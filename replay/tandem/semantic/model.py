@@ -106,10 +106,11 @@ class AnalysisRun:
 
     def input_before(self, vm_ns: int, flow: int | None = None) -> Delivered | None:
         """The last input delivered at or before vm_ns: what a finding is attributed to;
-        with flow, the last on that connection (the request a reply on it answers: with
-        other clients' inputs between, the last input of all is some other client's),
-        else the last of all."""
-        last = last_on_flow = None
+        with flow, the last request bytes on that connection (what a reply on it answers:
+        with other clients' inputs between, the last input of all is some other client's;
+        a client's FIN after its request is no request), else its last input, else the
+        last of all."""
+        last = last_on_flow = last_data = None
         for d in self.delivered:
             if d.vm_ns > vm_ns:
                 break
@@ -117,7 +118,9 @@ class AnalysisRun:
                 last = d
                 if flow is not None and d.input.flow == flow:
                     last_on_flow = d
-        return last_on_flow or last
+                    if d.input.kind == "tcp-data":
+                        last_data = d
+        return last_data or last_on_flow or last
 
 
 @dataclass
