@@ -54,3 +54,23 @@ def test_exit_status_says_found_incomplete_or_clean():
     # a finding wins: what was analysed found something
     assert analyze.Summary("b", [result(failure="hung"), result(divergences=[div])]).exit_status() == \
         analyze.EXIT_FOUND == 1
+
+
+def finding(title: str) -> findings.Finding:
+    return findings.Finding("kasan", "BUG", title, 3, "none (before the first input)", None, None, None,
+                            text="", frames=[], locations=[])
+
+
+def test_what_a_vm_that_did_not_boot_printed_is_its_failure_not_a_finding():
+    """A kernel that cannot mount the guest's root panics before the first input: the panic
+    says why the analysis did not boot; it is no bug of the guest's."""
+    r = run("crashed", booted=False)
+    why, found = findings.did_not_boot(r, [finding("kernel panic: VFS: Unable to mount root fs")] * 2)
+    assert found == [] and why.startswith("did not boot") and why.endswith(
+        "its console: kernel panic: VFS: Unable to mount root fs")
+    # one that booted, or stopped for tandem's own reasons, keeps its findings
+    booted = run("crashed")
+    assert findings.did_not_boot(booted, [finding("x")]) == (None, [finding("x")])
+    hung = run("hung", booted=False)
+    why, found = findings.did_not_boot(hung, [finding("lockdep: possible deadlock")])
+    assert why.startswith("hung") and [f.title for f in found] == ["lockdep: possible deadlock"]

@@ -191,8 +191,8 @@ def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[str],
         n_noise = 0
         if noise and name != NOISE and NOISE in runs:
             divs, n_noise = compare.split_noise(divs, found[NOISE][1])
-        summary.results.append(AnalysisResult(name, run, findings, divs, n_noise, spec.sources,
-                                              findings_mod.failure(run), unreached))
+        failure, findings = findings_mod.did_not_boot(run, findings)
+        summary.results.append(AnalysisResult(name, run, findings, divs, n_noise, spec.sources, failure, unreached))
         unknown = run.peer.unknown[:5] if run.peer else []
         summary.limits += [f"{name}: {x}" for x in run.limits + unknown]
     write_summary(workdir, summary)

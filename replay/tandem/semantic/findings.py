@@ -117,6 +117,19 @@ TANDEM_OUTCOMES = {Outcome.HUNG: "QEMU stopped answering", Outcome.LAGGING: "tim
                    Outcome.DETACHED: "detached", Outcome.ERROR: "failed in tandem"}
 
 
+def did_not_boot(run: AnalysisRun, found: list[Finding]) -> tuple[str | None, list[Finding]]:
+    """(failure, findings) of a run: for a VM that crashed before its first input, what
+    its console reported (a panic at the root mount, say) is why the analysis did not
+    boot, part of its failure and not a finding about the guest (who gave it a kernel
+    that cannot boot its disk is no bug of the guest's); otherwise failure(run) and
+    the findings as they are."""
+    why = failure(run)
+    if why is None or run.outcome != Outcome.CRASHED or booted(run) or not found:
+        return why, found
+    titles = list(dict.fromkeys(f.title for f in found))
+    return f"{why}; its console: {'; '.join(titles[:3])}", []
+
+
 def failure(run: AnalysisRun) -> str | None:
     """Why the analysis could not analyse the whole recording, when tandem (or the
     analysis VM's setup) is why: hung, lagging, detached, an error, or a VM that crashed
