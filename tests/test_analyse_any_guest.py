@@ -17,15 +17,14 @@ import threading
 
 import pytest
 from helpers import assert_one_line_error, run_cli, start_client, wait_until
-from helpers.live import run_until_native_stops
+from helpers.refvm import dhcp_to_guest
 from tandem import artifacts
 from tandem.formats import netpkt, pcapng
-from tandem.live.shadow import ShadowOptions, ShadowRun
 from tandem.machine import Forward, Guest
 from tandem.qemu.vm import free_port
 from tandem.record import clients
 from tandem.record.recording import Recording
-from tandem.semantic import exchanges, inputs
+from tandem.semantic import inputs
 from tandem.semantic.analyze import analyze
 
 
@@ -99,16 +98,6 @@ def refvm_recording(built, tmp_path_factory):
     return tdm
 
 
-def dhcp_to_guest(devlog) -> list[int]:
-    """The DHCP message types the analysis guest received, in order."""
-    out = []
-    for e in pcapng.read_devlog(devlog).events:
-        f = netpkt.parse(e.data) if e.kind == "net" and e.direction == "in" else None
-        if f is not None and f.proto == netpkt.PROTO_UDP and (f.sport, f.dport) == (67, 68):
-            out.append(exchanges.dhcp_type(f.payload))
-    return out
-
-
 def backend_answers(devlog, port: int) -> set[bytes]:
     """What reached the guest from the backend on the host (10.0.2.2:port), by line."""
     seen = b""
@@ -119,12 +108,14 @@ def backend_answers(devlog, port: int) -> set[bytes]:
     return {line for line in seen.split(b"\n") if line.startswith(b"backend answers")}
 
 
+@pytest.mark.timeout(900)   # the reference VM's recording (module fixture) if it runs first
 def test_the_recording_has_the_connections_the_guest_opened(refvm_recording):
     port = artifacts.refvm()["backend"]["host_port"]
     flows = [fl for fl in inputs.load(refvm_recording).flows if fl.guest_opened and fl.client[1] == port]
     assert len(flows) == 6 and all(fl.answer == "accepted" and fl.protocol == "http" for fl in flows), flows
 
 
+@pytest.mark.timeout(2700)
 def test_the_reference_vm_analysed_on_its_own_disk_is_clean(refvm_recording, tmp_path):
     s = analyze(refvm_recording, ["kasan", "ubsan", "lockdep"], workdir=tmp_path, record=False)
     assert [r.analysis for r in s.results] == ["kasan", "ubsan", "lockdep"]
@@ -153,6 +144,7 @@ def summary(workdir) -> dict:
     return json.loads((workdir / "summary.json").read_text())
 
 
+@pytest.mark.timeout(1500)
 def test_a_file_changed_through_an_overlay_is_a_divergence_at_its_request(refvm_recording, tmp_path):
     """The analysis serves another index.html (its userland overlay): the native's page is
     not the analysis's, reported on the HTTP flow that asked for it, after that request."""
@@ -178,6 +170,7 @@ def test_a_file_changed_through_an_overlay_is_a_divergence_at_its_request(refvm_
         (work / "changed-overlay" / "console.log").read_text(errors="replace")
 
 
+@pytest.mark.timeout(1800)
 def test_a_brought_kernel_and_an_asan_redis_swapped_in_analyse_clean(refvm_recording, tmp_path):
     """Any bzImage (here tandem's own native build, copied as a user's would be) booted on
     the VM's disk, with redis replaced by an ASan build through an overlay: every request
@@ -201,6 +194,7 @@ def test_a_brought_kernel_and_an_asan_redis_swapped_in_analyse_clean(refvm_recor
     assert "tandem-overlay: wrote /usr/bin/redis-server" in console and "tandem-overlay: done 3" in console
 
 
+@pytest.mark.timeout(1200)
 def test_a_kernel_that_cannot_mount_the_root_is_tandems_failure_within_a_bound(refvm_recording, tmp_path):
     """Debian's own kernel without its initramfs (virtio-blk and ext4 are modules there):
     it panics at the root mount. Not a finding about the guest: NOT ANALYSED, exit 3."""
@@ -214,6 +208,7 @@ def test_a_kernel_that_cannot_mount_the_root_is_tandems_failure_within_a_bound(r
     assert "NOT ANALYSED" in r.stdout + r.stderr
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("args, needles", [
     (["--root", "UUID=00000000-0000-4000-8000-000000000000"], ["UUID=00000000-0000-4000-8000-000000000000"]),
     (["--analysis-kernel", "mine=/etc/hostname"], ["--analysis-kernel mine", "/etc/hostname", "not a Linux kernel"]),
@@ -223,35 +218,3 @@ def test_a_root_or_kernel_that_is_not_there_is_a_one_line_error(refvm_recording,
     r = run_cli("replay", str(refvm_recording), "--analysis", "native", "--no-noise", *args)
     assert r.returncode == 2
     assert_one_line_error(r, *needles)
-
-
-def test_a_live_shadow_of_the_reference_vm_is_clean(built, tmp_path):
-    """`tandem shadow --disk ... --forward ...`: the reference VM served live while a KASAN
-    analysis boots its disk and trails it (its root device read from what the native's
-    kernel printed at boot); powered off by its button, the analysis follows: nothing
-    found, nothing different, its DHCP answered from the live recording."""
-    ref = artifacts.refvm()
-    base = tmp_path / "refvm.qcow2"
-    shutil.copyfile(ref["disk"], base)
-    http, redis = free_port(), free_port()
-    sh = ShadowRun(tmp_path / "live.tdm", ["kasan"], ShadowOptions(record_analyses=False), workdir=tmp_path / "an",
-                   guest=Guest.of_disks([(str(base), "qcow2")]),
-                   forwards=(Forward("tcp", http, 80), Forward("tcp", redis, 6379)))
-    sh.start()
-
-    def serve():
-        wait_until(lambda: clients.http_up(http), 600, "nginx on the reference VM", poll=1.0)
-        wait_until(lambda: clients.redis_up(redis), 120, "redis on the reference VM", poll=1.0)
-        clients.fetch_files(http, {f["path"]: f["sha256"] for f in ref["site"]})
-        clients.ab(http, requests=50)
-        clients.redis_benchmark(redis, requests=200)
-        sh.native.powerdown()
-    client = start_client(serve, "clients")
-    run_until_native_stops(sh, timeout=1200, client=client)
-    client.join(0)
-    s = sh.finish(timeout=1800)
-    (r,) = s.results
-    assert r.run.outcome in ("poweroff", "finished"), (r.run.outcome, r.run.detail, r.run.qemu_log[-2000:])
-    assert r.complete and not r.findings and not r.divergences, (r.failure, r.findings[:2], r.divergences[:2])
-    assert dhcp_to_guest(tmp_path / "an" / "kasan.pcapng")[:2] == [2, 5], s.limits
-    assert s.exit_status() == 0

@@ -1,0 +1,15 @@
+"""What the reference VM's tests read from an analysis's own device log."""
+from __future__ import annotations
+
+from tandem.formats import netpkt, pcapng
+from tandem.semantic import exchanges
+
+
+def dhcp_to_guest(devlog) -> list[int]:
+    """The DHCP message types the analysis guest received, in order."""
+    out = []
+    for e in pcapng.read_devlog(devlog).events:
+        f = netpkt.parse(e.data) if e.kind == "net" and e.direction == "in" else None
+        if f is not None and f.proto == netpkt.PROTO_UDP and (f.sport, f.dport) == (67, 68):
+            out.append(exchanges.dhcp_type(f.payload))
+    return out
