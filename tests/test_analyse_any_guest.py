@@ -13,7 +13,6 @@ import http.server
 import json
 import shutil
 import subprocess
-import threading
 
 import pytest
 from helpers import assert_one_line_error, run_cli, start_client, wait_until
@@ -50,13 +49,13 @@ def backend(port: int):
         server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Backend)
     except OSError as e:
         pytest.fail(f"the reference VM's backend port {port} on the host: {e.strerror} (is another test using it?)")
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
+    t = start_client(server.serve_forever, "backend")
     try:
         yield
     finally:
         server.shutdown()
         server.server_close()
+        t.join(10)
 
 
 def via_backend(port: int, path: str) -> bytes:
