@@ -31,7 +31,8 @@
 # version). Reproducible: every file's time is SOURCE_DATE_EPOCH (the kernel build's own
 # 1970-01-01 unless set), owners root:root (--root-owner-group), modes set here, and
 # dpkg-deb sorts the archive's members. Prints the .deb's path.
-# Measured: 1.1 s for the native kernel (a 5.0 MB package); the same bytes twice.
+# Measured: 4.1-4.3 s at load 6 for the native kernel, a 4.2 MB package; the
+# same bytes every time (and in two reference VM builds).
 set -euo pipefail
 # The whole script is one function so bash parses it fully before running.
 main() {
