@@ -11,6 +11,11 @@
 #   modules.cpio.gz   /lib/modules/VERSION/extra/*.ko (debug info stripped), a cpio
 #                     that tandem appends to the shared initramfs (vm.py) so that
 #                     each kernel flavor boots with its own modules
+#   modules.builtin, modules.builtin.modinfo
+#                     the kernel's list of what it has built in (made with its image in
+#                     the object dir, not kept by build-kernel.sh): a distribution's
+#                     modprobe needs it to find ext4 built in rather than missing
+#                     (scripts/build-kernel-deb.sh packages it)
 # KEY = sha256(kernel key + bzImage hash, module sources, this script, gcc version)[:16].
 # The directory appears only by atomic rename once complete. OUT_JSON describes it.
 set -euo pipefail
@@ -70,6 +75,7 @@ j = {
     "kernel_key": kkey,
     "version": open(os.path.join(d, "version")).read().strip(),
     "modules": sorted(glob.glob(os.path.join(d, "*.ko"))),
+    "builtin": sorted(glob.glob(os.path.join(d, "modules.builtin*"))),
     "cpio": cpio,
     "cpio_sha256": h.hexdigest(),
 }
@@ -147,6 +153,12 @@ find "$TMP/root" -exec touch -h -d @0 {} +
 (cd "$TMP/root" && find . -mindepth 1 -printf '%P\n' | LC_ALL=C sort |
    cpio -o -H newc --reproducible -R 0:0 --quiet) | gzip -n -9 >"$TMP/modules.cpio.gz"
 rm -rf "$TMP/root"
+# Made by the kernel's own build (above, at the published .config), so they are that
+# kernel's: copied beside its modules.
+for f in modules.builtin modules.builtin.modinfo; do
+  [ -f "$OBJ/$f" ] || fail "$OBJ/$f missing (a kernel built without CONFIG_MODULES?)"
+  cp "$OBJ/$f" "$TMP/$f"
+done
 echo "$KVER" >"$TMP/version"
 cp "$BUILD_LOG" "$TMP/build.log"
 rm -rf "$FINAL"

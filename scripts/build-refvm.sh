@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build the reference ordinary VM: a Debian 12 disk image that stands for "the user's VM"
 # in tests, benchmarks and `./tandem demo --guest debian` (issue 23). Nothing of tandem
-# is inside it.
+# is inside it; or, as a variant, tandem's own kernel is its distribution kernel.
 #
 #   scripts/build-refvm.sh OUT_JSON
+#   scripts/build-refvm.sh --tandem-kernel KERNEL_JSON MODULES_JSON OUT_JSON
 #
 # Result: ${TANDEM_CACHE:-~/.cache/tandem}/refvm/KEY/ with
 #   disk.qcow2   2 GiB disk: MBR, one ext4 partition (the root), GRUB for BIOS boot
@@ -48,6 +49,26 @@
 #   compressed or not), 55 s at load 6, 117 s at load 8; directly 29-32 s at load 3.2,
 #   51 s at load 7;
 #   about 29 s of guest time either way; ACPI power-off to QEMU's exit 1.2-4.8 s.
+#
+# --tandem-kernel (meson target refvm-tandem; issue 24, point 7: a bug in the guest's own
+# kernel reached by an ordinary client): the same VM with tandem's kernel installed as its
+# distribution kernel. KERNEL_JSON and MODULES_JSON are a flavor's build/kernel-FLAVOR.json
+# and build/modules-FLAVOR.json (native's, from meson); scripts/build-kernel-deb.sh makes
+# them a Debian package, linux-image-RELEASE, which mmdebstrap installs instead of
+# linux-image-amd64 (not installed: the disk has no other kernel to boot). Its maintainer
+# scripts are Debian's: depmod, the initramfs made by initramfs-tools' postinst.d hook
+# (gzip: what tandem's kernels unpack), /vmlinuz and /initrd.img pointed at it by
+# linux-update-symlinks, which the same grub.cfg boots. tandem_bugs is loaded at boot
+# (/etc/modules-load.d) with udp_port=4444 (/etc/modprobe.d): a datagram to that port
+# is a planted-bug command (docs/planted-bugs.md, "From the network"). Result in
+# ${TANDEM_CACHE:-~/.cache/tandem}/refvm-tandem/KEY/ with the .deb beside the disk; the
+# JSON says what refvm.json says (kernel_release: tandem's) and udp_port, kernel_key,
+# modules_key, deb. KEY covers also the kernel's and modules' keys and the code of
+# build-kernel-deb.sh. Measured (docs/guests.md): cold build 151-192 s at load 6-7 (the
+# package about 4 s of it), two of them byte-identical (one under /root/.cache, one
+# under /work/scratch); disk.qcow2 121.2 MB (root 357 MiB used: no Debian kernel and its
+# modules), vmlinuz 3.95 MB, initrd.img 6.1 MB; through GRUB to nginx in 11.0 s of guest
+# time under -icount shift=2 (Debian's xz kernel: about 29 s).
 set -euo pipefail
 # The whole script is one function so bash parses it fully before running: editing
 # this file while a build runs cannot corrupt that build.
@@ -57,19 +78,39 @@ die() { echo "tandem: error: $*" >&2; exit 1; }
 . "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
 log() { echo "tandem: $*" >&2; }
 
-[ $# -eq 1 ] || die "usage: $0 OUT_JSON"
+TK_KJSON=
+TK_MJSON=
+NAME=refvm               # its cache directory and progress name
+WITH_KERNEL=             # said in the log and GRUB's menu
+if [ "${1:-}" = --tandem-kernel ]; then
+  [ $# -eq 4 ] || die "usage: $0 --tandem-kernel KERNEL_JSON MODULES_JSON OUT_JSON"
+  TK_KJSON=$2
+  TK_MJSON=$3
+  NAME=refvm-tandem
+  WITH_KERNEL=", with the tandem kernel"   # no quote: GRUB's menu title is in single quotes
+  shift 3
+fi
+[ $# -eq 1 ] || die "usage: $0 [--tandem-kernel KERNEL_JSON MODULES_JSON] OUT_JSON"
 OUT_JSON=$1
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SELF="$HERE/$(basename "${BASH_SOURCE[0]}")"
 CACHE=${TANDEM_CACHE:-$HOME/.cache/tandem}
-RDIR="$CACHE/refvm"
+RDIR="$CACHE/$NAME"
 MIRROR=http://deb.debian.org
 SUITE=bookworm
 # dbus: systemd-logind needs it, and logind is what powers off on ACPI's power button
 # (without it system_powerdown is ignored: tried). e2fsprogs: the initramfs checks the
 # root before mounting it (without fsck.ext4 it warns and sleeps 5 s: measured).
 PACKAGES=systemd-sysv,udev,dbus,e2fsprogs,linux-image-amd64,initramfs-tools,zstd,grub-pc-bin,nginx-light,redis-server
+DISTRO_KERNEL=linux-image-amd64
+# --tandem-kernel: the port tandem_bugs listens on, and no Debian kernel.
+UDP_PORT=4444
+if [ -n "$TK_KJSON" ]; then
+  # (and the package's dependencies, which linux-image-amd64 pulled in before)
+  PACKAGES=${PACKAGES/$DISTRO_KERNEL,/kmod,linux-base,}
+  DISTRO_KERNEL=
+fi
 HOST_TOOLS=(mmdebstrap e2fsprogs fdisk qemu-utils)
 # Fixed identities: the same disk boots the same way, and GRUB's and the kernel's
 # command lines are known before the image exists.
@@ -90,9 +131,21 @@ for t in mmdebstrap mkfs.ext4 debugfs dumpe2fs e2fsck sfdisk qemu-img dd chroot 
 done
 mkdir -p "$RDIR"
 
+TK_KEYS=
+if [ -n "$TK_KJSON" ]; then
+  # The kernel's and the modules' keys (the modules' covers the kernel's image and the
+  # module sources), read from their JSONs: what the package is made from.
+  TK_KEYS=$(python3 -c 'import json,sys; print(*(json.load(open(p))["key"] for p in sys.argv[1:]))' \
+            "$TK_KJSON" "$TK_MJSON") || die "cannot read the keys of $TK_KJSON and $TK_MJSON"
+  TK_RELEASE=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["version"])' "$TK_KJSON")
+fi
 KEY=$({
   grep -v '^[[:space:]]*#' "$SELF" | sha256sum
   dpkg-query -W -f='${Package} ${Version}\n' "${HOST_TOOLS[@]}"
+  if [ -n "$TK_KJSON" ]; then
+    echo "tandem kernel and modules: $TK_KEYS"
+    grep -v '^[[:space:]]*#' "$HERE/build-kernel-deb.sh" | sha256sum
+  fi
 } | sha256sum | cut -c1-16)
 FINAL="$RDIR/$KEY"
 # TANDEM_KEY_ONLY=1: print the key these sources give, build nothing (tandem doctor).
@@ -104,8 +157,9 @@ import json, os, sys
 out, d = sys.argv[1:]
 with open(os.path.join(d, "refvm.json")) as f:
     j = json.load(f)
-for name in ("disk", "kernel", "initrd"):
-    j[name] = os.path.join(d, j[name])
+for name in ("disk", "kernel", "initrd", "deb"):
+    if name in j:
+        j[name] = os.path.join(d, j[name])
 tmp = out + ".tmp%d" % os.getpid()
 with open(tmp, "w") as f:
     json.dump(j, f, indent=2)
@@ -120,17 +174,17 @@ exec 9>"$RDIR/.lock"
 flock 9
 if [ -f "$FINAL/refvm.json" ]; then write_json; exit 0; fi
 
-log "building the reference VM $KEY (Debian $SUITE from $MIRROR; 1-4 min)..."
+log "building the reference VM$WITH_KERNEL $KEY (Debian $SUITE from $MIRROR; 1-4 min)..."
 TMP="$RDIR/.tmp-$KEY-$$"
 rm -rf "$TMP"
 mkdir -p "$TMP/out"
 BUILD_LOG="$TMP/out/build.log"
-trap 'rm -rf "$TMP"; progress_end refvm' EXIT
+trap 'rm -rf "$TMP"; progress_end "$NAME"' EXIT
 # Progress in tenths of the whole, each step weighted by its share of a cold build's time
 # (measured: see the header), so the launcher's estimate of what is left holds.
 START=$(date +%s)
 step() {
-  progress refvm "$START" "$1" 10 tenths
+  progress "$NAME" "$START" "$1" 10 tenths
   echo "tandem: $(( $(date +%s) - START )) s: $2" >>"$BUILD_LOG"
 }
 step 0 "mmdebstrap"
@@ -167,8 +221,30 @@ force_load ext4
 EOF
 chmod 0755 "$IOV/etc/initramfs-tools/hooks/refvm-modules"
 
+TK_HOOKS=()
+if [ -n "$TK_KJSON" ]; then
+  # tandem's kernel unpacks a gzip initramfs only (CONFIG_RD_GZIP): said here, where
+  # mkinitramfs would otherwise fall back from zstd to gzip with a warning.
+  echo "COMPRESS=gzip" >>"$IOV/etc/initramfs-tools/conf.d/refvm.conf"
+  DEB=$(bash "$HERE/build-kernel-deb.sh" "$TK_KJSON" "$TK_MJSON" "$TMP/out" 2>>"$BUILD_LOG") ||
+    fail "the Debian package of tandem's kernel"
+  # Installed by dpkg in the root once apt has installed the rest, its dependencies with
+  # it (PACKAGES). Not --include=PATH: apt would hand dpkg the host's path, which
+  # mmdebstrap's hook for that bind-mounts into the root, leaving the build's temporary
+  # directories (a PID in their name) in the image.
+  TK_HOOKS=(--customize-hook="copy-in $DEB /tmp"
+            --customize-hook="chroot \"\$1\" dpkg -i /tmp/$(basename "$DEB") && rm \"\$1/tmp/$(basename "$DEB")\"")
+fi
+
 mkdir -p "$OV/etc/systemd/network" "$OV/etc/systemd/system/systemd-networkd-wait-online.service.d" \
   "$OV/boot/grub" "$OV/var/www/html"
+if [ -n "$TK_KJSON" ]; then
+  mkdir -p "$OV/etc/modules-load.d" "$OV/etc/modprobe.d"
+  printf '# tandem reference VM: the planted-bug module of tandem'"'"'s kernel (docs/planted-bugs.md)\ntandem_bugs\n' \
+    >"$OV/etc/modules-load.d/tandem_bugs.conf"
+  printf '# tandem reference VM: each UDP datagram to this port is a tandem_bugs command\noptions tandem_bugs udp_port=%s\n' \
+    "$UDP_PORT" >"$OV/etc/modprobe.d/tandem_bugs.conf"
+fi
 echo refvm >"$OV/etc/hostname"
 printf '127.0.0.1\tlocalhost\n127.0.1.1\trefvm\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$OV/etc/hosts"
 echo "nameserver 10.0.2.3" >"$OV/etc/resolv.conf"        # QEMU user networking's DNS
@@ -225,7 +301,7 @@ terminal_input serial console
 terminal_output serial console
 set timeout=0
 set default=0
-menuentry 'Debian GNU/Linux 12 (tandem reference VM)' {
+menuentry 'Debian GNU/Linux 12 (tandem reference VM$WITH_KERNEL)' {
   linux /vmlinuz $CMDLINE
   initrd /initrd.img
 }
@@ -253,7 +329,7 @@ R="$TMP/root"
 # recording; pstore; the getty on tty1 (no display: the serial getty is the console).
 UNITS_OFF="apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer fstrim.timer e2scrub_all.timer \
 e2scrub_reap.service man-db.timer systemd-pstore.service"
-mmdebstrap --mode=root --variant=apt --include="$PACKAGES" \
+mmdebstrap --mode=root --variant=apt --include="$PACKAGES" "${TK_HOOKS[@]}" \
   --essential-hook="sync-in $IOV /" \
   --customize-hook="sync-in $OV /" \
   --customize-hook='sed -i -e "s/^bind .*/bind * -::*/" -e "s/^protected-mode yes/protected-mode no/" "$1/etc/redis/redis.conf"' \
@@ -274,12 +350,23 @@ mmdebstrap --mode=root --variant=apt --include="$PACKAGES" \
 # run `systemctl preset-all` and undo the units set above): a fixed one instead.
 echo "$MACHINE_ID" >"$R/etc/machine-id"
 [ -f "$R/vmlinuz" ] && [ -f "$R/initrd.img" ] || die "the root has no /vmlinuz or /initrd.img (linux-image-amd64 not installed?)"
+if [ -n "$TK_KJSON" ]; then
+  # What the package's maintainer scripts were to do: the default kernel, its initramfs
+  # (gzip), the module known to depmod; and no other kernel.
+  [ "$(readlink "$R/vmlinuz")" = "boot/vmlinuz-$TK_RELEASE" ] || die "/vmlinuz is not tandem's kernel: $(readlink "$R/vmlinuz")"
+  [ "$(readlink "$R/initrd.img")" = "boot/initrd.img-$TK_RELEASE" ] || die "/initrd.img is not tandem's kernel's"
+  gzip -t "$R/initrd.img" 2>/dev/null || die "the initramfs is not gzip (tandem's kernel unpacks no other)"
+  grep -q '^extra/tandem_bugs.ko:' "$R/lib/modules/$TK_RELEASE/modules.dep" || die "depmod did not list tandem_bugs"
+  others=$(cd "$R/boot" && ls vmlinuz-* | grep -v -x "vmlinuz-$TK_RELEASE" || true)
+  [ -z "$others" ] || die "another kernel is installed: $others"
+fi
 CORE="$R/boot/grub/i386-pc/core.img"
 core_bytes=$(stat -c %s "$CORE")
 [ "$core_bytes" -le $((2047 * 512)) ] || die "core.img is $core_bytes bytes: more than the 1 MiB gap before the partition"
 
 # --- what the JSON says about the root ----------------------------------------------------
 step 6 "the JSON, the kernel and initrd copied out"
+DISTRO_KERNEL=$DISTRO_KERNEL TK_KEYS=$TK_KEYS TK_UDP_PORT=${TK_KJSON:+$UDP_PORT} TK_DEB=${TK_KJSON:+$(basename "${DEB:-}")} \
 python3 - "$R" "$TMP/out/refvm.json" "$KEY" "$ROOT_ARG" "$CMDLINE" <<'PY'
 import glob, hashlib, json, os, subprocess, sys
 root, out, key, root_arg, cmdline = sys.argv[1:]
@@ -303,9 +390,13 @@ j = {"key": key, "disk": "disk.qcow2", "disk_format": "qcow2",
      "services": {"http": 80, "redis": 6379},
      "backend": {"path": "/backend/", "host_port": int(os.environ["BACKEND_PORT"])},
      "data_disk": {"label": os.environ["DATA_LABEL"], "mount": os.environ["DATA_MOUNT"], "log": os.environ["DATA_LOG"]},
-     "packages": {p: version(p) for p in (f"linux-image-{release}", "linux-image-amd64", "systemd",
-                                          "nginx-light", "redis-server", "grub-pc-bin")},
+     "packages": {p: version(p) for p in (f"linux-image-{release}", os.environ["DISTRO_KERNEL"], "systemd",
+                                          "nginx-light", "redis-server", "grub-pc-bin") if p},
      "site": site}
+if os.environ["TK_UDP_PORT"]:       # --tandem-kernel
+    j["kernel_key"], j["modules_key"] = os.environ["TK_KEYS"].split()
+    j["udp_port"] = int(os.environ["TK_UDP_PORT"])
+    j["deb"] = os.environ["TK_DEB"]
 with open(out, "w") as f:
     json.dump(j, f, indent=2)
 PY
@@ -378,7 +469,7 @@ rm -rf "$FINAL"
 mv -T "$TMP/out" "$FINAL"
 rm -rf "$TMP"
 trap - EXIT
-progress_end refvm
+progress_end "$NAME"
 write_json
 log "reference VM ready in $(( $(date +%s) - START )) s: $FINAL"
 }

@@ -26,18 +26,25 @@
  * with or without it, and x86 reads and writes an aligned word whole. A write
  * returns its length, so kvd answers OK whichever kernel runs.
  *
+ * With udp_port=N (module parameter; 0, the default, is off) each UDP datagram to port N
+ * is one such command too, run by a kernel thread; the reply is "OK\n" or "ERR\n".
+ *
  * tb_proc_write, tb_audit_check, tb_table_update and tb_table_lock_acquire/release
  * are noinline and keep these names: the Linux assertion pack
  * (guest-kernel/assertions/linux-6.12.tesla) watches them from the hypervisor.
  */
+#include <linux/in.h>
 #include <linux/kernel.h>
+#include <linux/kthread.h>
 #include <linux/module.h>
 #include <linux/mutex.h>
+#include <linux/net.h>
 #include <linux/proc_fs.h>
 #include <linux/slab.h>
 #include <linux/string.h>
 #include <linux/timer.h>
 #include <linux/uaccess.h>
+#include <net/net_namespace.h>
 
 #define TB_CMD_MAX 256
 
@@ -324,16 +331,134 @@ static const struct proc_ops tb_proc_ops = {
 	.proc_lseek = noop_llseek,
 };
 
+/* --- udp_port: the same commands from the network ------------------------------------- */
+
+/*
+ * A guest whose kernel carries these bugs is reached by an ordinary client this way, with
+ * nothing of tandem in its userland (docs/planted-bugs.md, "From the network"): the
+ * reference VM built with tandem's kernel loads the module with udp_port=4444. The
+ * datagram's payload is the command, as a /proc/tandem_bugs write would be.
+ *
+ * A kernel thread receives and dispatches, one datagram at a time: the commands sleep
+ * (GFP_KERNEL, mutexes) and "race" busy-waits for timer ticks, so they need process
+ * context, which a socket's receive callback (softirq) is not. Like kvd, the thread is a
+ * single writer: a guest should use one of the two entry points, since lock-ab from one
+ * and lock-ba from the other at the same moment could deadlock for real (the planted bug).
+ *
+ * The payload is hostile: it is received into a bounded buffer (recvmsg copies at most
+ * that much, from linear or paged skbs alike), a datagram that did not fit (MSG_TRUNC) or
+ * is empty is refused as a too long or empty write is, and the buffer is NUL-terminated
+ * before it is parsed. The reply ("OK\n", or "ERR\n" where a write would fail) goes to
+ * the datagram's source, without waiting: a reply that cannot be sent is dropped.
+ */
+static ushort udp_port;
+module_param(udp_port, ushort, 0444);
+MODULE_PARM_DESC(udp_port, "UDP port whose datagrams are tandem_bugs commands (0: none)");
+
+static struct socket *tb_udp_sock;
+static struct task_struct *tb_udp_thread;
+
+static void tb_udp_reply(struct sockaddr_in *peer, int ret)
+{
+	static const char ok[] = "OK\n", err[] = "ERR\n";
+	struct kvec iov = ret < 0 ? (struct kvec){ (void *)err, sizeof(err) - 1 }
+				  : (struct kvec){ (void *)ok, sizeof(ok) - 1 };
+	struct msghdr msg = {
+		.msg_name = peer,
+		.msg_namelen = sizeof(*peer),
+		.msg_flags = MSG_DONTWAIT,
+	};
+
+	kernel_sendmsg(tb_udp_sock, &msg, &iov, 1, iov.iov_len);
+}
+
+static int tb_udp_serve(void *unused)
+{
+	char cmd[TB_CMD_MAX];
+
+	while (!kthread_should_stop()) {
+		struct sockaddr_in peer = {};
+		struct kvec iov = { cmd, sizeof(cmd) - 1 };
+		struct msghdr msg = { .msg_name = &peer, .msg_namelen = sizeof(peer) };
+		int n = kernel_recvmsg(tb_udp_sock, &msg, &iov, 1, iov.iov_len, 0);
+		int ret;
+
+		/* After tb_exit's shutdown, recvmsg returns at once: the loop ends above. */
+		if (n < 0 || kthread_should_stop())
+			continue;
+		if (n == 0 || (msg.msg_flags & MSG_TRUNC)) {
+			ret = -EINVAL;
+		} else {
+			cmd[n] = '\0';
+			ret = tb_dispatch(strim(cmd));
+		}
+		if (peer.sin_family == AF_INET)
+			tb_udp_reply(&peer, ret);
+	}
+	return 0;
+}
+
+static int tb_udp_start(void)
+{
+	struct sockaddr_in addr = {
+		.sin_family = AF_INET,
+		.sin_addr.s_addr = htonl(INADDR_ANY),
+		.sin_port = htons(udp_port),
+	};
+	int err;
+
+	err = sock_create_kern(&init_net, AF_INET, SOCK_DGRAM, IPPROTO_UDP, &tb_udp_sock);
+	if (err)
+		return err;
+	err = kernel_bind(tb_udp_sock, (struct sockaddr *)&addr, sizeof(addr));
+	if (err)
+		goto out_release;
+	tb_udp_thread = kthread_run(tb_udp_serve, NULL, "tandem_bugs_udp");
+	if (IS_ERR(tb_udp_thread)) {
+		err = PTR_ERR(tb_udp_thread);
+		tb_udp_thread = NULL;
+		goto out_release;
+	}
+	pr_info("tandem_bugs: listening on UDP port %u\n", udp_port);
+	return 0;
+
+out_release:
+	sock_release(tb_udp_sock);
+	tb_udp_sock = NULL;
+	return err;
+}
+
+static void tb_udp_stop(void)
+{
+	if (!tb_udp_thread)
+		return;
+	/* Wakes the thread out of recvmsg for good (RCV_SHUTDOWN), then waits for it. */
+	kernel_sock_shutdown(tb_udp_sock, SHUT_RDWR);
+	kthread_stop(tb_udp_thread);
+	sock_release(tb_udp_sock);
+}
+
 static int __init tb_init(void)
 {
+	int err;
+
 	timer_setup(&tb_rate_timer, tb_rate_tick, 0);
 	if (!proc_create("tandem_bugs", 0200, NULL, &tb_proc_ops))
 		return -ENOMEM;
+	if (udp_port) {
+		err = tb_udp_start();
+		if (err) {
+			pr_err("tandem_bugs: cannot listen on UDP port %u: error %d\n", udp_port, err);
+			remove_proc_entry("tandem_bugs", NULL);
+			return err;
+		}
+	}
 	return 0;
 }
 
 static void __exit tb_exit(void)
 {
+	tb_udp_stop();
 	remove_proc_entry("tandem_bugs", NULL);
 	timer_delete_sync(&tb_rate_timer);
 	kfree(tb_last_note);
@@ -341,5 +466,5 @@ static void __exit tb_exit(void)
 
 module_init(tb_init);
 module_exit(tb_exit);
-MODULE_DESCRIPTION("tandem: planted bugs reachable from the demo service");
+MODULE_DESCRIPTION("tandem: planted bugs reachable from the demo service or a UDP port");
 MODULE_LICENSE("GPL");

@@ -58,6 +58,7 @@ class ModulesBuild(TypedDict):
     kernel_key: str
     version: str
     modules: NotRequired[list[str]]     # .ko paths (read with .get: a kernel may have none)
+    builtin: NotRequired[list[str]]     # modules.builtin{,.modinfo}: what the kernel has built in (older builds: absent)
     cpio: str
     cpio_sha256: str
 
@@ -167,6 +168,24 @@ def guest() -> GuestBuild:
 def refvm() -> RefvmBuild:
     """The reference ordinary VM's disk, kernel, initrd, services and site files."""
     return cast(RefvmBuild, _load("refvm", RefvmBuild.__required_keys__, build="./tandem build refvm"))
+
+
+class RefvmTandemBuild(RefvmBuild):
+    """The reference VM with tandem's native kernel as its distribution kernel
+    (scripts/build-refvm.sh --tandem-kernel): the same disk layout, services and site,
+    booting Linux `kernel_release` (tandem's) through its own GRUB, with tandem_bugs
+    loaded at boot and listening on UDP `udp_port` (docs/planted-bugs.md, "From the
+    network"). `kernel`/`initrd` are that kernel and the initramfs Debian made for it."""
+    udp_port: int               # guest port: each datagram is one tandem_bugs command
+    kernel_key: str             # build/kernel-native.json's key it was made from
+    modules_key: str            # build/modules-native.json's
+    deb: str                    # the linux-image-RELEASE .deb installed in it
+
+
+def refvm_tandem() -> RefvmTandemBuild:
+    """The reference VM booting tandem's native kernel, with the planted-bug module on UDP."""
+    return cast(RefvmTandemBuild, _load("refvm-tandem", RefvmTandemBuild.__required_keys__,
+                                        build="./tandem build refvm-tandem"))
 
 
 class AsanRedisBuild(TypedDict):

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 GROUPS = {
     "record": ["qemu", "kernel-native", "modules-native", "guest"],
     "analyses": [t for f in FLAVORS[1:] for t in (f"kernel-{f}", f"modules-{f}")] + ["plugin-calls"],
-    "guests": ["refvm", "asan-redis"],
+    "guests": ["refvm", "refvm-tandem", "asan-redis"],
 }
 GROUPS["all"] = GROUPS["record"] + GROUPS["analyses"] + GROUPS["guests"]
 PLAIN_EVERY = 30.0      # seconds between progress lines when not on a terminal

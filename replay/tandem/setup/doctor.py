@@ -36,15 +36,21 @@ from . import lock, programs
 COLD_BUILD_BYTES = 10 << 30
 WARM_BYTES = 1 << 30
 KVM_BOOT_TIMEOUT = 20.0   # seconds; a KVM boot to the root-mount panic takes under 2
-# Build scripts that can print the key their sources give now (TANDEM_KEY_ONLY=1).
+# Build scripts that can print the key their sources give now (TANDEM_KEY_ONLY=1); BUILD/
+# is the build directory. refvm-tandem's key covers kernel-native's and modules-native's
+# keys as their JSONs say now: stale when either was rebuilt since (and they are checked
+# on their own lines).
 KEYED = {"qemu": ["build-qemu.sh", "OUT"], "guest": ["build-guest.sh", "OUT"], "refvm": ["build-refvm.sh", "OUT"],
+         "refvm-tandem": ["build-refvm.sh", "--tandem-kernel", "BUILD/kernel-native.json",
+                          "BUILD/modules-native.json", "OUT"],
          "asan-redis": ["build-asan-redis.sh", "OUT"],
          **{f"kernel-{f}": ["build-kernel.sh", f, "OUT"] for f in FLAVORS}}
 # Builds whose key comes from another build's output (a module from its kernel's image,
 # the plugin from QEMU's header): checked for presence; their inputs' keys are above.
 UNKEYED = [*(f"modules-{f}" for f in FLAVORS), "plugin-calls"]
 # The fields of a build's JSON that name the files it made.
-ARTIFACTS = ("binary", "bzImage", "vmlinux", "disk_base", "initramfs_native", "cpio", "plugin", "disk", "kernel", "initrd")
+ARTIFACTS = ("binary", "bzImage", "vmlinux", "disk_base", "initramfs_native", "cpio", "plugin", "disk", "kernel", "initrd",
+             "deb")
 
 
 @dataclass
@@ -139,7 +145,9 @@ def check_venv() -> Check:
 def _current_key(target: str) -> str | None:
     script, *args = KEYED[target]
     env = dict(os.environ, TANDEM_KEY_ONLY="1")
-    r = subprocess.run(["bash", str(REPO / "scripts" / script), *[a.replace("OUT", os.devnull) for a in args]],
+    argv = [os.devnull if a == "OUT" else str(build_dir() / a[len("BUILD/"):]) if a.startswith("BUILD/") else a
+            for a in args]
+    r = subprocess.run(["bash", str(REPO / "scripts" / script), *argv],
                        capture_output=True, text=True, env=env, timeout=120)
     return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
 

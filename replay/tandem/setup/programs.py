@@ -61,6 +61,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("libc-bin", "the ASan guest's shared libraries", "ldd"),
     *_p("apt", "installing packages, the QEMU source", "apt-get", "apt-cache"),
     *_p("dpkg", "which packages are installed", "dpkg-query", "dpkg"),
+    *_p("dpkg", "tandem's kernel as a Debian package (scripts/build-kernel-deb.sh)", "dpkg-deb"),
     *_p("debconf", "tshark's install question answered ahead", "debconf-set-selections"),
     *_p("sudo", "host-deps.sh when not run as root", "sudo", optional=True),
     # Installed by scripts/host-deps.sh.
