@@ -447,3 +447,35 @@ def test_the_run_ends_on_time_when_the_guest_never_opens_the_recorded_connection
     assert res.limits == ["tcp-data at VM 0.005000s (flow 0 offset 0, devlog event 4) \"HTTP/1.0 200 OK...\": sent after waiting 5s of "
                           f"VM time for the guest to open its connection (flow 0), flow 0: 0/{len(REQ_A)} guest bytes"]
     assert feed.inputs == [] and res.outcome == "finished" and res.n_delivered == 2
+
+
+def test_a_connection_reset_while_its_service_starts_is_retried_with_its_request():
+    """Refused first (the service not listening yet), then accepted and reset before a
+    byte of answer (a socket that took it, then closed, while the service started): tried
+    again from its SYN with the whole request, as a refused one is; once answered, a
+    reset is the guest's."""
+    peer = Peer()
+    client, server = (HOST_IP, 40000), (GUEST_IP, 80)
+    (syn,) = map(netpkt.parse, peer.open(0, client, server, SMAC, GMAC, 0))
+    pf = peer.flows[0]
+    request = b"GET / HTTP/1.1\r\n\r\n"
+
+    def guest(flags: int, seq: int, ack: int, data: bytes = b"", now: int = 0) -> list:
+        return [netpkt.parse(f) for f in peer.on_frame(
+            netpkt.tcp(GMAC, SMAC, GUEST_IP, HOST_IP, 80, 40000, seq, ack, flags, 29200, data), now)]
+    guest(RST | ACK, 0, syn.seq + 1, now=1)
+    assert pf.state == "refused"
+    (again,) = map(netpkt.parse, peer.retransmit(60_000_000))
+    guest(SYN | ACK, 500, syn.seq + 1, now=60_000_001)
+    assert again.flags == SYN and pf.state == "established"
+    sent = [netpkt.parse(f) for f in peer.send(0, request, 60_000_002)]
+    assert [s.payload for s in sent] == [request]
+    guest(ACK, 501, syn.seq + 1 + len(request), now=60_000_003)
+    guest(RST | ACK, 501, syn.seq + 1 + len(request), now=60_000_004)      # reset before any answer
+    assert pf.state == "refused" and pf.reset is None
+    (third,) = map(netpkt.parse, peer.retransmit(120_000_000))
+    replies = guest(SYN | ACK, 900, syn.seq + 1, now=120_000_001)
+    assert third.flags == SYN and [r.payload for r in replies if r.payload] == [request]
+    guest(ACK | PSH, 901, syn.seq + 1 + len(request), b"HTTP/1.1 200 OK\r\n", now=120_000_002)
+    guest(RST | ACK, 918, syn.seq + 1 + len(request), now=120_000_003)    # answered: the guest's reset
+    assert pf.state == "done" and pf.reset == "reset by the guest"

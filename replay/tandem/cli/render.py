@@ -38,6 +38,8 @@ def print_summary(s, out=console) -> None:
             # The title is made of guest console text: never markup.
             out.print(f"  [red]FINDING[/] {escape(f.title + loc)}{times}", markup=True)
             out.print(f"    VM {f.vm_ns / 1e9:.6f}s, after {f.after_input}", markup=False)
+            for earlier in f.before:
+                out.print(f"      before it: {earlier}", markup=False)
         if r.findings and run.bundle:
             out.print(f"  reproduce exactly: tandem replay {run.bundle}", markup=False)
         for d in r.divergences:

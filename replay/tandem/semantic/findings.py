@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import artifacts, catalog, report
@@ -29,9 +29,16 @@ class Finding:
     text: str
     frames: list[str]
     locations: list[tuple[str, str, int]]
+    # The inputs delivered just before after_input, newest first: an analysis kernel that
+    # was slower than the native's takes several inputs in a row, and the one that
+    # reached the bug (a datagram queued while a service started) need not be the last.
+    before: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
+
+
+BEFORE_KEPT = 4         # inputs named before the last one a finding came after
 
 
 def _attributed(run: AnalysisRun, vm_ns: int) -> dict:
@@ -41,8 +48,9 @@ def _attributed(run: AnalysisRun, vm_ns: int) -> dict:
                 "input_flow": None, "input_offset": None}
     i = d.input
     chan = "net" if i.kind.startswith("tcp") or i.kind == "frame" else i.kind
+    earlier = [x.input for x in run.delivered if x.vm_ns <= vm_ns and x.input.kind != "rng" and x is not d]
     return {"after_input": i.describe(), "input_channel": chan, "input_flow": i.flow,
-            "input_offset": i.offset}
+            "input_offset": i.offset, "before": [x.describe() for x in earlier[-BEFORE_KEPT:][::-1]]}
 
 
 def of_report(run: AnalysisRun, rep: report.Report) -> Finding:

@@ -169,7 +169,8 @@ def prepare(guest: Guest, trees: list[str], root: str, workdir: Path, name: str)
     with VM(prep, Run(here / "run", overlay=first, icount=False), name=f"{name} overlay") as vm:
         assert vm.serial is not None        # a plain run has its console on a socket
         try:
-            vm.serial.wait_for(b"tandem-overlay: done", PREPARE_TIMEOUT_S)
+            end = vm.serial.wait_for(b"tandem-overlay: done", PREPARE_TIMEOUT_S)
+            vm.serial.wait_for(b"\n", 30, start=end)      # the count, which comes after
         except TandemError:
             console = vm.serial.output()
             failed = FAILED.search(console)
@@ -178,7 +179,7 @@ def prepare(guest: Guest, trees: list[str], root: str, workdir: Path, name: str)
                 f"no answer within {PREPARE_TIMEOUT_S:.0f}s (console: {here / 'console.log'})"
             raise TandemError(f"--overlay {name}: {why}") from None
         console = vm.serial.output()
-        vm.wait(60)
+        vm.wait(60)                 # it powers off after that line
     _keep(here / "console.log", console)
     done = DONE.search(console)
     if done is None or int(done.group(1)) != files:

@@ -69,6 +69,15 @@ class PeerFlow:
         return (self.isn + off) & 0xFFFFFFFF
 
 
+def _reset_while_starting(fl: PeerFlow) -> bool:
+    """A connection that was refused first and then reset by the guest before it answered
+    a byte, with all the client's bytes still at hand: its service was still starting (a
+    listening socket that took the connection, then closed: seen with nginx under a
+    KASAN kernel, its probe accepted 50 ms before nginx's workers were up). Retried like
+    a refused one: the native's service had answered it."""
+    return fl.state == "established" and fl.refusals > 0 and fl.guest_bytes == 0 and fl.sendbase == 1
+
+
 class Peer:
     def __init__(self) -> None:
         self.flows: dict[int, PeerFlow] = {}
@@ -217,10 +226,12 @@ class Peer:
     def _on_segment(self, fl: PeerFlow, f, now: int) -> list[bytes]:
         out: list[bytes] = []
         if f.flags & RST:
-            if fl.state == "syn-sent" and now - fl.opened_ns < SYN_RETRY_FOR_NS:
+            if (fl.state == "syn-sent" or _reset_while_starting(fl)) and now - fl.opened_ns < SYN_RETRY_FOR_NS:
                 fl.state = "refused"            # not listening yet: retry (retransmit())
                 fl.refusals += 1
                 fl.last_send_ns = now
+                fl.snd_una, fl.snd_nxt = 0, 1   # from the SYN again, with everything sent so far
+                fl.fin_sent = fl.guest_fin = False
                 return out
             if fl.state != "done":
                 fl.reset = "refused" if fl.state == "syn-sent" else "reset by the guest"

@@ -1,0 +1,120 @@
+"""A bug in the guest's own kernel, reached by an ordinary client (issue 24, point 7): the
+reference VM built once more with tandem's native kernel as its distribution kernel
+(a Debian package, booted by its own GRUB) and the planted-bug module listening on UDP.
+A crafted datagram reaches the bug; the native serves on; the KASAN analysis, booting
+the same disk with its own build of the module written over the native's, reports it,
+attributed to that datagram, offline and live."""
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+
+import pytest
+from helpers import start_client, wait_until
+from helpers.live import run_until_native_stops
+from tandem import artifacts
+from tandem.live.shadow import ShadowOptions, ShadowRun
+from tandem.machine import Forward, Guest
+from tandem.qemu.vm import free_port
+from tandem.record import clients
+from tandem.record.recording import Recording
+from tandem.semantic.analyze import analyze
+
+CRAFTED = b"oob " + b"n" * 52       # tandem_bugs' note of 52 bytes: one byte past its slot
+FILE = "/64k.bin"
+
+
+def send_datagram(port: int, payload: bytes) -> bytes:
+    """One datagram to the guest's forwarded UDP port, and its answer."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(60)
+        s.sendto(payload, ("127.0.0.1", port))
+        return s.recv(64)
+
+
+def serves(http: int, ref) -> None:
+    """nginx on the native answers with the right bytes."""
+    clients.fetch_files(http, {f["path"]: f["sha256"] for f in ref["site"] if f["path"] == FILE})
+
+
+def guest_and_forwards(tmp_path):
+    ref = artifacts.refvm_tandem()
+    base = tmp_path / "refvm-tandem.qcow2"
+    shutil.copyfile(ref["disk"], base)
+    http, udp = free_port(), free_port()
+    forwards = (Forward("tcp", http, 80), Forward("udp", udp, ref["udp_port"]))
+    return ref, Guest.of_disks([(str(base), "qcow2")]), forwards, http, udp
+
+
+def the_bug(findings) -> list:
+    return [f for f in findings if "slab-out-of-bounds" in f.title and "tb_note_store" in f.title]
+
+
+@pytest.fixture(scope="module")
+def datagram_recording(built, tmp_path_factory):
+    """The VM from power-on: a file fetched, the crafted datagram, the file again (the
+    native serves on), powered off by its button."""
+    tmp = tmp_path_factory.mktemp("kbug")
+    ref, guest, forwards, http, udp = guest_and_forwards(tmp)
+    tdm = tmp / "kbug.tdm"
+    with Recording(tdm, guest, forwards=forwards) as rec:
+        wait_until(lambda: rec.running() and clients.http_up(http), 600, "nginx on the reference VM", poll=1.0)
+        serves(http, ref)
+        assert send_datagram(udp, CRAFTED) == b"OK\n"
+        serves(http, ref)
+        rec.powerdown()
+        rec.wait(timeout=300)
+    return tdm
+
+
+@pytest.mark.timeout(1500)
+def test_kasan_finds_the_bug_a_datagram_reached_in_the_guests_own_kernel(datagram_recording, tmp_path):
+    s = analyze(datagram_recording, ["kasan"], noise=False, workdir=tmp_path, record=False)
+    (r,) = s.results
+    assert r.run.outcome in ("poweroff", "finished"), (r.run.outcome, r.run.detail, r.run.qemu_log[-2000:])
+    (bug,) = the_bug(r.findings) or [None]
+    assert bug is not None, [f.title for f in r.findings]
+    # Attributed to the datagram: the input delivered last before the report, or one of
+    # those just before it (a KASAN kernel takes what the native took in a row).
+    port = f":{artifacts.refvm_tandem()['udp_port']}, "
+    assert [x for x in [bug.after_input, *bug.before] if x.startswith("frame") and port in x], \
+        (bug.after_input, bug.before)
+    assert [f.title for f in r.findings if f is not bug and "tb_note_store" not in f.title] == [], r.findings
+    assert not r.divergences and r.complete, ([d.diff for d in r.divergences][:3], r.failure)
+    assert s.exit_status() == 1
+
+
+@pytest.mark.timeout(2400)
+def test_a_live_shadow_reports_it_while_the_native_serves_on(built, tmp_path):
+    ref, guest, forwards, http, udp = guest_and_forwards(tmp_path)
+    live = []
+    sh = ShadowRun(tmp_path / "live.tdm", ["kasan"], ShadowOptions(record_analyses=False, idle_analyses=False),
+                   workdir=tmp_path / "an", guest=guest, forwards=forwards, on_finding=live.append)
+    sh.start()
+    answers = []
+
+    def client():
+        wait_until(lambda: clients.http_up(http), 600, "nginx on the reference VM", poll=1.0)
+        answers.append(send_datagram(udp, CRAFTED))
+        serves(http, ref)
+        # Served on while the analysis reaches the datagram: the native waits for nothing.
+        wait_until(lambda: the_bug(live), 900, "the KASAN report, live", poll=1.0)
+        serves(http, ref)
+    t = start_client(client, "client")
+    pressed = []
+
+    def button_once_done():
+        if not t.is_alive() and t.error is None and not pressed:
+            pressed.append(time.monotonic())
+            sh.native.powerdown()
+    run_until_native_stops(sh, button_once_done, timeout=1800, client=t)
+    t.join(0)
+    s = sh.finish(timeout=1200)
+    (r,) = s.results
+    assert answers == [b"OK\n"]
+    (bug,) = the_bug(r.findings) or [None]
+    assert bug is not None and not r.divergences, ([f.title for f in r.findings], r.divergences[:2])
+    port = f":{ref['udp_port']}, "
+    assert [x for x in [bug.after_input, *bug.before] if x.startswith("frame") and port in x], \
+        (bug.after_input, bug.before)
