@@ -278,7 +278,12 @@ static noinline int tb_rate_sample(void)
 
 /* --- /proc/tandem_bugs ------------------------------------------------------------- */
 
-static int tb_dispatch(char *cmd)
+/*
+ * Inlined into each caller, so a report's frames and titles name the path the command
+ * came by (tb_proc_write, as tandem's tests and the assertion pack expect; tb_udp_serve)
+ * and not this shared parser: the compiler put tb_set_buckets' shift here otherwise.
+ */
+static __always_inline int tb_dispatch(char *cmd)
 {
 	char *arg = strchr(cmd, ' ');
 	unsigned int n;

@@ -166,7 +166,25 @@ def prepare(guest: Guest, trees: list[str], root: str, workdir: Path, name: str)
     initramfs(trees, cpio)
     prep = dataclasses.replace(guest, initrd=str(cpio), cmdline=f"console=ttyS0 panic=-1 rdinit=/init tandem.root={root}")
     log.info("%s: writing %d files (%d bytes) of %s into its disk overlays", name, files, size, ", ".join(trees))
-    with VM(prep, Run(here / "run", overlay=first, icount=False), name=f"{name} overlay") as vm:
+    # QMP and console sockets in a short temp path: a unix socket's path is at most 108 bytes
+    rundir = Path(tempfile.mkdtemp(prefix="tandem-ovl-"))
+    try:
+        console = _prepare_boot(prep, rundir, first, name, here)
+    finally:
+        shutil.rmtree(rundir, ignore_errors=True)
+    _keep(here / "console.log", console)
+    done = DONE.search(console)
+    if done is None or int(done.group(1)) != files:
+        raise TandemError(f"--overlay {name}: {done.group(1).decode() if done else 'no'} of {files} files written "
+                          f"(console: {here / 'console.log'})")
+    disks = tuple(Disk(str(overlay_path(first, d.id)), "qcow2", id=d.id) for d in guest.disks)
+    return dataclasses.replace(guest, disks=disks)
+
+
+def _prepare_boot(prep: Guest, rundir: Path, first: Path, name: str, here: Path) -> bytes:
+    """Boot the preparation VM; its console once it has said it is done (a one-line
+    error with what it said instead, if it did not)."""
+    with VM(prep, Run(rundir, overlay=first, icount=False), name=f"{name} overlay") as vm:
         assert vm.serial is not None        # a plain run has its console on a socket
         try:
             end = vm.serial.wait_for(b"tandem-overlay: done", PREPARE_TIMEOUT_S)
@@ -180,13 +198,7 @@ def prepare(guest: Guest, trees: list[str], root: str, workdir: Path, name: str)
             raise TandemError(f"--overlay {name}: {why}") from None
         console = vm.serial.output()
         vm.wait(60)                 # it powers off after that line
-    _keep(here / "console.log", console)
-    done = DONE.search(console)
-    if done is None or int(done.group(1)) != files:
-        raise TandemError(f"--overlay {name}: {done.group(1).decode() if done else 'no'} of {files} files written "
-                          f"(console: {here / 'console.log'})")
-    disks = tuple(Disk(str(overlay_path(first, d.id)), "qcow2", id=d.id) for d in guest.disks)
-    return dataclasses.replace(guest, disks=disks)
+    return console
 
 
 def _keep(path: Path, console: bytes) -> None:
