@@ -55,7 +55,7 @@ def cmd_record(args) -> int:
     def on_sigint(*_):
         nonlocal interrupted
         interrupted = True
-        rec.stop()
+        rec.request_stop()
     signal.signal(signal.SIGINT, on_sigint)
     signal.signal(signal.SIGTERM, on_sigint)
     rec.watch_forwards(lambda line: console.print(f"tandem: warning: {line}", markup=False))

@@ -83,10 +83,12 @@ def watch(sh):
     from rich.text import Text
 
     from ..live.shadow import SAMPLE_S
-    signal.signal(signal.SIGINT, lambda *_: sh.stop_native())
-    signal.signal(signal.SIGTERM, lambda *_: sh.stop_native())
+    signal.signal(signal.SIGINT, lambda *_: sh.native.request_stop())
+    signal.signal(signal.SIGTERM, lambda *_: sh.native.request_stop())
     with Live(_shadow_table(sh.status()), console=console, refresh_per_second=4) as live:
         while sh.native.vm.proc.poll() is None:
+            if sh.native.stop_asked and sh.native.stop_reason is None:
+                sh.stop_native()        # here, not in the handler: QMP is not reentrant
             sh.sample()
             sh.native.vm.poll_events()
             live.update(_shadow_table(sh.status()))

@@ -138,6 +138,7 @@ class Recording:
         self.gate_socket, self.gate_outputs, self.gate_overflow = gate_socket, gate_outputs, gate_overflow
         self.vm: VM | None = None
         self.stop_reason: str | None = None
+        self.stop_asked = False         # request_stop(): from a signal handler, done by wait()
         self._tmp: str | None = None       # the sockets' directory, while recording
 
     def started(self) -> VM:
@@ -200,6 +201,12 @@ class Recording:
             self.stop_reason = "interrupt"
         self.started().quit()
 
+    def request_stop(self) -> None:
+        """Ask for stop() from a signal handler: the loop that talks to QEMU (wait(), a
+        shadow's watch) does it. QMP is not reentrant: a quit sent from a handler that
+        interrupted a QMP command failed with "This event loop is already running"."""
+        self.stop_asked = True
+
     def running(self) -> bool:
         """The recording's QEMU is still running."""
         vm = self.started()
@@ -216,6 +223,8 @@ class Recording:
         proc = vm.process()
         deadline = None if timeout is None else time.monotonic() + timeout
         while proc.poll() is None:
+            if self.stop_asked and self.stop_reason is None:
+                self.stop()
             vm.poll_events()
             if progress:
                 progress(vm.vm_status())
