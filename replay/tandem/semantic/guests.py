@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 # How much of the console is searched for the kernel's command line (it is among the
 # first lines a kernel prints; GRUB's menu and SeaBIOS come before it).
 CONSOLE_SEARCHED = 256 << 10
+# ... and how many device-log events at most (a kernel's first lines come after its
+# bootloader's disk reads: some hundreds of events for GRUB loading Debian's kernel).
+EVENTS_SEARCHED = 200_000
 COMMAND_LINE = re.compile(rb"Command line: ([^\r\n]*)")
 KERNEL_VERSION = re.compile(rb"Linux version (\S+)")
 ROOT_ARG = re.compile(r"(?:^|\s)root=(\S+)")
@@ -67,7 +70,9 @@ def console_line(bundle_dir: Path, pattern: re.Pattern[bytes]) -> bytes | None:
     """pattern's group 1 in the first whole console line of the native that has it, among
     the first CONSOLE_SEARCHED bytes (a kernel's first lines)."""
     seen = bytearray()
-    for e in pcapng.DevlogReader(bundle_dir / bundle.DEVLOG):
+    for n, e in enumerate(pcapng.DevlogReader(bundle_dir / bundle.DEVLOG)):
+        if n >= EVENTS_SEARCHED:    # a guest whose kernel prints nothing on ttyS0: not the whole log
+            break
         if e.kind == "serial" and e.direction == "out":
             seen += e.data
             if (m := pattern.search(seen)) and m.end() < len(seen) and b"\n" in seen[m.end():]:
