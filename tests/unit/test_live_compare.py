@@ -50,6 +50,13 @@ class Pair:
             self.run.console_times.append((self.run.console_base + len(self.run.console), self.ns))
             self.run.console += console
 
+    def same_lines(self, lc: LiveCompare, n: int) -> None:
+        """n equal lines on the connection, on both sides, compared as they come."""
+        for i in range(n):
+            self.native(f"VALUE {i}\n".encode())
+            self.analysis(f"VALUE {i}\n".encode())
+            lc.tick(self.run)
+
     def close(self) -> None:
         self.rec.flows[0].closed = True
         self.pf.state = "done"
@@ -60,10 +67,13 @@ def test_chunks_drop_whole_chunks_and_find_offsets():
     assert (c.base, c.size, c.end) == (0, 8, 8)
     c.drop_to(4)                        # "de" ends at 5: only "abc" goes
     assert (c.base, c.dropped, list(c)) == (3, 1, [(2, b"de"), (3, b"fgh")])
-    assert c.since(6) == ([(3, b"fgh")], 1)
-    assert c.since(3) == ([(2, b"de"), (3, b"fgh")], 0)
+    assert c.bytes_from(6) == b"gh" and c.bytes_from(0) == b"defgh" and c.head(3) == b"def"
+    assert [c.time_at(o) for o in (3, 4, 5, 7)] == [2, 2, 3, 3]
     c.append((4, b"ij"))
-    assert c.end == 10 and c.since(10) == ([], 0)
+    c.append((5, b""))                  # nothing: no chunk
+    assert c.end == 10 and c.bytes_from(10) == b"" and len(c) == 3
+    c.drop_to(10)
+    assert (c.base, c.size, c.dropped, list(c)) == (10, 0, 4, [])
 
 
 def matched(a: bytes, b: bytes, s=None, name="tcp flow 0 (x)"):
@@ -140,6 +150,73 @@ def test_a_difference_is_reported_once_equal_lines_end_it_and_matching_goes_on()
     p.close()
     lc.tick(p.run)
     assert len(lc.divergences) == 2 and 0 in lc.done
+
+
+def test_output_past_a_clients_reset_is_no_divergence_live():
+    """As compare.compare: a connection its client reset mid-response is compared only as
+    far as the native's output went, once it has closed."""
+    p = Pair()
+    lc = LiveCompare(p.rec, spec())
+    p.same_lines(lc, 20)
+    p.native(b"VALUE 20 part")                  # the client reset here
+    p.analysis(b"VALUE 20 part of a longer line\nVALUE 21\n")
+    lc.tick(p.run)
+    p.rec.flows[0].client_reset = True
+    p.close()
+    lc.tick(p.run)
+    assert 0 in lc.done and lc.divergences == []
+
+
+def _http(body: bytes, date: str, chunks: bool) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nDate: " + date.encode() + b"\r\n"
+    if not chunks:
+        return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    half = len(body) // 2
+    return (head + b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % half + body[:half] + b"\r\n"
+            + b"%x\r\n" % (len(body) - half) + body[half:] + b"\r\n0\r\n\r\n")
+
+
+def test_http_is_matched_response_by_response_as_both_run():
+    """An HTTP connection: chunked against whole bodies is no divergence, each response
+    matched and dropped once both sides have it; a different body is reported at once."""
+    p = Pair()
+    p.rec.flows[0].protocol = "http"
+    lc = LiveCompare(p.rec, equivalence.load("kasan"))
+    name = compare.channel(p.rec.flows[0])
+    for i in range(10):
+        body = b"page %d\n" % i + b"x" * 3000
+        native = _http(body, "Fri, 27 Nov 2026 22:01:07 GMT", False)
+        p.native(native[:100])
+        p.analysis(_http(body if i != 6 else body[:-1] + b"y", "Fri, 27 Nov 2026 22:09:59 GMT", True))
+        lc.tick(p.run)
+        p.native(native[100:])
+        lc.tick(p.run)
+        assert p.pf.guest_data.size == 0 and lc.native_at(name) == p.rec.flows[0].guest_data.end
+        assert len(lc.divergences) == (i >= 6)
+    assert name not in lc.as_lines
+    (d,) = lc.divergences
+    assert d.analysis[0].text.endswith(b"xy")
+    p.native(b"HTTP/1.1 200 OK\r\nnot a header\r\n\r\n")     # not HTTP: as lines from here
+    p.analysis(b"HTTP/1.1 200 OK\r\nnot a header\r\n\r\n")
+    lc.tick(p.run)
+    assert name in lc.as_lines
+    p.close()
+    lc.tick(p.run)
+    assert len(lc.divergences) == 1 and 0 in lc.done
+
+
+def test_redis_time_replies_are_matched_live():
+    p = Pair()
+    p.rec.flows[0].protocol, p.rec.flows[0].asks_time = "resp", True
+    lc = LiveCompare(p.rec, equivalence.load("kasan"))
+    for i in range(30):
+        p.native(b"+OK\r\n*2\r\n$10\r\n%d\r\n$6\r\n%06d\r\n" % (1764301234 + i, 100000 + i))
+        p.analysis(b"+OK\r\n*2\r\n$10\r\n%d\r\n$5\r\n%05d\r\n" % (1764309999 + i, 10000 + i))
+        lc.tick(p.run)
+    assert lc.divergences == [] and p.pf.guest_data.size == 0
+    p.close()
+    lc.tick(p.run)
+    assert lc.divergences == [] and 0 in lc.done
 
 
 def test_a_difference_without_end_is_compared_when_the_connection_closes():

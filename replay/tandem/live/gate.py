@@ -448,9 +448,7 @@ class Gate:
         buf = self._streams.setdefault((analysis, flow), Stream())
         if pf is not None:
             with self.rec.lock:
-                chunks, skip = pf.guest_data.since(buf.end)
-                for i, (_, d) in enumerate(chunks):
-                    buf.data += d[skip:] if i == 0 else d
+                buf.data += pf.guest_data.bytes_from(buf.end)
         return buf
 
     def copied(self, analysis: str, flow: int) -> int:

@@ -18,20 +18,19 @@ from __future__ import annotations
 import bisect
 import difflib
 import enum
+import re
 from dataclasses import dataclass
 from itertools import accumulate
-from operator import itemgetter
 from typing import Final
 
 from ..formats import netpkt
-from . import inputs as inputs_mod
+from . import http_messages, inputs as inputs_mod
 from .exchanges import without_ids
 from .equivalence import MAX_RULED_LINE, ChannelRules, Spec
 from .model import AnalysisRun
 
 KERNEL_LINE = inputs_mod.KERNEL_LINE
 MASKED = b"<*>"
-_DATA = itemgetter(1)               # of a (VM time, bytes) chunk
 
 
 @dataclass
@@ -72,31 +71,27 @@ class NotAnalysed:
 
 
 class _Stream:
-    """A timed byte stream: its bytes, and the VM time of each chunk it arrived in
-    (indexed only when a line's time is needed)."""
-    __slots__ = ("_chunks", "_skip", "_starts", "_times", "_writes", "origin", "text")
+    """A timed byte stream: its bytes, and where to look up the VM time of each (the
+    Chunks it was cut from, or a list of writes), only when a line's time is needed."""
+    __slots__ = ("_chunks", "_writes", "origin", "text")
 
-    def __init__(self, text: bytes, chunks: list[tuple[int, bytes]] | None = None,
-                 writes: tuple[list[tuple[int, int]], int] | None = None, skip: int = 0, origin: int = 0):
-        """Timed by `chunks` (VM time, bytes) joined into `text` (less its first `skip`
-        bytes), or by `writes`: ([(offset, VM time)], offset of text[0]) of a buffer
-        text was cut from. `origin`: the stream offset of text[0] (a live comparison
-        starts where the matched part ends)."""
+    def __init__(self, text: bytes, chunks: inputs_mod.Chunks | list[tuple[int, bytes]] | None = None,
+                 writes: tuple[list[tuple[int, int]], int] | None = None, origin: int = 0):
+        """Timed by `chunks`, whose stream offset `origin` is text[0], or by `writes`:
+        ([(offset, VM time)], offset of text[0]) of a buffer text was cut from. `origin`:
+        the stream offset of text[0] (a live comparison starts where the matched part ends)."""
         self.text = text
-        self._chunks, self._writes, self._skip, self.origin = chunks, writes, skip, origin
-        self._starts: list[int] | None = None
-        self._times: list[int] = []
+        if chunks is not None and not isinstance(chunks, inputs_mod.Chunks):
+            chunks = inputs_mod.Chunks(chunks)      # a plain (VM ns, bytes) list
+        self._chunks, self._writes, self.origin = chunks, writes, origin
 
     @classmethod
-    def of_chunks(cls, chunks: list[tuple[int, bytes]], start: int | None = None) -> _Stream:
+    def of_chunks(cls, chunks: inputs_mod.Chunks | list[tuple[int, bytes]], start: int | None = None) -> _Stream:
         """The stream of a chunk list (inputs.Chunks, or a plain list), from stream
-        offset `start` (default: its first chunk kept)."""
-        base = inputs_mod.chunks_base(chunks)
-        if start is None or start <= base:
-            return cls(b"".join(map(_DATA, chunks)), chunks=chunks, origin=base)
+        offset `start` (default: its first byte kept): one copy of its buffer."""
         whole = chunks if isinstance(chunks, inputs_mod.Chunks) else inputs_mod.Chunks(chunks)
-        part, skip = whole.since(start)
-        return cls(b"".join(map(_DATA, part))[skip:], chunks=part, skip=skip, origin=start)
+        origin = whole.base if start is None else max(start, whole.base)
+        return cls(whole.bytes_from(origin), chunks=whole, origin=origin)
 
     def masked(self, ranges: list[tuple[int, int]]) -> _Stream:
         """The same stream with stream bytes [start, end) of each range replaced by '*'."""
@@ -105,18 +100,36 @@ class _Stream:
             lo, hi = max(0, start - self.origin), min(end - self.origin, len(b))
             if lo < hi:
                 b[lo:hi] = b"*" * (hi - lo)
-        return _Stream(bytes(b), self._chunks, self._writes, self._skip, self.origin)
+        return _Stream(bytes(b), self._chunks, self._writes, self.origin)
+
+    def time_masked(self) -> _Stream:
+        """The same stream with the seconds and microseconds of each reply of redis's
+        TIME shape replaced by as many NUL bytes (offsets and times kept: a live
+        comparison matches on them); the resp rules mask a line of NULs."""
+        if b"*2\r\n$" not in self.text:
+            return self
+        text = TIME_REPLY.sub(_nul_digits, self.text)
+        return self if text == self.text else _Stream(text, self._chunks, self._writes, self.origin)
+
+    def window(self, lo: int) -> _Stream:
+        """The stream from its byte lo on (timed as it is)."""
+        if self._writes is not None:
+            writes, base = self._writes
+            return _Stream(self.text[lo:], writes=(writes, base + lo), origin=self.origin + lo)
+        return _Stream(self.text[lo:], self._chunks, origin=self.origin + lo)
+
+    def cut(self, n: int) -> _Stream:
+        """The stream's first n bytes (timed as it is)."""
+        return _Stream(self.text[:n], self._chunks, self._writes, self.origin)
 
     def time_at(self, pos: int) -> int:
         """VM time of the chunk byte `pos` came in."""
         if self._writes is not None:
             writes, base = self._writes
             return writes[max(0, bisect.bisect_right(writes, (pos + base, _INF)) - 1)][1]
-        if self._starts is None:
-            chunks = self._chunks or []
-            self._starts = list(accumulate([len(d) for _, d in chunks[:-1]], initial=0)) if chunks else []
-            self._times = [ns for ns, _ in chunks]
-        return self._times[bisect.bisect_right(self._starts, pos + self._skip) - 1]
+        if not self._chunks:
+            return 0
+        return self._chunks.time_at(self.origin + pos)
 
     def lines(self) -> tuple[list[bytes], list[int]]:
         """The stream's lines (without their \\n or trailing \\r; no empty last line)
@@ -130,7 +143,17 @@ class _Stream:
         return parts, starts
 
 
-_EMPTY = _Stream(b"", chunks=[])
+_EMPTY = _Stream(b"")
+# redis's reply to TIME: an array of two bulk strings, the seconds and the microseconds
+TIME_REPLY = re.compile(rb"\*2\r\n\$\d\d?\r\n(\d{1,20})\r\n\$\d\r\n(\d{1,6})\r\n")
+
+
+def _nul_digits(m: re.Match[bytes]) -> bytes:
+    a0, a1 = m.span(1)
+    b0, b1 = m.span(2)
+    base = m.start()
+    t = m.group()
+    return t[:a0 - base] + b"\0" * (a1 - a0) + t[a1 - base:b0 - base] + b"\0" * (b1 - b0) + t[b1 - base:]
 _INF = float("inf")
 
 
@@ -375,29 +398,42 @@ def streams_analysis(run: AnalysisRun, rec: inputs_mod.RecordedInputs, at: dict 
 
 
 def compare(rec: inputs_mod.RecordedInputs, run: AnalysisRun, spec: Spec, at: dict | None = None,
-            only: set | None = None, unreached: list[NotAnalysed] | None = None) -> list[Divergence]:
+            only: set | None = None, unreached: list[NotAnalysed] | None = None,
+            as_lines: set[str] | frozenset[str] = frozenset()) -> list[Divergence]:
     """Every difference between the native's outputs and the analysis run's (from
     what `at` says was already matched; in the channels of `only`, if given). With
     `unreached` (a run that ended early), what the native output at the end of a
-    channel and the analysis never did goes there, not into the divergences."""
+    channel and the analysis never did goes there, not into the divergences.
+    `as_lines`: connections compared as lines whatever they carry (a live comparison
+    left HTTP framing there: live_compare.py)."""
     a, b = streams_native(rec, at, only), streams_analysis(run, rec, at, only)
     out = []
     for name in sorted(set(a) | set(b), key=lambda n: (n != "serial", n)):
-        out += compare_channel(name, a.get(name, _EMPTY), b.get(name, _EMPTY), spec_of(name, rec, spec), run,
-                               unreached)
+        fl = flow_of(name, rec)
+        sa, sb = a.get(name, _EMPTY), b.get(name, _EMPTY)
+        if fl is not None and fl.asks_time and sa.text != sb.text:
+            sa, sb = sa.time_masked(), sb.time_masked()
+        out += compare_channel(name, sa, sb, spec_of(name, rec, spec), run,
+                               unreached, reset=fl is not None and fl.client_reset,
+                               protocol=fl.protocol if fl is not None and name not in as_lines else None)
     return out
+
+
+def flow_of(name: str, rec: inputs_mod.RecordedInputs) -> inputs_mod.Flow | None:
+    """The recorded flow a channel is (None: not a connection, or retired)."""
+    if not name.startswith("tcp flow "):
+        return None
+    index = int(name.split()[2])
+    return rec.flows[index] if index < len(rec.flows) else None
 
 
 def spec_of(name: str, rec: inputs_mod.RecordedInputs, spec: Spec) -> Spec:
     """The spec a channel is compared under: a connection's with its protocol's rules."""
-    if not name.startswith("tcp flow "):
-        return spec
-    index = int(name.split()[2])
-    fl = rec.flows[index] if index < len(rec.flows) else None
+    fl = flow_of(name, rec)
     return spec.for_protocol(fl.protocol) if fl is not None else spec
 
 
-def _rules(name: str, spec: Spec):
+def channel_rules(name: str, spec: Spec) -> tuple[ChannelRules | None, list[tuple[int, int]]]:
     """The spec's rules for a channel and the byte ranges it masks (None: not compared)."""
     chan = name.split(" ")[0]
     if chan in spec.ignore_channels:
@@ -411,15 +447,103 @@ def _rules(name: str, spec: Spec):
 
 
 def compare_channel(name: str, sa: _Stream, sb: _Stream, spec: Spec, run: AnalysisRun,
-                    unreached: list[NotAnalysed] | None = None) -> list[Divergence]:
-    rules, ranges = _rules(name, spec)
+                    unreached: list[NotAnalysed] | None = None, reset: bool = False,
+                    protocol: str | None = None) -> list[Divergence]:
+    """The differences on one channel. `reset`: the remote side reset the connection, so
+    the native's output ends where the client stopped reading; the analysis's is
+    compared only that far (_cut_to_native). `protocol` "http": compared response by
+    response (compare_http)."""
+    rules, ranges = channel_rules(name, spec)
     if rules is None:
         return []
     if ranges:
         sa, sb = sa.masked(ranges), sb.masked(ranges)
+    if reset and len(sb.text) > len(sa.text):
+        sb = _cut_to_native(sa, sb, rules, name == "serial")
     if not spec.max_lag_ns and sa.text == sb.text:
         return []                   # the common case, at memcmp speed: equal lines are equal under any spec
+    if protocol == "http" and not spec.max_lag_ns:
+        return compare_http(name, sa, sb, rules, spec, run, unreached)
     return _compare_lines(name, sa, sb, rules, name == "serial", spec, run, unreached)
+
+
+def compare_http(name: str, sa: _Stream, sb: _Stream, rules: ChannelRules, spec: Spec, run: AnalysisRun,
+                 unreached: list[NotAnalysed] | None = None) -> list[Divergence]:
+    """An HTTP connection's two streams, response by response (http_messages.py: chunked
+    or not, headers in any order), then what is not a response on either side (a
+    response missing at the end, a cut one, bytes that do not parse) as lines."""
+    fa, fb = http_messages.frame(sa.text, closed=True), http_messages.frame(sb.text, closed=True)
+    n = min(len(fa.responses), len(fb.responses))
+    out = []
+    for x, y in zip(fa.responses[:n], fb.responses[:n]):
+        out += compare_response(name, sa, sb, x, y, rules, spec, run)
+    ra = fa.responses[n].start if n < len(fa.responses) else fa.end
+    rb = fb.responses[n].start if n < len(fb.responses) else fb.end
+    ta, tb = sa.window(ra), sb.window(rb)
+    if ta.text != tb.text:
+        out += _compare_lines(name, ta, tb, rules, False, spec, run, unreached)
+    return out
+
+
+def compare_response(name: str, sa: _Stream, sb: _Stream, x: http_messages.Response, y: http_messages.Response,
+                     rules: ChannelRules, spec: Spec, run: AnalysisRun) -> list[Divergence]:
+    """One response of each side: their canonical heads as lines under the spec, then
+    their bodies (bytes first, in place: a 64 KiB body is one memcmp; as lines if they
+    differ)."""
+    if _same(sa.text, x.start, x.end, sb.text, y.start, y.end):
+        return []
+    out = []
+    ha, hb = x.canonical_head(), y.canonical_head()
+    if ha != hb:
+        out += _compare_lines(name, _Stream(ha, writes=([(0, sa.time_at(x.start))], 0)),
+                              _Stream(hb, writes=([(0, sb.time_at(y.start))], 0)), rules, False, spec, run)
+    if len(x.body) == len(y.body) == 1 and _same(sa.text, *x.body[0], sb.text, *y.body[0]):
+        return out
+    ba, bb = _body(sa, x), _body(sb, y)
+    if ba.text != bb.text:
+        out += _compare_lines(name, ba, bb, rules, False, spec, run)
+    return out
+
+
+def _same(a: bytes, a0: int, a1: int, b: bytes, b0: int, b1: int) -> bool:
+    """a[a0:a1] == b[b0:b1], without copying either (6 us for 64 KiB, where the two
+    slices and their comparison took 24 us)."""
+    if a1 - a0 != b1 - b0:
+        return False
+    with memoryview(b) as m:
+        return a.startswith(m[b0:b1], a0)
+
+
+def _body(s: _Stream, r: http_messages.Response) -> _Stream:
+    """A response's body as the client got it (its chunks' data joined), each piece timed
+    by the stream's time at its first byte."""
+    if len(r.body) == 1:
+        start, end = r.body[0]
+        return _Stream(s.text[start:end], writes=([(0, s.time_at(start))], 0))
+    times, at = [], 0
+    for start, end in r.body:
+        times.append((at, s.time_at(start)))
+        at += end - start
+    return _Stream(b"".join(s.text[a:b] for a, b in r.body), writes=(times, 0))
+
+
+def _cut_to_native(sa: _Stream, sb: _Stream, rules: ChannelRules, serial: bool) -> _Stream:
+    """The analysis's stream of a connection its client reset, as far as the native's
+    went. The client (wrk ending its run) reset it mid-response; the analysis, on its own
+    timing, sent more of that response before the reset reached it (3 of wrk's 4
+    connections in `bench semantic --only protocols`). What it sent past the point
+    matching the native's end reached no one and is no divergence. That point is found
+    line by line under the spec (a Date line may differ in length): as many bytes past
+    the lines both have equal as the native has past them."""
+    if sb.text.startswith(sa.text):
+        keep = len(sa.text)         # the common case: the same bytes, at memcmp speed
+    else:
+        la, lb = sa.lines(), sb.lines()
+        k = _common_prefix(la[0], lb[0], rules, serial, {})
+        at_a = la[1][k] if k < len(la[1]) else len(sa.text)
+        at_b = lb[1][k] if k < len(lb[1]) else len(sb.text)
+        keep = at_b + len(sa.text) - at_a
+    return sb.cut(keep)
 
 
 RESYNC_LINES = 4    # after a difference, this many equal lines on both sides end it
@@ -439,7 +563,7 @@ def matched(name: str, sa: _Stream, sb: _Stream, spec: Spec, cache: dict,
     as compare() diffs a stream (a reordering within the spec's window is no
     divergence). The part after the last match waits for more lines. Lines the spec
     drops are skipped; with max_lag (timing) the channel is only compared at its end."""
-    rules, ranges = _rules(name, spec)
+    rules, ranges = channel_rules(name, spec)
     if rules is None:
         return sa.origin + len(sa.text), sb.origin + len(sb.text), [], False
     if spec.max_lag_ns:

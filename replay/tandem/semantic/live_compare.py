@@ -29,13 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import compare, inputs
+from . import compare, http_messages, inputs
 from .compare import Divergence, NotAnalysed, _Stream
 from .equivalence import Spec
 from .model import AnalysisRun
 
 CACHE_LINES = 10_000    # lines whose rewrite under the spec is remembered, at most
 STUCK_MAX = 1 << 20     # bytes a stuck channel keeps, per side, before it is compared and left
+GIST_LINE = 4096        # bytes looked at for the first line of output not analysed
 OFFLINE_STUCK_MAX = 64 << 20    # the same, reading a finished bundle (nothing waits on the memory)
 
 
@@ -47,6 +48,7 @@ class LiveCompare:
         self.at: dict[str, tuple[int, int]] = {}   # channel -> (native, analysis) offsets matched
         self.stuck: set[str] = set()               # channels with a difference: compared whole
         self.left: set[str] = set()                # stuck past STUCK_MAX: compared no further
+        self.as_lines: set[str] = set()            # HTTP connections compared as lines from where framing stopped
         self.done: set[int] = set()                # flows compared to their end (live.shadow.ShadowRun retires them)
         self.divergences: list[Divergence] = []
         self.not_analysed: list[NotAnalysed] = []   # the native's output an early-ended analysis never reached
@@ -106,13 +108,43 @@ class LiveCompare:
         else:
             sb = _Stream.of_chunks(theirs, a_at)
         spec = compare.spec_of(name, self.rec, self.spec)
-        n_to, a_to, divs, stuck = compare.matched(name, sa, sb, spec, self._cache.setdefault(id(spec), {}), run)
+        fl = compare.flow_of(name, self.rec)
+        if fl is not None and fl.asks_time:
+            sa, sb = sa.time_masked(), sb.time_masked()
+        if fl is not None and fl.protocol == "http" and name not in self.as_lines and not spec.max_lag_ns:
+            n_to, a_to, divs, stuck = self._match_http(name, sa, sb, spec, run)
+        else:
+            n_to, a_to, divs, stuck = compare.matched(name, sa, sb, spec, self._cache.setdefault(id(spec), {}), run)
         self.divergences += divs
         if stuck:
             self.stuck.add(name)
         if (n_to, a_to) != (n_at, a_at):
             self.at[name] = (n_to, a_to)
         self._drop(name, a_to, run, theirs)
+
+    def _match_http(self, name: str, sa: _Stream, sb: _Stream, spec: Spec,
+                    run: AnalysisRun) -> tuple[int, int, list[Divergence], bool]:
+        """An HTTP connection, as compare.compare_http compares it: the responses complete
+        on both sides, pair by pair. Where either side stops parsing as responses, or a
+        response in progress holds stuck_max bytes on a side (a large download), the
+        connection is matched as lines from that response on (as_lines)."""
+        rules, ranges = compare.channel_rules(name, spec)
+        if rules is None:
+            return sa.origin + len(sa.text), sb.origin + len(sb.text), [], False
+        if ranges:
+            sa, sb = sa.masked(ranges), sb.masked(ranges)
+        fa = http_messages.frame(sa.text, closed=False)
+        fb = http_messages.frame(sb.text, closed=False)
+        n = min(len(fa.responses), len(fb.responses))
+        divs = []
+        for x, y in zip(fa.responses[:n], fb.responses[:n]):
+            divs += compare.compare_response(name, sa, sb, x, y, rules, spec, run)
+        n_to = sa.origin + (fa.responses[n - 1].end if n else 0)
+        a_to = sb.origin + (fb.responses[n - 1].end if n else 0)
+        if ((fa.bad and len(fa.responses) == n) or (fb.bad and len(fb.responses) == n)
+                or sa.origin + len(sa.text) - n_to >= self.stuck_max or sb.origin + len(sb.text) - a_to >= self.stuck_max):
+            self.as_lines.add(name)
+        return n_to, a_to, divs, False
 
     def _drop(self, name: str, a_to: int, run: AnalysisRun, theirs: inputs.Chunks | None) -> None:
         """This analysis's side of a channel is done with before a_to: it goes, but for
@@ -131,17 +163,18 @@ class LiveCompare:
     def _compare_flow(self, name: str, fl: inputs.Flow, run: AnalysisRun) -> None:
         if name not in self.left:
             with self.rec.lock:
-                self.divergences += compare.compare(self.rec, run, self.spec, self.at, {name})
+                self.divergences += compare.compare(self.rec, run, self.spec, self.at, {name}, as_lines=self.as_lines)
         self.at.pop(name, None)
         self.stuck.discard(name)
         self.left.discard(name)
+        self.as_lines.discard(name)
         self._seen.pop(name, None)
 
     def _leave(self, name: str, run: AnalysisRun) -> None:
         """A stuck channel has STUCK_MAX bytes on a side: compare it whole now, and say
         that it is compared no further."""
         with self.rec.lock:
-            divs = compare.compare(self.rec, run, self.spec, self.at, {name})
+            divs = compare.compare(self.rec, run, self.spec, self.at, {name}, as_lines=self.as_lines)
         self.divergences += divs
         self.stuck.discard(name)
         self.left.add(name)
@@ -167,8 +200,8 @@ class LiveCompare:
                 if fl is None or fl.index in self.done:
                     continue
                 if early and fl.index not in peer:
-                    first = next((d for _, d in fl.guest_data), b"")
-                    lines = sum(d.count(b"\n") for _, d in fl.guest_data)
+                    first = fl.guest_data.head(GIST_LINE)
+                    lines = fl.guest_data.buf.count(b"\n")
                     self.not_analysed.append(NotAnalysed(compare.channel(fl), fl.opened_ns, lines,
                                                          first.split(b"\n")[0]))
                     continue
@@ -179,5 +212,5 @@ class LiveCompare:
             elif self.rec.udp_out:
                 ns, (ip, port), payload = self.rec.udp_out[0]
                 self.not_analysed.append(NotAnalysed("udp", ns, len(self.rec.udp_out), payload[:80]))
-            self.divergences += compare.compare(self.rec, run, self.spec, self.at, names, unreached)
+            self.divergences += compare.compare(self.rec, run, self.spec, self.at, names, unreached, self.as_lines)
         self.finished = True

@@ -175,7 +175,7 @@ class Peer:
 
     def first_bytes(self, fl: PeerFlow) -> bytes:
         """The guest's first bytes on a connection, as many as a recorded request keeps."""
-        return b"".join(d for _, d in fl.guest_data)[:REQUEST_KEPT]
+        return fl.guest_data.head(REQUEST_KEPT)
 
     def _refusal(self, syn: netpkt.Frame) -> bytes:
         self.ident += 1
