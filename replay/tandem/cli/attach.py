@@ -8,7 +8,8 @@ from pathlib import Path
 
 from .. import catalog
 from ..errors import TandemError
-from .common import analysis_names, parse_duration
+from .common import add_users_analysis_options, analysis_names, parse_duration, users_analyses
+from .guest_options import parse_forward
 from .render import console, print_live_finding, print_summary
 from .shadow import watch
 
@@ -17,19 +18,31 @@ def add_parsers(sub) -> None:
     r = sub.add_parser("attach", help="record a shut-off libvirt domain from boot (started by tandem) "
                        "while shadow analysis domains DOMAIN-tandem-NAME trail it live, until it stops; "
                        "its own definition is put back at the end")
-    r.add_argument("domain", help="the native libvirt domain (shut off; direct kernel boot, one virtio "
-                   "NIC on user networking, one file disk on virtio)")
-    r.add_argument("--analysis", action="append", metavar="NAME", required=True,
+    r.add_argument("domain", help="the native libvirt domain (shut off; one virtio NIC on user networking, "
+                   "file disks on virtio; booted by its firmware and a disk's bootloader, or directly by its "
+                   "kernel)")
+    r.add_argument("--analysis", action="append", metavar="NAME", default=[],
                    help="analysis VM to create (repeatable, or comma-separated): "
                         + catalog.help_lines())
+    add_users_analysis_options(r)
+    r.add_argument("--forward", action="append", type=parse_forward, metavar="tcp:HOSTPORT:GUESTPORT",
+                   help="a VM of your own: forward this host port to the guest's (repeatable); a domain that "
+                        "boots through its firmware is always one")
+    r.add_argument("--root", metavar="DEVICE",
+                   help="a VM of your own: the root device its analysis kernels mount (default: the root= its "
+                        "kernel booted with, a UUID or LABEL found on its disks; e.g. /dev/vda1)")
     r.add_argument("--uri", help="libvirt URI (default: libvirt's, e.g. $LIBVIRT_DEFAULT_URI)")
     r.add_argument("--bundle", help="the native's recording (default DOMAIN.tdm here)")
     r.add_argument("--workdir", help="the analyses' recordings, findings.jsonl, summary.json "
                    "(default BUNDLE.analysis)")
-    r.add_argument("--port", type=int, help="host port forwarded to the guest's port 7000 (default: free port)")
+    r.add_argument("--port", type=int, help="tandem's guest: host port forwarded to its port 7000 "
+                   "(default: free port)")
     r.add_argument("--duration", type=parse_duration, help="stop the native after this much VM time")
     r.add_argument("--no-drain", action="store_true",
                    help="do not analyse again offline, from the native's recording, a shadow stopped for lag")
+    r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
+                   help="CPU priority of the shadows: idle (SCHED_IDLE, default: they take only CPU time the "
+                        "native leaves) or normal")
     r.add_argument("--no-follow", action="store_true",
                    help="only define and start the shadows (the native is untouched): each waits for a "
                         "feeder on its feed socket (--json)")
@@ -62,6 +75,10 @@ def cmd_attach(args) -> int:
         if given:
             raise TandemError(f"{opt}: not with --no-follow (the native is not recorded)")
     conn = daemon.connect(args.uri)
+    for opt, given in (("--forward", args.forward), ("--root", args.root), ("--analysis-kernel", args.analysis_kernel),
+                       ("--overlay", args.overlay)):
+        if given:
+            raise TandemError(f"{opt}: not with --no-follow (its shadows boot tandem's guest setup)")
     made = shadows.attach(conn, args.domain, analysis_names(args.analysis), state_dir=args.state_dir,
                           rtc_base=args.rtc_base, start=not args.no_start)
     for s in made:
@@ -82,13 +99,24 @@ def _attach_live(args) -> int:
         if given:
             raise TandemError(f"{opt}: only with --no-follow (a followed domain's shadows run in the "
                               f"analysis workdir, on the native's clock)")
-    sh = follow(args.uri, args.domain, analysis_names(args.analysis), bundle=args.bundle,
-                options=ShadowOptions(port=args.port, duration_ns=args.duration or 0, drain=not args.no_drain),
+    names = users_analyses(args)
+    if not names:
+        raise TandemError("no analysis given (--analysis, --analysis-kernel or --overlay)")
+    if args.forward and args.port is not None:
+        raise TandemError("--port is tandem's guest's service; forward your VM's ports with --forward")
+    sh = follow(args.uri, args.domain, names, bundle=args.bundle,
+                options=ShadowOptions(port=args.port, duration_ns=args.duration or 0, drain=not args.no_drain,
+                                      idle_analyses=args.analysis_priority == "idle"),
+                forwards=tuple(args.forward) if args.forward else None, root=args.root,
+                users_options=bool(args.analysis_kernel or args.overlay),
                 workdir=Path(args.workdir) if args.workdir else None, on_finding=print_live_finding)
     try:
         sh.start()
-        console.print(f"attached to {args.domain}: recording into {sh.path}, guest service on "
-                      f"127.0.0.1:{sh.port}; shadows {', '.join(sh.libvirt.shadow_names())} trail it; "
+        where = (", ".join(f"{f.protocol} 127.0.0.1:{f.host_port} -> guest {f.guest_port}"
+                           for f in sh.native.all_forwards()) or "no forwards") if sh.users_guest \
+            else f"guest service on 127.0.0.1:{sh.port}"
+        console.print(f"attached to {args.domain}: recording into {sh.path}, {where}; "
+                      f"shadows {', '.join(sh.libvirt.shadow_names())} trail it; "
                       f"findings in {sh.workdir / 'findings.jsonl'}; stop with guest poweroff, "
                       f"virsh destroy {args.domain} or Ctrl-C", markup=False)
         s = watch(sh)

@@ -118,7 +118,7 @@ def cmd_shadow(args) -> int:
         raise TandemError("--port is the demo guest's service; forward your VM's ports with --forward")
     sh = ShadowRun(args.bundle, names, options_from(args), libvirt=domains, on_finding=print_live_finding,
                    workdir=Path(args.workdir) if args.workdir else None,
-                   guest=None if domains else guest_from_args(args),
+                   guest=guest_from_args(args) if users or not domains else None,
                    forwards=tuple(args.forward) if users else None, root=args.root)
     sh.start()
     where = (", ".join(f"{f.protocol} 127.0.0.1:{f.host_port} -> guest {f.guest_port}"

@@ -92,6 +92,7 @@ class NativeInfo:
     initrd: str | None = None
     cmdline: str = ""
     vcpus: int = 1
+    disks: tuple[tuple[Path, str], ...] = ()    # every disk, (file, format), in the domain's order
 
 
 def shadow_name(native: str, analysis: str) -> str:
@@ -105,26 +106,25 @@ def read_native(dom) -> NativeInfo:
     name = root.findtext("name", "")
     if root.find(f"metadata/{{{NS}}}shadow") is not None:
         raise TandemError(f"{name}: is itself a tandem shadow (attach to its native domain)")
-    disks = [d for d in root.findall("devices/disk") if d.get("device", "disk") == "disk"]
-    if len(disks) > 1:
-        raise TandemError(f"{name}: {len(disks)} disks; tandem's analysis VMs have one")
-    disk = fmt = None
+    disks: list[tuple[Path, str]] = []
     readonly = False
-    if disks:
-        d = disks[0]
+    for d in root.findall("devices/disk"):
+        if d.get("device", "disk") != "disk":      # cdrom, floppy, lun
+            raise TandemError(f"{name}: a {d.get('device')} device; tandem records disks only (the guest "
+                              f"would boot without it): remove it from the domain, or make it a disk")
         src = d.find("source")
         file = src.get("file") if src is not None else None
         if d.get("type") != "file" or not file:
-            raise TandemError(f"{name}: its disk is not a file (type {d.get('type')!r}); "
-                              f"a shadow's overlay needs a file to back onto")
+            raise TandemError(f"{name}: its disk {len(disks)} is not a file (type {d.get('type')!r}); "
+                              f"a recording's and a shadow's overlays need a file to back onto")
         target = d.find("target")
         bus = target.get("bus") if target is not None else None
         if bus not in (None, "virtio"):
-            raise TandemError(f"{name}: disk bus {bus!r}; tandem's analysis VMs use virtio-blk")
-        disk = Path(file)
+            raise TandemError(f"{name}: disk {file}: bus {bus!r}; tandem's QEMU runs disks on virtio-blk")
         drv = d.find("driver")
-        fmt = drv.get("type") if drv is not None and drv.get("type") else "raw"
-        readonly = d.find("readonly") is not None
+        disks.append((Path(file), (drv.get("type") if drv is not None else None) or "raw"))
+        readonly = readonly or d.find("readonly") is not None
+    disk, fmt = disks[0] if disks else (None, None)
     nics = root.findall("devices/interface")
     if len(nics) > 1:
         raise TandemError(f"{name}: {len(nics)} network interfaces; tandem feeds one")
@@ -142,7 +142,7 @@ def read_native(dom) -> NativeInfo:
     memory = int(int(mem.text or "") * scale.get(mem.get("unit", "KiB"), 1 / 1024))
     return NativeInfo(name, root.findtext("uuid", ""), bool(dom.isActive()), disk, fmt, readonly,
                       model, mac, memory, nic_type, root.findtext("os/kernel"), root.findtext("os/initrd"),
-                      root.findtext("os/cmdline") or "", int(root.findtext("vcpu") or 1))
+                      root.findtext("os/cmdline") or "", int(root.findtext("vcpu") or 1), tuple(disks))
 
 
 _device_help: dict[str, str] = {}
@@ -206,6 +206,9 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
     analyses = analyses_given(analyses)
     dom = native_domain(conn, domain)
     native = read_native(dom)
+    if len(native.disks) > 1:
+        raise TandemError(f"{domain}: {len(native.disks)} disks; a shadow defined without tandem attach "
+                          f"(--no-follow) boots one (tandem attach without --no-follow takes several)")
     if native.disk and native.active and not native.disk_readonly:
         raise TandemError(f"{domain}: running and writing {native.disk}, which the shadows' overlays "
                           f"would back onto; attach before starting it, or give it a read-only disk")

@@ -14,7 +14,8 @@ from ..errors import TandemError
 from ..libvirt.daemon import binding, connect
 from ..libvirt.launcher import Launcher
 from ..libvirt.shadows import NS, NativeInfo, native_domain, read_native, shadow_name
-from ..machine import Guest, analyses_given
+from ..machine import Forward, Guest, analyses_given
+from ..qemu.image import check_bootable, probe_disk
 from .shadow import ShadowOptions, ShadowRun
 
 
@@ -94,44 +95,87 @@ class LiveDomains:
 
 
 def follow(uri: str | None, domain: str, analyses: list[str], *, bundle: str | Path | None = None,
-           options: ShadowOptions | None = None, **run_kw):
+           options: ShadowOptions | None = None, forwards: tuple[Forward, ...] | None = None,
+           root: str | None = None, users_options: bool = False, **run_kw):
     """`tandem attach DOMAIN`: a live.shadow.ShadowRun (not started) whose native is the libvirt domain
-    `domain`, redefined for the run as tandem's record-mode QEMU (its kernel, its disk
-    through the bundle's overlay, its MAC on a virtio NIC, user networking with the host
-    port forward), and whose analyses are shadow domains fed live. start() starts the
-    native; when it stops, its own definition is put back and the shadows are undefined."""
+    `domain`, redefined for the run as tandem's record-mode QEMU, and whose analyses are
+    shadow domains fed live. start() starts the native; when it stops, its own definition
+    is put back and the shadows are undefined.
+
+    A domain that boots through its firmware (a disk's bootloader), or is given
+    `forwards`, is a VM of the user's as `tandem record --disk` takes it: its disks (all
+    of them, each through the bundle's overlay), its MAC, user networking with the
+    forwards; its analyses boot its disks with their kernels (semantic/guests.py, `root`
+    as given or as its kernel prints it). Otherwise it is a guest of tandem's kind (its
+    kernel, one disk, the demo service's port forward), as before; `users_options`
+    (--analysis-kernel, --overlay given) is refused there."""
     libvirt = binding()
     analyses = analyses_given(analyses)
     conn = connect(uri)
     try:
         dom = native_domain(conn, domain)
         n = read_native(dom)
-        if n.active:
-            raise TandemError(f"{domain}: running; tandem attach starts it itself, recorded from boot "
-                              f"(shut it down first)")
-        if not n.kernel:
-            raise TandemError(f"{domain}: boots through firmware, not a kernel (<os><kernel>); "
-                              f"tandem records direct kernel boot only")
-        if n.vcpus != 1:
-            raise TandemError(f"{domain}: {n.vcpus} vCPUs; tandem records 1-vCPU guests")
-        if n.nic_type is None:
-            raise TandemError(f"{domain}: no network interface; tandem records a guest with one "
-                              f"(<interface type='user'><model type='virtio'/></interface>)")
-        if n.nic_type != "user":
-            raise TandemError(f"{domain}: interface type {n.nic_type!r}; tandem records a NIC on "
-                              f"user networking (type 'user') only")
-        if n.nic_model != "virtio":
-            raise TandemError(f"{domain}: NIC model {n.nic_model!r}: tandem's QEMU has virtio-net only "
-                              f"(qemu-patches/0003)")
-        if n.disk_readonly:
-            raise TandemError(f"{domain}: its disk is read-only; tandem's recording writes through an overlay")
-        if n.disk and not n.disk.is_file():
-            raise TandemError(f"{domain}: its disk {n.disk} is not a file tandem can read")
+        users = n.kernel is None or forwards is not None
+        _check_native(n, users)
         original = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
     finally:
         conn.close()
+    if users:
+        _check_users_disks(n)
+        guest = Guest.of_disks([(str(p), fmt) for p, fmt in n.disks], kernel=n.kernel, initrd=n.initrd,
+                               append=n.cmdline if n.kernel else None, memory_mb=n.memory_mib).with_nic(mac=n.mac)
+        domains = LiveDomains(uri, domain, analyses, native_uuid=n.uuid, original=original)
+        return ShadowRun(bundle or f"{domain}.tdm", analyses, options, libvirt=domains, guest=guest,
+                         forwards=forwards or (), root=root, **run_kw)
+    if root is not None or users_options:
+        raise TandemError(f"{domain}: --root, --analysis-kernel and --overlay are for a VM of your own "
+                          f"(firmware boot, or --forward given); this one boots its kernel as tandem's guest")
     guest = Guest(kernel=n.kernel, initrd=n.initrd, memory_mb=n.memory_mib, cmdline=n.cmdline)
     guest = guest.with_disk(str(n.disk) if n.disk else None, n.disk_format or "raw").with_nic(mac=n.mac)
     domains = LiveDomains(uri, domain, analyses, native_guest=guest, native_uuid=n.uuid,
                           original=original, info=n)
     return ShadowRun(bundle or f"{domain}.tdm", analyses, options, libvirt=domains, **run_kw)
+
+
+def _check_users_disks(n: NativeInfo) -> None:
+    """A VM of the user's: its disks as `tandem record --disk` takes them (standalone qcow2
+    or raw images, qemu_image.probe_disk), each of the format the domain says it is, the
+    first with a boot sector when the firmware boots it; a one-line error naming the disk."""
+    try:
+        images = [probe_disk(str(path)) for path, _ in n.disks]
+        for (path, fmt), image in zip(n.disks, images):
+            if image.format != fmt:
+                raise TandemError(f"disk {path}: the domain says {fmt}, the file is a {image.format} image")
+        if n.kernel is None:
+            check_bootable(images[0])
+    except TandemError as e:
+        raise TandemError(f"{n.name}: {e}") from None
+
+
+def _check_native(n: NativeInfo, users: bool) -> None:
+    """What tandem attach refuses in a native domain, each as a one-line error."""
+    domain = n.name
+    if n.active:
+        raise TandemError(f"{domain}: running; tandem attach starts it itself, recorded from boot "
+                          f"(shut it down first)")
+    if not users and len(n.disks) > 1:
+        raise TandemError(f"{domain}: {len(n.disks)} disks on a direct kernel boot; give --forward to attach "
+                          f"it as a VM of your own (its disks booted by the analyses' kernels)")
+    if n.vcpus != 1:
+        raise TandemError(f"{domain}: {n.vcpus} vCPUs; tandem records 1-vCPU guests")
+    if n.nic_type is None:
+        raise TandemError(f"{domain}: no network interface; tandem records a guest with one "
+                          f"(<interface type='user'><model type='virtio'/></interface>)")
+    if n.nic_type != "user":
+        raise TandemError(f"{domain}: interface type {n.nic_type!r}; tandem records a NIC on "
+                          f"user networking (type 'user') only")
+    if n.nic_model != "virtio":
+        raise TandemError(f"{domain}: NIC model {n.nic_model!r}: tandem's QEMU has virtio-net only "
+                          f"(qemu-patches/0003)")
+    if n.disk_readonly:
+        raise TandemError(f"{domain}: a disk of it is read-only; tandem's recording writes through an overlay")
+    for path, _ in n.disks:
+        if not path.is_file():
+            raise TandemError(f"{domain}: its disk {path} is not a file tandem can read")
+    if users and not n.disks:
+        raise TandemError(f"{domain}: boots through firmware but has no disk to boot from")

@@ -115,15 +115,13 @@ class ShadowRun:
                  workdir: Path | None = None, libvirt=None, on_finding=None, guest: Guest | None = None,
                  forwards: tuple[Forward, ...] | None = None, root: str | None = None):
         """libvirt: run the native and the analysis VMs as libvirt domains (a attach.LiveDomains:
-        tandem shadow --libvirt, tandem attach); everything else is the same.
+        tandem shadow --libvirt, tandem attach); everything else is the same (a user's VM
+        too: `guest` is then the native's machine, and the analyses' are made as below).
         on_finding(analysis, finding): called from the analysis's thread as each is found.
         guest, forwards: the user's own VM as `tandem record` takes it (--disk ...,
         --forward ...): its analyses boot its disks with their kernels (semantic/guests.py,
         root= as given, or as the native's kernel prints it at boot), as offline."""
         o = self.options = options or ShadowOptions()
-        if guest is not None and libvirt is not None:
-            raise TandemError("a VM of your own (--disk) runs under tandem's QEMU here, not as libvirt domains "
-                              "(tandem attach shadows a libvirt domain)")
         self.users_guest = guest is not None and forwards is not None and o.port is None
         self.root = root
         release, overflow = o.release, o.overflow
@@ -144,7 +142,7 @@ class ShadowRun:
         if release == Release.AGREED or overflow == Overflow.BLOCK:
             self._gate_server = FeedServer(self._tmp / "gate.sock")
         self.libvirt = libvirt
-        self.native = Recording(self.path, libvirt.native_guest() if libvirt else guest,
+        self.native = Recording(self.path, guest if guest is not None or libvirt is None else libvirt.native_guest(),
                                 duration_ns=duration_ns, port=port, forwards=forwards,
                                 gate_socket=self._gate_server.path if self._gate_server else None,
                                 gate_outputs=release == Release.AGREED,
@@ -204,7 +202,8 @@ class ShadowRun:
         lv = self.libvirt
         return {"record": self.record_analyses, "stop": lambda: self._stop, "hang_wall_s": self.hang_wall_s,
                 "idle": self.idle_analyses, "cpus": _cpu_list(self.analysis_cpus),
-                "guest": lv.analysis_guest(analysis) if lv else self._users_analysis_guest(analysis),
+                "guest": self._users_analysis_guest(analysis) if self.users_guest or not lv
+                else lv.analysis_guest(analysis),
                 "launcher": lv.analysis_launcher(analysis) if lv else None,
                 "line_deps": not self.users_guest}
 
@@ -384,7 +383,8 @@ class ShadowRun:
         log.info("analysing %s again offline from %s (stopped live for lag)", ", ".join(lagged), self.path)
         d = analyze(self.path, lagged, spec_path=self.spec_path, workdir=self.workdir / "drain", noise=False,
                     record=self.record_analyses, progress=self.on_drain_progress,
-                    guests={a: lv.analysis_guest(a) for a in lagged} if lv else None, root=self.root)
+                    guests={a: lv.analysis_guest(a) for a in lagged} if lv and not self.users_guest else None,
+                    root=self.root)
         again = {r.analysis: r for r in d.results}
         for i, r in enumerate(s.results):
             if r.analysis in again:
