@@ -13,3 +13,13 @@ def dhcp_to_guest(devlog) -> list[int]:
         if f is not None and f.proto == netpkt.PROTO_UDP and (f.sport, f.dport) == (67, 68):
             out.append(exchanges.dhcp_type(f.payload))
     return out
+
+
+def arp_replies_to_guest(devlog) -> set[bytes]:
+    """The addresses (IPv4) an ARP reply to the analysis guest gave the MAC of."""
+    out = set()
+    for e in pcapng.read_devlog(devlog).events:
+        f = netpkt.parse(e.data) if e.kind == "net" and e.direction == "in" else None
+        if f is not None and f.eth_type == netpkt.ETH_ARP and f.arp_op == 2:
+            out.add(f.arp_spa)
+    return out
