@@ -497,7 +497,7 @@ def compare_response(name: str, sa: _Stream, sb: _Stream, x: http_messages.Respo
     if ha != hb:
         out += _compare_lines(name, _Stream(ha, writes=([(0, sa.time_at(x.start))], 0)),
                               _Stream(hb, writes=([(0, sb.time_at(y.start))], 0)), rules, False, spec, run)
-    if len(x.body) == len(y.body) == 1 and _same(sa.text, *x.body[0], sb.text, *y.body[0]):
+    if x.body and y.body and _same(sa.text, *x.body, sb.text, *y.body):
         return out
     ba, bb = _body(sa, x), _body(sb, y)
     if ba.text != bb.text:
@@ -515,16 +515,8 @@ def _same(a: bytes, a0: int, a1: int, b: bytes, b0: int, b1: int) -> bool:
 
 
 def _body(s: _Stream, r: http_messages.Response) -> _Stream:
-    """A response's body as the client got it (its chunks' data joined), each piece timed
-    by the stream's time at its first byte."""
-    if len(r.body) == 1:
-        start, end = r.body[0]
-        return _Stream(s.text[start:end], writes=([(0, s.time_at(start))], 0))
-    times, at = [], 0
-    for start, end in r.body:
-        times.append((at, s.time_at(start)))
-        at += end - start
-    return _Stream(b"".join(s.text[a:b] for a, b in r.body), writes=(times, 0))
+    """A response's body as the client got it, timed by the stream's time at its first byte."""
+    return _Stream(r.body_bytes(s.text), writes=([(0, s.time_at(r.body_at))], 0))
 
 
 def _cut_to_native(sa: _Stream, sb: _Stream, rules: ChannelRules, serial: bool) -> _Stream:

@@ -24,7 +24,7 @@ Content-Length nor chunked: complete only once the connection has closed).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MAX_HEAD = 64 << 10         # bytes of a header block (nginx's proxy_buffer_size is 4-8 KiB)
 MAX_CHUNK_LINE = 1024       # bytes of a chunk-size line with its extensions
@@ -38,10 +38,26 @@ class Response:
     end: int                        # offset past its body
     status: bytes
     headers: list[tuple[bytes, bytes]]              # (lower-cased name, value), as sent
-    body: list[tuple[int, int]] = field(default_factory=list)   # (start, end) of body bytes
+    body: tuple[int, int] | None = None     # (start, end) in the text of a body sent whole
+    # A chunked body, its chunks' data joined (bytes, not a range per chunk: a guest sending
+    # 1-byte chunks would make 100 bytes of Python objects of every 6 bytes it sends).
+    chunked: bytes | None = None
+    body_at: int = 0                        # offset of the body's first byte (its time)
+
+    @property
+    def has_body(self) -> bool:
+        return self.body is not None or self.chunked is not None
 
     def body_length(self) -> int:
-        return sum(e - s for s, e in self.body)
+        if self.chunked is not None:
+            return len(self.chunked)
+        return self.body[1] - self.body[0] if self.body else 0
+
+    def body_bytes(self, text: bytes) -> bytes:
+        """The body as the client got it."""
+        if self.chunked is not None:
+            return self.chunked
+        return text[self.body[0]:self.body[1]] if self.body else b""
 
     def canonical_head(self) -> bytes:
         """Status line and headers, sorted, unframed, with the body's length."""
@@ -58,7 +74,7 @@ class Response:
                 value = b", ".join(codings)
             kept.append((name, value))
         kept.sort(key=lambda h: h[0])
-        if self.body or length is None:
+        if self.has_body or length is None:
             length = b"%d" % self.body_length()
         lines = [self.status] + [n + b": " + v for n, v in kept] + [b"content-length: " + length]
         return b"\r\n".join(lines) + b"\r\n\r\n"
@@ -131,11 +147,11 @@ def _response(text: bytes, pos: int, closed: bool) -> Response | None:
                 return r                # the connection's last response, to HEAD (or cut short)
         if len(text) - head_end < n:
             return _BAD if closed else None
-        r.body, r.end = [(head_end, head_end + n)], head_end + n
+        r.body, r.body_at, r.end = (head_end, head_end + n), head_end, head_end + n
         return r
     if not closed:
         return None                     # the body runs to the close
-    r.body, r.end = [(head_end, len(text))], len(text)
+    r.body, r.body_at, r.end = (head_end, len(text)), head_end, len(text)
     return r
 
 
@@ -151,8 +167,8 @@ def _head_end(text: bytes, pos: int) -> int | None:
 
 def _chunked(text: bytes, r: Response, closed: bool) -> Response | None:
     """A chunked body from r.end: its chunks' data, to past the last chunk's trailers."""
-    pos = r.end
-    body: list[tuple[int, int]] = []
+    pos = r.body_at = r.end
+    body = bytearray()
     while True:
         eol = text.find(b"\n", pos, pos + MAX_CHUNK_LINE)
         if eol < 0:
@@ -166,11 +182,11 @@ def _chunked(text: bytes, r: Response, closed: bool) -> Response | None:
             end = _head_end(text, eol - 1)      # trailers, then a blank line
             if end is None:
                 return _BAD if len(text) - data > MAX_HEAD or closed else None
-            r.body, r.end = body, end
+            r.chunked, r.end = bytes(body), end
             return r
         if len(text) < data + size + 2:
             return _BAD if closed else None
-        body.append((data, data + size))
+        body += text[data:data + size]
         after = data + size
         if text.startswith(b"\r\n", after):
             pos = after + 2
