@@ -49,6 +49,7 @@ class LiveCompare:
         self.stuck: set[str] = set()               # channels with a difference: compared whole
         self.left: set[str] = set()                # stuck past STUCK_MAX: compared no further
         self.as_lines: set[str] = set()            # HTTP connections compared as lines from where framing stopped
+        self._agreed: dict[str, set] = {}          # HTTP connection -> pairs of heads equal under the spec
         self.done: set[int] = set()                # flows compared to their end (live.shadow.ShadowRun retires them)
         self.divergences: list[Divergence] = []
         self.not_analysed: list[NotAnalysed] = []   # the native's output an early-ended analysis never reached
@@ -138,7 +139,7 @@ class LiveCompare:
         n = min(len(fa.responses), len(fb.responses))
         divs = []
         for x, y in zip(fa.responses[:n], fb.responses[:n]):
-            divs += compare.compare_response(name, sa, sb, x, y, rules, spec, run)
+            divs += compare.compare_response(name, sa, sb, x, y, rules, spec, run, self._agreed.setdefault(name, set()))
         n_to = sa.origin + (fa.responses[n - 1].end if n else 0)
         a_to = sb.origin + (fb.responses[n - 1].end if n else 0)
         if ((fa.bad and len(fa.responses) == n) or (fb.bad and len(fb.responses) == n)
@@ -168,6 +169,7 @@ class LiveCompare:
         self.stuck.discard(name)
         self.left.discard(name)
         self.as_lines.discard(name)
+        self._agreed.pop(name, None)
         self._seen.pop(name, None)
 
     def _leave(self, name: str, run: AnalysisRun) -> None:
