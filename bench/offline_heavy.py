@@ -14,13 +14,14 @@ Two parts, each measured in one run side by side:
           analysis VM against the clients and the live VM), which the machine's other
           load does not change as it changes wall time.
 
-Usage: ./tandem bench offline-heavy [--seconds 20,120] [--analysis kasan] [--only memory|ratio]
+Usage: ./tandem bench offline-heavy [--seconds 20,120] [--analysis kasan] [--only memory|ratio] [--reps N]
        (python bench/offline_heavy.py --out docs/benchmarks.md ...)
 """
 from __future__ import annotations
 
 import argparse
 import resource
+import statistics
 import sys
 import tempfile
 import threading
@@ -68,21 +69,29 @@ def record(path: Path, guest: Guest | None = None, **load) -> tuple[int, float]:
     return n, wall
 
 
-def record_timed(path: Path, guest: Guest | None = None, **load) -> tuple[int, float, float]:
-    """record(), and the CPU seconds it took (the clients here, the QEMU a child)."""
-    t0, c0 = time.monotonic(), cpu_s()
+def record_timed(path: Path, guest: Guest | None = None, **load) -> tuple[int, float, tuple[float, float]]:
+    """record(), and the CPU seconds it took: (here: the clients and tandem, the QEMU)."""
+    t0, (me0, kids0) = time.monotonic(), cpu_split()
     with Recording(path, guest) as rec:
         rec.wait_ready()
         n = hammer(rec.port, **load)
         rec.serial.type("poweroff")
         rec.wait(timeout=600)
-    return n, time.monotonic() - t0, cpu_s() - c0
+    me, kids = cpu_split()
+    print(f"record {path.name}: {me - me0:.1f} s CPU here (clients, tandem), {kids - kids0:.1f} s in QEMU",
+          file=sys.stderr)
+    return n, time.monotonic() - t0, (me - me0, kids - kids0)
 
 
 def cpu_s() -> float:
     """CPU seconds of this process and of its children waited for (the QEMUs it ran)."""
+    return sum(cpu_split())
+
+
+def cpu_split() -> tuple[float, float]:
+    """(this process's CPU seconds, its waited-for children's: the QEMUs)."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
 
 
 def rss_kib() -> int:
@@ -103,9 +112,12 @@ def replay_sampled(path: Path, analysis: str, workdir: Path) -> dict:
     t = threading.Thread(target=sample, daemon=True)
     before = rss_kib()
     t.start()
-    t0, c0 = time.monotonic(), cpu_s()
+    t0, (me0, kids0) = time.monotonic(), cpu_split()
     s = analyze(path, [analysis], noise=False, workdir=workdir, record=False)
-    wall, cpu = time.monotonic() - t0, cpu_s() - c0
+    me, kids = cpu_split()
+    wall, cpu = time.monotonic() - t0, me - me0 + kids - kids0
+    print(f"replay {path.name} into {analysis}: {me - me0:.1f} s CPU here (tandem), {kids - kids0:.1f} s in QEMU",
+          file=sys.stderr)
     done.set()
     t.join()
     (r,) = s.results
@@ -113,7 +125,7 @@ def replay_sampled(path: Path, analysis: str, workdir: Path) -> dict:
         raise SystemExit(f"{analysis} of {path}: {r.run.outcome} {r.failure or ''}; "
                          f"{len(r.findings)} findings, {len(r.divergences)} divergences")
     half = samples[len(samples) // 2:] or [before]
-    return {"wall_s": wall, "cpu_s": cpu, "inputs": r.run.n_delivered, "vm_s": r.run.end_ns / 1e9, "before_kib": before,
+    return {"wall_s": wall, "cpu_s": cpu, "cpu_here_s": me - me0, "cpu_qemu_s": kids - kids0, "inputs": r.run.n_delivered, "vm_s": r.run.end_ns / 1e9, "before_kib": before,
             "peak_kib": max(samples or [before]), "late_mean_kib": sum(half) / len(half)}
 
 
@@ -145,24 +157,36 @@ def memory_part(seconds: list[float], analysis: str) -> str:
     return "\n".join(lines + [""])
 
 
-def ratio_part(seconds: float, analysis: str) -> str:
+def ratio_part(seconds: float, analysis: str, reps: int = 1) -> str:
+    """The replay against the kernel serving live, `reps` times each, alternating (the
+    machine's other load changes over minutes: each pair sees about the same), medians."""
     kernel = catalog.get(analysis).flavor
+    replays, lives = [], []
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as t:
         path = Path(t) / "heavy.tdm"
         n, native_wall = record(path, seconds=seconds)
-        m = replay_sampled(path, analysis, Path(t) / "an")
-        n_live, live_wall, live_cpu = record_timed(Path(t) / "live.tdm", Guest.for_analysis(analysis), requests=n)
-    ratio, cpu_ratio = m["wall_s"] / live_wall, m["cpu_s"] / live_cpu
-    print(f"ratio: replay {m['wall_s']:.0f}s ({m['cpu_s']:.0f} s CPU), {kernel} live {live_wall:.0f}s "
-          f"({live_cpu:.0f} s CPU) for {n_live} requests", file=sys.stderr)
+        for i in range(reps):
+            replays.append(replay_sampled(path, analysis, Path(t) / f"an{i}"))
+            n_live, wall, (here, qemu) = record_timed(Path(t) / f"live{i}.tdm", Guest.for_analysis(analysis),
+                                                      requests=n)
+            lives.append({"wall_s": wall, "cpu_here_s": here, "cpu_qemu_s": qemu, "cpu_s": here + qemu})
+    m = {k: statistics.median(r[k] for r in replays) for k in ("wall_s", "cpu_here_s", "cpu_qemu_s", "cpu_s")}
+    live = {k: statistics.median(r[k] for r in lives) for k in lives[0]}
+    ratio, cpu_ratio = m["wall_s"] / live["wall_s"], m["cpu_s"] / live["cpu_s"]
+    print(f"ratio: replay {m['wall_s']:.0f}s ({m['cpu_s']:.0f} s CPU), {kernel} live {live['wall_s']:.0f}s "
+          f"({live['cpu_s']:.0f} s CPU) for {n_live} requests", file=sys.stderr)
+    row = "| {} | {} | {:.0f} | {:.1f} | {:.1f} | {:.0f} |"
     return "\n".join([
         f"Demo guest, {CLIENTS} keep-alive clients pipelining SET/GET for {seconds:g} s on the native kernel "
         f"({n} requests, {native_wall:.0f} s power-on to off), replayed offline into {analysis}; against the "
-        f"{kernel} kernel serving the same requests live (recorded, power-on to off). Command: "
-        f"`./tandem bench offline-heavy --only ratio --seconds {seconds:g} --analysis {analysis}`.", "",
-        "| run | requests | wall (s) | CPU (s): tandem or the clients, and the QEMU |", "|---|---|---|---|",
-        f"| semantic replay into {analysis} | {n} | {m['wall_s']:.0f} | {m['cpu_s']:.0f} |",
-        f"| {kernel} kernel serving them live | {n_live} | {live_wall:.0f} | {live_cpu:.0f} |", "",
+        f"{kernel} kernel serving the same requests live (recorded, power-on to off); {reps} of each, "
+        "alternating, medians. CPU: this process's (tandem replaying, or the clients and tandem recording) and "
+        "its QEMU's. Command: "
+        f"`./tandem bench offline-heavy --only ratio --seconds {seconds:g} --analysis {analysis} --reps {reps}`.", "",
+        "| run | requests | wall (s) | CPU, tandem or clients (s) | CPU, QEMU (s) | CPU (s) |", "|---|---|---|---|---|---|",
+        row.format(f"semantic replay into {analysis}", n, m["wall_s"], m["cpu_here_s"], m["cpu_qemu_s"], m["cpu_s"]),
+        row.format(f"{kernel} kernel serving them live", n_live, live["wall_s"], live["cpu_here_s"],
+                   live["cpu_qemu_s"], live["cpu_s"]), "",
         f"Ratio {ratio:.2f}x wall, {cpu_ratio:.2f}x CPU; target at most 1.1x: "
         f"{'met' if ratio <= 1.1 else 'not met'} (wall), {'met' if cpu_ratio <= 1.1 else 'not met'} (CPU).", ""])
 
@@ -171,6 +195,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", default="20,120", help="recording lengths, comma-separated (ratio: the first)")
     ap.add_argument("--analysis", default="kasan")
+    ap.add_argument("--reps", type=int, default=1, help="ratio: runs of each, alternating (medians)")
     ap.add_argument("--only", choices=PARTS)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -178,7 +203,7 @@ def main() -> int:
     for part in PARTS:
         if args.only and part != args.only:
             continue
-        text = memory_part(seconds, args.analysis) if part == "memory" else ratio_part(seconds[0], args.analysis)
+        text = memory_part(seconds, args.analysis) if part == "memory" else ratio_part(seconds[0], args.analysis, args.reps)
         print(text)
         if args.out:
             replace_part(args.out, SECTION, TITLE, PARTS, part, text)
