@@ -144,17 +144,16 @@ class _Stream:
 
 
 _EMPTY = _Stream(b"")
+_INF = float("inf")
 # redis's reply to TIME: an array of two bulk strings, the seconds and the microseconds
 TIME_REPLY = re.compile(rb"\*2\r\n\$\d\d?\r\n(\d{1,20})\r\n\$\d\r\n(\d{1,6})\r\n")
 
 
 def _nul_digits(m: re.Match[bytes]) -> bytes:
-    a0, a1 = m.span(1)
-    b0, b1 = m.span(2)
-    base = m.start()
-    t = m.group()
-    return t[:a0 - base] + b"\0" * (a1 - a0) + t[a1 - base:b0 - base] + b"\0" * (b1 - b0) + t[b1 - base:]
-_INF = float("inf")
+    """A TIME reply with its two numbers' digits replaced by as many NUL bytes."""
+    t, base = m.group(), m.start()
+    (a0, a1), (b0, b1) = (x - base for x in m.span(1)), (x - base for x in m.span(2))
+    return t[:a0] + b"\0" * (a1 - a0) + t[a1:b0] + b"\0" * (b1 - b0) + t[b1:]
 
 
 class _Drop(enum.Enum):

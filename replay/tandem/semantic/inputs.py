@@ -183,11 +183,6 @@ def _resize(change, arg) -> None:
             time.sleep(0)
 
 
-def chunks_base(chunks: Chunks | list[tuple[int, bytes]]) -> int:
-    """Stream offset of a chunk list's first chunk (a plain list starts at 0)."""
-    return getattr(chunks, "base", 0)
-
-
 @dataclass
 class Flow:
     """A TCP connection of the guest's. `client` is the remote side's end and `server`
