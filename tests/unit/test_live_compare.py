@@ -349,3 +349,15 @@ def test_connections_an_early_ended_analysis_never_opened_are_not_analysed():
     assert lc.divergences == []
     (x,) = lc.not_analysed
     assert x.channel.startswith("tcp flow 0") and (x.lines, x.first) == (2, b"OK")
+
+
+@given(st.binary(max_size=60), st.binary(max_size=30), st.binary(max_size=30))
+def test_equal_lines_is_the_whole_lines_both_start_with(common, x, y):
+    a, b = common + x, common + y
+    naive = 0
+    for i in range(min(len(a), len(b))):
+        if a[i] != b[i]:
+            break
+        if a[i:i + 1] == b"\n":
+            naive = i + 1
+    assert compare.equal_lines(a, b) == naive
