@@ -98,6 +98,12 @@ def test_udp_datagrams_compared_in_order():
     run = analysis([], [], udp=[(3, b"one"), (4, b"TWO")])
     (d,) = compare.compare(rec, run, spec())
     assert d.channel == "udp 10.0.2.2:514" and d.kind == "differ"
+    # a datagram again, right after itself, is a retransmission: compared once
+    run = analysis([], [], udp=[(3, b"one"), (4, b"one"), (5, b"one"), (6, b"two")])
+    assert compare.compare(rec, run, spec()) == []
+    run = analysis([], [], udp=[(3, b"one"), (4, b"two"), (5, b"one")])      # not right after: a datagram more
+    (d,) = compare.compare(rec, run, spec())
+    assert d.kind == "extra"
 
 
 def test_loader_reassembles_flows_and_dependencies(tmp_path):

@@ -195,6 +195,17 @@ def test_a_connection_the_native_refused_is_not_opened():
     assert res.n_delivered == 2 and res.peer is not None and set(res.peer.flows) == {1}
 
 
+def test_a_connection_whose_syn_the_native_never_answered_is_not_opened():
+    """The native's guest never answered its SYN (no address yet, and the client gave up):
+    opened here, a guest a little further in its boot would serve it (seen under load:
+    a whole index page of extra output)."""
+    rec = RecordedInputs([Input("tcp-open", 1 * MS, flow=0), Input("tcp-open", 2 * MS, flow=1)],
+                         [flow(0, None), flow(1, "accepted")], 2 * MS, [])
+    res, feed, _ = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(2 * MS)], [wait(2 * MS + SETTLE_NS)]])
+    assert {netpkt.parse(d).sport for _, _, d in feed.inputs} == {40001}
+    assert res.peer is not None and set(res.peer.flows) == {1} and 0 in res.peer.not_opened
+
+
 def test_a_live_open_waits_for_the_natives_answer_to_its_syn():
     rec = RecordedInputs([Input("tcp-open", 1 * MS, flow=0)], [flow(0, None)], None, [],
                          known_ns=1 * MS, finished=False)

@@ -355,11 +355,24 @@ def streams_native(rec: inputs_mod.RecordedInputs, at: dict | None = None,
         if fl is not None and (only is None or channel(fl) in only):
             name = channel(fl)
             s[name] = _Stream.of_chunks(fl.guest_data, at.get(name, (None,))[0])
-    udp: dict[str, list[tuple[int, bytes]]] = {}
-    for ns, (ip, port), payload in rec.udp_out if only is None or "udp" in only else ():
-        udp.setdefault(f"udp {netpkt.ip_str(ip)}:{port}", []).append((ns, without_ids(port, payload) + b"\n"))
-    s.update((k, _Stream.of_chunks(v)) for k, v in udp.items())
+    s.update(_datagram_streams(rec.udp_out if only is None or "udp" in only else ()))
     return s
+
+
+def _datagram_streams(datagrams) -> dict[str, _Stream]:
+    """The guest's UDP datagrams [(VM ns, (dst ip, port), payload)] as one stream per
+    destination, a line each (without the ids each guest draws: exchanges.without_ids). A
+    datagram that repeats the one before it to the same destination is a retransmission
+    (a DHCP client's DISCOVER again, a DNS question again): how often a guest retransmits
+    follows its timing, not what it does, and is compared once (a KASAN shadow booting
+    under load sent three DISCOVERs more than its native, 2026-11-28)."""
+    udp: dict[str, list[tuple[int, bytes]]] = {}
+    for ns, (ip, port), payload in datagrams:
+        line = without_ids(port, payload) + b"\n"
+        lines = udp.setdefault(f"udp {netpkt.ip_str(ip)}:{port}", [])
+        if not lines or lines[-1][1] != line:
+            lines.append((ns, line))
+    return {k: _Stream.of_chunks(v) for k, v in udp.items()}
 
 
 def streams_analysis(run: AnalysisRun, rec: inputs_mod.RecordedInputs, at: dict | None = None,
@@ -389,10 +402,7 @@ def streams_analysis(run: AnalysisRun, rec: inputs_mod.RecordedInputs, at: dict 
             f = netpkt.parse(frame)
             if f and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP and not f.fragment:
                 datagrams.append((ns, (f.ip_dst, f.dport), f.payload))
-    udp: dict[str, list[tuple[int, bytes]]] = {}
-    for ns, (ip, port), payload in datagrams:
-        udp.setdefault(f"udp {netpkt.ip_str(ip)}:{port}", []).append((ns, without_ids(port, payload) + b"\n"))
-    s.update((k, _Stream.of_chunks(v)) for k, v in udp.items())
+    s.update(_datagram_streams(datagrams))
     return s
 
 

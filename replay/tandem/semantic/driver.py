@@ -75,7 +75,11 @@ def release_input(inp: inputs_mod.Input, rec: inputs_mod.RecordedInputs, peer: P
         fl = rec.flows[inp.flow]
         if fl is None:      # retired once every analysis compared it: long after its opening
             raise TandemError(f"{inp}: opens a connection already retired")
-        if fl.answer == "refused":     # the native refused it: opened here, it could be accepted
+        if fl.answer != "accepted":
+            # The native refused it (opened here, it could be accepted), or never answered its
+            # SYN (the guest had no address yet, or its SYN was lost, and the client gave up:
+            # opened here, a guest booted a little earlier would serve it; seen under load,
+            # 2026-11-28, an index page as extra output on a connection the native never had).
             peer.not_opened.add(fl.index)
             return []
         return peer.open(fl.index, fl.client, fl.server, fl.client_mac, fl.guest_mac, now)
@@ -310,7 +314,8 @@ class AnalysisDriver:
                     self.blocked_since = now
                 if now - max(self.blocked_since, self.last_output_ns) < DEP_TIMEOUT_NS:
                     break
-                self.res.limits.append(f"{inp.describe()}: sent after waiting "
+                done = "not opened" if self.answer_unknown(inp) else "sent"
+                self.res.limits.append(f"{inp.describe()}: {done} after waiting "
                                        f"{DEP_TIMEOUT_NS / 1e9:.0f}s of VM time for {self.unmet(inp)}")
                 self.give_up(inp)
             else:
