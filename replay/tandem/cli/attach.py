@@ -74,11 +74,11 @@ def cmd_attach(args) -> int:
                        ("--duration", args.duration)):
         if given:
             raise TandemError(f"{opt}: not with --no-follow (the native is not recorded)")
-    conn = daemon.connect(args.uri)
     for opt, given in (("--forward", args.forward), ("--root", args.root), ("--analysis-kernel", args.analysis_kernel),
                        ("--overlay", args.overlay)):
         if given:
             raise TandemError(f"{opt}: not with --no-follow (its shadows boot tandem's guest setup)")
+    conn = daemon.connect(args.uri)
     made = shadows.attach(conn, args.domain, analysis_names(args.analysis), state_dir=args.state_dir,
                           rtc_base=args.rtc_base, start=not args.no_start)
     for s in made:

@@ -9,6 +9,8 @@ from .common import parse_duration, progress
 from .guest_options import add_guest_options, guest_from_args
 from .render import console
 
+FORWARD_WATCH_JOIN_S = 10.0    # wall seconds to let the forward watcher read the log's end
+
 EPILOG = """\
 Your own VM, booted by its own bootloader, its web server on host port 8080:
   tandem record web.tdm --disk web.qcow2 --forward tcp:8080:80
@@ -58,10 +60,12 @@ def cmd_record(args) -> int:
         rec.request_stop()
     signal.signal(signal.SIGINT, on_sigint)
     signal.signal(signal.SIGTERM, on_sigint)
-    rec.watch_forwards(lambda line: console.print(f"tandem: warning: {line}", markup=False))
+    watcher = rec.watch_forwards(lambda line: console.print(f"tandem: warning: {line}", markup=False))
     with console.status("booting") as status:
         rec.wait(progress=progress("recording", status))
     m = rec.finish()
+    if watcher is not None:
+        watcher.join(FORWARD_WATCH_JOIN_S)      # what it reads of the log's end is said before the summary
     if m["stop"]["reason"] in ("guest-reset", "guest-panic"):
         console.print(f"tandem: warning: the guest stopped by {m['stop']['reason']} (a kernel panic "
                       f"reboots with panic=-1); its console is in {args.bundle}/devices.pcapng",

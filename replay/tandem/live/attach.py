@@ -139,7 +139,7 @@ def follow(uri: str | None, domain: str, analyses: list[str], *, bundle: str | P
 
 def _check_users_disks(n: NativeInfo) -> None:
     """A VM of the user's: its disks as `tandem record --disk` takes them (standalone qcow2
-    or raw images, qemu_image.probe_disk), each of the format the domain says it is, the
+    or raw images, qemu.image.probe_disk), each of the format the domain says it is, the
     first with a boot sector when the firmware boots it; a one-line error naming the disk."""
     try:
         images = [probe_disk(str(path)) for path, _ in n.disks]

@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -179,10 +180,12 @@ class Recording:
         """Every host port forwarded to the guest: the demo port's first."""
         return UserNet(self.port, self.forwards).all_forwards(GUEST_PORT)
 
-    def watch_forwards(self, say) -> None:
+    def watch_forwards(self, say) -> threading.Thread | None:
         """Say (once each) the forwards the guest refuses a connection on, while it records
-        (record/forwards.py)."""
-        forward_watch.watch(self.path / bundle.DEVLOG, self.all_forwards(), self.running, say)
+        (record/forwards.py): the watching thread, which reads the log to its end once the
+        VM has stopped (join it before the summary: a refusal just before a Ctrl-C was
+        lost when the CLI printed its summary and exited first)."""
+        return forward_watch.watch(self.path / bundle.DEVLOG, self.all_forwards(), self.running, say)
 
     @property
     def serial(self) -> Serial:
