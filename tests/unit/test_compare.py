@@ -131,7 +131,7 @@ def test_loader_reassembles_flows_and_dependencies(tmp_path):
     w.close(end_vm_ns=100)
     rec = inputs.from_events(pcapng.iter_events(path))
     (fl,) = rec.flows
-    assert fl.guest_data == [(14, b"VALUE "), (16, b"1\n")] and fl.guest_bytes == 8
+    assert list(fl.guest_data) == [(14, b"VALUE "), (16, b"1\n")] and fl.guest_bytes == 8
     assert [(i.kind, i.data, i.offset, i.needs_bytes, i.needs_line) for i in rec.inputs] == [
         ("tcp-open", b"", 0, {}, (b"READY", 1)),
         ("tcp-data", b"GET a\n", 0, {}, None),

@@ -236,9 +236,9 @@ def test_a_flow_records_both_ends_and_the_guests_ordered_output():
     (fl,) = rec.flows
     assert (fl.index, fl.client, fl.server, fl.client_mac, fl.guest_mac, fl.opened_ns) == \
         (0, (CLIENT_IP, 40000), (GUEST_IP, GUEST_PORT), CMAC, GMAC, 10)
-    assert fl.guest_data == [(20, b"VALUE "), (22, b"1\n")] and fl.guest_bytes == 8 and fl.client_bytes == 0
+    assert list(fl.guest_data) == [(20, b"VALUE "), (22, b"1\n")] and fl.guest_bytes == 8 and fl.client_bytes == 0
     assert fl.closed and fl.name() == "10.0.2.2:40000->10.0.2.15:7"
-    assert rec.serial_out == [(1, b"READY\n")] and rec.udp_out == [(40, (CLIENT_IP, 53), b"log")]
+    assert list(rec.serial_out) == [(1, b"READY\n")] and rec.udp_out == [(40, (CLIENT_IP, 53), b"log")]
 
 
 @pytest.mark.parametrize("closing, closed", [

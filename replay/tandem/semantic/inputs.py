@@ -133,8 +133,6 @@ class Chunks:
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Chunks):
             return (self.base, self.buf, self.starts, self.times) == (other.base, other.buf, other.starts, other.times)
-        if isinstance(other, list):         # (VM ns, bytes) pairs, as a test writes them
-            return list(self) == other
         return NotImplemented
 
     __hash__ = None     # type: ignore[assignment]     # mutable
