@@ -479,3 +479,34 @@ def test_a_connection_reset_while_its_service_starts_is_retried_with_its_request
     guest(ACK | PSH, 901, syn.seq + 1 + len(request), b"HTTP/1.1 200 OK\r\n", now=120_000_002)
     guest(RST | ACK, 918, syn.seq + 1 + len(request), now=120_000_003)    # answered: the guest's reset
     assert pf.state == "done" and pf.reset == "reset by the guest"
+
+
+def test_the_peer_acknowledges_as_a_client_does_with_its_next_bytes_or_after_the_delay():
+    """A reply is acknowledged by the next request when one follows within DELACK_NS (a
+    pipelining client: no frame of its own), else by a bare ACK at DELACK_NS; more than a
+    full segment, a retransmission and a FIN are acknowledged at once."""
+    from tandem.semantic.peer import DELACK_NS, PEER_MSS
+    peer = Peer()
+    client, server = (HOST_IP, 40000), (GUEST_IP, 6379)
+    (syn,) = map(netpkt.parse, peer.open(0, client, server, SMAC, GMAC, 0))
+    ack = syn.seq + 1
+
+    def guest(seq: int, data: bytes = b"", flags: int = ACK | PSH, now: int = 0) -> list[netpkt.Frame]:
+        return [netpkt.parse(f) for f in peer.on_frame(
+            netpkt.tcp(GMAC, SMAC, GUEST_IP, HOST_IP, 6379, 40000, seq, ack, flags, 29200, data), now)]
+    assert [f.flags for f in guest(100, flags=SYN | ACK, now=1)] == [ACK]         # the handshake's ACK
+    assert guest(101, b"+OK\r\n", now=10) == []                                  # a reply: the ACK waits
+    assert peer.next_timer() == 10 + DELACK_NS and peer.delayed_acks(10 + DELACK_NS - 1) == []
+    (req,) = map(netpkt.parse, peer.send(0, b"GET k\r\n", 20))                    # the next request carries it
+    assert (req.ack, req.payload) == (106, b"GET k\r\n") and peer.delayed_acks(10 + DELACK_NS) == []
+    assert guest(106, b"$1\r\n1\r\n", now=30) == []
+    (bare,) = map(netpkt.parse, peer.delayed_acks(30 + DELACK_NS))               # none followed: a bare ACK
+    assert (bare.flags, bare.ack, bare.payload) == (ACK, 113, b"")
+    assert peer.delayed_acks(30 + 2 * DELACK_NS) == []                            # once
+    big = b"x" * (PEER_MSS + 1)
+    (now_ack,) = guest(113, big, now=40)                                          # more than a full segment
+    assert now_ack.ack == 113 + len(big)
+    (dup,) = guest(101, b"+OK\r\n", now=50)                                      # a retransmission
+    assert dup.ack == 113 + len(big)
+    (fin_ack,) = guest(113 + len(big), flags=FIN | ACK, now=60)                  # a FIN
+    assert fin_ack.ack == 113 + len(big) + 1

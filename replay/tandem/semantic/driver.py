@@ -326,7 +326,7 @@ class AnalysisDriver:
             self.pending_bytes -= len(inp.data)
             self.last_input_ns = now
             self.nxt += 1
-        return frames
+        return frames + self.peer.delayed_acks(now)     # those the inputs did not carry
 
     def trim(self) -> None:
         """Drop delivered inputs from the to-do list's front."""
