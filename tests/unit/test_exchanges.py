@@ -73,9 +73,14 @@ def test_the_analysis_guest_gets_the_recorded_offer_with_its_own_transaction_id(
     assert struct.unpack_from("!I", offer.payload, 4)[0] == 0x2222
     assert offer.payload[28:34] == bytes.fromhex("525400abcdef")
     assert offer.payload[16:20] == GUEST and wire.dhcp_type(offer.payload) == 2
-    # the native asked once: a second DISCOVER (a retransmission) has nothing left
-    assert a.on_request(mine, 60 * MS) is None
-    assert "DHCP DISCOVER" in a.miss(mine) and a.miss(mine) is None     # said once
+    # the native asked once; the analysis guest, slower, sends its DISCOVER again (the
+    # same transaction): answered as it was, as the native's server would have
+    ((again_at, again),) = a.on_request(mine, 60 * MS)
+    assert again_at == 61 * MS and again == frame and a.retransmissions == 1
+    # a new transaction (another xid, or from another port) has nothing left: reported once
+    other = netpkt.parse(discover(0x3333, mac=bytes.fromhex("525400abcdef")))
+    assert a.on_request(other, 70 * MS) is None
+    assert "DHCP DISCOVER" in a.miss(other) and a.miss(other) is None     # said once
 
 
 def test_a_dns_answer_goes_to_the_analysis_guests_port_with_its_query_id():

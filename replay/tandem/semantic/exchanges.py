@@ -12,7 +12,10 @@ its next request there, are its *replies* (inputs.InputExtractor builds them). W
 analysis guest sends a request, the next recorded request with the same key (what it
 asks, not its IDs: `request_key`) is taken, and its replies go to the analysis guest
 rewritten to its request (its transaction ID, hardware address, port and address):
-`Answers.on_request`. A request with no recorded match is reported once per key.
+`Answers.on_request`. A request with no recorded match is reported once per key; one
+that repeats the last answered request of its key (the same transaction from the same
+port: a client's retransmission, which a slower analysis kernel makes where the native
+did not) is answered as it was, as the native's server would have.
 
 Keys: DHCP by message type (DISCOVER, REQUEST, ...), DNS by question (name and type),
 NTP by port, anything else by its payload (a UDP backend answers the same request the
@@ -116,13 +119,26 @@ def without_ids(dport: int, payload: bytes) -> bytes:
     return payload
 
 
+def transaction(request: netpkt.Frame) -> tuple:
+    """What stays the same when a client sends a request again: its port and its DHCP
+    transaction or DNS query ID (RFC 2131 4.1, RFC 1035 7.2), or the whole payload."""
+    ask = request.payload
+    if request.dport == DHCP_SERVER and len(ask) >= 8:
+        return (request.sport, ask[4:8])
+    if request.dport == DNS and len(ask) >= 2:
+        return (request.sport, ask[0:2])
+    return (request.sport, ask)
+
+
 class Answers:
     """The recorded exchanges, taken in order per key as the analysis guest asks."""
 
     def __init__(self) -> None:
         self.by_key: dict[tuple, deque[Exchange]] = {}
         self.unmatched: dict[tuple, str] = {}       # key -> the first such request, described
+        self.last: dict[tuple, tuple[tuple, Exchange]] = {}    # key -> (transaction, exchange) answered last
         self.answered = 0
+        self.retransmissions = 0
 
     def add(self, ex: Exchange) -> None:
         self.by_key.setdefault(ex.key, deque()).append(ex)
@@ -132,10 +148,15 @@ class Answers:
         None when the recording holds no request like it (not taken yet, or none)."""
         key = request_key(request.dport, request.payload)
         q = self.by_key.get(key)
-        if not q:
+        if q:
+            ex = q.popleft()
+            self.last[key] = (transaction(request), ex)
+            self.answered += 1
+        elif (last := self.last.get(key)) is not None and last[0] == transaction(request):
+            ex = last[1]                    # sent again, all recorded ones taken: answered again
+            self.retransmissions += 1
+        else:
             return None
-        ex = q.popleft()
-        self.answered += 1
         return [(now + delay, rewrite(frame, request)) for delay, frame in ex.replies]
 
     def miss(self, request: netpkt.Frame) -> str | None:
