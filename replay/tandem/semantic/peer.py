@@ -111,6 +111,9 @@ class Peer:
         self.unbound: list[PeerFlow] = []
         self.ready: list[PeerFlow] = []
         self.accepted = 0
+        # The flows whose guest bytes wait for an ACK (delayed_acks), by identity: looked
+        # at every stop, where every flow of a recording would be thousands.
+        self.owing: dict[int, PeerFlow] = {}
 
     # -- actions of the recorded client --------------------------------------
     def open(self, index: int, client, server, client_mac, guest_mac, now: int) -> list[bytes]:
@@ -284,6 +287,7 @@ class Peer:
                 fl.unacked += len(f.payload)
                 if fl.ack_owed_ns is None:
                     fl.ack_owed_ns = now
+                    self.owing[id(fl)] = fl
                 need_ack = fl.unacked > PEER_MSS        # more than a full segment: at once
             else:
                 need_ack = True                         # retransmitted or early: at once
@@ -343,8 +347,8 @@ class Peer:
 
     def delayed_acks(self, now: int) -> list[bytes]:
         """The ACKs that waited DELACK_NS for bytes to carry them and got none."""
-        return [self._seg(fl, fl.snd_nxt, ACK) for fl in (*self.flows.values(), *self.unbound)
-                if fl.ack_owed_ns is not None and fl.ack_owed_ns + DELACK_NS <= now and fl.state == "established"]
+        due = [fl for fl in self.owing.values() if fl.ack_owed_ns is not None and fl.ack_owed_ns + DELACK_NS <= now]
+        return [self._seg(fl, fl.snd_nxt, ACK) for fl in due if fl.state == "established"]
 
     def forget(self, index: int) -> None:
         """A connection compared to its end (live_compare): its state is no longer needed."""
@@ -355,14 +359,13 @@ class Peer:
 
     def next_timer(self) -> int | None:
         """VM time of the next retransmission, connection retry or delayed ACK, if any."""
-        t = []
-        for fl in (*self.flows.values(), *self.unbound):
+        t = [fl.ack_owed_ns + DELACK_NS for fl in self.owing.values()
+             if fl.ack_owed_ns is not None and fl.state == "established"]
+        for fl in self.flows.values():
             if fl.state == "refused":
                 t.append(fl.last_send_ns + SYN_RETRY_NS)
             elif fl.state == "syn-sent" or (fl.state == "established" and fl.snd_una < fl.snd_nxt):
                 t.append(fl.last_send_ns + RTO_NS)
-            if fl.ack_owed_ns is not None and fl.state == "established":
-                t.append(fl.ack_owed_ns + DELACK_NS)
         return min(t) if t else None
 
     def _seg(self, fl: PeerFlow, off: int, flags: int, data: bytes = b"", mss=None) -> bytes:
@@ -370,6 +373,7 @@ class Peer:
         ack = fl.rcv_nxt if flags & ACK else 0
         if flags & ACK:
             fl.ack_owed_ns, fl.unacked = None, 0
+            self.owing.pop(id(fl), None)
         return netpkt.tcp(fl.client_mac, fl.guest_mac, fl.client[0], fl.server[0],
                           fl.client[1], fl.server[1], fl.seq(off), ack, flags,
                           PEER_WINDOW, data, mss=mss, ident=self.ident)
