@@ -348,6 +348,9 @@ class Peer:
     def delayed_acks(self, now: int) -> list[bytes]:
         """The ACKs that waited DELACK_NS for bytes to carry them and got none."""
         due = [fl for fl in self.owing.values() if fl.ack_owed_ns is not None and fl.ack_owed_ns + DELACK_NS <= now]
+        for fl in due:
+            if fl.state != "established":       # closed or reset meanwhile: nothing to acknowledge
+                del self.owing[id(fl)]
         return [self._seg(fl, fl.snd_nxt, ACK) for fl in due if fl.state == "established"]
 
     def forget(self, index: int) -> None:
