@@ -347,15 +347,19 @@ class Peer:
 
     def delayed_acks(self, now: int) -> list[bytes]:
         """The ACKs that waited DELACK_NS for bytes to carry them and got none."""
-        due = [fl for fl in self.owing.values() if fl.ack_owed_ns is not None and fl.ack_owed_ns + DELACK_NS <= now]
-        for fl in due:
-            if fl.state != "established":       # closed or reset meanwhile: nothing to acknowledge
+        out = []
+        for fl in [fl for fl in self.owing.values() if fl.ack_owed_ns is not None and fl.ack_owed_ns + DELACK_NS <= now]:
+            if fl.state == "established":
+                out.append(self._seg(fl, fl.snd_nxt, ACK))     # _seg takes it off self.owing
+            else:                               # closed or reset meanwhile: nothing to acknowledge
                 del self.owing[id(fl)]
-        return [self._seg(fl, fl.snd_nxt, ACK) for fl in due if fl.state == "established"]
+        return out
 
     def forget(self, index: int) -> None:
         """A connection compared to its end (live_compare): its state is no longer needed."""
         fl = self.flows.pop(index, None)
+        if fl is not None:
+            self.owing.pop(id(fl), None)
         if fl is not None and self.by_tuple.get(k := (fl.server[0], fl.server[1], fl.client[0],
                                                        fl.client[1])) is fl:
             del self.by_tuple[k]
