@@ -18,7 +18,7 @@ def dhcp_to_guest(devlog) -> list[int]:
 def offered_then_acked(types: list[int]) -> bool:
     """DHCP message types (dhcp_to_guest) that are an OFFER for each DISCOVER the guest
     sent (a slower kernel sends it again, answered again as a server would) and then an ACK."""
-    return 5 in types and types.index(5) >= 1 and set(types[:types.index(5)]) == {2}
+    return 5 in types and set(types[:types.index(5)]) == {2}
 
 
 def arp_replies_to_guest(devlog) -> set[bytes]:
