@@ -214,7 +214,10 @@ def test_a_heavy_recording_is_analysed_whole_reading_no_further_ahead_than_its_w
         rec.serial.type("poweroff")
         rec.wait(timeout=120)
     recorded = [i for i in inputs.load(path).inputs if i.kind != "rng"]
-    window = 1000
+    # Crossed five times at least: a loaded host records fewer inputs in 3 s (3,972 for
+    # 7,916 requests beside another test's VMs, 2026-11-28).
+    window = min(1000, len(recorded) // 5)
+    assert window >= 200, (len(recorded), requests)
     monkeypatch.setattr(analyze_mod, "READ_AHEAD_INPUTS", window)
     monkeypatch.setattr(analyze_mod, "READ_ON_BELOW", 100)
     held: list[int] = []
@@ -226,7 +229,7 @@ def test_a_heavy_recording_is_analysed_whole_reading_no_further_ahead_than_its_w
     assert r.complete and not r.findings and not r.divergences, (r.failure, [d.diff for d in r.divergences])
     assert s.exit_status() == 0
     delivered = r.run.n_delivered - sum(1 for i in inputs.load(path).inputs if i.kind == "rng")
-    assert delivered == len(recorded) > 4 * window, (delivered, len(recorded), requests)
+    assert delivered == len(recorded), (delivered, len(recorded), requests)
     assert max(held) <= window + analyze_mod.PACE_EVERY, max(held)
 
 
