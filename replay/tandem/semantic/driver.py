@@ -172,7 +172,6 @@ class AnalysisDriver:
         self.stopped_at: int | None = None
         self.vnow = -1                  # nothing decided yet, not even VM time 0
         self.news = False               # an output, a stop or a clock to decide from
-        self.finished, self.known_ns = rec.finished, rec.known_ns    # the recording as of the last decide()
         self.clock_still = False        # the VM's clock did not move since it was last asked
 
     # -- the recording's inputs -----------------------------------------------------------
@@ -423,7 +422,7 @@ class AnalysisDriver:
         time an input not read yet may be due at (its reader's rec.known_ns): nothing at
         or past it is decided yet. Inputs go in order, so while one read waits, those not
         read cannot go before it."""
-        return None if self.finished or self.nxt < len(self.todo) else self.known_ns
+        return None if self.rec.finished or self.nxt < len(self.todo) else self.rec.known_ns
 
     def reading(self) -> bool:
         """Stopped where the recording's reader has not got to yet (the VM is waiting on
@@ -435,7 +434,7 @@ class AnalysisDriver:
         arriving, the peer's timer, the dependency timeout, the end (None: the replay is
         over)."""
         t = next_horizon(self.vnow, self.next_due(), self.blocked_since, self.last_output_ns,
-                         self.peer.next_timer(), self.rec.end_ns or 0, self.last_input_ns, not self.finished)
+                         self.peer.next_timer(), self.rec.end_ns or 0, self.last_input_ns, not self.rec.finished)
         if self.arriving:
             a = max(self.arriving[0].vm_ns + self.lookahead_ns, self.vnow)
             t = a if t is None else min(t, a)
@@ -456,10 +455,6 @@ class AnalysisDriver:
         read, before an input not read yet could be due (its reader's rec.known_ns); then
         grant the next event's time, or end the replay once the VM has stopped at its end."""
         self.news = False
-        # Before taking the inputs: every input before known_ns is in rec.inputs by then
-        # (it never leads them), so pull() takes them all; read after, an input appended
-        # meanwhile might not have been taken.
-        self.finished, self.known_ns = self.rec.finished, self.rec.known_ns
         self.pull()
         self.res.end_ns = max(self.res.end_ns, self.seen_ns)
         frontier = self.seen_ns + self.lookahead_ns - 1
