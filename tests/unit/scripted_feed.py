@@ -74,9 +74,8 @@ class ScriptedFeed:
     def input(self, channel, vm_ns, data):
         self.inputs.append((channel, vm_ns, data))
 
-    def horizon(self, vm_ns, warp_ns=None, outputs=None, clock=False):
+    def horizon(self, vm_ns, warp_ns=None):
         self.horizons.append((vm_ns, warp_ns))
-        self.outputs_read, self.clock_asked = outputs, clock
 
     def flush(self):
         pass

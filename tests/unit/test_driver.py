@@ -10,8 +10,8 @@ from tandem.formats import netpkt
 from tandem.semantic import feed as feedproto
 from tandem.semantic.driver import AnalysisDriver
 from tandem.semantic.inputs import Flow, Input, RecordedInputs
-from tandem.semantic.model import (DEP_TIMEOUT_NS, HANG_WALL_S, LIVE_SLICE_NS, LOOKAHEAD_NS, POWEROFF_WAIT_NS,
-                                   SETTLE_NS, AnalysisRun, Buffer)
+from tandem.semantic.model import (DEP_TIMEOUT_NS, HANG_WALL_S, LIVE_SLICE_NS, POWEROFF_WAIT_NS, SETTLE_NS,
+                                   AnalysisRun, Buffer)
 
 from scripted_feed import Clock, ScriptedFeed, ScriptedVM, console, shutdown, wait
 
@@ -75,16 +75,9 @@ def test_silence_is_a_hang_with_the_feed_state():
 
 
 def test_a_run_far_past_the_natives_end_is_lagging():
-    # The second input waits on a line the guest never prints; the guest goes on printing
-    # something else (so the dependency timeout keeps moving back): past the native's end
-    # by the bound, with no input gone since, the run is lagging, decided at the VM time an
-    # output reaches the replayer.
-    rec = RecordedInputs(serial_inputs(1 * MS) + [Input("serial", 2 * MS, b"y\n", offset=1,
-                                                        needs_line=(b"ready", 1))], [], 3 * MS, [])
-    chatter = [console(k * 5 * MS, b"working\n") for k in range(1, 7)]
-    res, _, vm = drive(rec, [[wait(0)], chatter + [wait(30 * MS)]], max_lag_ns=10 * MS)
+    rec = RecordedInputs(serial_inputs(1 * MS, 9_000 * MS), [], 10 * MS, [])
+    res, _, vm = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(12 * MS)]], max_lag_ns=1 * MS)
     assert res.outcome == "lagging" and vm.killed
-    assert res.end_ns == 30 * MS
     assert res.detail == ("0s of VM time past the native's end, no input has found the outputs it waits for "
                           "since VM 0.001s (1/2 inputs delivered)")
 
@@ -111,57 +104,10 @@ def test_an_input_waits_for_its_line_then_is_sent_at_the_dependency_timeout():
 
 
 def test_an_input_goes_as_soon_as_the_guest_prints_its_line():
-    # as soon as the line reaches the replayer: a lookahead after the guest printed it
     rec = RecordedInputs(serial_inputs(1 * MS, needs_line=(b"ready", 1)), [], 1 * MS, [])
-    res, feed, _ = drive(rec, [[wait(1 * MS)], [console(2 * MS, b"ready\n"), wait(2 * MS)],
-                               lambda f: [wait(f.horizons[-1][0])]])
-    assert feed.horizons[1][0] == 2 * MS + LOOKAHEAD_NS     # the VM stops there, not earlier
-    assert feed.inputs == [(feedproto.SERIAL, 2 * MS + LOOKAHEAD_NS, b"x0\n")] and res.limits == []
+    res, feed, _ = drive(rec, [[wait(1 * MS)], [console(2 * MS, b"ready\n"), wait(2 * MS)]])
+    assert feed.inputs == [(feedproto.SERIAL, 2 * MS, b"x0\n")] and res.limits == []
     assert bytes(res.console) == b"ready\n" and res.console_times == [(0, 2 * MS)]
-
-
-# -- deciding ahead of the VM: grants while it runs ------------------------------------------
-
-def ping_pong(n: int) -> RecordedInputs:
-    """Inputs each waiting on the line the guest printed for the one before (a client
-    that sends its next request when the answer has come), all recorded at 1 ms."""
-    return RecordedInputs([Input("serial", 1 * MS, b"q%d\n" % i, offset=i, needs_line=(b"ok", i) if i else None)
-                           for i in range(n)], [], 1 * MS, [])
-
-
-def clock(ns: int) -> feedproto.Message:
-    return feedproto.Message(feedproto.CLOCK, 0, ns, b"")
-
-
-def test_an_output_is_answered_while_the_vm_runs_on():
-    # The guest prints at 1.3 ms, and its clock (asked for by the grant) says it went on
-    # to 1.8 ms: the next input goes at 2.3 ms, the line plus the lookahead, granted while
-    # the VM runs; the grant says from how many outputs, so QEMU holds the VM at any output
-    # it has not read.
-    res, feed, _ = drive(ping_pong(2), [[wait(0)], [wait(1 * MS)], [console(1 * MS + 300_000, b"ok\n")],
-                                        [clock(1 * MS + 800_000)]])
-    assert feed.inputs[1] == (feedproto.SERIAL, 2 * MS + 300_000, b"q1\n")
-    assert res.waits == 2               # the two stops before the first input, none since
-    assert feed.outputs_read == 1
-
-
-def test_the_vm_is_asked_for_its_clock_only_where_that_decides_something():
-    res, feed, _ = drive(ping_pong(2), [[wait(0)], [wait(1 * MS)], [console(1 * MS + 300_000, b"ok\n")]])
-    # the next thing to decide is that line's arrival, within a lookahead of the VM's
-    # last known time: the grant asks for the clock
-    assert feed.horizons[-1][0] == 2 * MS + 300_000 and feed.clock_asked
-
-
-@pytest.mark.parametrize("batches", [1, 2, 5], ids=lambda n: f"outputs read in {n} batch(es)")
-def test_what_goes_when_depends_on_the_outputs_vm_times_not_on_when_they_were_read(batches):
-    # The same guest behaviour, its outputs read by the replayer all at once or a few at a
-    # time (each batch ended by a clock reading): the same inputs at the same VM times.
-    lines = [console(k * MS + 300_000, b"ok\n") for k in range(1, 6)]
-    per = -(-len(lines) // batches)
-    script = [[wait(0)], [wait(1 * MS)]] + [lines[i:i + per] + [clock(lines[min(i + per, len(lines)) - 1].vm_ns)]
-                                            for i in range(0, len(lines), per)]
-    res, feed, _ = drive(ping_pong(6), script + [lambda f: [wait(f.horizons[-1][0])]] * 8)
-    assert [ns for _, ns, _ in feed.inputs] == [1 * MS] + [k * MS + 300_000 + LOOKAHEAD_NS for k in range(1, 6)]
 
 
 def test_an_output_pushes_the_dependency_timeout_back():

@@ -17,7 +17,7 @@ from tandem.semantic import feed as feedproto
 from tandem.semantic.driver import AnalysisDriver
 from tandem.semantic.inputs import RecordedInputs, from_events
 from tandem.semantic.live_compare import LiveCompare
-from tandem.semantic.model import DEP_TIMEOUT_NS, LOOKAHEAD_NS, AnalysisRun
+from tandem.semantic.model import DEP_TIMEOUT_NS, AnalysisRun
 from tandem.semantic.peer import Peer
 
 from scripted_feed import Clock, ScriptedFeed, ScriptedVM, wait
@@ -172,9 +172,7 @@ def test_a_proxied_request_is_answered_by_the_recorded_backend_on_the_guests_own
               # the analysis guest opens its backend connection earlier than the native did,
               # from another port, with an ISN that wraps
               at(2 * MS + 500, seg(back, 2 * MS + 500, SYN)),
-              # the VM runs on to the SYN's arrival at the replayer, a lookahead later, and gets
-              # its SYN-ACK there; then its ACK and request
-              to_end, at(3 * MS + 600, seg(back, 3 * MS + 550, ACK), seg(back, 3 * MS + 600, ACK | PSH, REQ_A)),
+              at(2 * MS + 600, seg(back, 2 * MS + 550, ACK), seg(back, 2 * MS + 600, ACK | PSH, REQ_A)),
               [wait(5 * MS)], [wait(5 * MS + 1)],
               at(7 * MS, seg(web, 5 * MS + 500, ACK | PSH, b"HTTP/1.1 200 OK\r\n\r\nfrom a\n"),
                  seg(back, 5 * MS + 600, ACK | FIN)),
@@ -204,8 +202,8 @@ def test_a_different_request_to_the_backend_is_a_divergence_of_that_flow():
     web, back = GuestEnd(WEB, remote=(HOST_IP, 40000)), GuestEnd(45000)
     other = REQ_A.replace(b"/a", b"/z")
     script = [[wait(0)], [wait(1 * MS)], at(2 * MS, seg(web, 1 * MS + 10, SYN | ACK)),
-              at(2 * MS + 500, seg(back, 2 * MS + 500, SYN)), to_end,
-              at(3 * MS + 600, seg(back, 3 * MS + 550, ACK), seg(back, 3 * MS + 600, ACK | PSH, other))]
+              at(2 * MS + 500, seg(back, 2 * MS + 500, SYN)),
+              at(2 * MS + 600, seg(back, 2 * MS + 550, ACK), seg(back, 2 * MS + 600, ACK | PSH, other))]
     res, _ = drive(rec, script)
     divs = [d for d in compare.compare(rec, res, equivalence.Spec()) if d.channel.startswith("tcp flow 1")]
     assert [(d.kind, [l.text for l in d.native], [l.text for l in d.analysis]) for d in divs] == [
@@ -221,13 +219,11 @@ def one_backend_call() -> RecordedInputs:
 
 
 HEAD, TAIL = REQ_A[:17], REQ_A[17:]
-# name -> (the request's parts as (VM ns, bytes), VM time the reply goes, the run's limits).
-# A request reaches the replayer a lookahead after the guest sent it (driver.py).
+# name -> (the request's parts as (VM ns, bytes), VM time the reply goes, the run's limits)
 HELD = {
     "request before the reply's time: the reply at its time": ([(4 * MS, REQ_A)], 5 * MS, []),
-    "request after it: the reply when the request is in": ([(8 * MS, REQ_A)], 8 * MS + LOOKAHEAD_NS, []),
-    "request in two parts: the reply after the second": ([(6 * MS, HEAD), (9 * MS, TAIL)], 9 * MS + LOOKAHEAD_NS,
-                                                         []),
+    "request after it: the reply when the request is in": ([(8 * MS, REQ_A)], 8 * MS, []),
+    "request in two parts: the reply after the second": ([(6 * MS, HEAD), (9 * MS, TAIL)], 9 * MS, []),
     "request cut short: the reply at the dependency timeout": (
         [(6 * MS, HEAD)], 6 * MS + DEP_TIMEOUT_NS,
         ["tcp-data at VM 0.005000s (flow 0 offset 0, devlog event 4) \"HTTP/1.0 200 OK...\": sent after waiting 5s of VM time for "
@@ -239,7 +235,7 @@ HELD = {
 def test_the_servers_reply_waits_for_the_guests_request(name):
     parts, reply_ns, limits = HELD[name]
     back = GuestEnd(50000)
-    script = [[wait(0)], at(2 * MS, seg(back, 2 * MS, SYN)), to_end, at(3 * MS + 1, seg(back, 3 * MS + 1, ACK))]
+    script = [[wait(0)], at(2 * MS, seg(back, 2 * MS, SYN)), at(2 * MS + 1, seg(back, 2 * MS + 1, ACK))]
     script += [at(ns, seg(back, ns, ACK | PSH, data)) for ns, data in parts]
     res, feed = drive(one_backend_call(), script)
     assert payload_times(feed, 50000) == [(reply_ns, REPLY_A)]
@@ -438,8 +434,7 @@ def test_a_host_opened_connection_is_still_played_as_its_client():
     res, feed = drive(rec, script)
     syn, *_ = to_port(feed, WEB)
     assert (syn.flags, syn.sport, syn.seq) == (SYN, 40000, 0x1000_0000)    # the peer's own ISN, as before
-    # the request once the guest's SYN-ACK has reached the replayer, a lookahead after it left
-    assert payload_times(feed, WEB) == [(1 * MS + 10 + LOOKAHEAD_NS, b"GET / HTTP/1.1\r\n\r\n")]
+    assert payload_times(feed, WEB) == [(2 * MS, b"GET / HTTP/1.1\r\n\r\n")]
     assert res.peer.connects == [] and res.limits == [] and res.peer.unknown == []
     assert res.peer.flows[0].state == "done" and compare.compare(rec, res, equivalence.Spec()) == []
 

@@ -140,7 +140,7 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
 
 def _unread(bundle_dir: Path, manifest: dict, users_guest: bool) -> inputs.RecordedInputs:
     """A recording's inputs before its device log is read (filled in by read_paced)."""
-    rec = inputs.RecordedInputs([], [], None, [], finished=False, on_disk=True, path=str(bundle_dir))
+    rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(bundle_dir))
     created = manifest.get("created")
     if isinstance(created, str) and len(created) >= 19:
         rec.created = created[:19]

@@ -2,24 +2,15 @@
 it releases at each stop of the VM, the horizon it grants, and how the run ends.
 
 The VM stops at each horizon and says so on the feed (WAIT); between stops it sends its
-outputs (OUTPUT: frames and console bytes) and, once, why it ends (SHUTDOWN). The driver
-releases the inputs whose recorded VM time has come and whose dependencies the guest
-has met (inputs.py: the bytes a flow had sent, the line the console had printed, when
-the native received them), answers the guest's frames as the remote TCP peer (peer.py):
-the client of a connection the recording opened to the guest, the server of one the
-guest opens (matched to the recording's by connections.py), and grants the next horizon
-(horizon.py, pure).
-
-A finished recording's replay is decided ahead of the VM, while it runs: each output
-reaches the driver one lookahead after it left, as over a link of that latency, so an
-output read at VM time t lets the driver decide everything up to t plus the lookahead
-(`decide`) and grant the next event's time, the VM still running; the feed holds the VM
-at the first output the driver had not read plus the lookahead (qemu-patches/0023), so
-a grant never races the outputs on their way. The VM stops only where the driver is
-behind. What is delivered when depends on the outputs' VM times alone, never on when
-they were read. A live run (rec.finished False) trails a native still running: it
-decides at each stop, takes new inputs as they come, within its buffer's bound
-(model.Buffer).
+outputs (OUTPUT: frames and console bytes) and, once, why it ends (SHUTDOWN). At each
+stop the driver releases the inputs whose recorded VM time has come and whose
+dependencies the guest has met (inputs.py: the bytes a flow had sent, the line the
+console had printed, when the native received them), answers the guest's frames as the
+remote TCP peer (peer.py): the client of a connection the recording opened to the guest,
+the server of one the guest opens (matched to the recording's by connections.py), and
+grants the next horizon (horizon.py, pure). A live run
+(rec.finished False) trails a native still running: it takes new inputs as they come,
+within its buffer's bound (model.Buffer).
 
 The loop's state is this object's attributes, each stage a method, so the loop is tested
 against a scripted feed and VM (tests/unit/test_driver.py: hang, lag, detach,
@@ -30,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from typing import Callable
 
 from ..errors import TandemError
@@ -43,7 +33,6 @@ from .horizon import live_grant, next_horizon
 from .model import (
     DEP_TIMEOUT_NS,
     HANG_WALL_S,
-    LOOKAHEAD_NS,
     POWEROFF_WAIT_NS,
     MAX_LAG_NS,
     TICK_S,
@@ -119,10 +108,8 @@ class AnalysisDriver:
                  max_lag_ns: int = MAX_LAG_NS, progress: Callable | None = None,
                  buffer: Buffer | None = None, stop: Callable[[], bool] | None = None,
                  hang_wall_s: float = HANG_WALL_S, tick: Callable[[AnalysisRun], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, line_deps: bool = True,
-                 lookahead_ns: int = LOOKAHEAD_NS):
+                 clock: Callable[[], float] = time.monotonic, line_deps: bool = True):
         self.rec, self.res, self.vm, self.feed = rec, res, vm, feed
-        self.lookahead_ns = lookahead_ns    # the feed's: 0, the VM stops at every decision
         self.max_lag_ns, self.progress, self.stop, self.tick = max_lag_ns, progress, stop, tick
         self.buffer = buffer or Buffer()
         self.hang_wall_s, self.clock = hang_wall_s, clock
@@ -162,17 +149,6 @@ class AnalysisDriver:
         self.flows_taken = 0
         self.connecting: dict[tuple[bytes, int, bytes, int], netpkt.Frame] = {}
         self.not_opened_here: set[int] = set()
-        # Deciding ahead (a finished recording): outputs read and not applied yet, each at
-        # its VM time plus the lookahead; how many outputs were read (a grant says so);
-        # the VM time the VM is known to have reached (its last output or stop), where it
-        # waits (its last WAIT, no output since), and the VM time decided up to.
-        self.arriving: deque[feedproto.Message] = deque()
-        self.outputs_read = 0
-        self.seen_ns = 0
-        self.stopped_at: int | None = None
-        self.vnow = -1                  # nothing decided yet, not even VM time 0
-        self.news = False               # an output, a stop or a clock to decide from
-        self.clock_still = False        # the VM's clock did not move since it was last asked
 
     # -- the recording's inputs -----------------------------------------------------------
     def pull(self) -> None:
@@ -359,30 +335,21 @@ class AnalysisDriver:
             self.trimmed += self.nxt
             self.nxt = 0
 
-    def settle(self, now: int) -> bool:
-        """Release what is due at VM time `now`: answers to the guest, inputs, the peer's
-        frames; whether anything went."""
+    def grant(self, now: int, idle: bool) -> bool:
+        """Release what is due at a stop and grant the next horizon; False while a live
+        native has given this VM, idle, nothing new to do."""
+        self.pull()
         if self.unanswered:
             self.answer(now)
         if self.connecting:
             self.connect(now)
         first = self.nxt
         frames = self.release_due(now)
+        sent = bool(frames) or self.nxt != first
         self.trim()
         for fr in frames:
             self.feed.input(feedproto.NET, now, fr)
-        return bool(frames) or self.nxt != first
-
-    def next_due(self) -> int | None:
-        return self.todo[self.nxt].vm_ns if self.nxt < len(self.todo) else None
-
-    def grant(self, now: int, idle: bool) -> bool:
-        """Release what is due at a stop and grant the next horizon; False while a live
-        native has given this VM, idle, nothing new to do."""
-        self.pull()
-        sent = self.settle(now)
-        self.vnow = max(self.vnow, now)
-        due = self.next_due()
+        due = self.todo[self.nxt].vm_ns if self.nxt < len(self.todo) else None
         horizon = next_horizon(now, due, self.blocked_since, self.last_output_ns, self.peer.next_timer(),
                                self.rec.end_ns or 0, self.last_input_ns, not self.rec.finished)
         if not self.rec.finished:
@@ -393,99 +360,22 @@ class AnalysisDriver:
                 self.feed.flush()
                 return False
             self.warp_granted_ns = known
-            self.feed.horizon(g[0], warp_ns=g[1], outputs=self.outputs_read)
+            self.feed.horizon(g[0], warp_ns=g[1])
         elif horizon is None and self.rec.power_button and self.pressed_at is None:
             # The native ended by its power button after its last input: so does this
             # guest, which then shuts down as the native did (a DHCP RELEASE, services
             # stopping) or is quit at POWEROFF_WAIT_NS.
             self.pressed_at = now
             self.vm.powerdown()
-            self.feed.horizon(now + POWEROFF_WAIT_NS, outputs=self.outputs_read)
+            self.feed.horizon(now + POWEROFF_WAIT_NS)
         elif horizon is None and self.pressed_at is not None and now < self.pressed_at + POWEROFF_WAIT_NS:
-            self.feed.horizon(self.pressed_at + POWEROFF_WAIT_NS, outputs=self.outputs_read)
+            self.feed.horizon(self.pressed_at + POWEROFF_WAIT_NS)
         elif horizon is None:
             self.vm.quit()           # reported back as SHUTDOWN host-qmp-quit
         else:
-            self.feed.horizon(horizon, outputs=self.outputs_read)
+            self.feed.horizon(horizon)
         self.feed.flush()
         return True
-
-    # -- deciding ahead of the VM (a finished recording) ---------------------------------
-    @property
-    def ahead(self) -> bool:
-        """Deciding ahead of the VM: a recording on disk (finished, or read as the analyses
-        take it), a feed with a lookahead."""
-        return (self.rec.finished or self.rec.on_disk) and self.lookahead_ns > 0
-
-    def unread_bound(self) -> int | None:
-        """While the recording is being read and every input read is delivered, the VM
-        time an input not read yet may be due at (its reader's rec.known_ns): nothing at
-        or past it is decided yet. Inputs go in order, so while one read waits, those not
-        read cannot go before it."""
-        return None if self.rec.finished or self.nxt < len(self.todo) else self.rec.known_ns
-
-    def reading(self) -> bool:
-        """Stopped where the recording's reader has not got to yet (the VM is waiting on
-        it, not the other way round)."""
-        return self.stopped_at is not None and (b := self.unread_bound()) is not None and self.stopped_at >= b
-
-    def next_event(self) -> int | None:
-        """The VM time of the next thing to decide after vnow: an input due, an output
-        arriving, the peer's timer, the dependency timeout, the end (None: the replay is
-        over)."""
-        t = next_horizon(self.vnow, self.next_due(), self.blocked_since, self.last_output_ns,
-                         self.peer.next_timer(), self.rec.end_ns or 0, self.last_input_ns, not self.rec.finished)
-        if self.arriving:
-            a = max(self.arriving[0].vm_ns + self.lookahead_ns, self.vnow)
-            t = a if t is None else min(t, a)
-        return t
-
-    def step(self, now: int) -> None:
-        """Decide VM time `now`: the outputs that have arrived by then, what is due."""
-        self.vnow = now
-        while self.arriving and self.arriving[0].vm_ns + self.lookahead_ns <= now:
-            self.apply_output(self.arriving.popleft())
-        self.settle(now)
-        if self.lagging(now):
-            self.end_lagging()
-
-    def decide(self) -> None:
-        """Decide everything up to where an output not read yet could arrive (the VM's
-        last known time plus the lookahead, less 1 ns) and, while the recording is being
-        read, before an input not read yet could be due (its reader's rec.known_ns); then
-        grant the next event's time, or end the replay once the VM has stopped at its end."""
-        self.news = False
-        self.pull()
-        self.res.end_ns = max(self.res.end_ns, self.seen_ns)
-        frontier = self.seen_ns + self.lookahead_ns - 1
-        while (t := self.next_event()) is not None and t <= frontier:
-            if (b := self.unread_bound()) is not None and t >= b:
-                break
-            self.step(t)
-            if self.ended:
-                return
-        at_end = self.stopped_at is not None and self.stopped_at >= self.vnow
-        if (b := self.unread_bound()) is not None:
-            t = max(b if t is None else min(t, b), self.vnow + 1)
-        if t is not None:
-            # Within a lookahead of what the VM is known to have passed: knowing it has
-            # gone further is what decides t, so the VM is asked for its clock.
-            self.feed.horizon(t, outputs=self.outputs_read,
-                              clock=self.stopped_at is None and not self.clock_still
-                              and t < self.seen_ns + 2 * self.lookahead_ns)
-        elif self.pressed_at is None and self.rec.power_button and self.stopped_at is not None and at_end:
-            self.pressed_at = self.stopped_at       # as a stop's grant() does
-            self.vm.powerdown()
-            self.feed.horizon(self.stopped_at + POWEROFF_WAIT_NS, outputs=self.outputs_read)
-        elif self.pressed_at is not None and not (at_end and self.seen_ns >= self.pressed_at + POWEROFF_WAIT_NS):
-            self.feed.horizon(self.pressed_at + POWEROFF_WAIT_NS, outputs=self.outputs_read)
-        elif at_end:
-            self.vm.quit()           # reported back as SHUTDOWN host-qmp-quit
-        else:
-            self.feed.horizon(self.vnow, outputs=self.outputs_read)     # the VM stops at the end
-        self.feed.flush()
-        if self.progress:
-            self.progress(self.res, self.delivered(), self.trimmed + len(self.todo))
 
     # -- the loop ---------------------------------------------------------------------------
     def drive(self) -> None:
@@ -498,17 +388,11 @@ class AnalysisDriver:
             self.sample()
             if self.stopped() or self.overflowed():
                 return
-            if self.stalled_at is not None and self.ahead:    # the native has ended meanwhile
-                self.stopped_at, self.stalled_at, self.news = self.stalled_at, None, True
-                self.decide()
-            elif self.stalled_at is not None:
+            if self.stalled_at is not None:
                 if self.grant(self.stalled_at, True):
                     self.stalled_at = None
                 self.last_word = self.clock()    # waiting on the native, not on QEMU
-            if self.ahead and self.reading():
-                self.decide()                   # with what the reader has read meanwhile
-                self.last_word = self.clock()    # waiting on the reader, not on QEMU
-            msgs = self.feed.receive(0.05 if self.stalled_at is not None or (self.ahead and self.reading()) else 1.0)
+            msgs = self.feed.receive(0.05 if self.stalled_at is not None else 1.0)
             if msgs is None:                    # QEMU exited
                 self.finish()
                 return
@@ -518,10 +402,6 @@ class AnalysisDriver:
             self.last_word = self.clock()
             for m in msgs:
                 self.on_message(m)
-                if self.ended:
-                    return
-            if self.news and self.ahead:
-                self.decide()
                 if self.ended:
                     return
             self.feed.flush()
@@ -579,43 +459,17 @@ class AnalysisDriver:
     def on_message(self, m) -> None:
         res = self.res
         if m.type == feedproto.OUTPUT:
-            self.outputs_read += 1
-            self.seen_ns = max(self.seen_ns, m.vm_ns)
-            self.stopped_at, self.clock_still = None, False
-            if m.channel == feedproto.NET and res.net_out is not None:
-                res.net_out.append((m.vm_ns, m.data))
-            elif m.channel == feedproto.SERIAL:
-                res.console_times.append((res.console_base + len(res.console), m.vm_ns))
-                res.console += m.data
-            if self.ahead:
-                self.arriving.append(m)
-                self.news = True
-            else:
-                self.apply_output(m)
-        elif m.type == feedproto.SHUTDOWN:
+            self.last_output_ns = m.vm_ns
+        if m.type == feedproto.SHUTDOWN:
             # The first one says why: a QEMU under libvirt (-no-shutdown) pauses at a
             # guest poweroff and then says SHUTDOWN again for libvirt's SIGTERM.
             if self.shutdown is None:
                 c = feedproto.SHUTDOWN_CAUSES
                 self.shutdown = c[m.channel] if m.channel < len(c) else f"cause {m.channel}"
                 res.end_ns = m.vm_ns
-        elif m.type == feedproto.CLOCK:
-            self.clock_still = m.vm_ns <= self.seen_ns      # held (by its output queue): not asked again
-            self.seen_ns = max(self.seen_ns, m.vm_ns)
-            self.news = True
-        elif m.type == feedproto.WAIT and self.ahead:
-            res.end_ns = m.vm_ns
-            res.waits += 1
-            self.seen_ns = max(self.seen_ns, m.vm_ns)
-            self.stopped_at, self.news, self.clock_still = m.vm_ns, True, False
-        elif m.type == feedproto.WAIT:
-            self.on_wait(m.vm_ns, m.channel == feedproto.WAIT_IDLE)
-
-    def apply_output(self, m) -> None:
-        """What the guest's output (read at once, or arrived a lookahead after it left)
-        tells the peer, the UDP and TCP answers and the console's lines."""
-        self.last_output_ns = m.vm_ns
-        if m.channel == feedproto.NET:
+        elif m.type == feedproto.OUTPUT and m.channel == feedproto.NET:
+            if res.net_out is not None:
+                res.net_out.append((m.vm_ns, m.data))
             self.frames_out += self.peer.on_frame(m.data, m.vm_ns)
             if self.peer.requests:
                 self.unanswered += self.peer.requests
@@ -623,8 +477,12 @@ class AnalysisDriver:
                 self.answer(m.vm_ns)
             if self.peer.connects or self.peer.ready:
                 self.connect(m.vm_ns)
-        elif m.channel == feedproto.SERIAL:
+        elif m.type == feedproto.OUTPUT and m.channel == feedproto.SERIAL:
+            res.console_times.append((res.console_base + len(res.console), m.vm_ns))
+            res.console += m.data
             self.lines.feed(m.data)
+        elif m.type == feedproto.WAIT:
+            self.on_wait(m.vm_ns, m.channel == feedproto.WAIT_IDLE)
 
     def on_wait(self, now: int, idle: bool) -> None:
         res = self.res
@@ -633,15 +491,12 @@ class AnalysisDriver:
         if not self.grant(now, idle):     # first: what the outputs up to now let go is progress
             self.stalled_at = now
         if self.lagging(now):
-            self.end_lagging()
+            self.end(Outcome.LAGGING, f"{self.max_lag_ns / 1e9:.0f}s of VM time past the native's end, "
+                     f"no input has found the outputs it waits for since VM {self.progress_ns / 1e9:.3f}s "
+                     f"({self.delivered()}/{self.trimmed + len(self.todo)} inputs delivered)")
             return
         if self.progress:
             self.progress(res, self.delivered(), self.trimmed + len(self.todo))
-
-    def end_lagging(self) -> None:
-        self.end(Outcome.LAGGING, f"{self.max_lag_ns / 1e9:.0f}s of VM time past the native's end, "
-                 f"no input has found the outputs it waits for since VM {self.progress_ns / 1e9:.3f}s "
-                 f"({self.delivered()}/{self.trimmed + len(self.todo)} inputs delivered)")
 
     def delivered(self) -> int:
         return self.trimmed + self.nxt

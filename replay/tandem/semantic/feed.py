@@ -5,13 +5,10 @@ u16 channel, u64 VM-clock ns} and the payload. tandem sends inputs and horizon
 advances; QEMU sends what the guest outputs and WAIT when the VM stops (its
 channel says why: at the horizon, or idle at the warp bound a horizon may carry,
 qemu-patches/0014), and SHUTDOWN (with QEMU's reason) after the guest's last output.
-A horizon may say how many outputs it was decided from and ask for the VM clock, which
-a running VM answers with CLOCK (qemu-patches/0023): so tandem grants while the VM runs.
 QEMU connects to tandem's unix socket at start.
 """
 from __future__ import annotations
 
-import select
 import socket
 import struct
 from dataclasses import dataclass
@@ -21,10 +18,7 @@ from .. import private
 from ..errors import TandemError
 
 HEADER = struct.Struct("<IHHQ")
-GRANT = struct.Struct("<qQQ")           # a HORIZON's payload: warp bound, outputs read, flags
-GRANT_CLOCK = 1                         # flag: answer with the VM clock (CLOCK), the VM running
-NO_WARP = (1 << 63) - 1                 # QEMU's INT64_MAX: idle warps bounded by the horizon only
-INPUT, HORIZON, END, OUTPUT, WAIT, SHUTDOWN, CLOCK = 1, 2, 3, 16, 17, 18, 19
+INPUT, HORIZON, END, OUTPUT, WAIT, SHUTDOWN = 1, 2, 3, 16, 17, 18
 # QEMU's ShutdownCause, in its QAPI order: the channel of a SHUTDOWN message.
 SHUTDOWN_CAUSES = ["none", "host-error", "host-qmp-quit", "host-qmp-system-reset", "host-signal",
                    "host-ui", "guest-shutdown", "guest-reset", "guest-panic", "subsystem-reset",
@@ -55,7 +49,6 @@ class FeedServer:
         self.buf = bytearray()
         self.out = bytearray()
         self._rx: bytearray | None = None
-        self._poll: select.poll | None = None
 
     def accept(self, timeout: float) -> None:
         self.listener.settimeout(timeout)
@@ -63,11 +56,7 @@ class FeedServer:
             self.conn, _ = self.listener.accept()
         except socket.timeout:
             raise TandemError(f"analysis QEMU did not connect to {self.path} within {timeout:.0f}s") from None
-        # Blocking: a send waits for QEMU to take it (never a timeout mid-message);
-        # receive() waits with poll.
         self.conn.settimeout(None)
-        self._poll = select.poll()
-        self._poll.register(self.conn, select.POLLIN)
 
     def _connection(self) -> socket.socket:
         """QEMU's connection, once accept() has it."""
@@ -78,20 +67,10 @@ class FeedServer:
     def input(self, channel: int, vm_ns: int, data: bytes) -> None:
         self.out += HEADER.pack(len(data), INPUT, channel, vm_ns) + data
 
-    def horizon(self, vm_ns: int, warp_ns: int | None = None, outputs: int | None = None,
-                clock: bool = False) -> None:
+    def horizon(self, vm_ns: int, warp_ns: int | None = None) -> None:
         """The VM may run to vm_ns; with warp_ns (< vm_ns), an idle VM warps no further
-        than warp_ns: it executes up to the horizon but idles at the warp bound. With
-        outputs, how many OUTPUT messages the grant was decided from: the VM still stops
-        at the first one after those plus the lookahead (qemu-patches/0023), so a grant
-        may be sent while the VM runs; with clock, a running VM answers with its clock
-        (CLOCK)."""
+        than warp_ns: it executes up to the horizon but idles at the warp bound."""
         if warp_ns is None or warp_ns >= vm_ns:
-            warp_ns = None
-        if outputs is not None:
-            self.out += HEADER.pack(GRANT.size, HORIZON, 0, vm_ns) + GRANT.pack(
-                NO_WARP if warp_ns is None else warp_ns, outputs, GRANT_CLOCK if clock else 0)
-        elif warp_ns is None:
             self.out += HEADER.pack(0, HORIZON, 0, vm_ns)
         else:
             self.out += HEADER.pack(8, HORIZON, 0, vm_ns) + struct.pack("<q", warp_ns)
@@ -110,12 +89,13 @@ class FeedServer:
     def receive(self, timeout: float) -> list[Message] | None:
         """Messages that arrived within timeout ([] if none); None once QEMU closed."""
         conn = self._connection()
+        conn.settimeout(timeout)
         if self._rx is None:
             self._rx = bytearray(1 << 20)   # one receive buffer: no 1 MB allocation per call
-        if self._poll is not None and not self._poll.poll(timeout * 1000):
-            return []
         try:
             n = conn.recv_into(self._rx)
+        except socket.timeout:
+            return []
         except OSError:
             return None
         if not n:

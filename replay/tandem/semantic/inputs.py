@@ -241,10 +241,6 @@ class RecordedInputs:
     # known_ns is in `inputs`; finished once the native's device log is complete.
     known_ns: int = 0
     finished: bool = True
-    # A finished recording read from its bundle as the analyses take it (analyze.read_paced):
-    # unfinished only because it is not all read yet. What is not read comes whatever the
-    # analysis does: an analysis decides ahead of its VM (driver.py), as on a finished one.
-    on_disk: bool = False
     serial_out: Chunks = field(default_factory=Chunks)  # the native's console
     udp_out: list[tuple[int, tuple, bytes]] = field(default_factory=list)  # (ns, (dst ip, port), payload)
     # UDP exchanges the guest started (DHCP, DNS, ...): each request with its replies,

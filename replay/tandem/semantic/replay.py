@@ -103,8 +103,7 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         res.qemu_pid = vm.process().pid
         server.accept(30)
         AnalysisDriver(rec, res, vm, server, max_lag_ns=max_lag_ns, progress=progress, buffer=buffer,
-                       stop=stop, hang_wall_s=hang_wall_s, tick=tick, line_deps=line_deps,
-                       lookahead_ns=lookahead_ns).drive()
+                       stop=stop, hang_wall_s=hang_wall_s, tick=tick, line_deps=line_deps).drive()
     except TandemError as e:
         res.outcome, res.detail = Outcome.ERROR, str(e)
     finally:
