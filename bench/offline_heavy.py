@@ -18,8 +18,10 @@ Two parts, each measured in one run side by side:
           what it does not: the guest instructions it executed (the VM's icount, from its
           own recording: a count no host noise changes), the time its vCPU thread ran
           (schedstat), per instruction, and the rest of its wall time, in which the vCPU did
-          not run (for the replay: held at a horizon while tandem answers; for the live
-          run: booting and idle). Runs alternate, so that a drift of the host over minutes
+          not run (for the replay: held at a horizon while tandem answers, and asleep
+          while the main loop warps an idle guest's clock; for the live run: booting and
+          idle). The vCPU's time per instruction rises with what runs on the other core
+          (bench/neighbour.py). Runs alternate, so that a drift of the host over minutes
           reaches both: a replay slower per instruction than the live runs on both sides
           of it is tandem's cost, not the host's. Two VMs run at once on this machine's 2
           cores fight for them (the replay's vCPU waits on tandem, which waits for a core):
@@ -153,8 +155,12 @@ class VcpuTime:
         return max((ns for (pid, tid), ns in self.threads.items() if pid != tid), default=0) / 1e9
 
     def _sample(self) -> None:
+        pids: list[int] = []
         while not self.done.wait(0.2):
-            for pid in qemu_descendants():
+            # /proc is walked until the QEMU has started, not at every sample: this runs
+            # on the core beside the vCPU it measures.
+            pids = pids or qemu_descendants()
+            for pid in pids:
                 try:
                     for task in Path(f"/proc/{pid}/task").iterdir():
                         run_ns = int((task / "schedstat").read_text().split()[0])
