@@ -47,6 +47,7 @@ ONE_FIELD = [
     (("stop", "vm_ns"), "6000", "stop.vm_ns"),
     (("state",), ["complete"], "state"),
     (("qemu", "build_id"), {"a": 1}, "qemu.build_id"),
+    (("qemu", "a\nb"), False, "qemu.'a\\nb'"),     # a key that would cut the message (hypothesis, 2026-11-28)
     (("wall_time_s",), "1.5", "wall_time_s"),
 ]
 

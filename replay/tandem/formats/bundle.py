@@ -417,7 +417,8 @@ def manifest_problem(m: dict[str, Any]) -> str | None:
             return f"{section}: {_shown(m[section])} is not a table"
     for key, value in (m.get("qemu") or {}).items():
         if value is not None and not _text(value):
-            return f"qemu.{key}: {_shown(value)} is not text"
+            # The key is the manifest's own: shown as text only if printable (a newline would cut the message).
+            return f"qemu.{key if key.isprintable() else _shown(key)}: {_shown(value)} is not text"
     for kind, entry in (m.get("inputs") or {}).items():
         if not input_kind_ok(kind):
             return f"inputs.{_shown(kind)}: not one of {', '.join(INPUTS)} or disk_base.ID"
