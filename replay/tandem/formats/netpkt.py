@@ -133,31 +133,43 @@ def _tcp_options(f: Frame, opts: bytes) -> None:
         i += max(ln, 2)
 
 
+_IP4_HEAD = struct.Struct("!BBHHHBBH4s4s")
+_TCP_HEAD_OUT = struct.Struct("!HHIIBBHHH")
+_PSEUDO = struct.Struct("!4s4sBBH")
+_MSS_OPTION = struct.Struct("!BBH")
+_ETH_IP = struct.pack("!H", ETH_IP)
+
+
 def _checksum(data: bytes) -> int:
+    """The Internet checksum (RFC 1071) of data. The ones' complement sum of its 16-bit
+    words is the data read as one big-endian number modulo 0xFFFF (2**16 is 1 modulo
+    0xFFFF), written 0xFFFF when that is 0 and the data is not all zeros: one modulo in
+    C. Summing the unpacked words made a full 1460-byte segment take 13-14 us to build,
+    this 5.5-8 us; small segments take 3-5 us either way (timeit, 2026-11-28).
+    tests/unit/test_netpkt.py checks it against the word sum."""
     if len(data) % 2:
         data += b"\0"
-    s: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while s >> 16:
-        s = (s & 0xFFFF) + (s >> 16)
+    n = int.from_bytes(data, "big")
+    s = n % 0xFFFF or (0xFFFF if n else 0)
     return ~s & 0xFFFF
 
 
 def _ipv4(src: bytes, dst: bytes, proto: int, l4: bytes, ident: int) -> bytes:
-    hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(l4), ident & 0xFFFF, 0x4000, 64,
-                      proto, 0, src, dst)
-    return hdr[:10] + struct.pack("!H", _checksum(hdr)) + hdr[12:] + l4
+    hdr = _IP4_HEAD.pack(0x45, 0, 20 + len(l4), ident & 0xFFFF, 0x4000, 64, proto, 0, src, dst)
+    return hdr[:10] + _checksum(hdr).to_bytes(2, "big") + hdr[12:] + l4
 
 
 def tcp(src_mac: bytes, dst_mac: bytes, src: bytes, dst: bytes, sport: int, dport: int,
         seq: int, ack: int, flags: int, window: int, payload: bytes = b"",
         mss: int | None = None, ident: int = 0) -> bytes:
-    opts = struct.pack("!BBH", 2, 4, mss) if mss else b""
+    opts = _MSS_OPTION.pack(2, 4, mss) if mss else b""
     hl = 20 + len(opts)
-    seg = struct.pack("!HHIIBBHHH", sport, dport, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF,
-                      (hl // 4) << 4, flags, min(window, 0xFFFF), 0, 0) + opts + payload
-    pseudo = struct.pack("!4s4sBBH", src, dst, 0, PROTO_TCP, len(seg))
-    seg = seg[:16] + struct.pack("!H", _checksum(pseudo + seg)) + seg[18:]
-    return dst_mac + src_mac + struct.pack("!H", ETH_IP) + _ipv4(src, dst, PROTO_TCP, seg, ident)
+    head = (sport, dport, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF, (hl // 4) << 4, flags, min(window, 0xFFFF))
+    tail = opts + payload
+    pseudo = _PSEUDO.pack(src, dst, 0, PROTO_TCP, hl + len(payload))
+    csum = _checksum(pseudo + _TCP_HEAD_OUT.pack(*head, 0, 0) + tail)
+    seg = _TCP_HEAD_OUT.pack(*head, csum, 0) + tail
+    return dst_mac + src_mac + _ETH_IP + _ipv4(src, dst, PROTO_TCP, seg, ident)
 
 
 def udp(src_mac: bytes, dst_mac: bytes, src: bytes, dst: bytes, sport: int, dport: int,
