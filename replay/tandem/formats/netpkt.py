@@ -175,10 +175,9 @@ def tcp(src_mac: bytes, dst_mac: bytes, src: bytes, dst: bytes, sport: int, dpor
 def udp(src_mac: bytes, dst_mac: bytes, src: bytes, dst: bytes, sport: int, dport: int,
         payload: bytes, ident: int = 0) -> bytes:
     seg = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
-    pseudo = struct.pack("!4s4sBBH", src, dst, 0, PROTO_UDP, len(seg))
-    c = _checksum(pseudo + seg) or 0xFFFF
-    seg = seg[:6] + struct.pack("!H", c) + seg[8:]
-    return dst_mac + src_mac + struct.pack("!H", ETH_IP) + _ipv4(src, dst, PROTO_UDP, seg, ident)
+    c = _checksum(_PSEUDO.pack(src, dst, 0, PROTO_UDP, len(seg)) + seg) or 0xFFFF
+    seg = seg[:6] + c.to_bytes(2, "big") + seg[8:]
+    return dst_mac + src_mac + _ETH_IP + _ipv4(src, dst, PROTO_UDP, seg, ident)
 
 
 def arp_reply(my_mac: bytes, my_ip: bytes, to_mac: bytes, to_ip: bytes) -> bytes:
