@@ -510,3 +510,26 @@ def test_the_peer_acknowledges_as_a_client_does_with_its_next_bytes_or_after_the
     assert dup.ack == 113 + len(big)
     (fin_ack,) = guest(113 + len(big), flags=FIN | ACK, now=60)                  # a FIN
     assert fin_ack.ack == 113 + len(big) + 1
+
+
+def test_a_guest_still_starting_is_waited_for_not_timed_out():
+    """A guest that accepts the client's connection only after longer than the dependency
+    timeout (its network or service still starting, silent meanwhile) still gets the
+    client's FIN after its reply, not with the request: the wait is timed from when the
+    connection opens (a KASAN kernel on a user's disk, 2026-11-28, reset the connection
+    that got both at once)."""
+    native = Native()
+    client = native.conn(WEB, remote=(HOST_IP, 40000), g_isn=100, r_isn=200).remote_opens(1 * MS)
+    client.seg("in", 2 * MS, ACK | PSH, REQ_A).seg("out", 3 * MS, ACK | PSH, REPLY_A)
+    client.seg("in", 4 * MS, ACK | FIN).seg("out", 4 * MS + 1, ACK | FIN)
+    rec = native.recording(5 * MS)
+    web = GuestEnd(WEB, remote=(HOST_IP, 40000))
+    up = DEP_TIMEOUT_NS + 3000 * MS
+    silent = [[wait(t)] for t in range(0, up, 100 * MS)]
+    script = [*silent, at(up, seg(web, up, SYN | ACK)),
+              at(up + 2 * MS, seg(web, up + 1 * MS, ACK | PSH, REPLY_A))]
+    res, feed = drive(rec, script)
+    sent = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == feedproto.NET]
+    fins = [ns for ns, f in sent if f is not None and f.dport == WEB and f.flags & FIN]
+    assert fins and min(fins) >= up + 1 * MS, (fins, up)
+    assert not [x for x in res.limits if "after waiting" in x], res.limits

@@ -355,6 +355,12 @@ class Peer:
                 del self.owing[id(fl)]
         return out
 
+    def connecting(self, index: int) -> bool:
+        """This peer is still opening connection `index`: its SYN unanswered, or refused
+        and retried (a guest still starting its network or its service)."""
+        fl = self.flows.get(index)
+        return fl is not None and fl.state in ("syn-sent", "refused")
+
     def forget(self, index: int) -> None:
         """A connection compared to its end (live_compare): its state is no longer needed."""
         fl = self.flows.pop(index, None)
