@@ -237,7 +237,8 @@ class AnalysisDriver:
         user's disk brought its network up at VM 25.8 s, where the native had answered
         the first request at 11.8 s; timed from 12 s, the client's FIN went with its
         request and the guest reset the connection (2026-11-28). The peer's own bounds
-        still apply: a refused connection is given up after 60 s of VM time."""
+        still apply: a refused connection is given up after 60 s of VM time; one whose
+        SYN is never answered ends the run as lagging (lagging()), tandem's limit."""
         return any(self.have(f) < n and self.peer.connecting(f) for f, n in inp.needs_bytes.items())
 
     def give_up(self, inp: inputs_mod.Input) -> None:
