@@ -85,8 +85,10 @@ def _reset_while_starting(fl: PeerFlow) -> bool:
     socket that took the connection, then closed: seen with nginx under a KASAN kernel,
     its probe accepted 50 ms before nginx's workers were up). Retried like a refused one:
     the native's service had answered it. The unanswered SYN counts since a CI run
-    (2026-11-28): a KASAN guest on a user's disk, its network up 14 s of VM time after the
-    native's first request, left that request unanswered, a false "missing"."""
+    (2026-11-28) in which a KASAN guest on a user's disk left the first request
+    unanswered, a false "missing": its network comes up some 14 s of VM time after the
+    native's first request, so the SYN goes unanswered rather than refused (inferred
+    from the code; the run kept only its diff)."""
     return fl.state == "established" and (fl.refusals > 0 or fl.syns_unanswered > 0) \
         and fl.guest_bytes == 0 and fl.sendbase == 1
 
