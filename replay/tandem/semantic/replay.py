@@ -26,6 +26,7 @@ from .. import private
 from ..errors import TandemError
 from ..formats import bundle
 from ..machine import RR, Feed, Guest, Host, Run
+from ..qemu import wake_latency
 from ..qemu.vm import VM
 from ..qemu.image import make_overlays
 from ..record import recording as record_mod
@@ -48,7 +49,7 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         max_lag_ns: int = MAX_LAG_NS, progress=None, record: bool = True,
         buffer: Buffer | None = None, stop=None, hang_wall_s: float = HANG_WALL_S,
         idle: bool = False, cpus: str | None = None, launcher=None, tick=None,
-        line_deps: bool = True) -> AnalysisRun:
+        line_deps: bool = True, cpu_idle: bool = False) -> AnalysisRun:
     """Replay rec into one analysis VM; never raises for what the guest does.
 
     With record (the default) the analysis VM runs under QEMU's record/replay and
@@ -64,6 +65,8 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
     launcher: run the analysis VM as a libvirt domain (virt.Launcher, see vm.VM).
     line_deps: inputs wait for the console lines the native had printed (False for a
     user's VM: driver.AnalysisDriver).
+    cpu_idle: let the host's CPUs idle meanwhile (by default they are held awake, so that
+    each stop of the VM is not a CPU's wake-up longer: qemu/wake_latency.py).
     tick(run): called every TICK_S from the run's thread (a live run compares and drops
     what it has matched: live_compare.py); a live run keeps only the inputs it delivered
     last and no raw frames, so that its memory does not grow with its length.
@@ -102,8 +105,9 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         vm.start()
         res.qemu_pid = vm.process().pid
         server.accept(30)
-        AnalysisDriver(rec, res, vm, server, max_lag_ns=max_lag_ns, progress=progress, buffer=buffer,
-                       stop=stop, hang_wall_s=hang_wall_s, tick=tick, line_deps=line_deps).drive()
+        with wake_latency.held(not cpu_idle):
+            AnalysisDriver(rec, res, vm, server, max_lag_ns=max_lag_ns, progress=progress, buffer=buffer,
+                           stop=stop, hang_wall_s=hang_wall_s, tick=tick, line_deps=line_deps).drive()
     except TandemError as e:
         res.outcome, res.detail = Outcome.ERROR, str(e)
     finally:
