@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import catalog
 from ..errors import TandemError
-from .common import add_users_analysis_options, analysis_names, parse_duration, users_analyses
+from .common import add_cpu_idle_option, add_users_analysis_options, analysis_names, parse_duration, users_analyses
 from .guest_options import parse_forward
 from .render import console, print_live_finding, print_summary
 from .shadow import watch
@@ -40,6 +40,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--duration", type=parse_duration, help="stop the native after this much VM time")
     r.add_argument("--no-drain", action="store_true",
                    help="do not analyse again offline, from the native's recording, a shadow stopped for lag")
+    add_cpu_idle_option(r)
     r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
                    help="CPU priority of the shadows: idle (SCHED_IDLE, default: they take only CPU time the "
                         "native leaves) or normal")
@@ -106,7 +107,7 @@ def _attach_live(args) -> int:
         raise TandemError("--port is tandem's guest's service; forward your VM's ports with --forward")
     sh = follow(args.uri, args.domain, names, bundle=args.bundle,
                 options=ShadowOptions(port=args.port, duration_ns=args.duration or 0, drain=not args.no_drain,
-                                      idle_analyses=args.analysis_priority == "idle"),
+                                      idle_analyses=args.analysis_priority == "idle", cpu_idle=args.cpu_idle),
                 forwards=tuple(args.forward) if args.forward else None, root=args.root,
                 users_options=bool(args.analysis_kernel or args.overlay),
                 workdir=Path(args.workdir) if args.workdir else None, on_finding=print_live_finding)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import catalog
 from ..errors import TandemError
-from .common import add_users_analysis_options, progress, users_analyses
+from .common import add_cpu_idle_option, add_users_analysis_options, progress, users_analyses
 from .render import console, print_summary
 
 
@@ -30,6 +30,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--no-record", action="store_true",
                    help="do not record the analysis VMs (by default each leaves WORKDIR/NAME.tdm, "
                         "which `tandem replay` replays exactly)")
+    add_cpu_idle_option(r)
     r.add_argument("--workdir", help="where analysis logs go (default BUNDLE/analysis)")
     r.add_argument("--json", action="store_true", help="also print the verdict as JSON on stdout")
     r.set_defaults(func=cmd_replay)
@@ -61,7 +62,7 @@ def cmd_analyze(args) -> int:
             status.update("semantic replay: " + ", ".join(state.values()))
         s = analyze(args.bundle, names, spec_path=args.spec, jobs=args.jobs, noise=not args.no_noise,
                     workdir=Path(args.workdir) if args.workdir else None, progress=progress,
-                    record=not args.no_record, root=args.root)
+                    record=not args.no_record, root=args.root, cpu_idle=args.cpu_idle)
     print_summary(s)
     if args.json:
         print((Path(args.workdir) if args.workdir else Path(args.bundle) / "analysis").joinpath(

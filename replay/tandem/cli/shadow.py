@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from .. import catalog
-from .common import add_users_analysis_options, parse_duration, users_analyses
+from .common import add_cpu_idle_option, add_users_analysis_options, parse_duration, users_analyses
 from .guest_options import add_guest_options, guest_from_args
 from .render import console, print_live_finding, print_summary
 
@@ -45,6 +45,7 @@ def add_parsers(sub) -> None:
                         "for lag (by default it is, so that every recorded input is analysed)")
     r.add_argument("--spec", help="equivalence spec (TOML, docs/equivalence.md) for comparing outputs and "
                    "for --release agreed (default: the demo service's, agent/kvd.equiv.toml)")
+    add_cpu_idle_option(r)
     r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
                    help="CPU priority of the analysis VMs: idle (SCHED_IDLE, default: they take only "
                         "CPU time the native leaves) or normal")
@@ -143,4 +144,5 @@ def options_from(args):
         buffer_bytes=args.buffer_bytes, overflow=args.overflow, block_budget_s=args.block_budget,
         release=args.release, agree_timeout_ns=args.agree_timeout, record_analyses=not args.no_record,
         spec_path=args.spec, idle_analyses=args.analysis_priority == "idle",
-        analysis_cpus=args.analysis_cpus, metrics_port=args.metrics_port, drain=not args.no_drain)
+        analysis_cpus=args.analysis_cpus, metrics_port=args.metrics_port, drain=not args.no_drain,
+        cpu_idle=args.cpu_idle)

@@ -93,6 +93,7 @@ class ShadowOptions:
     metrics_port: int | None = None         # Prometheus metrics on 127.0.0.1:PORT (0: any free)
     hang_wall_s: float = model.HANG_WALL_S
     drain: bool = True                      # an analysis stopped for lag is analysed again offline
+    cpu_idle: bool = False                  # the host's CPUs may idle (qemu/wake_latency.py)
 
     def __post_init__(self) -> None:
         for name, enum in (("release", Release), ("overflow", Overflow)):
@@ -201,6 +202,7 @@ class ShadowRun:
         self._idle_thread()
         lv = self.libvirt
         return {"record": self.record_analyses, "stop": lambda: self._stop, "hang_wall_s": self.hang_wall_s,
+                "cpu_idle": self.options.cpu_idle,
                 "idle": self.idle_analyses, "cpus": _cpu_list(self.analysis_cpus),
                 "guest": self._users_analysis_guest(analysis) if self.users_guest or not lv
                 else lv.analysis_guest(analysis),
@@ -382,7 +384,7 @@ class ShadowRun:
         lv = self.libvirt
         log.info("analysing %s again offline from %s (stopped live for lag)", ", ".join(lagged), self.path)
         d = analyze(self.path, lagged, spec_path=self.spec_path, workdir=self.workdir / "drain", noise=False,
-                    record=self.record_analyses, progress=self.on_drain_progress,
+                    record=self.record_analyses, progress=self.on_drain_progress, cpu_idle=self.options.cpu_idle,
                     guests={a: lv.analysis_guest(a) for a in lagged} if lv and not self.users_guest else None,
                     root=self.root)
         again = {r.analysis: r for r in d.results}

@@ -101,13 +101,15 @@ PACE_SLEEP_S = 0.02
 def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | None = None,
             workdir: Path | None = None, noise: bool = True, jobs: int = 2,
             lookahead_ns: int = model.LOOKAHEAD_NS, progress=None,
-            record: bool = True, guests: dict | None = None, root: str | None = None) -> Summary:
+            record: bool = True, guests: dict | None = None, root: str | None = None,
+            cpu_idle: bool = False) -> Summary:
     """Replay a finished recording into analysis VMs, `jobs` at a time, each batch
     trailing one reading of the bundle's device log (trail.Trail): tandem's memory
     follows what is in flight, not the recording's length, and no bound stops an
     analysis; the reading waits for the slowest instead. guests: analysis -> the
     machine.Guest it boots (default: guests.analysis_guest's: a user's VM on its own
-    disks, its root device `root` or the recorded one)."""
+    disks, its root device `root` or the recorded one). cpu_idle: let the host's CPUs idle
+    while the analyses run (semantic.replay.run)."""
     bundle_dir = Path(bundle_dir)
     analyses = list(dict.fromkeys(analyses))
     manifest = check_request(bundle_dir, analyses, spec_path)
@@ -127,7 +129,8 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
             rec = _unread(bundle_dir, manifest, users)
             trail = Trail(rec, batch, specs, {a: model.Buffer.unbounded() for a in batch}, workdir,
                           run_options=lambda a: {"record": record, "lookahead_ns": lookahead_ns,
-                                                 "guest": guests.get(a), "line_deps": not users},
+                                                 "guest": guests.get(a), "line_deps": not users,
+                                                 "cpu_idle": cpu_idle},
                           findings_file=findings_file, stuck_max=OFFLINE_STUCK_MAX, progress=progress)
             trail.start()
             read_paced(trail, bundle_dir)
