@@ -42,7 +42,7 @@ def held(enabled: bool = True, device: Path = PM_QOS) -> Iterator[bool]:
         why = e.strerror or str(e)
         if why not in _said:
             _said.add(why)
-            log.info("tandem: the host's CPUs may idle while analyses run (%s: %s); each of an analysis "
+            log.info("the host's CPUs may idle while analyses run (%s: %s); each of an analysis "
                      "VM's stops then waits for a CPU to wake", device, why)
         yield False
         return
