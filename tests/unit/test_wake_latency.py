@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,11 @@ def test_a_device_that_cannot_be_opened_is_said_once_and_the_run_goes_on(tmp_pat
                 assert not holding
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and str(device) in said[0], said
+
+
+def test_a_device_that_refuses_the_request_is_said_once_and_the_run_goes_on(tmp_path, caplog):
+    wake_latency._said.clear()
+    with caplog.at_level(logging.INFO, logger="tandem.qemu.wake_latency"):
+        with wake_latency.held(True, Path("/dev/full")) as holding:     # opens, and refuses every write
+            assert not holding
+    assert any("/dev/full" in r.getMessage() for r in caplog.records)
