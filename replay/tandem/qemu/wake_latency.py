@@ -36,20 +36,19 @@ def held(enabled: bool = True, device: Path = PM_QOS) -> Iterator[bool]:
     if not enabled:
         yield False
         return
-    f = None
     try:
         f = open(device, "wb", buffering=0)
-        f.write(struct.pack("=i", 0))
-    except OSError as e:
-        if f is not None:
+        try:
+            f.write(struct.pack("=i", 0))
+        except OSError:
             f.close()
-            f = None
+            raise
+    except OSError as e:
         why = e.strerror or str(e)
         if why not in _said:
             _said.add(why)
             log.info("the host's CPUs may idle while analyses run (%s: %s); each of an analysis "
                      "VM's stops then waits for a CPU to wake", device, why)
-    if f is None:
         yield False
         return
     with f:
