@@ -69,6 +69,8 @@ class ScriptedFeed:
         self.script, self.vm, self.clock = list(script), vm, clock
         self.inputs: list[tuple[int, int, bytes]] = []
         self.horizons: list[tuple[int, int | None]] = []
+        self.rules: list[tuple[int, list, tuple, list[bytes]]] = []   # release rules, as sent
+        self.unrules = 0
         self.quit_said = False
 
     def input(self, channel, vm_ns, data):
@@ -76,6 +78,12 @@ class ScriptedFeed:
 
     def horizon(self, vm_ns, warp_ns=None):
         self.horizons.append((vm_ns, warp_ns))
+
+    def rule(self, not_before_ns, conds, acks, frames):
+        self.rules.append((not_before_ns, conds, acks, frames))
+
+    def unrule(self):
+        self.unrules += 1
 
     def flush(self):
         pass

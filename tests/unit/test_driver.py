@@ -19,7 +19,10 @@ MS = 1_000_000
 
 
 def drive(rec: RecordedInputs, script, stop_when=None, **kw):
-    """Run the driver over the script; stop_when(feed): end the run as tandem's stop() would."""
+    """Run the driver over the script; stop_when(feed): end the run as tandem's stop() would.
+    Every input goes at a stop (no release rules: the script plays no QEMU that fires
+    them; test_rules.py does)."""
+    kw.setdefault("rules", False)
     clock, vm = Clock(), ScriptedVM()
     feed = ScriptedFeed(script, vm, clock)
     if stop_when is not None:

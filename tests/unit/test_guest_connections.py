@@ -135,7 +135,7 @@ def drive(rec: RecordedInputs, script: list) -> tuple[AnalysisRun, ScriptedFeed]
     clock, vm = Clock(), ScriptedVM()
     feed = ScriptedFeed(list(script) + [to_end] * 8, vm, clock)
     res = AnalysisRun("scripted")
-    AnalysisDriver(rec, res, vm, feed, clock=clock).drive()
+    AnalysisDriver(rec, res, vm, feed, clock=clock, rules=False).drive()    # inputs at stops
     return res, feed
 
 

@@ -268,7 +268,7 @@ class VM:
         qmp = self._monitor()
         qmp.settimeout(2.0)
         out = []
-        for prop in ("horizon", "waits", "delivered", "late"):
+        for prop in ("horizon", "waits", "delivered", "late", "rules-fired"):
             try:
                 out.append(f"{prop}={qmp.command('qom-get', path='/objects/feed', property=prop)}")
             except QMP_GONE as e:

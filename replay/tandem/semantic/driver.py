@@ -8,7 +8,9 @@ dependencies the guest has met (inputs.py: the bytes a flow had sent, the line t
 console had printed, when the native received them), answers the guest's frames as the
 remote TCP peer (peer.py): the client of a connection the recording opened to the guest,
 the server of one the guest opens (matched to the recording's by connections.py), and
-grants the next horizon (horizon.py, pure). A live run
+grants the next horizon (horizon.py, pure). Inputs after those that wait only on
+the guest's TCP output go to QEMU ahead as release rules (rules.py), which QEMU fires
+itself with no stop (FIRED). A live run
 (rec.finished False) trails a native still running: it takes new inputs as they come,
 within its buffer's bound (model.Buffer).
 
@@ -41,6 +43,7 @@ from .model import (
     Outcome,
 )
 from .peer import Peer
+from .rules import MAX_RULES, OWN_BYTES_MAX, Rule, Rules, conditions, guest_seq
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +111,7 @@ class AnalysisDriver:
                  max_lag_ns: int = MAX_LAG_NS, progress: Callable | None = None,
                  buffer: Buffer | None = None, stop: Callable[[], bool] | None = None,
                  hang_wall_s: float = HANG_WALL_S, tick: Callable[[AnalysisRun], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, line_deps: bool = True):
+                 clock: Callable[[], float] = time.monotonic, line_deps: bool = True, rules: bool = True):
         self.rec, self.res, self.vm, self.feed = rec, res, vm, feed
         self.max_lag_ns, self.progress, self.stop, self.tick = max_lag_ns, progress, stop, tick
         self.buffer = buffer or Buffer()
@@ -118,6 +121,10 @@ class AnalysisDriver:
         # differs by kernel: its clients waited on its ports (a refused connection is
         # retried, peer.SYN_RETRY_FOR_NS).
         self.line_deps = line_deps
+        # Inputs that wait only on the guest's TCP output go to QEMU ahead as release
+        # rules (rules.py), as far as they are known (a live native's as it makes them).
+        self.use_rules = rules
+        self.rules = Rules()
         self.peer = res.peer = Peer()
         self.lines = inputs_mod.SerialLines()  # the guest's console lines (line dependencies)
         self.todo: list[inputs_mod.Input] = []  # taken, not delivered yet: todo[nxt:]
@@ -318,7 +325,7 @@ class AnalysisDriver:
         to send."""
         frames = self.frames_out + self.peer.retransmit(now)
         self.frames_out = []
-        while self.nxt < len(self.todo) and self.todo[self.nxt].vm_ns <= now:
+        while self.nxt < len(self.todo) and self.todo[self.nxt].vm_ns <= now and not self.rules:
             inp = self.todo[self.nxt]
             if not self.deps_met(inp):
                 if self.blocked_since is None or self.starting(inp):
@@ -354,15 +361,22 @@ class AnalysisDriver:
             self.answer(now)
         if self.connecting:
             self.connect(now)
+        self.settle_rules(now)
         first = self.nxt
         frames = self.release_due(now)
         sent = bool(frames) or self.nxt != first
+        if self.rules and any(r.flow.unsent() for r in self.rules.queue):
+            self.drop_rules()           # a retransmission: the rules' segments would not follow it
+        elif self.use_rules and not self.rules.dropping:
+            self.install_rules(now)
         self.trim()
         for fr in frames:
             self.feed.input(feedproto.NET, now, fr)
         due = self.todo[self.nxt].vm_ns if self.nxt < len(self.todo) else None
         horizon = next_horizon(now, due, self.blocked_since, self.last_output_ns, self.peer.next_timer(),
                                self.rec.end_ns or 0, self.last_input_ns, not self.rec.finished)
+        if self.rules.dropping:
+            horizon = now + 1           # the next stop, with every rule fired or dropped
         if not self.rec.finished:
             known = self.rec.known_ns
             g = live_grant(now, horizon, known, self.warp_granted_ns,
@@ -387,6 +401,70 @@ class AnalysisDriver:
             self.feed.horizon(horizon)
         self.feed.flush()
         return True
+
+    # -- release rules (rules.py) -------------------------------------------------------
+    def settle_rules(self, now: int) -> None:
+        """At a stop: rules dropped at the last one are gone (what fired meanwhile has
+        been taken); the oldest one waiting DEP_TIMEOUT_NS is dropped, its input then
+        released as any other (sent anyway, a replay limit)."""
+        if self.rules.dropping:
+            self.rules.queue.clear()
+            self.rules.dropping = False
+        if not self.rules:
+            return
+        if self.blocked_since is None:
+            self.blocked_since = now
+        if now - max(self.blocked_since, self.last_output_ns) >= DEP_TIMEOUT_NS:
+            self.drop_rules()
+
+    def drop_rules(self) -> None:
+        """Ask QEMU to drop the rules not fired; until the next stop any may still fire."""
+        self.feed.unrule()
+        self.rules.dropping = True
+
+    def install_rules(self, now: int) -> None:
+        """Hand QEMU the inputs after those it holds that wait only on sequence numbers
+        of the guest's output, up to MAX_RULES, in order: the first that cannot be a
+        rule ends them."""
+        q = self.rules
+        i = self.nxt + len(q)
+        sent_by = {f: n for r in q.queue for f, n in r.inp.needs_bytes.items()}   # guest bytes, by then
+        while len(q) < MAX_RULES and i < len(self.todo):
+            inp = self.todo[i]
+            for f, n in inp.needs_bytes.items():
+                sent_by[f] = max(sent_by.get(f, 0), n)
+            if inp.kind != "tcp-data" or inp.flow is None or inp.vm_ns > now or self.line_missing(inp) \
+                    or self.answer_unknown(inp) or self.unopened(inp):
+                return
+            fl = self.peer.flows.get(inp.flow)
+            conds = conditions(inp, self.peer, self.have, self.short) if fl is not None else None
+            if fl is None or conds is None:
+                return
+            # The guest's bytes on this connection its segment will acknowledge: as many
+            # as the native had sent before it, fewer if it came first.
+            owed = max(sent_by.get(inp.flow, 0), self.have(inp.flow)) - self.have(inp.flow)
+            frame = self.peer.prebuilt(fl, inp.data, q.queued_on(fl)) if owed <= OWN_BYTES_MAX else None
+            if frame is None:
+                return
+            self.feed.rule(inp.vm_ns, conds, (fl.guest_key(), guest_seq(fl, fl.guest_bytes + owed)), [frame])
+            q.queue.append(Rule(inp, fl))
+            i += 1
+
+    def on_fired(self, now: int, acks: bytes) -> None:
+        """QEMU delivered the oldest rule's segment at VM time `now`."""
+        if not self.rules:
+            raise TandemError(f"feed {getattr(self.feed, 'path', '')}: QEMU fired a release rule none was installed for")
+        r = self.rules.queue.popleft()
+        inp = self.todo[self.nxt]
+        if inp is not r.inp:
+            raise TandemError(f"feed: release rule fired for {r.inp.describe()}, next in order is {inp.describe()}")
+        self.peer.sent_by_rule(r.flow, inp.data, int.from_bytes(acks[:4], "little"), now)
+        self.res.deliver(now, inp)
+        self.res.rules_fired += 1
+        self.pending_bytes -= len(inp.data)
+        self.last_input_ns = self.progress_ns = now
+        self.blocked_since = None
+        self.nxt += 1
 
     # -- the loop ---------------------------------------------------------------------------
     def drive(self) -> None:
@@ -494,6 +572,8 @@ class AnalysisDriver:
             self.lines.feed(m.data)
         elif m.type == feedproto.WAIT:
             self.on_wait(m.vm_ns, m.channel == feedproto.WAIT_IDLE)
+        elif m.type == feedproto.FIRED:
+            self.on_fired(m.vm_ns, m.data)
 
     def on_wait(self, now: int, idle: bool) -> None:
         res = self.res

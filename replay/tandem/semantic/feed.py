@@ -5,6 +5,9 @@ u16 channel, u64 VM-clock ns} and the payload. tandem sends inputs and horizon
 advances; QEMU sends what the guest outputs and WAIT when the VM stops (its
 channel says why: at the horizon, or idle at the warp bound a horizon may carry,
 qemu-patches/0014), and SHUTDOWN (with QEMU's reason) after the guest's last output.
+tandem may also send release rules (RULE, qemu-patches/0023): frames QEMU delivers
+itself once the guest's TCP output has reached given sequence numbers; QEMU says
+FIRED, with the acknowledgements the frames carried, for each in order.
 QEMU connects to tandem's unix socket at start.
 """
 from __future__ import annotations
@@ -18,7 +21,7 @@ from .. import private
 from ..errors import TandemError
 
 HEADER = struct.Struct("<IHHQ")
-INPUT, HORIZON, END, OUTPUT, WAIT, SHUTDOWN = 1, 2, 3, 16, 17, 18
+INPUT, HORIZON, END, RULE, UNRULE, OUTPUT, WAIT, SHUTDOWN, FIRED = 1, 2, 3, 4, 5, 16, 17, 18, 19
 # QEMU's ShutdownCause, in its QAPI order: the channel of a SHUTDOWN message.
 SHUTDOWN_CAUSES = ["none", "host-error", "host-qmp-quit", "host-qmp-system-reset", "host-signal",
                    "host-ui", "guest-shutdown", "guest-reset", "guest-panic", "subsystem-reset",
@@ -26,6 +29,10 @@ SHUTDOWN_CAUSES = ["none", "host-error", "host-qmp-quit", "host-qmp-system-reset
 NET, SERIAL, RNG = 1, 2, 3
 WAIT_HORIZON, WAIT_IDLE = 0, 1      # the channel of a WAIT message
 MAX_PAYLOAD = 1 << 20
+RULE_HEAD = struct.Struct("<HH")      # entries, frames
+RULE_ENTRY = struct.Struct("<II")     # after the 12-byte 4-tuple: sequence number, flags
+RULE_ACKS = 1                         # an entry that is no condition: where the frames' ACK reaches
+RULE_OWN = 2                          # a condition on the frames' own connection: a lookahead after it
 
 
 @dataclass
@@ -74,6 +81,26 @@ class FeedServer:
             self.out += HEADER.pack(0, HORIZON, 0, vm_ns)
         else:
             self.out += HEADER.pack(8, HORIZON, 0, vm_ns) + struct.pack("<q", warp_ns)
+
+    def rule(self, not_before_ns: int, conds: list[tuple[bytes, int, bool]], acks: tuple[bytes, int],
+             frames: list[bytes]) -> None:
+        """A release rule: `frames` go once the guest's TCP output has reached, on each
+        connection of `conds` (its 12-byte 4-tuple as the guest sends it, the sequence
+        number, whether the frames go on it), the given sequence number: a lookahead
+        after it on their own connection, at once on others; not before not_before_ns.
+        acks: the connection the frames go on and how far they will acknowledge the
+        guest's bytes there (its output up to there needs no stop)."""
+        entries = [(key, seq, RULE_OWN if own else 0) for key, seq, own in conds] + [(acks[0], acks[1], RULE_ACKS)]
+        body = bytearray(RULE_HEAD.pack(len(entries), len(frames)))
+        for key, seq, flags in entries:
+            body += key + RULE_ENTRY.pack(seq, flags)
+        for fr in frames:
+            body += struct.pack("<I", len(fr)) + fr
+        self.out += HEADER.pack(len(body), RULE, 0, not_before_ns) + body
+
+    def unrule(self) -> None:
+        """Drop the release rules not fired yet."""
+        self.out += HEADER.pack(0, UNRULE, 0, 0)
 
     def send(self, type_: int, channel: int, value: int, data: bytes = b"") -> None:
         self.out += HEADER.pack(len(data), type_, channel, value) + data

@@ -70,6 +70,7 @@ class AnalysisRun:
     pending_of_flow: Callable[[int], bool] | None = None  # (flow) -> does an input of it wait to be delivered?
     limits: list[str] = field(default_factory=list)
     waits: int = 0
+    rules_fired: int = 0            # inputs QEMU delivered by a release rule (rules.py)
     peer: Peer | None = None
     qemu_log: str = ""
     bundle: Path | None = None  # the run's own recording, replayable exactly

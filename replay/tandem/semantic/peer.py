@@ -20,6 +20,7 @@ unbound, and bound to one once the guest's first bytes have come (ready, bind).
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 from ..formats import netpkt
@@ -76,6 +77,15 @@ class PeerFlow:
 
     def seq(self, off: int) -> int:
         return (self.isn + off) & 0xFFFFFFFF
+
+    def guest_key(self) -> bytes:
+        """The 4-tuple of the guest's segments on this connection, as on the wire
+        (source and destination address, source and destination port)."""
+        return struct.pack("!4s4sHH", self.server[0], self.client[0], self.server[1], self.client[1])
+
+    def unsent(self) -> bool:
+        """Bytes (or a FIN) wait for the guest's window."""
+        return self.snd_nxt < self.sendbase + len(self.sendbuf) or (self.fin_queued and not self.fin_sent)
 
 
 def _reset_while_starting(fl: PeerFlow) -> bool:
@@ -311,6 +321,28 @@ class Peer:
         if fl.fin_sent and fl.snd_una == fl.snd_nxt and fl.guest_fin:
             fl.state = "done"
         return out
+
+    # -- segments a release rule sends (semantic/rules.py) ------------------------
+    def prebuilt(self, fl: PeerFlow, data: bytes, queued: int) -> bytes | None:
+        """The segment that will carry `data` once the `queued` bytes before it (in
+        rules not fired yet) have gone, as _transmit would send it then: None if it
+        would not go as one segment (the guest's MSS or window)."""
+        off = fl.snd_nxt + queued
+        if fl.state != "established" or fl.unsent() or not data or len(data) > min(fl.guest_mss, PEER_MSS) \
+                or off + len(data) > fl.snd_una + fl.guest_window:
+            return None
+        self.ident += 1
+        return netpkt.tcp(fl.client_mac, fl.guest_mac, fl.client[0], fl.server[0], fl.client[1], fl.server[1],
+                          fl.seq(off), fl.rcv_nxt, ACK | PSH, PEER_WINDOW, data, ident=self.ident)
+
+    def sent_by_rule(self, fl: PeerFlow, data: bytes, ack: int, now: int) -> None:
+        """QEMU sent a rule's segment (prebuilt) at VM time `now`, acknowledging `ack`."""
+        fl.sendbuf += data
+        fl.snd_nxt += len(data)
+        fl.last_send_ns = now
+        if ack == fl.rcv_nxt:
+            fl.ack_owed_ns, fl.unacked = None, 0
+            self.owing.pop(id(fl), None)
 
     # -- sending ----------------------------------------------------------------
     def _transmit(self, fl: PeerFlow, now: int) -> list[bytes]:
