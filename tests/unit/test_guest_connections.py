@@ -7,99 +7,25 @@ connections from other ports with other sequence numbers; what the replayer send
 when, and what is reported and compared."""
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import pytest
-from tandem.formats import netpkt, pcapng
+from tandem.formats import netpkt
 from tandem.formats.netpkt import ACK, FIN, PSH, RST, SYN
 from tandem.semantic import compare, connections, equivalence
 from tandem.semantic import feed as feedproto
 from tandem.semantic.driver import AnalysisDriver
-from tandem.semantic.inputs import RecordedInputs, from_events
+from tandem.semantic.inputs import RecordedInputs
 from tandem.semantic.live_compare import LiveCompare
 from tandem.semantic.model import DEP_TIMEOUT_NS, AnalysisRun
 from tandem.semantic.peer import Peer
 
 from scripted_feed import Clock, ScriptedFeed, ScriptedVM, wait
+from scripted_tcp import BACKEND, GMAC, GUEST_IP, HOST_IP, M32, MS, SMAC, Conn, GuestEnd, Native, at, seg, to_port
 
-GMAC, SMAC = bytes.fromhex("525400123456"), netpkt.GATEWAY_MAC
-GUEST_IP, HOST_IP = bytes([10, 0, 2, 15]), bytes([10, 0, 2, 2])
-BACKEND, WEB = (HOST_IP, 8081), 80
-MS = 1_000_000
-M32 = 0xFFFFFFFF
+WEB = 80
 REQ_A = b"GET /a HTTP/1.0\r\nHost: backend\r\n\r\n"
 REQ_B = b"GET /b HTTP/1.0\r\nHost: backend\r\n\r\n"
 REPLY_A, REPLY_B = b"HTTP/1.0 200 OK\r\n\r\nfrom a\n", b"HTTP/1.0 200 OK\r\n\r\nfrom b\n"
-
-
-class Native:
-    """The native's device log, one segment at a time."""
-
-    def __init__(self) -> None:
-        self.events: list[pcapng.Event] = []
-
-    def frame(self, direction: str, ns: int, data: bytes) -> None:
-        self.events.append(pcapng.Event(len(self.events), 0, "net0", "net", direction, ns, ns, data, 0))
-
-    def conn(self, guest_port: int, remote: tuple[bytes, int] = BACKEND, g_isn: int = 5000,
-             r_isn: int = 9000) -> Conn:
-        return Conn(self, guest_port, remote, g_isn, r_isn)
-
-    def recording(self, end_ns: int) -> RecordedInputs:
-        return from_events(self.events, end_ns=end_ns)
-
-
-class Conn:
-    """One recorded connection; each side's sequence number advances with what it sends."""
-
-    def __init__(self, log: Native, guest_port: int, remote: tuple[bytes, int], g_isn: int, r_isn: int):
-        self.log, self.guest_port, self.remote = log, guest_port, remote
-        self.next = {"out": g_isn, "in": r_isn}
-
-    def seg(self, direction: str, ns: int, flags: int, payload: bytes = b"") -> Conn:
-        seq = self.next[direction]
-        self.next[direction] = (seq + len(payload) + (1 if flags & (SYN | FIN) else 0)) & M32
-        ack = self.next["in" if direction == "out" else "out"] if flags & ACK else 0
-        g, r = (GUEST_IP, self.guest_port), self.remote
-        (smac, src), (dmac, dst) = ((GMAC, g), (SMAC, r)) if direction == "out" else ((SMAC, r), (GMAC, g))
-        self.log.frame(direction, ns, netpkt.tcp(smac, dmac, src[0], dst[0], src[1], dst[1], seq, ack, flags,
-                                                 64240, payload, mss=1460 if flags & SYN else None))
-        return self
-
-    def guest_opens(self, ns: int) -> Conn:
-        return self.seg("out", ns, SYN).seg("in", ns + 1, SYN | ACK).seg("out", ns + 2, ACK)
-
-    def remote_opens(self, ns: int) -> Conn:
-        return self.seg("in", ns, SYN).seg("out", ns + 1, SYN | ACK).seg("in", ns + 2, ACK)
-
-
-class GuestEnd:
-    """The analysis guest's end of a connection: its own port and initial sequence number.
-    Its segments acknowledge everything the replayer has sent it so far (read off the feed)."""
-
-    def __init__(self, port: int, remote: tuple[bytes, int] = BACKEND, isn: int = 0x7777_0000):
-        self.port, self.remote, self.seq = port, remote, isn
-
-    def segment(self, feed: ScriptedFeed, ns: int, flags: int, payload: bytes = b"") -> feedproto.Message:
-        frame = netpkt.tcp(GMAC, SMAC, GUEST_IP, self.remote[0], self.port, self.remote[1], self.seq,
-                           self.acked(feed) if flags & ACK else 0, flags, 64240, payload,
-                           mss=1460 if flags & SYN else None)
-        self.seq = (self.seq + len(payload) + (1 if flags & (SYN | FIN) else 0)) & M32
-        return out(ns, frame)
-
-    def acked(self, feed: ScriptedFeed) -> int:
-        ends = [(f.seq + len(f.payload) + (1 if f.flags & (SYN | FIN) else 0)) & M32 for f in to_port(feed, self.port)]
-        return max(ends, default=0)
-
-
-def out(ns: int, frame: bytes) -> feedproto.Message:
-    return feedproto.Message(feedproto.OUTPUT, feedproto.NET, ns, frame)
-
-
-def to_port(feed: ScriptedFeed, port: int) -> list[netpkt.Frame]:
-    """The TCP segments the replayer sent to this guest port, in order."""
-    frames = [netpkt.parse(d) for ch, _, d in feed.inputs if ch == feedproto.NET]
-    return [f for f in frames if f is not None and f.proto == netpkt.PROTO_TCP and f.dport == port]
 
 
 def payload_times(feed: ScriptedFeed, port: int) -> list[tuple[int, bytes]]:
@@ -111,19 +37,6 @@ def payload_times(feed: ScriptedFeed, port: int) -> list[tuple[int, bytes]]:
         if f is not None and f.proto == netpkt.PROTO_TCP and f.dport == port and f.payload:
             sent.setdefault(f.seq, (ns, f.payload))
     return list(sent.values())
-
-
-Step = Callable[[ScriptedFeed], list[feedproto.Message]]
-
-
-def at(ns: int, *sends: Callable[[ScriptedFeed], feedproto.Message]) -> Step:
-    """A step: the guest sends these (each made when the step runs, from what it got so
-    far), then the VM stops at ns."""
-    return lambda feed: [s(feed) for s in sends] + [wait(ns)]
-
-
-def seg(end: GuestEnd, ns: int, flags: int, payload: bytes = b"") -> Callable[[ScriptedFeed], feedproto.Message]:
-    return lambda feed: end.segment(feed, ns, flags, payload)
 
 
 def to_end(feed: ScriptedFeed) -> list[feedproto.Message]:

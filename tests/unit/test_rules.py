@@ -1,7 +1,7 @@
 """Release rules (semantic/rules.py, qemu-patches/0023): a client's next request, which
 waits only for the guest's reply, goes to QEMU ahead with the sequence numbers the
 guest's output must reach; QEMU fires it and says FIRED. Scripted as
-test_guest_connections.py scripts a guest: here the recorded client opens a connection to
+test_guest_connections.py scripts a guest (scripted_tcp.py): here the recorded client opens a connection to
 the guest's port 7000 and sends three requests, each after the guest's reply to the one
 before. Real QEMU fires them in tests/test_semantic.py."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tandem.semantic.model import DEP_TIMEOUT_NS, AnalysisRun
 from tandem.semantic.peer import PEER_MSS, Peer
 
 from scripted_feed import Clock, ScriptedFeed, ScriptedVM, wait
-from test_guest_connections import GUEST_IP, HOST_IP, MS, GuestEnd, Native, at, seg, to_port
+from scripted_tcp import GUEST_IP, HOST_IP, MS, GuestEnd, Native, at, seg, to_port
 
 CLIENT = (HOST_IP, 40000)
 REQS = [b"SET a 1\r\n", b"GET a\r\n", b"GET b\r\n"]

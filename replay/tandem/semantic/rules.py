@@ -47,7 +47,6 @@ class Rules:
     def __init__(self) -> None:
         self.queue: deque[Rule] = deque()
         self.dropping = False       # UNRULE sent: QEMU drops what did not fire by the next stop
-        self.fired = 0
 
     def __len__(self) -> int:
         return len(self.queue)
