@@ -453,7 +453,7 @@ class AnalysisDriver:
     def on_fired(self, now: int, acks: bytes) -> None:
         """QEMU delivered the oldest rule's segment at VM time `now`."""
         if not self.rules:
-            raise TandemError(f"feed {getattr(self.feed, 'path', '')}: QEMU fired a release rule none was installed for")
+            raise TandemError("feed: QEMU fired a release rule none was installed for")
         r = self.rules.queue.popleft()
         inp = self.todo[self.nxt]
         if inp is not r.inp:

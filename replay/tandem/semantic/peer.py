@@ -331,9 +331,7 @@ class Peer:
         if fl.state != "established" or fl.unsent() or not data or len(data) > min(fl.guest_mss, PEER_MSS) \
                 or off + len(data) > fl.snd_una + fl.guest_window:
             return None
-        self.ident += 1
-        return netpkt.tcp(fl.client_mac, fl.guest_mac, fl.client[0], fl.server[0], fl.client[1], fl.server[1],
-                          fl.seq(off), fl.rcv_nxt, ACK | PSH, PEER_WINDOW, data, ident=self.ident)
+        return self._frame(fl, off, ACK | PSH, data)
 
     def sent_by_rule(self, fl: PeerFlow, data: bytes, ack: int, now: int) -> None:
         """QEMU sent a rule's segment (prebuilt) at VM time `now`, acknowledging `ack`."""
@@ -341,8 +339,7 @@ class Peer:
         fl.snd_nxt += len(data)
         fl.last_send_ns = now
         if ack == fl.rcv_nxt:
-            fl.ack_owed_ns, fl.unacked = None, 0
-            self.owing.pop(id(fl), None)
+            self._acked(fl)
 
     # -- sending ----------------------------------------------------------------
     def _transmit(self, fl: PeerFlow, now: int) -> list[bytes]:
@@ -422,11 +419,19 @@ class Peer:
         return min(t) if t else None
 
     def _seg(self, fl: PeerFlow, off: int, flags: int, data: bytes = b"", mss=None) -> bytes:
-        self.ident += 1
-        ack = fl.rcv_nxt if flags & ACK else 0
+        """A segment sent now: an ACK in it settles what the guest is owed."""
         if flags & ACK:
-            fl.ack_owed_ns, fl.unacked = None, 0
-            self.owing.pop(id(fl), None)
+            self._acked(fl)
+        return self._frame(fl, off, flags, data, mss)
+
+    def _frame(self, fl: PeerFlow, off: int, flags: int, data: bytes = b"", mss=None) -> bytes:
+        """The segment at offset `off` of our stream, acknowledging all the guest has sent."""
+        self.ident += 1
         return netpkt.tcp(fl.client_mac, fl.guest_mac, fl.client[0], fl.server[0],
-                          fl.client[1], fl.server[1], fl.seq(off), ack, flags,
+                          fl.client[1], fl.server[1], fl.seq(off), fl.rcv_nxt if flags & ACK else 0, flags,
                           PEER_WINDOW, data, mss=mss, ident=self.ident)
+
+    def _acked(self, fl: PeerFlow) -> None:
+        """Everything the guest sent is acknowledged: no delayed ACK is owed."""
+        fl.ack_owed_ns, fl.unacked = None, 0
+        self.owing.pop(id(fl), None)
