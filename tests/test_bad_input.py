@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from helpers import assert_one_line_error, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,6 +32,24 @@ def test_not_a_bundle(tmp_path):
 def test_unparseable_manifest(bundle_copy):
     (bundle_copy / bundle.MANIFEST).write_text("{not json")
     assert_one_line_error(run_cli("replay", str(bundle_copy)), "manifest.json", "not valid JSON")
+
+
+@pytest.mark.parametrize("field", ["inputs.kernel.path", "files", "stop.reason"])
+def test_a_string_that_cannot_be_encoded_is_one_line_from_inspect_and_replay(bundle_copy, field):
+    """A lone surrogate escape, which JSON decodes and nothing can write back: a file name
+    (a key of files), an input path, text passed on (the unit tests cover every field)."""
+    def put(m):
+        if field == "files":
+            m["files"]["devices\ud800"] = m["files"].pop(bundle.DEVLOG)
+        elif field == "inputs.kernel.path":
+            m["inputs"]["kernel"]["path"] += "\udfff"
+        else:
+            m["stop"]["reason"] = "\ud800"
+    edit_manifest(bundle_copy, put)
+    for command in ("inspect", "replay"):
+        r = run_cli(command, str(bundle_copy))
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        assert field in r.stdout + r.stderr and "lone surrogate" in r.stdout + r.stderr
 
 
 def test_truncated_stream(bundle_copy):

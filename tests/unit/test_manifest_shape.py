@@ -192,3 +192,51 @@ def test_manifest_text_with_control_characters_stays_one_line_and_off_the_termin
         m["files"]["a\nb"] = m["files"][bundle.STREAM]
         bundle.write_manifest(d, m)
         bundle.load_manifest(d)
+
+
+# Text JSON's decoder accepts that no file name, path or message can carry: a lone
+# surrogate escape (\ud800-\udfff), found by fuzzing the manifest loader.
+surrogate_text = st.builds(lambda a, s, b: a + s + b, st.text(max_size=4),
+                           st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), st.text(max_size=4))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), as_key=st.booleans(), text=surrogate_text)
+def test_a_string_that_cannot_be_encoded_anywhere_is_one_error_naming_its_field(tmp_path, data, as_key, text):
+    """Any string of a well-formed manifest (file names, input paths, the machine's text,
+    the stop reason...), key or value, replaced by one with a lone surrogate: the loader
+    refuses it in one line naming where it is, and inspect lists that and goes on."""
+    d = tmp_path / "run.tdm"
+    if not d.exists():
+        make_bundle(tmp_path)
+        (tmp_path / "manifest.orig").write_text((d / "manifest.json").read_text())
+    m = json.loads((tmp_path / "manifest.orig").read_text())
+    m["machine"].update(cmdline="console=ttyS0", rtc_base="2026-11-25T09:30:00")
+    places = []        # (table, key) of every string key and value
+    todo = [m]
+    while todo:
+        t = todo.pop()
+        for k, v in t.items():
+            places.append((t, k))
+            if isinstance(v, dict):
+                todo.append(v)
+    table, key = data.draw(st.sampled_from(places))
+    if as_key or not isinstance(table[key], str):
+        table[text] = table.pop(key)
+    else:
+        table[key] = text
+    (d / "manifest.json").write_text(json.dumps(m))      # ensure_ascii: written as \\udXXX
+    with pytest.raises(BundleError) as e:
+        bundle.check_bundle(d, partial=True)
+    message = str(e.value)
+    assert "\n" not in message and "lone surrogate" in message, message
+    message.encode("utf-8")
+    assert message in inspect(d)["integrity"]["problems"]
+
+
+def test_an_unencodable_input_path_names_its_field(tmp_path):
+    d, m = make_bundle(tmp_path)
+    m["inputs"]["kernel"]["path"] = "/tmp/\ud800"
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match=r"manifest.json: inputs.kernel.path: '/tmp/\\ud800' is not text"):
+        bundle.load_manifest(d)

@@ -279,6 +279,8 @@ def load_manifest(bundle_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise BundleError(f"{mf}: not valid JSON ({str(e).split(';')[0]})") from None
     if not isinstance(manifest, dict):
         raise BundleError(f"{mf}: not a JSON object")
+    if problem := unencodable(manifest):
+        raise BundleError(f"{mf}: {problem}")
     if manifest.get("schema") != SCHEMA:
         raise BundleError(f"{mf}: schema {_shown(manifest.get('schema'))}, this tandem reads schema {SCHEMA}")
     problem = manifest_problem(manifest)
@@ -299,6 +301,36 @@ _NS_MAX = 1 << 63           # nanoseconds and sizes: what QEMU's int64 options h
 NAME_MAX = 255              # a file name in the bundle (one path component)
 _DISK_FORMATS = ("raw", "qcow2")
 _MAX_DEVICES = 16
+
+
+def unencodable(value: Any, where: str = "") -> str | None:
+    """A string of a decoded JSON document (a key or a value, at any depth) that cannot
+    be written back as UTF-8, said with the field that holds it; None if every string
+    can. JSON's decoder accepts a lone surrogate escape ("\\ud800") that no file
+    name, path, message or file written back can carry: every later use would raise
+    UnicodeEncodeError, so a document is refused whole when it is read."""
+    todo: list[tuple[str, Any]] = [(where, value)]
+    while todo:                  # a stack, not recursion: the decoder allows ~1,000 levels
+        at, v = todo.pop()
+        if isinstance(v, dict):
+            for key, item in v.items():
+                name = key if _encodable(key) and key.isprintable() else _shown(key)
+                if not _encodable(key):
+                    return f"{at + '.' if at else ''}{name}: the key is not text (a lone surrogate escape)"
+                todo.append((f"{at}.{name}" if at else name, item))
+        elif isinstance(v, list):
+            todo.extend((f"{at}[{i}]", item) for i, item in enumerate(v))
+        elif isinstance(v, str) and not _encodable(v):
+            return f"{at or 'the document'}: {_shown(v)} is not text (a lone surrogate escape)"
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def input_kind_ok(kind: Any) -> bool:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TandemError
+from ..formats.bundle import unencodable
 
 BASE = "native"             # the null analysis: the native kernel, replayed as the analyses are
 
@@ -38,6 +39,8 @@ def slowdowns_from(workdir: Path, manifest: dict, analysis: str | None) -> list[
         raise TandemError(f"{path}: not found (run tandem replay BUNDLE --analysis NAME --workdir DIR)") from None
     except json.JSONDecodeError as e:
         raise TandemError(f"{path}: unreadable ({e})") from None
+    if problem := (unencodable(summary) if isinstance(summary, dict) else "not a JSON object"):
+        raise TandemError(f"{path}: {problem}")
     runs = summary.get("analyses", [])
     live_cpu = (summary.get("live") or {}).get("native_cpu_s")
     if live_cpu:
