@@ -16,6 +16,9 @@
  *   other      -> "ERR unknown command"
  * It also reports children it reaps: "tandem-agent: child PID exited status N" /
  * "... killed by signal N".
+ * SIGUSR2 (busybox's poweroff asking init; /init's acpid runs it when the ACPI power
+ * button is pressed: virsh shutdown, tandem record's first Ctrl-C) powers off as the
+ * poweroff command does, after "tandem-agent: power button".
  * Portable POSIX C (Linux, FreeBSD).
  */
 #define _DEFAULT_SOURCE
@@ -238,6 +241,14 @@ static void cmd_run(const char *cmd)
         out("tandem-agent: run killed by signal %d", WTERMSIG(st));
 }
 
+static volatile sig_atomic_t poweroff_asked;
+
+static void on_poweroff_signal(int sig)
+{
+    (void)sig;
+    poweroff_asked = 1;
+}
+
 static void handle(char *line)
 {
     size_t n = strlen(line);
@@ -265,6 +276,12 @@ int main(int argc, char **argv)
     const char *dev = argc > 1 ? argv[1] : "/dev/ttyS0";
     signal(SIGPIPE, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
+    /* No SA_RESTART: the poll below returns at once with EINTR. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_poweroff_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR2, &sa, NULL);
     open_tty(dev);
     wait_ready();
 
@@ -274,6 +291,10 @@ int main(int argc, char **argv)
         struct pollfd p = {tty, POLLIN, 0};
         int r = poll(&p, 1, 1000);
         reap();
+        if (poweroff_asked) {
+            out("tandem-agent: power button");
+            cmd_poweroff();
+        }
         if (r <= 0)
             continue;
         ssize_t got = read(tty, buf + len, sizeof buf - 1 - len);

@@ -177,6 +177,16 @@ def demo_analyses() -> list[str]:
     return [a.name for a in ALL if a.demo and a.name != "native"]
 
 
+def build_targets(names: list[str]) -> list[str]:
+    """The build targets these analyses run on (QEMU, the demo guest's image, and each
+    catalogue kernel with its modules; a kernel the user brought needs no build)."""
+    out = ["qemu", "guest"]
+    for a in map(get, names):
+        if a.kernel.image is None:
+            out += [t for t in (f"kernel-{a.flavor}", f"modules-{a.flavor}") if t not in out]
+    return out
+
+
 def demo_build_targets() -> list[str]:
     """The build targets the demo's analyses need beyond recording (their kernels)."""
     flavors = dict.fromkeys(get(name).flavor for name in demo_analyses())

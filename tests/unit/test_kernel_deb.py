@@ -15,7 +15,7 @@ import pytest
 
 from tandem import artifacts
 from tandem.errors import TandemError
-from tandem.setup import doctor
+from tandem.setup import state
 
 ROOT = Path(__file__).resolve().parents[2]
 DEB_SCRIPT = ROOT / "scripts/build-kernel-deb.sh"
@@ -168,7 +168,7 @@ def test_doctor_computes_refvm_tandem_key_from_the_build_dir(tmp_path, monkeypat
     (build / "modules-native.json").write_text(m.read_text())
     monkeypatch.setenv("TANDEM_BUILD_DIR", str(build))
     monkeypatch.setenv("TANDEM_CACHE", str(tmp_path / "cache"))
-    assert doctor._current_key("refvm-tandem") == refvm_key(tmp_path, "--tandem-kernel", str(k), str(m))
+    assert state.current_key("refvm-tandem") == refvm_key(tmp_path, "--tandem-kernel", str(k), str(m))
 
 
 def test_refvm_tandem_json_shape(tmp_path, monkeypatch):
@@ -189,4 +189,4 @@ def test_refvm_tandem_json_shape(tmp_path, monkeypatch):
     (tmp_path / "refvm-tandem.json").write_text(json.dumps(refvm))      # a refvm.json is not one
     with pytest.raises(TandemError, match="no deb, kernel_key, modules_key, udp_port"):
         artifacts.refvm_tandem()
-    assert "deb" in doctor.ARTIFACTS       # doctor checks the package is still in the cache
+    assert "deb" in state.ARTIFACTS       # doctor checks the package is still in the cache

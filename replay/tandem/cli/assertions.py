@@ -1,7 +1,7 @@
 """`tandem assert`: temporal kernel assertions checked on an exact replay."""
 from __future__ import annotations
 
-from .common import progress
+from .common import build_for, progress
 from .render import console
 
 
@@ -19,6 +19,7 @@ def add_parsers(sub) -> None:
 
 def cmd_assert(args) -> int:
     from ..assertions.check import check, render
+    build_for(["qemu", "plugin-calls", "kernel-native", "modules-native"], "checking assertions")
     with console.status("replaying with the assertion plugin") as status:
         res = check(args.bundle, args.assertions, select=args.select,
                     progress=progress("replaying with assertions", status))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from .. import catalog
 from ..errors import TandemError
-from .common import add_cpu_idle_option, add_users_analysis_options, analysis_names, parse_duration, users_analyses
+from .common import (add_cpu_idle_option, add_stop_option, add_users_analysis_options, analysis_names, build_for_analyses,
+                     parse_duration, users_analyses)
 from .guest_options import parse_forward
 from .render import console, print_live_finding, print_summary
 from .shadow import watch
@@ -41,6 +42,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--no-drain", action="store_true",
                    help="do not analyse again offline, from the native's recording, a shadow stopped for lag")
     add_cpu_idle_option(r)
+    add_stop_option(r)
     r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
                    help="CPU priority of the shadows: idle (SCHED_IDLE, default: they take only CPU time the "
                         "native leaves) or normal")
@@ -79,6 +81,7 @@ def cmd_attach(args) -> int:
                        ("--overlay", args.overlay)):
         if given:
             raise TandemError(f"{opt}: not with --no-follow (its shadows boot tandem's guest setup)")
+    build_for_analyses(analysis_names(args.analysis), noise=False)
     conn = daemon.connect(args.uri)
     made = shadows.attach(conn, args.domain, analysis_names(args.analysis), state_dir=args.state_dir,
                           rtc_base=args.rtc_base, start=not args.no_start)
@@ -105,9 +108,11 @@ def _attach_live(args) -> int:
         raise TandemError("no analysis given (--analysis, --analysis-kernel or --overlay)")
     if args.forward and args.port is not None:
         raise TandemError("--port is tandem's guest's service; forward your VM's ports with --forward")
+    build_for_analyses(names, noise=False)
     sh = follow(args.uri, args.domain, names, bundle=args.bundle,
                 options=ShadowOptions(port=args.port, duration_ns=args.duration or 0, drain=not args.no_drain,
-                                      idle_analyses=args.analysis_priority == "idle", cpu_idle=args.cpu_idle),
+                                      idle_analyses=args.analysis_priority == "idle", cpu_idle=args.cpu_idle,
+                                      stop=args.stop, shutdown_timeout_s=args.shutdown_timeout),
                 forwards=tuple(args.forward) if args.forward else None, root=args.root,
                 users_options=bool(args.analysis_kernel or args.overlay),
                 workdir=Path(args.workdir) if args.workdir else None, on_finding=print_live_finding)

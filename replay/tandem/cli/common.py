@@ -36,6 +36,18 @@ def analysis_names(items: list[str] | None) -> list[str]:
     return [a for item in items or [] for a in item.split(",") if a]
 
 
+def add_stop_option(p: argparse.ArgumentParser) -> None:
+    """--stop: what Ctrl-C (or SIGTERM) does to the recorded VM, in libvirt's terms."""
+    p.add_argument("--stop", choices=["powerdown", "quit"], default="powerdown",
+                   help="powerdown (default): the first Ctrl-C or SIGTERM presses the guest's ACPI power button "
+                        "and waits --shutdown-timeout for it to power off (as virsh shutdown; stop reason "
+                        "'poweroff'), a second quits at once (as virsh destroy; 'interrupt'); quit: the first "
+                        "quits at once")
+    p.add_argument("--shutdown-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="with --stop powerdown: wall seconds to wait for the guest to power off after its power "
+                        "button before quitting it (default 60, as libvirt-guests' SHUTDOWN_TIMEOUT is a bound)")
+
+
 def add_cpu_idle_option(p: argparse.ArgumentParser) -> None:
     """--cpu-idle: the analyses' lockstep with tandem may wait for the host's CPUs to wake."""
     p.add_argument("--cpu-idle", action="store_true",
@@ -64,3 +76,25 @@ def users_analyses(args: argparse.Namespace) -> list[str]:
     names += [bring_kernel(spec) for spec in args.analysis_kernel]
     names += [swap_files(spec) for spec in args.overlay]
     return list(dict.fromkeys(names))
+
+
+def build_for(targets: list[str], why: str, parser: bool = False) -> None:
+    """Build what of targets is missing before the command runs, saying what for and about
+    how long (tandem.setup.build.ensure): each command builds what it needs, no more."""
+    from ..setup.build import ensure
+    ensure(targets, why, command=f"tandem ({why})", parser=parser)
+
+
+def build_for_analyses(names: list[str], noise: bool = True) -> None:
+    """What these analyses run on (and the native kernel, the noise run, unless noise is off)."""
+    from .. import catalog
+    build_for(catalog.build_targets([*names, *(["native"] if noise else [])]), "--analysis " + ",".join(names),
+              parser=True)
+
+
+def record_targets(args: argparse.Namespace) -> list[str]:
+    """What booting the guest of `record`'s options needs: QEMU for a user's VM; QEMU,
+    the demo guest's image and its kernel flavor for the demo guest."""
+    if args.disk:
+        return ["qemu"]
+    return ["qemu", "guest", f"kernel-{args.kernel}", f"modules-{args.kernel}"]

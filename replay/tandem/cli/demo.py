@@ -51,7 +51,9 @@ def run_demo(console, workdir: Path | None = None) -> int:
     if path.exists():
         shutil.rmtree(path)
     from ..setup import build
-    build.build(["record"], command="tandem demo")   # QEMU, the native kernel, the guest
+    # QEMU, the native kernel, the guest; the console parser compiles with the analyses'
+    # kernels in the background (the .py parser runs meanwhile): a minute off the start.
+    build.build(["record"], command="tandem demo", compile_parser=False)
     # The analyses' kernels build while the native is recorded and replayed (measured
     # cold: docs/benchmarks.md, "cold setup"); a no-op when they are cached.
     analyses_build = build.Background(catalog.demo_build_targets())

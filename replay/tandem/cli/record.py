@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 
-from .common import parse_duration, progress
+from .common import add_stop_option, build_for, parse_duration, progress, record_targets
 from .guest_options import add_guest_options, guest_from_args
 from .render import console
 
@@ -30,6 +30,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--port", type=int, help="demo guest: the host port forwarded to its service "
                                             "(port 7000; default a free port)")
     add_guest_options(r)
+    add_stop_option(r)
     r.add_argument("--assertions", metavar="FILE",
                    help="declare an assertion pack for later `tandem assert` (checked, hashed into "
                         "the manifest; the recording itself is unchanged)")
@@ -39,6 +40,7 @@ def add_parsers(sub) -> None:
 def cmd_record(args) -> int:
     from ..qemu.vm import free_port
     from ..record.recording import Recording
+    build_for(record_targets(args), "recording")
     guest = guest_from_args(args)
     declared = None
     if args.assertions:     # checked now, so a broken pack is found before the recording
@@ -48,21 +50,16 @@ def cmd_record(args) -> int:
     if not args.disk and port is None:    # the demo guest's service is always forwarded
         port = free_port()
     rec = Recording(args.bundle, guest, duration_ns=args.duration or 0, port=port, forwards=tuple(args.forward),
-                    assertions=declared)
+                    assertions=declared, stop=args.stop, powerdown_wait_s=args.shutdown_timeout)
     rec.start()
     console.print(f"recording {args.bundle}: {_what(rec, guest)}; stop with "
                   f"{'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C", markup=False)
-    interrupted = False
-
-    def on_sigint(*_):
-        nonlocal interrupted
-        interrupted = True
-        rec.request_stop()
-    signal.signal(signal.SIGINT, on_sigint)
-    signal.signal(signal.SIGTERM, on_sigint)
+    signal.signal(signal.SIGINT, lambda *_: rec.request_stop())
+    signal.signal(signal.SIGTERM, lambda *_: rec.request_stop())
     watcher = rec.watch_forwards(lambda line: console.print(f"tandem: warning: {line}", markup=False))
     with console.status("booting") as status:
-        rec.wait(progress=progress("recording", status))
+        rec.wait(progress=progress("recording", status),
+                 say=lambda line: console.print(f"tandem: {line}", markup=False))
     m = rec.finish()
     if watcher is not None:
         watcher.join(FORWARD_WATCH_JOIN_S)      # what it reads of the log's end is said before the summary

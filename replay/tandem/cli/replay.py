@@ -6,7 +6,8 @@ from pathlib import Path
 
 from .. import catalog
 from ..errors import TandemError
-from .common import add_cpu_idle_option, add_users_analysis_options, progress, users_analyses
+from .common import (add_cpu_idle_option, add_users_analysis_options, build_for, build_for_analyses, progress,
+                     users_analyses)
 from .render import console, print_summary
 
 
@@ -40,6 +41,7 @@ def cmd_replay(args) -> int:
     from ..exact.replay import replay
     if args.analysis or args.analysis_kernel or args.overlay:
         return cmd_analyze(args)
+    build_for(["qemu"], "an exact replay")
     with console.status("replaying") as status:
         v = replay(args.bundle, follow=args.follow, partial=args.partial,
                    progress=progress("replaying", status))
@@ -55,6 +57,7 @@ def cmd_analyze(args) -> int:
     if args.follow or args.partial:
         raise TandemError("--follow and --partial are for exact replay; not with --analysis")
     names = users_analyses(args)
+    build_for_analyses(names, noise=not args.no_noise)
     state: dict[str, str] = {}
     with console.status("replaying into analysis VMs") as status:
         def progress(name, run, done, total):

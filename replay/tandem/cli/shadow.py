@@ -6,7 +6,8 @@ import time
 from pathlib import Path
 
 from .. import catalog
-from .common import add_cpu_idle_option, add_users_analysis_options, parse_duration, users_analyses
+from .common import (add_cpu_idle_option, add_stop_option, add_users_analysis_options, build_for, build_for_analyses,
+                     parse_duration, record_targets, users_analyses)
 from .guest_options import add_guest_options, guest_from_args
 from .render import console, print_live_finding, print_summary
 
@@ -46,6 +47,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--spec", help="equivalence spec (TOML, docs/equivalence.md) for comparing outputs and "
                    "for --release agreed (default: the demo service's, agent/kvd.equiv.toml)")
     add_cpu_idle_option(r)
+    add_stop_option(r)
     r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
                    help="CPU priority of the analysis VMs: idle (SCHED_IDLE, default: they take only "
                         "CPU time the native leaves) or normal")
@@ -88,8 +90,8 @@ def watch(sh):
     signal.signal(signal.SIGTERM, lambda *_: sh.native.request_stop())
     with Live(_shadow_table(sh.status()), console=console, refresh_per_second=4) as live:
         while sh.native.vm.proc.poll() is None:
-            if sh.native.stop_asked and sh.native.stop_reason is None:
-                sh.stop_native()        # here, not in the handler: QMP is not reentrant
+            # here, not in the handler: QMP is not reentrant
+            sh.native.act_on_stop_requests(lambda line: live.console.print(f"tandem: {line}", markup=False))
             sh.sample()
             sh.native.vm.poll_events()
             live.update(_shadow_table(sh.status()))
@@ -117,6 +119,8 @@ def cmd_shadow(args) -> int:
         raise TandemError("--forward, --root, --analysis-kernel and --overlay go with --disk (your own VM)")
     if users and args.port is not None:
         raise TandemError("--port is the demo guest's service; forward your VM's ports with --forward")
+    build_for(record_targets(args), "recording")
+    build_for_analyses(names, noise=False)
     sh = ShadowRun(args.bundle, names, options_from(args), libvirt=domains, on_finding=print_live_finding,
                    workdir=Path(args.workdir) if args.workdir else None,
                    guest=guest_from_args(args) if users or not domains else None,
@@ -145,4 +149,4 @@ def options_from(args):
         release=args.release, agree_timeout_ns=args.agree_timeout, record_analyses=not args.no_record,
         spec_path=args.spec, idle_analyses=args.analysis_priority == "idle",
         analysis_cpus=args.analysis_cpus, metrics_port=args.metrics_port, drain=not args.no_drain,
-        cpu_idle=args.cpu_idle)
+        cpu_idle=args.cpu_idle, stop=args.stop, shutdown_timeout_s=args.shutdown_timeout)

@@ -94,6 +94,8 @@ class ShadowOptions:
     hang_wall_s: float = model.HANG_WALL_S
     drain: bool = True                      # an analysis stopped for lag is analysed again offline
     cpu_idle: bool = False                  # the host's CPUs may idle (qemu/wake_latency.py)
+    stop: str = "powerdown"                 # what Ctrl-C does to the native (record.STOP_POLICIES)
+    shutdown_timeout_s: float = 60.0        # ... and how long its power button is waited on
 
     def __post_init__(self) -> None:
         for name, enum in (("release", Release), ("overflow", Overflow)):
@@ -149,7 +151,8 @@ class ShadowRun:
                                 gate_outputs=release == Release.AGREED,
                                 # QEMU's bound on held frames: the same policy as the buffers'
                                 gate_overflow=overflow,
-                                launcher=libvirt.native_launcher() if libvirt else None)
+                                launcher=libvirt.native_launcher() if libvirt else None, stop=o.stop,
+                                powerdown_wait_s=o.shutdown_timeout_s)
         self.rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(self.path))
         per = o.buffer_events_of or {}
         buffers = {a: model.Buffer(per.get(a, o.buffer_events), o.buffer_bytes, overflow, o.block_budget_s)
@@ -323,9 +326,6 @@ class ShadowRun:
         return 0.0
 
     # --- the end ---
-
-    def stop_native(self) -> None:
-        self.native.stop()
 
     def finish(self, timeout: float = 600.0, noise: bool = False) -> Summary:
         """After the native has stopped: seal its bundle, let the analyses run out, report."""

@@ -67,6 +67,7 @@ class Serial:
         self.buf = bytearray()
         self.cond = threading.Condition()
         self.closed = False
+        self.listeners: list[Callable[[bytes], None]] = []     # each gets the output as it comes
         threading.Thread(target=self._reader, daemon=True).start()
 
     def _reader(self):
@@ -81,8 +82,11 @@ class Serial:
                 else:
                     self.buf += data
                 self.cond.notify_all()
+                listeners = list(self.listeners)
             if not data:
                 return
+            for listener in listeners:
+                listener(data)
 
     def wait_for(self, text: bytes, timeout: float, start: int = 0) -> int:
         """Wait until text appears in the console output after `start`; return its end."""
@@ -101,6 +105,20 @@ class Serial:
 
     def type(self, line: str) -> None:
         self.sock.sendall(line.encode() + b"\n")
+
+    def write(self, data: bytes) -> None:
+        """Bytes to the guest's serial port as they are (a user's keystrokes)."""
+        self.sock.sendall(data)
+
+    def add_listener(self, fn: Callable[[bytes], None]) -> None:
+        """fn(data) with each piece of output from now on, in the reader's thread."""
+        with self.cond:
+            self.listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[bytes], None]) -> None:
+        with self.cond:
+            if fn in self.listeners:
+                self.listeners.remove(fn)
 
     def output(self) -> bytes:
         with self.cond:

@@ -18,6 +18,7 @@ from .. import artifacts, private
 from ..errors import TandemError
 from ..formats import bundle, pcapng
 from . import forwards as forward_watch
+from .console import ConsoleServer
 from ..machine import RR, Forward, Gate, Guest, Run, UserNet, disk_input
 from ..qemu.argv import GUEST_PORT, overlay_path
 from ..qemu.vm import VM, Serial, free_port
@@ -115,20 +116,37 @@ def check_host_ports(forwards: tuple[Forward, ...]) -> None:
                                   f"({e.strerror}); choose another") from None
 
 
+# What a stop request (Ctrl-C, SIGTERM) does: press the power button first, or quit.
+STOP_POLICIES = ("powerdown", "quit")
+# Wall seconds the first Ctrl-C waits for a guest to power off after its power button:
+# Debian 12 (systemd) from its own disk takes 4-6 s under TCG here, the demo guest under
+# a second; a guest that ignores the button is quit after this.
+POWERDOWN_WAIT_S = 60.0
+
+
 class Recording:
     """One recording in progress. Use as a context manager, or start()/finish()."""
 
     def __init__(self, path: str | Path, guest: Guest | None = None, *,
                  duration_ns: int = 0, port: int | None = None, forwards: tuple[Forward, ...] | None = None,
                  gate_socket: Path | None = None, gate_outputs: bool = True, gate_overflow: str = "block",
-                 assertions: dict | None = None, launcher=None):
+                 assertions: dict | None = None, launcher=None, stop: str = "powerdown",
+                 powerdown_wait_s: float | None = None):
         """port: the demo guest's service forward (host port to its port 7000); without
         forwards, a free port is chosen for it. forwards: the host ports forwarded to the
         guest (`tandem record --forward`); given (even empty), no demo port is added unless
         port is given too. assertions: a declared assertion pack ({path, sha256, ...}) for
         the manifest; it changes nothing in the recorded run (the checking happens on
         replay). launcher: run the QEMU as a libvirt domain (virt.Launcher, see vm.VM);
-        what libvirt adds that the guest sees goes into the manifest's machine.libvirt."""
+        what libvirt adds that the guest sees goes into the manifest's machine.libvirt.
+        stop: what a stop request (Ctrl-C) does, as `virsh shutdown` and `virsh destroy`:
+        "powerdown" presses the power button and waits powerdown_wait_s for the guest to
+        power off, quitting on a second request or when the wait is over; "quit" quits at
+        once."""
+        if stop not in STOP_POLICIES:
+            raise TandemError(f"stop policy {stop!r}: not one of {', '.join(STOP_POLICIES)}")
+        if powerdown_wait_s is not None and not 0 < powerdown_wait_s < 1e6:
+            raise TandemError(f"--shutdown-timeout {powerdown_wait_s:g}: not a number of seconds above 0")
         self.launcher = launcher
         self.path = Path(path)
         self.assertions = assertions
@@ -139,8 +157,12 @@ class Recording:
         self.gate_socket, self.gate_outputs, self.gate_overflow = gate_socket, gate_outputs, gate_overflow
         self.vm: VM | None = None
         self.stop_reason: str | None = None
-        self.stop_asked = False         # request_stop(): from a signal handler, done by wait()
+        self.stop_policy = stop
+        self.powerdown_wait_s = POWERDOWN_WAIT_S if powerdown_wait_s is None else powerdown_wait_s
+        self.stop_requests = 0          # request_stop(): from a signal handler, acted on by wait()
+        self.button_at: float | None = None     # when a stop request pressed the power button
         self._tmp: str | None = None       # the sockets' directory, while recording
+        self.console: ConsoleServer | None = None   # the serial console served to users
 
     def started(self) -> VM:
         """The recording's VM, once start() has made it."""
@@ -174,6 +196,8 @@ class Recording:
             private.copy_file(vm.log_path, self.path / "qemu.log")
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        if vm.serial is not None:       # tandem console BUNDLE, while this runs
+            self.console = ConsoleServer(vm.serial, self.path)
         return self
 
     def all_forwards(self) -> tuple[Forward, ...]:
@@ -205,10 +229,31 @@ class Recording:
         self.started().quit()
 
     def request_stop(self) -> None:
-        """Ask for stop() from a signal handler: the loop that talks to QEMU (wait(), a
-        shadow's watch) does it. QMP is not reentrant: a quit sent from a handler that
-        interrupted a QMP command failed with "This event loop is already running"."""
-        self.stop_asked = True
+        """Ask to stop, from a signal handler: the loop that talks to QEMU (wait(), a
+        shadow's watch) acts on it in act_on_stop_requests(). QMP is not reentrant: a quit
+        sent from a handler that interrupted a QMP command failed with "This event loop
+        is already running"."""
+        self.stop_requests += 1
+
+    def act_on_stop_requests(self, say=lambda line: None) -> None:
+        """What the stop requests so far ask for, as libvirt has it: the first presses the
+        guest's power button (virsh shutdown) and waits for the guest to power off, which
+        is recorded (stop reason 'poweroff'); a second, or the wait running out, quits at
+        once (virsh destroy; stop reason 'interrupt'). With the policy "quit", the first
+        quits. say(line): one line for the user on each step."""
+        if not self.stop_requests or self.stop_reason is not None:
+            return
+        now = time.monotonic()
+        if self.stop_policy == "quit" or self.stop_requests > 1:
+            self.stop()
+        elif self.button_at is None:
+            self.button_at = now
+            self.powerdown()
+            say(f"pressed the guest's power button (as virsh shutdown): waiting up to "
+                f"{self.powerdown_wait_s:.0f} s for it to power off; Ctrl-C again quits at once (as virsh destroy)")
+        elif now - self.button_at >= self.powerdown_wait_s:
+            say(f"the guest did not power off within {self.powerdown_wait_s:.0f} s of its power button: quitting")
+            self.stop()
 
     def running(self) -> bool:
         """The recording's QEMU is still running."""
@@ -220,14 +265,14 @@ class Recording:
         recorded as the guest's own shutdown (stop reason 'poweroff')."""
         self.started().powerdown()
 
-    def wait(self, timeout: float | None = None, progress=None) -> None:
-        """Wait for the guest to stop by itself (poweroff or --duration)."""
+    def wait(self, timeout: float | None = None, progress=None, say=lambda line: None) -> None:
+        """Wait for the guest to stop by itself (poweroff or --duration), or as stop
+        requests ask (act_on_stop_requests, which says its steps through say)."""
         vm = self.started()
         proc = vm.process()
         deadline = None if timeout is None else time.monotonic() + timeout
         while proc.poll() is None:
-            if self.stop_asked and self.stop_reason is None:
-                self.stop()
+            self.act_on_stop_requests(say)
             vm.poll_events()
             if progress:
                 progress(vm.vm_status())
@@ -248,6 +293,8 @@ class Recording:
             status = -9
         wall = time.monotonic() - self.t0
         vm.poll_events()
+        if self.console is not None:
+            self.console.close()
         vm.close()
         private.copy_file(vm.log_path, self.path / "qemu.log")
         if self._tmp is not None:

@@ -31,6 +31,7 @@ from ..artifacts import REPO, build_dir, cache_dir
 from ..catalog import FLAVORS
 from ..errors import TandemError
 from ..report import compiled as compiled_parser
+from . import state
 from .lock import SetupLock
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,7 @@ class Progress:
                 f"({100 * self.done // self.total}%, ~{_duration(left)} left)")
 
 
-def _duration(s: float) -> str:
-    return f"{int(s)} s" if s < 90 else f"{round(s / 60)} min"
+_duration = state.duration
 
 
 def progress_dir() -> Path:
@@ -127,14 +127,16 @@ def _show(line: str, tty: bool, last: list) -> None:
         last[:] = [line, now]
 
 
-def build(targets: list[str], command: str = "tandem") -> None:
+def build(targets: list[str], command: str = "tandem", compile_parser: bool = True) -> None:
     """Build these targets (groups expanded) under the setup lock; raise on failure."""
     targets = expand(targets)
     with SetupLock(f"building {', '.join(targets)}", command):
-        # The console parser compiled by mypyc (report/compiled.py), whatever the targets:
-        # every run that watches a console uses it. A no-op when built for these sources.
-        compiled_parser.build()
+        if compile_parser:
+            # The console parser compiled by mypyc (report/compiled.py): 1.3x faster on
+            # long consoles; the .py modules run until it is built. A no-op when built.
+            compiled_parser.build()
         _meson_setup()
+        log_offset = state.ninja_log_size()
         logfile = cache_dir() / "logs" / "build.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
         progress_dir().mkdir(parents=True, exist_ok=True)
@@ -161,6 +163,7 @@ def build(targets: list[str], command: str = "tandem") -> None:
             failed = [l.split("FAILED: ", 1)[1].strip() for l in tail if "FAILED: " in l]
             raise TandemError(f"build of {failed[0] if failed else ', '.join(targets)} failed "
                               f"(whole log: {logfile})")
+        state.record_times(targets, log_offset)
         log.info("built %s in %s", ", ".join(targets), _duration(time.monotonic() - t0))
 
 
@@ -200,6 +203,26 @@ class Background:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait()
+
+
+def ensure(targets: list[str], why: str, command: str = "tandem", parser: bool = False) -> None:
+    """Build what of these targets (groups expanded) is missing or stale before a command
+    uses them, saying first what for and about how long; nothing when all are up to date
+    (a check of their keys, under a second each). `why` says what asked for them
+    ("recording", "--analysis kasan"); `parser`: also compile the console parser (a
+    minute, once), for commands that read analyses' consoles."""
+    targets = expand(targets)
+    if parser:
+        compiled_parser.build()
+    todo = [t for t in targets if state.why_stale(t)]
+    if not todo:
+        return
+    from .doctor import preflight
+    for c in preflight()[:1]:
+        raise TandemError(f"{c.name}: {c.found}; fix: {c.fix}")
+    log.info("building %s for %s: %s, once (then cached in %s)", ", ".join(todo), why,
+             state.estimate_text(todo), cache_dir())
+    build(todo, command=command, compile_parser=False)
 
 
 def main(argv: list[str] | None = None) -> int:

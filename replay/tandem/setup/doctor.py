@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifacts import REPO, build_dir, cache_dir
-from ..catalog import FLAVORS
 from . import lock, programs
+from .state import KEYED, UNKEYED, current_key, gone
 
 # Measured (scripts/fresh-check.sh): a cold build fills the cache with 4.8 GiB (the
 # four kernel object trees 2.4, the kernel source 1.6, QEMU 0.5, the venv 0.3); 10 GiB
@@ -36,23 +36,6 @@ from . import lock, programs
 COLD_BUILD_BYTES = 10 << 30
 WARM_BYTES = 1 << 30
 KVM_BOOT_TIMEOUT = 20.0   # seconds; a KVM boot to the root-mount panic takes under 2
-# Build scripts that can print the key their sources give now (TANDEM_KEY_ONLY=1); BUILD/
-# is the build directory. refvm-tandem's key covers kernel-native's and modules-native's
-# keys as their JSONs say now: stale when either was rebuilt since (and they are checked
-# on their own lines).
-KEYED = {"qemu": ["build-qemu.sh", "OUT"], "guest": ["build-guest.sh", "OUT"], "refvm": ["build-refvm.sh", "OUT"],
-         "refvm-tandem": ["build-refvm.sh", "--tandem-kernel", "BUILD/kernel-native.json",
-                          "BUILD/modules-native.json", "OUT"],
-         "asan-redis": ["build-asan-redis.sh", "OUT"],
-         **{f"kernel-{f}": ["build-kernel.sh", f, "OUT"] for f in FLAVORS}}
-# Builds whose key comes from another build's output (a module from its kernel's image,
-# the plugin from QEMU's header): checked for presence; their inputs' keys are above.
-UNKEYED = [*(f"modules-{f}" for f in FLAVORS), "plugin-calls"]
-# The fields of a build's JSON that name the files it made.
-ARTIFACTS = ("binary", "bzImage", "vmlinux", "disk_base", "initramfs_native", "cpio", "plugin", "disk", "kernel", "initrd",
-             "deb")
-
-
 @dataclass
 class Check:
     status: str     # ok, warn, FAIL
@@ -142,16 +125,6 @@ def check_venv() -> Check:
     return Check("warn", "venv", f"{venv} not created yet", "./tandem setup")
 
 
-def _current_key(target: str) -> str | None:
-    script, *args = KEYED[target]
-    env = dict(os.environ, TANDEM_KEY_ONLY="1")
-    argv = [os.devnull if a == "OUT" else str(build_dir() / a[len("BUILD/"):]) if a.startswith("BUILD/") else a
-            for a in args]
-    r = subprocess.run(["bash", str(REPO / "scripts" / script), *argv],
-                       capture_output=True, text=True, env=env, timeout=120)
-    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
-
-
 def check_builds() -> list[Check]:
     checks = []
     for target in [*KEYED, *UNKEYED]:
@@ -164,10 +137,10 @@ def check_builds() -> list[Check]:
         except json.JSONDecodeError:
             checks.append(Check("FAIL", target, f"{path} unreadable", f"rm {path}; ./tandem build"))
             continue
-        gone = [v for k, v in built.items() if k in ARTIFACTS and not Path(v).exists()]
-        now = _current_key(target) if target in KEYED else built.get("key")
-        if gone:
-            checks.append(Check("FAIL", target, f"{gone[0]} is gone from the cache", "./tandem build"))
+        lost = gone(built)
+        now = current_key(target) if target in KEYED else built.get("key")
+        if lost:
+            checks.append(Check("FAIL", target, f"{lost} is gone from the cache", "./tandem build"))
         elif now is None:
             checks.append(Check("warn", target, f"built with key {built.get('key')}; its current key "
                                 "cannot be computed (sources not downloaded yet?)", "./tandem build"))

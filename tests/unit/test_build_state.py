@@ -1,0 +1,95 @@
+"""Which builds a command must make first, and how long it says they take (setup/state):
+a build directory and cache of the test's own, build JSONs written as the scripts write
+them, ninja's log as ninja writes it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tandem import catalog
+from tandem.setup import state
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    build, cache = tmp_path / "build", tmp_path / "cache"
+    build.mkdir()
+    cache.mkdir()
+    monkeypatch.setenv("TANDEM_BUILD_DIR", str(build))
+    monkeypatch.setenv("TANDEM_CACHE", str(cache))
+    return build, cache
+
+
+def test_a_target_never_built_or_whose_files_are_gone_is_stale(dirs, tmp_path):
+    build, _ = dirs
+    assert state.why_stale("kernel-kasan") == "not built"
+    (build / "plugin-calls.json").write_text(json.dumps({"plugin": str(tmp_path / "gone.so"), "key": "k"}))
+    assert "gone from the cache" in state.why_stale("plugin-calls")
+    (tmp_path / "here.so").write_bytes(b"")
+    (build / "plugin-calls.json").write_text(json.dumps({"plugin": str(tmp_path / "here.so"), "key": "k"}))
+    assert state.why_stale("plugin-calls") is None
+
+
+def test_modules_are_stale_once_their_kernel_was_built_again(dirs, tmp_path):
+    build, _ = dirs
+    (tmp_path / "m.cpio").write_bytes(b"")
+    (build / "modules-native.json").write_text(json.dumps({"kernel_key": "old", "cpio": str(tmp_path / "m.cpio")}))
+    (build / "kernel-native.json").write_text(json.dumps({"key": "new"}))
+    assert state.why_stale("modules-native") == "stale"
+    (build / "kernel-native.json").write_text(json.dumps({"key": "old"}))
+    assert state.why_stale("modules-native") is None
+
+
+def _ninja_log(build, entries):
+    with open(build / ".ninja_log", "a") as f:
+        if f.tell() == 0:
+            f.write("# ninja log v5\n")
+        for start, end, out in entries:
+            f.write(f"{start}\t{end}\t0\t{out}\tabcdef\n")
+
+
+def test_build_times_are_taken_from_what_ninja_logged_since_and_scale_the_estimates(dirs):
+    build, cache = dirs
+    _ninja_log(build, [(0, 500_000, "kernel-native.json")])          # an earlier run: not this build's
+    offset = state.ninja_log_size()
+    # each ninja run counts from its own start; a cached target's no-op run is not a build time
+    _ninja_log(build, [(0, 760_000, "kernel-native.json"), (10, 1_500, "guest.json"), (0, 556_000, "qemu.json")])
+    state.record_times(["kernel-native", "guest", "qemu"], offset)
+    times = json.loads((cache / state.TIMES).read_text())
+    assert times == {"kernel-native": 760, "qemu": 556}
+    # this machine builds at twice the reference's times: a kernel never built here is scaled
+    assert state.machine_factor() == pytest.approx(2.0, rel=0.01)
+    s, here = state.estimate_s(["kernel-kasan", "modules-kasan"])
+    assert here and s == pytest.approx(2 * (state.REFERENCE_S["kernel-kasan"] + 4), rel=0.01)
+    assert state.estimate_text(["kernel-native"]) == "about 13 min on this machine"
+
+
+def test_before_anything_was_built_here_the_estimate_names_the_reference_machine(dirs):
+    text = state.estimate_text(["kernel-kasan", "modules-kasan"])
+    assert text.startswith("about 9 min on a 2-core machine that builds a kernel in 6 min"), text
+    assert "not timed here yet" in text
+    # two at a time: three kernels take about half their sum; one long one, its own time
+    three = ["kernel-kasan", "kernel-ubsan", "kernel-lockdep"]
+    assert state.estimate_s(three)[0] == pytest.approx(sum(state.REFERENCE_S[t] for t in three) / 2)
+    assert state.estimate_s(["kernel-kasan", "guest"])[0] == state.REFERENCE_S["kernel-kasan"]
+
+
+@pytest.mark.parametrize("names, wanted", [
+    (["kasan"], ["qemu", "guest", "kernel-kasan", "modules-kasan"]),
+    (["asan-userland", "native"], ["qemu", "guest", "kernel-native", "modules-native"]),
+    (["kasan", "lockdep"], ["qemu", "guest", "kernel-kasan", "modules-kasan", "kernel-lockdep", "modules-lockdep"]),
+])
+def test_an_analysis_builds_its_own_kernel_and_nothing_else(names, wanted):
+    assert catalog.build_targets(names) == wanted
+
+
+def test_a_kernel_the_user_brought_needs_no_kernel_build(tmp_path):
+    import dataclasses
+    mine = dataclasses.replace(catalog.get("native"), name="mine",
+                               kernel=catalog.Kernel("native", image=str(tmp_path / "bzImage")))
+    catalog.ANALYSES["mine"] = mine
+    try:
+        assert catalog.build_targets(["mine"]) == ["qemu", "guest"]
+    finally:
+        del catalog.ANALYSES["mine"]
