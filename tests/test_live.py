@@ -118,8 +118,10 @@ def test_a_hung_analysis_is_tandems_limit_and_the_native_goes_on(tmp_path):
     answers = []
 
     def work():
-        pid = sh.followers[0].run.qemu_pid
-        os.kill(pid, signal.SIGSTOP)            # the analysis QEMU stops answering
+        # The native can be ready before the analysis's QEMU has started (a loaded host).
+        f = sh.followers[0]
+        wait_until(lambda: f.run is not None and f.run.qemu_pid, 120, "the analysis's QEMU to start")
+        os.kill(f.run.qemu_pid, signal.SIGSTOP)     # the analysis QEMU stops answering
         with KV(sh.port) as kv:
             for i in range(20):
                 answers.append(kv.request(f"SET k{i} v{i}"))

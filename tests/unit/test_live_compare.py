@@ -361,3 +361,38 @@ def test_equal_lines_is_the_whole_lines_both_start_with(common, x, y):
         if a[i:i + 1] == b"\n":
             naive = i + 1
     assert compare.equal_lines(a, b) == naive
+
+
+def test_a_line_an_early_ended_analysis_was_writing_is_not_a_divergence():
+    """The analysis was stopped (hung, detached) while it wrote a line: on the console,
+    byte by byte through the UART, or on a connection. What it wrote of that line is the
+    start of the native's: the rest is output it never reached, not a difference (a hung
+    analysis stopped mid-line by SIGSTOP made tests/test_live.py's hung test exit 1 at
+    random). A cut line that is not the start of the native's is still a divergence."""
+    for outcome in ("hung", "detached", "lagging"):
+        p = Pair()
+        p.native(b"OK\nVALUE 12345\nOK\n", b"kvd: conn 1\ntandem-init: module tandem_bugs .text=0x1\n")
+        p.analysis(b"OK\nVALUE 12", b"kvd: conn 1\ntandem-init: mod")
+        p.run.outcome = outcome
+        lc = LiveCompare(p.rec, spec())
+        lc.tick(p.run)
+        lc.finish(p.run)
+        assert lc.divergences == [], [d.diff for d in lc.divergences]
+        by = {x.channel.split(" ")[0]: x for x in lc.not_analysed}
+        assert (by["serial"].lines, by["serial"].first) == (1, b"tandem-init: module tandem_bugs .text=0x1")
+        assert (by["tcp"].lines, by["tcp"].first) == (2, b"VALUE 12345")
+    p = Pair()
+    p.native(b"OK\nVALUE 12345\n")
+    p.analysis(b"OK\nVALUE 99")
+    p.run.outcome = "hung"
+    lc = LiveCompare(p.rec, spec())
+    lc.finish(p.run)
+    (d,) = lc.divergences
+    assert d.kind == "differ" and lc.not_analysed == []
+    p = Pair()                      # an analysis that powered off with a line cut: a divergence
+    p.native(b"OK\nVALUE 12345\n")
+    p.analysis(b"OK\nVALUE 12")
+    p.run.outcome = "poweroff"
+    lc = LiveCompare(p.rec, spec())
+    lc.finish(p.run)
+    assert [d.kind for d in lc.divergences] == ["differ"]

@@ -302,7 +302,8 @@ def _diff_stream(channel: str, a: _Side, b: _Side, spec: Spec, run: AnalysisRun,
     sm = difflib.SequenceMatcher(None, a.texts, b.texts, autojunk=False)
     out = []
     opcodes = sm.get_opcodes()
-    if unreached is not None and opcodes and opcodes[-1][0] == "delete" and opcodes[-1][3] == len(b.texts):
+    if unreached is not None and opcodes and (opcodes[-1][0] == "delete" and opcodes[-1][3] == len(b.texts)
+                                              or _cut_short(a, b, opcodes[-1])):
         _, i1, i2, _, _ = opcodes.pop()
         unreached.append(NotAnalysed(channel, a.vm_ns(i1), i2 - i1, a.texts[i1]))
     gone_a, gone_b = _reordered(a.texts, b.texts, opcodes, window)
@@ -327,6 +328,24 @@ def _diff_stream(channel: str, a: _Side, b: _Side, spec: Spec, run: AnalysisRun,
                                               "native", "analysis", lineterm="", n=0))
         out.append(_div(channel, kind, na, nb, run, diff))
     return out
+
+
+def _cut_short(a: _Side, b: _Side, last: tuple[str, int, int, int, int]) -> bool:
+    """The last difference is only the line an early-ended analysis was writing when it
+    stopped: its one unterminated last line, which the native's line there begins with
+    (as written, before the spec's rules: a mask may need the whole line)."""
+    op, i1, _, j1, j2 = last
+    text = b.stream.text
+    if op != "replace" or j2 != len(b.texts) or j2 - j1 != 1 or b.end != len(text) or text.endswith(b"\n"):
+        return False
+    return _raw(a, i1).startswith(_raw(b, j1))
+
+
+def _raw(side: _Side, i: int) -> bytes:
+    """Kept line i of a side as the guest wrote it (without its newline and trailing \r)."""
+    text, start = side.stream.text, side.starts[side.kept[i]]
+    end = text.find(b"\n", start)
+    return text[start:end if end >= 0 else len(text)].rstrip(b"\r")
 
 
 def _div(channel, kind, na, nb, run: AnalysisRun, diff) -> Divergence:
