@@ -64,9 +64,10 @@ class Analysis:
     # Files swapped into the guest's userland (tandem replay --overlay): a directory whose
     # tree is copied over the guest's root before the analysis boots (semantic/overlay.py).
     overlay: str | None = None
-    # In `tandem demo`'s replay. The demo shows each kind of analysis once on a cold
-    # machine in under 25 minutes (docs/benchmarks.md, cold setup); another kernel to
-    # build is some 4-8 more minutes of it.
+    # In `tandem demo`'s replay: a kernel sanitizer on memory (kasan), one on locking
+    # (lockdep) and a sanitized userland. Each kernel more is 700-1,000 s of CPU on a
+    # cold 2-core machine, about 6-8 minutes of the demo (docs/benchmarks.md, cold setup):
+    # ubsan and kcsan are one `tandem replay BUNDLE --analysis` away, built then.
     demo: bool = True
 
     @property
@@ -92,7 +93,7 @@ USERLANDS = {u.name: u for u in (Userland("native"), Userland("asan", cmdline_ex
 ALL = (
     Analysis("native", KERNELS["native"], "the native kernel on the semantic path, the noise baseline"),
     Analysis("kasan", KERNELS["kasan"], "KASAN: out-of-bounds and use-after-free in the kernel"),
-    Analysis("ubsan", KERNELS["ubsan"], "UBSAN: undefined behaviour in the kernel"),
+    Analysis("ubsan", KERNELS["ubsan"], "UBSAN: undefined behaviour in the kernel", demo=False),
     Analysis("lockdep", KERNELS["lockdep"], "lockdep: lock-order and lock-usage bugs in the kernel"),
     Analysis("kcsan", KERNELS["kcsan"], "KCSAN: data races in the kernel (task against interrupt, one CPU)",
              demo=False),

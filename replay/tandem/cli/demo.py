@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from .. import catalog, private
+from ..errors import TandemError
 from ..exact.replay import replay
 from ..record.recording import Recording
 from ..record.workload import PLANTED_BUGS, bad_requests, demo_traffic
@@ -85,24 +86,49 @@ def run_demo(console, workdir: Path | None = None) -> int:
         console.print(("[bold green]" if v.ok else "[bold red]") + v.summary())
 
         console.rule("[bold]3. semantic replay into analysis VMs")
-        from ..semantic.analyze import analyze
-        from .render import print_summary
-        t0 = time.monotonic()
-        with console.status("building the analyses' kernels") as st:
-            analyses_build.wait(_progress(console, st))
-        if time.monotonic() - t0 > 1:
-            console.print(f"waited {time.monotonic() - t0:.0f} s for the analyses' kernels to build")
-        with console.status(f"replaying into {', '.join(DEMO_ANALYSES)} (+ the native kernel, for noise)"):
-            s = analyze(path, DEMO_ANALYSES)
-        print_summary(s, console)
+        completed = _analyse_in_turns(path, analyses_build)
         console.print(f"bundle kept at {path}" if tmp is None else
                       f"(bundle in {path}; removed at exit, use --workdir to keep it)")
-        completed = all(r.run.outcome in ("poweroff", "finished") for r in s.results)
         return 0 if v.ok and completed else 1
     finally:
         analyses_build.stop()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _analyse_in_turns(path: Path, analyses_build) -> bool:
+    """Replay into each analysis as soon as its kernel is built, not after the slowest:
+    those on the native kernel at once (with the noise run, whose result every later turn
+    uses again), each other one when its kernel and modules are up to date, while the rest
+    still build at nice 19. True when every analysis ran to its end."""
+    from ..semantic.analyze import analyze
+    from ..setup.state import why_stale
+    from .render import print_summary
+
+    def ready(name: str) -> bool:
+        return all(why_stale(t) is None for t in catalog.build_targets([name]) if t not in ("qemu", "guest"))
+
+    pending, first, completed = list(DEMO_ANALYSES), None, True
+    t0 = time.monotonic()
+    while pending:
+        turn = [a for a in pending if ready(a)]
+        if not turn:
+            if analyses_build.proc.poll() is not None:
+                analyses_build.wait()       # raises if the build failed; else the keys say why
+                raise TandemError(f"built, yet not up to date: {', '.join(pending)} (tandem doctor says why)")
+            with console.status("building the analyses' kernels") as st:
+                analyses_build.wait_for(lambda: any(map(ready, pending)), _progress(console, st))
+            console.print(f"{time.monotonic() - t0:.0f} s since the exact replay: kernels for "
+                          f"{', '.join(a for a in pending if ready(a))} built", markup=False)
+            continue
+        noise = " (+ the native kernel, for noise)" if first is None else ""
+        with console.status(f"replaying into {', '.join(turn)}{noise}"):
+            s = analyze(path, turn, workdir=path / "analysis" / "-".join(turn), noise_from=first)
+        first = first or s
+        print_summary(s, console)
+        completed &= all(r.run.outcome in ("poweroff", "finished") for r in s.results)
+        pending = [a for a in pending if a not in turn]
+    return completed
 
 
 def add_parsers(sub) -> None:

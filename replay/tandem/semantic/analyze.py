@@ -59,6 +59,9 @@ class Summary:
     bundle: str
     results: list[AnalysisResult] = field(default_factory=list)
     limits: list[str] = field(default_factory=list)
+    # The noise run (the native kernel replayed on the semantic path) and what it found,
+    # for a later analyze() of the same bundle to split its noise by (noise_from).
+    noise: tuple[model.AnalysisRun, tuple[list, list, list]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -102,20 +105,23 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
             workdir: Path | None = None, noise: bool = True, jobs: int = 2,
             lookahead_ns: int = model.LOOKAHEAD_NS, progress=None,
             record: bool = True, guests: dict | None = None, root: str | None = None,
-            cpu_idle: bool = False) -> Summary:
+            cpu_idle: bool = False, noise_from: Summary | None = None) -> Summary:
     """Replay a finished recording into analysis VMs, `jobs` at a time, each batch
     trailing one reading of the bundle's device log (trail.Trail): tandem's memory
     follows what is in flight, not the recording's length, and no bound stops an
     analysis; the reading waits for the slowest instead. guests: analysis -> the
     machine.Guest it boots (default: guests.analysis_guest's: a user's VM on its own
     disks, its root device `root` or the recorded one). cpu_idle: let the host's CPUs idle
-    while the analyses run (semantic.replay.run)."""
+    while the analyses run (semantic.replay.run). noise_from: an earlier analyze() of this
+    bundle whose noise run is used again rather than run once more (the demo analyses in
+    turns, as their kernels are built)."""
     bundle_dir = Path(bundle_dir)
     analyses = list(dict.fromkeys(analyses))
     manifest = check_request(bundle_dir, analyses, spec_path)
     workdir = workdir or bundle_dir / "analysis"
     private.make_dir(workdir)
-    runs_wanted = analyses + ([NOISE] if noise and NOISE not in analyses else [])
+    earlier = noise_from.noise if noise and noise_from is not None else None
+    runs_wanted = analyses + ([NOISE] if noise and earlier is None and NOISE not in analyses else [])
     users = guests_mod.is_users_guest(manifest)
     specs = {a: equivalence.load(a, spec_path, users) for a in runs_wanted}
     guests = guests or {a: guests_mod.analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
@@ -123,6 +129,8 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
         guests = {a: guests_mod.with_files_swapped(g, a, workdir, bundle_dir) for a, g in guests.items()}
     runs: dict[str, model.AnalysisRun] = {}
     found: dict[str, tuple[list, list, list]] = {}
+    if earlier is not None:
+        runs[NOISE], found[NOISE] = earlier
     with open(workdir / "findings.jsonl", "w", opener=private.opener) as findings_file:
         for at in range(0, len(runs_wanted), max(1, jobs)):
             batch = runs_wanted[at:at + max(1, jobs)]
@@ -186,7 +194,8 @@ def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[str],
     workdir. found: analysis -> (findings, divergences, not analysed), as each run found
     them while it went (trail.Trail.results). specs: analysis -> the spec it was compared
     under (default: loaded again from spec_path)."""
-    summary = Summary(str(bundle_dir), limits=list(rec.limits))
+    summary = Summary(str(bundle_dir), limits=list(rec.limits),
+                      noise=(runs[NOISE], found[NOISE]) if NOISE in runs and NOISE in found else None)
     for name in analyses:
         run = runs[name]
         spec = (specs or {}).get(name) or equivalence.load(name, spec_path)

@@ -186,6 +186,20 @@ class Background:
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, preexec_fn=lambda: os.nice(19), start_new_session=True)
 
+    def wait_for(self, done, status=lambda line: None, poll_s: float = 5.0) -> None:
+        """Until done() (polled every poll_s: it may run build scripts to read keys) or
+        the build has ended, with its progress line given to status."""
+        last = 0.0
+        while self.proc.poll() is None:
+            if time.monotonic() - last >= poll_s:
+                if done():
+                    return
+                last = time.monotonic()
+            active = read_progress(self.targets)
+            status("building " + ("; ".join(p.text(time.time()) for p in active) if active else
+                                  ", ".join(self.targets)))
+            time.sleep(1.0)
+
     def wait(self, status=lambda line: None) -> None:
         """Until the build ends, with its progress line given to status; raise if it failed."""
         while self.proc.poll() is None:
