@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from helpers import ROOT, assert_one_line_error, run_cli, wait_for_service, wait_until
 from tandem import artifacts
@@ -101,11 +100,10 @@ def test_a_second_ctrl_c_quits_at_once(built, tmp_path):
     proc.send_signal(signal.SIGINT)
     lines: list[str] = []
     wait_until(lambda: said(proc, "pressed the guest's power button", lines), 60, "the power button's line")
-    t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, err = ended(proc)
     assert proc.returncode == 0, "".join(lines) + err
-    assert time.monotonic() - t0 < 30
+    assert "did not power off within" not in err, err      # quit by the second, not the 60 s bound
     assert stop_reason(tdm) == "interrupt"
     v = replay(tdm)
     assert v.ok, v.summary()
@@ -114,11 +112,9 @@ def test_a_second_ctrl_c_quits_at_once(built, tmp_path):
 def test_a_guest_that_ignores_the_button_is_quit_when_the_timeout_passes(built, tmp_path):
     tdm = tmp_path / "deaf.tdm"
     proc = deaf_guest(tdm, "--shutdown-timeout", "5")
-    t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, err = ended(proc)
     assert proc.returncode == 0, err
-    assert time.monotonic() - t0 >= 5
     assert "did not power off within 5 s of its power button: quitting" in err, err
     assert stop_reason(tdm) == "interrupt"
 

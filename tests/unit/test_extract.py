@@ -14,6 +14,8 @@ from tandem.formats import netpkt, pcapng
 from tandem.formats.netpkt import ACK, FIN, PSH, RST, SYN
 from tandem.semantic.inputs import CLOSED_GRACE_NS, PRE_RECORDING, InputExtractor, RecordedInputs, from_events
 
+from ipv6_frames import ALL_NODES, ALL_ROUTERS, CLIENT_IP6, GUEST_IP6, MLD_ROUTERS, ROUTER6, nd6
+
 CMAC, GMAC = bytes.fromhex("52550a000202"), bytes.fromhex("525400123456")
 CLIENT_IP, GUEST_IP, GUEST_PORT = bytes([10, 0, 2, 2]), bytes([10, 0, 2, 15]), 7
 C_ISN, G_ISN = 1000, 5000               # client's and guest's initial sequence numbers
@@ -26,7 +28,8 @@ class Log:
     number of their side unless `rel` (bytes after the side's initial one) says otherwise
     (a retransmission, an overlap, a gap); only the default advances it."""
 
-    def __init__(self, client_isn: int = C_ISN):
+    def __init__(self, client_isn: int = C_ISN, ip: tuple[bytes, bytes] = (CLIENT_IP, GUEST_IP)):
+        self.ip = ip
         self.events: list[pcapng.Event] = []
         self.next: dict[tuple[str, int], int] = {}
         self.isn = {"in": client_isn, "out": G_ISN}
@@ -45,7 +48,7 @@ class Log:
         else:
             seq = isn + rel
         peer = self.next.get(("out" if direction == "in" else "in", port), 0)
-        client, guest = (CLIENT_IP, port), (GUEST_IP, GUEST_PORT)
+        client, guest = (self.ip[0], port), (self.ip[1], GUEST_PORT)
         (smac, src), (dmac, dst) = ((CMAC, client), (GMAC, guest)) if direction == "in" else \
             ((GMAC, guest), (CMAC, client))
         return self.add("net", direction, ns, netpkt.tcp(smac, dmac, src[0], dst[0], src[1], dst[1], seq, peer,
@@ -147,13 +150,36 @@ SCENARIOS = {
     "guest-opened: a reset by the server is an input": (
         Log().tcp("out", 10, SYN).tcp("in", 11, SYN | ACK).tcp("out", 20, ACK | PSH, b"x").tcp("in", 30, RST),
         [("tcp-rst", 30, b"", 0, 0, {0: 1}, None)], []),
-    "UDP, ICMP, ARP, IPv6, fragments": (
+    "UDP, ICMP, ARP, LLDP, fragments": (
         Log().add("net", "in", 10, udp_in()).add("net", "in", 20, icmp_in())
         .add("net", "in", 30, netpkt.arp_reply(CMAC, CLIENT_IP, GMAC, GUEST_IP))
-        .add("net", "in", 40, GMAC + CMAC + b"\x86\xdd" + bytes(40))
+        .add("net", "in", 40, GMAC + CMAC + b"\x88\xcc" + bytes(40))
         .add("net", "in", 50, fragment(udp_in())).add("net", "in", 60, b"\x00" * 10),
         [("frame", 10, udp_in(), None, 0, {}, None), ("frame", 20, icmp_in(), None, 0, {}, None)],
-        ["frames of ethertype 0x86dd", "IPv4 fragments"]),
+        ["frames of ethertype 0x88cc", "IPv4 fragments"]),
+    # IPv6 as an ordinary guest's network has it from boot (QEMU's user network): the
+    # network's answers to the guest's solicitations are the replayer's to give, as ARP's
+    # are; a router's periodic advertisement, its neighbour solicitation, an echo request
+    # are inputs; UDP and TCP over IPv6 as over IPv4.
+    "IPv6 neighbour discovery": (
+        Log().add("net", "out", 10, nd6("out", netpkt.ND_RS, ALL_ROUTERS))
+        .add("net", "in", 11, nd6("in", netpkt.ND_RA, ALL_NODES))
+        .add("net", "out", 20, nd6("out", netpkt.ND_NS, ROUTER6, target=ROUTER6))
+        .add("net", "in", 21, nd6("in", netpkt.ND_NA, GUEST_IP6, target=ROUTER6))
+        .add("net", "out", 25, nd6("out", 143, MLD_ROUTERS))            # an MLDv2 report: output only
+        .add("net", "in", 30 * S, nd6("in", netpkt.ND_RA, ALL_NODES))      # unsolicited, 30 s on
+        .add("net", "in", 31 * S, nd6("in", netpkt.ND_NS, GUEST_IP6, target=GUEST_IP6))
+        .add("net", "in", 32 * S, nd6("in", 128, GUEST_IP6)),             # an echo request
+        [("frame", 30 * S, nd6("in", netpkt.ND_RA, ALL_NODES), None, 0, {}, None),
+         ("frame", 31 * S, nd6("in", netpkt.ND_NS, GUEST_IP6, target=GUEST_IP6), None, 0, {}, None),
+         ("frame", 32 * S, nd6("in", 128, GUEST_IP6), None, 0, {}, None)], []),
+    "TCP and UDP over IPv6": (
+        Log(ip=(CLIENT_IP6, GUEST_IP6)).open(10).tcp("in", 20, ACK | PSH, b"GET a\n")
+        .tcp("out", 30, ACK | PSH, b"VALUE 1\n").tcp("in", 40, ACK | FIN)
+        .add("net", "in", 50, netpkt.udp(CMAC, GMAC, CLIENT_IP6, GUEST_IP6, 53, 514, b"datagram")),
+        [("tcp-open", 10, b"", 0, 0, {}, None), ("tcp-data", 20, b"GET a\n", 0, 0, {}, None),
+         ("tcp-fin", 40, b"", 0, 6, {0: 8}, None),
+         ("frame", 50, netpkt.udp(CMAC, GMAC, CLIENT_IP6, GUEST_IP6, 53, 514, b"datagram"), None, 0, {}, None)], []),
     # A serial input depends on the native's last userland console line, counted per
     # text; kernel lines and a line not yet ended do not count.
     "serial input and its line": (
@@ -370,3 +396,9 @@ def test_the_natives_answer_to_a_syn_is_kept_on_its_flow(answer, flags):
 def test_a_reset_after_the_handshake_leaves_the_flow_accepted():
     (fl,) = from_events(Log().open(10).tcp("out", 20, ACK | RST).events).flows
     assert fl.answer == "accepted" and fl.closed
+
+
+def test_the_last_router_advertisement_is_kept_as_the_answer_to_give():
+    rec = from_events(SCENARIOS["IPv6 neighbour discovery"][0].events)
+    assert rec.router_advert == nd6("in", netpkt.ND_RA, ALL_NODES)
+    assert from_events(SCENARIOS["entropy"][0].events).router_advert is None

@@ -117,7 +117,7 @@ def _analyse_in_turns(path: Path, analyses_build) -> bool:
                 analyses_build.wait()       # raises if the build failed; else the keys say why
                 raise TandemError(f"built, yet not up to date: {', '.join(pending)} (tandem doctor says why)")
             with console.status("building the analyses' kernels") as st:
-                analyses_build.wait_for(lambda: any(map(ready, pending)), _progress(console, st))
+                analyses_build.wait_for(lambda waiting=pending: any(map(ready, waiting)), _progress(console, st))
             console.print(f"{time.monotonic() - t0:.0f} s since the exact replay: kernels for "
                           f"{', '.join(a for a in pending if ready(a))} built", markup=False)
             continue

@@ -1,8 +1,10 @@
-"""Ethernet/ARP/IPv4/TCP/UDP/ICMP: parse and build the frames a guest NIC sees.
+"""Ethernet/ARP/IPv4/IPv6/TCP/UDP/ICMP/ICMPv6: parse and build the frames a guest NIC sees.
 
 Only what the replayer and the comparator need, with struct for speed (the
 comparator's throughput target is hundreds of MB/s): no options beyond TCP MSS
-and window scale, no IPv4 fragments (reported by the caller as a replay limit).
+and window scale, no IPv4 fragments (reported by the caller as a replay limit); of
+IPv6's extension headers, hop-by-hop options alone (every MLD report carries one), and
+of ICMPv6, neighbour discovery (RFC 4861) as QEMU's user network speaks it.
 """
 from __future__ import annotations
 
@@ -10,7 +12,12 @@ import struct
 from dataclasses import dataclass
 
 ETH_IP, ETH_ARP, ETH_IP6 = 0x0800, 0x0806, 0x86DD
-PROTO_ICMP, PROTO_TCP, PROTO_UDP = 1, 6, 17
+PROTO_ICMP, PROTO_TCP, PROTO_UDP, PROTO_ICMP6 = 1, 6, 17, 58
+IP6_HOP_BY_HOP = 0
+# ICMPv6 neighbour discovery (RFC 4861): router and neighbour solicitations, advertisements.
+ND_RS, ND_RA, ND_NS, ND_NA = 133, 134, 135, 136
+ND_OPT_SOURCE_LLA, ND_OPT_TARGET_LLA = 1, 2
+IP6_ANY = bytes(16)
 FIN, SYN, RST, PSH, ACK = 0x01, 0x02, 0x04, 0x08, 0x10
 
 # QEMU user networking's addresses: tandem's analysis VMs meet the same network.
@@ -18,6 +25,10 @@ GATEWAY_MAC = bytes.fromhex("52550a000202")   # slirp's virtual host (10.0.2.2)
 
 
 def ip_str(b: bytes) -> str:
+    """An IPv4 address dotted, an IPv6 one as RFC 5952 writes it (in brackets, as a port follows)."""
+    if len(b) == 16:
+        import ipaddress
+        return f"[{ipaddress.IPv6Address(b)}]"
     return ".".join(str(x) for x in b)
 
 
@@ -47,6 +58,9 @@ class Frame:
     arp_sha: bytes = b""
     arp_spa: bytes = b""
     arp_tpa: bytes = b""
+    # ICMPv6 (ip_src/ip_dst are then 16 bytes): its type, and a neighbour message's target
+    icmp6_type: int = 0
+    nd_target: bytes = b""
 
     def flow(self) -> tuple[bytes, int, bytes, int]:
         """(src ip, src port, dst ip, dst port) for TCP/UDP."""
@@ -83,7 +97,30 @@ def parse(frame: bytes) -> Frame | None:
             f.payload = frame[l4 + 8:end]
         elif f.proto == PROTO_ICMP:
             f.payload = frame[l4:end]
+    elif et == ETH_IP6 and len(frame) >= 54:
+        _ipv6(f, frame)
     return f
+
+
+def _ipv6(f: Frame, frame: bytes) -> None:
+    """An IPv6 packet's addresses and upper layer (past one hop-by-hop header)."""
+    length, nxt = struct.unpack_from("!HB", frame, 18)
+    f.ip_src, f.ip_dst = frame[22:38], frame[38:54]
+    l4, end = 54, min(len(frame), 54 + length)
+    if nxt == IP6_HOP_BY_HOP and end >= l4 + 8:
+        nxt, l4 = frame[l4], l4 + 8 * (frame[l4 + 1] + 1)
+    f.proto = nxt
+    if nxt == PROTO_TCP and end >= l4 + 20:
+        f.sport, f.dport, f.seq, f.ack, off, f.flags, f.window = struct.unpack_from("!HHIIBBH", frame, l4)
+        _tcp_options(f, frame[l4 + 20:l4 + (off >> 4) * 4])
+        f.payload = frame[l4 + (off >> 4) * 4:end]
+    elif nxt == PROTO_UDP and end >= l4 + 8:
+        f.sport, f.dport = struct.unpack_from("!HH", frame, l4)
+        f.payload = frame[l4 + 8:end]
+    elif nxt == PROTO_ICMP6 and end >= l4 + 4:
+        f.icmp6_type, f.payload = frame[l4], frame[l4:end]
+        if f.icmp6_type in (ND_NS, ND_NA) and end >= l4 + 24:
+            f.nd_target = frame[l4 + 8:l4 + 24]
 
 
 _IP4_TCP = struct.Struct("!2xH2xHBB2x4s4s")   # at offset 14: total length, frag, ttl, proto, src, dst
@@ -138,6 +175,7 @@ _TCP_HEAD_OUT = struct.Struct("!HHIIBBHHH")
 _PSEUDO = struct.Struct("!4s4sBBH")
 _MSS_OPTION = struct.Struct("!BBH")
 _ETH_IP = struct.pack("!H", ETH_IP)
+_ETH_IP6 = struct.pack("!H", ETH_IP6)
 
 
 def _checksum(data: bytes) -> int:
@@ -166,18 +204,51 @@ def tcp(src_mac: bytes, dst_mac: bytes, src: bytes, dst: bytes, sport: int, dpor
     hl = 20 + len(opts)
     head = (sport, dport, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF, (hl // 4) << 4, flags, min(window, 0xFFFF))
     tail = opts + payload
-    pseudo = _PSEUDO.pack(src, dst, 0, PROTO_TCP, hl + len(payload))
-    csum = _checksum(pseudo + _TCP_HEAD_OUT.pack(*head, 0, 0) + tail)
+    csum = _checksum(_pseudo(src, dst, PROTO_TCP, hl + len(payload)) + _TCP_HEAD_OUT.pack(*head, 0, 0) + tail)
     seg = _TCP_HEAD_OUT.pack(*head, csum, 0) + tail
-    return dst_mac + src_mac + _ETH_IP + _ipv4(src, dst, PROTO_TCP, seg, ident)
+    return dst_mac + src_mac + _ip(src, dst, PROTO_TCP, seg, ident)
+
+
+def _pseudo(src: bytes, dst: bytes, proto: int, length: int) -> bytes:
+    """The pseudo header a TCP or UDP checksum covers: IPv4's (RFC 793), or IPv6's
+    (RFC 8200 8.1) when the addresses are 16 bytes."""
+    if len(src) == 16:
+        return struct.pack("!16s16sI3xB", src, dst, length, proto)
+    return _PSEUDO.pack(src, dst, 0, proto, length)
+
+
+def _ip(src: bytes, dst: bytes, proto: int, l4: bytes, ident: int) -> bytes:
+    """The EtherType and IP packet around l4: IPv6 when the addresses are 16 bytes."""
+    if len(src) == 16:
+        return _ETH_IP6 + _ipv6_packet(src, dst, proto, l4, 64)
+    return _ETH_IP + _ipv4(src, dst, proto, l4, ident)
 
 
 def udp(src_mac: bytes, dst_mac: bytes, src: bytes, dst: bytes, sport: int, dport: int,
         payload: bytes, ident: int = 0) -> bytes:
     seg = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
-    c = _checksum(_PSEUDO.pack(src, dst, 0, PROTO_UDP, len(seg)) + seg) or 0xFFFF
+    c = _checksum(_pseudo(src, dst, PROTO_UDP, len(seg)) + seg) or 0xFFFF
     seg = seg[:6] + c.to_bytes(2, "big") + seg[8:]
-    return dst_mac + src_mac + _ETH_IP + _ipv4(src, dst, PROTO_UDP, seg, ident)
+    return dst_mac + src_mac + _ip(src, dst, PROTO_UDP, seg, ident)
+
+
+def _ipv6_packet(src: bytes, dst: bytes, nxt: int, l4: bytes, hop_limit: int = 255) -> bytes:
+    return struct.pack("!IHBB16s16s", 6 << 28, len(l4), nxt, hop_limit, src, dst) + l4
+
+
+def icmp6(src_mac: bytes, dst_mac: bytes, src: bytes, dst: bytes, body: bytes, hop_limit: int = 255) -> bytes:
+    """An ICMPv6 message (type, code, a zero checksum, the rest) with its checksum over
+    the IPv6 pseudo header (RFC 4443), in its frame."""
+    c = _checksum(_pseudo(src, dst, PROTO_ICMP6, len(body)) + body[:2] + b"\0\0" + body[4:])
+    body = body[:2] + c.to_bytes(2, "big") + body[4:]
+    return dst_mac + src_mac + struct.pack("!H", ETH_IP6) + _ipv6_packet(src, dst, PROTO_ICMP6, body, hop_limit)
+
+
+def neighbour_advert(my_mac: bytes, target: bytes, to_mac: bytes, to_ip: bytes) -> bytes:
+    """The answer to a neighbour solicitation for `target`: the router (R), solicited (S),
+    override (O), from target itself, with my_mac as its link-layer address."""
+    body = struct.pack("!BBHI16sBB6s", ND_NA, 0, 0, 0xE0000000, target, ND_OPT_TARGET_LLA, 1, my_mac)
+    return icmp6(my_mac, to_mac, target, to_ip, body)
 
 
 def arp_reply(my_mac: bytes, my_ip: bytes, to_mac: bytes, to_ip: bytes) -> bytes:

@@ -36,7 +36,7 @@ class WireSummary:
             return
         if f.eth_type == netpkt.ETH_ARP and f.arp_op in (1, 2):
             self.arp["request" if f.arp_op == 1 else "reply"] += 1
-        elif f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP and not f.fragment:
+        elif f.eth_type in (netpkt.ETH_IP, netpkt.ETH_IP6) and f.proto == netpkt.PROTO_UDP and not f.fragment:
             ports = {f.sport, f.dport}
             if ports == {DHCP_SERVER, DHCP_CLIENT}:
                 self._dhcp(f.payload)

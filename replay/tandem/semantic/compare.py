@@ -419,7 +419,7 @@ def streams_analysis(run: AnalysisRun, rec: inputs_mod.RecordedInputs, at: dict 
         datagrams = []
         for ns, frame in run.net_out or ():
             f = netpkt.parse(frame)
-            if f and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP and not f.fragment:
+            if f and f.eth_type in (netpkt.ETH_IP, netpkt.ETH_IP6) and f.proto == netpkt.PROTO_UDP and not f.fragment:
                 datagrams.append((ns, (f.ip_dst, f.dport), f.payload))
     s.update(_datagram_streams(datagrams))
     return s

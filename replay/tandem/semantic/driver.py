@@ -125,7 +125,7 @@ class AnalysisDriver:
         # rules (rules.py), as far as they are known (a live native's as it makes them).
         self.use_rules = rules
         self.rules = Rules()
-        self.peer = res.peer = Peer()
+        self.peer = res.peer = Peer(router_advert=lambda: rec.router_advert)
         self.lines = inputs_mod.SerialLines()  # the guest's console lines (line dependencies)
         self.todo: list[inputs_mod.Input] = []  # taken, not delivered yet: todo[nxt:]
         self.nxt = 0
@@ -437,7 +437,8 @@ class AnalysisDriver:
                     or self.answer_unknown(inp) or self.unopened(inp):
                 return
             fl = self.peer.flows.get(inp.flow)
-            conds = conditions(inp, self.peer, self.have, self.short) if fl is not None else None
+            # QEMU follows IPv4 TCP alone (qemu-patches/0023): an IPv6 connection's input goes at a stop.
+            conds = conditions(inp, self.peer, self.have, self.short) if fl is not None and fl.ipv4 else None
             if fl is None or conds is None:
                 return
             # The guest's bytes on this connection its segment will acknowledge: as many

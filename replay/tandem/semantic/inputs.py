@@ -255,6 +255,9 @@ class RecordedInputs:
     # The native ended by its ACPI power button (a user's VM powered off by
     # Recording.powerdown): an analysis gets the press too, after its last input.
     power_button: bool = False
+    # The last router advertisement the network sent (a whole frame): the replayer's
+    # answer to an analysis guest's router solicitation, as it answers ARP (peer.py).
+    router_advert: bytes | None = None
 
 
 class SerialLines:
@@ -344,6 +347,7 @@ class InputExtractor:
         # guest's answers to those are no requests.
         self.asked: dict[tuple[int, int], tuple[Exchange, tuple[bytes, int, bytes, int]]] = {}
         self.served: set[tuple[int, bytes, int]] = set()
+        self.solicited_ns: int | None = None    # when the guest last asked for a router (IPv6)
 
     def feed(self, events: Iterable[pcapng.Event]) -> RecordedInputs:
         """Extract the inputs of these events (the ones after the last call's)."""
@@ -524,23 +528,28 @@ class InputExtractor:
         self.rec.inputs.append(self._deps(Input("tcp-open", e.vm_ns, flow=fl.index, seq=e.seq)))
 
     def _parsed_segment(self, e: pcapng.Event) -> Segment | None:
-        """A frame tcp4() did not take: its segment if it is an unfragmented IPv4 TCP one
-        after all (a header parse() reads), else None once _other_frame has taken it."""
+        """A frame tcp4() did not take: its segment if it is an unfragmented TCP one
+        after all (over IPv6, or a header parse() reads), else None once _other_frame
+        has taken it."""
         f = netpkt.parse(e.data)
         if f is None:
             return None
-        if not (f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_TCP and not f.fragment):
+        if not (f.eth_type in IP_TYPES and f.proto == netpkt.PROTO_TCP and not f.fragment):
             self._other_frame(f, e)
             return None
         return (f.ip_src, f.sport, f.ip_dst, f.dport, f.seq, f.flags, f.payload)
 
     def _other_frame(self, f: netpkt.Frame, e: pcapng.Event) -> None:
-        """A frame that is not an IPv4 TCP segment."""
-        if e.direction == "out" and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP:
+        """A frame that is not a TCP segment: UDP, ICMP, IPv6's neighbour discovery."""
+        if e.direction == "out" and f.eth_type in IP_TYPES and f.proto == netpkt.PROTO_UDP:
             self.rec.udp_out.append((e.vm_ns, (f.ip_dst, f.dport), f.payload))
             if not f.fragment and (f.sport, f.ip_dst, f.dport) not in self.served:
                 self._udp_request(f, e.vm_ns)
-        elif e.direction == "in" and f.eth_type == netpkt.ETH_IP:
+        elif e.direction == "out" and f.icmp6_type == netpkt.ND_RS:
+            self.solicited_ns = e.vm_ns
+        elif e.direction == "in" and f.eth_type == netpkt.ETH_IP6 and self._answered_discovery(f, e):
+            return
+        elif e.direction == "in" and f.eth_type in IP_TYPES:
             if f.fragment:
                 self.limits["IPv4 fragments"] = None
                 return
@@ -550,11 +559,25 @@ class InputExtractor:
                     asked[0].replies.append((e.vm_ns - asked[0].vm_ns, e.data))
                     return      # a reply: answered by request (exchanges.py)
                 self.served.add((f.dport, f.ip_src, f.sport))
-            # UDP the remote side started, and ICMP: re-sent as datagrams at their recorded time.
+            # UDP the remote side started, ICMP, ICMPv6 but the answers to the guest's own
+            # solicitations (a router's periodic advertisement, the network's neighbour
+            # solicitations): re-sent as datagrams at their recorded time.
             self.rec.inputs.append(self._deps(Input("frame", e.vm_ns, e.data, seq=e.seq)))
         elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
             self.limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
         # ARP from the network is not replayed: the replayer answers the guest's own.
+
+    def _answered_discovery(self, f: netpkt.Frame, e: pcapng.Event) -> bool:
+        """Neighbour discovery from the network that answers the guest's own solicitation,
+        as ARP replies do: not replayed, the replayer answers the analysis guest's (a
+        neighbour advertisement; a router advertisement within SOLICITED_RA_NS of the
+        guest's router solicitation, the last one kept as the answer to give)."""
+        if f.proto != netpkt.PROTO_ICMP6:
+            return False
+        if f.icmp6_type == netpkt.ND_RA:
+            self.rec.router_advert = e.data
+            return self.solicited_ns is not None and e.vm_ns - self.solicited_ns <= SOLICITED_RA_NS
+        return f.icmp6_type == netpkt.ND_NA
 
 
     def _asks_time(self, fl: Flow, new: bytes) -> None:
@@ -573,6 +596,12 @@ class InputExtractor:
                       f.payload, (f.ip_dst, f.dport))
         self.rec.exchanges.append(ex)
         self.asked[(f.sport, f.dport)] = (ex, f.flow())
+
+
+IP_TYPES = (netpkt.ETH_IP, netpkt.ETH_IP6)
+# A router advertisement this soon after the guest's solicitation answers it (QEMU's user
+# network answers at once; its unsolicited ones come every 200-600 s of VM time).
+SOLICITED_RA_NS = 1_000_000_000
 
 
 HTTP_REQUEST = re.compile(rb"(?:GET|HEAD|POST|PUT|DELETE|OPTIONS|PATCH|CONNECT|TRACE) \S")

@@ -78,6 +78,11 @@ class PeerFlow:
     def seq(self, off: int) -> int:
         return (self.isn + off) & 0xFFFFFFFF
 
+    @property
+    def ipv4(self) -> bool:
+        """An IPv4 connection (QEMU's release rules follow no other: qemu-patches/0023)."""
+        return len(self.server[0]) == 4
+
     def guest_key(self) -> bytes:
         """The 4-tuple of the guest's segments on this connection, as on the wire
         (source and destination address, source and destination port)."""
@@ -104,7 +109,10 @@ def _reset_while_starting(fl: PeerFlow) -> bool:
 
 
 class Peer:
-    def __init__(self) -> None:
+    def __init__(self, router_advert=lambda: None) -> None:
+        """router_advert(): the router advertisement to answer a router solicitation with
+        (inputs.RecordedInputs.router_advert, which a live native may give later)."""
+        self.router_advert = router_advert
         self.flows: dict[int, PeerFlow] = {}
         self.by_tuple: dict[tuple, PeerFlow] = {}
         self.ident = 0
@@ -231,8 +239,10 @@ class Peer:
             if f.arp_tpa != f.arp_spa:
                 return [netpkt.arp_reply(netpkt.GATEWAY_MAC, f.arp_tpa, f.arp_sha, f.arp_spa)]
             return []
-        if f.eth_type != netpkt.ETH_IP or f.proto != netpkt.PROTO_TCP:
-            if f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP and not f.fragment:
+        if f.icmp6_type in (netpkt.ND_NS, netpkt.ND_RS):
+            return self._discovery(f)
+        if f.eth_type not in (netpkt.ETH_IP, netpkt.ETH_IP6) or f.proto != netpkt.PROTO_TCP:
+            if f.eth_type in (netpkt.ETH_IP, netpkt.ETH_IP6) and f.proto == netpkt.PROTO_UDP and not f.fragment:
                 self.udp_out.append((now, (f.ip_dst, f.dport), f.payload))
                 if (f.sport, f.ip_dst, f.dport) not in self.served:
                     self.requests.append(f)
@@ -250,6 +260,19 @@ class Peer:
         if fl.index < 0:
             self._note_ready(fl, f)
         return out
+
+    def _discovery(self, f: netpkt.Frame) -> list[bytes]:
+        """IPv6's ARP (RFC 4861), answered as QEMU's user network answers it: a neighbour
+        solicitation for any address but the guest's own (and none from the unspecified
+        address: that is the guest checking its own address is unique, which an answer
+        would say is taken) by the network's MAC; a router solicitation by the router
+        advertisement the native was given (none yet: the guest asks again, 4 s later)."""
+        if f.icmp6_type == netpkt.ND_NS:
+            if f.ip_src == netpkt.IP6_ANY or f.nd_target in (f.ip_src, b""):
+                return []
+            return [netpkt.neighbour_advert(netpkt.GATEWAY_MAC, f.nd_target, f.src, f.ip_src)]
+        advert = self.router_advert()
+        return [advert] if advert else []
 
     def _on_segment(self, fl: PeerFlow, f, now: int) -> list[bytes]:
         out: list[bytes] = []
