@@ -283,9 +283,8 @@ Name=en* eth*
 
 [Network]
 DHCP=ipv4
-# IPv4 only: no router solicitations or link-local chatter on the recorded wire.
-LinkLocalAddressing=no
-IPv6AcceptRA=no
+# IPv6 as networkd has it by default (link-local addresses, router advertisements):
+# an ordinary guest's neighbour discovery and MLD reports are on the recorded wire.
 EOF
 # Wait for any one NIC, not all: a second NIC on another network must not hold nginx
 # (After=network-online.target) for wait-online's 2 minutes.

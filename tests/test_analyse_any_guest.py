@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 from helpers import assert_one_line_error, run_cli, start_client, wait_until
-from helpers.refvm import arp_replies_to_guest, dhcp_to_guest, offered_then_acked
+from helpers.refvm import arp_replies_to_guest, dhcp_to_guest, icmp6_types, offered_then_acked
 from tandem import artifacts
 from tandem.formats import netpkt, pcapng
 from tandem.machine import Forward, Guest
@@ -114,6 +114,17 @@ def test_the_recording_has_the_connections_the_guest_opened(refvm_recording):
     assert len(flows) == 6 and all(fl.answer == "accepted" and fl.protocol == "http" for fl in flows), flows
 
 
+@pytest.mark.timeout(900)
+def test_the_guests_ipv6_is_recorded_and_extracted_with_no_limit(refvm_recording):
+    """Debian's networkd with IPv6 on: the guest solicits a router and its neighbours
+    and reports its multicast groups; QEMU's user network advertises fec0::/64."""
+    out, came = icmp6_types(refvm_recording / "devices.pcapng", "out"), icmp6_types(refvm_recording / "devices.pcapng", "in")
+    assert {netpkt.ND_RS, 143} <= out, out          # 143: an MLDv2 report
+    assert netpkt.ND_RA in came, came
+    rec = inputs.load(refvm_recording)
+    assert rec.router_advert is not None and not [x for x in rec.limits if "ethertype" in x], rec.limits
+
+
 @pytest.mark.timeout(2700)
 def test_the_reference_vm_analysed_on_its_own_disk_is_clean(refvm_recording, tmp_path):
     s = analyze(refvm_recording, ["kasan", "ubsan", "lockdep"], workdir=tmp_path, record=False)
@@ -130,6 +141,9 @@ def test_the_reference_vm_analysed_on_its_own_disk_is_clean(refvm_recording, tmp
     for name in ("native", "kasan", "ubsan", "lockdep"):
         assert offered_then_acked(dhcp_to_guest(tmp_path / f"{name}.pcapng")), (name, s.limits)
         assert bytes([10, 0, 2, 2]) in arp_replies_to_guest(tmp_path / f"{name}.pcapng"), name
+        # IPv6 as the native had it: its router solicitation answered by the replayer
+        assert netpkt.ND_RA in icmp6_types(tmp_path / f"{name}.pcapng", "in"), name
+    assert not [x for x in s.limits if "ethertype" in x], s.limits
     assert not [x for x in s.limits if "no answer in the recording" in x and "DHCP" in x], s.limits
     # nginx's connections to the backend were answered from the recording, each its own
     # page (matched by request where four were open at once).

@@ -7,15 +7,17 @@ lock and the venv step run: seconds, no download.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from helpers import ROOT, wait_until
-from tandem import catalog
+from tandem import artifacts, catalog
 from tandem.cli.main import build_parser
 
 LINE = re.compile(r"^(ok|warn|FAIL) +[\w-]+: .+")
@@ -135,3 +137,29 @@ def test_help_lists_every_subcommand():
     cli = build_parser()._subparsers._group_actions[0].choices
     for name in [*cli, "test", "build", "setup", "bench", "doctor", "demo"]:
         assert re.search(rf"^\s*(\./tandem )?{re.escape(name)}\b", r.stdout, re.M), f"{name} missing:\n{r.stdout}"
+
+
+def cli_with_build(build: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"), TANDEM_BUILD_DIR=str(build))
+    return subprocess.run([sys.executable, "-m", "tandem", *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def test_each_command_builds_what_it_needs_and_says_so_first(built, demo_bundle, tmp_path):
+    """inspect builds nothing, even with no build at all; record of the demo guest builds
+    what of QEMU and its guest is missing (here the guest image, gone from this build
+    directory), says so with an estimate first, and nothing else (no analysis kernel)."""
+    r = cli_with_build(tmp_path / "nobuild", "inspect", str(demo_bundle))
+    assert r.returncode == 0 and "building" not in r.stderr, r.stderr
+    assert not (tmp_path / "nobuild").exists()
+    build = tmp_path / "build"
+    build.mkdir()
+    for made in (ROOT / "build").glob("*.json"):
+        if made.name != "guest.json":
+            shutil.copy(made, build / made.name)
+    r = cli_with_build(build, "record", str(tmp_path / "x.tdm"), "--duration", "2s", "--stop", "quit")
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if "building" in line]
+    assert said and said[0].startswith("tandem: building guest for recording: about "), r.stderr
+    assert not [line for line in said if "kernel-" in line or "refvm" in line], said
+    assert json.loads((build / "guest.json").read_text())["key"] == artifacts.guest()["key"]

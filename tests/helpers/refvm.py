@@ -29,3 +29,13 @@ def arp_replies_to_guest(devlog) -> set[bytes]:
         if f is not None and f.eth_type == netpkt.ETH_ARP and f.arp_op == 2:
             out.add(f.arp_spa)
     return out
+
+
+def icmp6_types(devlog, direction: str) -> set[int]:
+    """The ICMPv6 message types that went this way ('in': to the guest) in a device log."""
+    out = set()
+    for e in pcapng.read_devlog(devlog).events:
+        f = netpkt.parse(e.data) if e.kind == "net" and e.direction == direction else None
+        if f is not None and f.eth_type == netpkt.ETH_IP6 and f.proto == netpkt.PROTO_ICMP6:
+            out.add(f.icmp6_type)
+    return out

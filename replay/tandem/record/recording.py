@@ -118,9 +118,9 @@ def check_host_ports(forwards: tuple[Forward, ...]) -> None:
 
 # What a stop request (Ctrl-C, SIGTERM) does: press the power button first, or quit.
 STOP_POLICIES = ("powerdown", "quit")
-# Wall seconds the first Ctrl-C waits for a guest to power off after its power button:
-# Debian 12 (systemd) from its own disk takes 4-6 s under TCG here, the demo guest under
-# a second; a guest that ignores the button is quit after this.
+# Wall seconds the first Ctrl-C waits for a guest to power off after its power button
+# (--shutdown-timeout): room for a systemd guest to stop its services under TCG; a guest
+# that ignores the button (no ACPI, no handler) is quit once it has passed.
 POWERDOWN_WAIT_S = 60.0
 
 
