@@ -101,14 +101,15 @@ def _analyse_in_turns(path: Path, analyses_build) -> bool:
     those on the native kernel at once (with the noise run, whose result every later turn
     uses again), each other one when its kernel and modules are up to date, while the rest
     still build at nice 19. True when every analysis ran to its end."""
-    from ..semantic.analyze import analyze
+    from ..semantic.analyze import Summary, analyze
     from ..setup.state import why_stale
-    from .render import print_summary
+    from .render import print_summary, print_verdict
 
     def ready(name: str) -> bool:
         return all(why_stale(t) is None for t in catalog.build_targets([name]) if t not in ("qemu", "guest"))
 
     pending, first, completed = list(DEMO_ANALYSES), None, True
+    whole = Summary(str(path))
     t0 = time.monotonic()
     while pending:
         turn = [a for a in pending if ready(a)]
@@ -128,6 +129,10 @@ def _analyse_in_turns(path: Path, analyses_build) -> bool:
         print_summary(s, console)
         completed &= all(r.run.outcome in ("poweroff", "finished") for r in s.results)
         pending = [a for a in pending if a not in turn]
+        whole.results += s.results
+    if whole.results and len(whole.results) > len(first.results if first else []):
+        console.print("all the analyses: ", end="")      # the turns' verdicts as one
+        print_verdict(whole, console)
     return completed
 
 

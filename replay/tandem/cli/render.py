@@ -55,6 +55,11 @@ def print_summary(s, out=console) -> None:
         print_not_analysed(r, out)
     for lim in s.limits:
         out.print(f"  replay limit: {lim}", markup=False)
+    print_verdict(s, out)
+
+
+def print_verdict(s, out=console) -> None:
+    """One line: found, incomplete or clean, with the counts across the summary's analyses."""
     n_f = sum(len(r.findings) for r in s.results)
     n_d = sum(len(r.divergences) for r in s.results)
     n_i = sum(not r.complete for r in s.results)

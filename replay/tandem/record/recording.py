@@ -6,6 +6,7 @@ complete segment at any time, and finished with a manifest at the end.
 """
 from __future__ import annotations
 
+import logging
 import shutil
 import socket
 import subprocess
@@ -23,6 +24,8 @@ from ..machine import RR, Forward, Gate, Guest, Run, UserNet, disk_input
 from ..qemu.argv import GUEST_PORT, overlay_path
 from ..qemu.vm import VM, Serial, free_port
 from ..qemu.image import make_overlays
+
+log = logging.getLogger(__name__)
 
 OVERLAY = "disk-overlay.qcow2"
 
@@ -197,7 +200,10 @@ class Recording:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         if vm.serial is not None:       # tandem console BUNDLE, while this runs
-            self.console = ConsoleServer(vm.serial, self.path)
+            try:
+                self.console = ConsoleServer(vm.serial, self.path)
+            except (TandemError, OSError) as e:     # the recording goes on without it
+                log.warning("%s: its console is not served to tandem console: %s", self.path, e)
         return self
 
     def all_forwards(self) -> tuple[Forward, ...]:

@@ -97,6 +97,15 @@ def read_progress(targets: list[str]) -> list[Progress]:
     return out
 
 
+def meson() -> str:
+    """meson: the venv's (beside this Python; ./tandem puts it on PATH, `python -m tandem`
+    from the venv does not), else PATH's; a one-line error when there is none."""
+    found = shutil.which("meson", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if found is None:
+        raise TandemError("meson not found (it is in replay/requirements.txt: ./tandem setup)")
+    return found
+
+
 def _meson_setup() -> None:
     b = build_dir()
     if (b / "build.ninja").is_file():
@@ -110,7 +119,7 @@ def _meson_setup() -> None:
     if b.exists():      # a setup cut short: meson refuses a half-made build directory
         log.info("redoing the meson setup of %s (left half-made)", b)
         shutil.rmtree(b)
-    r = subprocess.run(["meson", "setup", str(b), str(REPO)], capture_output=True, text=True)
+    r = subprocess.run([meson(), "setup", str(b), str(REPO)], capture_output=True, text=True)
     if r.returncode != 0:
         raise TandemError(f"meson setup {b} failed: {(r.stderr or r.stdout).strip().splitlines()[-1]}")
 
@@ -146,7 +155,7 @@ def build(targets: list[str], command: str = "tandem", compile_parser: bool = Tr
         t0 = time.monotonic()
         tty = sys.stderr.isatty()
         with open(logfile, "w") as out:
-            proc = subprocess.Popen(["meson", "compile", "-C", str(build_dir()), "-j", str(JOBS), *targets],
+            proc = subprocess.Popen([meson(), "compile", "-C", str(build_dir()), "-j", str(JOBS), *targets],
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             last = ["", time.monotonic()]
             while proc.poll() is None:
@@ -237,6 +246,10 @@ def ensure(targets: list[str], why: str, command: str = "tandem", parser: bool =
     log.info("building %s for %s: %s, once (then cached in %s)", ", ".join(todo), why,
              state.estimate_text(todo), cache_dir())
     build(todo, command=command, compile_parser=False)
+    # A build directory meson had to set up again loses the descriptions of what was
+    # built: those are written again from the cache (each script a no-op there).
+    if again := [t for t in targets if t not in todo and state.why_stale(t)]:
+        build(again, command=command, compile_parser=False)
 
 
 def main(argv: list[str] | None = None) -> int:
