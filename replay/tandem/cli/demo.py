@@ -52,8 +52,8 @@ def run_demo(console, workdir: Path | None = None) -> int:
     if path.exists():
         shutil.rmtree(path)
     from ..setup import build
-    # QEMU, the native kernel, the guest; the console parser compiles with the analyses'
-    # kernels in the background (the .py parser runs meanwhile): a minute off the start.
+    # QEMU, the native kernel, the guest; not the console parser's compile (a minute of
+    # CPU: the .py parser reads the demo's short consoles as well).
     build.build(["record"], command="tandem demo", compile_parser=False)
     # The analyses' kernels build while the native is recorded and replayed (measured
     # cold: docs/benchmarks.md, "cold setup"); a no-op when they are cached.

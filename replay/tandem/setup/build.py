@@ -184,14 +184,17 @@ class Background:
         bg = Background(["analyses"]); ...; bg.wait(status)   # status(line): progress
     """
 
-    def __init__(self, targets: list[str], command: str = "tandem demo"):
+    def __init__(self, targets: list[str], command: str = "tandem demo", parser: bool = False):
+        """parser: also compile the console parser (a minute of CPU the kernels could use;
+        the demo's consoles are short, and the .py parser reads them as well)."""
         self.targets = expand(targets)
         self.log = cache_dir() / "logs" / "build-background.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, TANDEM_COMMAND=f"{command} (in the background)",
                    PYTHONPATH=os.pathsep.join([str(REPO / "replay"), os.environ.get("PYTHONPATH", "")]))
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tandem.setup.build", *self.targets],
+            self.proc = subprocess.Popen([sys.executable, "-m", "tandem.setup.build", *self.targets,
+                                          *([] if parser else ["--no-parser"])],
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, preexec_fn=lambda: os.nice(19), start_new_session=True)
 
@@ -256,10 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tandem.setup.build", description=__doc__.split("\n\n")[0])
     p.add_argument("targets", nargs="*", help=f"meson targets or groups ({', '.join(GROUPS)}; default all)")
     p.add_argument("--debug", action="store_true")
+    p.add_argument("--no-parser", action="store_true",
+                   help="do not compile the console parser (the .py modules run without it)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, format="tandem: %(message)s")
     try:
-        build(args.targets, command=os.environ.get("TANDEM_COMMAND", "tandem build"))
+        build(args.targets, command=os.environ.get("TANDEM_COMMAND", "tandem build"), compile_parser=not args.no_parser)
     except TandemError as e:
         print(f"tandem: error: {e}", file=sys.stderr)
         return e.exit_code
