@@ -45,6 +45,7 @@ ONE_FIELD = [
     (("inputs", "disk_base.x,y"), {"path": "/x", "size": 1, "sha256": "0" * 64}, "inputs"),
     (("stop",), "shutdown", "stop"),
     (("stop", "vm_ns"), "6000", "stop.vm_ns"),
+    (("stop", "power_button"), "yes", "stop.power_button"),
     (("state",), ["complete"], "state"),
     (("qemu", "build_id"), {"a": 1}, "qemu.build_id"),
     (("qemu", "a\nb"), False, "qemu.'a\\nb'"),     # a key that would cut the message (hypothesis, 2026-11-28)

@@ -401,7 +401,8 @@ _MACHINE: FieldRules = {
              f"a list of at most {_MAX_DEVICES} NICs ({{netdev: an id, model: a NIC model, mac: a MAC}})"),
 }
 _STOP: FieldRules = {"reason": (lambda v: _text(v, 256), "text"), "vm_ns": (_int, "a whole number of nanoseconds"),
-         "icount": (_int, "a whole number of instructions")}
+         "icount": (_int, "a whole number of instructions"),
+         "power_button": (lambda v: isinstance(v, bool), "true or false")}
 
 
 def _entry_problem(where: str, entry: Any, *, with_path: bool) -> str | None:

@@ -272,13 +272,14 @@ class ShadowRun:
             self.rec.limits.append(f"following the native's device log stopped: {e}")
         self.rec.end_ns = next((s.end_vm_ns for s in reader.stats if s and s.end_vm_ns), None) \
             or self.rec.known_ns
-        if self.users_guest:
-            # Did the native power off by itself (its ACPI button, a shutdown in the guest)?
-            # Then each analysis's button is pressed after its last input (driver): known
-            # once finish() has the native's stop reason, before the analyses are told the
-            # recording is finished.
-            self._native_sealed.wait(STOP_REASON_WAIT_S)
-            self.rec.power_button = self.native.stop_reason == "poweroff"
+        # Did the native power off by itself (its ACPI button, a shutdown in the guest)?
+        # Then each analysis's button is pressed after its last input (driver): known once
+        # finish() has the native's stop reason, before the analyses are told the
+        # recording is finished. Tandem's own guest powers off from its console unless
+        # its button was pressed (a Ctrl-C).
+        self._native_sealed.wait(STOP_REASON_WAIT_S)
+        self.rec.power_button = self.native.stop_reason == "poweroff" and (
+            self.users_guest or self.native.button_pressed)
         self.rec.finished = True
 
     def sample(self) -> None:

@@ -88,15 +88,16 @@ def overlay_names(m: dict) -> list[str]:
     return [overlay_name(d["id"]) for d in disks]
 
 
-def seal(path: Path, m: dict, *, status: int, wall_s: float, stop_reason: str) -> dict:
-    """Finish a bundle whose QEMU has exited: channel stats, stop, file hashes, state."""
+def seal(path: Path, m: dict, *, status: int, wall_s: float, stop_reason: str, power_button: bool = False) -> dict:
+    """Finish a bundle whose QEMU has exited: channel stats, stop, file hashes, state.
+    power_button: the guest's ACPI power button was pressed (the analyses press theirs)."""
     dl = pcapng.read_devlog(path / bundle.DEVLOG)
     m["channels"] = channel_stats(dl)
     m["devlog_format"] = dl.format
     end = next((s for s in dl.stats if s), None)
     m["stop"] = {"reason": stop_reason, "exit_status": status,
                  "vm_ns": end.end_vm_ns if end else None,
-                 "icount": end.icount if end else None}
+                 "icount": end.icount if end else None, "power_button": power_button}
     m["wall_time_s"] = round(wall_s, 3)
     m["state"] = "complete" if status == 0 and dl.closed_cleanly else "interrupted"
     m["files"] = {name: bundle.file_entry(path / name)
@@ -164,6 +165,7 @@ class Recording:
         self.powerdown_wait_s = POWERDOWN_WAIT_S if powerdown_wait_s is None else powerdown_wait_s
         self.stop_requests = 0          # request_stop(): from a signal handler, acted on by wait()
         self.button_at: float | None = None     # when a stop request pressed the power button
+        self.button_pressed = False             # by powerdown(), for whatever reason
         self._tmp: str | None = None       # the sockets' directory, while recording
         self.console: ConsoleServer | None = None   # the serial console served to users
 
@@ -269,6 +271,7 @@ class Recording:
     def powerdown(self) -> None:
         """Press the guest's power button (ACPI): the recording ends when it powers off,
         recorded as the guest's own shutdown (stop reason 'poweroff')."""
+        self.button_pressed = True
         self.started().powerdown()
 
     def wait(self, timeout: float | None = None, progress=None, say=lambda line: None) -> None:
@@ -315,7 +318,8 @@ class Recording:
                 self.stop_reason = "duration" if self.duration_ns else "qemu-exit"
             else:
                 self.stop_reason = {"guest-shutdown": "poweroff", "host-qmp-quit": "duration"}.get(reason, reason)
-        m = seal(self.path, self.manifest, status=status, wall_s=wall, stop_reason=self.stop_reason)
+        m = seal(self.path, self.manifest, status=status, wall_s=wall, stop_reason=self.stop_reason,
+                 power_button=self.button_pressed)
         if m["state"] != "complete":
             raise TandemError(f"{self.path}: QEMU exited with status {status} during recording "
                               f"(bundle kept as 'interrupted'; replay it with --partial)")

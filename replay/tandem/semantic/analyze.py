@@ -156,7 +156,9 @@ def _unread(bundle_dir: Path, manifest: dict, users_guest: bool) -> inputs.Recor
     if isinstance(created, str) and len(created) >= 19:
         rec.created = created[:19]
     stop = manifest.get("stop") or {}
-    rec.power_button = users_guest and stop.get("reason") == "poweroff"
+    # A user's VM that powered off may have had its button pressed by a tool of the
+    # user's; tandem's own guest powers off from its console unless the button was.
+    rec.power_button = stop.get("reason") == "poweroff" and (users_guest or stop.get("power_button") is True)
     return rec
 
 
