@@ -600,7 +600,7 @@ class InputExtractor:
 
 IP_TYPES = (netpkt.ETH_IP, netpkt.ETH_IP6)
 # A router advertisement this soon after the guest's solicitation answers it (QEMU's user
-# network answers at once; its unsolicited ones come every 200-600 s of VM time).
+# network answers at once; its unsolicited ones come on a timer, minutes apart).
 SOLICITED_RA_NS = 1_000_000_000
 
 
