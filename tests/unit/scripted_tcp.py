@@ -29,8 +29,8 @@ class Native:
         self.events.append(pcapng.Event(len(self.events), 0, "net0", "net", direction, ns, ns, data, 0))
 
     def conn(self, guest_port: int, remote: tuple[bytes, int] = BACKEND, g_isn: int = 5000,
-             r_isn: int = 9000) -> Conn:
-        return Conn(self, guest_port, remote, g_isn, r_isn)
+             r_isn: int = 9000, guest_ip: bytes = GUEST_IP) -> Conn:
+        return Conn(self, guest_port, remote, g_isn, r_isn, guest_ip)
 
     def recording(self, end_ns: int) -> RecordedInputs:
         return from_events(self.events, end_ns=end_ns)
@@ -39,15 +39,16 @@ class Native:
 class Conn:
     """One recorded connection; each side's sequence number advances with what it sends."""
 
-    def __init__(self, log: Native, guest_port: int, remote: tuple[bytes, int], g_isn: int, r_isn: int):
-        self.log, self.guest_port, self.remote = log, guest_port, remote
+    def __init__(self, log: Native, guest_port: int, remote: tuple[bytes, int], g_isn: int, r_isn: int,
+                 guest_ip: bytes = GUEST_IP):
+        self.log, self.guest_port, self.remote, self.guest_ip = log, guest_port, remote, guest_ip
         self.next = {"out": g_isn, "in": r_isn}
 
     def seg(self, direction: str, ns: int, flags: int, payload: bytes = b"") -> Conn:
         seq = self.next[direction]
         self.next[direction] = (seq + len(payload) + (1 if flags & (SYN | FIN) else 0)) & M32
         ack = self.next["in" if direction == "out" else "out"] if flags & ACK else 0
-        g, r = (GUEST_IP, self.guest_port), self.remote
+        g, r = (self.guest_ip, self.guest_port), self.remote
         (smac, src), (dmac, dst) = ((GMAC, g), (SMAC, r)) if direction == "out" else ((SMAC, r), (GMAC, g))
         self.log.frame(direction, ns, netpkt.tcp(smac, dmac, src[0], dst[0], src[1], dst[1], seq, ack, flags,
                                                  64240, payload, mss=1460 if flags & SYN else None))
@@ -64,11 +65,12 @@ class GuestEnd:
     """The analysis guest's end of a connection: its own port and initial sequence number.
     Its segments acknowledge everything the replayer has sent it so far (read off the feed)."""
 
-    def __init__(self, port: int, remote: tuple[bytes, int] = BACKEND, isn: int = 0x7777_0000):
-        self.port, self.remote, self.seq = port, remote, isn
+    def __init__(self, port: int, remote: tuple[bytes, int] = BACKEND, isn: int = 0x7777_0000,
+                 ip: bytes = GUEST_IP):
+        self.port, self.remote, self.seq, self.ip = port, remote, isn, ip
 
     def segment(self, feed: ScriptedFeed, ns: int, flags: int, payload: bytes = b"") -> feedproto.Message:
-        frame = netpkt.tcp(GMAC, SMAC, GUEST_IP, self.remote[0], self.port, self.remote[1], self.seq,
+        frame = netpkt.tcp(GMAC, SMAC, self.ip, self.remote[0], self.port, self.remote[1], self.seq,
                            self.acked(feed) if flags & ACK else 0, flags, 64240, payload,
                            mss=1460 if flags & SYN else None)
         self.seq = (self.seq + len(payload) + (1 if flags & (SYN | FIN) else 0)) & M32

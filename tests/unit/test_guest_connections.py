@@ -481,3 +481,41 @@ def test_a_guest_still_starting_is_waited_for_not_timed_out():
     fins = [ns for ns, f in sent if f is not None and f.dport == WEB and f.flags & FIN]
     assert fins and min(fins) >= up + 1 * MS, (fins, up)
     assert not [x for x in res.limits if "after waiting" in x], res.limits
+
+
+def test_connections_over_ipv6_are_answered_and_compared_as_over_ipv4():
+    """The same proxied request with every address IPv6 (QEMU's user network: the host is
+    fec0::2, the guest a fec0::/64 address of its own): the client's connection in, the
+    guest's to its backend out, both answered in IPv6 frames and compared clean."""
+    guest6, host6 = bytes.fromhex("fec0000000000000505400fffe123456"), bytes.fromhex("fec0" + "00" * 13 + "02")
+    native = Native()
+    client = native.conn(WEB, remote=(host6, 40000), g_isn=100, r_isn=200, guest_ip=guest6).remote_opens(1 * MS)
+    client.seg("in", 2 * MS, ACK | PSH, b"GET /backend/ HTTP/1.1\r\nHost: x\r\n\r\n")
+    back = native.conn(33000, remote=(host6, 8081), guest_ip=guest6).guest_opens(3 * MS)
+    back.seg("out", 4 * MS, ACK | PSH, REQ_A)
+    back.seg("in", 5 * MS, ACK | PSH, REPLY_A).seg("in", 5 * MS + 1, ACK | FIN).seg("out", 5 * MS + 2, ACK | FIN)
+    client.seg("out", 6 * MS, ACK | PSH, b"HTTP/1.1 200 OK\r\n\r\nfrom a\n")
+    client.seg("in", 7 * MS, ACK | FIN).seg("out", 7 * MS + 1, ACK | FIN)
+    rec = native.recording(8 * MS)
+    assert [(i.kind, i.flow) for i in rec.inputs] == [("tcp-open", 0), ("tcp-data", 0), ("tcp-data", 1),
+                                                      ("tcp-fin", 1), ("tcp-fin", 0)]
+    web = GuestEnd(WEB, remote=(host6, 40000), isn=0x1234_5678, ip=guest6)
+    back_end = GuestEnd(45000, remote=(host6, 8081), isn=0xFFFF_FFF0, ip=guest6)
+
+    def guest_answers_the_client(feed):
+        return [web.segment(feed, 1 * MS + 10, SYN | ACK), wait(2 * MS)]
+    script = [[wait(0)], [wait(1 * MS)], guest_answers_the_client,
+              at(2 * MS + 500, seg(back_end, 2 * MS + 500, SYN)),
+              at(2 * MS + 600, seg(back_end, 2 * MS + 550, ACK), seg(back_end, 2 * MS + 600, ACK | PSH, REQ_A)),
+              [wait(5 * MS)], [wait(5 * MS + 1)],
+              at(7 * MS, seg(web, 5 * MS + 500, ACK | PSH, b"HTTP/1.1 200 OK\r\n\r\nfrom a\n"),
+                 seg(back_end, 5 * MS + 600, ACK | FIN)),
+              at(7 * MS + 100, seg(web, 7 * MS + 50, ACK | FIN))]
+    res, feed = drive(rec, script)
+    synack, *_ = to_port(feed, 45000)
+    assert synack.eth_type == netpkt.ETH_IP6 and (synack.ip_src, synack.ip_dst, synack.sport) == (host6, guest6, 8081)
+    assert synack.flags == SYN | ACK and synack.ack == 0xFFFF_FFF1
+    assert payload_times(feed, 45000) == [(5 * MS, REPLY_A)]
+    assert res.limits == [] and res.peer.unknown == [] and res.outcome == "finished"
+    assert compare.channel(rec.flows[1]) == "tcp flow 1 ([fec0::5054:ff:fe12:3456]:33000->[fec0::2]:8081)"
+    assert compare.compare(rec, res, equivalence.Spec()) == []
