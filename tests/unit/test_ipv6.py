@@ -90,3 +90,22 @@ def test_the_guests_udp_over_ipv6_is_kept_for_comparison_and_answered_as_a_reque
     assert p.on_frame(q, 10) == []
     assert p.udp_out == [(10, (bytes.fromhex("fec0" + "00" * 13 + "03"), 53), b"\x00\x01q")]
     assert [r.dport for r in p.requests] == [53]
+
+
+def test_no_release_rule_is_made_for_an_ipv6_connection():
+    """QEMU's release rules (qemu-patches/0023) follow and patch IPv4 segments alone: an
+    input on an IPv6 connection, or one waiting on an IPv6 connection's output, goes at a
+    stop."""
+    from tandem.semantic import rules
+    from tandem.semantic.inputs import Input
+    from tandem.semantic.peer import PeerFlow
+    p = Peer()
+    v6 = PeerFlow(0, (CLIENT_IP6, 40000), (GUEST_IP6, 80), CMAC, GMAC, isn=1, state="established")
+    v4 = PeerFlow(1, (bytes([10, 0, 2, 2]), 40001), (bytes([10, 0, 2, 15]), 80), CMAC, GMAC, isn=1,
+                  state="established")
+    p.flows.update({0: v6, 1: v4})
+    assert not v6.ipv4 and v4.ipv4
+    waits_on_v6 = Input("tcp-data", 10, b"GET /\n", flow=1, needs_bytes={0: 5})
+    assert rules.conditions(waits_on_v6, p, lambda flow: 0, {}) is None
+    waits_on_v4 = Input("tcp-data", 10, b"GET /\n", flow=1, needs_bytes={1: 5})
+    assert rules.conditions(waits_on_v4, p, lambda flow: 0, {}) is not None

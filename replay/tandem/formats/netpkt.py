@@ -8,6 +8,7 @@ of ICMPv6, neighbour discovery (RFC 4861) as QEMU's user network speaks it.
 """
 from __future__ import annotations
 
+import ipaddress
 import struct
 from dataclasses import dataclass
 
@@ -27,7 +28,6 @@ GATEWAY_MAC = bytes.fromhex("52550a000202")   # slirp's virtual host (10.0.2.2)
 def ip_str(b: bytes) -> str:
     """An IPv4 address dotted, an IPv6 one as RFC 5952 writes it (in brackets, as a port follows)."""
     if len(b) == 16:
-        import ipaddress
         return f"[{ipaddress.IPv6Address(b)}]"
     return ".".join(str(x) for x in b)
 
@@ -241,7 +241,7 @@ def icmp6(src_mac: bytes, dst_mac: bytes, src: bytes, dst: bytes, body: bytes, h
     the IPv6 pseudo header (RFC 4443), in its frame."""
     c = _checksum(_pseudo(src, dst, PROTO_ICMP6, len(body)) + body[:2] + b"\0\0" + body[4:])
     body = body[:2] + c.to_bytes(2, "big") + body[4:]
-    return dst_mac + src_mac + struct.pack("!H", ETH_IP6) + _ipv6_packet(src, dst, PROTO_ICMP6, body, hop_limit)
+    return dst_mac + src_mac + _ETH_IP6 + _ipv6_packet(src, dst, PROTO_ICMP6, body, hop_limit)
 
 
 def neighbour_advert(my_mac: bytes, target: bytes, to_mac: bytes, to_ip: bytes) -> bytes:

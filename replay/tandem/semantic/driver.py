@@ -437,9 +437,8 @@ class AnalysisDriver:
                     or self.answer_unknown(inp) or self.unopened(inp):
                 return
             fl = self.peer.flows.get(inp.flow)
-            # QEMU follows IPv4 TCP alone (qemu-patches/0023): an IPv6 connection's input goes at a stop.
-            conds = conditions(inp, self.peer, self.have, self.short) if fl is not None and fl.ipv4 else None
-            if fl is None or conds is None:
+            conds = conditions(inp, self.peer, self.have, self.short) if fl is not None else None
+            if fl is None or conds is None or not fl.ipv4:   # QEMU patches IPv4 segments alone (0023)
                 return
             # The guest's bytes on this connection its segment will acknowledge: as many
             # as the native had sent before it, fewer if it came first.

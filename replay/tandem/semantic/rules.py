@@ -68,6 +68,7 @@ def conditions(inp: inputs_mod.Input, peer: Peer, have,
         if have(flow) >= need:
             continue
         fl = peer.flows.get(flow)
+        # QEMU follows IPv4 TCP alone (qemu-patches/0023): an IPv6 connection's inputs go at stops.
         if fl is None or fl.state != "established" or fl.index != flow or not fl.ipv4:
             return None
         out.append((fl.guest_key(), guest_seq(fl, need - short.get(flow, 0)), flow == inp.flow))
