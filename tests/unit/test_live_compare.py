@@ -366,9 +366,8 @@ def test_equal_lines_is_the_whole_lines_both_start_with(common, x, y):
 def test_a_line_an_early_ended_analysis_was_writing_is_not_a_divergence():
     """The analysis was stopped (hung, detached) while it wrote a line: on the console,
     byte by byte through the UART, or on a connection. What it wrote of that line is the
-    start of the native's: the rest is output it never reached, not a difference (a hung
-    analysis stopped mid-line by SIGSTOP made tests/test_live.py's hung test exit 1 at
-    random). A cut line that is not the start of the native's is still a divergence."""
+    start of the native's: the rest is output it never reached, not a difference. A cut
+    line that is not the start of the native's is still a divergence."""
     for outcome in ("hung", "detached", "lagging"):
         p = Pair()
         p.native(b"OK\nVALUE 12345\nOK\n", b"kvd: conn 1\ntandem-init: module tandem_bugs .text=0x1\n")
