@@ -45,7 +45,8 @@ def add_stop_option(p: argparse.ArgumentParser) -> None:
                         "quits at once")
     p.add_argument("--shutdown-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="with --stop powerdown: wall seconds to wait for the guest to power off after its power "
-                        "button before quitting it (default 60, as libvirt-guests' SHUTDOWN_TIMEOUT is a bound)")
+                        "button before quitting it (default 60; libvirt-guests bounds its own wait with "
+                        "SHUTDOWN_TIMEOUT)")
 
 
 def add_cpu_idle_option(p: argparse.ArgumentParser) -> None:

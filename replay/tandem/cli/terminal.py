@@ -32,7 +32,8 @@ def cmd_console(args) -> int:
         if saved is not None:
             termios.tcsetattr(0, termios.TCSADRAIN, saved)
         sock.close()
-    print("\nDisconnected" if interactive else "", file=sys.stderr, end="\n" if interactive else "")
+    if interactive:
+        print("\nDisconnected", file=sys.stderr)
     return 0
 
 

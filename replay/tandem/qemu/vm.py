@@ -104,7 +104,7 @@ class Serial:
                 self.cond.wait(left)
 
     def type(self, line: str) -> None:
-        self.sock.sendall(line.encode() + b"\n")
+        self.write(line.encode() + b"\n")
 
     def write(self, data: bytes) -> None:
         """Bytes to the guest's serial port as they are (a user's keystrokes)."""
