@@ -33,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_replay import replace_section  # noqa: E402
-from tandem.semantic import compare, equivalence, inputs, model, replay as replay_semantic  # noqa: E402
+from tandem.semantic.comparison import compare, equivalence
+from tandem.semantic import inputs, model
+from tandem.semantic.driving import replay as replay_semantic  # noqa: E402
 from tandem.formats import bundle, netpkt, pcapng  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.semantic.analyze import analyze  # noqa: E402

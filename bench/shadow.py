@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_replay import replace_section  # noqa: E402
 from tandem.semantic import inputs as inputs_mod  # noqa: E402
 from tandem.live import shadow as live_mod  # noqa: E402
-from tandem.semantic import live_compare  # noqa: E402
+from tandem.semantic.comparison import live_compare  # noqa: E402
 from tandem import plan as plan_mod  # noqa: E402
-from tandem.semantic import replay as replay_semantic  # noqa: E402
+from tandem.semantic.driving import replay as replay_semantic  # noqa: E402
 from tandem.live.shadow import SAMPLE_S, ShadowOptions, ShadowRun, analysis_cpuset  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.qemu.vm import VM, free_port
@@ -423,7 +423,7 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "no
               "input kept per request: some 600 bytes and 8 blocks). Each analysis compares its output "
               "with the native's as it goes and drops what agrees; the native's inputs, output and "
               "connections are dropped once every analysis has taken and compared them "
-              "(`replay/tandem/semantic/live_compare.py`, docs/shadow.md), so memory follows what is in flight: "
+              "(`replay/tandem/semantic/comparison/live_compare.py`, docs/shadow.md), so memory follows what is in flight: "
               "the buffer and the open connections. Under a load the analysis cannot keep up with, the "
               "buffer grows to its bound (`--buffer-events`, `--buffer-bytes`) and the overflow policy "
               "applies.")]

@@ -27,8 +27,8 @@ sys.path.append(str(ROOT / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_replay import replace_section  # noqa: E402
-from tandem.semantic import equivalence  # noqa: E402
-from tandem.semantic.compare import kept_lines  # noqa: E402
+from tandem.semantic.comparison import equivalence  # noqa: E402
+from tandem.semantic.comparison.compare import kept_lines  # noqa: E402
 
 SECTION = "spec-lines"
 

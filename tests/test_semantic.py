@@ -10,7 +10,8 @@ import pytest
 
 from helpers import ROOT, assert_one_line_error, run_cli, start_client
 from tandem import catalog
-from tandem.semantic import inputs, replay as replay_semantic
+from tandem.semantic import inputs
+from tandem.semantic.driving import replay as replay_semantic
 from tandem.exact import replay as replay_exact
 from tandem.semantic import findings as findings_mod
 from tandem.semantic.findings import findings
@@ -242,7 +243,7 @@ def test_a_heavy_recording_is_analysed_whole_reading_no_further_ahead_than_its_w
     delivered = r.run.n_delivered - sum(1 for i in inputs.load(path).inputs if i.kind == "rng")
     assert delivered == len(recorded), (delivered, len(recorded), requests)
     assert max(held) <= window + analyze_mod.PACE_EVERY, max(held)
-    # The clients' requests went by release rules (semantic/rules.py), QEMU firing them
+    # The clients' requests went by release rules (semantic/network/rules.py), QEMU firing them
     # with no stop: nearly all (not the connections' openings and closings, nor what a
     # stop found ready: 5,900 of 5,924 in a 3 s recording, 2026-11-29); and the
     # analysis's own recording replays exactly, the rules' decisions taken again from

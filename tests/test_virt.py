@@ -18,7 +18,7 @@ from helpers import assert_one_line_error, run_cli, wait_until
 from helpers.libvirt import names, native_xml, shadow_pid, virsh
 from tandem import artifacts
 from tandem.formats import bundle
-from tandem.semantic import feed as feedproto
+from tandem.qemu import feed as feedproto
 from tandem.record import recording as record
 from tandem.libvirt import daemon, domain, shadows
 from tandem.errors import TandemError

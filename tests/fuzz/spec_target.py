@@ -20,12 +20,12 @@ if __name__ == "__main__":     # run by hand or by bench/fuzz.py: tandem from th
 
 import fuzzing  # noqa: E402
 
-INSTRUMENT = ("tandem.semantic.equivalence", "tomllib")
+INSTRUMENT = ("tandem.semantic.comparison.equivalence", "tomllib")
 
 
 def check(data: bytes) -> None:
     """Load `data` as a spec; a TandemError must be one line. Raises anything else."""
-    from tandem.semantic import equivalence
+    from tandem.semantic.comparison import equivalence
     from tandem.errors import TandemError
     try:
         equivalence.check(equivalence.parse_toml(data, "<fuzz>"), "<fuzz>")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tandem.formats import netpkt, pcapng
-from tandem.semantic import exchanges
+from tandem.semantic.network import exchanges
 
 
 def dhcp_to_guest(devlog) -> list[int]:

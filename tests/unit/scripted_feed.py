@@ -3,7 +3,7 @@ what QEMU says on the feed, step by step, and what the driver asked of it. Share
 the loop's tests (test_driver.py) and the tests of what it answers (test_guest_connections.py)."""
 from __future__ import annotations
 
-from tandem.semantic import feed as feedproto
+from tandem.qemu import feed as feedproto
 
 CAUSE = {name: i for i, name in enumerate(feedproto.SHUTDOWN_CAUSES)}
 

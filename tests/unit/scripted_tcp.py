@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from tandem.formats import netpkt, pcapng
 from tandem.formats.netpkt import ACK, FIN, SYN
-from tandem.semantic import feed as feedproto
+from tandem.qemu import feed as feedproto
 from tandem.semantic.inputs import RecordedInputs, from_events
 
 from scripted_feed import ScriptedFeed, wait

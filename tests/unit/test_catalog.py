@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tandem import catalog, report
-from tandem.semantic import equivalence
+from tandem.semantic.comparison import equivalence
 from tandem.cli.main import build_parser
 from tandem.cli.demo import DEMO_ANALYSES
 from tandem.errors import TandemError

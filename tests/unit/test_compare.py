@@ -2,10 +2,11 @@
 paths (whole-stream equality, identical lines after the spec) must not change."""
 import tomllib
 
-from tandem.semantic import compare, equivalence, inputs
+from tandem.semantic.comparison import compare, equivalence
+from tandem.semantic import inputs
 from tandem.formats import netpkt, pcapng
 from tandem.semantic.model import AnalysisRun, Delivered
-from tandem.semantic.peer import Peer, PeerFlow
+from tandem.semantic.network.peer import Peer, PeerFlow
 
 GUEST = (bytes([10, 0, 2, 15]), 7000)
 CLIENT = (bytes([10, 0, 2, 2]), 40000)

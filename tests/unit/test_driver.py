@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 from tandem.formats import netpkt
-from tandem.semantic import feed as feedproto
-from tandem.semantic.driver import AnalysisDriver
+from tandem.qemu import feed as feedproto
+from tandem.semantic.driving.driver import AnalysisDriver
 from tandem.semantic.inputs import Flow, Input, RecordedInputs
 from tandem.semantic.model import (DEP_TIMEOUT_NS, HANG_WALL_S, LIVE_SLICE_NS, POWEROFF_WAIT_NS, SETTLE_NS,
                                    AnalysisRun, Buffer)

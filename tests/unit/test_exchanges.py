@@ -1,15 +1,15 @@
 """UDP exchanges the guest starts are answered from the recording by its request
-(semantic/exchanges.py, issue 24): DHCP with the analysis guest's own transaction ID,
+(semantic/network/exchanges.py, issue 24): DHCP with the analysis guest's own transaction ID,
 DNS with its own query ID; datagrams the remote side starts stay timed inputs."""
 from __future__ import annotations
 
 import struct
 
 from tandem.formats import netpkt, pcapng, wire
-from tandem.semantic import exchanges
-from tandem.semantic.driver import release_input
+from tandem.semantic.network import exchanges
+from tandem.semantic.driving.driver import release_input
 from tandem.semantic.inputs import from_events
-from tandem.semantic.peer import Peer
+from tandem.semantic.network.peer import Peer
 
 GMAC, SMAC = bytes.fromhex("525400123456"), netpkt.GATEWAY_MAC
 ZERO, BCAST = b"\0\0\0\0", b"\xff" * 4

@@ -7,7 +7,7 @@ from rich.console import Console
 
 from tandem.cli import render
 from tandem.semantic.analyze import AnalysisResult, Summary
-from tandem.semantic.compare import NotAnalysed
+from tandem.semantic.comparison.compare import NotAnalysed
 from tandem.semantic.findings import Finding, distinct
 from tandem.semantic.model import AnalysisRun
 

@@ -6,8 +6,8 @@ import re
 
 from hypothesis import given
 from hypothesis import strategies as st
-from tandem.semantic.equivalence import ChannelRules
-from tandem.semantic.compare import kept_lines
+from tandem.semantic.comparison.equivalence import ChannelRules
+from tandem.semantic.comparison.compare import kept_lines
 from tandem.live.gate import Agreement, Stream, agree
 
 PLAIN = ChannelRules()

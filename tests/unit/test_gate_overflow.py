@@ -3,7 +3,7 @@ as the host reads it: an event of the run, and under policy detach nothing more 
 What QEMU writes on the gate socket is input like any other: a malformed one is ignored."""
 from __future__ import annotations
 
-from tandem.semantic.feed import Message
+from tandem.qemu.feed import Message
 from tandem.live.shadow import overflow_limits
 from tandem.live.gate import OVERFLOW, OVERFLOW_BODY, STATS, STATS_BODY, STATS_NAMES, Gate, Held
 

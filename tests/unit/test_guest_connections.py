@@ -1,5 +1,5 @@
 """TCP connections the guest opens (nginx proxying to a backend at 10.0.2.2:8081) are
-answered from the recording (semantic/connections.py, peer.py, driver.py; issue 24 point
+answered from the recording (semantic/network/connections.py, peer.py, driver.py; issue 24 point
 2): the replayer plays the remote server. Each scenario is a native device log built
 segment by segment (as tests/unit/test_extract.py builds one) and an analysis guest
 scripted against the driver (as tests/unit/test_driver.py scripts one), opening its own
@@ -11,13 +11,14 @@ from __future__ import annotations
 import pytest
 from tandem.formats import netpkt
 from tandem.formats.netpkt import ACK, FIN, PSH, RST, SYN
-from tandem.semantic import compare, connections, equivalence
-from tandem.semantic import feed as feedproto
-from tandem.semantic.driver import AnalysisDriver
+from tandem.semantic.comparison import compare, equivalence
+from tandem.semantic.network import connections
+from tandem.qemu import feed as feedproto
+from tandem.semantic.driving.driver import AnalysisDriver
 from tandem.semantic.inputs import RecordedInputs
-from tandem.semantic.live_compare import LiveCompare
+from tandem.semantic.comparison.live_compare import LiveCompare
 from tandem.semantic.model import DEP_TIMEOUT_NS, AnalysisRun
-from tandem.semantic.peer import Peer
+from tandem.semantic.network.peer import Peer
 
 from scripted_feed import Clock, ScriptedFeed, ScriptedVM, wait
 from scripted_tcp import BACKEND, GMAC, GUEST_IP, HOST_IP, M32, MS, SMAC, Conn, GuestEnd, Native, at, seg, to_port
@@ -399,7 +400,7 @@ def test_a_connection_whose_syn_went_unanswered_then_reset_before_an_answer_is_r
     reset before a byte of answer while its service starts: tried again from its SYN
     with the whole request, as a refused one is (a CI run, 2026-11-28: a false "missing"
     for the first request). A connection answered at once and then reset is the guest's."""
-    from tandem.semantic.peer import RTO_NS
+    from tandem.semantic.network.peer import RTO_NS
     request = b"GET / HTTP/1.1\r\n\r\n"
 
     def opened(peer: Peer, port: int):
@@ -433,7 +434,7 @@ def test_the_peer_acknowledges_as_a_client_does_with_its_next_bytes_or_after_the
     """A reply is acknowledged by the next request when one follows within DELACK_NS (a
     pipelining client: no frame of its own), else by a bare ACK at DELACK_NS; more than a
     full segment, a retransmission and a FIN are acknowledged at once."""
-    from tandem.semantic.peer import DELACK_NS, PEER_MSS
+    from tandem.semantic.network.peer import DELACK_NS, PEER_MSS
     peer = Peer()
     client, server = (HOST_IP, 40000), (GUEST_IP, 6379)
     (syn,) = map(netpkt.parse, peer.open(0, client, server, SMAC, GMAC, 0))

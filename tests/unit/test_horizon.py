@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.semantic.horizon import live_grant, next_horizon
+from tandem.semantic.driving.horizon import live_grant, next_horizon
 from tandem.semantic.model import DEP_TIMEOUT_NS, LIVE_SLICE_NS, SETTLE_NS
 
 MS = 1_000_000

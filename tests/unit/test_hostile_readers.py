@@ -15,7 +15,7 @@ import zlib
 import pytest
 import zstandard
 
-from tandem.semantic import equivalence
+from tandem.semantic.comparison import equivalence
 from tandem.formats import rrstream
 from tandem.assertions.lang import AssertionLangError, parse_text
 from tandem.errors import BundleError, TandemError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from tandem.semantic import http_messages as hm
+from tandem.semantic.comparison import http_messages as hm
 
 
 def whole(body: bytes, extra: bytes = b"") -> bytes:

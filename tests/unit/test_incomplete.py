@@ -3,7 +3,8 @@
 the analysis, not findings about the guest; a crash after the first input is a finding."""
 import pytest
 
-from tandem.semantic import analyze, compare, findings, inputs, model
+from tandem.semantic import analyze, findings, inputs, model
+from tandem.semantic.comparison import compare
 
 
 def run(outcome: str, booted: bool = True, stopped_before: str = "") -> model.AnalysisRun:

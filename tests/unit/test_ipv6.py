@@ -1,4 +1,4 @@
-"""IPv6 on the replayer's side (formats/netpkt.py, semantic/peer.py): what it builds is
+"""IPv6 on the replayer's side (formats/netpkt.py, semantic/network/peer.py): what it builds is
 what Wireshark reads as valid (checksums over IPv6's pseudo header, neighbour discovery
 as RFC 4861 has it), and it answers an analysis guest's neighbour and router
 solicitations as QEMU's user network answered the native's."""
@@ -10,7 +10,7 @@ import pytest
 
 from tandem.formats import netpkt
 from tandem.formats.pcapng import PcapngWriter
-from tandem.semantic.peer import Peer
+from tandem.semantic.network.peer import Peer
 
 from ipv6_frames import ALL_NODES, ALL_ROUTERS, CLIENT_IP6, CMAC, GMAC, GUEST_IP6, ROUTER6, nd6
 
@@ -96,9 +96,9 @@ def test_no_release_rule_is_made_for_an_ipv6_connection():
     """QEMU's release rules (qemu-patches/0023) follow and patch IPv4 segments alone: an
     input on an IPv6 connection, or one waiting on an IPv6 connection's output, goes at a
     stop."""
-    from tandem.semantic import rules
+    from tandem.semantic.network import rules
     from tandem.semantic.inputs import Input
-    from tandem.semantic.peer import PeerFlow
+    from tandem.semantic.network.peer import PeerFlow
     p = Peer()
     v6 = PeerFlow(0, (CLIENT_IP6, 40000), (GUEST_IP6, 80), CMAC, GMAC, isn=1, state="established")
     v4 = PeerFlow(1, (bytes([10, 0, 2, 2]), 40001), (bytes([10, 0, 2, 15]), 80), CMAC, GMAC, isn=1,

@@ -33,11 +33,11 @@ LAYERS = {
     "tandem.cli": 8, "tandem.__main__": 9,
 }
 # What drives processes or talks to people.
-DRIVERS = ("tandem.qemu", "tandem.libvirt", "tandem.record", "tandem.exact", "tandem.semantic.replay",
+DRIVERS = ("tandem.qemu", "tandem.libvirt", "tandem.record", "tandem.exact", "tandem.semantic.driving.replay",
            "tandem.semantic.analyze", "tandem.live", "tandem.cli")
 PURE = ("tandem.errors", "tandem.catalog", "tandem.machine", "tandem.formats", "tandem.report",
-        "tandem.exact.verify", "tandem.semantic.equivalence", "tandem.semantic.inputs",
-        "tandem.semantic.compare", "tandem.assertions.lang", "tandem.assertions.model",
+        "tandem.exact.verify", "tandem.semantic.comparison.equivalence", "tandem.semantic.inputs",
+        "tandem.semantic.comparison.compare", "tandem.assertions.lang", "tandem.assertions.model",
         "tandem.assertions.automata", "tandem.assertions.events")
 
 

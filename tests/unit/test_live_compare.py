@@ -4,12 +4,13 @@ import tomllib
 
 from hypothesis import given, settings, strategies as st
 
-from tandem.semantic import compare, equivalence, inputs
-from tandem.semantic import live_compare
+from tandem.semantic.comparison import compare, equivalence
+from tandem.semantic import inputs
+from tandem.semantic.comparison import live_compare
 from tandem.formats import netpkt
-from tandem.semantic.live_compare import LiveCompare
+from tandem.semantic.comparison.live_compare import LiveCompare
 from tandem.semantic.model import AnalysisRun
-from tandem.semantic.peer import Peer, PeerFlow
+from tandem.semantic.network.peer import Peer, PeerFlow
 
 GUEST = (bytes([10, 0, 2, 15]), 7000)
 CLIENT = (bytes([10, 0, 2, 2]), 40000)

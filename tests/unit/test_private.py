@@ -58,7 +58,7 @@ def test_new_bundle_and_manifest_private(tmp_path):
 
 def test_feed_socket_only_in_a_private_directory(tmp_path):
     from tandem.errors import TandemError
-    from tandem.semantic.feed import FeedServer
+    from tandem.qemu.feed import FeedServer
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
     with pytest.raises(TandemError, match=r"feed socket .*f.sock: its directory .*shared is open to other "

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from tandem.formats import netpkt
-from tandem.semantic import compare, equivalence, inputs
+from tandem.semantic.comparison import compare, equivalence
+from tandem.semantic import inputs
 from tandem.semantic.inputs import protocol_of
 from tandem.semantic.model import AnalysisRun
-from tandem.semantic.peer import Peer, PeerFlow
+from tandem.semantic.network.peer import Peer, PeerFlow
 
 GUEST, CLIENT = (bytes([10, 0, 2, 15]), 80), (bytes([10, 0, 2, 2]), 40000)
 GMAC = bytes.fromhex("525400123456")

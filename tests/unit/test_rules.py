@@ -1,4 +1,4 @@
-"""Release rules (semantic/rules.py, qemu-patches/0023): a client's next request, which
+"""Release rules (semantic/network/rules.py, qemu-patches/0023): a client's next request, which
 waits only for the guest's reply, goes to QEMU ahead with the sequence numbers the
 guest's output must reach; QEMU fires it and says FIRED. Scripted as
 test_guest_connections.py scripts a guest (scripted_tcp.py): here the recorded client opens a connection to
@@ -10,12 +10,12 @@ import struct
 
 from tandem.formats import netpkt
 from tandem.formats.netpkt import ACK, PSH
-from tandem.semantic import feed as feedproto
-from tandem.semantic import rules
-from tandem.semantic.driver import AnalysisDriver
+from tandem.qemu import feed as feedproto
+from tandem.semantic.network import rules
+from tandem.semantic.driving.driver import AnalysisDriver
 from tandem.semantic.inputs import RecordedInputs
 from tandem.semantic.model import DEP_TIMEOUT_NS, AnalysisRun
-from tandem.semantic.peer import PEER_MSS, Peer
+from tandem.semantic.network.peer import PEER_MSS, Peer
 
 from scripted_feed import Clock, ScriptedFeed, ScriptedVM, wait
 from scripted_tcp import GUEST_IP, HOST_IP, MS, GuestEnd, Native, at, seg, to_port

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from tandem.semantic import equivalence
-from tandem.semantic.compare import MASKED, kept_lines
-from tandem.semantic.equivalence import MAX_RULED_LINE, ChannelRules
+from tandem.semantic.comparison import equivalence
+from tandem.semantic.comparison.compare import MASKED, kept_lines
+from tandem.semantic.comparison.equivalence import MAX_RULED_LINE, ChannelRules
 from tandem.errors import TandemError
 
 DIGITS = b"1" * 1_000_000

@@ -156,7 +156,7 @@ def replay_run(manifest: dict, tmp: Path, stream: Path, overlay: Path, *, follow
     machine = manifest["machine"]
     net: UserNet | Feed = UserNet()
     if machine.get("mode") == "analysis":
-        # An analysis run's own recording (semantic/replay.py): the same machine as
+        # An analysis run's own recording (semantic/driving/replay.py): the same machine as
         # it ran, its feed's inputs now coming from the log.
         for key in ("rtc_base", "lookahead_ns"):
             if machine.get(key) is None:

@@ -39,9 +39,9 @@ import time
 from dataclasses import dataclass, field
 
 from ..formats import netpkt
-from ..semantic import equivalence
-from ..semantic.compare import kept_lines
-from ..semantic.feed import FeedServer
+from ..semantic.comparison import equivalence
+from ..semantic.comparison.compare import kept_lines
+from ..qemu.feed import FeedServer
 
 HELD, RELEASE, DROP, HOLD_INPUT, PASS_INPUT, OVERFLOW, STATS = 32, 33, 34, 35, 36, 37, 38
 SYN, ACK = 0x02, 0x10

@@ -43,9 +43,10 @@ from ..formats import bundle, pcapng
 from ..machine import Forward, Guest, analyses_given
 from ..qemu.vm import cpu_seconds
 from ..record.recording import Recording
-from ..semantic import equivalence, guests, inputs, model
+from ..semantic.comparison import equivalence
+from ..semantic import guests, inputs, model
 from ..semantic.analyze import Summary, analyze, summarize, write_summary
-from ..semantic.feed import FeedServer
+from ..qemu.feed import FeedServer
 from ..semantic.trail import Trail
 from . import metrics
 from .gate import Gate

@@ -1,6 +1,6 @@
 """Hold the host's CPUs out of their idle states while analysis VMs run in lockstep.
 
-An analysis VM stops at every horizon and waits for tandem's driver (semantic/driver.py):
+An analysis VM stops at every horizon and waits for tandem's driver (semantic/driving/driver.py):
 some 25,000 stops in a 20 s heavy recording's KASAN replay, each a round of wake-ups
 across the host's CPUs (QEMU's vCPU thread to tandem, tandem to QEMU's main loop, the
 main loop to the vCPU). A CPU that has gone idle in a halt takes long to wake on a host

@@ -21,10 +21,11 @@ from .. import private
 from ..errors import TandemError
 from ..formats import bundle, pcapng
 from ..machine import analyses_given
-from . import compare, equivalence, inputs, model
+from .comparison import compare, equivalence
+from . import inputs, model
 from . import findings as findings_mod
 from . import guests as guests_mod
-from .live_compare import OFFLINE_STUCK_MAX
+from .comparison.live_compare import OFFLINE_STUCK_MAX
 from .trail import Trail
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..formats import bundle, netpkt, pcapng
 from ..formats.netpkt import ACK, FIN, RST, SYN
-from .exchanges import Exchange, answers, request_key
+from .network.exchanges import Exchange, answers, request_key
 
 KERNEL_LINE = re.compile(rb"^\s*(<\d>)?\[\s*\d+\.\d+\]")
 FIN_CLIENT, FIN_GUEST, FIN_BOTH = 1, 2, 3

@@ -1,6 +1,6 @@
 """What a semantic replay holds and produces, apart from the loop that drives it
 (driver.py): the timing rules, one analysis run's result, and a live run's input buffer.
-Pure data: the comparators (compare.py, semantic/live_compare.py) and findings read these
+Pure data: the comparators (compare.py, semantic/comparison/live_compare.py) and findings read these
 without importing anything that starts QEMU.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..machine import LOOKAHEAD_NS as LOOKAHEAD_NS  # a timing rule of semantic replay; the feed option is the machine's
 from . import inputs as inputs_mod
-from .peer import Peer
+from .network.peer import Peer
 
 DEP_TIMEOUT_NS = 5_000_000_000      # an input waiting on dependencies is sent anyway after
                                     # this much VM time without any output from the guest

@@ -27,11 +27,12 @@ from typing import TextIO
 
 from .. import report
 from ..errors import TandemError
-from . import compare, inputs, model
+from .comparison import compare
+from . import inputs, model
 from . import findings as findings_mod
-from . import replay as replay_semantic
-from .equivalence import Spec
-from .live_compare import LiveCompare
+from .driving import replay as replay_semantic
+from .comparison.equivalence import Spec
+from .comparison.live_compare import LiveCompare
 
 log = logging.getLogger(__name__)
 

@@ -22,26 +22,18 @@ import time
 from collections import deque
 from pathlib import Path
 
-from .. import private
-from ..errors import TandemError
-from ..formats import bundle
-from ..machine import RR, Feed, Guest, Host, Run
-from ..qemu import wake_latency
-from ..qemu.vm import VM
-from ..qemu.image import make_overlays
-from ..record import recording as record_mod
-from . import inputs as inputs_mod
+from ... import private
+from ...errors import TandemError
+from ...formats import bundle
+from ...machine import RR, Feed, Guest, Host, Run
+from ...qemu import wake_latency
+from ...qemu.vm import VM
+from ...qemu.image import make_overlays
+from ...record import recording as record_mod
+from .. import inputs as inputs_mod
 from .driver import AnalysisDriver
-from .feed import FeedServer
-from .model import (
-    DELIVERED_KEPT,
-    HANG_WALL_S,
-    LOOKAHEAD_NS,
-    MAX_LAG_NS,
-    AnalysisRun,
-    Buffer,
-    Outcome,
-)
+from ...qemu.feed import FeedServer
+from ..model import DELIVERED_KEPT, HANG_WALL_S, LOOKAHEAD_NS, MAX_LAG_NS, AnalysisRun, Buffer, Outcome
 
 
 def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,

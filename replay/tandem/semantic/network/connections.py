@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections import deque
 from itertools import islice
 
-from ..formats import netpkt
-from .inputs import Flow
+from ...formats import netpkt
+from ..inputs import Flow
 
 GROUP_MAX = 64          # recorded connections compared with one new connection's first bytes, at most
 MISSES_KEPT = 20        # unmatched connections reported one by one; past that, counted

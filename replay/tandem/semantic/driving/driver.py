@@ -25,25 +25,16 @@ import logging
 import time
 from typing import Callable
 
-from ..errors import TandemError
-from ..formats import netpkt
-from . import feed as feedproto
-from . import inputs as inputs_mod
-from .connections import Connections
-from .exchanges import Answers
+from ...errors import TandemError
+from ...formats import netpkt
+from ...qemu import feed as feedproto
+from .. import inputs as inputs_mod
+from ..network.connections import Connections
+from ..network.exchanges import Answers
 from .horizon import live_grant, next_horizon
-from .model import (
-    DEP_TIMEOUT_NS,
-    HANG_WALL_S,
-    POWEROFF_WAIT_NS,
-    MAX_LAG_NS,
-    TICK_S,
-    AnalysisRun,
-    Buffer,
-    Outcome,
-)
-from .peer import Peer
-from .rules import MAX_RULES, OWN_BYTES_MAX, Rule, Rules, conditions, guest_seq
+from ..model import DEP_TIMEOUT_NS, HANG_WALL_S, POWEROFF_WAIT_NS, MAX_LAG_NS, TICK_S, AnalysisRun, Buffer, Outcome
+from ..network.peer import Peer
+from ..network.rules import MAX_RULES, OWN_BYTES_MAX, Rule, Rules, conditions, guest_seq
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ tested table-driven (tests/unit/test_horizon.py) apart from the loop that applie
 (driver.py)."""
 from __future__ import annotations
 
-from .model import DEP_TIMEOUT_NS, LIVE_SLICE_NS, SETTLE_NS
+from ..model import DEP_TIMEOUT_NS, LIVE_SLICE_NS, SETTLE_NS
 
 
 def next_horizon(now: int, next_input_ns: int | None, blocked_since: int | None, last_output_ns: int,

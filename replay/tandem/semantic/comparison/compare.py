@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Final
 
-from ..formats import netpkt
-from . import http_messages, inputs as inputs_mod
-from .exchanges import without_ids
+from ...formats import netpkt
+from . import http_messages
+from .. import inputs as inputs_mod
+from ..network.exchanges import without_ids
 from .equivalence import MAX_RULED_LINE, ChannelRules, Spec
-from .model import AnalysisRun
+from ..model import AnalysisRun
 
 KERNEL_LINE = inputs_mod.KERNEL_LINE
 MASKED = b"<*>"

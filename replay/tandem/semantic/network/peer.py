@@ -23,9 +23,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from ..formats import netpkt
-from ..formats.netpkt import ACK, FIN, PSH, RST, SYN
-from .inputs import REQUEST_KEPT, Chunks
+from ...formats import netpkt
+from ...formats.netpkt import ACK, FIN, PSH, RST, SYN
+from ..inputs import REQUEST_KEPT, Chunks
 
 UNKNOWN_KEPT = 100
 PEER_WINDOW = 65535
@@ -121,7 +121,7 @@ class Peer:
         # comparator, since every guest frame is parsed here anyway.
         self.udp_out: list[tuple[int, tuple[bytes, int], bytes]] = []
         # Connections the native refused, not opened here (driver.release_input): done
-        # with as soon as their time has come (semantic/live_compare.py retires them).
+        # with as soon as their time has come (semantic/comparison/live_compare.py retires them).
         self.not_opened: set[int] = set()
         # UDP the remote side started, (guest port, remote ip, remote port): the guest's
         # datagrams back are answers, not requests (driver.release_input notes them).
@@ -345,7 +345,7 @@ class Peer:
             fl.state = "done"
         return out
 
-    # -- segments a release rule sends (semantic/rules.py) ------------------------
+    # -- segments a release rule sends (semantic/network/rules.py) ------------------------
     def prebuilt(self, fl: PeerFlow, data: bytes, queued: int) -> bytes | None:
         """The segment that will carry `data` once the `queued` bytes before it (in
         rules not fired yet) have gone, as _transmit would send it then: None if it

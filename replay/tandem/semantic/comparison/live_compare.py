@@ -29,10 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import compare, http_messages, inputs
+from . import compare, http_messages
+from .. import inputs
 from .compare import Divergence, NotAnalysed, _Stream
 from .equivalence import Spec
-from .model import AnalysisRun
+from ..model import AnalysisRun
 
 CACHE_LINES = 10_000    # lines whose rewrite under the spec is remembered, at most
 STUCK_MAX = 1 << 20     # bytes a stuck channel keeps, per side, before it is compared and left

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..formats import netpkt
-from ..formats.wire import DHCP_CLIENT, DHCP_SERVER, DHCP_TYPES, DNS, dhcp_type, dns_question
+from ...formats import netpkt
+from ...formats.wire import DHCP_CLIENT, DHCP_SERVER, DHCP_TYPES, DNS, dhcp_type, dns_question
 
 NTP = 123
 BROADCAST = b"\xff\xff\xff\xff"

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from . import inputs as inputs_mod
+from .. import inputs as inputs_mod
 from .peer import PEER_MSS, Peer, PeerFlow
 
 # Rules installed at once: enough that a chain of requests runs between stops for a

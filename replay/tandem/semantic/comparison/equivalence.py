@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .. import artifacts, catalog
-from ..errors import TandemError
+from ... import artifacts, catalog
+from ...errors import TandemError
 
 CHANNELS = ("serial", "tcp", "udp")
 PROTOCOLS = ("http", "resp")        # rule sets added to [tcp] by what a connection carries
