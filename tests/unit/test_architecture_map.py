@@ -39,6 +39,9 @@ def test_the_check_finds_a_missing_and_a_stale_row():
 
 
 def test_the_map_points_at_nothing_outside_the_repository():
+    """A link is relative to docs/; a path in the prose to the repository's root."""
     text = MAP.read_text()
-    for target in re.findall(r"\]\(([^)#]+)\)", text) + re.findall(r"`([^`\s]*\.\./[^`\s]*)`", text):
-        assert (MAP.parent / target).resolve().is_relative_to(ROOT), target
+    links = [MAP.parent / t for t in re.findall(r"\]\(([^)#]+)\)", text)]
+    paths = [ROOT / t for t in re.findall(r"`([^`\s]*\.\./[^`\s]*)`", text)]
+    for target in links + paths:
+        assert target.resolve().is_relative_to(ROOT), target
