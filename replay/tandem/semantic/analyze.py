@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import private
-from ..errors import TandemError
+from ..errors import EXIT_CLEAN, EXIT_FOUND, EXIT_INCOMPLETE, TandemError
 from ..formats import bundle, pcapng
 from ..machine import analyses_given
 from .comparison import compare, equivalence
@@ -49,10 +49,6 @@ class AnalysisResult:
     @property
     def complete(self) -> bool:
         return self.failure is None and not self.not_analysed
-
-
-# `tandem replay --analysis`, `tandem shadow`, `tandem attach`: how they exit.
-EXIT_CLEAN, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 @dataclass
