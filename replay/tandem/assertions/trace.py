@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import artifacts, private
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..exact.replay import Verdict, replay
 from ..formats import bundle, pcapng
 from ..machine import ICOUNT_SHIFT
@@ -39,7 +39,7 @@ END = 0xEE
 STACK_SCAN_WORDS = 128       # stack words the plugin reads at each event (1 KiB)
 
 
-class TraceError(TandemError):
+class TraceError(InfraError):
     """The plugin's event stream is missing, damaged or cut short."""
 
 

@@ -13,7 +13,7 @@ import uuid as uuid_mod
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..qemu.argv import qmp_chardev
 from ..qemu.vm import alive
 from .daemon import binding, connect
@@ -63,8 +63,8 @@ class DomainProcess:
         self._gone_at: float | None = None
         pid = _qemu_pid(b"\0" + qmp_chardev(rundir).encode() + b"\0")
         if pid is None:
-            raise TandemError(f"domain {name}: started, but its QEMU is not a process on this host "
-                              f"(tandem needs a local libvirtd: its QMP and serial sockets are in {rundir})")
+            raise InfraError(f"domain {name}: started, but its QEMU is not a process on this host "
+                             f"(tandem needs a local libvirtd: its QMP and serial sockets are in {rundir})")
         self.pid = pid
         self._src: BinaryIO | None
         try:        # the log as the QEMU's mount namespace names it (a private libvirtd has its own /var)
@@ -181,7 +181,7 @@ class Launcher:
         except BaseException as e:
             self._drop()
             if isinstance(e, libvirt.libvirtError):
-                raise TandemError(f"domain {self.name}: {' '.join(e.get_error_message().split())}") from None
+                raise InfraError(f"domain {self.name}: {' '.join(e.get_error_message().split())}") from None
             raise
 
     def release(self, proc: DomainProcess | None) -> None:
@@ -207,7 +207,7 @@ class Launcher:
                     self.dom.undefine()
         except libvirt.libvirtError as e:
             if e.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:    # gone already (tandem detach)
-                raise TandemError(f"domain {self.name}: {e.get_error_message()}") from None
+                raise InfraError(f"domain {self.name}: {e.get_error_message()}") from None
         finally:
             self.dom = None
             self.conn.close()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import artifacts, private
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..machine import (
     LOOKAHEAD_NS,
     NIC_MODELS,
@@ -67,7 +67,7 @@ class ShadowDomain:
         try:
             return qmp_connect(self.qmp_socket, timeout, poll_s=0.1)
         except QMPUnavailable as e:
-            raise TandemError(f"{self.name}: {e}") from None
+            raise InfraError(f"{self.name}: {e}") from None
 
     def to_json(self) -> dict:
         return {"name": self.name, "native": self.native, "analysis": self.analysis,
@@ -257,7 +257,7 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
                 if start:
                     sdom.create()
             except libvirt.libvirtError as e:
-                raise TandemError(f"{sh.name}: {e.get_error_message()}") from None
+                raise InfraError(f"{sh.name}: {e.get_error_message()}") from None
     except BaseException:
         _remove(conn, shadows)
         raise
@@ -354,7 +354,7 @@ def _release_native(conn, dom, md: ET.Element) -> str:
         else:
             dom.undefine()
     except libvirt.libvirtError as e:
-        raise TandemError(f"{name}: {e.get_error_message()}") from None
+        raise InfraError(f"{name}: {e.get_error_message()}") from None
     rundir = md.get("rundir")
     if rundir and Path(rundir).is_dir():
         shutil.rmtree(rundir, ignore_errors=True)
@@ -377,7 +377,7 @@ def _remove(conn, shadows: list[ShadowDomain]) -> None:
             try:
                 d.undefine()
             except libvirt.libvirtError as e:
-                raise TandemError(f"{sh.name}: cannot undefine: {e.get_error_message()}") from None
+                raise InfraError(f"{sh.name}: cannot undefine: {e.get_error_message()}") from None
         for p in (sh.overlay, sh.feed_socket, sh.qmp_socket):
             if p:
                 p.unlink(missing_ok=True)

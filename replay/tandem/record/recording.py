@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from .. import artifacts, private
-from ..errors import TandemError
+from ..errors import BootError, InfraError, TandemError
 from ..formats import bundle, pcapng
 from . import forwards as forward_watch
 from .console import ConsoleServer
@@ -172,7 +172,7 @@ class Recording:
     def started(self) -> VM:
         """The recording's VM, once start() has made it."""
         if self.vm is None:
-            raise TandemError(f"{self.path}: the recording was not started")
+            raise InfraError(f"{self.path}: the recording was not started")
         return self.vm
 
     def start(self) -> "Recording":
@@ -223,7 +223,7 @@ class Recording:
     def serial(self) -> Serial:
         serial = self.started().serial
         if serial is None:      # a recording's VM always has one (vm.VM.start)
-            raise TandemError(f"{self.path}: the recording's serial console is not connected")
+            raise InfraError(f"{self.path}: the recording's serial console is not connected")
         return serial
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -286,7 +286,7 @@ class Recording:
             if progress:
                 progress(vm.vm_status())
             if deadline and time.monotonic() > deadline:
-                raise TandemError(f"{self.path}: guest still running after {timeout:.0f}s")
+                raise BootError(f"{self.path}: guest still running after {timeout:.0f}s")
             try:    # returns as soon as QEMU exits, so the recording's end is not delayed
                 proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
@@ -321,8 +321,8 @@ class Recording:
         m = seal(self.path, self.manifest, status=status, wall_s=wall, stop_reason=self.stop_reason,
                  power_button=self.button_pressed)
         if m["state"] != "complete":
-            raise TandemError(f"{self.path}: QEMU exited with status {status} during recording "
-                              f"(bundle kept as 'interrupted'; replay it with --partial)")
+            raise InfraError(f"{self.path}: QEMU exited with status {status} during recording "
+                             f"(bundle kept as 'interrupted'; replay it with --partial)")
         return m
 
     def __enter__(self):
