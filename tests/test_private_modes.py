@@ -12,7 +12,7 @@ import pytest
 
 from helpers import assert_one_line_error, run_cli
 from tandem.formats import bundle
-from tandem.exact import replay as replay_exact
+from tandem.exact.replay import replay
 from tandem.record.recording import Recording
 from tandem.semantic.analyze import analyze
 from tandem.machine import RR, Guest, Run
@@ -114,7 +114,7 @@ def test_second_recorder_refused_first_replays_exactly(built, tmp_path, usual_um
         rec.serial.type("poweroff")
         rec.wait(timeout=120)
     assert bundle.load_manifest(path)["state"] == "complete"
-    v = replay_exact.replay(path)
+    v = replay(path)
     assert v.ok, v.summary()
 
 

@@ -13,7 +13,7 @@ from tandem.formats import netpkt
 from tandem.formats.netpkt import ACK, FIN, PSH, RST, SYN
 from tandem.semantic.comparison import compare, equivalence
 from tandem.semantic.network import connections
-from tandem.qemu import feed as feedproto
+from tandem.qemu.feed import NET, Message
 from tandem.semantic.driving.driver import AnalysisDriver
 from tandem.semantic.inputs import RecordedInputs
 from tandem.semantic.comparison.live_compare import LiveCompare
@@ -32,7 +32,7 @@ REPLY_A, REPLY_B = b"HTTP/1.0 200 OK\r\n\r\nfrom a\n", b"HTTP/1.0 200 OK\r\n\r\n
 def payload_times(feed: ScriptedFeed, port: int) -> list[tuple[int, bytes]]:
     """(VM time, payload) of what the replayer sent a guest port, first transmissions only
     (the scripted guest does not acknowledge it: the peer sends it again every RTO)."""
-    frames = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == feedproto.NET]
+    frames = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == NET]
     sent: dict[int, tuple[int, bytes]] = {}
     for ns, f in frames:
         if f is not None and f.proto == netpkt.PROTO_TCP and f.dport == port and f.payload:
@@ -40,7 +40,7 @@ def payload_times(feed: ScriptedFeed, port: int) -> list[tuple[int, bytes]]:
     return list(sent.values())
 
 
-def to_end(feed: ScriptedFeed) -> list[feedproto.Message]:
+def to_end(feed: ScriptedFeed) -> list[Message]:
     """The VM runs on to the horizon granted last."""
     return [wait(feed.horizons[-1][0])]
 
@@ -478,7 +478,7 @@ def test_a_guest_still_starting_is_waited_for_not_timed_out():
     script = [*silent, at(up, seg(web, up, SYN | ACK)),
               at(up + 2 * MS, seg(web, up + 1 * MS, ACK | PSH, REPLY_A))]
     res, feed = drive(rec, script)
-    sent = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == feedproto.NET]
+    sent = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == NET]
     fins = [ns for ns, f in sent if f is not None and f.dport == WEB and f.flags & FIN]
     assert fins and min(fins) >= up + 1 * MS, (fins, up)
     assert not [x for x in res.limits if "after waiting" in x], res.limits

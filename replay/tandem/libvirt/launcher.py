@@ -9,9 +9,9 @@ import os
 import signal
 import subprocess
 import time
-import uuid as uuid_mod
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
+from uuid import uuid4
 
 from ..errors import InfraError, TandemError
 from ..qemu.argv import qmp_chardev
@@ -157,7 +157,7 @@ class Launcher:
     def __init__(self, uri: str | None, name: str, *, uuid: str | None = None, metadata=None,
                  title: str | None = None, restore: str | None = None):
         self.uri, self.name, self.title = uri, name, title
-        self.uuid = uuid or str(uuid_mod.uuid4())
+        self.uuid = uuid or str(uuid4())
         self.metadata = metadata
         self.restore = restore
         self.conn: libvirt.virConnect | None = None

@@ -23,8 +23,8 @@ from ..formats import bundle, pcapng
 from ..machine import analyses_given
 from .comparison import compare, equivalence
 from . import inputs, model
-from . import findings as findings_mod
-from . import guests as guests_mod
+from .findings import Finding, did_not_boot, distinct
+from .guests import analysis_guest, is_users_guest, with_files_swapped
 from .comparison.live_compare import OFFLINE_STUCK_MAX
 from .trail import Trail
 
@@ -37,7 +37,7 @@ NOISE = "native"
 class AnalysisResult:
     analysis: str
     run: model.AnalysisRun
-    findings: list[findings_mod.Finding]
+    findings: list[Finding]
     divergences: list[compare.Divergence]
     noise: int                      # differences also seen between two runs of the native kernel
     spec: list[str]
@@ -119,11 +119,11 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     private.make_dir(workdir)
     earlier = noise_from.noise if noise and noise_from is not None else None
     runs_wanted = analyses + ([NOISE] if noise and earlier is None and NOISE not in analyses else [])
-    users = guests_mod.is_users_guest(manifest)
+    users = is_users_guest(manifest)
     specs = {a: equivalence.load(a, spec_path, users) for a in runs_wanted}
-    guests = guests or {a: guests_mod.analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
+    guests = guests or {a: analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
     if users:
-        guests = {a: guests_mod.with_files_swapped(g, a, workdir, bundle_dir) for a, g in guests.items()}
+        guests = {a: with_files_swapped(g, a, workdir, bundle_dir) for a, g in guests.items()}
     runs: dict[str, model.AnalysisRun] = {}
     found: dict[str, tuple[list, list, list]] = {}
     if earlier is not None:
@@ -202,7 +202,7 @@ def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[str],
         n_noise = 0
         if noise and name != NOISE and NOISE in runs:
             divs, n_noise = compare.split_noise(divs, found[NOISE][1])
-        failure, findings = findings_mod.did_not_boot(run, findings)
+        failure, findings = did_not_boot(run, findings)
         summary.results.append(AnalysisResult(name, run, findings, divs, n_noise, spec.sources, failure, unreached))
         unknown = run.peer.unknown[:5] if run.peer else []
         summary.limits += [f"{name}: {x}" for x in run.limits + unknown]
@@ -227,7 +227,7 @@ def write_summary(workdir: Path, s: Summary) -> None:
          "recording": str(r.run.bundle) if r.run.bundle else None,
          "findings": [asdict(x) for x in r.findings],
          "distinct": [{"title": f.title, "type": f.type, "count": n, "first_vm_ns": f.vm_ns}
-                      for f, n in findings_mod.distinct(r.findings)],
+                      for f, n in distinct(r.findings)],
          "noise": r.noise, "spec": r.spec,
          "divergences": [{"channel": d.channel, "kind": d.kind, "native_vm_ns": d.native_ns,
                           "analysis_vm_ns": d.analysis_ns, "after_input": d.after_input,

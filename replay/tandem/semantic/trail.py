@@ -29,8 +29,8 @@ from .. import report
 from ..errors import TandemError
 from .comparison import compare
 from . import inputs, model
-from . import findings as findings_mod
-from .driving import replay as replay_semantic
+from . import findings
+from .driving import replay
 from .comparison.equivalence import Spec
 from .comparison.live_compare import LiveCompare
 
@@ -47,12 +47,12 @@ class Follower:
     console_seen: int = 0
     scanner: report.Scanner = field(init=False)     # its guest OS's console dialect (catalogue)
     thread: threading.Thread | None = None
-    live_findings: list[findings_mod.Finding] = field(default_factory=list)
-    # findings_mod.symbolizer, made at the first report
+    live_findings: list[findings.Finding] = field(default_factory=list)
+    # findings.symbolizer, made at the first report
     symbolize: Callable[[report.Report], report.Report] | None = None
 
     def __post_init__(self) -> None:
-        self.scanner = report.Scanner(findings_mod.guest_os(self.analysis))
+        self.scanner = report.Scanner(findings.guest_os(self.analysis))
 
     def ran(self) -> model.AnalysisRun:
         """Its run; one that never started (its thread failed, or is stuck, before the
@@ -174,7 +174,7 @@ class Trail:
             f.cmp.tick(run)
         f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
         try:
-            f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
+            f.run = replay.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
                                         progress=progress, tick=tick, **self.run_options(f.analysis))
         except TandemError as e:        # its machine could not be made (a live user VM's root, an overlay)
             log.warning("%s: %s", f.analysis, e)
@@ -197,8 +197,8 @@ class Trail:
             reps += f.scanner.flush()
         for rep in reps:
             if f.symbolize is None:
-                f.symbolize = findings_mod.symbolizer(f.analysis)
-            x = findings_mod.of_report(run, f.symbolize(rep))
+                f.symbolize = findings.symbolizer(f.analysis)
+            x = findings.of_report(run, f.symbolize(rep))
             f.live_findings.append(x)
             with self._lock:
                 if self.findings_file is not None:
@@ -211,7 +211,7 @@ class Trail:
         """Every analysis's run, and its (findings, divergences, output not analysed) as
         found while it ran."""
         runs = {f.analysis: f.ran() for f in self.followers}
-        found = {f.analysis: (f.live_findings + findings_mod.outcome(runs[f.analysis]), f.cmp.divergences,
+        found = {f.analysis: (f.live_findings + findings.outcome(runs[f.analysis]), f.cmp.divergences,
                               f.cmp.not_analysed)
                  for f in self.followers}
         return runs, found
