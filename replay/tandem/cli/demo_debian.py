@@ -1,4 +1,4 @@
-"""`tandem demo --guest debian`: the same story on an ordinary VM (issue 23). The
+"""`tandem demo --guest debian`: the same story on an ordinary VM. The
 reference VM (scripts/build-refvm.sh: Debian 12 from its own disk, GRUB, systemd, nginx,
 redis; nothing of tandem inside) is recorded from power-on while Debian's clients drive
 both services at once; it is powered off by its ACPI button; the bundle is inspected and

@@ -178,8 +178,8 @@ def _run_to_end(vm: VM, partial: bool, progress) -> None:
 
     Its progress (VM clock, for the hang check and the progress line) is asked once every
     STATUS_EVERY_S: each QMP command runs in QEMU's main loop under the big lock, which the
-    vCPU thread takes for every device access (three commands every 0.2 s before,
-    2026-11-27; a recording asks nothing while it runs). Its exit is seen at once."""
+    vCPU thread takes for every device access (a recording asks nothing while it runs).
+    Its exit is seen at once."""
     last_clock, last_change = None, time.monotonic()
     proc = vm.process()
     while True:

@@ -130,10 +130,9 @@ class DomainProcess:
             self.log.write(text[start:])
             self.log.flush()
         except ValueError:
-            # vm.VM.close() closed the log meanwhile: a live shadow's follow thread polls
-            # the native while the run ends (seen in a full suite run, 2026-11-28, as an
-            # exception in thread tandem-follow). Its own poll (kill) has copied the log:
-            # poll sets the returncode only after the copy.
+            # vm.VM.close() closed the log meanwhile: a live shadow's follow thread
+            # (tandem-follow) polls the native while the run ends. Its own poll (kill) has
+            # copied the log: poll sets the returncode only after the copy.
             return
 
     def close(self) -> None:

@@ -3,7 +3,7 @@
 `attach` reads an existing domain (its disk, NIC model and MAC), and per analysis
 defines and starts `DOMAIN-tandem-NAME` (a `ShadowDomain`): the analysis kernel, a qcow2
 overlay over the native's disk, the native's NIC model and MAC, and the feed
-(qemu-patches/0006) on a unix socket the caller serves with a `semantic.feed.FeedServer`.
+(qemu-patches/0006) on a unix socket the caller serves with a `qemu.feed.FeedServer`.
 What tandem created is kept in each domain's own `<metadata>`, so `detach` removes
 exactly that. live/attach.py's `follow` is `tandem attach` itself.
 """
@@ -49,7 +49,7 @@ class ShadowDomain:
     """One analysis VM of a native domain, as libvirt knows it.
 
     feed_socket: the shadow's QEMU connects here (retrying every FEED_RECONNECT_MS)
-    and waits at VM time 0 until it is fed: bind a feedproto.FeedServer on this path,
+    and waits at VM time 0 until it is fed: bind a qemu.feed.FeedServer on this path,
     accept, then send inputs and horizons. qmp_socket: tandem's own QMP (libvirt keeps
     its monitor to itself).
     """

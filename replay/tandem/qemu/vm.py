@@ -164,8 +164,8 @@ def qmp_connect(path: Path, timeout: float, *, alive: Callable[[], bool] = lambd
 class VM:
     """A running QEMU: process, QMP connection, optional serial console.
 
-    launcher: start the QEMU some other way than as tandem's child process (virt.Launcher:
-    as a libvirt domain). Its start(vm, log) runs vm.argv and returns a handle with what
+    launcher: start the QEMU some other way than as tandem's child process
+    (libvirt.launcher.Launcher: as a libvirt domain). Its start(vm, log) runs vm.argv and returns a handle with what
     VM uses of subprocess.Popen: pid, returncode, poll(), wait(timeout) (raising
     subprocess.TimeoutExpired) and kill(); QEMU's output goes to `log` by the time it has
     exited. release(handle), called by close(), drops what the launcher made (the domain).

@@ -1,6 +1,6 @@
 """Debian's own clients against a guest's services through its forwards: what a user
-drives their VM with, used by `tandem demo --guest debian`, the tests and the benchmarks
-(issue 23). Each run is bounded in requests or time, checks what came back, and returns
+drives their VM with, used by `tandem demo --guest debian`, the tests and the benchmarks.
+Each run is bounded in requests or time, checks what came back, and returns
 the client's own figures (requests, requests a second, p99 latency).
 
 - curl fetches files and their hashes are checked (a body the guest served wrong is an

@@ -83,7 +83,7 @@ def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | N
 def overlay_names(m: dict) -> list[str]:
     """The overlays a bundle's manifest says it has (one per disk)."""
     disks = (m.get("machine") or {}).get("disks")
-    if disks is None:   # before issue 23: one disk or none
+    if disks is None:   # a bundle with no disk list: one disk or none
         return [OVERLAY] if (m.get("inputs") or {}).get("disk_base") else []
     return [overlay_name(d["id"]) for d in disks]
 
@@ -141,8 +141,8 @@ class Recording:
         guest (`tandem record --forward`); given (even empty), no demo port is added unless
         port is given too. assertions: a declared assertion pack ({path, sha256, ...}) for
         the manifest; it changes nothing in the recorded run (the checking happens on
-        replay). launcher: run the QEMU as a libvirt domain (virt.Launcher, see vm.VM);
-        what libvirt adds that the guest sees goes into the manifest's machine.libvirt.
+        replay). launcher: run the QEMU as a libvirt domain (libvirt.launcher.Launcher, see
+        qemu.vm.VM); what libvirt adds that the guest sees goes into the manifest's machine.libvirt.
         stop: what a stop request (Ctrl-C) does, as `virsh shutdown` and `virsh destroy`:
         "powerdown" presses the power button and waits powerdown_wait_s for the guest to
         power off, quitting on a second request or when the wait is over; "quit" quits at

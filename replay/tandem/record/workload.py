@@ -62,8 +62,8 @@ class KV:
 class Hammer:
     """One client sending SET after SET, each waiting for its reply, until stop is set or
     the guest's service goes away under it (the recording ended or was killed): the heavy
-    load of issue 23's torn and followed replays (51,000 requests in a 15 s recording, two
-    device events each). `replies` counts as it goes, for whoever waits on the load."""
+    load of the torn and followed replays (51,000 requests in a 15 s recording, two device
+    events each). `replies` counts as it goes, for whoever waits on the load."""
 
     def __init__(self, port: int, keys: int = 1000):
         self.port, self.keys = port, keys

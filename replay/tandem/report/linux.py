@@ -489,8 +489,8 @@ def _report_lines(lines: list[str], caller: bool) -> tuple[list[str], list[str]]
     """syzkaller's findReport on a report's lines (other contexts already left out): the
     lines its title comes from (up to a message with a stack of its own, unless the lines
     carry a printk caller id) and all of them. Only the lines holding one of the texts
-    it looks for are looked at one by one (found with str.find in the lines joined: the
-    checks of every line were a fifth of describing)."""
+    it looks for are looked at one by one (found with str.find in the lines joined:
+    checking every line would be a fifth of describing)."""
     cut = [text[:WIDTH] for text in lines]
     marked = _marked_lines(cut)
     if not marked:

@@ -2,12 +2,12 @@
 parallel, then report their findings and their divergences from the native.
 
 The bundle's device log is read as the analyses advance (read_paced: inputs.InputExtractor
-into a recording that fills in, as a live native's does) -> replay_semantic.run per analysis
+into a recording that fills in, as a live native's does) -> driving.replay.run per analysis
 (feed + TCP peer), trailing it (trail.Trail) -> compared as it goes (live_compare, under the
 equivalence spec; noise from a replay into the native kernel) + findings (console reports,
-as they complete) -> this summary. Memory follows what is in flight: a 20 s heavy recording
-(203k device events) held 100,000 inputs and detached every analysis when it was loaded
-whole; now no bound applies and the reading waits for the slowest analysis.
+as they complete) -> this summary. Memory follows what is in flight, not the recording's
+length (a 20 s heavy recording has 203k device events): no bound detaches an analysis, the
+reading waits for the slowest.
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     analysis; the reading waits for the slowest instead. guests: analysis -> the
     machine.Guest it boots (default: guests.analysis_guest's: a user's VM on its own
     disks, its root device `root` or the recorded one). cpu_idle: let the host's CPUs idle
-    while the analyses run (semantic.replay.run). noise_from: an earlier analyze() of this
+    while the analyses run (driving.replay.run). noise_from: an earlier analyze() of this
     bundle whose noise run is used again rather than run once more (the demo analyses in
     turns, as their kernels are built)."""
     bundle_dir = Path(bundle_dir)

@@ -5,16 +5,15 @@ Both ways of analysing a recording use this: `tandem shadow` reads a live native
 device log as its QEMU writes it (live/shadow.py), `tandem replay --analysis` reads a
 finished bundle's no further ahead than its slowest analysis needs (analyze.py). Either
 way the log is turned into inputs in place (inputs.InputExtractor into `rec`, which
-stays unfinished until the log's end), each analysis VM runs semantic.replay.run on it
+stays unfinished until the log's end), each analysis VM runs driving.replay.run on it
 in a thread of its own, compares its outputs with the native's as it goes
 (live_compare.LiveCompare) and reports findings the moment their report completes;
 `trim()`, called by the reading thread, drops the inputs every analysis has taken, the
 output every analysis has matched, and the connections every analysis has compared.
 
 Measured (docs/benchmarks.md, shadow memory): a live run's Python heap grows by under
-a byte per request over 60,000 requests; before this (a finished recording loaded
-whole) a 20 s heavy recording of 203k events detached every analysis at the live
-bound of 100,000 inputs, and a longer one would have held every input and every frame.
+a byte per request over 60,000 requests. Loaded whole, a 20 s heavy recording (203k
+events) would pass 100,000 inputs held, and a longer one would hold every input and frame.
 """
 from __future__ import annotations
 
@@ -73,7 +72,7 @@ class Trail:
                  buffers: dict[str, model.Buffer], workdir, *, run_options: Callable[[str], dict],
                  findings_file: TextIO | None = None, on_finding=None, stuck_max: int | None = None,
                  progress: Callable | None = None):
-        """run_options(analysis): keyword arguments for semantic.replay.run (record,
+        """run_options(analysis): keyword arguments for driving.replay.run (record,
         guest, launcher, idle, cpus, hang_wall_s, stop). findings_file: findings.jsonl,
         a line written the moment each finding is reported; on_finding(finding) is
         called then too, from the analysis's thread. progress(analysis, run, delivered,

@@ -111,7 +111,7 @@ def _meson_setup() -> None:
     if (b / "build.ninja").is_file():
         # Regenerated if meson.build or a file it reads changed (guest-kernel/linux/FLAVORS:
         # a new kernel flavor's targets): `meson compile TARGET` looks a target up before
-        # ninja would regenerate, so a flavor added since the last setup was "not found".
+        # ninja would regenerate, so a flavor added since the last setup would be "not found".
         r = subprocess.run(["ninja", "-C", str(b), "build.ninja"], capture_output=True, text=True)
         if r.returncode != 0:
             raise InfraError(f"meson regenerate {b} failed: {(r.stderr or r.stdout).strip().splitlines()[-1]}")

@@ -385,7 +385,7 @@ def _datagram_streams(datagrams) -> dict[str, _Stream]:
     datagram that repeats the one before it to the same destination is a retransmission
     (a DHCP client's DISCOVER again, a DNS question again): how often a guest retransmits
     follows its timing, not what it does, and is compared once (a KASAN shadow booting
-    under load sent three DISCOVERs more than its native, 2026-11-28)."""
+    under load may send three DISCOVERs more than its native)."""
     udp: dict[str, list[tuple[int, bytes]]] = {}
     for ns, (ip, port), payload in datagrams:
         line = without_ids(port, payload) + b"\n"

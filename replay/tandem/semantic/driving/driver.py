@@ -72,8 +72,8 @@ def release_input(inp: inputs.Input, rec: inputs.RecordedInputs, peer: Peer, ser
         if fl.answer != "accepted":
             # The native refused it (opened here, it could be accepted), or never answered its
             # SYN (the guest had no address yet, or its SYN was lost, and the client gave up:
-            # opened here, a guest booted a little earlier would serve it; seen under load,
-            # 2026-11-28, an index page as extra output on a connection the native never had).
+            # opened here, a guest booted a little earlier would serve it: under load, an
+            # index page as extra output on a connection the native never had).
             peer.not_opened.add(fl.index)
             return []
         return peer.open(fl.index, fl.client, fl.server, fl.client_mac, fl.guest_mac, now)
@@ -234,7 +234,7 @@ class AnalysisDriver:
         silent, so the dependency timeout waits for the connection. A KASAN kernel on a
         user's disk brought its network up at VM 25.8 s, where the native had answered
         the first request at 11.8 s; timed from 12 s, the client's FIN went with its
-        request and the guest reset the connection (2026-11-28). The peer's own bounds
+        request and the guest reset the connection. The peer's own bounds
         still apply: a refused connection is given up after 60 s of VM time; one whose
         SYN is never answered ends the run as lagging (lagging()), tandem's limit."""
         return any(self.have(f) < n and self.peer.connecting(f) for f, n in inp.needs_bytes.items())
@@ -588,7 +588,7 @@ class AnalysisDriver:
         dependencies met: a guest that stopped answering (a service that never started,
         one that hangs). One that still answers goes on, however slow: a KASAN kernel
         took 68 s of VM time for 54% of a heavy recording that took the native 8 s, and
-        answered every request (2026-11-27). Once every input is delivered, the settling
+        answered every request. Once every input is delivered, the settling
         time ends the run."""
         return self.rec.finished and now > (self.rec.end_ns or 0) + self.max_lag_ns \
             and now - self.progress_ns > self.max_lag_ns and self.nxt < len(self.todo)

@@ -5,7 +5,7 @@ and entropy come from a feed (qemu-patches/0006): tandem sends each input with
 the VM time to deliver it at and grants the VM clock a horizon it may not pass;
 QEMU returns every frame and serial byte the guest sends and stops at the
 horizon. Each output also pulls the horizon in by the link's lookahead, so the
-replayer (tcp_peer) answers the guest within that VM time, as the real network
+replayer (network/peer.py) answers the guest within that VM time, as the real network
 did: the two advance conservatively in VM time, and with -icount sleep=off the
 guest never waits out idle time.
 
@@ -54,7 +54,7 @@ def run(rec: inputs.RecordedInputs, analysis: str, workdir: Path, *,
     most `buffer` of inputs it has not taken yet; over that it detaches (outcome
     "detached"). `stop()` returning True ends the run early (outcome "detached").
 
-    launcher: run the analysis VM as a libvirt domain (virt.Launcher, see vm.VM).
+    launcher: run the analysis VM as a libvirt domain (libvirt.launcher.Launcher, see qemu.vm.VM).
     line_deps: inputs wait for the console lines the native had printed (False for a
     user's VM: driver.AnalysisDriver).
     cpu_idle: let the host's CPUs idle meanwhile (by default they are held awake, so that

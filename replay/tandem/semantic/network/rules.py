@@ -14,7 +14,7 @@ segment the guest's window or MSS would split) ends the rules installed at a sto
 
 Why not everything is a rule: QEMU compares sequence numbers, no more. An input that
 waits on a console line, on a connection not open yet, or on bytes given up on is
-released at a stop, as before, and so is anything while a flow has bytes waiting for
+released at a stop, as without rules, and so is anything while a flow has bytes waiting for
 the guest's window (an ACK that opens it must reach the peer).
 """
 from __future__ import annotations
