@@ -46,7 +46,7 @@ from tandem.record.workload import KV, demo_traffic  # noqa: E402
 
 SECTION = "semantic"
 PARTS = ("replay", "comparator", "protocols", "parallel")
-TITLE = "## Semantic replay (issue 3)"
+TITLE = "## Semantic replay"
 
 # Comparator workloads: CLIENTS concurrent connections each.
 CLIENTS = 8

@@ -1,4 +1,4 @@
-"""QEMU's release gate is bounded (issue 19): a guest that sends fast while the only
+"""QEMU's release gate is bounded: a guest that sends fast while the only
 analysis is stopped cannot grow the native's QEMU past filter-gate's max-frames and
 max-bytes; the overflow policy's event is reported; the recording keeps every frame.
 Real QEMU, real guest; no mocks."""

@@ -161,7 +161,7 @@ def test_agreed_release_keeps_a_diverging_answer_from_the_client(tmp_path):
     t.join(10)
     s = sh.finish()
     assert got == {"set": "OK", "get": "VALUE 1", "bug": None}, got
-    # Private (issue 19): the live workdir 0700, all it holds 0600 (0755/0644 before under umask 022).
+    # Private: the live workdir 0700, all it holds 0600 (not 0755/0644, as umask 022 gives).
     an = tmp_path / "an"
     wrote = {p.name: stat.S_IMODE(p.stat().st_mode) for p in an.iterdir()}
     assert {"findings.jsonl", "summary.json", "gate.json", "buffers.json"} <= set(wrote), wrote

@@ -101,8 +101,8 @@ def test_each_planted_bug_is_found_by_its_analyses_and_attributed(planted_bugs_b
 
     # Each analysis run recorded itself: its recording replays exactly, findings included.
     # KCSAN's is the hard case (its sampling and delays draw on the TSC, which the
-    # recording holds); KASAN's and lockdep's replays cost 20 s more of the suite and
-    # tested nothing KCSAN's does not (they replayed exactly in every run until 2026-11-27).
+    # recording holds); KASAN's and lockdep's replays would cost 20 s more of the suite and
+    # test nothing KCSAN's does not.
     for r in s.results:
         if r.analysis == "kcsan":
             v = exact_replay(r.run.bundle)
@@ -213,9 +213,9 @@ def hammer(port: int, seconds: float, clients: int = 4) -> int:
 
 
 def test_a_heavy_recording_is_analysed_whole_reading_no_further_ahead_than_its_window(tmp_path, monkeypatch):
-    """A finished recording is read as the analysis advances (issue 24): a heavy one is
-    analysed to its end (it used to detach every analysis at the live bound of 100,000
-    inputs), clean, and the inputs held never exceed the read-ahead window (made small
+    """A finished recording is read as the analysis advances: a heavy one is
+    analysed to its end (loaded whole, it would pass the live bound of 100,000 inputs and
+    detach every analysis), clean, and the inputs held never exceed the read-ahead window (made small
     here so that a short recording crosses it many times)."""
     path = tmp_path / "heavy.tdm"
     with Recording(path) as rec:
@@ -225,7 +225,7 @@ def test_a_heavy_recording_is_analysed_whole_reading_no_further_ahead_than_its_w
         rec.wait(timeout=120)
     recorded = [i for i in inputs.load(path).inputs if i.kind != "rng"]
     # Crossed five times at least: a loaded host records fewer inputs in 3 s (3,972 for
-    # 7,916 requests beside another test's VMs, 2026-11-28).
+    # 7,916 requests beside another test's VMs).
     window = min(1000, len(recorded) // 5)
     assert window >= 200, (len(recorded), requests)
     monkeypatch.setattr("tandem.semantic.analyze.READ_AHEAD_INPUTS", window)
@@ -243,7 +243,7 @@ def test_a_heavy_recording_is_analysed_whole_reading_no_further_ahead_than_its_w
     assert max(held) <= window + PACE_EVERY, max(held)
     # The clients' requests went by release rules (semantic/network/rules.py), QEMU firing them
     # with no stop: nearly all (not the connections' openings and closings, nor what a
-    # stop found ready: 5,900 of 5,924 in a 3 s recording, 2026-11-29); and the
+    # stop found ready: 5,900 of 5,924 in a 3 s recording); and the
     # analysis's own recording replays exactly, the rules' decisions taken again from
     # its log.
     assert r.run.rules_fired >= 0.9 * delivered, (r.run.rules_fired, delivered)

@@ -133,8 +133,8 @@ def test_attach_and_detach(libvirtd, tmp_path):
     assert names(uri) == {"web-tandem-native", "web-tandem-kasan"}          # the native is not started
     assert "shut off" in virsh(uri, "dominfo", "web")
 
-    # Private (issue 19): the feed and QMP sockets steer a shadow, so they are only in
-    # 0700 directories (the state directory was 0755 under umask 022); overlays 0600.
+    # Private: the feed and QMP sockets steer a shadow, so they are only in
+    # 0700 directories (0755 under umask 022 if tandem left it to the umask); overlays 0600.
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     for s in attached.values():
         assert Path(s["feed_socket"]).parent == Path(s["qmp_socket"]).parent == Path(s["state_dir"])

@@ -35,8 +35,8 @@ def test_shadow_runs_native_and_analysis_as_domains(libvirtd, tmp_path):
     seen = {}
 
     def work():
-        # The native can serve before its shadow's domain is defined (2026-11-27, a loaded
-        # run: the list held 'web' alone, dominfo just after found the shadow running):
+        # The native can serve before its shadow's domain is defined (on a loaded host the
+        # list may hold 'web' alone, and dominfo just after find the shadow running):
         # wait for the shadow, then take the whole list.
         wait_until(lambda: "web-tandem-native" in names(uri), 120, "the shadow domain web-tandem-native")
         seen["list"] = names(uri)

@@ -1,4 +1,4 @@
-"""A scripted feed and VM for the semantic replay's loop (semantic.driver.AnalysisDriver):
+"""A scripted feed and VM for the semantic replay's loop (semantic.driving.driver.AnalysisDriver):
 what QEMU says on the feed, step by step, and what the driver asked of it. Shared by
 the loop's tests (test_driver.py) and the tests of what it answers (test_guest_connections.py)."""
 from __future__ import annotations

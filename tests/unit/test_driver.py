@@ -1,4 +1,4 @@
-"""The semantic replay's loop (semantic.driver.AnalysisDriver) against a scripted feed and
+"""The semantic replay's loop (semantic.driving.driver.AnalysisDriver) against a scripted feed and
 VM, the way syzkaller tests its VM monitor loop (vm/vm_test.go, TestMonitorExecution):
 each scenario is what QEMU says on the feed (WAIT, OUTPUT, SHUTDOWN, silence, exit) and
 what the driver must answer (inputs, horizons) and conclude (outcome, detail, limits).
@@ -200,8 +200,8 @@ def test_a_connection_the_native_refused_is_not_opened():
 
 def test_a_connection_whose_syn_the_native_never_answered_is_not_opened():
     """The native's guest never answered its SYN (no address yet, and the client gave up):
-    opened here, a guest a little further in its boot would serve it (seen under load:
-    a whole index page of extra output)."""
+    opened here, a guest a little further in its boot would serve it (under load: a whole
+    index page of extra output)."""
     rec = RecordedInputs([Input("tcp-open", 1 * MS, flow=0), Input("tcp-open", 2 * MS, flow=1)],
                          [flow(0, None), flow(1, "accepted")], 2 * MS, [])
     res, feed, _ = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(2 * MS)], [wait(2 * MS + SETTLE_NS)]])

@@ -1,6 +1,6 @@
 """TCP connections the guest opens (nginx proxying to a backend at 10.0.2.2:8081) are
-answered from the recording (semantic/network/connections.py, peer.py, driver.py; issue 24 point
-2): the replayer plays the remote server. Each scenario is a native device log built
+answered from the recording (semantic/network/connections.py, peer.py, driver.py): the
+replayer plays the remote server. Each scenario is a native device log built
 segment by segment (as tests/unit/test_extract.py builds one) and an analysis guest
 scripted against the driver (as tests/unit/test_driver.py scripts one), opening its own
 connections from other ports with other sequence numbers; what the replayer sends it,
@@ -398,8 +398,8 @@ def test_a_connection_reset_while_its_service_starts_is_retried_with_its_request
 def test_a_connection_whose_syn_went_unanswered_then_reset_before_an_answer_is_retried():
     """The guest's network not up yet (the SYN unanswered, sent again), then accepted and
     reset before a byte of answer while its service starts: tried again from its SYN
-    with the whole request, as a refused one is (a CI run, 2026-11-28: a false "missing"
-    for the first request). A connection answered at once and then reset is the guest's."""
+    with the whole request, as a refused one is (else the first request is a false
+    "missing"). A connection answered at once and then reset is the guest's."""
     from tandem.semantic.network.peer import RTO_NS
     request = b"GET / HTTP/1.1\r\n\r\n"
 
@@ -465,8 +465,8 @@ def test_a_guest_still_starting_is_waited_for_not_timed_out():
     """A guest that accepts the client's connection only after longer than the dependency
     timeout (its network or service still starting, silent meanwhile) still gets the
     client's FIN after its reply, not with the request: the wait is timed from when the
-    connection opens (a KASAN kernel on a user's disk, 2026-11-28, reset the connection
-    that got both at once)."""
+    connection opens (a KASAN kernel on a user's disk resets a connection that gets both
+    at once)."""
     native = Native()
     client = native.conn(WEB, remote=(HOST_IP, 40000), g_isn=100, r_isn=200).remote_opens(1 * MS)
     client.seg("in", 2 * MS, ACK | PSH, REQ_A).seg("out", 3 * MS, ACK | PSH, REPLY_A)

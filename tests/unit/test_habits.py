@@ -1,4 +1,4 @@
-"""Habits the code keeps (issue 20): no error swallowed without its cause; no module or
+"""Habits the code keeps: no error swallowed without its cause; no module or
 function too long to read.
 
 An `except Exception` (or a bare `except`, or `except BaseException`) that does not raise
@@ -37,8 +37,8 @@ def test_the_check_finds_one():
     assert broad_handlers_that_swallow(ast.parse("try:\n    f()\nexcept BaseException:\n    g()\n    raise\n")) == []
 
 
-# Issue 20: sizes a reader can hold. The anchors' largest files do one job each (QEMU's
-# machine.py 31 kB, Firecracker's microvm.py 38 kB); virt.py was 1,113 lines doing five.
+# Sizes a reader can hold. The anchors' largest files do one job each (QEMU's machine.py
+# 31 kB, Firecracker's microvm.py 38 kB); a module past 800 lines is likely doing several.
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 120
 

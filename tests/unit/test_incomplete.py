@@ -1,5 +1,5 @@
-"""What tandem could not do is reported apart from findings, with its own exit status
-(issue 24): hung, lagging, detached, an error, a VM that never booted are failures of
+"""What tandem could not do is reported apart from findings, with its own exit status:
+hung, lagging, detached, an error, a VM that never booted are failures of
 the analysis, not findings about the guest; a crash after the first input is a finding."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""The host side's dependencies point one way (issue 20), checked over the imports of
+"""The host side's dependencies point one way, checked over the imports of
 replay/tandem (lazy ones included: a cycle hidden in a function is still a cycle).
 
 - No cycle among tandem's modules.
