@@ -29,7 +29,8 @@ Exit statuses, of `tandem` and of every module's own main():
     EXIT_CLEAN        0   nothing found: the replay verified, the analyses found nothing
     EXIT_FOUND        1   something found: a finding, a divergence, a replay that did not
                           verify, a violated assertion, a bundle that is not intact, a
-                          demo whose replay did not verify or whose analyses did not finish
+                          host check that fails (doctor), a demo whose replay did not
+                          verify or whose analyses did not finish
     EXIT_ERROR        2   a TandemError, of every class above: the message says whose
     EXIT_INCOMPLETE   3   nothing found, but tandem could not analyse the whole recording
                           (its own limit, never a finding: replay --analysis, shadow, attach)
