@@ -27,7 +27,7 @@ from typing import Callable
 
 from ...errors import TandemError
 from ...formats import netpkt
-from ...qemu import feed
+from ...qemu.feed import FIRED, NET, OUTPUT, RNG, SERIAL, SHUTDOWN, SHUTDOWN_CAUSES, WAIT, WAIT_IDLE
 from .. import inputs
 from ..network.connections import Connections
 from ..network.exchanges import Answers
@@ -52,11 +52,11 @@ SHUTDOWN_OUTCOMES = {
 }
 
 
-def release_input(inp: inputs.Input, rec: inputs.RecordedInputs, peer: Peer, server, now: int) -> list[bytes]:
+def release_input(inp: inputs.Input, rec: inputs.RecordedInputs, peer: Peer, feed, now: int) -> list[bytes]:
     """Deliver one input at VM time `now`: a serial input straight into the feed; the
     frames to send for a network input (a raw frame, or the TCP peer's segments)."""
     if inp.kind == "serial":
-        server.input(feed.SERIAL, now, inp.data)
+        feed.input(SERIAL, now, inp.data)
         return []
     if inp.kind == "frame":
         f = netpkt.parse(inp.data)
@@ -168,7 +168,7 @@ class AnalysisDriver:
                 self.connections.add(fl)
         for i in new:
             if i.kind == "rng":
-                self.feed.input(feed.RNG, 0, i.data)
+                self.feed.input(RNG, 0, i.data)
                 self.res.deliver(0, i)
             else:
                 self.todo.append(i)
@@ -362,7 +362,7 @@ class AnalysisDriver:
             self.install_rules(now)
         self.trim()
         for fr in frames:
-            self.feed.input(feed.NET, now, fr)
+            self.feed.input(NET, now, fr)
         due = self.todo[self.nxt].vm_ns if self.nxt < len(self.todo) else None
         horizon = next_horizon(now, due, self.blocked_since, self.last_output_ns, self.peer.next_timer(),
                                self.rec.end_ns or 0, self.last_input_ns, not self.rec.finished)
@@ -538,16 +538,16 @@ class AnalysisDriver:
 
     def on_message(self, m) -> None:
         res = self.res
-        if m.type == feed.OUTPUT:
+        if m.type == OUTPUT:
             self.last_output_ns = m.vm_ns
-        if m.type == feed.SHUTDOWN:
+        if m.type == SHUTDOWN:
             # The first one says why: a QEMU under libvirt (-no-shutdown) pauses at a
             # guest poweroff and then says SHUTDOWN again for libvirt's SIGTERM.
             if self.shutdown is None:
-                c = feed.SHUTDOWN_CAUSES
+                c = SHUTDOWN_CAUSES
                 self.shutdown = c[m.channel] if m.channel < len(c) else f"cause {m.channel}"
                 res.end_ns = m.vm_ns
-        elif m.type == feed.OUTPUT and m.channel == feed.NET:
+        elif m.type == OUTPUT and m.channel == NET:
             if res.net_out is not None:
                 res.net_out.append((m.vm_ns, m.data))
             self.frames_out += self.peer.on_frame(m.data, m.vm_ns)
@@ -557,13 +557,13 @@ class AnalysisDriver:
                 self.answer(m.vm_ns)
             if self.peer.connects or self.peer.ready:
                 self.connect(m.vm_ns)
-        elif m.type == feed.OUTPUT and m.channel == feed.SERIAL:
+        elif m.type == OUTPUT and m.channel == SERIAL:
             res.console_times.append((res.console_base + len(res.console), m.vm_ns))
             res.console += m.data
             self.lines.feed(m.data)
-        elif m.type == feed.WAIT:
-            self.on_wait(m.vm_ns, m.channel == feed.WAIT_IDLE)
-        elif m.type == feed.FIRED:
+        elif m.type == WAIT:
+            self.on_wait(m.vm_ns, m.channel == WAIT_IDLE)
+        elif m.type == FIRED:
             self.on_fired(m.vm_ns, m.data)
 
     def on_wait(self, now: int, idle: bool) -> None:
