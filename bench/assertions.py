@@ -138,7 +138,7 @@ def main() -> int:
 
     pack_name = " + ".join(f"`{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}`" for p in packs)
     lines = [
-        "## Temporal assertions (issue 4)", "",
+        "## Temporal assertions", "",
         (f"Command: `./tandem bench` (runs `bench/assertions.py --runs {args.runs}`). Two recordings, "
          f"each replayed exactly without and with the `tandem-calls` plugin in interleaved rounds: "
          f"*demo* (boot to TANDEM-READY, {ROUNDS} rounds of SET/GET from two clients, a SYNC, an "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: semantic replay of heavy recordings, offline (issue 24).
+"""Benchmark: semantic replay of heavy recordings, offline.
 
 Two parts, each measured in one run side by side:
   memory  tandem's own memory (the Python process's resident set, sampled every 0.25 s)
@@ -57,7 +57,7 @@ from tandem.record.recording import Recording  # noqa: E402
 from tandem.record.workload import KV  # noqa: E402
 from tandem.semantic.analyze import analyze  # noqa: E402
 
-SECTION, TITLE, PARTS = "offline_heavy", "## Offline semantic replay of heavy recordings (issue 24)", \
+SECTION, TITLE, PARTS = "offline_heavy", "## Offline semantic replay of heavy recordings", \
     ("memory", "ratio")
 CLIENTS = 4
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_replay import replace_section  # noqa: E402
 from tandem.semantic.comparison import compare, equivalence
 from tandem.semantic import inputs, model
-from tandem.semantic.driving import replay as replay_semantic  # noqa: E402
+from tandem.semantic.driving import replay  # noqa: E402
 from tandem.formats import bundle, netpkt, pcapng  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.semantic.analyze import analyze  # noqa: E402
@@ -46,7 +46,7 @@ from tandem.record.workload import KV, demo_traffic  # noqa: E402
 
 SECTION = "semantic"
 PARTS = ("replay", "comparator", "protocols", "parallel")
-TITLE = "## Semantic replay (issue 3)"
+TITLE = "## Semantic replay"
 
 # Comparator workloads: CLIENTS concurrent connections each.
 CLIENTS = 8
@@ -132,7 +132,7 @@ def part_replay(tmp: Path, runs: int) -> list[str]:
         for f in flavors:
             res[f]["live"].append(live(tmp, f))
             for key, record_run in (("replay", True), ("norec", False)):
-                r = replay_semantic.run(rec, f, tmp / f"an{i}{f}{key}", record=record_run)
+                r = replay.run(rec, f, tmp / f"an{i}{f}{key}", record=record_run)
                 assert r.outcome == "poweroff", (f, r.outcome, r.detail)
                 res[f][key].append(r.wall_s)
         print(f"round {i + 1}: " + ", ".join(f"{f} live {res[f]['live'][-1]:.2f}s replay "
@@ -208,7 +208,7 @@ def sizes_text(xs: list[int]) -> str:
 
 def measure_comparator(tmp: Path, name: str, traffic, reps: int) -> dict:
     b = record(tmp, traffic)
-    run = replay_semantic.run(inputs.load(b), "native", tmp / f"cmp-{name}")
+    run = replay.run(inputs.load(b), "native", tmp / f"cmp-{name}")
     assert run.outcome == "poweroff", (name, run.outcome, run.detail)
     n_events, log_bytes, seg_sizes = log_payload(b / "devices.pcapng")
     t_load, rec = cpu_median(lambda: inputs.load(b), max(3, reps // 4))
@@ -312,7 +312,7 @@ def measure_protocol(tmp: Path, name: str, load, reps: int) -> dict:
     rec = inputs.load(b)
     rec.power_button = True
     manifest = bundle.load_manifest(b)
-    run = replay_semantic.run(rec, "native", tmp / f"cmp-{name}", record=False, line_deps=False,
+    run = replay.run(rec, "native", tmp / f"cmp-{name}", record=False, line_deps=False,
                               guest=guests.analysis_guest(b, manifest, "native"))
     assert run.outcome in ("poweroff", "finished"), (name, run.outcome, run.detail)
     spec = equivalence.load("native", None, users_guest=True)

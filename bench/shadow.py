@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_replay import replace_section  # noqa: E402
-from tandem.semantic import inputs as inputs_mod  # noqa: E402
-from tandem.live import shadow as live_mod  # noqa: E402
+from tandem.semantic import inputs  # noqa: E402
+from tandem.live import shadow  # noqa: E402
 from tandem.semantic.comparison import live_compare  # noqa: E402
-from tandem import plan as plan_mod  # noqa: E402
-from tandem.semantic.driving import replay as replay_semantic  # noqa: E402
+from tandem import plan  # noqa: E402
+from tandem.semantic.driving import replay  # noqa: E402
 from tandem.live.shadow import SAMPLE_S, ShadowOptions, ShadowRun, analysis_cpuset  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.qemu.vm import VM, free_port
@@ -328,10 +328,10 @@ def paced(port: int, rate: float, seconds: float, done: dict, per_connection: in
 # tandem's tables that fill up to a cap (a long run reaches it and stays there), and
 # what the memory part lowers them to so that they are full within its first minute:
 # whatever still grows from half-way on grows with the run's length.
-CAPS = [(live_mod, "MARKS_KEPT", "the native's clock marks", 200),
+CAPS = [(shadow, "MARKS_KEPT", "the native's clock marks", 200),
         (live_compare, "CACHE_LINES", "lines rewritten under the spec", 200),
-        (inputs_mod.SerialLines, "KEPT", "console lines counted, per side", 200),
-        (replay_semantic, "DELIVERED_KEPT", "inputs each analysis keeps to attribute findings", 200)]
+        (inputs.SerialLines, "KEPT", "console lines counted, per side", 200),
+        (replay, "DELIVERED_KEPT", "inputs each analysis keeps to attribute findings", 200)]
 
 
 def slope(pts: list[tuple[float, float]]) -> float:
@@ -455,7 +455,7 @@ def part_buffer(tmp: Path, out_png: Path, bursts: int = 3, gap_s: float = 3.0, p
     t.join(30)
     sh.finish()
     peak = sh.followers[0].buffer.peak_events
-    p = plan_mod.plan(d / "b.tdm", from_workdir=d / "an", analysis="kasan")
+    p = plan.plan(d / "b.tdm", from_workdir=d / "an", analysis="kasan")
     predicted, f = p.events, p.buffers[0]["f"]
     steady_pred = p.buffers[0]["equation"]["events"]
     boot_until_ns = p.buffers[0]["boot_backlog"]["until_vm_s"] * 1e9

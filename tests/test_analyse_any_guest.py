@@ -1,4 +1,4 @@
-"""Sanitizer analyses of an ordinary guest (issue 24): the reference VM (Debian 12 from its
+"""Sanitizer analyses of an ordinary guest: the reference VM (Debian 12 from its
 own disk: GRUB, systemd, networkd's DHCP, nginx, redis) recorded under Debian's clients,
 then replayed semantically into analysis kernels booting the same disk directly: its
 DHCP answered from the recording, its services compared under the HTTP and RESP rules,

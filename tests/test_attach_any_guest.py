@@ -1,4 +1,4 @@
-"""`tandem attach` on an ordinary guest (issue 24, point 6): a libvirt domain as a user
+"""`tandem attach` on an ordinary guest: a libvirt domain as a user
 defines it for the reference VM (firmware boot from its own disk, GRUB, systemd, nginx,
 redis; a second data disk; user networking), recorded from boot by tandem while a KASAN
 shadow domain boots the same disks and trails it, served by Debian's clients, shut down

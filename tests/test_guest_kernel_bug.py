@@ -1,4 +1,4 @@
-"""A bug in the guest's own kernel, reached by an ordinary client (issue 24, point 7): the
+"""A bug in the guest's own kernel, reached by an ordinary client: the
 reference VM built once more with tandem's native kernel as its distribution kernel
 (a Debian package, booted by its own GRUB) and the planted-bug module listening on UDP.
 A crafted datagram reaches the bug; the native serves on; the KASAN analysis, booting

@@ -1,4 +1,4 @@
-"""Recording a guest from its own disk with the options any user's VM needs (issue 23),
+"""Recording a guest from its own disk with the options any user's VM needs,
 through the CLI as a user runs it: --disk, --kernel-image/--initrd/--append, --memory,
 --forward, --nic; the base image never written and a changed one refused on replay;
 the bad inputs, each in one line. The guests: the demo's disk, kernel and initramfs

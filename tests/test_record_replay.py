@@ -102,7 +102,7 @@ def test_follow_replay_of_live_recording(built, tmp_path):
 
 
 def test_torn_heavy_recording_replays_its_intact_prefix(built, tmp_path):
-    """Issue 23: QEMU killed (SIGKILL) while one client hammers the guest with SETs. The
+    """QEMU killed (SIGKILL) while one client hammers the guest with SETs. The
     record log's intact prefix replays and verifies against the device log, whichever of
     the two logs the kill cut first (each is flushed on its own clock)."""
     path = tmp_path / "torn.tdm"
@@ -188,7 +188,7 @@ def test_guest_that_panics_is_not_a_clean_stop(built, tmp_path):
 
 
 def test_bundle_path_with_commas_and_keys(built, tmp_path):
-    """A bundle named with QEMU's separators in it (issue 19): its path reaches -icount
+    """A bundle named with QEMU's separators in it: its path reaches -icount
     rrfile=, -drive file= and the devlog's path= as one value, never as added keys, so
     the recording lands where it was asked and replays exactly."""
     path = tmp_path / "a,romfile=x,,y=z.tdm"

@@ -1,4 +1,4 @@
-"""Live shadows of an ordinary guest (issue 24, point 6): `tandem shadow` with the guest
+"""Live shadows of an ordinary guest: `tandem shadow` with the guest
 options `tandem record` takes, the reference VM (Debian 12 from its own disk, GRUB,
 systemd, nginx, redis) served live under Debian's clients while an analysis kernel boots
 the same disk and trails it."""

@@ -1,12 +1,11 @@
 """The one list of analyses tandem runs: each once, with everything that differs between them.
 
-Before this list, one analysis was spread over 8 to 12 files (the CLI's choices and help in
-four places, `replay_semantic.ANALYSES`, `Guest.default`'s `if flavor == "kasan"` branches,
-`equivalence.BUILTIN`, the demo, the build's flavor lists in meson.build, setup/build.py and
-setup/doctor.py; docs/architecture-review, section 3.1). Now adding one is a kernel config
-fragment (guest-kernel/linux/FLAVOR.config) when it needs its own kernel, one entry below,
-and docs; `guest-kernel/linux/FLAVORS` lists the kernel flavors for meson, and
-tests/unit/test_catalog.py checks that it, the config fragments and this list agree.
+Whatever names an analysis reads it from here: the CLI's choices and help, the demo,
+`tandem shadow` and `tandem attach`, the guest's defaults, the equivalence spec and the
+build. Adding one is one entry below and docs, and a kernel config fragment
+(guest-kernel/linux/FLAVOR.config) when it needs its own kernel; `guest-kernel/linux/FLAVORS`
+lists the kernel flavors for meson, and tests/unit/test_catalog.py checks that it, the
+config fragments and this list agree.
 
 Kernel flavors and userlands are tables of their own because `tandem record --kernel
 --userland` boots any pair of them, not only the pairs an analysis names.

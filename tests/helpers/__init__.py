@@ -1,7 +1,7 @@
 """What the tests share: waiting for an event, client threads that report their failures,
 running the CLI, recording the demo guest, reading device logs with Wireshark's tools.
 
-One definition of each (issue 21). Test modules import from here, never from each other
+One definition of each. Test modules import from here, never from each other
 or from conftest.py; conftest.py holds the fixtures.
 
 Waiting: a test never sleeps for an event; it waits for it with `wait_until`, which

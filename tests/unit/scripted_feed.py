@@ -1,23 +1,23 @@
-"""A scripted feed and VM for the semantic replay's loop (semantic.driver.AnalysisDriver):
+"""A scripted feed and VM for the semantic replay's loop (semantic.driving.driver.AnalysisDriver):
 what QEMU says on the feed, step by step, and what the driver asked of it. Shared by
 the loop's tests (test_driver.py) and the tests of what it answers (test_guest_connections.py)."""
 from __future__ import annotations
 
-from tandem.qemu import feed as feedproto
+from tandem.qemu import feed
 
-CAUSE = {name: i for i, name in enumerate(feedproto.SHUTDOWN_CAUSES)}
-
-
-def wait(ns: int, idle: bool = False) -> feedproto.Message:
-    return feedproto.Message(feedproto.WAIT, feedproto.WAIT_IDLE if idle else feedproto.WAIT_HORIZON, ns, b"")
+CAUSE = {name: i for i, name in enumerate(feed.SHUTDOWN_CAUSES)}
 
 
-def console(ns: int, text: bytes) -> feedproto.Message:
-    return feedproto.Message(feedproto.OUTPUT, feedproto.SERIAL, ns, text)
+def wait(ns: int, idle: bool = False) -> feed.Message:
+    return feed.Message(feed.WAIT, feed.WAIT_IDLE if idle else feed.WAIT_HORIZON, ns, b"")
 
 
-def shutdown(ns: int, cause: str) -> feedproto.Message:
-    return feedproto.Message(feedproto.SHUTDOWN, CAUSE[cause], ns, b"")
+def console(ns: int, text: bytes) -> feed.Message:
+    return feed.Message(feed.OUTPUT, feed.SERIAL, ns, text)
+
+
+def shutdown(ns: int, cause: str) -> feed.Message:
+    return feed.Message(feed.SHUTDOWN, CAUSE[cause], ns, b"")
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""The parts of recording any guest that need no VM (issue 23): a guest from its disks
+"""The parts of recording any guest that need no VM: a guest from its disks
 and back from a manifest, the forwards the guest refuses seen in its frames, the ARP,
 DHCP and DNS `tandem inspect` shows, and disk images told apart by qemu-img."""
 from __future__ import annotations

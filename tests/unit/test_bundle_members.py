@@ -1,4 +1,4 @@
-"""A bundle's files are opened by bundle.open_member (issue 19): one plain name, relative
+"""A bundle's files are opened by bundle.open_member: one plain name, relative
 to the bundle directory, never through a symbolic link, never waiting on a FIFO, never a
 directory. Each reader of a bundle refuses such a member with one BundleError line naming
 it. A FIFO that was opened would block the test: SIGALRM turns that hang into a failure."""

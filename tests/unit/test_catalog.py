@@ -1,4 +1,4 @@
-"""The catalogue of analyses is the one list (issue 20): the build, the CLI, the demo, the
+"""The catalogue of analyses is the one list: the build, the CLI, the demo, the
 equivalence defaults and the report dialects all agree with it."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """UDP exchanges the guest starts are answered from the recording by its request
-(semantic/network/exchanges.py, issue 24): DHCP with the analysis guest's own transaction ID,
+(semantic/network/exchanges.py): DHCP with the analysis guest's own transaction ID,
 DNS with its own query ID; datagrams the remote side starts stay timed inputs."""
 from __future__ import annotations
 

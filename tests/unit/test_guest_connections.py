@@ -1,6 +1,6 @@
 """TCP connections the guest opens (nginx proxying to a backend at 10.0.2.2:8081) are
-answered from the recording (semantic/network/connections.py, peer.py, driver.py; issue 24 point
-2): the replayer plays the remote server. Each scenario is a native device log built
+answered from the recording (semantic/network/connections.py, peer.py, driver.py): the
+replayer plays the remote server. Each scenario is a native device log built
 segment by segment (as tests/unit/test_extract.py builds one) and an analysis guest
 scripted against the driver (as tests/unit/test_driver.py scripts one), opening its own
 connections from other ports with other sequence numbers; what the replayer sends it,
@@ -13,7 +13,7 @@ from tandem.formats import netpkt
 from tandem.formats.netpkt import ACK, FIN, PSH, RST, SYN
 from tandem.semantic.comparison import compare, equivalence
 from tandem.semantic.network import connections
-from tandem.qemu import feed as feedproto
+from tandem.qemu.feed import NET, Message
 from tandem.semantic.driving.driver import AnalysisDriver
 from tandem.semantic.inputs import RecordedInputs
 from tandem.semantic.comparison.live_compare import LiveCompare
@@ -32,7 +32,7 @@ REPLY_A, REPLY_B = b"HTTP/1.0 200 OK\r\n\r\nfrom a\n", b"HTTP/1.0 200 OK\r\n\r\n
 def payload_times(feed: ScriptedFeed, port: int) -> list[tuple[int, bytes]]:
     """(VM time, payload) of what the replayer sent a guest port, first transmissions only
     (the scripted guest does not acknowledge it: the peer sends it again every RTO)."""
-    frames = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == feedproto.NET]
+    frames = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == NET]
     sent: dict[int, tuple[int, bytes]] = {}
     for ns, f in frames:
         if f is not None and f.proto == netpkt.PROTO_TCP and f.dport == port and f.payload:
@@ -40,7 +40,7 @@ def payload_times(feed: ScriptedFeed, port: int) -> list[tuple[int, bytes]]:
     return list(sent.values())
 
 
-def to_end(feed: ScriptedFeed) -> list[feedproto.Message]:
+def to_end(feed: ScriptedFeed) -> list[Message]:
     """The VM runs on to the horizon granted last."""
     return [wait(feed.horizons[-1][0])]
 
@@ -398,8 +398,8 @@ def test_a_connection_reset_while_its_service_starts_is_retried_with_its_request
 def test_a_connection_whose_syn_went_unanswered_then_reset_before_an_answer_is_retried():
     """The guest's network not up yet (the SYN unanswered, sent again), then accepted and
     reset before a byte of answer while its service starts: tried again from its SYN
-    with the whole request, as a refused one is (a CI run, 2026-11-28: a false "missing"
-    for the first request). A connection answered at once and then reset is the guest's."""
+    with the whole request, as a refused one is (else the first request is a false
+    "missing"). A connection answered at once and then reset is the guest's."""
     from tandem.semantic.network.peer import RTO_NS
     request = b"GET / HTTP/1.1\r\n\r\n"
 
@@ -465,8 +465,8 @@ def test_a_guest_still_starting_is_waited_for_not_timed_out():
     """A guest that accepts the client's connection only after longer than the dependency
     timeout (its network or service still starting, silent meanwhile) still gets the
     client's FIN after its reply, not with the request: the wait is timed from when the
-    connection opens (a KASAN kernel on a user's disk, 2026-11-28, reset the connection
-    that got both at once)."""
+    connection opens (a KASAN kernel on a user's disk resets a connection that gets both
+    at once)."""
     native = Native()
     client = native.conn(WEB, remote=(HOST_IP, 40000), g_isn=100, r_isn=200).remote_opens(1 * MS)
     client.seg("in", 2 * MS, ACK | PSH, REQ_A).seg("out", 3 * MS, ACK | PSH, REPLY_A)
@@ -478,7 +478,7 @@ def test_a_guest_still_starting_is_waited_for_not_timed_out():
     script = [*silent, at(up, seg(web, up, SYN | ACK)),
               at(up + 2 * MS, seg(web, up + 1 * MS, ACK | PSH, REPLY_A))]
     res, feed = drive(rec, script)
-    sent = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == feedproto.NET]
+    sent = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == NET]
     fins = [ns for ns, f in sent if f is not None and f.dport == WEB and f.flags & FIN]
     assert fins and min(fins) >= up + 1 * MS, (fins, up)
     assert not [x for x in res.limits if "after waiting" in x], res.limits

@@ -1,4 +1,4 @@
-"""The root device an analysis kernel mounts on a user's VM (issue 24): root=UUID= and
+"""The root device an analysis kernel mounts on a user's VM: root=UUID= and
 LABEL= looked up in the disks' ext file systems through qemu-img (raw and qcow2, MBR and
 GPT), named /dev/vdXN; hostile partition tables read no further than they make sense."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 19's reproducers for the text and binary readers other than the console parser:
+"""Reproducers for the text and binary readers other than the console parser:
 each input gives a result or the module's own one-line error, never another exception.
 
 Equivalence specs and assertion files are written by whoever hands tandem a spec; replay
@@ -140,7 +140,7 @@ def test_rrstream_small_header_big_frame_stops_at_the_declared_size(tmp_path):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 4 << 20       # was 1 GiB: the frame decompressed whole
+    assert peak < 4 << 20       # not the 1 GiB the frame's header declares
 
 
 def test_rrstream_declared_size_over_the_bound_is_refused_before_reading(tmp_path):

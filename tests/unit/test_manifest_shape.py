@@ -1,5 +1,5 @@
-"""A bundle comes from outside: its manifest is checked field by field when it loads
-(issue 19). Every one-field change below gives one BundleError naming the field, and no
+"""A bundle comes from outside: its manifest is checked field by field when it loads.
+Every one-field change below gives one BundleError naming the field, and no
 value reaches a QEMU option string or a file read outside the bundle."""
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ ONE_FIELD = [
     (("stop", "power_button"), "yes", "stop.power_button"),
     (("state",), ["complete"], "state"),
     (("qemu", "build_id"), {"a": 1}, "qemu.build_id"),
-    (("qemu", "a\nb"), False, "qemu.'a\\nb'"),     # a key that would cut the message (hypothesis, 2026-11-28)
+    (("qemu", "a\nb"), False, "qemu.'a\\nb'"),     # a key that would cut the message
     (("wall_time_s",), "1.5", "wall_time_s"),
 ]
 
@@ -196,7 +196,7 @@ def test_manifest_text_with_control_characters_stays_one_line_and_off_the_termin
 
 
 # Text JSON's decoder accepts that no file name, path or message can carry: a lone
-# surrogate escape (\ud800-\udfff), found by fuzzing the manifest loader.
+# surrogate escape (\ud800-\udfff).
 surrogate_text = st.builds(lambda a, s, b: a + s + b, st.text(max_size=4),
                            st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), st.text(max_size=4))
 

@@ -1,4 +1,4 @@
-"""Private by default (issue 19, point 3): what tandem creates is 0700/0600 whatever the
+"""Private by default: what tandem creates is 0700/0600 whatever the
 umask, and `tandem inspect` warns, in one line naming the bundle, on one that is not.
 The real recording's modes (QEMU's logs included) are tests/test_private_modes.py's."""
 import logging

@@ -1,4 +1,4 @@
-"""Protocol-aware acceptable differences (issue 24): a connection's protocol comes from
+"""Protocol-aware acceptable differences: a connection's protocol comes from
 its client's first bytes, and the built-in HTTP and RESP rules allow what two servers
 answering the same requests at different times differ in, and nothing more."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A spec's patterns run on every line the guest writes (issue 19): their time must stay
+"""A spec's patterns run on every line the guest writes: their time must stay
 linear in the guest's output. Patterns see lines of at most MAX_RULED_LINE bytes (a longer
 line is compared as it stands), and a pattern that can take more than quadratic time on
 such a line, or exponential time (a repeat of a choice), is refused at load. No timing

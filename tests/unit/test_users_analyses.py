@@ -1,4 +1,4 @@
-"""Analyses of a user's VM beyond the catalogue's (issue 24, point 1): a kernel the user
+"""Analyses of a user's VM beyond the catalogue's: a kernel the user
 brings (--analysis-kernel NAME=BZIMAGE[,VMLINUX]) and files swapped into the guest
 (--overlay NAME=DIR[,ANALYSIS]). Bad input is a one-line error naming the culprit before
 any VM starts; what is given is made known to every stage by name (catalog.add)."""

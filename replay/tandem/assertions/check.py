@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..formats import bundle, pcapng
 from ..report.symbolize import short_path
 from ..semantic import inputs
@@ -243,8 +243,8 @@ def check(bundle_dir: str | Path, pack: str | Path | None = None, *, select: lis
     p = trace.plan(kern, aset.needed(), aset.sites())
     t = trace.run(d, kern, p, progress=progress)
     if not t.verdict.ok:
-        raise TandemError(f"{d}: the replay with the assertion plugin did not verify "
-                          f"({t.verdict.summary()}): its events cannot be trusted")
+        raise InfraError(f"{d}: the replay with the assertion plugin did not verify "
+                         f"({t.verdict.summary()}): its events cannot be trusted")
     t0 = time.perf_counter()
     chk = Checker(aset)
     found: list[tuple[int, Violation]] = []

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from .. import catalog, private
-from ..errors import TandemError
+from ..errors import EXIT_CLEAN, EXIT_FOUND, TandemError
 from ..exact.replay import replay
 from ..record.recording import Recording
 from ..record.workload import PLANTED_BUGS, bad_requests, demo_traffic
@@ -89,7 +89,7 @@ def run_demo(console, workdir: Path | None = None) -> int:
         completed = _analyse_in_turns(path, analyses_build)
         console.print(f"bundle kept at {path}" if tmp is None else
                       f"(bundle in {path}; removed at exit, use --workdir to keep it)")
-        return 0 if v.ok and completed else 1
+        return EXIT_CLEAN if v.ok and completed else EXIT_FOUND
     finally:
         analyses_build.stop()
         if tmp is not None:

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from .. import catalog
-from ..errors import TandemError
+from ..errors import EXIT_CLEAN, EXIT_FOUND, TandemError
 from .common import (add_cpu_idle_option, add_users_analysis_options, build_for, build_for_analyses, progress,
                      users_analyses)
 from .render import console, print_summary
@@ -49,7 +49,7 @@ def cmd_replay(args) -> int:
         print(json.dumps({"ok": v.ok, "events": v.events, "mismatch": str(v.mismatch) if v.mismatch else None,
                           "replay_wall_s": v.replay_wall_s, "partial": v.partial}))
     console.print(("[bold green]" if v.ok else "[bold red]") + v.summary())
-    return 0 if v.ok else 1
+    return EXIT_CLEAN if v.ok else EXIT_FOUND
 
 
 def cmd_analyze(args) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import artifacts, private, report
-from ..errors import BundleError, TandemError
+from ..errors import BundleError, InfraError
 from ..formats import bundle, pcapng, rrstream
 from ..machine import RR, Feed, Guest, Host, Run, UserNet
 from ..qemu.vm import VM
@@ -178,8 +178,8 @@ def _run_to_end(vm: VM, partial: bool, progress) -> None:
 
     Its progress (VM clock, for the hang check and the progress line) is asked once every
     STATUS_EVERY_S: each QMP command runs in QEMU's main loop under the big lock, which the
-    vCPU thread takes for every device access (three commands every 0.2 s before,
-    2026-11-27; a recording asks nothing while it runs). Its exit is seen at once."""
+    vCPU thread takes for every device access (a recording asks nothing while it runs).
+    Its exit is seen at once."""
     last_clock, last_change = None, time.monotonic()
     proc = vm.process()
     while True:
@@ -200,7 +200,7 @@ def _run_to_end(vm: VM, partial: bool, progress) -> None:
             vm.wait(30)
             return
         elif time.monotonic() - last_change > HANG_SECONDS:
-            raise TandemError(f"replay hung: VM clock stuck at {clock} ns for {HANG_SECONDS}s "
-                              f"({vm.log_tail()})")
+            raise InfraError(f"replay hung: VM clock stuck at {clock} ns for {HANG_SECONDS}s "
+                             f"({vm.log_tail()})")
     if proc.returncode != 0:
-        raise TandemError(f"replay QEMU exited with status {proc.returncode}: {vm.log_tail()}")
+        raise InfraError(f"replay QEMU exited with status {proc.returncode}: {vm.log_tail()}")

@@ -273,7 +273,7 @@ def load_manifest(bundle_dir: str | os.PathLike[str]) -> dict[str, Any]:
         manifest = json.loads(text)
     except json.JSONDecodeError as e:
         raise BundleError(f"{mf}: not valid JSON (line {e.lineno}: {e.msg})") from None
-    except RecursionError:      # about 1,000 nested arrays or objects (found by fuzzing)
+    except RecursionError:      # about 1,000 nested arrays or objects
         raise BundleError(f"{mf}: not valid JSON (nested too deeply)") from None
     except ValueError as e:     # an integer of more than 4,300 digits
         raise BundleError(f"{mf}: not valid JSON ({str(e).split(';')[0]})") from None
@@ -292,9 +292,9 @@ def load_manifest(bundle_dir: str | os.PathLike[str]) -> dict[str, Any]:
 # --- the manifest's shape -------------------------------------------------------------------
 # A bundle comes from outside (a farm, a colleague, a bug report): every field tandem reads
 # is checked for its type and shape when the manifest loads, so no reader meets a string
-# where it wants a table (ten kinds of raw exceptions escaped before: issue 19), and no
-# value can carry text into a QEMU option string (a `mac` of "52:54:00:12:34:56,romfile=..."
-# became a second key on the NIC's -device).
+# where it wants a table (an unchecked manifest can raise ten kinds of raw exceptions in
+# its readers), and no value can carry text into a QEMU option string (a `mac` of
+# "52:54:00:12:34:56,romfile=..." would be a second key on the NIC's -device).
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _NS_MAX = 1 << 63           # nanoseconds and sizes: what QEMU's int64 options hold

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from .. import private
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..qemu.vm import alive
 
 
@@ -22,7 +22,7 @@ def binding():
     try:
         import libvirt
     except ImportError:
-        raise TandemError("the libvirt Python binding is missing (run ./tandem setup)") from None
+        raise InfraError("the libvirt Python binding is missing (run ./tandem setup)") from None
     # libvirt prints every error to stderr by default; tandem reports them itself.
     libvirt.registerErrorHandler(lambda *_: None, None)
     return libvirt
@@ -34,7 +34,7 @@ def connect(uri: str | None = None):
     try:
         return libvirt.open(uri)
     except libvirt.libvirtError as e:
-        raise TandemError(f"libvirt {uri or '(default URI)'}: {e.get_error_message()}") from None
+        raise InfraError(f"libvirt {uri or '(default URI)'}: {e.get_error_message()}") from None
 
 
 LIBVIRTD_CONF = """\
@@ -126,7 +126,7 @@ class Libvirtd:
             raise TandemError("a private libvirtd needs root (it runs QEMU as root in a mount namespace)")
         for tool in ("libvirtd", "virtlogd", "unshare"):
             if not shutil.which(tool) and not Path("/usr/sbin", tool).exists():
-                raise TandemError(f"{tool}: not installed (run ./tandem setup)")
+                raise InfraError(f"{tool}: not installed (run ./tandem setup)")
         for top in self.SHADOWED:
             if self.dir == Path(top) or Path(top) in self.dir.parents:
                 raise TandemError(f"{self.dir}: a private libvirtd's directory cannot be under {top} "
@@ -157,7 +157,7 @@ class Libvirtd:
             if self.proc.poll() is not None:
                 msg = self._log_tail()
                 self._cleanup()
-                raise TandemError(f"private libvirtd exited at start (status {self.proc.returncode}): {msg}")
+                raise InfraError(f"private libvirtd exited at start (status {self.proc.returncode}): {msg}")
             if self.socket.exists():
                 try:
                     libvirt.open(self.uri).close()
@@ -167,7 +167,7 @@ class Libvirtd:
             if time.monotonic() > deadline:
                 msg = self._log_tail()
                 self.stop()
-                raise TandemError(f"private libvirtd did not answer on {self.socket} within {timeout:.0f}s: {msg}")
+                raise InfraError(f"private libvirtd did not answer on {self.socket} within {timeout:.0f}s: {msg}")
             time.sleep(0.1)
         self.mntns = os.readlink(f"/proc/{self.proc.pid}/ns/mnt")
         return self

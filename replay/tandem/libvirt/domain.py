@@ -16,7 +16,7 @@ import datetime
 import re
 import xml.etree.ElementTree as ET
 
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..machine import Feed, Guest, Run
 from ..qemu.argv import qemu_argv
 
@@ -55,7 +55,7 @@ def _split(argv: list[str]) -> list[tuple[str, str | None]]:
     while i < len(argv):
         opt = argv[i]
         if not opt.startswith("-"):
-            raise TandemError(f"QEMU argv: unexpected {opt!r} at position {i}")
+            raise InfraError(f"QEMU argv: unexpected {opt!r} at position {i}")
         if opt in NO_ARG or i + 1 >= len(argv):
             out.append((opt, None))
             i += 1

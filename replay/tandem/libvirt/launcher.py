@@ -9,11 +9,11 @@ import os
 import signal
 import subprocess
 import time
-import uuid as uuid_mod
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
+from uuid import uuid4
 
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..qemu.argv import qmp_chardev
 from ..qemu.vm import alive
 from .daemon import binding, connect
@@ -63,8 +63,8 @@ class DomainProcess:
         self._gone_at: float | None = None
         pid = _qemu_pid(b"\0" + qmp_chardev(rundir).encode() + b"\0")
         if pid is None:
-            raise TandemError(f"domain {name}: started, but its QEMU is not a process on this host "
-                              f"(tandem needs a local libvirtd: its QMP and serial sockets are in {rundir})")
+            raise InfraError(f"domain {name}: started, but its QEMU is not a process on this host "
+                             f"(tandem needs a local libvirtd: its QMP and serial sockets are in {rundir})")
         self.pid = pid
         self._src: BinaryIO | None
         try:        # the log as the QEMU's mount namespace names it (a private libvirtd has its own /var)
@@ -130,10 +130,9 @@ class DomainProcess:
             self.log.write(text[start:])
             self.log.flush()
         except ValueError:
-            # vm.VM.close() closed the log meanwhile: a live shadow's follow thread polls
-            # the native while the run ends (seen in a full suite run, 2026-11-28, as an
-            # exception in thread tandem-follow). Its own poll (kill) has copied the log:
-            # poll sets the returncode only after the copy.
+            # vm.VM.close() closed the log meanwhile: a live shadow's follow thread
+            # (tandem-follow) polls the native while the run ends. Its own poll (kill) has
+            # copied the log: poll sets the returncode only after the copy.
             return
 
     def close(self) -> None:
@@ -157,7 +156,7 @@ class Launcher:
     def __init__(self, uri: str | None, name: str, *, uuid: str | None = None, metadata=None,
                  title: str | None = None, restore: str | None = None):
         self.uri, self.name, self.title = uri, name, title
-        self.uuid = uuid or str(uuid_mod.uuid4())
+        self.uuid = uuid or str(uuid4())
         self.metadata = metadata
         self.restore = restore
         self.conn: libvirt.virConnect | None = None
@@ -181,7 +180,7 @@ class Launcher:
         except BaseException as e:
             self._drop()
             if isinstance(e, libvirt.libvirtError):
-                raise TandemError(f"domain {self.name}: {' '.join(e.get_error_message().split())}") from None
+                raise InfraError(f"domain {self.name}: {' '.join(e.get_error_message().split())}") from None
             raise
 
     def release(self, proc: DomainProcess | None) -> None:
@@ -207,7 +206,7 @@ class Launcher:
                     self.dom.undefine()
         except libvirt.libvirtError as e:
             if e.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:    # gone already (tandem detach)
-                raise TandemError(f"domain {self.name}: {e.get_error_message()}") from None
+                raise InfraError(f"domain {self.name}: {e.get_error_message()}") from None
         finally:
             self.dom = None
             self.conn.close()

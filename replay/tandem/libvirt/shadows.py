@@ -3,7 +3,7 @@
 `attach` reads an existing domain (its disk, NIC model and MAC), and per analysis
 defines and starts `DOMAIN-tandem-NAME` (a `ShadowDomain`): the analysis kernel, a qcow2
 overlay over the native's disk, the native's NIC model and MAC, and the feed
-(qemu-patches/0006) on a unix socket the caller serves with a `semantic.feed.FeedServer`.
+(qemu-patches/0006) on a unix socket the caller serves with a `qemu.feed.FeedServer`.
 What tandem created is kept in each domain's own `<metadata>`, so `detach` removes
 exactly that. live/attach.py's `follow` is `tandem attach` itself.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import artifacts, private
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..machine import (
     LOOKAHEAD_NS,
     NIC_MODELS,
@@ -49,7 +49,7 @@ class ShadowDomain:
     """One analysis VM of a native domain, as libvirt knows it.
 
     feed_socket: the shadow's QEMU connects here (retrying every FEED_RECONNECT_MS)
-    and waits at VM time 0 until it is fed: bind a feedproto.FeedServer on this path,
+    and waits at VM time 0 until it is fed: bind a qemu.feed.FeedServer on this path,
     accept, then send inputs and horizons. qmp_socket: tandem's own QMP (libvirt keeps
     its monitor to itself).
     """
@@ -67,7 +67,7 @@ class ShadowDomain:
         try:
             return qmp_connect(self.qmp_socket, timeout, poll_s=0.1)
         except QMPUnavailable as e:
-            raise TandemError(f"{self.name}: {e}") from None
+            raise InfraError(f"{self.name}: {e}") from None
 
     def to_json(self) -> dict:
         return {"name": self.name, "native": self.native, "analysis": self.analysis,
@@ -257,7 +257,7 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
                 if start:
                     sdom.create()
             except libvirt.libvirtError as e:
-                raise TandemError(f"{sh.name}: {e.get_error_message()}") from None
+                raise InfraError(f"{sh.name}: {e.get_error_message()}") from None
     except BaseException:
         _remove(conn, shadows)
         raise
@@ -354,7 +354,7 @@ def _release_native(conn, dom, md: ET.Element) -> str:
         else:
             dom.undefine()
     except libvirt.libvirtError as e:
-        raise TandemError(f"{name}: {e.get_error_message()}") from None
+        raise InfraError(f"{name}: {e.get_error_message()}") from None
     rundir = md.get("rundir")
     if rundir and Path(rundir).is_dir():
         shutil.rmtree(rundir, ignore_errors=True)
@@ -377,7 +377,7 @@ def _remove(conn, shadows: list[ShadowDomain]) -> None:
             try:
                 d.undefine()
             except libvirt.libvirtError as e:
-                raise TandemError(f"{sh.name}: cannot undefine: {e.get_error_message()}") from None
+                raise InfraError(f"{sh.name}: cannot undefine: {e.get_error_message()}") from None
         for p in (sh.overlay, sh.feed_socket, sh.qmp_socket):
             if p:
                 p.unlink(missing_ok=True)

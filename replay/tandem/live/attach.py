@@ -73,7 +73,7 @@ class LiveDomains:
 
     def analysis_guest(self, analysis: str) -> Guest | None:
         if self.info is None:
-            return None         # replay_semantic's own: tandem's guest with the analysis kernel
+            return None         # driving.replay.run's own: tandem's guest with the analysis kernel
         g = Guest.for_analysis(analysis)
         g = g.with_disk(str(self.info.disk) if self.info.disk else None, self.info.disk_format or "raw")
         g.memory_mb = max(g.memory_mb, self.info.memory_mib)
@@ -107,7 +107,7 @@ def follow(uri: str | None, domain: str, analyses: list[str], *, bundle: str | P
     of them, each through the bundle's overlay), its MAC, user networking with the
     forwards; its analyses boot its disks with their kernels (semantic/guests.py, `root`
     as given or as its kernel prints it). Otherwise it is a guest of tandem's kind (its
-    kernel, one disk, the demo service's port forward), as before; `users_options`
+    kernel, one disk, the demo service's port forward); `users_options`
     (--analysis-kernel, --overlay given) is refused there."""
     libvirt = binding()
     analyses = analyses_given(analyses)

@@ -3,7 +3,7 @@
 The native records as `tandem record` does (its bundle is the same, replayable
 exactly). Its device log is followed as QEMU writes it (pcapng.DevlogReader with
 follow=) and turned into inputs in place (an inputs.InputExtractor fed the events); each
-analysis VM runs replay_semantic.run on that growing recording, never past the VM
+analysis VM runs semantic.driving.replay.run on that growing recording, never past the VM
 time the native has reached, with a bounded buffer of inputs it has not taken yet.
 With release policy "now" the native never waits for an analysis while its buffer
 has room. An analysis that falls a full buffer behind is detached and reported
@@ -95,7 +95,7 @@ class ShadowOptions:
     hang_wall_s: float = model.HANG_WALL_S
     drain: bool = True                      # an analysis stopped for lag is analysed again offline
     cpu_idle: bool = False                  # the host's CPUs may idle (qemu/wake_latency.py)
-    stop: str = "powerdown"                 # what Ctrl-C does to the native (record.STOP_POLICIES)
+    stop: str = "powerdown"                 # what Ctrl-C does to the native (recording.STOP_POLICIES)
     shutdown_timeout_s: float = 60.0        # ... and how long its power button is waited on
 
     def __post_init__(self) -> None:
@@ -113,7 +113,7 @@ class ShadowOptions:
 
 class ShadowRun:
     """A live shadow run: the native recorded as it serves, each analysis VM trailing it
-    (semantic.replay.run on the growing recording), compared and reported as they go."""
+    (semantic.driving.replay.run on the growing recording), compared and reported as they go."""
 
     def __init__(self, bundle_dir: str | Path, analyses: list[str], options: ShadowOptions | None = None, *,
                  workdir: Path | None = None, libvirt=None, on_finding=None, guest: Guest | None = None,
@@ -202,7 +202,7 @@ class ShadowRun:
         return self
 
     def _run_options(self, analysis: str) -> dict:
-        """How each analysis VM runs (semantic.replay.run's options), from this thread of it."""
+        """How each analysis VM runs (semantic.driving.replay.run's options), from this thread of it."""
         self._idle_thread()
         lv = self.libvirt
         return {"record": self.record_analyses, "stop": lambda: self._stop, "hang_wall_s": self.hang_wall_s,

@@ -32,7 +32,7 @@ MAX_DISKS, MAX_NICS = 16, 8
 
 def disk_input(disk_id: str) -> str:
     """The manifest's inputs key for a disk's base image: `disk_base` for the first disk
-    (the key every bundle before issue 23 has), `disk_base.ID` for the others."""
+    (the key a one-disk bundle has), `disk_base.ID` for the others."""
     return "disk_base" if disk_id == "disk0" else f"disk_base.{disk_id}"
 
 
@@ -126,8 +126,8 @@ class Guest:
         """The guest a bundle recorded, from its manifest's inputs and machine section
         (shapes checked when the manifest loaded: bundle.manifest_problem); its devices are
         made again as machine.Disk and machine.Nic, so a replay's QEMU gets only
-        well-formed ones (an OptionError is a BundleError's message here). Bundles from
-        before issue 23 have one disk (inputs.disk_base, machine.disk_format) and one NIC
+        well-formed ones (an OptionError is a BundleError's message here). A bundle with
+        no device lists has one disk (inputs.disk_base, machine.disk_format) and one NIC
         (machine.nic_model, machine.mac): read as such."""
         inputs, machine = manifest.get("inputs") or {}, manifest.get("machine") or {}
         boot = machine.get("boot") or "direct"

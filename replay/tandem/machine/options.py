@@ -4,7 +4,7 @@ A value that reaches QEMU's command line may come from outside: a bundle's manif
 MAC, stop time, RTC base, lookahead, disk format), a libvirt domain's definition (its NIC
 model and MAC), a path the user chose (a bundle named `a,romfile=x.tdm`). In QEMU's
 `key=value,key=value` syntax a comma in a value starts a new key: a manifest `mac` of
-`52:54:00:12:34:56,romfile=/etc/shadow` became a second `romfile=` on the NIC (issue 19).
+`52:54:00:12:34:56,romfile=/etc/shadow` would be a second `romfile=` on the NIC.
 So every option is built here from a dict of typed values:
 
 - `-device`, `-object` and `-netdev` in QEMU's JSON form (QEMU 10 parses an argument that

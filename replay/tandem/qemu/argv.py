@@ -27,7 +27,7 @@ GUEST_PORT = 7000          # the demo service inside the guest
 
 def qemu_argv(guest: Guest, run: Run) -> list[str]:
     """QEMU's command line for (guest, run), every option built from typed values by
-    machine.py: -device/-object/-netdev as JSON, the rest as key=value lists with their
+    machine/options.py: -device/-object/-netdev as JSON, the rest as key=value lists with their
     values escaped, so no value (a bundle's MAC, a path with a comma) can add a key."""
     q = run.host.qemu or artifacts.qemu()
     if run.mode != Mode.PLAIN and guest.accel != "tcg":

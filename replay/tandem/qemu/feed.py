@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import private
-from ..errors import TandemError
+from ..errors import InfraError
 
 HEADER = struct.Struct("<IHHQ")
 INPUT, HORIZON, END, RULE, UNRULE, OUTPUT, WAIT, SHUTDOWN, FIRED = 1, 2, 3, 4, 5, 16, 17, 18, 19
@@ -62,13 +62,13 @@ class FeedServer:
         try:
             self.conn, _ = self.listener.accept()
         except socket.timeout:
-            raise TandemError(f"analysis QEMU did not connect to {self.path} within {timeout:.0f}s") from None
+            raise InfraError(f"analysis QEMU did not connect to {self.path} within {timeout:.0f}s") from None
         self.conn.settimeout(None)
 
     def _connection(self) -> socket.socket:
         """QEMU's connection, once accept() has it."""
         if self.conn is None:
-            raise TandemError(f"{self.path}: no analysis QEMU connected yet")
+            raise InfraError(f"{self.path}: no analysis QEMU connected yet")
         return self.conn
 
     def input(self, channel: int, vm_ns: int, data: bytes) -> None:
@@ -133,7 +133,7 @@ class FeedServer:
         while len(buf) - at >= HEADER.size:
             ln, typ, ch, ns = HEADER.unpack_from(buf, at)
             if ln > MAX_PAYLOAD:
-                raise TandemError(f"feed {self.path}: message of {ln} bytes, stream out of sync")
+                raise InfraError(f"feed {self.path}: message of {ln} bytes, stream out of sync")
             if len(buf) - at < HEADER.size + ln:
                 break
             msgs.append(Message(typ, ch, ns, bytes(buf[at + HEADER.size:at + HEADER.size + ln])))

@@ -16,7 +16,7 @@ from qemu.qmp import ConnectError, QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from .. import private
-from ..errors import TandemError
+from ..errors import BootError, InfraError
 from ..machine import Guest, Run
 from .argv import qemu_argv
 
@@ -99,8 +99,8 @@ class Serial:
                 left = deadline - time.monotonic()
                 if left <= 0 or self.closed:
                     tail = bytes(self.buf[-300:]).decode(errors="replace")
-                    raise TandemError(f"guest console: no {text.decode()!r} within {timeout:.0f}s"
-                                      f"{' (console closed)' if self.closed else ''}; last output: {tail!r}")
+                    raise BootError(f"guest console: no {text.decode()!r} within {timeout:.0f}s"
+                                    f"{' (console closed)' if self.closed else ''}; last output: {tail!r}")
                 self.cond.wait(left)
 
     def type(self, line: str) -> None:
@@ -131,7 +131,7 @@ class Serial:
             pass
 
 
-class QMPUnavailable(TandemError):
+class QMPUnavailable(InfraError):
     """QEMU's QMP socket did not answer in time, or QEMU went away while tandem waited."""
 
 
@@ -164,8 +164,8 @@ def qmp_connect(path: Path, timeout: float, *, alive: Callable[[], bool] = lambd
 class VM:
     """A running QEMU: process, QMP connection, optional serial console.
 
-    launcher: start the QEMU some other way than as tandem's child process (virt.Launcher:
-    as a libvirt domain). Its start(vm, log) runs vm.argv and returns a handle with what
+    launcher: start the QEMU some other way than as tandem's child process
+    (libvirt.launcher.Launcher: as a libvirt domain). Its start(vm, log) runs vm.argv and returns a handle with what
     VM uses of subprocess.Popen: pid, returncode, poll(), wait(timeout) (raising
     subprocess.TimeoutExpired) and kill(); QEMU's output goes to `log` by the time it has
     exited. release(handle), called by close(), drops what the launcher made (the domain).
@@ -194,7 +194,7 @@ class VM:
         self._log = open(self.log_path, "wb", opener=private.opener)
         if self.launcher is not None:
             if self.run.host.pass_fds:       # libvirt starts the QEMU: it cannot inherit our files
-                raise TandemError("a QEMU started by libvirt cannot be given open files (pass_fds)")
+                raise InfraError("a QEMU started by libvirt cannot be given open files (pass_fds)")
             try:
                 self.proc = self.launcher.start(self, self._log)
             except BaseException:
@@ -220,9 +220,9 @@ class VM:
             self.qmp = qmp_connect(self.run.rundir / "qmp.sock", timeout, alive=lambda: proc.poll() is None)
         except QMPUnavailable as e:
             if proc.poll() is not None:
-                raise TandemError(f"QEMU exited at start (status {proc.returncode}): {self.log_tail()}") from None
+                raise InfraError(f"QEMU exited at start (status {proc.returncode}): {self.log_tail()}") from None
             self.kill()
-            raise TandemError(f"QEMU did not open QMP within {timeout:.0f}s: {self.log_tail()}") from e
+            raise InfraError(f"QEMU did not open QMP within {timeout:.0f}s: {self.log_tail()}") from e
         if self.run.mode not in ("replay", "analysis"):
             self.serial = Serial(self.run.rundir / "serial.sock")
         return self
@@ -230,13 +230,13 @@ class VM:
     def _monitor(self) -> QEMUMonitorProtocol:
         """QMP, once start() has connected it."""
         if self.qmp is None:
-            raise TandemError(f"{self.name}: QEMU's QMP is not connected (the VM was not started)")
+            raise InfraError(f"{self.name}: QEMU's QMP is not connected (the VM was not started)")
         return self.qmp
 
     def process(self) -> subprocess.Popen[bytes]:
         """The QEMU process, once start() has started it."""
         if self.proc is None:
-            raise TandemError(f"{self.name}: QEMU was not started")
+            raise InfraError(f"{self.name}: QEMU was not started")
         return self.proc
 
     def log_tail(self, n: int = 400) -> str:
@@ -273,7 +273,7 @@ class VM:
             log.debug("query-status: QEMU gone (%s: %s)", type(e).__name__, e)
             return "gone"
         if not isinstance(reply, dict) or not isinstance(reply.get("status"), str):
-            raise TandemError(f"{self.name}: query-status answered {str(reply)[:80]!r}, not a status")
+            raise InfraError(f"{self.name}: query-status answered {str(reply)[:80]!r}, not a status")
         return reply["status"]
 
     def cpu_seconds(self) -> float | None:
@@ -312,7 +312,7 @@ class VM:
         try:
             return self.process().wait(timeout)
         except subprocess.TimeoutExpired:
-            raise TandemError(f"QEMU still running after {timeout:.0f}s") from None
+            raise BootError(f"QEMU still running after {timeout:.0f}s") from None
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from .. import artifacts, private
-from ..errors import TandemError
+from ..errors import BootError, InfraError, TandemError
 from ..formats import bundle, pcapng
 from . import forwards as forward_watch
 from .console import ConsoleServer
@@ -83,7 +83,7 @@ def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | N
 def overlay_names(m: dict) -> list[str]:
     """The overlays a bundle's manifest says it has (one per disk)."""
     disks = (m.get("machine") or {}).get("disks")
-    if disks is None:   # before issue 23: one disk or none
+    if disks is None:   # a bundle with no disk list: one disk or none
         return [OVERLAY] if (m.get("inputs") or {}).get("disk_base") else []
     return [overlay_name(d["id"]) for d in disks]
 
@@ -141,8 +141,8 @@ class Recording:
         guest (`tandem record --forward`); given (even empty), no demo port is added unless
         port is given too. assertions: a declared assertion pack ({path, sha256, ...}) for
         the manifest; it changes nothing in the recorded run (the checking happens on
-        replay). launcher: run the QEMU as a libvirt domain (virt.Launcher, see vm.VM);
-        what libvirt adds that the guest sees goes into the manifest's machine.libvirt.
+        replay). launcher: run the QEMU as a libvirt domain (libvirt.launcher.Launcher, see
+        qemu.vm.VM); what libvirt adds that the guest sees goes into the manifest's machine.libvirt.
         stop: what a stop request (Ctrl-C) does, as `virsh shutdown` and `virsh destroy`:
         "powerdown" presses the power button and waits powerdown_wait_s for the guest to
         power off, quitting on a second request or when the wait is over; "quit" quits at
@@ -172,7 +172,7 @@ class Recording:
     def started(self) -> VM:
         """The recording's VM, once start() has made it."""
         if self.vm is None:
-            raise TandemError(f"{self.path}: the recording was not started")
+            raise InfraError(f"{self.path}: the recording was not started")
         return self.vm
 
     def start(self) -> "Recording":
@@ -223,7 +223,7 @@ class Recording:
     def serial(self) -> Serial:
         serial = self.started().serial
         if serial is None:      # a recording's VM always has one (vm.VM.start)
-            raise TandemError(f"{self.path}: the recording's serial console is not connected")
+            raise InfraError(f"{self.path}: the recording's serial console is not connected")
         return serial
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -286,7 +286,7 @@ class Recording:
             if progress:
                 progress(vm.vm_status())
             if deadline and time.monotonic() > deadline:
-                raise TandemError(f"{self.path}: guest still running after {timeout:.0f}s")
+                raise BootError(f"{self.path}: guest still running after {timeout:.0f}s")
             try:    # returns as soon as QEMU exits, so the recording's end is not delayed
                 proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
@@ -321,8 +321,8 @@ class Recording:
         m = seal(self.path, self.manifest, status=status, wall_s=wall, stop_reason=self.stop_reason,
                  power_button=self.button_pressed)
         if m["state"] != "complete":
-            raise TandemError(f"{self.path}: QEMU exited with status {status} during recording "
-                              f"(bundle kept as 'interrupted'; replay it with --partial)")
+            raise InfraError(f"{self.path}: QEMU exited with status {status} during recording "
+                             f"(bundle kept as 'interrupted'; replay it with --partial)")
         return m
 
     def __enter__(self):

@@ -2,12 +2,12 @@
 parallel, then report their findings and their divergences from the native.
 
 The bundle's device log is read as the analyses advance (read_paced: inputs.InputExtractor
-into a recording that fills in, as a live native's does) -> replay_semantic.run per analysis
+into a recording that fills in, as a live native's does) -> driving.replay.run per analysis
 (feed + TCP peer), trailing it (trail.Trail) -> compared as it goes (live_compare, under the
 equivalence spec; noise from a replay into the native kernel) + findings (console reports,
-as they complete) -> this summary. Memory follows what is in flight: a 20 s heavy recording
-(203k device events) held 100,000 inputs and detached every analysis when it was loaded
-whole; now no bound applies and the reading waits for the slowest analysis.
+as they complete) -> this summary. Memory follows what is in flight, not the recording's
+length (a 20 s heavy recording has 203k device events): no bound detaches an analysis, the
+reading waits for the slowest.
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import private
-from ..errors import TandemError
+from ..errors import EXIT_CLEAN, EXIT_FOUND, EXIT_INCOMPLETE, TandemError
 from ..formats import bundle, pcapng
 from ..machine import analyses_given
 from .comparison import compare, equivalence
 from . import inputs, model
-from . import findings as findings_mod
-from . import guests as guests_mod
+from .findings import Finding, did_not_boot, distinct
+from .guests import analysis_guest, is_users_guest, with_files_swapped
 from .comparison.live_compare import OFFLINE_STUCK_MAX
 from .trail import Trail
 
@@ -37,7 +37,7 @@ NOISE = "native"
 class AnalysisResult:
     analysis: str
     run: model.AnalysisRun
-    findings: list[findings_mod.Finding]
+    findings: list[Finding]
     divergences: list[compare.Divergence]
     noise: int                      # differences also seen between two runs of the native kernel
     spec: list[str]
@@ -49,10 +49,6 @@ class AnalysisResult:
     @property
     def complete(self) -> bool:
         return self.failure is None and not self.not_analysed
-
-
-# `tandem replay --analysis`, `tandem shadow`, `tandem attach`: how they exit.
-EXIT_CLEAN, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 @dataclass
@@ -113,7 +109,7 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     analysis; the reading waits for the slowest instead. guests: analysis -> the
     machine.Guest it boots (default: guests.analysis_guest's: a user's VM on its own
     disks, its root device `root` or the recorded one). cpu_idle: let the host's CPUs idle
-    while the analyses run (semantic.replay.run). noise_from: an earlier analyze() of this
+    while the analyses run (driving.replay.run). noise_from: an earlier analyze() of this
     bundle whose noise run is used again rather than run once more (the demo analyses in
     turns, as their kernels are built)."""
     bundle_dir = Path(bundle_dir)
@@ -123,11 +119,11 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     private.make_dir(workdir)
     earlier = noise_from.noise if noise and noise_from is not None else None
     runs_wanted = analyses + ([NOISE] if noise and earlier is None and NOISE not in analyses else [])
-    users = guests_mod.is_users_guest(manifest)
+    users = is_users_guest(manifest)
     specs = {a: equivalence.load(a, spec_path, users) for a in runs_wanted}
-    guests = guests or {a: guests_mod.analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
+    guests = guests or {a: analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
     if users:
-        guests = {a: guests_mod.with_files_swapped(g, a, workdir, bundle_dir) for a, g in guests.items()}
+        guests = {a: with_files_swapped(g, a, workdir, bundle_dir) for a, g in guests.items()}
     runs: dict[str, model.AnalysisRun] = {}
     found: dict[str, tuple[list, list, list]] = {}
     if earlier is not None:
@@ -206,7 +202,7 @@ def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[str],
         n_noise = 0
         if noise and name != NOISE and NOISE in runs:
             divs, n_noise = compare.split_noise(divs, found[NOISE][1])
-        failure, findings = findings_mod.did_not_boot(run, findings)
+        failure, findings = did_not_boot(run, findings)
         summary.results.append(AnalysisResult(name, run, findings, divs, n_noise, spec.sources, failure, unreached))
         unknown = run.peer.unknown[:5] if run.peer else []
         summary.limits += [f"{name}: {x}" for x in run.limits + unknown]
@@ -231,7 +227,7 @@ def write_summary(workdir: Path, s: Summary) -> None:
          "recording": str(r.run.bundle) if r.run.bundle else None,
          "findings": [asdict(x) for x in r.findings],
          "distinct": [{"title": f.title, "type": f.type, "count": n, "first_vm_ns": f.vm_ns}
-                      for f, n in findings_mod.distinct(r.findings)],
+                      for f, n in distinct(r.findings)],
          "noise": r.noise, "spec": r.spec,
          "divergences": [{"channel": d.channel, "kind": d.kind, "native_vm_ns": d.native_ns,
                           "analysis_vm_ns": d.analysis_ns, "after_input": d.after_input,

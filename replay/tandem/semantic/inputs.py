@@ -200,7 +200,7 @@ class Flow:
     # "accepted" (SYN-ACK) or "refused" (RST: nothing listened yet, the client retried
     # on a new connection). A refused connection is not opened in an analysis: one
     # whose service already listens would accept it, print what the native never did
-    # and number its later connections one higher (a live attach under load, 2026-11-25).
+    # and number its later connections one higher (as in a live attach under load).
     # Of a guest-opened flow: how the remote server answered the guest's SYN; the peer
     # answers the analysis guest's the same way.
     answer: str | None = None

@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from ..machine import LOOKAHEAD_NS as LOOKAHEAD_NS  # a timing rule of semantic replay; the feed option is the machine's
-from . import inputs as inputs_mod
+from . import inputs
 from .network.peer import Peer
 
 DEP_TIMEOUT_NS = 5_000_000_000      # an input waiting on dependencies is sent anyway after
@@ -47,7 +47,7 @@ class Outcome(StrEnum):
 @dataclass
 class Delivered:
     vm_ns: int                  # when the analysis VM got it
-    input: inputs_mod.Input
+    input: inputs.Input
 
 
 @dataclass
@@ -86,7 +86,7 @@ class AnalysisRun:
         i = bisect.bisect_right(self.console_times, (offset, float("inf"))) - 1
         return self.console_times[i][1] if i >= 0 else 0
 
-    def deliver(self, vm_ns: int, inp: inputs_mod.Input) -> None:
+    def deliver(self, vm_ns: int, inp: inputs.Input) -> None:
         self.delivered.append(Delivered(vm_ns, inp))
         self.n_delivered += 1
         if self.first_input_ns is None and inp.kind != "rng":

@@ -5,16 +5,15 @@ Both ways of analysing a recording use this: `tandem shadow` reads a live native
 device log as its QEMU writes it (live/shadow.py), `tandem replay --analysis` reads a
 finished bundle's no further ahead than its slowest analysis needs (analyze.py). Either
 way the log is turned into inputs in place (inputs.InputExtractor into `rec`, which
-stays unfinished until the log's end), each analysis VM runs semantic.replay.run on it
+stays unfinished until the log's end), each analysis VM runs driving.replay.run on it
 in a thread of its own, compares its outputs with the native's as it goes
 (live_compare.LiveCompare) and reports findings the moment their report completes;
 `trim()`, called by the reading thread, drops the inputs every analysis has taken, the
 output every analysis has matched, and the connections every analysis has compared.
 
 Measured (docs/benchmarks.md, shadow memory): a live run's Python heap grows by under
-a byte per request over 60,000 requests; before this (a finished recording loaded
-whole) a 20 s heavy recording of 203k events detached every analysis at the live
-bound of 100,000 inputs, and a longer one would have held every input and every frame.
+a byte per request over 60,000 requests. Loaded whole, a 20 s heavy recording (203k
+events) would pass 100,000 inputs held, and a longer one would hold every input and frame.
 """
 from __future__ import annotations
 
@@ -29,8 +28,8 @@ from .. import report
 from ..errors import TandemError
 from .comparison import compare
 from . import inputs, model
-from . import findings as findings_mod
-from .driving import replay as replay_semantic
+from . import findings
+from .driving import replay
 from .comparison.equivalence import Spec
 from .comparison.live_compare import LiveCompare
 
@@ -47,12 +46,12 @@ class Follower:
     console_seen: int = 0
     scanner: report.Scanner = field(init=False)     # its guest OS's console dialect (catalogue)
     thread: threading.Thread | None = None
-    live_findings: list[findings_mod.Finding] = field(default_factory=list)
-    # findings_mod.symbolizer, made at the first report
+    live_findings: list[findings.Finding] = field(default_factory=list)
+    # findings.symbolizer, made at the first report
     symbolize: Callable[[report.Report], report.Report] | None = None
 
     def __post_init__(self) -> None:
-        self.scanner = report.Scanner(findings_mod.guest_os(self.analysis))
+        self.scanner = report.Scanner(findings.guest_os(self.analysis))
 
     def ran(self) -> model.AnalysisRun:
         """Its run; one that never started (its thread failed, or is stuck, before the
@@ -73,7 +72,7 @@ class Trail:
                  buffers: dict[str, model.Buffer], workdir, *, run_options: Callable[[str], dict],
                  findings_file: TextIO | None = None, on_finding=None, stuck_max: int | None = None,
                  progress: Callable | None = None):
-        """run_options(analysis): keyword arguments for semantic.replay.run (record,
+        """run_options(analysis): keyword arguments for driving.replay.run (record,
         guest, launcher, idle, cpus, hang_wall_s, stop). findings_file: findings.jsonl,
         a line written the moment each finding is reported; on_finding(finding) is
         called then too, from the analysis's thread. progress(analysis, run, delivered,
@@ -174,7 +173,7 @@ class Trail:
             f.cmp.tick(run)
         f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
         try:
-            f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
+            f.run = replay.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
                                         progress=progress, tick=tick, **self.run_options(f.analysis))
         except TandemError as e:        # its machine could not be made (a live user VM's root, an overlay)
             log.warning("%s: %s", f.analysis, e)
@@ -197,8 +196,8 @@ class Trail:
             reps += f.scanner.flush()
         for rep in reps:
             if f.symbolize is None:
-                f.symbolize = findings_mod.symbolizer(f.analysis)
-            x = findings_mod.of_report(run, f.symbolize(rep))
+                f.symbolize = findings.symbolizer(f.analysis)
+            x = findings.of_report(run, f.symbolize(rep))
             f.live_findings.append(x)
             with self._lock:
                 if self.findings_file is not None:
@@ -211,7 +210,7 @@ class Trail:
         """Every analysis's run, and its (findings, divergences, output not analysed) as
         found while it ran."""
         runs = {f.analysis: f.ran() for f in self.followers}
-        found = {f.analysis: (f.live_findings + findings_mod.outcome(runs[f.analysis]), f.cmp.divergences,
+        found = {f.analysis: (f.live_findings + findings.outcome(runs[f.analysis]), f.cmp.divergences,
                               f.cmp.not_analysed)
                  for f in self.followers}
         return runs, found

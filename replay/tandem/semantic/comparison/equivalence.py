@@ -49,7 +49,7 @@ from ...errors import TandemError
 CHANNELS = ("serial", "tcp", "udp")
 PROTOCOLS = ("http", "resp")        # rule sets added to [tcp] by what a connection carries
 
-# A spec is input from outside (issue 19): every value is checked by type and range, so no
+# A spec is input from outside: every value is checked by type and range, so no
 # value reaches int()/re.compile() in a shape that raises anything but TandemError.
 MAX_LAG_MS = 10**12             # 31 years of VM time; the bound in ns stays within int64
 MAX_REORDER_WINDOW = 1 << 20    # lines; the comparator looks this far on both sides
@@ -223,7 +223,7 @@ def _regex(text: str, where: str, fail: Callable[[str], NoReturn]) -> re.Pattern
     the OverflowError (a{4294967296}) and RecursionError (1,000 nested groups) that
     sre_parse raises instead. A FutureWarning (`[[a]`, `[a--b]`: set syntax whose meaning
     a later Python changes) is refused too: the pattern is ambiguous, and the warning
-    was a multi-line message on stderr (an exception under -W error)."""
+    would be a multi-line message on stderr (an exception under -W error)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)

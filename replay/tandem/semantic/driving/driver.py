@@ -27,8 +27,8 @@ from typing import Callable
 
 from ...errors import TandemError
 from ...formats import netpkt
-from ...qemu import feed as feedproto
-from .. import inputs as inputs_mod
+from ...qemu.feed import FIRED, NET, OUTPUT, RNG, SERIAL, SHUTDOWN, SHUTDOWN_CAUSES, WAIT, WAIT_IDLE
+from .. import inputs
 from ..network.connections import Connections
 from ..network.exchanges import Answers
 from .horizon import live_grant, next_horizon
@@ -52,11 +52,11 @@ SHUTDOWN_OUTCOMES = {
 }
 
 
-def release_input(inp: inputs_mod.Input, rec: inputs_mod.RecordedInputs, peer: Peer, feed, now: int) -> list[bytes]:
+def release_input(inp: inputs.Input, rec: inputs.RecordedInputs, peer: Peer, feed, now: int) -> list[bytes]:
     """Deliver one input at VM time `now`: a serial input straight into the feed; the
     frames to send for a network input (a raw frame, or the TCP peer's segments)."""
     if inp.kind == "serial":
-        feed.input(feedproto.SERIAL, now, inp.data)
+        feed.input(SERIAL, now, inp.data)
         return []
     if inp.kind == "frame":
         f = netpkt.parse(inp.data)
@@ -72,8 +72,8 @@ def release_input(inp: inputs_mod.Input, rec: inputs_mod.RecordedInputs, peer: P
         if fl.answer != "accepted":
             # The native refused it (opened here, it could be accepted), or never answered its
             # SYN (the guest had no address yet, or its SYN was lost, and the client gave up:
-            # opened here, a guest booted a little earlier would serve it; seen under load,
-            # 2026-11-28, an index page as extra output on a connection the native never had).
+            # opened here, a guest booted a little earlier would serve it: under load, an
+            # index page as extra output on a connection the native never had).
             peer.not_opened.add(fl.index)
             return []
         return peer.open(fl.index, fl.client, fl.server, fl.client_mac, fl.guest_mac, now)
@@ -98,7 +98,7 @@ class AnalysisDriver:
     QEMU has gone. clock: wall seconds (time.monotonic; a scripted test passes its own).
     """
 
-    def __init__(self, rec: inputs_mod.RecordedInputs, res: AnalysisRun, vm, feed, *,
+    def __init__(self, rec: inputs.RecordedInputs, res: AnalysisRun, vm, feed, *,
                  max_lag_ns: int = MAX_LAG_NS, progress: Callable | None = None,
                  buffer: Buffer | None = None, stop: Callable[[], bool] | None = None,
                  hang_wall_s: float = HANG_WALL_S, tick: Callable[[AnalysisRun], None] | None = None,
@@ -117,8 +117,8 @@ class AnalysisDriver:
         self.use_rules = rules
         self.rules = Rules()
         self.peer = res.peer = Peer(router_advert=lambda: rec.router_advert)
-        self.lines = inputs_mod.SerialLines()  # the guest's console lines (line dependencies)
-        self.todo: list[inputs_mod.Input] = []  # taken, not delivered yet: todo[nxt:]
+        self.lines = inputs.SerialLines()  # the guest's console lines (line dependencies)
+        self.todo: list[inputs.Input] = []  # taken, not delivered yet: todo[nxt:]
         self.nxt = 0
         self.trimmed = 0                # delivered inputs dropped from todo's front
         self.pending_bytes = 0          # of todo[nxt:]
@@ -168,7 +168,7 @@ class AnalysisDriver:
                 self.connections.add(fl)
         for i in new:
             if i.kind == "rng":
-                self.feed.input(feedproto.RNG, 0, i.data)
+                self.feed.input(RNG, 0, i.data)
                 self.res.deliver(0, i)
             else:
                 self.todo.append(i)
@@ -204,11 +204,11 @@ class AnalysisDriver:
             return 1 << 62          # retired: compared to its end by every analysis
         return (pf.guest_bytes if pf else 0) + self.short.get(flow, 0)
 
-    def line_missing(self, inp: inputs_mod.Input) -> bool:
+    def line_missing(self, inp: inputs.Input) -> bool:
         return self.line_deps and inp.needs_line is not None and inp.needs_line[0] not in self.lost_lines \
             and not self.lines.has(inp.needs_line)
 
-    def answer_unknown(self, inp: inputs_mod.Input) -> bool:
+    def answer_unknown(self, inp: inputs.Input) -> bool:
         """A live native's answer to this connection's SYN is not in its log yet: whether
         to open it here (not if the native refused it) is not known."""
         if inp.kind != "tcp-open" or self.rec.finished or inp.flow is None:
@@ -216,7 +216,7 @@ class AnalysisDriver:
         fl = self.rec.flows[inp.flow]
         return fl is not None and fl.answer is None
 
-    def unopened(self, inp: inputs_mod.Input) -> bool:
+    def unopened(self, inp: inputs.Input) -> bool:
         """An input of a connection the native's guest opened, which this guest has not
         opened yet (or it is not matched yet): the server's bytes wait for it."""
         if inp.flow is None or inp.flow in self.peer.flows or inp.flow in self.not_opened_here:
@@ -224,22 +224,22 @@ class AnalysisDriver:
         fl = self.rec.flows[inp.flow]
         return fl is not None and fl.guest_opened
 
-    def deps_met(self, inp: inputs_mod.Input) -> bool:
+    def deps_met(self, inp: inputs.Input) -> bool:
         return not self.line_missing(inp) and not self.answer_unknown(inp) and not self.unopened(inp) \
             and all(self.have(f) >= n for f, n in inp.needs_bytes.items())
 
-    def starting(self, inp: inputs_mod.Input) -> bool:
+    def starting(self, inp: inputs.Input) -> bool:
         """inp waits on the guest's bytes on a connection the guest has not accepted yet
         (the peer still sends or retries its SYN): the guest is still starting, not
         silent, so the dependency timeout waits for the connection. A KASAN kernel on a
         user's disk brought its network up at VM 25.8 s, where the native had answered
         the first request at 11.8 s; timed from 12 s, the client's FIN went with its
-        request and the guest reset the connection (2026-11-28). The peer's own bounds
+        request and the guest reset the connection. The peer's own bounds
         still apply: a refused connection is given up after 60 s of VM time; one whose
         SYN is never answered ends the run as lagging (lagging()), tandem's limit."""
         return any(self.have(f) < n and self.peer.connecting(f) for f, n in inp.needs_bytes.items())
 
-    def give_up(self, inp: inputs_mod.Input) -> None:
+    def give_up(self, inp: inputs.Input) -> None:
         if inp.needs_line and not self.lines.has(inp.needs_line):
             self.lost_lines.add(inp.needs_line[0])
         if self.unopened(inp) and inp.flow is not None and (fl := self.rec.flows[inp.flow]) is not None:
@@ -250,7 +250,7 @@ class AnalysisDriver:
             if self.have(flow) < need:
                 self.short[flow] = self.short.get(flow, 0) + need - self.have(flow)
 
-    def unmet(self, inp: inputs_mod.Input) -> str:
+    def unmet(self, inp: inputs.Input) -> str:
         line = inp.needs_line
         parts = [f"serial line {line[0][:60]!r} (#{line[1]})"] if line is not None and self.line_missing(inp) else []
         parts += ["the native's answer to its SYN"] if self.answer_unknown(inp) else []
@@ -362,7 +362,7 @@ class AnalysisDriver:
             self.install_rules(now)
         self.trim()
         for fr in frames:
-            self.feed.input(feedproto.NET, now, fr)
+            self.feed.input(NET, now, fr)
         due = self.todo[self.nxt].vm_ns if self.nxt < len(self.todo) else None
         horizon = next_horizon(now, due, self.blocked_since, self.last_output_ns, self.peer.next_timer(),
                                self.rec.end_ns or 0, self.last_input_ns, not self.rec.finished)
@@ -538,16 +538,16 @@ class AnalysisDriver:
 
     def on_message(self, m) -> None:
         res = self.res
-        if m.type == feedproto.OUTPUT:
+        if m.type == OUTPUT:
             self.last_output_ns = m.vm_ns
-        if m.type == feedproto.SHUTDOWN:
+        if m.type == SHUTDOWN:
             # The first one says why: a QEMU under libvirt (-no-shutdown) pauses at a
             # guest poweroff and then says SHUTDOWN again for libvirt's SIGTERM.
             if self.shutdown is None:
-                c = feedproto.SHUTDOWN_CAUSES
+                c = SHUTDOWN_CAUSES
                 self.shutdown = c[m.channel] if m.channel < len(c) else f"cause {m.channel}"
                 res.end_ns = m.vm_ns
-        elif m.type == feedproto.OUTPUT and m.channel == feedproto.NET:
+        elif m.type == OUTPUT and m.channel == NET:
             if res.net_out is not None:
                 res.net_out.append((m.vm_ns, m.data))
             self.frames_out += self.peer.on_frame(m.data, m.vm_ns)
@@ -557,13 +557,13 @@ class AnalysisDriver:
                 self.answer(m.vm_ns)
             if self.peer.connects or self.peer.ready:
                 self.connect(m.vm_ns)
-        elif m.type == feedproto.OUTPUT and m.channel == feedproto.SERIAL:
+        elif m.type == OUTPUT and m.channel == SERIAL:
             res.console_times.append((res.console_base + len(res.console), m.vm_ns))
             res.console += m.data
             self.lines.feed(m.data)
-        elif m.type == feedproto.WAIT:
-            self.on_wait(m.vm_ns, m.channel == feedproto.WAIT_IDLE)
-        elif m.type == feedproto.FIRED:
+        elif m.type == WAIT:
+            self.on_wait(m.vm_ns, m.channel == WAIT_IDLE)
+        elif m.type == FIRED:
             self.on_fired(m.vm_ns, m.data)
 
     def on_wait(self, now: int, idle: bool) -> None:
@@ -588,7 +588,7 @@ class AnalysisDriver:
         dependencies met: a guest that stopped answering (a service that never started,
         one that hangs). One that still answers goes on, however slow: a KASAN kernel
         took 68 s of VM time for 54% of a heavy recording that took the native 8 s, and
-        answered every request (2026-11-27). Once every input is delivered, the settling
+        answered every request. Once every input is delivered, the settling
         time ends the run."""
         return self.rec.finished and now > (self.rec.end_ns or 0) + self.max_lag_ns \
             and now - self.progress_ns > self.max_lag_ns and self.nxt < len(self.todo)

@@ -5,7 +5,7 @@ and entropy come from a feed (qemu-patches/0006): tandem sends each input with
 the VM time to deliver it at and grants the VM clock a horizon it may not pass;
 QEMU returns every frame and serial byte the guest sends and stops at the
 horizon. Each output also pulls the horizon in by the link's lookahead, so the
-replayer (tcp_peer) answers the guest within that VM time, as the real network
+replayer (network/peer.py) answers the guest within that VM time, as the real network
 did: the two advance conservatively in VM time, and with -icount sleep=off the
 guest never waits out idle time.
 
@@ -29,14 +29,14 @@ from ...machine import RR, Feed, Guest, Host, Run
 from ...qemu import wake_latency
 from ...qemu.vm import VM
 from ...qemu.image import make_overlays
-from ...record import recording as record_mod
-from .. import inputs as inputs_mod
+from ...record import recording
+from .. import inputs
 from .driver import AnalysisDriver
 from ...qemu.feed import FeedServer
 from ..model import DELIVERED_KEPT, HANG_WALL_S, LOOKAHEAD_NS, MAX_LAG_NS, AnalysisRun, Buffer, Outcome
 
 
-def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
+def run(rec: inputs.RecordedInputs, analysis: str, workdir: Path, *,
         lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
         max_lag_ns: int = MAX_LAG_NS, progress=None, record: bool = True,
         buffer: Buffer | None = None, stop=None, hang_wall_s: float = HANG_WALL_S,
@@ -54,7 +54,7 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
     most `buffer` of inputs it has not taken yet; over that it detaches (outcome
     "detached"). `stop()` returning True ends the run early (outcome "detached").
 
-    launcher: run the analysis VM as a libvirt domain (virt.Launcher, see vm.VM).
+    launcher: run the analysis VM as a libvirt domain (libvirt.launcher.Launcher, see qemu.vm.VM).
     line_deps: inputs wait for the console lines the native had printed (False for a
     user's VM: driver.AnalysisDriver).
     cpu_idle: let the host's CPUs idle meanwhile (by default they are held awake, so that
@@ -77,12 +77,12 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         run_bundle = res.bundle = workdir / f"{analysis}.tdm"
         if run_bundle.exists():
             shutil.rmtree(run_bundle)
-        manifest = record_mod.start_manifest(run_bundle, guest, {
+        manifest = recording.start_manifest(run_bundle, guest, {
             "mode": "analysis", "analysis": analysis, "rtc_base": rec.created,
             "lookahead_ns": lookahead_ns, "source": str(rec.path),
             "net": {"backend": "feed"}, **(launcher.machine() if launcher else {})})
         rr, devlog = RR("record", run_bundle / bundle.STREAM), run_bundle / bundle.DEVLOG
-        overlay = run_bundle / record_mod.OVERLAY if guest.disk else None
+        overlay = run_bundle / recording.OVERLAY if guest.disk else None
     else:
         devlog = workdir / f"{analysis}.pcapng"
         if guest.disk:
@@ -120,7 +120,7 @@ def _seal(res: AnalysisRun, run_bundle: Path, vm: VM, manifest: dict) -> None:
     try:
         private.copy_file(vm.log_path, run_bundle / "qemu.log")
         status = vm.proc.returncode if vm.proc and vm.proc.returncode is not None else -9
-        record_mod.seal(run_bundle, manifest, status=status, wall_s=res.wall_s,
+        recording.seal(run_bundle, manifest, status=status, wall_s=res.wall_s,
                         stop_reason=res.outcome)
     except (OSError, TandemError) as e:
         res.limits.append(f"the run's recording could not be sealed: {e}")

