@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import private
+from .. import catalog, private
 from ..errors import TandemError
 from ..formats import bundle, pcapng
 from ..machine import analyses_given
@@ -30,7 +30,7 @@ from .trail import Trail
 
 log = logging.getLogger(__name__)
 
-NOISE = "native"
+NOISE = catalog.NATIVE.name
 
 
 @dataclass
@@ -80,9 +80,9 @@ class Summary:
         return EXIT_FOUND if not self.ok else EXIT_INCOMPLETE if not self.complete else EXIT_CLEAN
 
 
-def check_request(bundle_dir: Path, analyses: list[str], spec_path: str | None) -> dict:
+def check_request(bundle_dir: Path, analyses: list[catalog.Analysis], spec_path: str | None) -> dict:
     """Fail early, with one line, on anything wrong with the request."""
-    for a in analyses_given(analyses):          # unknown name, missing kernel or image
+    for a in analyses_given(analyses):          # none, missing kernel or image
         equivalence.load(a, spec_path)          # malformed spec
     m = bundle.load_manifest(bundle_dir)
     problems = bundle.verify_files(bundle_dir, m)
@@ -102,7 +102,7 @@ PACE_EVERY = 512            # events read between two looks at the analyses
 PACE_SLEEP_S = 0.02
 
 
-def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | None = None,
+def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_path: str | None = None,
             workdir: Path | None = None, noise: bool = True, jobs: int = 2,
             lookahead_ns: int = model.LOOKAHEAD_NS, progress=None,
             record: bool = True, guests: dict | None = None, root: str | None = None,
@@ -110,7 +110,7 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     """Replay a finished recording into analysis VMs, `jobs` at a time, each batch
     trailing one reading of the bundle's device log (trail.Trail): tandem's memory
     follows what is in flight, not the recording's length, and no bound stops an
-    analysis; the reading waits for the slowest instead. guests: analysis -> the
+    analysis; the reading waits for the slowest instead. guests: analysis name -> the
     machine.Guest it boots (default: guests.analysis_guest's: a user's VM on its own
     disks, its root device `root` or the recorded one). cpu_idle: let the host's CPUs idle
     while the analyses run (semantic.replay.run). noise_from: an earlier analyze() of this
@@ -122,12 +122,14 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     workdir = workdir or bundle_dir / "analysis"
     private.make_dir(workdir)
     earlier = noise_from.noise if noise and noise_from is not None else None
-    runs_wanted = analyses + ([NOISE] if noise and earlier is None and NOISE not in analyses else [])
+    noise_run = noise and earlier is None and catalog.NATIVE not in analyses
+    runs_wanted = analyses + ([catalog.NATIVE] if noise_run else [])
     users = guests_mod.is_users_guest(manifest)
-    specs = {a: equivalence.load(a, spec_path, users) for a in runs_wanted}
-    guests = guests or {a: guests_mod.analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
+    specs = {a.name: equivalence.load(a, spec_path, users) for a in runs_wanted}
+    guests = guests or {a.name: guests_mod.analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
     if users:
-        guests = {a: guests_mod.with_files_swapped(g, a, workdir, bundle_dir) for a, g in guests.items()}
+        guests = {a.name: guests_mod.with_files_swapped(guests[a.name], a, workdir, bundle_dir)
+                  for a in runs_wanted if a.name in guests}
     runs: dict[str, model.AnalysisRun] = {}
     found: dict[str, tuple[list, list, list]] = {}
     if earlier is not None:
@@ -136,9 +138,9 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
         for at in range(0, len(runs_wanted), max(1, jobs)):
             batch = runs_wanted[at:at + max(1, jobs)]
             rec = _unread(bundle_dir, manifest, users)
-            trail = Trail(rec, batch, specs, {a: model.Buffer.unbounded() for a in batch}, workdir,
+            trail = Trail(rec, batch, specs, {a.name: model.Buffer.unbounded() for a in batch}, workdir,
                           run_options=lambda a: {"record": record, "lookahead_ns": lookahead_ns,
-                                                 "guest": guests.get(a), "line_deps": not users,
+                                                 "guest": guests.get(a.name), "line_deps": not users,
                                                  "cpu_idle": cpu_idle},
                           findings_file=findings_file, stuck_max=OFFLINE_STUCK_MAX, progress=progress)
             trail.start()
@@ -190,7 +192,7 @@ def read_paced(trail: Trail, bundle_dir: Path) -> None:
     rec.finished = True
 
 
-def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[str],
+def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[catalog.Analysis],
               runs: dict[str, model.AnalysisRun], spec_path: str | None, noise: bool,
               workdir: Path, found: dict[str, tuple], specs: dict | None = None) -> Summary:
     """The summary of finished analysis runs; writes summary.json and findings.jsonl into
@@ -199,9 +201,10 @@ def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[str],
     under (default: loaded again from spec_path)."""
     summary = Summary(str(bundle_dir), limits=list(rec.limits),
                       noise=(runs[NOISE], found[NOISE]) if NOISE in runs and NOISE in found else None)
-    for name in analyses:
+    for a in analyses:
+        name = a.name
         run = runs[name]
-        spec = (specs or {}).get(name) or equivalence.load(name, spec_path)
+        spec = (specs or {}).get(name) or equivalence.load(a, spec_path)
         findings, divs, unreached = found[name]
         n_noise = 0
         if noise and name != NOISE and NOISE in runs:

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from ... import private
+from ... import catalog, private
 from ...errors import TandemError
 from ...formats import bundle
 from ...machine import RR, Feed, Guest, Host, Run
@@ -36,7 +36,7 @@ from ...qemu.feed import FeedServer
 from ..model import DELIVERED_KEPT, HANG_WALL_S, LOOKAHEAD_NS, MAX_LAG_NS, AnalysisRun, Buffer, Outcome
 
 
-def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
+def run(rec: inputs_mod.RecordedInputs, analysis: catalog.Analysis, workdir: Path, *,
         lookahead_ns: int = LOOKAHEAD_NS, guest: Guest | None = None,
         max_lag_ns: int = MAX_LAG_NS, progress=None, record: bool = True,
         buffer: Buffer | None = None, stop=None, hang_wall_s: float = HANG_WALL_S,
@@ -64,7 +64,7 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
     last and no raw frames, so that its memory does not grow with its length.
     """
     guest = guest or Guest.for_analysis(analysis)
-    res = AnalysisRun(analysis)
+    res = AnalysisRun(analysis.name)
     if not rec.finished:
         res.delivered, res.net_out = deque(maxlen=DELIVERED_KEPT), None
     tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
@@ -74,23 +74,23 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
     rr: RR | None = None
     overlay: Path | None = None
     if record:
-        run_bundle = res.bundle = workdir / f"{analysis}.tdm"
+        run_bundle = res.bundle = workdir / f"{analysis.name}.tdm"
         if run_bundle.exists():
             shutil.rmtree(run_bundle)
         manifest = record_mod.start_manifest(run_bundle, guest, {
-            "mode": "analysis", "analysis": analysis, "rtc_base": rec.created,
+            "mode": "analysis", "analysis": analysis.name, "rtc_base": rec.created,
             "lookahead_ns": lookahead_ns, "source": str(rec.path),
             "net": {"backend": "feed"}, **(launcher.machine() if launcher else {})})
         rr, devlog = RR("record", run_bundle / bundle.STREAM), run_bundle / bundle.DEVLOG
         overlay = run_bundle / record_mod.OVERLAY if guest.disk else None
     else:
-        devlog = workdir / f"{analysis}.pcapng"
+        devlog = workdir / f"{analysis.name}.pcapng"
         if guest.disk:
             overlay = tmp / "disk-overlay.qcow2"
             make_overlays(guest, overlay)     # one per disk, each the analysis's own
     run = Run(tmp, net=Feed(server.path, lookahead_ns=lookahead_ns, rtc_base=rec.created), rr=rr, devlog=devlog,
               overlay=overlay, host=Host(idle=idle, cpus=cpus))
-    vm = VM(guest, run, launcher=launcher, name=analysis)
+    vm = VM(guest, run, launcher=launcher, name=analysis.name)
     vm.console = lambda: bytes(res.console)
     t0 = time.monotonic()
     try:
