@@ -37,6 +37,7 @@ from tandem.semantic.comparison import compare, equivalence
 from tandem.semantic import inputs, model
 from tandem import catalog  # noqa: E402
 from tandem.semantic.driving import replay as replay_semantic  # noqa: E402
+from tandem.semantic.driving.replay import RunOptions  # noqa: E402
 from tandem.formats import bundle, netpkt, pcapng  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.semantic.analyze import analyze  # noqa: E402
@@ -133,7 +134,8 @@ def part_replay(tmp: Path, runs: int) -> list[str]:
         for f in flavors:
             res[f]["live"].append(live(tmp, f))
             for key, record_run in (("replay", True), ("norec", False)):
-                r = replay_semantic.run(rec, catalog.get(f), tmp / f"an{i}{f}{key}", record=record_run)
+                r = replay_semantic.run(rec, RunOptions(catalog.get(f), None, tmp / f"an{i}{f}{key}",
+                                                        record=record_run))
                 assert r.outcome == "poweroff", (f, r.outcome, r.detail)
                 res[f][key].append(r.wall_s)
         print(f"round {i + 1}: " + ", ".join(f"{f} live {res[f]['live'][-1]:.2f}s replay "
@@ -209,7 +211,7 @@ def sizes_text(xs: list[int]) -> str:
 
 def measure_comparator(tmp: Path, name: str, traffic, reps: int) -> dict:
     b = record(tmp, traffic)
-    run = replay_semantic.run(inputs.load(b), catalog.NATIVE, tmp / f"cmp-{name}")
+    run = replay_semantic.run(inputs.load(b), RunOptions(catalog.NATIVE, None, tmp / f"cmp-{name}"))
     assert run.outcome == "poweroff", (name, run.outcome, run.detail)
     n_events, log_bytes, seg_sizes = log_payload(b / "devices.pcapng")
     t_load, rec = cpu_median(lambda: inputs.load(b), max(3, reps // 4))
@@ -313,8 +315,8 @@ def measure_protocol(tmp: Path, name: str, load, reps: int) -> dict:
     rec = inputs.load(b)
     rec.power_button = True
     manifest = bundle.load_manifest(b)
-    run = replay_semantic.run(rec, catalog.NATIVE, tmp / f"cmp-{name}", record=False, line_deps=False,
-                              guest=guests.analysis_guest(b, manifest, catalog.NATIVE))
+    run = replay_semantic.run(rec, RunOptions(catalog.NATIVE, guests.analysis_guest(b, manifest, catalog.NATIVE),
+                                              tmp / f"cmp-{name}", record=False, line_deps=False))
     assert run.outcome in ("poweroff", "finished"), (name, run.outcome, run.detail)
     spec = equivalence.load(catalog.NATIVE, None, users_guest=True)
     n_events, log_bytes, seg_sizes = log_payload(b / "devices.pcapng")

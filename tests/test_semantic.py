@@ -12,6 +12,7 @@ from helpers import ROOT, assert_one_line_error, run_cli, start_client
 from tandem import catalog
 from tandem.semantic import inputs
 from tandem.semantic.driving import replay as replay_semantic
+from tandem.semantic.driving.replay import RunOptions
 from tandem.exact import replay as replay_exact
 from tandem.semantic import findings as findings_mod
 from tandem.semantic.findings import findings
@@ -125,7 +126,7 @@ def test_two_replays_into_one_kernel_agree(tmp_path):
         rec.wait(timeout=120)
     r_in = inputs.load(path)
     kasan = Guest.default("kasan").with_disk(None)
-    a, b = (replay_semantic.run(r_in, KASAN, tmp_path / f"run{i}", guest=kasan) for i in (1, 2))
+    a, b = (replay_semantic.run(r_in, RunOptions(KASAN, kasan, tmp_path / f"run{i}")) for i in (1, 2))
     assert a.outcome == b.outcome == "poweroff"
     assert a.net_out == b.net_out                      # every frame, with its VM time
     assert a.console_times == b.console_times and a.console == b.console
@@ -136,7 +137,7 @@ def test_two_replays_into_one_kernel_agree(tmp_path):
 
 def test_analysis_vm_that_panics_at_boot_did_not_boot_and_is_no_crash_of_the_guest(demo_bundle, tmp_path):
     g = dataclasses.replace(Guest.default(), cmdline=Guest.default().cmdline + " rdinit=/nonexistent init=/nonexistent")
-    r = replay_semantic.run(inputs.load(demo_bundle), catalog.NATIVE, tmp_path, guest=g)
+    r = replay_semantic.run(inputs.load(demo_bundle), RunOptions(catalog.NATIVE, g, tmp_path))
     assert r.outcome == "crashed", r.detail
     assert not [f for f in findings(r, catalog.NATIVE) if f.type == "VM-CRASH"]
     why = findings_mod.failure(r)
@@ -146,8 +147,7 @@ def test_analysis_vm_that_panics_at_boot_did_not_boot_and_is_no_crash_of_the_gue
 def test_analysis_vm_that_never_serves_is_tandems_limit_not_a_finding_nor_a_hang(demo_bundle, tmp_path):
     # The guest boots to cat(1) as init, echoing the console; the service never starts.
     g = dataclasses.replace(Guest.default(), cmdline=Guest.default().cmdline + " rdinit=/bin/cat")
-    r = replay_semantic.run(inputs.load(demo_bundle), catalog.NATIVE, tmp_path, guest=g,
-                            max_lag_ns=5_000_000_000)
+    r = replay_semantic.run(inputs.load(demo_bundle), RunOptions(catalog.NATIVE, g, tmp_path, max_lag_ns=5_000_000_000))
     assert r.outcome == "lagging", r.detail
     assert findings(r, catalog.NATIVE) == []                # tandem's limit, not a finding about the guest
     assert findings_mod.failure(r).startswith("lagging"), findings_mod.failure(r)

@@ -46,6 +46,7 @@ from ..record.recording import Recording
 from ..semantic.comparison import equivalence
 from ..semantic import guests, inputs, model
 from ..semantic.analyze import Summary, analyze, summarize, write_summary
+from ..semantic.driving.replay import RunOptions
 from ..qemu.feed import FeedServer
 from ..semantic.trail import Trail
 from . import metrics
@@ -158,8 +159,8 @@ class ShadowRun:
         per = o.buffer_events_of or {}
         buffers = {a.name: model.Buffer(per.get(a.name, o.buffer_events), o.buffer_bytes, overflow, o.block_budget_s)
                    for a in self.analyses}
-        self.trail = Trail(self.rec, self.analyses, self.specs, buffers, self.workdir,
-                           run_options=self._run_options, on_finding=on_finding)
+        self.trail = Trail(self.rec, self.analyses, self.specs, buffers, run_options=self._run_options,
+                           on_finding=on_finding)
         self.followers = self.trail.followers
         self._trim_at = 0.0
         self.record_analyses = o.record_analyses
@@ -201,17 +202,16 @@ class ShadowRun:
         self.trail.start()
         return self
 
-    def _run_options(self, analysis: catalog.Analysis) -> dict:
-        """How each analysis VM runs (semantic.replay.run's options), from this thread of it."""
+    def _run_options(self, analysis: catalog.Analysis) -> RunOptions:
+        """How each analysis VM runs, from this thread of it."""
         self._idle_thread()
         lv = self.libvirt
-        return {"record": self.record_analyses, "stop": lambda: self._stop, "hang_wall_s": self.hang_wall_s,
-                "cpu_idle": self.options.cpu_idle,
-                "idle": self.idle_analyses, "cpus": _cpu_list(self.analysis_cpus),
-                "guest": self._users_analysis_guest(analysis) if self.users_guest or not lv
-                else lv.analysis_guest(analysis),
-                "launcher": lv.analysis_launcher(analysis) if lv else None,
-                "line_deps": not self.users_guest}
+        return RunOptions(analysis, self._users_analysis_guest(analysis) if self.users_guest or not lv
+                          else lv.analysis_guest(analysis), self.workdir,
+                          record=self.record_analyses, stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
+                          cpu_idle=self.options.cpu_idle, idle=self.idle_analyses,
+                          cpus=_cpu_list(self.analysis_cpus), launcher=lv.analysis_launcher(analysis) if lv else None,
+                          line_deps=not self.users_guest)
 
     def _users_analysis_guest(self, analysis: catalog.Analysis) -> Guest | None:
         """For the user's VM: the machine the analysis boots, once its root device is known

@@ -26,6 +26,7 @@ from . import inputs, model
 from . import findings as findings_mod
 from . import guests as guests_mod
 from .comparison.live_compare import OFFLINE_STUCK_MAX
+from .driving.replay import RunOptions
 from .trail import Trail
 
 log = logging.getLogger(__name__)
@@ -138,10 +139,10 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
         for at in range(0, len(runs_wanted), max(1, jobs)):
             batch = runs_wanted[at:at + max(1, jobs)]
             rec = _unread(bundle_dir, manifest, users)
-            trail = Trail(rec, batch, specs, {a.name: model.Buffer.unbounded() for a in batch}, workdir,
-                          run_options=lambda a: {"record": record, "lookahead_ns": lookahead_ns,
-                                                 "guest": guests.get(a.name), "line_deps": not users,
-                                                 "cpu_idle": cpu_idle},
+            trail = Trail(rec, batch, specs, {a.name: model.Buffer.unbounded() for a in batch},
+                          run_options=lambda a: RunOptions(a, guests.get(a.name), workdir, record=record,
+                                                           lookahead_ns=lookahead_ns, line_deps=not users,
+                                                           cpu_idle=cpu_idle),
                           findings_file=findings_file, stuck_max=OFFLINE_STUCK_MAX, progress=progress)
             trail.start()
             read_paced(trail, bundle_dir)

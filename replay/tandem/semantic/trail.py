@@ -31,6 +31,7 @@ from .comparison import compare
 from . import inputs, model
 from . import findings as findings_mod
 from .driving import replay as replay_semantic
+from .driving.replay import RunOptions
 from .comparison.equivalence import Spec
 from .comparison.live_compare import LiveCompare
 
@@ -72,15 +73,16 @@ class Trail:
     """Analysis VMs trailing `rec` (filled in by the caller's reading thread)."""
 
     def __init__(self, rec: inputs.RecordedInputs, analyses: list[catalog.Analysis], specs: dict[str, Spec],
-                 buffers: dict[str, model.Buffer], workdir, *, run_options: Callable[[catalog.Analysis], dict],
+                 buffers: dict[str, model.Buffer], *, run_options: Callable[[catalog.Analysis], RunOptions],
                  findings_file: TextIO | None = None, on_finding=None, stuck_max: int | None = None,
                  progress: Callable | None = None):
-        """specs, buffers: by analysis name. run_options(analysis): keyword arguments for
-        semantic.replay.run (record, guest, launcher, idle, cpus, hang_wall_s, stop).
-        findings_file: findings.jsonl, a line written the moment each finding is reported;
-        on_finding(finding) is called then too, from the analysis's thread.
-        progress(analysis, run, delivered, taken): at each stop of an analysis VM."""
-        self.rec, self.workdir, self.run_options, self.progress = rec, workdir, run_options, progress
+        """specs, buffers: by analysis name. run_options(analysis): how its VM runs
+        (driving.replay.RunOptions: its guest, workdir, launcher, ...), made in the
+        analysis's own thread as it starts. findings_file: findings.jsonl, a line written
+        the moment each finding is reported; on_finding(finding) is called then too, from
+        the analysis's thread. progress(analysis, run, delivered, taken): at each stop of
+        an analysis VM."""
+        self.rec, self.run_options, self.progress = rec, run_options, progress
         self.followers = [Follower(a, buffers[a.name], LiveCompare(rec, specs[a.name], stuck_max=stuck_max))
                           for a in analyses]
         self.findings_file, self.on_finding = findings_file, on_finding
@@ -176,8 +178,8 @@ class Trail:
             f.cmp.tick(run)
         f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
         try:
-            f.run = replay_semantic.run(self.rec, f.of, self.workdir, buffer=f.buffer,
-                                        progress=progress, tick=tick, **self.run_options(f.of))
+            f.run = replay_semantic.run(self.rec, self.run_options(f.of), buffer=f.buffer, progress=progress,
+                                        tick=tick)
         except TandemError as e:        # its machine could not be made (a live user VM's root, an overlay)
             log.warning("%s: %s", f.analysis, e)
             f.run = model.AnalysisRun(f.analysis)
