@@ -340,7 +340,7 @@ class ShadowRun:
             self._stop = True
             self.trail.join(30 * len(self.followers))
         runs, found = self.trail.results()
-        s = summarize(self.path, self.rec, self.analyses, runs, self.spec_path, noise, self.workdir, found, self.specs)
+        s = summarize(self.path, self.rec, self.analyses, runs, self.specs, noise, self.workdir, found)
         if self.trail.findings_file is not None:
             self.trail.findings_file.close()
         if self.options.drain:

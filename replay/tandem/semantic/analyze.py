@@ -150,7 +150,7 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
             r, f = trail.results()
             runs.update(r)
             found.update(f)
-    return summarize(bundle_dir, rec, analyses, runs, spec_path, noise, workdir, found, specs)
+    return summarize(bundle_dir, rec, analyses, runs, specs, noise, workdir, found)
 
 
 def _unread(bundle_dir: Path, manifest: dict, users_guest: bool) -> inputs.RecordedInputs:
@@ -194,18 +194,16 @@ def read_paced(trail: Trail, bundle_dir: Path) -> None:
 
 
 def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[catalog.Analysis],
-              runs: dict[str, model.AnalysisRun], spec_path: str | None, noise: bool,
-              workdir: Path, found: dict[str, tuple], specs: dict | None = None) -> Summary:
+              runs: dict[str, model.AnalysisRun], specs: dict[str, equivalence.Spec], noise: bool,
+              workdir: Path, found: dict[str, tuple]) -> Summary:
     """The summary of finished analysis runs; writes summary.json and findings.jsonl into
-    workdir. found: analysis -> (findings, divergences, not analysed), as each run found
-    them while it went (trail.Trail.results). specs: analysis -> the spec it was compared
-    under (default: loaded again from spec_path)."""
+    workdir. By analysis name: runs, specs (the spec each was compared under) and found
+    ((findings, divergences, not analysed), as each run found them while it went:
+    trail.Trail.results)."""
     summary = Summary(str(bundle_dir), limits=list(rec.limits),
                       noise=(runs[NOISE], found[NOISE]) if NOISE in runs and NOISE in found else None)
-    for a in analyses:
-        name = a.name
-        run = runs[name]
-        spec = (specs or {}).get(name) or equivalence.load(a, spec_path)
+    for name in (a.name for a in analyses):
+        run, spec = runs[name], specs[name]
         findings, divs, unreached = found[name]
         n_noise = 0
         if noise and name != NOISE and NOISE in runs:
