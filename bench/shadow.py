@@ -39,6 +39,7 @@ from record_replay import replace_section  # noqa: E402
 from tandem.semantic import inputs  # noqa: E402
 from tandem.live import shadow  # noqa: E402
 from tandem.semantic.comparison import live_compare  # noqa: E402
+from tandem import catalog  # noqa: E402
 from tandem import plan  # noqa: E402
 from tandem.semantic.driving import replay  # noqa: E402
 from tandem.live.shadow import SAMPLE_S, ShadowOptions, ShadowRun, analysis_cpuset  # noqa: E402
@@ -180,7 +181,8 @@ def run_record_loaded(tmp: Path, requests: int):
 
 def run_shadow(tmp: Path, requests: int, analyses: list[str]):
     d = Path(tempfile.mkdtemp(dir=tmp))
-    sh = ShadowRun(d / "s.tdm", analyses, ShadowOptions(record_analyses=False), workdir=d / "an").start()
+    sh = ShadowRun(d / "s.tdm", [catalog.get(a) for a in analyses], ShadowOptions(record_analyses=False),
+                   workdir=d / "an").start()
     out = {}
     serve(sh, lambda: out.setdefault("r", load(sh.port, requests)))
     return out["r"]
@@ -358,7 +360,7 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "no
     # that grows is one block, and RSS moves in pages and with the allocator's slack.
     tracemalloc.start(1)
     try:
-        sh = ShadowRun(d / "m.tdm", ["native"], ShadowOptions(record_analyses=False, release=release),
+        sh = ShadowRun(d / "m.tdm", [catalog.NATIVE], ShadowOptions(record_analyses=False, release=release),
                        workdir=d / "an").start()
         done = {"requests": 0}
         last = [0.0]
@@ -432,7 +434,7 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "no
 
 def part_buffer(tmp: Path, out_png: Path, bursts: int = 3, gap_s: float = 3.0, per_burst: int = 60) -> list[str]:
     d = Path(tempfile.mkdtemp(dir=tmp))
-    sh = ShadowRun(d / "b.tdm", ["kasan"], ShadowOptions(record_analyses=False), workdir=d / "an").start()
+    sh = ShadowRun(d / "b.tdm", [catalog.get("kasan")], ShadowOptions(record_analyses=False), workdir=d / "an").start()
     series: list[tuple[float, int, float, float, int]] = []  # (t, buffer events, lag VM s, lag wall s, native VM ns)
 
     def drive():

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from helpers import wait_until
+from helpers import analyses, wait_until
 from helpers.live import drive, run_until_native_stops
 from tandem import artifacts
 from tandem.semantic import inputs
@@ -76,7 +76,7 @@ def flood_with_the_analysis_stopped(tmp_path, overflow: str, connections: int):
     """The flood, with the only analysis SIGSTOPped for the flood (under block, until the
     gate has refused frames at its bound); QEMU's counters sampled meanwhile (QMP from the
     main thread, which owns it)."""
-    sh = ShadowRun(tmp_path / "native.tdm", ["native"],
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("native"),
                    ShadowOptions(release="agreed", overflow=overflow, record_analyses=False, hang_wall_s=600,
                                  block_budget_s=600),
                    workdir=tmp_path / "an")

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from helpers import ROOT, pace, wait_for_service, wait_until
+from helpers import ROOT, analyses, pace, wait_for_service, wait_until
 from helpers.live import analyses_caught_up, drive, run_until_native_stops
 from tandem.formats import bundle, pcapng
 from tandem.semantic import inputs
@@ -25,7 +25,7 @@ from tandem.record.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
 
 def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
     live = []
-    sh = ShadowRun(tmp_path / "native.tdm", ["kasan", "lockdep"], ShadowOptions(metrics_port=0),
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("kasan", "lockdep"), ShadowOptions(metrics_port=0),
                    workdir=tmp_path / "an", on_finding=lambda f: live.append((time.monotonic(), f)))
     sh.start()
     scraped = []
@@ -71,7 +71,7 @@ def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
 
 
 def test_a_dying_or_overflowing_analysis_never_stops_the_native(tmp_path):
-    sh = ShadowRun(tmp_path / "native.tdm", ["native", "lockdep"],
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("native", "lockdep"),
                    ShadowOptions(buffer_events_of={"lockdep": 20}, record_analyses=False),
                    workdir=tmp_path / "an")
     sh.start()
@@ -112,7 +112,7 @@ def test_a_dying_or_overflowing_analysis_never_stops_the_native(tmp_path):
 
 
 def test_a_hung_analysis_is_tandems_limit_and_the_native_goes_on(tmp_path):
-    sh = ShadowRun(tmp_path / "native.tdm", ["native"], ShadowOptions(record_analyses=False, hang_wall_s=3),
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("native"), ShadowOptions(record_analyses=False, hang_wall_s=3),
                    workdir=tmp_path / "an")
     sh.start()
     answers = []
@@ -143,7 +143,7 @@ def test_agreed_release_keeps_a_diverging_answer_from_the_client(tmp_path):
     """--release agreed: the native's answer leaves only once the analysis gave the same one.
     The ASan-built service dies on the planted overflow; the native answers it, but that
     answer never reaches the client (what the client receives is the capture)."""
-    sh = ShadowRun(tmp_path / "native.tdm", ["asan-userland"],
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("asan-userland"),
                    ShadowOptions(release="agreed", record_analyses=False), workdir=tmp_path / "an")
     sh.start()
     got = {}
@@ -176,7 +176,7 @@ def test_overflow_block_holds_the_native_until_the_analysis_has_room(tmp_path):
     """--overflow block: a slow analysis with a small buffer is never detached; the native's
     inputs wait at the host side of its NIC instead, and its recording still replays."""
     bound = 20
-    sh = ShadowRun(tmp_path / "native.tdm", ["lockdep"],
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("lockdep"),
                    ShadowOptions(buffer_events_of={"lockdep": bound}, record_analyses=False, overflow="block",
                                  block_budget_s=120),
                    workdir=tmp_path / "an")
@@ -222,7 +222,7 @@ def test_a_long_run_keeps_only_what_is_in_flight(tmp_path):
     """What the analysis has taken and compared is dropped while the native runs (the
     native's inputs, output and closed connections; the analysis's console and output);
     a difference found on the way is still reported, and the bundle stays whole."""
-    sh = ShadowRun(tmp_path / "native.tdm", ["native"], workdir=tmp_path / "an")
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("native"), workdir=tmp_path / "an")
     sh.start()
     seen = {}
 

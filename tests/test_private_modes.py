@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_one_line_error, run_cli
+from helpers import analyses, assert_one_line_error, run_cli
 from tandem.formats import bundle
 from tandem.exact.replay import replay
 from tandem.record.recording import Recording
@@ -72,7 +72,7 @@ def test_fresh_bundle_and_analysis_workdir_private(demo_bundle_022, tmp_path, us
                              "qemu.log"}
     assert not_private(b) == {}, modes(b)
     workdir = tmp_path / "out" / "analysis"
-    s = analyze(b, ["native"], noise=False, workdir=workdir)
+    s = analyze(b, analyses("native"), noise=False, workdir=workdir)
     assert s.results[0].run.outcome == "poweroff", s.results[0].run.detail
     found = modes(workdir)
     assert {"findings.jsonl", "summary.json", "native.tdm", f"native.tdm/{bundle.STREAM}",

@@ -12,6 +12,7 @@ from helpers import ROOT, assert_one_line_error, run_cli, start_client
 from tandem import catalog
 from tandem.semantic import inputs
 from tandem.semantic.driving import replay
+from tandem.semantic.driving.replay import RunOptions
 from tandem.exact.replay import replay as exact_replay
 from tandem.semantic.findings import failure, findings
 from tandem.record.recording import Recording
@@ -22,7 +23,8 @@ from tandem.record.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
 
 # Every analysis of the catalogue but the null one: a new analysis is tested here once it
 # says below what it finds in the planted bugs.
-SANITIZERS = [a.name for a in catalog.ALL if a.name != "native"]
+SANITIZERS = [a for a in catalog.ALL if a != catalog.NATIVE]
+KASAN = catalog.ANALYSES["kasan"]
 
 # analysis -> {(report type, words in the title): the planted request that causes it}
 EXPECTED = {
@@ -62,7 +64,7 @@ def client_line(rec: inputs.RecordedInputs, flow: int, offset: int) -> bytes:
 
 
 def test_null_analysis_has_no_divergence(demo_bundle, tmp_path):
-    s = analyze(demo_bundle, ["native"], noise=False, workdir=tmp_path)
+    s = analyze(demo_bundle, [catalog.NATIVE], noise=False, workdir=tmp_path)
     (r,) = s.results
     assert r.run.outcome == "poweroff", r.run.detail
     assert not r.divergences, [d.diff for d in r.divergences]
@@ -82,7 +84,7 @@ def test_clean_traffic_into_every_sanitizer_is_clean(demo_bundle, tmp_path):
 
 def test_each_planted_bug_is_found_by_its_analyses_and_attributed(planted_bugs_bundle, tmp_path):
     rec = inputs.load(planted_bugs_bundle)
-    s = analyze(planted_bugs_bundle, SANITIZERS + ["native"], workdir=tmp_path)
+    s = analyze(planted_bugs_bundle, SANITIZERS + [catalog.NATIVE], workdir=tmp_path)
     for r in s.results:
         assert r.run.outcome == "poweroff", (r.analysis, r.run.detail)
         got = {}
@@ -122,20 +124,20 @@ def test_two_replays_into_one_kernel_agree(tmp_path):
         rec.wait(timeout=120)
     r_in = inputs.load(path)
     kasan = Guest.default("kasan").with_disk(None)
-    a, b = (replay.run(r_in, "kasan", tmp_path / f"run{i}", guest=kasan) for i in (1, 2))
+    a, b = (replay.run(r_in, RunOptions(KASAN, kasan, tmp_path / f"run{i}")) for i in (1, 2))
     assert a.outcome == b.outcome == "poweroff"
     assert a.net_out == b.net_out                      # every frame, with its VM time
     assert a.console_times == b.console_times and a.console == b.console
-    fa, fb = findings(a), findings(b)
+    fa, fb = findings(a, KASAN), findings(b, KASAN)
     assert [(f.title, f.vm_ns) for f in fa] == [(f.title, f.vm_ns) for f in fb]
     assert len(fa) == 2
 
 
 def test_analysis_vm_that_panics_at_boot_did_not_boot_and_is_no_crash_of_the_guest(demo_bundle, tmp_path):
     g = dataclasses.replace(Guest.default(), cmdline=Guest.default().cmdline + " rdinit=/nonexistent init=/nonexistent")
-    r = replay.run(inputs.load(demo_bundle), "native", tmp_path, guest=g)
+    r = replay.run(inputs.load(demo_bundle), RunOptions(catalog.NATIVE, g, tmp_path))
     assert r.outcome == "crashed", r.detail
-    assert not [f for f in findings(r) if f.type == "VM-CRASH"]
+    assert not [f for f in findings(r, catalog.NATIVE) if f.type == "VM-CRASH"]
     why = failure(r)
     assert why.startswith("did not boot") and ("guest-reset" in why or "panic" in why), why
 
@@ -143,10 +145,9 @@ def test_analysis_vm_that_panics_at_boot_did_not_boot_and_is_no_crash_of_the_gue
 def test_analysis_vm_that_never_serves_is_tandems_limit_not_a_finding_nor_a_hang(demo_bundle, tmp_path):
     # The guest boots to cat(1) as init, echoing the console; the service never starts.
     g = dataclasses.replace(Guest.default(), cmdline=Guest.default().cmdline + " rdinit=/bin/cat")
-    r = replay.run(inputs.load(demo_bundle), "native", tmp_path, guest=g,
-                            max_lag_ns=5_000_000_000)
+    r = replay.run(inputs.load(demo_bundle), RunOptions(catalog.NATIVE, g, tmp_path, max_lag_ns=5_000_000_000))
     assert r.outcome == "lagging", r.detail
-    assert findings(r) == []                # tandem's limit, not a finding about the guest
+    assert findings(r, catalog.NATIVE) == []                # tandem's limit, not a finding about the guest
     assert failure(r).startswith("lagging"), failure(r)
 
 
@@ -233,7 +234,7 @@ def test_a_heavy_recording_is_analysed_whole_reading_no_further_ahead_than_its_w
     held: list[int] = []
     trim = Trail.trim
     monkeypatch.setattr(Trail, "trim", lambda self: (held.append(len(self.rec.inputs)), trim(self))[1])
-    s = analyze(path, ["native"], noise=False, workdir=tmp_path / "an")
+    s = analyze(path, [catalog.NATIVE], noise=False, workdir=tmp_path / "an")
     (r,) = s.results
     assert r.run.outcome == "poweroff", r.run.detail
     assert r.complete and not r.findings and not r.divergences, (r.failure, [d.diff for d in r.divergences])

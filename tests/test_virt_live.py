@@ -10,7 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from helpers import ROOT, assert_one_line_error, quiet, run_cli, wait_for_service, wait_until
+from helpers import ROOT, analyses, assert_one_line_error, quiet, run_cli, wait_for_service, wait_until
 from helpers.libvirt import names, native_xml, virsh
 from helpers.live import drive, run_until_native_stops
 from tandem.formats import bundle, pcapng
@@ -29,8 +29,8 @@ def test_shadow_runs_native_and_analysis_as_domains(libvirtd, tmp_path):
     does the analysis run's; nothing is left defined."""
     uri = libvirtd.uri
     path = tmp_path / "web.tdm"
-    sh = ShadowRun(path, ["native"], workdir=tmp_path / "an",
-                   libvirt=attach.LiveDomains.for_bundle(uri, path, ["native"]))
+    sh = ShadowRun(path, analyses("native"), workdir=tmp_path / "an",
+                   libvirt=attach.LiveDomains.for_bundle(uri, path, analyses("native")))
     sh.start()
     seen = {}
 

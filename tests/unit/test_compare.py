@@ -2,6 +2,7 @@
 paths (whole-stream equality, identical lines after the spec) must not change."""
 import tomllib
 
+from tandem import catalog
 from tandem.semantic.comparison import compare, equivalence
 from tandem.semantic import inputs
 from tandem.formats import netpkt, pcapng
@@ -48,7 +49,7 @@ def test_segmentation_and_console_writes_do_not_matter():
     rec = recording([(10, b"OK\nVAL"), (20, b"UE 1\n")], [(1, b"kvd: ready\n"), (2, b"hi\n")])
     run = analysis([(11, b"O"), (12, b"K\nVALUE 1\n")], [(3, b"k"), (4, b"vd: ready\nh"), (5, b"i\n")])
     assert compare.compare(rec, run, spec()) == []
-    assert compare.compare(rec, run, equivalence.load("native")) == []
+    assert compare.compare(rec, run, equivalence.load(catalog.NATIVE)) == []
 
 
 def test_a_different_line_is_reported_with_both_times():

@@ -4,6 +4,7 @@ import tomllib
 
 from hypothesis import given, settings, strategies as st
 
+from tandem import catalog
 from tandem.semantic.comparison import compare, equivalence
 from tandem.semantic import inputs
 from tandem.semantic.comparison import live_compare
@@ -11,6 +12,8 @@ from tandem.formats import netpkt
 from tandem.semantic.comparison.live_compare import LiveCompare
 from tandem.semantic.model import AnalysisRun
 from tandem.semantic.network.peer import Peer, PeerFlow
+
+KASAN = catalog.ANALYSES["kasan"]
 
 GUEST = (bytes([10, 0, 2, 15]), 7000)
 CLIENT = (bytes([10, 0, 2, 2]), 40000)
@@ -182,7 +185,7 @@ def test_http_is_matched_response_by_response_as_both_run():
     matched and dropped once both sides have it; a different body is reported at once."""
     p = Pair()
     p.rec.flows[0].protocol = "http"
-    lc = LiveCompare(p.rec, equivalence.load("kasan"))
+    lc = LiveCompare(p.rec, equivalence.load(KASAN))
     name = compare.channel(p.rec.flows[0])
     for i in range(10):
         body = b"page %d\n" % i + b"x" * 3000
@@ -209,7 +212,7 @@ def test_http_is_matched_response_by_response_as_both_run():
 def test_redis_time_replies_are_matched_live():
     p = Pair()
     p.rec.flows[0].protocol, p.rec.flows[0].asks_time = "resp", True
-    lc = LiveCompare(p.rec, equivalence.load("kasan"))
+    lc = LiveCompare(p.rec, equivalence.load(KASAN))
     for i in range(30):
         p.native(b"+OK\r\n*2\r\n$10\r\n%d\r\n$6\r\n%06d\r\n" % (1764301234 + i, 100000 + i))
         p.analysis(b"+OK\r\n*2\r\n$10\r\n%d\r\n$5\r\n%05d\r\n" % (1764309999 + i, 10000 + i))

@@ -56,14 +56,14 @@ def cmd_analyze(args) -> int:
     from ..semantic.analyze import analyze
     if args.follow or args.partial:
         raise TandemError("--follow and --partial are for exact replay; not with --analysis")
-    names = users_analyses(args)
-    build_for_analyses(names, noise=not args.no_noise)
+    analyses = users_analyses(args)
+    build_for_analyses(analyses, noise=not args.no_noise)
     state: dict[str, str] = {}
     with console.status("replaying into analysis VMs") as status:
         def progress(name, run, done, total):
             state[name] = f"{name} {run.end_ns / 1e9:.1f}s {done}/{total}"
             status.update("semantic replay: " + ", ".join(state.values()))
-        s = analyze(args.bundle, names, spec_path=args.spec, jobs=args.jobs, noise=not args.no_noise,
+        s = analyze(args.bundle, analyses, spec_path=args.spec, jobs=args.jobs, noise=not args.no_noise,
                     workdir=Path(args.workdir) if args.workdir else None, progress=progress,
                     record=not args.no_record, root=args.root, cpu_idle=args.cpu_idle)
     print_summary(s)

@@ -234,7 +234,7 @@ class Gate:
         self.server, self.rec, self.followers = server, rec, followers
         self.hold = hold                # () -> bool: hold the native's inputs now
         # Each analysis's equivalence spec (live.shadow.ShadowRun loads them; default: the built-in ones)
-        self.specs = specs or {f.analysis: equivalence.load(f.analysis) for f in followers}
+        self.specs = specs or {f.analysis: equivalence.load(f.of) for f in followers}
         self.native_out: dict[tuple, Stream] = {}      # per connection: the native's output not decided yet
         self.holding = False
         self.holds = 0

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from .. import private
+from .. import catalog, private
 from ..errors import TandemError
 from ..formats import bundle, pcapng
 from ..machine import Forward, Guest, analyses_given
@@ -46,6 +46,7 @@ from ..record.recording import Recording
 from ..semantic.comparison import equivalence
 from ..semantic import guests, inputs, model
 from ..semantic.analyze import Summary, analyze, summarize, write_summary
+from ..semantic.driving.replay import RunOptions
 from ..qemu.feed import FeedServer
 from ..semantic.trail import Trail
 from . import metrics
@@ -115,7 +116,7 @@ class ShadowRun:
     """A live shadow run: the native recorded as it serves, each analysis VM trailing it
     (semantic.driving.replay.run on the growing recording), compared and reported as they go."""
 
-    def __init__(self, bundle_dir: str | Path, analyses: list[str], options: ShadowOptions | None = None, *,
+    def __init__(self, bundle_dir: str | Path, analyses: list[catalog.Analysis], options: ShadowOptions | None = None, *,
                  workdir: Path | None = None, libvirt=None, on_finding=None, guest: Guest | None = None,
                  forwards: tuple[Forward, ...] | None = None, root: str | None = None):
         """libvirt: run the native and the analysis VMs as libvirt domains (a attach.LiveDomains:
@@ -131,14 +132,14 @@ class ShadowRun:
         release, overflow = o.release, o.overflow
         duration_ns, port, spec_path = o.duration_ns, o.port, o.spec_path
         self.path = Path(bundle_dir)
-        self.analyses = analyses_given(analyses)     # unknown name, missing kernel: fail now
+        self.analyses = analyses_given(analyses)     # none, or a kernel not built: fail now
         self.workdir = workdir or self.path.with_name(self.path.name + ".analysis")
         self.release, self.overflow = release, overflow
         self.idle_analyses = o.idle_analyses
         self.analysis_cpus = analysis_cpuset(o.analysis_cpus)
         self.spec_path = spec_path
         # Loaded now: a bad spec fails here, not at the end; the release gate uses them too.
-        self.specs = {a: equivalence.load(a, spec_path, self.users_guest) for a in self.analyses}
+        self.specs = {a.name: equivalence.load(a, spec_path, self.users_guest) for a in self.analyses}
         self.agree_timeout_ns = o.agree_timeout_ns
         self.gate: Gate | None = None
         self._gate_server: FeedServer | None = None
@@ -156,10 +157,10 @@ class ShadowRun:
                                 powerdown_wait_s=o.shutdown_timeout_s)
         self.rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(self.path))
         per = o.buffer_events_of or {}
-        buffers = {a: model.Buffer(per.get(a, o.buffer_events), o.buffer_bytes, overflow, o.block_budget_s)
+        buffers = {a.name: model.Buffer(per.get(a.name, o.buffer_events), o.buffer_bytes, overflow, o.block_budget_s)
                    for a in self.analyses}
-        self.trail = Trail(self.rec, self.analyses, self.specs, buffers, self.workdir,
-                           run_options=self._run_options, on_finding=on_finding)
+        self.trail = Trail(self.rec, self.analyses, self.specs, buffers, run_options=self._run_options,
+                           on_finding=on_finding)
         self.followers = self.trail.followers
         self._trim_at = 0.0
         self.record_analyses = o.record_analyses
@@ -201,19 +202,18 @@ class ShadowRun:
         self.trail.start()
         return self
 
-    def _run_options(self, analysis: str) -> dict:
-        """How each analysis VM runs (semantic.driving.replay.run's options), from this thread of it."""
+    def _run_options(self, analysis: catalog.Analysis) -> RunOptions:
+        """How each analysis VM runs, from this thread of it."""
         self._idle_thread()
         lv = self.libvirt
-        return {"record": self.record_analyses, "stop": lambda: self._stop, "hang_wall_s": self.hang_wall_s,
-                "cpu_idle": self.options.cpu_idle,
-                "idle": self.idle_analyses, "cpus": _cpu_list(self.analysis_cpus),
-                "guest": self._users_analysis_guest(analysis) if self.users_guest or not lv
-                else lv.analysis_guest(analysis),
-                "launcher": lv.analysis_launcher(analysis) if lv else None,
-                "line_deps": not self.users_guest}
+        return RunOptions(analysis, self._users_analysis_guest(analysis) if self.users_guest or not lv
+                          else lv.analysis_guest(analysis), self.workdir,
+                          record=self.record_analyses, stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
+                          cpu_idle=self.options.cpu_idle, idle=self.idle_analyses,
+                          cpus=_cpu_list(self.analysis_cpus), launcher=lv.analysis_launcher(analysis) if lv else None,
+                          line_deps=not self.users_guest)
 
-    def _users_analysis_guest(self, analysis: str) -> Guest | None:
+    def _users_analysis_guest(self, analysis: catalog.Analysis) -> Guest | None:
         """For the user's VM: the machine the analysis boots, once its root device is known
         (given, on a direct boot's command line, or printed by the native's kernel as it
         boots: waited for, up to ROOT_WAIT_S of wall time, while the native boots)."""
@@ -224,7 +224,7 @@ class ShadowRun:
             try:
                 root = self.root or guests.recorded_root(self.path, self.native.manifest)
             except TandemError as e:        # the log's last block is still being written
-                log.debug("%s: reading the native's console for its root device: %s", analysis, e)
+                log.debug("%s: reading the native's console for its root device: %s", analysis.name, e)
                 root = None
             if root is not None or time.monotonic() > deadline or self._stop:
                 break
@@ -340,7 +340,7 @@ class ShadowRun:
             self._stop = True
             self.trail.join(30 * len(self.followers))
         runs, found = self.trail.results()
-        s = summarize(self.path, self.rec, self.analyses, runs, self.spec_path, noise, self.workdir, found, self.specs)
+        s = summarize(self.path, self.rec, self.analyses, runs, self.specs, noise, self.workdir, found)
         if self.trail.findings_file is not None:
             self.trail.findings_file.close()
         if self.options.drain:
@@ -380,14 +380,16 @@ class ShadowRun:
         """Every analysis stopped for lag (detached, lagging) analysed again offline from the
         native's sealed bundle, from its start: its result replaces the live one, so every
         recorded input is analysed in the end (ShadowOptions.drain, --no-drain)."""
-        lagged = [r.analysis for r in s.results if r.run.outcome in (model.Outcome.DETACHED, model.Outcome.LAGGING)]
+        stopped = {r.analysis for r in s.results if r.run.outcome in (model.Outcome.DETACHED, model.Outcome.LAGGING)}
+        lagged = [a for a in self.analyses if a.name in stopped]
         if not lagged:
             return
         lv = self.libvirt
-        log.info("analysing %s again offline from %s (stopped live for lag)", ", ".join(lagged), self.path)
+        log.info("analysing %s again offline from %s (stopped live for lag)", ", ".join(a.name for a in lagged),
+                 self.path)
         d = analyze(self.path, lagged, spec_path=self.spec_path, workdir=self.workdir / "drain", noise=False,
                     record=self.record_analyses, progress=self.on_drain_progress, cpu_idle=self.options.cpu_idle,
-                    guests={a: lv.analysis_guest(a) for a in lagged} if lv and not self.users_guest else None,
+                    guests={a.name: lv.analysis_guest(a) for a in lagged} if lv and not self.users_guest else None,
                     root=self.root)
         again = {r.analysis: r for r in d.results}
         for i, r in enumerate(s.results):

@@ -107,19 +107,23 @@ class Guest:
 
     @classmethod
     def default(cls, flavor: str = "native", userland: str = "native") -> "Guest":
-        """tandem's guest image with a built kernel flavor and userland (catalog.py)."""
-        kernel, land = catalog.kernel(flavor), catalog.userland(userland)
-        k, g = artifacts.kernel(flavor), artifacts.guest()
-        cmdline = " ".join(filter(None, (DEFAULT_CMDLINE, land.cmdline_extra, kernel.cmdline_extra)))
-        initrd = artifacts.initrd_with_modules(*artifacts.initramfs(g, userland), artifacts.modules(flavor))
-        return cls(kernel=k["bzImage"], initrd=initrd, disks=(Disk(g["disk_base"]),), cmdline=cmdline,
-                   memory_mb=kernel.memory_mb, os=kernel.os)
+        """tandem's guest image with a built kernel flavor and userland, by their names
+        (`tandem record --kernel --userland`; an unknown name: one-line error)."""
+        return cls.of_image(catalog.kernel(flavor), catalog.userland(userland))
 
     @classmethod
-    def for_analysis(cls, analysis: str) -> "Guest":
-        """The guest an analysis of the catalogue boots (an unknown name: one-line error)."""
-        a = catalog.get(analysis)
-        return cls.default(a.flavor, a.userland.name)
+    def for_analysis(cls, analysis: catalog.Analysis) -> "Guest":
+        """The guest an analysis boots on tandem's guest image: its kernel and userland."""
+        return cls.of_image(analysis.kernel, analysis.userland)
+
+    @classmethod
+    def of_image(cls, kernel: catalog.Kernel, land: catalog.Userland) -> "Guest":
+        """tandem's guest image with a built kernel and userland (its kernel not built: one-line error)."""
+        k, g = artifacts.kernel(kernel.flavor), artifacts.guest()
+        cmdline = " ".join(filter(None, (DEFAULT_CMDLINE, land.cmdline_extra, kernel.cmdline_extra)))
+        initrd = artifacts.initrd_with_modules(*artifacts.initramfs(g, land.name), artifacts.modules(kernel.flavor))
+        return cls(kernel=k["bzImage"], initrd=initrd, disks=(Disk(g["disk_base"]),), cmdline=cmdline,
+                   memory_mb=kernel.memory_mb, os=kernel.os)
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any]) -> "Guest":
@@ -194,14 +198,13 @@ class Guest:
         return dataclasses.replace(self, nics=(Nic(model=model, mac=mac),))
 
 
-def analyses_given(names: list[str]) -> list[str]:
-    """The --analysis names, each once and in order; an unknown name, or an analysis whose
-    kernel or image is not built, is a one-line error now rather than after the native
-    has started."""
-    names = list(dict.fromkeys(names))
-    if not names:
+def analyses_given(analyses: list[catalog.Analysis]) -> list[catalog.Analysis]:
+    """The analyses asked for, each once and in order; none, or one whose kernel or image
+    is not built, is a one-line error now rather than after the native has started."""
+    analyses = list(dict.fromkeys(analyses))
+    if not analyses:
         raise TandemError("no --analysis given")
-    for name in names:
-        if catalog.get(name).kernel.image is None:     # a kernel the user brought was checked when given
-            Guest.for_analysis(name)
-    return names
+    for a in analyses:
+        if a.kernel.image is None:     # a kernel the user brought was checked when given
+            Guest.for_analysis(a)
+    return analyses

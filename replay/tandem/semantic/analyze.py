@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import private
+from .. import catalog, private
 from ..errors import EXIT_CLEAN, EXIT_FOUND, EXIT_INCOMPLETE, TandemError
 from ..formats import bundle, pcapng
 from ..machine import analyses_given
@@ -26,11 +26,12 @@ from . import inputs, model
 from .findings import Finding, did_not_boot, distinct
 from .guests import analysis_guest, is_users_guest, with_files_swapped
 from .comparison.live_compare import OFFLINE_STUCK_MAX
+from .driving.replay import RunOptions
 from .trail import Trail
 
 log = logging.getLogger(__name__)
 
-NOISE = "native"
+NOISE = catalog.NATIVE.name
 
 
 @dataclass
@@ -76,9 +77,9 @@ class Summary:
         return EXIT_FOUND if not self.ok else EXIT_INCOMPLETE if not self.complete else EXIT_CLEAN
 
 
-def check_request(bundle_dir: Path, analyses: list[str], spec_path: str | None) -> dict:
+def check_request(bundle_dir: Path, analyses: list[catalog.Analysis], spec_path: str | None) -> dict:
     """Fail early, with one line, on anything wrong with the request."""
-    for a in analyses_given(analyses):          # unknown name, missing kernel or image
+    for a in analyses_given(analyses):          # none, missing kernel or image
         equivalence.load(a, spec_path)          # malformed spec
     m = bundle.load_manifest(bundle_dir)
     problems = bundle.verify_files(bundle_dir, m)
@@ -98,7 +99,7 @@ PACE_EVERY = 512            # events read between two looks at the analyses
 PACE_SLEEP_S = 0.02
 
 
-def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | None = None,
+def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_path: str | None = None,
             workdir: Path | None = None, noise: bool = True, jobs: int = 2,
             lookahead_ns: int = model.LOOKAHEAD_NS, progress=None,
             record: bool = True, guests: dict | None = None, root: str | None = None,
@@ -106,7 +107,7 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     """Replay a finished recording into analysis VMs, `jobs` at a time, each batch
     trailing one reading of the bundle's device log (trail.Trail): tandem's memory
     follows what is in flight, not the recording's length, and no bound stops an
-    analysis; the reading waits for the slowest instead. guests: analysis -> the
+    analysis; the reading waits for the slowest instead. guests: analysis name -> the
     machine.Guest it boots (default: guests.analysis_guest's: a user's VM on its own
     disks, its root device `root` or the recorded one). cpu_idle: let the host's CPUs idle
     while the analyses run (driving.replay.run). noise_from: an earlier analyze() of this
@@ -118,12 +119,14 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     workdir = workdir or bundle_dir / "analysis"
     private.make_dir(workdir)
     earlier = noise_from.noise if noise and noise_from is not None else None
-    runs_wanted = analyses + ([NOISE] if noise and earlier is None and NOISE not in analyses else [])
+    noise_run = noise and earlier is None and catalog.NATIVE not in analyses
+    runs_wanted = analyses + ([catalog.NATIVE] if noise_run else [])
     users = is_users_guest(manifest)
-    specs = {a: equivalence.load(a, spec_path, users) for a in runs_wanted}
-    guests = guests or {a: analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
+    specs = {a.name: equivalence.load(a, spec_path, users) for a in runs_wanted}
+    guests = guests or {a.name: analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
     if users:
-        guests = {a: with_files_swapped(g, a, workdir, bundle_dir) for a, g in guests.items()}
+        guests = {a.name: with_files_swapped(guests[a.name], a, workdir, bundle_dir)
+                  for a in runs_wanted if a.name in guests}
     runs: dict[str, model.AnalysisRun] = {}
     found: dict[str, tuple[list, list, list]] = {}
     if earlier is not None:
@@ -132,10 +135,10 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
         for at in range(0, len(runs_wanted), max(1, jobs)):
             batch = runs_wanted[at:at + max(1, jobs)]
             rec = _unread(bundle_dir, manifest, users)
-            trail = Trail(rec, batch, specs, {a: model.Buffer.unbounded() for a in batch}, workdir,
-                          run_options=lambda a: {"record": record, "lookahead_ns": lookahead_ns,
-                                                 "guest": guests.get(a), "line_deps": not users,
-                                                 "cpu_idle": cpu_idle},
+            trail = Trail(rec, batch, specs, {a.name: model.Buffer.unbounded() for a in batch},
+                          run_options=lambda a: RunOptions(a, guests.get(a.name), workdir, record=record,
+                                                           lookahead_ns=lookahead_ns, line_deps=not users,
+                                                           cpu_idle=cpu_idle),
                           findings_file=findings_file, stuck_max=OFFLINE_STUCK_MAX, progress=progress)
             trail.start()
             read_paced(trail, bundle_dir)
@@ -143,7 +146,7 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
             r, f = trail.results()
             runs.update(r)
             found.update(f)
-    return summarize(bundle_dir, rec, analyses, runs, spec_path, noise, workdir, found, specs)
+    return summarize(bundle_dir, rec, analyses, runs, specs, noise, workdir, found)
 
 
 def _unread(bundle_dir: Path, manifest: dict, users_guest: bool) -> inputs.RecordedInputs:
@@ -186,18 +189,17 @@ def read_paced(trail: Trail, bundle_dir: Path) -> None:
     rec.finished = True
 
 
-def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[str],
-              runs: dict[str, model.AnalysisRun], spec_path: str | None, noise: bool,
-              workdir: Path, found: dict[str, tuple], specs: dict | None = None) -> Summary:
+def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[catalog.Analysis],
+              runs: dict[str, model.AnalysisRun], specs: dict[str, equivalence.Spec], noise: bool,
+              workdir: Path, found: dict[str, tuple]) -> Summary:
     """The summary of finished analysis runs; writes summary.json and findings.jsonl into
-    workdir. found: analysis -> (findings, divergences, not analysed), as each run found
-    them while it went (trail.Trail.results). specs: analysis -> the spec it was compared
-    under (default: loaded again from spec_path)."""
+    workdir. By analysis name: runs, specs (the spec each was compared under) and found
+    ((findings, divergences, not analysed), as each run found them while it went:
+    trail.Trail.results)."""
     summary = Summary(str(bundle_dir), limits=list(rec.limits),
                       noise=(runs[NOISE], found[NOISE]) if NOISE in runs and NOISE in found else None)
-    for name in analyses:
-        run = runs[name]
-        spec = (specs or {}).get(name) or equivalence.load(name, spec_path)
+    for name in (a.name for a in analyses):
+        run, spec = runs[name], specs[name]
         findings, divs, unreached = found[name]
         n_noise = 0
         if noise and name != NOISE and NOISE in runs:

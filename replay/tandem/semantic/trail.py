@@ -24,12 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .. import report
+from .. import catalog, report
 from ..errors import TandemError
 from .comparison import compare
 from . import inputs, model
 from . import findings
 from .driving import replay
+from .driving.replay import RunOptions
 from .comparison.equivalence import Spec
 from .comparison.live_compare import LiveCompare
 
@@ -39,9 +40,10 @@ log = logging.getLogger(__name__)
 @dataclass
 class Follower:
     """One analysis VM trailing the recording, and what it has shown so far."""
-    analysis: str
+    of: catalog.Analysis                            # the analysis it runs
     buffer: model.Buffer
     cmp: LiveCompare
+    analysis: str = field(init=False)               # its name, as outputs say it
     run: model.AnalysisRun | None = None
     console_seen: int = 0
     scanner: report.Scanner = field(init=False)     # its guest OS's console dialect (catalogue)
@@ -51,7 +53,8 @@ class Follower:
     symbolize: Callable[[report.Report], report.Report] | None = None
 
     def __post_init__(self) -> None:
-        self.scanner = report.Scanner(findings.guest_os(self.analysis))
+        self.analysis = self.of.name
+        self.scanner = report.Scanner(self.of.os)
 
     def ran(self) -> model.AnalysisRun:
         """Its run; one that never started (its thread failed, or is stuck, before the
@@ -68,17 +71,18 @@ class Follower:
 class Trail:
     """Analysis VMs trailing `rec` (filled in by the caller's reading thread)."""
 
-    def __init__(self, rec: inputs.RecordedInputs, analyses: list[str], specs: dict[str, Spec],
-                 buffers: dict[str, model.Buffer], workdir, *, run_options: Callable[[str], dict],
+    def __init__(self, rec: inputs.RecordedInputs, analyses: list[catalog.Analysis], specs: dict[str, Spec],
+                 buffers: dict[str, model.Buffer], *, run_options: Callable[[catalog.Analysis], RunOptions],
                  findings_file: TextIO | None = None, on_finding=None, stuck_max: int | None = None,
                  progress: Callable | None = None):
-        """run_options(analysis): keyword arguments for driving.replay.run (record,
-        guest, launcher, idle, cpus, hang_wall_s, stop). findings_file: findings.jsonl,
-        a line written the moment each finding is reported; on_finding(finding) is
-        called then too, from the analysis's thread. progress(analysis, run, delivered,
-        taken): at each stop of an analysis VM."""
-        self.rec, self.workdir, self.run_options, self.progress = rec, workdir, run_options, progress
-        self.followers = [Follower(a, buffers[a], LiveCompare(rec, specs[a], stuck_max=stuck_max))
+        """specs, buffers: by analysis name. run_options(analysis): how its VM runs
+        (driving.replay.RunOptions: its guest, workdir, launcher, ...), made in the
+        analysis's own thread as it starts. findings_file: findings.jsonl, a line written
+        the moment each finding is reported; on_finding(finding) is called then too, from
+        the analysis's thread. progress(analysis, run, delivered, taken): at each stop of
+        an analysis VM."""
+        self.rec, self.run_options, self.progress = rec, run_options, progress
+        self.followers = [Follower(a, buffers[a.name], LiveCompare(rec, specs[a.name], stuck_max=stuck_max))
                           for a in analyses]
         self.findings_file, self.on_finding = findings_file, on_finding
         self.on_retire: Callable[[inputs.Flow], None] | None = None   # a flow every analysis is done with
@@ -173,8 +177,8 @@ class Trail:
             f.cmp.tick(run)
         f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
         try:
-            f.run = replay.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
-                                        progress=progress, tick=tick, **self.run_options(f.analysis))
+            f.run = replay.run(self.rec, self.run_options(f.of), buffer=f.buffer, progress=progress,
+                                        tick=tick)
         except TandemError as e:        # its machine could not be made (a live user VM's root, an overlay)
             log.warning("%s: %s", f.analysis, e)
             f.run = model.AnalysisRun(f.analysis)
@@ -196,7 +200,7 @@ class Trail:
             reps += f.scanner.flush()
         for rep in reps:
             if f.symbolize is None:
-                f.symbolize = findings.symbolizer(f.analysis)
+                f.symbolize = findings.symbolizer(f.of)
             x = findings.of_report(run, f.symbolize(rep))
             f.live_findings.append(x)
             with self._lock:
