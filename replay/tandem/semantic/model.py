@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..machine import LOOKAHEAD_NS as LOOKAHEAD_NS  # a timing rule of semantic replay; the feed option is the machine's
 from . import inputs as inputs_mod
+from .inputs import InputKind
 from .network.peer import Peer
 
 DEP_TIMEOUT_NS = 5_000_000_000      # an input waiting on dependencies is sent anyway after
@@ -44,6 +45,12 @@ class Outcome(StrEnum):
     ERROR = "error"             # the run could not start or failed in tandem
 
 
+class Overflow(StrEnum):
+    """What an analysis whose input buffer is full does to the run (Buffer.policy, --overflow)."""
+    DETACH = "detach"       # it is detached, the native goes on
+    BLOCK = "block"         # the native's incoming frames are held, for at most Buffer.budget_s
+
+
 @dataclass
 class Delivered:
     vm_ns: int                  # when the analysis VM got it
@@ -53,7 +60,7 @@ class Delivered:
 @dataclass
 class AnalysisRun:
     analysis: str
-    outcome: str = Outcome.RUNNING
+    outcome: Outcome = Outcome.RUNNING
     detail: str = ""
     end_ns: int = 0
     wall_s: float = 0.0
@@ -89,7 +96,7 @@ class AnalysisRun:
     def deliver(self, vm_ns: int, inp: inputs_mod.Input) -> None:
         self.delivered.append(Delivered(vm_ns, inp))
         self.n_delivered += 1
-        if self.first_input_ns is None and inp.kind != "rng":
+        if self.first_input_ns is None and inp.kind != InputKind.RNG:
             self.first_input_ns = vm_ns
         if inp.flow is not None:
             self.last_input_of[inp.flow] = vm_ns
@@ -115,11 +122,11 @@ class AnalysisRun:
         for d in self.delivered:
             if d.vm_ns > vm_ns:
                 break
-            if d.input.kind != "rng":
+            if d.input.kind != InputKind.RNG:
                 last = d
                 if flow is not None and d.input.flow == flow:
                     last_on_flow = d
-                    if d.input.kind == "tcp-data":
+                    if d.input.kind == InputKind.TCP_DATA:
                         last_data = d
         return last_data or last_on_flow or last
 
@@ -127,19 +134,19 @@ class AnalysisRun:
 @dataclass
 class Buffer:
     """A live analysis's bound on inputs the native has made but it has not taken yet,
-    and what happens over it: policy "detach" (the analysis is detached at once) or
-    "block" (the native gets no new input until the buffer has room again, for at most
+    and what happens over it: policy DETACH (the analysis is detached at once) or
+    BLOCK (the native gets no new input until the buffer has room again, for at most
     `budget_s` of wall time at a stretch; past that the analysis is detached)."""
     max_events: int = 100_000
     max_bytes: int = 64 << 20
-    policy: str = "detach"
+    policy: Overflow = Overflow.DETACH
     budget_s: float = 10.0
     events: int = 0             # now
     bytes: int = 0
     oldest_ns: int | None = None  # recorded VM time of the oldest input not taken yet
     peak_events: int = 0        # the most it ever held: what the run needed
     peak_bytes: int = 0
-    full: bool = False          # policy "block": over its bound, the native's inputs are held
+    full: bool = False          # policy BLOCK: over its bound, the native's inputs are held
     full_since: float = 0.0     # time.monotonic() when it became full (while full)
     blocks: int = 0             # how often it blocked the native, and for how long in all
     blocked_s: float = 0.0
@@ -158,7 +165,7 @@ class Buffer:
         self.events, self.bytes, self.oldest_ns = events, nbytes, oldest_ns
         self.peak_events, self.peak_bytes = max(self.peak_events, events), max(self.peak_bytes, nbytes)
         over = events > self.max_events or nbytes > self.max_bytes
-        if self.policy != "block":
+        if self.policy != Overflow.BLOCK:
             return not over
         now = time.monotonic()
         if over and not self.full:

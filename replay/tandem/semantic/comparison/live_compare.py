@@ -33,7 +33,7 @@ from . import compare, http_messages
 from .. import inputs
 from .compare import Divergence, NotAnalysed, _Stream
 from .equivalence import Spec
-from ..model import AnalysisRun
+from ..model import AnalysisRun, Outcome
 
 CACHE_LINES = 10_000    # lines whose rewrite under the spec is remembered, at most
 STUCK_MAX = 1 << 20     # bytes a stuck channel keeps, per side, before it is compared and left
@@ -194,7 +194,7 @@ class LiveCompare:
         not compared yet), against what the native has produced so far. One that ended
         early (crashed, hung, lagging, detached) never reached the native's output after
         its last input: that is not analysed (not_analysed), not a divergence."""
-        early = run.outcome not in ("poweroff", "finished")
+        early = run.outcome not in (Outcome.POWEROFF, Outcome.FINISHED)
         unreached = self.not_analysed if early else None
         peer = run.peer.flows if run.peer else {}
         with self.rec.lock:

@@ -29,6 +29,7 @@ from ...errors import TandemError
 from ...formats import netpkt
 from ...qemu import feed as feedproto
 from .. import inputs as inputs_mod
+from ..inputs import InputKind
 from ..network.connections import Connections
 from ..network.exchanges import Answers
 from .horizon import live_grant, next_horizon
@@ -55,20 +56,20 @@ SHUTDOWN_OUTCOMES = {
 def release_input(inp: inputs_mod.Input, rec: inputs_mod.RecordedInputs, peer: Peer, feed, now: int) -> list[bytes]:
     """Deliver one input at VM time `now`: a serial input straight into the feed; the
     frames to send for a network input (a raw frame, or the TCP peer's segments)."""
-    if inp.kind == "serial":
+    if inp.kind == InputKind.SERIAL:
         feed.input(feedproto.SERIAL, now, inp.data)
         return []
-    if inp.kind == "frame":
+    if inp.kind == InputKind.FRAME:
         f = netpkt.parse(inp.data)
         if f is not None and f.proto == netpkt.PROTO_UDP:      # the guest's answers to it are no requests
             peer.served.add((f.dport, f.ip_src, f.sport))
         return [inp.data]
     if inp.flow is None:
-        raise TandemError(f"{inp}: a {inp.kind} input without its connection")
-    if inp.kind == "tcp-open":
+        raise TandemError(f"{inp.describe()}: a {inp.kind} input without its connection")
+    if inp.kind == InputKind.TCP_OPEN:
         fl = rec.flows[inp.flow]
         if fl is None:      # retired once every analysis compared it: long after its opening
-            raise TandemError(f"{inp}: opens a connection already retired")
+            raise TandemError(f"{inp.describe()}: opens a connection already retired")
         if fl.answer != "accepted":
             # The native refused it (opened here, it could be accepted), or never answered its
             # SYN (the guest had no address yet, or its SYN was lost, and the client gave up:
@@ -79,11 +80,11 @@ def release_input(inp: inputs_mod.Input, rec: inputs_mod.RecordedInputs, peer: P
         return peer.open(fl.index, fl.client, fl.server, fl.client_mac, fl.guest_mac, now)
     if inp.flow not in peer.flows:
         return []
-    if inp.kind == "tcp-data":
+    if inp.kind == InputKind.TCP_DATA:
         return peer.send(inp.flow, inp.data, now)
-    if inp.kind == "tcp-fin":
+    if inp.kind == InputKind.TCP_FIN:
         return peer.close(inp.flow, now)
-    if inp.kind == "tcp-rst":
+    if inp.kind == InputKind.TCP_RST:
         return peer.reset(inp.flow, now)
     return []
 
@@ -167,7 +168,7 @@ class AnalysisDriver:
             if fl is not None and fl.guest_opened:
                 self.connections.add(fl)
         for i in new:
-            if i.kind == "rng":
+            if i.kind == InputKind.RNG:
                 self.feed.input(feedproto.RNG, 0, i.data)
                 self.res.deliver(0, i)
             else:
@@ -211,7 +212,7 @@ class AnalysisDriver:
     def answer_unknown(self, inp: inputs_mod.Input) -> bool:
         """A live native's answer to this connection's SYN is not in its log yet: whether
         to open it here (not if the native refused it) is not known."""
-        if inp.kind != "tcp-open" or self.rec.finished or inp.flow is None:
+        if inp.kind != InputKind.TCP_OPEN or self.rec.finished or inp.flow is None:
             return False
         fl = self.rec.flows[inp.flow]
         return fl is not None and fl.answer is None
@@ -424,7 +425,7 @@ class AnalysisDriver:
             inp = self.todo[i]
             for f, n in inp.needs_bytes.items():
                 sent_by[f] = max(sent_by.get(f, 0), n)
-            if inp.kind != "tcp-data" or inp.flow is None or inp.vm_ns > now or self.line_missing(inp) \
+            if inp.kind != InputKind.TCP_DATA or inp.flow is None or inp.vm_ns > now or self.line_missing(inp) \
                     or self.answer_unknown(inp) or self.unopened(inp):
                 return
             fl = self.peer.flows.get(inp.flow)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from ...formats import netpkt
 from ...formats.netpkt import ACK, FIN, PSH, RST, SYN
@@ -42,6 +43,17 @@ SYN_RETRY_FOR_NS = 60_000_000_000   # ... for this long, like a patient client
 ACCEPT_ISN = 0x8000_0000    # the first initial sequence number of a connection the guest opens
 
 
+class TcpState(StrEnum):
+    """Where a connection the peer plays stands (PeerFlow.state)."""
+    CLOSED = "closed"               # not opened yet
+    SYN_SENT = "syn-sent"           # the peer opened it: its SYN is not answered yet
+    REFUSED = "refused"             # the guest refused it (not listening yet): retried every SYN_RETRY_NS
+    SYN_RECEIVED = "syn-received"   # the guest opened it: the peer's SYN-ACK is not acknowledged yet
+    ESTABLISHED = "established"
+    DONE = "done"                   # closed both ways, or reset either way
+    SILENT = "silent"               # the guest opened it and the recorded server never answered: nor does the peer
+
+
 @dataclass
 class PeerFlow:
     index: int
@@ -50,10 +62,9 @@ class PeerFlow:
     client_mac: bytes
     guest_mac: bytes
     isn: int
-    # closed | syn-sent | refused | established | done; a connection the guest opened:
-    # syn-received (SYN-ACK sent) | established | done, or silent (the recorded server
-    # never answered its SYN: neither does the peer)
-    state: str = "closed"
+    # One the peer opened: CLOSED, SYN_SENT (or REFUSED, and SYN_SENT again), ESTABLISHED,
+    # DONE; one the guest opened: SYN_RECEIVED, ESTABLISHED, DONE, or SILENT.
+    state: TcpState = TcpState.CLOSED
     snd_una: int = 0            # offsets into our stream (0 = SYN)
     snd_nxt: int = 0
     sendbuf: bytearray = field(default_factory=bytearray)   # client bytes not acknowledged yet,
@@ -104,7 +115,7 @@ def _reset_while_starting(fl: PeerFlow) -> bool:
     unanswered, a false "missing": its network comes up some 14 s of VM time after the
     native's first request, so the SYN goes unanswered rather than refused (inferred
     from the code; the run kept only its diff)."""
-    return fl.state == "established" and (fl.refusals > 0 or fl.syns_unanswered > 0) \
+    return fl.state == TcpState.ESTABLISHED and (fl.refusals > 0 or fl.syns_unanswered > 0) \
         and fl.guest_bytes == 0 and fl.sendbase == 1
 
 
@@ -146,7 +157,7 @@ class Peer:
                       isn=(0x1000_0000 + index * 0x0100_0000) & 0xFFFFFFFF)
         self.flows[index] = fl
         self.by_tuple[(server[0], server[1], client[0], client[1])] = fl
-        fl.state = "syn-sent"
+        fl.state = TcpState.SYN_SENT
         fl.snd_nxt = 1
         fl.last_send_ns = fl.opened_ns = now
         return [self._seg(fl, 0, SYN, mss=PEER_MSS)]
@@ -163,9 +174,9 @@ class Peer:
 
     def reset(self, index: int, now: int) -> list[bytes]:
         fl = self.flows[index]
-        if fl.state in ("closed", "done"):
+        if fl.state in (TcpState.CLOSED, TcpState.DONE):
             return []
-        fl.state = "done"
+        fl.state = TcpState.DONE
         return [self._seg(fl, fl.snd_nxt, RST | ACK)]
 
     # -- the remote server of a connection the guest opened ------------------------
@@ -188,9 +199,9 @@ class Peer:
             self.flows[index] = fl
         fl.last_send_ns = fl.opened_ns = now
         if answer is None:
-            fl.state = "silent"
+            fl.state = TcpState.SILENT
             return []
-        fl.state, fl.snd_nxt = "syn-received", 1
+        fl.state, fl.snd_nxt = TcpState.SYN_RECEIVED, 1
         fl.guest_isn, fl.rcv_nxt = syn.seq, (syn.seq + 1) & 0xFFFFFFFF
         fl.guest_mss, fl.guest_window = syn.mss or 536, syn.window
         return [self._seg(fl, 0, SYN | ACK, mss=PEER_MSS)]
@@ -204,9 +215,9 @@ class Peer:
     def reset_unbound(self, fl: PeerFlow) -> list[bytes]:
         """An unbound connection no recorded one is left for: reset."""
         self._unbind(fl)
-        if fl.state == "done":
+        if fl.state == TcpState.DONE:
             return []
-        fl.state = "done"
+        fl.state = TcpState.DONE
         return [self._seg(fl, fl.snd_nxt, RST | ACK)]
 
     def first_bytes(self, fl: PeerFlow) -> bytes:
@@ -248,7 +259,7 @@ class Peer:
                     self.requests.append(f)
             return []
         fl = self.by_tuple.get((f.ip_src, f.sport, f.ip_dst, f.dport))
-        if f.flags & SYN and not f.flags & ACK and (fl is None or fl.state == "done"):
+        if f.flags & SYN and not f.flags & ACK and (fl is None or fl.state == TcpState.DONE):
             self.connects.append(f)         # a new connection (on a closed one's ports, too)
             return []
         if fl is None:
@@ -277,35 +288,35 @@ class Peer:
     def _on_segment(self, fl: PeerFlow, f, now: int) -> list[bytes]:
         out: list[bytes] = []
         if f.flags & RST:
-            if (fl.state == "syn-sent" or _reset_while_starting(fl)) and now - fl.opened_ns < SYN_RETRY_FOR_NS:
-                fl.state = "refused"            # not listening yet: retry (retransmit())
+            if (fl.state == TcpState.SYN_SENT or _reset_while_starting(fl)) and now - fl.opened_ns < SYN_RETRY_FOR_NS:
+                fl.state = TcpState.REFUSED     # not listening yet: retry (retransmit())
                 fl.refusals += 1
                 fl.last_send_ns = now
                 fl.snd_una, fl.snd_nxt = 0, 1   # from the SYN again, with everything sent so far
                 fl.fin_sent = fl.guest_fin = False
                 return out
-            if fl.state != "done":
-                fl.reset = "refused" if fl.state == "syn-sent" else "reset by the guest"
-            fl.state = "done"
+            if fl.state != TcpState.DONE:
+                fl.reset = "refused" if fl.state == TcpState.SYN_SENT else "reset by the guest"
+            fl.state = TcpState.DONE
             return out
-        if fl.state == "syn-received":
+        if fl.state == TcpState.SYN_RECEIVED:
             if f.flags & SYN:                           # the guest's SYN again: our SYN-ACK once more
                 return [self._seg(fl, 0, SYN | ACK, mss=PEER_MSS)]
             if not (f.flags & ACK and f.ack == fl.seq(1)):
                 return out
-            fl.state, fl.snd_una = "established", 1     # and what the ACK carries, below
-        if fl.state == "syn-sent":
+            fl.state, fl.snd_una = TcpState.ESTABLISHED, 1     # and what the ACK carries, below
+        if fl.state == TcpState.SYN_SENT:
             if f.flags & SYN and f.flags & ACK and f.ack == fl.seq(1):
                 fl.guest_isn = f.seq
                 fl.rcv_nxt = (f.seq + 1) & 0xFFFFFFFF
                 fl.guest_mss = f.mss or 536
                 fl.guest_window = f.window
                 fl.snd_una = 1
-                fl.state = "established"
+                fl.state = TcpState.ESTABLISHED
                 out.append(self._seg(fl, fl.snd_nxt, ACK))
                 out += self._transmit(fl, now)
             return out
-        if fl.state != "established":
+        if fl.state != TcpState.ESTABLISHED:
             return out
         if f.flags & SYN:                               # our ACK of its SYN was lost
             return [self._seg(fl, fl.snd_nxt, ACK)]
@@ -342,7 +353,7 @@ class Peer:
             out.append(self._seg(fl, fl.snd_nxt, ACK))
         out += sent
         if fl.fin_sent and fl.snd_una == fl.snd_nxt and fl.guest_fin:
-            fl.state = "done"
+            fl.state = TcpState.DONE
         return out
 
     # -- segments a release rule sends (semantic/network/rules.py) ------------------------
@@ -351,7 +362,7 @@ class Peer:
         rules not fired yet) have gone, as _transmit would send it then: None if it
         would not go as one segment (the guest's MSS or window)."""
         off = fl.snd_nxt + queued
-        if fl.state != "established" or fl.unsent() or not data or len(data) > min(fl.guest_mss, PEER_MSS) \
+        if fl.state != TcpState.ESTABLISHED or fl.unsent() or not data or len(data) > min(fl.guest_mss, PEER_MSS) \
                 or off + len(data) > fl.snd_una + fl.guest_window:
             return None
         return self._frame(fl, off, ACK | PSH, data)
@@ -367,7 +378,7 @@ class Peer:
     # -- sending ----------------------------------------------------------------
     def _transmit(self, fl: PeerFlow, now: int) -> list[bytes]:
         """Send what the guest's window allows."""
-        if fl.state != "established":
+        if fl.state != TcpState.ESTABLISHED:
             return []
         out = []
         end = fl.sendbase + len(fl.sendbuf)
@@ -392,13 +403,13 @@ class Peer:
         """Resend unacknowledged data older than the retransmission timeout."""
         out = []
         for fl in self.flows.values():
-            if (fl.state == "syn-sent" and now - fl.last_send_ns >= RTO_NS) or \
-                    (fl.state == "refused" and now - fl.last_send_ns >= SYN_RETRY_NS):
-                fl.syns_unanswered += fl.state == "syn-sent"
-                fl.state = "syn-sent"
+            if (fl.state == TcpState.SYN_SENT and now - fl.last_send_ns >= RTO_NS) or \
+                    (fl.state == TcpState.REFUSED and now - fl.last_send_ns >= SYN_RETRY_NS):
+                fl.syns_unanswered += fl.state == TcpState.SYN_SENT
+                fl.state = TcpState.SYN_SENT
                 fl.last_send_ns = now
                 out.append(self._seg(fl, 0, SYN, mss=PEER_MSS))
-            elif fl.state == "established" and fl.snd_una < fl.snd_nxt and now - fl.last_send_ns >= RTO_NS:
+            elif fl.state == TcpState.ESTABLISHED and fl.snd_una < fl.snd_nxt and now - fl.last_send_ns >= RTO_NS:
                 fl.snd_nxt = fl.snd_una
                 if fl.fin_sent and fl.snd_una == fl.sendbase + len(fl.sendbuf):
                     fl.fin_sent = False
@@ -409,7 +420,7 @@ class Peer:
         """The ACKs that waited DELACK_NS for bytes to carry them and got none."""
         out = []
         for fl in [fl for fl in self.owing.values() if fl.ack_owed_ns is not None and fl.ack_owed_ns + DELACK_NS <= now]:
-            if fl.state == "established":
+            if fl.state == TcpState.ESTABLISHED:
                 out.append(self._seg(fl, fl.snd_nxt, ACK))     # _seg takes it off self.owing
             else:                               # closed or reset meanwhile: nothing to acknowledge
                 del self.owing[id(fl)]
@@ -419,7 +430,7 @@ class Peer:
         """This peer is still opening connection `index`: its SYN unanswered, or refused
         and retried (a guest still starting its network or its service)."""
         fl = self.flows.get(index)
-        return fl is not None and fl.state in ("syn-sent", "refused")
+        return fl is not None and fl.state in (TcpState.SYN_SENT, TcpState.REFUSED)
 
     def forget(self, index: int) -> None:
         """A connection compared to its end (live_compare): its state is no longer needed."""
@@ -433,11 +444,11 @@ class Peer:
     def next_timer(self) -> int | None:
         """VM time of the next retransmission, connection retry or delayed ACK, if any."""
         t = [fl.ack_owed_ns + DELACK_NS for fl in self.owing.values()
-             if fl.ack_owed_ns is not None and fl.state == "established"]
+             if fl.ack_owed_ns is not None and fl.state == TcpState.ESTABLISHED]
         for fl in self.flows.values():
-            if fl.state == "refused":
+            if fl.state == TcpState.REFUSED:
                 t.append(fl.last_send_ns + SYN_RETRY_NS)
-            elif fl.state == "syn-sent" or (fl.state == "established" and fl.snd_una < fl.snd_nxt):
+            elif fl.state == TcpState.SYN_SENT or (fl.state == TcpState.ESTABLISHED and fl.snd_una < fl.snd_nxt):
                 t.append(fl.last_send_ns + RTO_NS)
         return min(t) if t else None
 

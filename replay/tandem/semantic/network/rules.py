@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .. import inputs as inputs_mod
-from .peer import PEER_MSS, Peer, PeerFlow
+from .peer import PEER_MSS, Peer, PeerFlow, TcpState
 
 # Rules installed at once: enough that a chain of requests runs between stops for a
 # while, few enough that QEMU's per-output look over them stays short.
@@ -69,7 +69,7 @@ def conditions(inp: inputs_mod.Input, peer: Peer, have,
             continue
         fl = peer.flows.get(flow)
         # QEMU follows IPv4 TCP alone (qemu-patches/0023): an IPv6 connection's inputs go at stops.
-        if fl is None or fl.state != "established" or fl.index != flow or not fl.ipv4:
+        if fl is None or fl.state != TcpState.ESTABLISHED or fl.index != flow or not fl.ipv4:
             return None
         out.append((fl.guest_key(), guest_seq(fl, need - short.get(flow, 0)), flow == inp.flow))
     return out
