@@ -285,76 +285,96 @@ class Peer:
         advert = self.router_advert()
         return [advert] if advert else []
 
-    def _on_segment(self, fl: PeerFlow, f, now: int) -> list[bytes]:
-        out: list[bytes] = []
+    def _on_segment(self, fl: PeerFlow, f: netpkt.Frame, now: int) -> list[bytes]:
+        """A segment of the guest's on a connection the peer plays: what to send back."""
         if f.flags & RST:
-            if (fl.state == TcpState.SYN_SENT or _reset_while_starting(fl)) and now - fl.opened_ns < SYN_RETRY_FOR_NS:
-                fl.state = TcpState.REFUSED     # not listening yet: retry (retransmit())
-                fl.refusals += 1
-                fl.last_send_ns = now
-                fl.snd_una, fl.snd_nxt = 0, 1   # from the SYN again, with everything sent so far
-                fl.fin_sent = fl.guest_fin = False
-                return out
-            if fl.state != TcpState.DONE:
-                fl.reset = "refused" if fl.state == TcpState.SYN_SENT else "reset by the guest"
-            fl.state = TcpState.DONE
-            return out
+            self._on_reset(fl, now)
+            return []
         if fl.state == TcpState.SYN_RECEIVED:
             if f.flags & SYN:                           # the guest's SYN again: our SYN-ACK once more
                 return [self._seg(fl, 0, SYN | ACK, mss=PEER_MSS)]
             if not (f.flags & ACK and f.ack == fl.seq(1)):
-                return out
+                return []
             fl.state, fl.snd_una = TcpState.ESTABLISHED, 1     # and what the ACK carries, below
         if fl.state == TcpState.SYN_SENT:
-            if f.flags & SYN and f.flags & ACK and f.ack == fl.seq(1):
-                fl.guest_isn = f.seq
-                fl.rcv_nxt = (f.seq + 1) & 0xFFFFFFFF
-                fl.guest_mss = f.mss or 536
-                fl.guest_window = f.window
-                fl.snd_una = 1
-                fl.state = TcpState.ESTABLISHED
-                out.append(self._seg(fl, fl.snd_nxt, ACK))
-                out += self._transmit(fl, now)
-            return out
+            return self._on_syn_ack(fl, f, now)
         if fl.state != TcpState.ESTABLISHED:
-            return out
+            return []
         if f.flags & SYN:                               # our ACK of its SYN was lost
             return [self._seg(fl, fl.snd_nxt, ACK)]
         if f.flags & ACK:
-            acked = (f.ack - fl.isn) & 0xFFFFFFFF
-            if fl.snd_una < acked <= fl.snd_nxt:
-                fl.snd_una = acked
-                if acked - fl.sendbase >= 4096:         # acknowledged: never sent again
-                    n = min(acked - fl.sendbase, len(fl.sendbuf))
-                    del fl.sendbuf[:n]
-                    fl.sendbase += n
-            fl.guest_window = f.window
-        need_ack = False
-        if f.payload:
-            if f.seq == fl.rcv_nxt:
-                fl.rcv_nxt = (fl.rcv_nxt + len(f.payload)) & 0xFFFFFFFF
-                fl.guest_bytes += len(f.payload)
-                fl.guest_data.append((now, f.payload))
-                fl.unacked += len(f.payload)
-                if fl.ack_owed_ns is None:
-                    fl.ack_owed_ns = now
-                    self.owing[id(fl)] = fl
-                need_ack = fl.unacked > PEER_MSS        # more than a full segment: at once
-            else:
-                need_ack = True                         # retransmitted or early: at once
-        if f.flags & FIN and ((f.seq + len(f.payload)) & 0xFFFFFFFF) == fl.rcv_nxt and not fl.guest_fin:
-            fl.guest_fin = True
-            fl.rcv_nxt = (fl.rcv_nxt + 1) & 0xFFFFFFFF
-            need_ack = True
-        elif f.flags & FIN:
-            need_ack = True
+            self._on_ack(fl, f)
+        need_ack = self._on_payload(fl, f, now) if f.payload else False
+        need_ack = self._on_fin(fl, f) or need_ack
         sent = self._transmit(fl, now)
-        if need_ack and not sent:
-            out.append(self._seg(fl, fl.snd_nxt, ACK))
+        out = [self._seg(fl, fl.snd_nxt, ACK)] if need_ack and not sent else []
         out += sent
         if fl.fin_sent and fl.snd_una == fl.snd_nxt and fl.guest_fin:
             fl.state = TcpState.DONE
         return out
+
+    def _on_reset(self, fl: PeerFlow, now: int) -> None:
+        """The guest reset the connection: refused while it was still starting (retried,
+        for SYN_RETRY_FOR_NS), or done with."""
+        starting = fl.state == TcpState.SYN_SENT or _reset_while_starting(fl)
+        if starting and now - fl.opened_ns < SYN_RETRY_FOR_NS:
+            fl.state = TcpState.REFUSED     # not listening yet: retry (retransmit())
+            fl.refusals += 1
+            fl.last_send_ns = now
+            fl.snd_una, fl.snd_nxt = 0, 1   # from the SYN again, with everything sent so far
+            fl.fin_sent = fl.guest_fin = False
+            return
+        if fl.state != TcpState.DONE:
+            fl.reset = "refused" if fl.state == TcpState.SYN_SENT else "reset by the guest"
+        fl.state = TcpState.DONE
+
+    def _on_syn_ack(self, fl: PeerFlow, f: netpkt.Frame, now: int) -> list[bytes]:
+        """The guest's answer to the peer's SYN: established once it acknowledges it."""
+        if not (f.flags & SYN and f.flags & ACK and f.ack == fl.seq(1)):
+            return []
+        fl.guest_isn = f.seq
+        fl.rcv_nxt = (f.seq + 1) & 0xFFFFFFFF
+        fl.guest_mss = f.mss or 536
+        fl.guest_window = f.window
+        fl.snd_una = 1
+        fl.state = TcpState.ESTABLISHED
+        return [self._seg(fl, fl.snd_nxt, ACK)] + self._transmit(fl, now)
+
+    def _on_ack(self, fl: PeerFlow, f: netpkt.Frame) -> None:
+        """What the guest acknowledges of the peer's bytes, and its window."""
+        acked = (f.ack - fl.isn) & 0xFFFFFFFF
+        if fl.snd_una < acked <= fl.snd_nxt:
+            fl.snd_una = acked
+            if acked - fl.sendbase >= 4096:         # acknowledged: never sent again
+                n = min(acked - fl.sendbase, len(fl.sendbuf))
+                del fl.sendbuf[:n]
+                fl.sendbase += n
+        fl.guest_window = f.window
+
+    def _on_payload(self, fl: PeerFlow, f: netpkt.Frame, now: int) -> bool:
+        """The guest's bytes, taken in order; True if they are to be acknowledged at once
+        (more than a full segment unacknowledged, or out of order), else the ACK waits
+        DELACK_NS for bytes to carry it."""
+        if f.seq != fl.rcv_nxt:
+            return True                             # retransmitted or early: at once
+        fl.rcv_nxt = (fl.rcv_nxt + len(f.payload)) & 0xFFFFFFFF
+        fl.guest_bytes += len(f.payload)
+        fl.guest_data.append((now, f.payload))
+        fl.unacked += len(f.payload)
+        if fl.ack_owed_ns is None:
+            fl.ack_owed_ns = now
+            self.owing[id(fl)] = fl
+        return fl.unacked > PEER_MSS
+
+    def _on_fin(self, fl: PeerFlow, f: netpkt.Frame) -> bool:
+        """The guest's FIN, taken when it comes in order; True if the segment carries one
+        (acknowledged at once, again if it came before)."""
+        if not f.flags & FIN:
+            return False
+        if ((f.seq + len(f.payload)) & 0xFFFFFFFF) == fl.rcv_nxt and not fl.guest_fin:
+            fl.guest_fin = True
+            fl.rcv_nxt = (fl.rcv_nxt + 1) & 0xFFFFFFFF
+        return True
 
     # -- segments a release rule sends (semantic/network/rules.py) ------------------------
     def prebuilt(self, fl: PeerFlow, data: bytes, queued: int) -> bytes | None:
