@@ -195,7 +195,7 @@ def test_a_connection_the_native_refused_is_not_opened():
     res, feed, _ = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(2 * MS)], [wait(2 * MS + SETTLE_NS)]])
     # flow 1's SYN (and its retransmission, nothing answers here), none of flow 0's
     assert feed.inputs[0][1] == 2 * MS and {netpkt.parse(d).sport for _, _, d in feed.inputs} == {40001}
-    assert res.n_delivered == 2 and res.peer is not None and set(res.peer.flows) == {1}
+    assert res.n_delivered == 2 and res.net is not None and set(res.net.flows) == {1}
 
 
 def test_a_connection_whose_syn_the_native_never_answered_is_not_opened():
@@ -206,7 +206,7 @@ def test_a_connection_whose_syn_the_native_never_answered_is_not_opened():
                          [flow(0, None), flow(1, "accepted")], 2 * MS, [])
     res, feed, _ = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(2 * MS)], [wait(2 * MS + SETTLE_NS)]])
     assert {netpkt.parse(d).sport for _, _, d in feed.inputs} == {40001}
-    assert res.peer is not None and set(res.peer.flows) == {1} and 0 in res.peer.not_opened
+    assert res.net is not None and set(res.net.flows) == {1} and 0 in res.net.not_opened
 
 
 def test_a_live_open_waits_for_the_natives_answer_to_its_syn():

@@ -103,7 +103,7 @@ def test_the_peer_hands_over_requests_but_not_answers_to_the_remote_side():
     peer.on_frame(netpkt.udp(GMAC, SMAC, GUEST, SERVER, 9999, 5555, b"pong"), 1)
     peer.on_frame(discover(3), 2)
     assert [f.dport for f in peer.requests] == [67]
-    assert len(peer.udp_out) == 2       # both compared
+    assert len(peer.out.udp_out) == 2       # both compared
 
 
 def test_hostile_payloads_are_no_dhcp_nor_dns():

@@ -1,7 +1,8 @@
 """What a semantic replay holds and produces, apart from the loop that drives it
-(driver.py): the timing rules, one analysis run's result, and a live run's input buffer.
-Pure data: the comparators (compare.py, semantic/comparison/live_compare.py) and findings read these
-without importing anything that starts QEMU.
+(driving/driver.py): the timing rules, one analysis run's result, and a live run's input
+buffer. Plain data: the comparators (comparison/compare.py, comparison/live_compare.py),
+the release gate and findings read these without importing anything that starts QEMU or
+plays the network (network/peer.py fills in the run's NetOutput as the guest sends).
 """
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from pathlib import Path
 
 from ..machine import LOOKAHEAD_NS as LOOKAHEAD_NS  # a timing rule of semantic replay; the feed option is the machine's
 from . import inputs as inputs_mod
-from .inputs import InputKind
-from .network.peer import Peer
+from .inputs import Chunks, InputKind
 
 DEP_TIMEOUT_NS = 5_000_000_000      # an input waiting on dependencies is sent anyway after
                                     # this much VM time without any output from the guest
@@ -52,6 +52,31 @@ class Overflow(StrEnum):
 
 
 @dataclass
+class FlowOutput:
+    """The analysis guest's side of one recorded connection: what it sent there, in
+    order, and how far it has closed it."""
+    data: Chunks = field(default_factory=Chunks)    # (VM ns, in-order payload)
+    fin: bool = False           # its FIN came, in order: it sends no more
+    reset: str | None = None    # why the connection ended in a reset, if it did
+    over: bool = False          # the peer is done with it: closed both ways, or reset either way
+
+
+@dataclass
+class NetOutput:
+    """What the analysis guest sent on the network. The run's peer fills it in as the
+    guest sends (its TCP state stays in the peer); the comparators read it, and the
+    release gate (live/gate.py) from its own thread."""
+    flows: dict[int, FlowOutput] = field(default_factory=dict)     # recorded connection -> its side here
+    # The guest's UDP datagrams, (VM ns, (dst ip, port), payload): every guest frame is
+    # parsed by the peer anyway.
+    udp_out: list[tuple[int, tuple[bytes, int], bytes]] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)    # guest frames the peer could not place (the first few)
+    # Connections the native refused (or whose SYN it never answered), not opened here:
+    # nothing to compare, done with as soon as their time has come.
+    not_opened: set[int] = field(default_factory=set)
+
+
+@dataclass
 class Delivered:
     vm_ns: int                  # when the analysis VM got it
     input: inputs_mod.Input
@@ -74,11 +99,11 @@ class AnalysisRun:
     taken: int = 0                  # the recording's inputs looked at so far
     exchanges_taken: int = 0        # the recording's UDP exchanges (the guest's requests) taken so far
     last_input_of: dict[int, int] = field(default_factory=dict)  # flow -> VM ns of its last input here
-    pending_of_flow: Callable[[int], bool] | None = None  # (flow) -> does an input of it wait to be delivered?
+    undelivered: dict[int, int] = field(default_factory=dict)    # flow -> its inputs taken, not delivered yet
     limits: list[str] = field(default_factory=list)
     waits: int = 0
     rules_fired: int = 0            # inputs QEMU delivered by a release rule (rules.py)
-    peer: Peer | None = None
+    net: NetOutput | None = None    # None: it never got to replay (its frames, if any, are in net_out)
     qemu_log: str = ""
     bundle: Path | None = None  # the run's own recording, replayable exactly
     qemu_pid: int | None = None
@@ -93,6 +118,11 @@ class AnalysisRun:
         i = bisect.bisect_right(self.console_times, (offset, float("inf"))) - 1
         return self.console_times[i][1] if i >= 0 else 0
 
+    def wait(self, inp: inputs_mod.Input) -> None:
+        """inp is taken by the run's loop, to be delivered when it is due."""
+        if inp.flow is not None:
+            self.undelivered[inp.flow] = self.undelivered.get(inp.flow, 0) + 1
+
     def deliver(self, vm_ns: int, inp: inputs_mod.Input) -> None:
         self.delivered.append(Delivered(vm_ns, inp))
         self.n_delivered += 1
@@ -100,6 +130,17 @@ class AnalysisRun:
             self.first_input_ns = vm_ns
         if inp.flow is not None:
             self.last_input_of[inp.flow] = vm_ns
+            if (n := self.undelivered.pop(inp.flow, 0)) > 1:
+                self.undelivered[inp.flow] = n - 1
+
+    def waits_on(self, flow: int, rec: inputs_mod.RecordedInputs) -> bool:
+        """Does an input of `flow` still wait to be delivered here: not taken yet, or
+        taken and not delivered? Any thread (the release gate asks from its own): the
+        recording's side is read first, since the loop counts an input as waiting
+        before it counts it as taken."""
+        with rec.lock:
+            later = rec.inputs[self.taken - rec.inputs_dropped:]
+        return any(i.flow == flow for i in later) or self.undelivered.get(flow, 0) > 0
 
     def drop_console(self, offset: int) -> None:
         """Forget console bytes before `offset` (compared, and scanned for reports)."""

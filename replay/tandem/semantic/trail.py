@@ -168,10 +168,10 @@ class Trail:
             if self.progress:
                 self.progress(f.analysis, run, done, total)
 
-        def tick(run):
+        def tick(run: model.AnalysisRun) -> set[int]:
             f.run = run
             self._emit_findings(f, run)
-            f.cmp.tick(run)
+            return f.cmp.tick(run)
         f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
         try:
             f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,

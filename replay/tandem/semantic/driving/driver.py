@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable, Iterable
 
 from ...errors import TandemError
 from ...formats import netpkt
@@ -75,7 +75,7 @@ def release_input(inp: inputs_mod.Input, rec: inputs_mod.RecordedInputs, peer: P
             # SYN (the guest had no address yet, or its SYN was lost, and the client gave up:
             # opened here, a guest booted a little earlier would serve it; seen under load,
             # 2026-11-28, an index page as extra output on a connection the native never had).
-            peer.not_opened.add(fl.index)
+            peer.not_opening(fl.index)
             return []
         return peer.open(fl.index, fl.client, fl.server, fl.client_mac, fl.guest_mac, now)
     if inp.flow not in peer.flows:
@@ -102,7 +102,7 @@ class AnalysisDriver:
     def __init__(self, rec: inputs_mod.RecordedInputs, res: AnalysisRun, vm, feed, *,
                  max_lag_ns: int = MAX_LAG_NS, progress: Callable | None = None,
                  buffer: Buffer | None = None, stop: Callable[[], bool] | None = None,
-                 hang_wall_s: float = HANG_WALL_S, tick: Callable[[AnalysisRun], None] | None = None,
+                 hang_wall_s: float = HANG_WALL_S, tick: Callable[[AnalysisRun], Iterable[int] | None] | None = None,
                  clock: Callable[[], float] = time.monotonic, line_deps: bool = True, rules: bool = True):
         self.rec, self.res, self.vm, self.feed = rec, res, vm, feed
         self.max_lag_ns, self.progress, self.stop, self.tick = max_lag_ns, progress, stop, tick
@@ -117,7 +117,8 @@ class AnalysisDriver:
         # rules (rules.py), as far as they are known (a live native's as it makes them).
         self.use_rules = rules
         self.rules = Rules()
-        self.peer = res.peer = Peer(router_advert=lambda: rec.router_advert)
+        self.peer = Peer(router_advert=lambda: rec.router_advert)
+        res.net = self.peer.out
         self.lines = inputs_mod.SerialLines()  # the guest's console lines (line dependencies)
         self.todo: list[inputs_mod.Input] = []  # taken, not delivered yet: todo[nxt:]
         self.nxt = 0
@@ -159,7 +160,6 @@ class AnalysisDriver:
             new = self.rec.inputs[self.res.taken - self.rec.inputs_dropped:]
             exchanges = self.rec.exchanges[self.res.exchanges_taken - self.rec.exchanges_dropped:]
             flows = self.rec.flows[self.flows_taken:]
-        self.res.taken += len(new)
         self.res.exchanges_taken += len(exchanges)
         self.flows_taken += len(flows)
         for ex in exchanges:
@@ -172,8 +172,10 @@ class AnalysisDriver:
                 self.feed.input(feedproto.RNG, 0, i.data)
                 self.res.deliver(0, i)
             else:
+                self.res.wait(i)
                 self.todo.append(i)
                 self.pending_bytes += len(i.data)
+        self.res.taken += len(new)      # after: AnalysisRun.waits_on reads the two in that order
         self.feed.flush()
 
     def not_taken(self) -> int:
@@ -183,12 +185,6 @@ class AnalysisDriver:
     def pending(self) -> int:
         """Inputs made and not delivered: the buffer's fill (any thread)."""
         return len(self.todo) - self.nxt + self.not_taken()
-
-    def pending_of_flow(self, flow: int) -> bool:
-        """Does an input of `flow` still wait to be delivered here?"""
-        with self.rec.lock:
-            later = self.rec.inputs[self.res.taken - self.rec.inputs_dropped:]
-        return any(i.flow == flow for i in self.todo[self.nxt:]) or any(i.flow == flow for i in later)
 
     def oldest_pending_ns(self) -> int | None:
         if self.nxt < len(self.todo):
@@ -464,7 +460,6 @@ class AnalysisDriver:
         # The fill as of now, for the native's side (overflow "block" checks it between
         # this loop's updates, which may be a second apart).
         self.buffer.pending = self.pending
-        self.res.pending_of_flow = self.pending_of_flow
         while not self.ended:
             self.sample()
             if self.stopped() or self.overflowed():
@@ -492,7 +487,8 @@ class AnalysisDriver:
         if now - self.cpu_at > CPU_SAMPLE_S:
             self.res.cpu_s, self.cpu_at = self.vm.cpu_seconds() or self.res.cpu_s, now
         if self.tick is not None and now - self.tick_at > TICK_S:
-            self.tick(self.res)
+            for index in self.tick(self.res) or ():     # the connections compared to their end
+                self.peer.forget(index)
             self.tick_at = self.clock()
 
     def end(self, outcome: Outcome, detail: str, kill: bool = True) -> None:

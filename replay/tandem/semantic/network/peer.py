@@ -26,7 +26,8 @@ from enum import StrEnum
 
 from ...formats import netpkt
 from ...formats.netpkt import ACK, FIN, PSH, RST, SYN
-from ..inputs import REQUEST_KEPT, Chunks
+from ..inputs import REQUEST_KEPT
+from ..model import FlowOutput, NetOutput
 
 UNKNOWN_KEPT = 100
 PEER_WINDOW = 65535
@@ -76,15 +77,15 @@ class PeerFlow:
     guest_window: int = 0
     guest_mss: int = 536
     guest_bytes: int = 0        # payload received from the guest, in order
-    guest_data: Chunks = field(default_factory=Chunks)  # (VM ns, in-order payload)
-    guest_fin: bool = False
+    # What the guest sent, in order, its FIN and a reset: the run's plain record of it
+    # (model.NetOutput), which the comparators read.
+    out: FlowOutput = field(default_factory=FlowOutput)
     ack_owed_ns: int | None = None  # VM time of the first guest bytes not acknowledged yet
     unacked: int = 0                # guest bytes in order since the last ACK sent
     last_send_ns: int = 0
     opened_ns: int = 0
     refusals: int = 0
     syns_unanswered: int = 0    # SYNs sent again because the guest did not answer (no RST either)
-    reset: str | None = None    # why the guest reset the connection
 
     def seq(self, off: int) -> int:
         return (self.isn + off) & 0xFFFFFFFF
@@ -102,6 +103,11 @@ class PeerFlow:
     def unsent(self) -> bool:
         """Bytes (or a FIN) wait for the guest's window."""
         return self.snd_nxt < self.sendbase + len(self.sendbuf) or (self.fin_queued and not self.fin_sent)
+
+    def end(self) -> None:
+        """Done with: closed both ways, or reset either way."""
+        self.state = TcpState.DONE
+        self.out.over = True
 
 
 def _reset_while_starting(fl: PeerFlow) -> bool:
@@ -127,13 +133,10 @@ class Peer:
         self.flows: dict[int, PeerFlow] = {}
         self.by_tuple: dict[tuple, PeerFlow] = {}
         self.ident = 0
-        self.unknown: list[str] = []    # guest frames the peer could not place (the first UNKNOWN_KEPT)
-        # The guest's UDP datagrams, (VM ns, (dst ip, port), payload): kept for the
-        # comparator, since every guest frame is parsed here anyway.
-        self.udp_out: list[tuple[int, tuple[bytes, int], bytes]] = []
-        # Connections the native refused, not opened here (driver.release_input): done
-        # with as soon as their time has come (semantic/comparison/live_compare.py retires them).
-        self.not_opened: set[int] = set()
+        # What the guest sent, as plain values for the run (AnalysisRun.net): each
+        # connection's bytes, its datagrams, frames placed nowhere (the first
+        # UNKNOWN_KEPT), connections not opened here.
+        self.out = NetOutput()
         # UDP the remote side started, (guest port, remote ip, remote port): the guest's
         # datagrams back are answers, not requests (driver.release_input notes them).
         self.served: set[tuple[int, bytes, int]] = set()
@@ -155,7 +158,7 @@ class Peer:
     def open(self, index: int, client, server, client_mac, guest_mac, now: int) -> list[bytes]:
         fl = PeerFlow(index, client, server, client_mac, guest_mac,
                       isn=(0x1000_0000 + index * 0x0100_0000) & 0xFFFFFFFF)
-        self.flows[index] = fl
+        self._index(fl, index)
         self.by_tuple[(server[0], server[1], client[0], client[1])] = fl
         fl.state = TcpState.SYN_SENT
         fl.snd_nxt = 1
@@ -176,7 +179,7 @@ class Peer:
         fl = self.flows[index]
         if fl.state in (TcpState.CLOSED, TcpState.DONE):
             return []
-        fl.state = TcpState.DONE
+        fl.end()
         return [self._seg(fl, fl.snd_nxt, RST | ACK)]
 
     # -- the remote server of a connection the guest opened ------------------------
@@ -187,7 +190,7 @@ class Peer:
         recorded connection by its first bytes (ready, bind)."""
         if answer == "refused":
             if index is not None:
-                self.not_opened.add(index)     # nothing to compare: done with at once
+                self.not_opening(index)
             return [self._refusal(syn)]
         self.accepted += 1
         fl = PeerFlow(-1 if index is None else index, (syn.ip_dst, syn.dport), (syn.ip_src, syn.sport), syn.dst,
@@ -196,7 +199,7 @@ class Peer:
         if index is None:
             self.unbound.append(fl)
         else:
-            self.flows[index] = fl
+            self._index(fl, index)
         fl.last_send_ns = fl.opened_ns = now
         if answer is None:
             fl.state = TcpState.SILENT
@@ -209,25 +212,35 @@ class Peer:
     def bind(self, fl: PeerFlow, index: int) -> None:
         """An unbound connection is recorded connection `index` (its bytes so far count)."""
         self._unbind(fl)
-        fl.index = index
-        self.flows[index] = fl
+        self._index(fl, index)
 
     def reset_unbound(self, fl: PeerFlow) -> list[bytes]:
         """An unbound connection no recorded one is left for: reset."""
         self._unbind(fl)
         if fl.state == TcpState.DONE:
             return []
-        fl.state = TcpState.DONE
+        fl.end()
         return [self._seg(fl, fl.snd_nxt, RST | ACK)]
 
     def first_bytes(self, fl: PeerFlow) -> bytes:
         """The guest's first bytes on a connection, as many as a recorded request keeps."""
-        return fl.guest_data.head(REQUEST_KEPT)
+        return fl.out.data.head(REQUEST_KEPT)
+
+    def not_opening(self, index: int) -> None:
+        """Recorded connection `index` is not opened here (the native refused it, or never
+        answered its SYN): nothing of it to compare, done with at once."""
+        self.out.not_opened.add(index)
 
     def _refusal(self, syn: netpkt.Frame) -> bytes:
         self.ident += 1
         return netpkt.tcp(syn.dst, syn.src, syn.ip_dst, syn.ip_src, syn.dport, syn.sport, 0,
                           (syn.seq + 1) & 0xFFFFFFFF, RST | ACK, 0, ident=self.ident)
+
+    def _index(self, fl: PeerFlow, index: int) -> None:
+        """fl is recorded connection `index`: the guest's side of it goes in the run's record."""
+        fl.index = index
+        self.flows[index] = fl
+        self.out.flows[index] = fl.out
 
     def _unbind(self, fl: PeerFlow) -> None:
         # By identity: a PeerFlow compares equal by value.
@@ -254,7 +267,7 @@ class Peer:
             return self._discovery(f)
         if f.eth_type not in (netpkt.ETH_IP, netpkt.ETH_IP6) or f.proto != netpkt.PROTO_TCP:
             if f.eth_type in (netpkt.ETH_IP, netpkt.ETH_IP6) and f.proto == netpkt.PROTO_UDP and not f.fragment:
-                self.udp_out.append((now, (f.ip_dst, f.dport), f.payload))
+                self.out.udp_out.append((now, (f.ip_dst, f.dport), f.payload))
                 if (f.sport, f.ip_dst, f.dport) not in self.served:
                     self.requests.append(f)
             return []
@@ -263,8 +276,8 @@ class Peer:
             self.connects.append(f)         # a new connection (on a closed one's ports, too)
             return []
         if fl is None:
-            if len(self.unknown) < UNKNOWN_KEPT:
-                self.unknown.append(f"TCP from the guest on an unknown connection "
+            if len(self.out.unknown) < UNKNOWN_KEPT:
+                self.out.unknown.append(f"TCP from the guest on an unknown connection "
                                     f"{netpkt.ip_str(f.ip_src)}:{f.sport}->{netpkt.ip_str(f.ip_dst)}:{f.dport}")
             return []
         out = self._on_segment(fl, f, now)
@@ -309,8 +322,8 @@ class Peer:
         sent = self._transmit(fl, now)
         out = [self._seg(fl, fl.snd_nxt, ACK)] if need_ack and not sent else []
         out += sent
-        if fl.fin_sent and fl.snd_una == fl.snd_nxt and fl.guest_fin:
-            fl.state = TcpState.DONE
+        if fl.fin_sent and fl.snd_una == fl.snd_nxt and fl.out.fin:
+            fl.end()
         return out
 
     def _on_reset(self, fl: PeerFlow, now: int) -> None:
@@ -322,11 +335,11 @@ class Peer:
             fl.refusals += 1
             fl.last_send_ns = now
             fl.snd_una, fl.snd_nxt = 0, 1   # from the SYN again, with everything sent so far
-            fl.fin_sent = fl.guest_fin = False
+            fl.fin_sent = fl.out.fin = False
             return
         if fl.state != TcpState.DONE:
-            fl.reset = "refused" if fl.state == TcpState.SYN_SENT else "reset by the guest"
-        fl.state = TcpState.DONE
+            fl.out.reset = "refused" if fl.state == TcpState.SYN_SENT else "reset by the guest"
+        fl.end()
 
     def _on_syn_ack(self, fl: PeerFlow, f: netpkt.Frame, now: int) -> list[bytes]:
         """The guest's answer to the peer's SYN: established once it acknowledges it."""
@@ -359,7 +372,7 @@ class Peer:
             return True                             # retransmitted or early: at once
         fl.rcv_nxt = (fl.rcv_nxt + len(f.payload)) & 0xFFFFFFFF
         fl.guest_bytes += len(f.payload)
-        fl.guest_data.append((now, f.payload))
+        fl.out.data.append((now, f.payload))
         fl.unacked += len(f.payload)
         if fl.ack_owed_ns is None:
             fl.ack_owed_ns = now
@@ -371,8 +384,8 @@ class Peer:
         (acknowledged at once, again if it came before)."""
         if not f.flags & FIN:
             return False
-        if ((f.seq + len(f.payload)) & 0xFFFFFFFF) == fl.rcv_nxt and not fl.guest_fin:
-            fl.guest_fin = True
+        if ((f.seq + len(f.payload)) & 0xFFFFFFFF) == fl.rcv_nxt and not fl.out.fin:
+            fl.out.fin = True
             fl.rcv_nxt = (fl.rcv_nxt + 1) & 0xFFFFFFFF
         return True
 
@@ -453,7 +466,10 @@ class Peer:
         return fl is not None and fl.state in (TcpState.SYN_SENT, TcpState.REFUSED)
 
     def forget(self, index: int) -> None:
-        """A connection compared to its end (live_compare): its state is no longer needed."""
+        """A connection compared to its end (live_compare), or never opened here: its
+        state, and the run's record of it, are no longer needed."""
+        self.out.flows.pop(index, None)
+        self.out.not_opened.discard(index)
         fl = self.flows.pop(index, None)
         if fl is not None:
             self.owing.pop(id(fl), None)
