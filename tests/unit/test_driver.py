@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from tandem.formats import netpkt
 from tandem.qemu import feed as feedproto
-from tandem.semantic.driving.driver import AnalysisDriver
+from tandem.semantic.driving.driver import AnalysisDriver, DriveOptions
 from tandem.semantic.inputs import Flow, Input, RecordedInputs
 from tandem.semantic.model import (DEP_TIMEOUT_NS, HANG_WALL_S, LIVE_SLICE_NS, POWEROFF_WAIT_NS, SETTLE_NS,
                                    AnalysisRun, Buffer)
@@ -28,7 +28,7 @@ def drive(rec: RecordedInputs, script, stop_when=None, **kw):
     if stop_when is not None:
         kw["stop"] = lambda: stop_when(feed)
     res = AnalysisRun("scripted")
-    AnalysisDriver(rec, res, vm, feed, clock=clock, **kw).drive()
+    AnalysisDriver(rec, res, vm, feed, DriveOptions(clock=clock, **kw)).drive()
     return res, feed, vm
 
 

@@ -14,7 +14,7 @@ from tandem.formats.netpkt import ACK, FIN, PSH, RST, SYN
 from tandem.semantic.comparison import compare, equivalence
 from tandem.semantic.network import connections
 from tandem.qemu import feed as feedproto
-from tandem.semantic.driving.driver import AnalysisDriver
+from tandem.semantic.driving.driver import AnalysisDriver, DriveOptions
 from tandem.semantic.inputs import RecordedInputs
 from tandem.semantic.comparison.live_compare import LiveCompare
 from tandem.semantic.model import DEP_TIMEOUT_NS, AnalysisRun
@@ -55,9 +55,9 @@ def drive_peer(rec: RecordedInputs, script: list, rules: bool = False) -> tuple[
     clock, vm = Clock(), ScriptedVM()
     feed = ScriptedFeed(list(script) + [to_end] * 8, vm, clock)
     res = AnalysisRun("scripted")
-    d = AnalysisDriver(rec, res, vm, feed, clock=clock, rules=rules)
+    d = AnalysisDriver(rec, res, vm, feed, DriveOptions(clock=clock, rules=rules))
     d.drive()    # inputs at stops unless rules
-    return res, feed, d.peer
+    return res, feed, d.remote.peer
 
 
 def backend(native: Native, port: int, at_ns: int, request: bytes, reply: bytes, g_isn: int = 5000) -> Conn:

@@ -106,6 +106,6 @@ def test_no_release_rule_is_made_for_an_ipv6_connection():
     p.flows.update({0: v6, 1: v4})
     assert not v6.ipv4 and v4.ipv4
     waits_on_v6 = Input("tcp-data", 10, b"GET /\n", flow=1, needs_bytes={0: 5})
-    assert rules.conditions(waits_on_v6, p, lambda flow: 0, {}) is None
+    assert rules.conditions(waits_on_v6, p, lambda flow, need: False, {}) is None
     waits_on_v4 = Input("tcp-data", 10, b"GET /\n", flow=1, needs_bytes={1: 5})
-    assert rules.conditions(waits_on_v4, p, lambda flow: 0, {}) is not None
+    assert rules.conditions(waits_on_v4, p, lambda flow, need: False, {}) is not None

@@ -31,7 +31,7 @@ from ...qemu.vm import VM
 from ...qemu.image import make_overlays
 from ...record import recording as record_mod
 from .. import inputs as inputs_mod
-from .driver import AnalysisDriver
+from .driver import AnalysisDriver, DriveOptions
 from ...qemu.feed import FeedServer
 from ..model import DELIVERED_KEPT, HANG_WALL_S, LOOKAHEAD_NS, MAX_LAG_NS, AnalysisRun, Buffer, Outcome
 
@@ -60,7 +60,8 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
     cpu_idle: let the host's CPUs idle meanwhile (by default they are held awake, so that
     each stop of the VM is not a CPU's wake-up longer: qemu/wake_latency.py).
     tick(run): called every TICK_S from the run's thread (a live run compares and drops
-    what it has matched: live_compare.py); a live run keeps only the inputs it delivered
+    what it has matched: live_compare.py), returning the connections it is done with,
+    which the run forgets; a live run keeps only the inputs it delivered
     last and no raw frames, so that its memory does not grow with its length.
     """
     guest = guest or Guest.for_analysis(analysis)
@@ -98,8 +99,9 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         res.qemu_pid = vm.process().pid
         server.accept(30)
         with wake_latency.held(not cpu_idle):
-            AnalysisDriver(rec, res, vm, server, max_lag_ns=max_lag_ns, progress=progress, buffer=buffer,
-                           stop=stop, hang_wall_s=hang_wall_s, tick=tick, line_deps=line_deps).drive()
+            AnalysisDriver(rec, res, vm, server, DriveOptions(
+                max_lag_ns=max_lag_ns, progress=progress, buffer=buffer, stop=stop, hang_wall_s=hang_wall_s,
+                tick=tick, line_deps=line_deps)).drive()
     except TandemError as e:
         res.outcome, res.detail = Outcome.ERROR, str(e)
     finally:
