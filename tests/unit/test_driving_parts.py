@@ -9,7 +9,7 @@ from tandem.semantic.driving.dependencies import Dependencies
 from tandem.semantic.driving.driver import AnalysisDriver, DriveOptions
 from tandem.semantic.driving.inbox import TRIM_AT, Inbox
 from tandem.semantic.inputs import Flow, Input, RecordedInputs
-from tandem.semantic.model import DEP_TIMEOUT_NS, SETTLE_NS, AnalysisRun
+from tandem.semantic.model import DEP_TIMEOUT_NS, SETTLE_NS, AnalysisRun, Buffer
 from tandem.semantic.network.exchanges import Exchange
 from tandem.semantic.network.peer import TcpState
 from tandem.semantic.network.remote import Remote
@@ -35,16 +35,18 @@ def test_entropy_is_delivered_when_taken_and_other_inputs_wait_in_order():
     ex = Exchange(0, ("ntp",), 1, b"q", (CLIENT[0], 123))
     rec = RecordedInputs([Input("rng", 5, b"\x01"), data(1 * MS, 0), Input("serial", 2 * MS, b"x\n")],
                          [flow(0)], None, [], exchanges=[ex])
-    res = AnalysisRun("a")
-    box = Inbox(rec, res)
+    res, buffer = AnalysisRun("a"), Buffer()
+    box = Inbox(rec, res, buffer)
     taken = box.take()
     assert [i.kind for i in taken.entropy] == ["rng"] and taken.exchanges == [ex] and taken.flows == rec.flows
     assert res.n_delivered == 1 and res.taken == 3 and box.left() == 2 and box.pending_bytes == 6
+    assert buffer.pending(rec.made()) == box.pending() == 2         # the native's side reads the same fill
     assert res.undelivered == {0: 1} and res.waits_on(0, rec) and not res.waits_on(1, rec)
     assert box.take() == type(taken)([], [], [])        # nothing new
     assert box.due(1 * MS - 1) is None and box.due(1 * MS) is rec.inputs[1]
     box.delivered(1 * MS, rec.inputs[1])
     assert res.undelivered == {} and not res.waits_on(0, rec) and box.last_ns == 1 * MS
+    assert buffer.delivered == 2 and buffer.pending(rec.made()) == 1
     assert (box.count(), box.total(), box.left()) == (1, 2, 1)
     assert box.next_undelivered().startswith("serial at VM 0.002000s")
 
@@ -54,18 +56,18 @@ def test_an_input_not_taken_yet_is_pending_and_waits():
     what the loop has not taken yet."""
     rec = RecordedInputs([data(1 * MS, 0)], [flow(0)], None, [], finished=False)
     res = AnalysisRun("a")
-    box = Inbox(rec, res)
+    box = Inbox(rec, res, Buffer())
     box.take()
     with rec.lock:
         rec.inputs.append(data(3 * MS, 1, b"late"))
-    assert box.pending() == 2 and box.not_taken() == 1 and res.waits_on(1, rec)
+    assert box.pending() == 2 == box.buffer.pending(rec.made()) and box.not_taken() == 1 and res.waits_on(1, rec)
     box.delivered(1 * MS, box.next())
     assert box.oldest_pending_ns() == 3 * MS and box.next_undelivered().startswith("tcp-data at VM 0.003000s")
 
 
 def test_delivered_inputs_are_dropped_from_the_front():
     inputs = [Input("serial", i, b"x") for i in range(2 * TRIM_AT)]
-    box = Inbox(RecordedInputs(inputs, [], None, []), AnalysisRun("a"))
+    box = Inbox(RecordedInputs(inputs, [], None, []), AnalysisRun("a"), Buffer())
     box.take()
     for _ in range(TRIM_AT + 1):
         box.delivered(0, box.next())

@@ -286,7 +286,7 @@ class ShadowRun:
     def _hold_native(self) -> bool:
         """Overflow policy "block": hold the native's inputs while a live analysis is full."""
         return self.overflow == Overflow.BLOCK and any(
-            f.buffer.over() and (f.run is None or f.run.outcome == "running") for f in self.followers)
+            f.buffer.over(self.rec.made()) and (f.run is None or f.run.outcome == "running") for f in self.followers)
 
     # --- the analyses' side ---
 

@@ -271,6 +271,11 @@ class RecordedInputs:
     # answer to an analysis guest's router solicitation, as it answers ARP (peer.py).
     router_advert: bytes | None = None
 
+    def made(self) -> int:
+        """Inputs made so far, counted from the first (those dropped too; any thread)."""
+        with self.lock:
+            return len(self.inputs) + self.inputs_dropped
+
 
 class SerialLines:
     """Userland lines of a console, counted per text: the native's to record line

@@ -9,7 +9,6 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -191,7 +190,9 @@ class Buffer:
     full_since: float = 0.0     # time.monotonic() when it became full (while full)
     blocks: int = 0             # how often it blocked the native, and for how long in all
     blocked_s: float = 0.0
-    pending: Callable[[], int] | None = None   # () -> inputs not taken right now (set by the analysis's loop)
+    # Inputs the analysis has delivered, counted from the recording's first (entropy too),
+    # kept up to date by its loop as it delivers; None while no loop runs.
+    delivered: int | None = None
 
     # Room again at 90%: the native is not held and let go at every input.
     RESUME = 0.9
@@ -216,9 +217,14 @@ class Buffer:
             self.release(now)
         return not (self.full and now - self.full_since > self.budget_s)
 
-    def over(self) -> bool:
+    def pending(self, made: int) -> int | None:
+        """Inputs made (`made`, counted from the recording's first) and not delivered: its
+        fill right now, between the loop's updates (any thread); None while no loop runs."""
+        return None if self.delivered is None else made - self.delivered
+
+    def over(self, made: int) -> bool:
         """Full or, by the inputs made since its last update, over its bound (any thread)."""
-        return self.full or (self.pending is not None and self.pending() > self.max_events)
+        return self.full or (self.delivered is not None and made - self.delivered > self.max_events)
 
     def release(self, now: float | None = None) -> None:
         """No longer holding the native (room again, or detached)."""

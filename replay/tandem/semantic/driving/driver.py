@@ -77,7 +77,7 @@ class AnalysisDriver:
         self.rec, self.res, self.vm, self.feed = rec, res, vm, feed
         self.opts = options = options or DriveOptions()
         self.buffer = options.buffer or Buffer()
-        self.inbox = Inbox(rec, res)
+        self.inbox = Inbox(rec, res, self.buffer)
         self.remote = Remote(rec, res.limits)
         res.net = self.remote.out
         self.deps = Dependencies(rec, self.remote, options.line_deps)
@@ -93,10 +93,7 @@ class AnalysisDriver:
 
     # -- the loop ---------------------------------------------------------------------------
     def drive(self) -> None:
-        self.take()
-        # The fill as of now, for the native's side (overflow "block" checks it between
-        # this loop's updates, which may be a second apart).
-        self.buffer.pending = self.inbox.pending
+        self.take()     # from here the inbox keeps buffer.delivered up to date, for the native's side
         while not self.ended:
             self.sample()
             if self.stopped() or self.overflowed():

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 from ..inputs import Flow, Input, InputKind, RecordedInputs
-from ..model import AnalysisRun
+from ..model import AnalysisRun, Buffer
 from ..network.exchanges import Exchange
 
 # Delivered inputs are dropped from the front once there are more than this many and
@@ -29,10 +29,11 @@ class Taken:
 class Inbox:
     """The inputs taken from `rec` and not delivered yet, oldest first. `res` counts
     what is taken and delivered (res.taken counts from the recording's first input: a
-    live recording drops its front once every analysis has taken it)."""
+    live recording drops its front once every analysis has taken it); `buffer` is told
+    what is delivered as it goes (its fill, read by the native's side)."""
 
-    def __init__(self, rec: RecordedInputs, res: AnalysisRun):
-        self.rec, self.res = rec, res
+    def __init__(self, rec: RecordedInputs, res: AnalysisRun, buffer: Buffer):
+        self.rec, self.res, self.buffer = rec, res, buffer
         self.todo: list[Input] = []     # taken; todo[nxt:] not delivered yet
         self.nxt = 0
         self.trimmed = 0                # delivered inputs dropped from todo's front
@@ -59,6 +60,7 @@ class Inbox:
                 self.todo.append(i)
                 self.pending_bytes += len(i.data)
         res.taken += len(new)           # after: AnalysisRun.waits_on reads the two in that order
+        self.buffer.delivered = res.n_delivered
         return Taken(entropy, exchanges, flows)
 
     def next(self) -> Input | None:
@@ -77,6 +79,7 @@ class Inbox:
     def delivered(self, now: int, inp: Input) -> None:
         """The next input went to the guest at VM time `now`."""
         self.res.deliver(now, inp)
+        self.buffer.delivered = self.res.n_delivered
         self.pending_bytes -= len(inp.data)
         self.last_ns = now
         self.nxt += 1
@@ -98,7 +101,7 @@ class Inbox:
             return len(self.rec.inputs) + self.rec.inputs_dropped - self.res.taken
 
     def pending(self) -> int:
-        """Inputs made and not delivered: the buffer's fill (any thread)."""
+        """Inputs made and not delivered: the buffer's fill."""
         return self.left() + self.not_taken()
 
     def oldest_pending_ns(self) -> int | None:
