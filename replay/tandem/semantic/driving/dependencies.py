@@ -80,7 +80,7 @@ class Dependencies:
         the first request at 11.8 s: timed from 12 s, the client's FIN went with its
         request and the guest reset the connection. The peer's own bounds still apply:
         a refused connection is given up after 60 s of VM time; one whose SYN is never
-        answered ends the run as lagging (driver.lagging), tandem's limit."""
+        answered ends the run as lagging (AnalysisDriver.lagging), tandem's limit."""
         return any(not self.bytes_met(f, n) and self.remote.peer.connecting(f) for f, n in inp.needs_bytes.items())
 
     def waiting(self, now: int, inp: Input | None = None) -> None:

@@ -7,12 +7,12 @@ it speaks with the analysis guest's own sequence numbers), carries the recorded
 client payload, respects the guest's window and MSS, acknowledges what the
 guest sends (again if the guest retransmits), retransmits its own data when
 unacknowledged, and closes as the client did (FIN or RST). It answers ARP for
-the network's addresses, and hands the guest's own UDP requests to the driver, which
+the network's addresses, and hands the guest's own UDP requests to remote.Remote, which
 answers them from the recording (exchanges.py). Everything happens at VM times the
 caller gives.
 
 It plays the remote server of a connection the guest opens (a backend nginx proxies
-to) too: the driver matches the guest's SYN to a recorded connection (connections.py)
+to) too: remote.Remote matches the guest's SYN to a recorded connection (connections.py)
 and the peer answers it as the recorded server did (answer_syn: SYN-ACK, RST, or
 nothing); from there the server's bytes and its FIN or RST are sent like a client's.
 A SYN that may be one of several recorded connections open at once is accepted
@@ -138,15 +138,15 @@ class Peer:
         # UNKNOWN_KEPT), connections not opened here.
         self.out = NetOutput()
         # UDP the remote side started, (guest port, remote ip, remote port): the guest's
-        # datagrams back are answers, not requests (driver.release_input notes them).
+        # datagrams back are answers, not requests (remote.Remote.release notes them).
         self.served: set[tuple[int, bytes, int]] = set()
-        # The guest's UDP requests since the driver last took them (exchanges.Answers answers them).
+        # The guest's UDP requests since remote.Remote last took them (exchanges.Answers answers them).
         self.requests: list[netpkt.Frame] = []
-        # The guest's SYNs opening connections since the driver last took them: it matches
+        # The guest's SYNs opening connections since remote.Remote last took them: it matches
         # each to a recorded connection (connections.py) and calls answer_syn.
         self.connects: list[netpkt.Frame] = []
         # Connections accepted before it was known which recorded one they are (index -1),
-        # and those of them whose first bytes have come: the driver binds each (bind).
+        # and those of them whose first bytes have come: remote.Remote binds each (bind).
         self.unbound: list[PeerFlow] = []
         self.ready: list[PeerFlow] = []
         self.accepted = 0
