@@ -129,8 +129,10 @@ class AnalysisRun:
             self.first_input_ns = vm_ns
         if inp.flow is not None:
             self.last_input_of[inp.flow] = vm_ns
-            if (n := self.undelivered.pop(inp.flow, 0)) > 1:
-                self.undelivered[inp.flow] = n - 1
+            if (n := self.undelivered.get(inp.flow, 0) - 1) > 0:    # never 0 while some wait: other
+                self.undelivered[inp.flow] = n                      # threads read it (waits_on)
+            else:
+                self.undelivered.pop(inp.flow, None)
 
     def waits_on(self, flow: int, rec: inputs_mod.RecordedInputs) -> bool:
         """Does an input of `flow` still wait to be delivered here: not taken yet, or

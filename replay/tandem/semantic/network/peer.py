@@ -77,8 +77,8 @@ class PeerFlow:
     guest_window: int = 0
     guest_mss: int = 536
     guest_bytes: int = 0        # payload received from the guest, in order
-    # What the guest sent, in order, its FIN and a reset: the run's plain record of it
-    # (model.NetOutput), which the comparators read.
+    # What the guest sent, in order, its FIN and a reset, as plain values the run keeps
+    # (model.FlowOutput in AnalysisRun.net) for the comparators.
     out: FlowOutput = field(default_factory=FlowOutput)
     ack_owed_ns: int | None = None  # VM time of the first guest bytes not acknowledged yet
     unacked: int = 0                # guest bytes in order since the last ACK sent
