@@ -194,7 +194,7 @@ def compared_bytes(rec: inputs.RecordedInputs, run: model.AnalysisRun) -> tuple[
     of every flow, UDP payload."""
     native = (sum(len(d) for _, d in rec.serial_out) + sum(fl.guest_bytes for fl in rec.flows)
               + sum(len(p) for _, _, p in rec.udp_out))
-    analysis = len(run.console) + sum(pf.guest_bytes for pf in (run.peer.flows.values() if run.peer else ()))
+    analysis = len(run.console) + sum(out.data.end for out in (run.net.flows.values() if run.net else ()))
     for _, frame in run.net_out:
         f = netpkt.parse(frame)
         if f and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP and not f.fragment:

@@ -372,7 +372,7 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "no
             _malloc_trim()          # ... nor pages the C allocator holds free
             last[0] = time.monotonic()
             f = sh.followers[0]
-            buffered = f.buffer.pending() if f.buffer.pending else 0
+            buffered = f.buffer.pending(sh.rec.made()) or 0
             if n[0] < len(rows):
                 rows[n[0]] = (time.monotonic(), _rss_kib(), sys.getallocatedblocks(), done["requests"],
                               len(sh.rec.inputs), buffered, tracemalloc.get_traced_memory()[0])

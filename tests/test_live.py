@@ -239,7 +239,7 @@ def test_a_long_run_keeps_only_what_is_in_flight(tmp_path):
                                           f"({len(sh.followers[0].cmp.done)} compared)", poll=0.2)
         seen.update(retired=sum(fl is None for fl in sh.rec.flows), flows=len(sh.rec.flows),
                     kept=len(sh.rec.inputs), dropped=sh.rec.inputs_dropped,
-                    console=len(sh.followers[0].run.console), peer=len(sh.followers[0].run.peer.flows))
+                    console=len(sh.followers[0].run.console), peer=len(sh.followers[0].run.net.flows))
     t = drive(sh, work)
     run_until_native_stops(sh, client=t)
     t.join(10)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from tandem.formats import netpkt
 from tandem.qemu.feed import RNG, SERIAL
-from tandem.semantic.driving.driver import AnalysisDriver
+from tandem.semantic.driving.driver import AnalysisDriver, DriveOptions
 from tandem.semantic.inputs import Flow, Input, RecordedInputs
 from tandem.semantic.model import (DEP_TIMEOUT_NS, HANG_WALL_S, LIVE_SLICE_NS, POWEROFF_WAIT_NS, SETTLE_NS,
                                    AnalysisRun, Buffer)
@@ -28,7 +28,7 @@ def drive(rec: RecordedInputs, script, stop_when=None, **kw):
     if stop_when is not None:
         kw["stop"] = lambda: stop_when(feed)
     res = AnalysisRun("scripted")
-    AnalysisDriver(rec, res, vm, feed, clock=clock, **kw).drive()
+    AnalysisDriver(rec, res, vm, feed, DriveOptions(clock=clock, **kw)).drive()
     return res, feed, vm
 
 
@@ -195,7 +195,7 @@ def test_a_connection_the_native_refused_is_not_opened():
     res, feed, _ = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(2 * MS)], [wait(2 * MS + SETTLE_NS)]])
     # flow 1's SYN (and its retransmission, nothing answers here), none of flow 0's
     assert feed.inputs[0][1] == 2 * MS and {netpkt.parse(d).sport for _, _, d in feed.inputs} == {40001}
-    assert res.n_delivered == 2 and res.peer is not None and set(res.peer.flows) == {1}
+    assert res.n_delivered == 2 and res.net is not None and set(res.net.flows) == {1}
 
 
 def test_a_connection_whose_syn_the_native_never_answered_is_not_opened():
@@ -206,7 +206,7 @@ def test_a_connection_whose_syn_the_native_never_answered_is_not_opened():
                          [flow(0, None), flow(1, "accepted")], 2 * MS, [])
     res, feed, _ = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(2 * MS)], [wait(2 * MS + SETTLE_NS)]])
     assert {netpkt.parse(d).sport for _, _, d in feed.inputs} == {40001}
-    assert res.peer is not None and set(res.peer.flows) == {1} and 0 in res.peer.not_opened
+    assert res.net is not None and set(res.net.flows) == {1} and 0 in res.net.not_opened
 
 
 def test_a_live_open_waits_for_the_natives_answer_to_its_syn():

@@ -91,3 +91,31 @@ def test_code_text_tells_no_history():
 def test_the_history_check_finds_both(tmp_path):
     (tmp_path / "old.py").write_text("from . import inputs as inputs_mod  # issue 23\n")
     assert history(tmp_path) == ["old.py:1: issue number", "old.py:1: alias inputs_mod"]
+
+
+# semantic/ (the replay's loop, the network it plays, the comparators) keeps to a screen
+# a function, so each reads at a glance; driving/replay.run, which sets one analysis VM
+# up and tears it down step by step, is the one exception.
+MAX_SEMANTIC_FUNCTION_LINES = 60
+SEMANTIC_EXCEPTIONS = {"driving/replay.py:run"}
+
+
+def long_functions(package: Path, limit: int) -> dict[str, int]:
+    """path:function -> its lines, for the functions over `limit` lines under package."""
+    out = {}
+    for p in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if (n := node.end_lineno - node.lineno + 1) > limit:
+                    out[f"{p.relative_to(package)}:{node.name}"] = n
+    return out
+
+
+def test_semantic_functions_fit_a_screen():
+    found = long_functions(PACKAGE / "semantic", MAX_SEMANTIC_FUNCTION_LINES)
+    assert {k: n for k, n in found.items() if k not in SEMANTIC_EXCEPTIONS} == {}
+
+
+def test_the_screen_check_finds_one(tmp_path):
+    (tmp_path / "loop.py").write_text("def f():\n" + "    x = 1\n" * MAX_SEMANTIC_FUNCTION_LINES)
+    assert long_functions(tmp_path, MAX_SEMANTIC_FUNCTION_LINES) == {"loop.py:f": MAX_SEMANTIC_FUNCTION_LINES + 1}

@@ -132,6 +132,27 @@ def test_pure_modules_import_no_driver():
             for m in pure if any(d.startswith(DRIVERS) for d in graph[m])} == {}
 
 
+def reachable(graph: dict[str, set[str]], start: list[str]) -> set[str]:
+    """The modules `start` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        for d in graph[todo.pop()]:
+            if d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
+
+
+def test_the_comparators_read_plain_data():
+    """The comparators read what the analysis guest sent as plain values (model.NetOutput),
+    never the peer that plays the network nor the loop that drives the VM."""
+    graph = imports()
+    comparators = [m for m in graph if m.startswith("tandem.semantic.comparison")]
+    assert sorted(d for d in reachable(graph, comparators)
+                  if d.startswith(("tandem.semantic.network.peer", "tandem.semantic.driving"))) == []
+
+
 def test_the_checks_find_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -10,8 +10,7 @@ from tandem.formats import netpkt
 from tandem.semantic.comparison import compare, equivalence
 from tandem.semantic import inputs
 from tandem.semantic.inputs import protocol_of
-from tandem.semantic.model import AnalysisRun
-from tandem.semantic.network.peer import Peer, PeerFlow
+from tandem.semantic.model import AnalysisRun, FlowOutput, NetOutput
 
 KASAN = catalog.ANALYSES["kasan"]
 
@@ -34,10 +33,10 @@ def divergences(native: bytes, theirs: bytes, protocol: str, reset: bool = False
     fl.guest_data.append((1, native))
     rec = inputs.RecordedInputs([], [fl], None, [])
     run = AnalysisRun("kasan")
-    run.peer = Peer()
-    pf = run.peer.flows[0] = PeerFlow(0, CLIENT, GUEST, netpkt.GATEWAY_MAC, GMAC, isn=1)
+    out = FlowOutput()
+    run.net = NetOutput(flows={0: out})
     if theirs:
-        pf.guest_data.append((2, theirs))
+        out.data.append((2, theirs))
     return compare.compare(rec, run, equivalence.load(KASAN), only={compare.channel(fl)})
 
 

@@ -12,7 +12,7 @@ from tandem.formats import netpkt
 from tandem.formats.netpkt import ACK, PSH
 from tandem.qemu.feed import FIRED, HEADER, NET, RULE, FeedServer, Message
 from tandem.semantic.network import rules
-from tandem.semantic.driving.driver import AnalysisDriver
+from tandem.semantic.driving.driver import AnalysisDriver, DriveOptions
 from tandem.semantic.inputs import RecordedInputs
 from tandem.semantic.model import DEP_TIMEOUT_NS, AnalysisRun
 from tandem.semantic.network.peer import PEER_MSS, Peer
@@ -56,7 +56,7 @@ def test_requests_that_wait_for_replies_go_as_rules_and_are_delivered_when_they_
     clock, vm = Clock(), ScriptedVM()
     feed = ScriptedFeed(opened(guest) + [replies], vm, clock)
     res = AnalysisRun("scripted")
-    d = AnalysisDriver(recording(), res, vm, feed, clock=clock)
+    d = AnalysisDriver(recording(), res, vm, feed, DriveOptions(clock=clock))
     d.drive()
 
     key = struct.pack("!4s4sHH", GUEST_IP, HOST_IP, 7000, 40000)
@@ -72,7 +72,7 @@ def test_requests_that_wait_for_replies_go_as_rules_and_are_delivered_when_they_
     delivered = [(x.vm_ns, x.input.data) for x in res.delivered if x.input.kind == "tcp-data"]
     assert delivered == [(50 * MS, REQS[0]), (52 * MS, REQS[1]), (54 * MS, REQS[2])]
     assert res.rules_fired == 2
-    pf = d.peer.flows[0]
+    pf = d.remote.peer.flows[0]
     assert pf.snd_nxt == 1 + len(b"".join(REQS))
     assert pf.ack_owed_ns is None                          # the rules' segments acknowledged the replies
     assert not any(f.payload == REQS[1] for f in to_port(feed, 7000))   # QEMU sent it, not a stop
@@ -84,7 +84,7 @@ def test_a_rule_that_waits_past_the_dependency_timeout_is_dropped_and_its_input_
     clock, vm = Clock(), ScriptedVM()
     feed = ScriptedFeed(script, vm, clock)
     res = AnalysisRun("scripted")
-    AnalysisDriver(recording(), res, vm, feed, clock=clock).drive()
+    AnalysisDriver(recording(), res, vm, feed, DriveOptions(clock=clock)).drive()
     # Both waiting requests as rules, dropped once; the third again after the second went.
     assert [netpkt.parse(r[3][0]).payload for r in feed.rules] == [REQS[1], REQS[2], REQS[2]]
     assert feed.unrules == 1
@@ -102,15 +102,15 @@ def test_conditions_are_the_unmet_dependencies_as_sequence_numbers():
     from tandem.semantic.inputs import Input
     inp = Input("tcp-data", 0, b"x", flow=3, needs_bytes={3: 50})
     have = {3: 40}.get
-    assert rules.conditions(inp, peer, lambda f: have(f, 0), {}) == [(fl.guest_key(), 1000 + 1 + 50, True)]
-    assert rules.conditions(inp, peer, lambda f: 50, {}) == []          # met already: no condition
-    assert rules.conditions(inp, peer, lambda f: 40, {3: 5}) == [(fl.guest_key(), 1000 + 1 + 45, True)]
+    assert rules.conditions(inp, peer, lambda f, n: have(f, 0) >= n, {}) == [(fl.guest_key(), 1000 + 1 + 50, True)]
+    assert rules.conditions(inp, peer, lambda f, n: 50 >= n, {}) == []          # met already: no condition
+    assert rules.conditions(inp, peer, lambda f, n: 40 >= n, {3: 5}) == [(fl.guest_key(), 1000 + 1 + 45, True)]
     inp.needs_bytes = {3: 50, 4: 10}                       # a connection the peer has not opened
-    assert rules.conditions(inp, peer, lambda f: 0, {}) is None
+    assert rules.conditions(inp, peer, lambda f, n: False, {}) is None
     peer.open(4, (HOST_IP, 40001), (GUEST_IP, 7000), b"\x02" * 6, b"\x04" * 6, 0)
     other = peer.flows[4]
     other.state, other.guest_isn = "established", 9000
-    assert rules.conditions(inp, peer, lambda f: 0, {}) == [        # another client's bytes: order only
+    assert rules.conditions(inp, peer, lambda f, n: False, {}) == [        # another client's bytes: order only
         (fl.guest_key(), 1000 + 1 + 50, True), (other.guest_key(), 9000 + 1 + 10, False)]
 
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from ..formats import netpkt
 from ..semantic.comparison import equivalence
 from ..semantic.comparison.compare import kept_lines
+from ..semantic.model import FlowOutput
 from ..qemu.feed import FeedServer
 
 HELD, RELEASE, DROP, HOLD_INPUT, PASS_INPUT, OVERFLOW, STATS = 32, 33, 34, 35, 36, 37, 38
@@ -422,33 +423,32 @@ class Gate:
             if self._say(f) is None:
                 continue                                # crashed, hung, detached, or not comparing TCP
             run = f.run
-            pf = run.peer.flows.get(flow) if run.peer else None
-            got = self._stream(f.analysis, flow, pf)
+            out = run.net.flows.get(flow) if run.net else None
+            got = self._stream(f.analysis, flow, out)
             # A connection the analysis has compared to its end (live_compare) is closed too.
-            closed = bool(pf and (pf.reset or pf.guest_fin)) or run.outcome != "running" \
-                or (pf is None and flow in f.cmp.done)
+            closed = bool(out and (out.reset or out.fin)) or run.outcome != "running" \
+                or (out is None and flow in f.cmp.done)
             verdict = self._agreement_of(f, flow).check(self.native_out[key], h.a, h.b, got, closed)
             if verdict is False:
                 return self._diverged(h, key, f.analysis, flow, got.window(h.a, h.b))
             if verdict or f.analysis in h.timed_out:
                 continue
             last = run.last_input_of.get(flow)
-            if last is not None and run.end_ns - last > self.timeout_vm_ns \
-                    and not (run.pending_of_flow and run.pending_of_flow(flow)):
+            if last is not None and run.end_ns - last > self.timeout_vm_ns and not run.waits_on(flow, self.rec):
                 h.timed_out.add(f.analysis)
                 self.events.append(GateEvent("timeout", f.analysis, flow, h.a, h.payload, b"", h.vm_ns))
                 continue
             waiting = True
         return None if waiting else True
 
-    def _stream(self, analysis: str, flow: int, pf) -> Stream:
+    def _stream(self, analysis: str, flow: int, out: FlowOutput | None) -> Stream:
         """An analysis's output on a flow not agreed yet, joined once: only new bytes are
         added. (A live analysis drops the part of its output it has matched with the
         native's as it goes; it keeps what this has not copied yet: `copied`.)"""
         buf = self._streams.setdefault((analysis, flow), Stream())
-        if pf is not None:
+        if out is not None:
             with self.rec.lock:
-                buf.data += pf.guest_data.bytes_from(buf.end)
+                buf.data += out.data.bytes_from(buf.end)
         return buf
 
     def copied(self, analysis: str, flow: int) -> int:

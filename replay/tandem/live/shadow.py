@@ -45,6 +45,7 @@ from ..qemu.vm import cpu_seconds
 from ..record.recording import Recording
 from ..semantic.comparison import equivalence
 from ..semantic import guests, inputs, model
+from ..semantic.model import Overflow
 from ..semantic.analyze import Summary, analyze, summarize, write_summary
 from ..semantic.driving.replay import RunOptions
 from ..qemu.feed import FeedServer
@@ -67,12 +68,6 @@ class Release(StrEnum):
     """When the native's network outputs leave (--release)."""
     NOW = "now"             # at once: the analyses only watch
     AGREED = "agreed"       # once every analysis produced the same output (the release gate)
-
-
-class Overflow(StrEnum):
-    """What an analysis whose input buffer is full does to the run (--overflow)."""
-    DETACH = "detach"       # it is detached, the native goes on
-    BLOCK = "block"         # the native's incoming frames are held, for at most block_budget_s
 
 
 @dataclass(frozen=True)
@@ -291,7 +286,7 @@ class ShadowRun:
     def _hold_native(self) -> bool:
         """Overflow policy "block": hold the native's inputs while a live analysis is full."""
         return self.overflow == Overflow.BLOCK and any(
-            f.buffer.over() and (f.run is None or f.run.outcome == "running") for f in self.followers)
+            f.buffer.over(self.rec.made()) and (f.run is None or f.run.outcome == "running") for f in self.followers)
 
     # --- the analyses' side ---
 

@@ -206,7 +206,7 @@ def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[catalog.Ana
             divs, n_noise = compare.split_noise(divs, found[NOISE][1])
         failure, findings = did_not_boot(run, findings)
         summary.results.append(AnalysisResult(name, run, findings, divs, n_noise, spec.sources, failure, unreached))
-        unknown = run.peer.unknown[:5] if run.peer else []
+        unknown = run.net.unknown[:5] if run.net else []
         summary.limits += [f"{name}: {x}" for x in run.limits + unknown]
     write_summary(workdir, summary)
     return summary

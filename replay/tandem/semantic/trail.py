@@ -159,7 +159,7 @@ class Trail:
         """Inputs read and not delivered yet by the analysis furthest behind (None: no
         analysis is running)."""
         read = len(self.rec.inputs) + self.rec.inputs_dropped
-        pend = [f.buffer.pending() if f.buffer.pending else read - (f.run.taken if f.run else 0)
+        pend = [p if (p := f.buffer.pending(read)) is not None else read - (f.run.taken if f.run else 0)
                 for f in self.followers if f.running()]
         return min(pend) if pend else None
 
@@ -171,10 +171,10 @@ class Trail:
             if self.progress:
                 self.progress(f.analysis, run, done, total)
 
-        def tick(run):
+        def tick(run: model.AnalysisRun) -> set[int]:
             f.run = run
             self._emit_findings(f, run)
-            f.cmp.tick(run)
+            return f.cmp.tick(run)
         f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
         try:
             f.run = replay.run(self.rec, self.run_options(f.of), buffer=f.buffer, progress=progress,
@@ -185,7 +185,7 @@ class Trail:
             f.run.outcome, f.run.detail = model.Outcome.ERROR, str(e)
         finally:
             f.buffer.release()          # ended: it holds the native no longer
-            f.buffer.pending = None
+            f.buffer.delivered = None
             if f.run is not None:
                 self._emit_findings(f, f.run)
                 f.cmp.finish(f.run)

@@ -409,13 +409,13 @@ def streams_analysis(run: AnalysisRun, rec: inputs.RecordedInputs, at: dict | No
         if fl is None or (only is not None and channel(fl) not in only):
             continue
         name = channel(fl)
-        pf = run.peer.flows.get(fl.index) if run.peer else None
-        s[name] = _Stream.of_chunks(pf.guest_data if pf else [], at.get(name, (0, None))[1])
+        out = run.net.flows.get(fl.index) if run.net else None
+        s[name] = _Stream.of_chunks(out.data if out else [], at.get(name, (0, None))[1])
     if only is not None and "udp" not in only:
         return s
     # The guest's UDP datagrams: the replayer's peer kept them as it parsed each frame.
-    if run.peer is not None:
-        datagrams = run.peer.udp_out
+    if run.net is not None:
+        datagrams = run.net.udp_out
     else:                           # a run that stopped before replaying: parse what it has
         datagrams = []
         for ns, frame in run.net_out or ():

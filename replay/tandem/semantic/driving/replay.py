@@ -35,7 +35,7 @@ from ...qemu.vm import VM
 from ...qemu.image import make_overlays
 from ...record import recording
 from .. import inputs
-from .driver import AnalysisDriver
+from .driver import AnalysisDriver, DriveOptions
 from ...qemu.feed import FeedServer
 from ..model import DELIVERED_KEPT, HANG_WALL_S, LOOKAHEAD_NS, MAX_LAG_NS, AnalysisRun, Buffer, Outcome
 
@@ -84,8 +84,9 @@ def run(rec: inputs.RecordedInputs, o: RunOptions, *, buffer: Buffer | None = No
 
     progress(run, delivered, taken): at each stop of the VM. tick(run): called every
     TICK_S from the run's thread (a live run compares and drops what it has matched:
-    live_compare.py); a live run keeps only the inputs it delivered last and no raw
-    frames, so that its memory does not grow with its length.
+    live_compare.py), returning the connections it is done with, which the run forgets;
+    a live run keeps only the inputs it delivered last and no raw frames, so that its
+    memory does not grow with its length.
     """
     guest = o.guest or Guest.for_analysis(o.analysis)
     res = AnalysisRun(o.analysis.name)
@@ -110,8 +111,9 @@ def run(rec: inputs.RecordedInputs, o: RunOptions, *, buffer: Buffer | None = No
             res.qemu_pid = vm.process().pid
             server.accept(30)
             with wake_latency.held(not o.cpu_idle):
-                AnalysisDriver(rec, res, vm, server, max_lag_ns=o.max_lag_ns, progress=progress, buffer=buffer,
-                               stop=o.stop, hang_wall_s=o.hang_wall_s, tick=tick, line_deps=o.line_deps).drive()
+                AnalysisDriver(rec, res, vm, server, DriveOptions(
+                    max_lag_ns=o.max_lag_ns, progress=progress, buffer=buffer, stop=o.stop,
+                    hang_wall_s=o.hang_wall_s, tick=tick, line_deps=o.line_deps)).drive()
         except TandemError as e:
             res.outcome, res.detail = Outcome.ERROR, str(e)
     return res
