@@ -9,6 +9,9 @@ tandem may also send release rules (RULE, qemu-patches/0023): frames QEMU delive
 itself once the guest's TCP output has reached given sequence numbers; QEMU says
 FIRED, with the acknowledgements the frames carried, for each in order.
 QEMU connects to tandem's unix socket at start.
+
+`FeedConnection` is what a driver (semantic/driving/driver.AnalysisDriver) asks of the
+feed: FeedServer below, or a scripted stand-in (tests/unit/scripted_feed.ScriptedFeed).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import socket
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .. import private
 from ..errors import TandemError
@@ -41,6 +45,25 @@ class Message:
     channel: int
     vm_ns: int
     data: bytes
+
+
+class FeedConnection(Protocol):
+    """The feed as a driver uses it: what it queues (inputs, horizons, release rules) goes
+    to QEMU at flush(); receive(timeout) gives QEMU's messages ([] when none came within
+    timeout s), None once QEMU has closed the feed."""
+
+    def input(self, channel: int, vm_ns: int, data: bytes) -> None: ...
+
+    def horizon(self, vm_ns: int, warp_ns: int | None = None) -> None: ...
+
+    def rule(self, not_before_ns: int, conds: list[tuple[bytes, int, bool]], acks: tuple[bytes, int],
+             frames: list[bytes]) -> None: ...
+
+    def unrule(self) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def receive(self, timeout: float) -> list[Message] | None: ...
 
 
 class FeedServer:

@@ -22,7 +22,7 @@ from . import forwards as forward_watch
 from .console import ConsoleServer
 from ..machine import RR, Forward, Gate, Guest, Run, UserNet, disk_input
 from ..qemu.argv import GUEST_PORT, overlay_path
-from ..qemu.vm import VM, Serial, free_port
+from ..qemu.vm import VM, Launcher, Serial, free_port
 from ..qemu.image import make_overlays
 
 log = logging.getLogger(__name__)
@@ -134,14 +134,14 @@ class Recording:
     def __init__(self, path: str | Path, guest: Guest | None = None, *,
                  duration_ns: int = 0, port: int | None = None, forwards: tuple[Forward, ...] | None = None,
                  gate_socket: Path | None = None, gate_outputs: bool = True, gate_overflow: str = "block",
-                 assertions: dict | None = None, launcher=None, stop: str = "powerdown",
+                 assertions: dict | None = None, launcher: Launcher | None = None, stop: str = "powerdown",
                  powerdown_wait_s: float | None = None):
         """port: the demo guest's service forward (host port to its port 7000); without
         forwards, a free port is chosen for it. forwards: the host ports forwarded to the
         guest (`tandem record --forward`); given (even empty), no demo port is added unless
         port is given too. assertions: a declared assertion pack ({path, sha256, ...}) for
         the manifest; it changes nothing in the recorded run (the checking happens on
-        replay). launcher: run the QEMU as a libvirt domain (virt.Launcher, see vm.VM);
+        replay). launcher: run the QEMU as a libvirt domain (qemu.vm.Launcher);
         what libvirt adds that the guest sees goes into the manifest's machine.libvirt.
         stop: what a stop request (Ctrl-C) does, as `virsh shutdown` and `virsh destroy`:
         "powerdown" presses the power button and waits powerdown_wait_s for the guest to

@@ -28,6 +28,8 @@ from typing import Callable
 from ...errors import TandemError
 from ...formats import netpkt
 from ...qemu import feed as feedproto
+from ...qemu.feed import FeedConnection
+from ...qemu.vm import AnalysisVM
 from .. import inputs as inputs_mod
 from ..network.connections import Connections
 from ..network.exchanges import Answers
@@ -92,13 +94,12 @@ class AnalysisDriver:
     """Drive one analysis VM through a recording's inputs; drive() returns when the run
     has ended, its outcome and detail in `res`.
 
-    vm: what the driver asks of QEMU (qemu.vm.VM): kill(), quit(), wait(s), log_tail(n),
-    status(), feed_counters(), cpu_seconds(). feed: the feed connection (feed.FeedServer):
-    input(), horizon(), flush(), receive(timeout) -> messages, [] on a timeout, None once
-    QEMU has gone. clock: wall seconds (time.monotonic; a scripted test passes its own).
+    vm, feed: the analysis VM's QEMU and its feed (the Protocols qemu.vm.AnalysisVM and
+    qemu.feed.FeedConnection). clock: wall seconds (time.monotonic; a scripted test passes
+    its own).
     """
 
-    def __init__(self, rec: inputs_mod.RecordedInputs, res: AnalysisRun, vm, feed, *,
+    def __init__(self, rec: inputs_mod.RecordedInputs, res: AnalysisRun, vm: AnalysisVM, feed: FeedConnection, *,
                  max_lag_ns: int = MAX_LAG_NS, progress: Callable | None = None,
                  buffer: Buffer | None = None, stop: Callable[[], bool] | None = None,
                  hang_wall_s: float = HANG_WALL_S, tick: Callable[[AnalysisRun], None] | None = None,
