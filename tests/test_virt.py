@@ -162,7 +162,7 @@ def test_attach_and_detach(libvirtd, tmp_path):
     qmp.close()
 
     # Fed a horizon, it runs there and says WAIT.
-    srv = feedproto.FeedServer(Path(kasan["feed_socket"]))
+    srv = feedproto.FeedServer(Path(kasan["feed_socket"])).start()
     try:
         srv.accept(10)
         srv.horizon(20_000_000)

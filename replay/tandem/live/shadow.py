@@ -181,6 +181,8 @@ class ShadowRun:
         return self.native.port
 
     def start(self) -> ShadowRun:
+        if self._gate_server:           # the native's QEMU connects to it as it starts
+            self._gate_server.start()
         self.native.start()
         if self._gate_server:
             self._gate_server.accept(30)

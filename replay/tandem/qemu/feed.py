@@ -23,6 +23,7 @@ from typing import Protocol
 
 from .. import private
 from ..errors import TandemError
+from ..lifecycle import Lifecycle
 
 HEADER = struct.Struct("<IHHQ")
 INPUT, HORIZON, END, RULE, UNRULE, OUTPUT, WAIT, SHUTDOWN, FIRED = 1, 2, 3, 4, 5, 16, 17, 18, 19
@@ -66,21 +67,40 @@ class FeedConnection(Protocol):
     def receive(self, timeout: float) -> list[Message] | None: ...
 
 
-class FeedServer:
-    """Listens for one QEMU; sends inputs, receives outputs and waits."""
+class FeedServer(Lifecycle):
+    """Listens for one QEMU (start(): the socket at `path`, which QEMU connects to as it
+    starts); accept() waits for it; then sends inputs, receives outputs and waits."""
 
     def __init__(self, path: Path):
         self.path = path
         private.require_private_dir(Path(path).parent, f"feed socket {path}")
-        self.listener = socket.socket(socket.AF_UNIX)
-        self.listener.bind(str(path))
-        self.listener.listen(1)
+        self.listener: socket.socket | None = None
         self.conn: socket.socket | None = None
         self.buf = bytearray()
         self.out = bytearray()
         self._rx: bytearray | None = None
+        self._closed = False
+
+    @property
+    def started(self) -> bool:
+        return self.listener is not None
+
+    def start(self) -> FeedServer:
+        """Listen at `path`, before QEMU starts: it connects as it starts."""
+        listener = socket.socket(socket.AF_UNIX)
+        try:
+            listener.bind(str(self.path))
+            listener.listen(1)
+        except OSError as e:        # the path is taken, or too long for a unix socket
+            listener.close()
+            raise TandemError(f"feed socket {self.path}: {e.strerror or e}") from None
+        self.listener = listener
+        return self
 
     def accept(self, timeout: float) -> None:
+        """Wait up to `timeout` s for QEMU to connect."""
+        if self.listener is None:
+            raise TandemError(f"{self.path}: the feed is not listening (not started)")
         self.listener.settimeout(timeout)
         try:
             self.conn, _ = self.listener.accept()
@@ -165,7 +185,12 @@ class FeedServer:
         return msgs
 
     def close(self) -> None:
+        """Close QEMU's connection and the listener, and remove the socket file start() made."""
+        if self._closed:
+            return
+        self._closed = True
         for s in (self.conn, self.listener):
             if s:
                 s.close()
-        self.path.unlink(missing_ok=True)
+        if self.listener is not None:
+            self.path.unlink(missing_ok=True)

@@ -4,7 +4,8 @@ command line qemu/argv.py composes, and talk to it (QMP, serial console, procfs)
 Its seams, declared as Protocols so that mypy holds each side to them: `Launcher` (who
 starts the QEMU when tandem does not: libvirt/launcher.Launcher), the `Process` a
 launcher hands back, and `AnalysisVM` (what an analysis run's driver asks of its QEMU,
-semantic/driving/driver.py; tests/unit/scripted_feed.py's ScriptedVM stands in for it)."""
+semantic/driving/driver.py; tests/unit/scripted_feed.py's ScriptedVM stands in for it).
+A VM follows tandem's lifecycle (lifecycle.py): start(), close(), `with`."""
 from __future__ import annotations
 
 import asyncio
@@ -22,6 +23,7 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from .. import private
 from ..errors import TandemError
+from ..lifecycle import Lifecycle
 from ..machine import Guest, Run
 from .argv import qemu_argv
 
@@ -224,7 +226,7 @@ class AnalysisVM(Protocol):
     def cpu_seconds(self) -> float | None: ...
 
 
-class VM:
+class VM(Lifecycle):
     """A running QEMU: process, QMP connection, optional serial console.
 
     launcher: start the QEMU some other way than as tandem's child process (a Launcher:
@@ -246,19 +248,23 @@ class VM:
         self.qmp: QEMUMonitorProtocol | None = None
         self.serial: Serial | None = None
         self.shutdown_reason: str | None = None   # from QEMU's SHUTDOWN event
+        self._log: BinaryIO | None = None         # QEMU's output (log_path), from start() on
+        self._closed = False
 
-    def start(self, timeout: float = 30.0) -> "VM":
+    @property
+    def started(self) -> bool:
+        return self._log is not None
+
+    def start(self, timeout: float = 30.0) -> VM:
+        """Launch QEMU and connect QMP (and the serial console, but for replay and
+        analysis runs); a QEMU that exits or stays silent for `timeout` s is an error."""
         for stale in ("qmp.sock", "serial.sock"):
             (self.run.rundir / stale).unlink(missing_ok=True)
         self._log = open(self.log_path, "wb", opener=private.opener)
         if self.launcher is not None:
             if self.run.host.pass_fds:       # libvirt starts the QEMU: it cannot inherit our files
                 raise TandemError("a QEMU started by libvirt cannot be given open files (pass_fds)")
-            try:
-                self.proc = self.launcher.start(self, self._log)
-            except BaseException:
-                self._log.close()
-                raise
+            self.proc = self.launcher.start(self, self._log)
             if self.run.host.idle:   # a domain's QEMU: all its threads to SCHED_IDLE once started
                 subprocess.run(["chrt", "--idle", "--all-tasks", "--pid", "0", str(self.proc.pid)],
                                capture_output=True)
@@ -379,6 +385,11 @@ class VM:
             self.proc.wait()
 
     def close(self) -> None:
+        """End QEMU (killed if it still runs) and release its sockets, its log and what a
+        launcher made; what was read stays readable (console(), log_tail())."""
+        if self._closed:
+            return
+        self._closed = True
         if self.serial:
             self.serial.close()
         if self.qmp:
@@ -389,12 +400,6 @@ class VM:
         self.kill()
         if self.launcher is not None:
             self.launcher.release()
-        if hasattr(self, "_log"):
+        if self._log is not None:
             self._log.close()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.close()
 

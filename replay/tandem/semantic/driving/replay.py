@@ -69,7 +69,7 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         res.delivered, res.net_out = deque(maxlen=DELIVERED_KEPT), None
     tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
     private.make_dir(workdir)
-    server = FeedServer(tmp / "feed.sock")
+    server = FeedServer(tmp / "feed.sock").start()     # QEMU connects to it as it starts
     manifest = None
     rr: RR | None = None
     overlay: Path | None = None
