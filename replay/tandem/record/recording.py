@@ -129,7 +129,10 @@ POWERDOWN_WAIT_S = 60.0
 
 
 class Recording:
-    """One recording in progress. Use as a context manager, or start()/finish()."""
+    """One recording in progress, with tandem's lifecycle (lifecycle.py): start(), close(),
+    `with`. finish() waits for the guest's own end and seals the bundle (its manifest is
+    the result); a `with` block that ends without an error finishes it so, and close()
+    stops and seals one still running."""
 
     def __init__(self, path: str | Path, guest: Guest | None = None, *,
                  duration_ns: int = 0, port: int | None = None, forwards: tuple[Forward, ...] | None = None,
@@ -168,6 +171,7 @@ class Recording:
         self.button_pressed = False             # by powerdown(), for whatever reason
         self._tmp: str | None = None       # the sockets' directory, while recording
         self.console: ConsoleServer | None = None   # the serial console served to users
+        self._ended = False                 # finish() has begun, or start() failed: nothing to seal
 
     def started(self) -> VM:
         """The recording's VM, once start() has made it."""
@@ -196,6 +200,8 @@ class Recording:
             vm.start()
         except TandemError:
             # Keep the bundle honest: it exists, holds what QEMU wrote, and says so.
+            self._ended = True
+            vm.close()
             m["state"] = "interrupted"
             bundle.write_manifest(self.path, m)
             private.copy_file(vm.log_path, self.path / "qemu.log")
@@ -231,7 +237,8 @@ class Recording:
         self.serial.wait_for(b"TANDEM-READY", timeout)
 
     def stop(self) -> None:
-        """End the recording now (recorded as a host shutdown, so replay stops there too)."""
+        """Quit the guest now (recorded as a host shutdown, so replay stops there too):
+        what a stop request does; finish() or close() then seals the bundle."""
         if self.stop_reason is None:
             self.stop_reason = "interrupt"
         self.started().quit()
@@ -293,8 +300,11 @@ class Recording:
                 pass
 
     def finish(self, timeout: float = 60.0) -> dict:
-        """Wait for QEMU to exit, then seal the bundle with its manifest."""
+        """Wait for QEMU to exit (killed after `timeout` s), release the VM, its console
+        server and sockets, and seal the bundle: its manifest. An 'interrupted' bundle
+        is an error (once sealed)."""
         vm = self.started()
+        self._ended = True
         try:
             status = vm.wait(timeout)
         except TandemError:
@@ -325,15 +335,28 @@ class Recording:
                               f"(bundle kept as 'interrupted'; replay it with --partial)")
         return m
 
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, exc_type, *_):
-        if self.vm and self.vm.proc and self.vm.proc.poll() is None and exc_type is not None:
+    def close(self) -> None:
+        """End the recording and release it: one still running is quit (stop()) and
+        sealed as finish() seals it; an 'interrupted' bundle is logged here, not raised.
+        Nothing to do once finish() has run, after a failed start, or a second time."""
+        if self.vm is None or self._ended:
+            return
+        if self.running():
             self.stop()
-        if self.vm:
-            try:
-                self.finish()
-            except TandemError:
-                if exc_type is None:
-                    raise
+        try:
+            self.finish()
+        except TandemError as e:
+            log.debug("%s: closed: %s", self.path, e)
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, exc_type, *_) -> None:
+        if exc_type is None and self.vm is not None and not self._ended:
+            self.finish()       # the block's result: the guest's own end, sealed (an error if interrupted)
+        else:
+            self.close()
