@@ -149,17 +149,14 @@ def cmd_detach(args) -> int:
 
 def cmd_libvirtd(args) -> int:
     from ..libvirt.daemon import Libvirtd
-    d = Libvirtd(args.dir)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
-        d.start()
-        console.print(f"private libvirtd running; stop with Ctrl-C\nexport LIBVIRT_DEFAULT_URI='{d.uri}'",
-                      markup=False)
-        while not stop:
-            time.sleep(0.5)
+        with Libvirtd(args.dir) as d:
+            console.print(f"private libvirtd running; stop with Ctrl-C\nexport LIBVIRT_DEFAULT_URI='{d.uri}'",
+                          markup=False)
+            while not stop:
+                time.sleep(0.5)
     except KeyboardInterrupt:
         pass
-    finally:
-        d.stop()
     return 0
