@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import TandemError
+from ..qemu import vm
 from ..qemu.argv import qmp_chardev
 from ..qemu.vm import VM, alive
 from .daemon import binding, connect
@@ -142,10 +143,11 @@ class DomainProcess:
             self._src = None
 
 
-class Launcher:
-    """Starts one tandem VM as a libvirt domain (qemu.vm.Launcher): domain_xml of the VM's
-    exact argv, defined and started; tandem's own QMP and serial sockets are passed
-    through, so the rest of tandem talks to it as to a child QEMU.
+class Launcher(vm.Launcher):
+    """Starts one tandem VM as a libvirt domain (the seam qemu.vm.Launcher, declared as its
+    base so that mypy holds it to it): domain_xml of the VM's exact argv, defined and
+    started; tandem's own QMP and serial sockets are passed through, so the rest of
+    tandem talks to it as to a child QEMU.
 
     uuid: the domain's (guest-visible) SMBIOS UUID; it goes into the run's manifest
     (machine()) so its recording replays exactly outside libvirt (replay_args).
