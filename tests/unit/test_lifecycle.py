@@ -1,8 +1,9 @@
 """The one lifecycle of tandem's long-lived objects (replay/tandem/lifecycle.py): start()
 makes what the object holds, close() releases it (idempotent, safe unstarted or after a
 failed start), `with` starts unless started and closes. Shown here on the objects that
-need no VM (a feed's socket, the gate's thread, a VM and a libvirtd never started); the
-real-VM tests (tests/test_live.py, test_semantic.py, test_virt.py) run the rest."""
+need no VM (a feed's socket, the gate's thread, a VM, a recording and a libvirtd never
+started); the real-VM tests (tests/test_live.py, test_semantic.py, test_virt.py) run the
+rest."""
 from __future__ import annotations
 
 import socket
@@ -20,6 +21,7 @@ from tandem.live.gate import Gate
 from tandem.machine import Guest, Host, Run
 from tandem.qemu.feed import FeedServer
 from tandem.qemu.vm import VM
+from tandem.record.recording import Recording
 
 
 class Held(Lifecycle):
@@ -121,3 +123,13 @@ def test_a_libvirtd_never_started_closes_and_leaves_its_directory(tmp_path):
     d = Libvirtd(tmp_path / "lv")
     d.close()
     assert (tmp_path / "lv" / "yours").read_text() == "kept" and not d.started
+
+
+def test_a_recording_whose_start_fails_is_closed_and_leaves_no_bundle(tmp_path):
+    rec = Recording(tmp_path / "r.tdm", Guest(kernel=str(tmp_path / "no-bzImage"), initrd=None))
+    rec.close()                                 # never started: nothing to do
+    with pytest.raises(TandemError, match=r"^kernel .*no-bzImage: not found$"):
+        with rec:
+            pytest.fail("the block ran after a failed start")
+    assert not (tmp_path / "r.tdm").exists()
+    rec.close()

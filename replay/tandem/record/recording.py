@@ -342,7 +342,10 @@ class Recording:
         if self.vm is None or self._ended:
             return
         if self.running():
-            self.stop()
+            try:
+                self.stop()
+            except TandemError:     # QMP not connected yet (a start cut short): no quit to ask
+                self.vm.kill()
         try:
             self.finish()
         except TandemError as e:
