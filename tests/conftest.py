@@ -194,7 +194,7 @@ def libvirtd_daemon(built, tmp_path_factory):
     d = daemon.Libvirtd(tmp_path_factory.mktemp("libvirt") / "libvirt")
     d.start()
     yield d
-    d.stop()
+    d.close()
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ def test_private_libvirtd_starts_and_leaves_nothing(built, tmp_path):
         assert "qemu.conf" in seen and "libvirt.conf" not in seen, seen
         assert set(pids.values()) <= set(d.processes())
     finally:
-        d.stop()
+        d.close()
     assert not any(alive(p) for p in pids.values())
     assert d.processes() == [] and not d.dir.exists()
 
@@ -162,7 +162,7 @@ def test_attach_and_detach(libvirtd, tmp_path):
     qmp.close()
 
     # Fed a horizon, it runs there and says WAIT.
-    srv = feed.FeedServer(Path(kasan["feed_socket"]))
+    srv = feed.FeedServer(Path(kasan["feed_socket"])).start()
     try:
         srv.accept(10)
         srv.horizon(20_000_000)

@@ -66,7 +66,7 @@ SITES = {
     # tandem's machinery
     "QEMU gone before QMP": (lambda d: vm.qmp_connect(d / "qmp.sock", 5, alive=lambda: False), vm.QMPUnavailable),
     "QMP never answered": (lambda d: vm.qmp_connect(d / "qmp.sock", 0.05), vm.QMPUnavailable),
-    "feed never connected": (lambda d: feed.FeedServer(d / "feed.sock").accept(0.05), InfraError),
+    "feed never connected": (lambda d: feed.FeedServer(d / "feed.sock").start().accept(0.05), InfraError),
     "plugin wrote no events": (lambda d: trace.read_records(d / "calls.bin"), trace.TraceError),
 }
 KIND = {bundle.MissingMember: BundleError, options.OptionError: TandemError, lang.AssertionLangError: TandemError,

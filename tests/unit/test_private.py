@@ -65,8 +65,9 @@ def test_feed_socket_only_in_a_private_directory(tmp_path):
                                           r"users \(mode 0755"):
         FeedServer(shared / "f.sock")
     assert not (shared / "f.sock").exists()
-    srv = FeedServer(private.make_dir(tmp_path / "mine") / "f.sock")
-    srv.listener.close()
+    with FeedServer(private.make_dir(tmp_path / "mine") / "f.sock") as srv:
+        assert srv.path.is_socket()
+    assert not srv.path.exists()
 
 
 def test_exposed_lists_what_others_may_read_or_write(tmp_path):

@@ -117,8 +117,7 @@ def _attach_live(args) -> int:
                 forwards=tuple(args.forward) if args.forward else None, root=args.root,
                 users_options=bool(args.analysis_kernel or args.overlay),
                 workdir=Path(args.workdir) if args.workdir else None, on_finding=print_live_finding)
-    try:
-        sh.start()
+    with sh:        # closed whatever happens: the native's own definition is put back
         where = (", ".join(f"{f.protocol} 127.0.0.1:{f.host_port} -> guest {f.guest_port}"
                            for f in sh.native.all_forwards()) or "no forwards") if sh.users_guest \
             else f"guest service on 127.0.0.1:{sh.port}"
@@ -127,9 +126,6 @@ def _attach_live(args) -> int:
                       f"findings in {sh.workdir / 'findings.jsonl'}; stop with guest poweroff, "
                       f"virsh destroy {args.domain} or Ctrl-C", markup=False)
         s = watch(sh)
-    finally:        # the native's own definition back, whatever happened
-        if sh.native.vm:
-            sh.native.vm.close()
     print_summary(s)
     console.print(f"{args.domain}: its own definition is back; the recording is {sh.path}", markup=False)
     return s.exit_status()
@@ -150,17 +146,14 @@ def cmd_detach(args) -> int:
 
 def cmd_libvirtd(args) -> int:
     from ..libvirt.daemon import Libvirtd
-    d = Libvirtd(args.dir)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
-        d.start()
-        console.print(f"private libvirtd running; stop with Ctrl-C\nexport LIBVIRT_DEFAULT_URI='{d.uri}'",
-                      markup=False)
-        while not stop:
-            time.sleep(0.5)
+        with Libvirtd(args.dir) as d:
+            console.print(f"private libvirtd running; stop with Ctrl-C\nexport LIBVIRT_DEFAULT_URI='{d.uri}'",
+                          markup=False)
+            while not stop:
+                time.sleep(0.5)
     except KeyboardInterrupt:
         pass
-    finally:
-        d.stop()
     return 0

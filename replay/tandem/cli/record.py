@@ -51,16 +51,16 @@ def cmd_record(args) -> int:
         port = free_port()
     rec = Recording(args.bundle, guest, duration_ns=args.duration or 0, port=port, forwards=tuple(args.forward),
                     assertions=declared, stop=args.stop, powerdown_wait_s=args.shutdown_timeout)
-    rec.start()
-    console.print(f"recording {args.bundle}: {_what(rec, guest)}; stop with "
-                  f"{'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C", markup=False)
-    signal.signal(signal.SIGINT, lambda *_: rec.request_stop())
-    signal.signal(signal.SIGTERM, lambda *_: rec.request_stop())
-    watcher = rec.watch_forwards(lambda line: console.print(f"tandem: warning: {line}", markup=False))
-    with console.status("booting") as status:
-        rec.wait(progress=progress("recording", status),
-                 say=lambda line: console.print(f"tandem: {line}", markup=False))
-    m = rec.finish()
+    with rec:       # should anything fail before finish(), closing quits and seals it
+        console.print(f"recording {args.bundle}: {_what(rec, guest)}; stop with "
+                      f"{'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C", markup=False)
+        signal.signal(signal.SIGINT, lambda *_: rec.request_stop())
+        signal.signal(signal.SIGTERM, lambda *_: rec.request_stop())
+        watcher = rec.watch_forwards(lambda line: console.print(f"tandem: warning: {line}", markup=False))
+        with console.status("booting") as status:
+            rec.wait(progress=progress("recording", status),
+                     say=lambda line: console.print(f"tandem: {line}", markup=False))
+        m = rec.finish()
     if watcher is not None:
         watcher.join(FORWARD_WATCH_JOIN_S)      # what it reads of the log's end is said before the summary
     if m["stop"]["reason"] in ("guest-reset", "guest-panic"):

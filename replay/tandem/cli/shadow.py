@@ -125,16 +125,17 @@ def cmd_shadow(args) -> int:
                    workdir=Path(args.workdir) if args.workdir else None,
                    guest=guest_from_args(args) if users or not domains else None,
                    forwards=tuple(args.forward) if users else None, root=args.root)
-    sh.start()
-    where = (", ".join(f"{f.protocol} 127.0.0.1:{f.host_port} -> guest {f.guest_port}"
-                       for f in sh.native.all_forwards()) or "no forwards") if users \
-        else f"guest service on 127.0.0.1:{sh.port}"
-    console.print(f"shadowing {args.bundle}: {where}; analyses "
-                  f"{', '.join(a.name for a in sh.analyses)} trail it; findings in {sh.workdir / 'findings.jsonl'}; "
-                  + (f"metrics on http://127.0.0.1:{sh.metrics_port}/metrics; " if sh.metrics_port is not None else "")
-                  + (f"libvirt domains {domains.native}, {', '.join(domains.shadow_names())}; " if domains else "")
-                  + f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
-    s = watch(sh)
+    with sh:            # started; closed whatever happens
+        where = (", ".join(f"{f.protocol} 127.0.0.1:{f.host_port} -> guest {f.guest_port}"
+                           for f in sh.native.all_forwards()) or "no forwards") if users \
+            else f"guest service on 127.0.0.1:{sh.port}"
+        console.print(f"shadowing {args.bundle}: {where}; analyses "
+                      f"{', '.join(a.name for a in sh.analyses)} trail it; findings in {sh.workdir / 'findings.jsonl'}; "
+                      + (f"metrics on http://127.0.0.1:{sh.metrics_port}/metrics; "
+                         if sh.metrics_port is not None else "")
+                      + (f"libvirt domains {domains.native}, {', '.join(domains.shadow_names())}; " if domains else "")
+                      + f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
+        s = watch(sh)
     print_summary(s)
     return s.exit_status()
 

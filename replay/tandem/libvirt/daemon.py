@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .. import private
 from ..errors import InfraError, TandemError
+from ..lifecycle import Lifecycle
 from ..qemu.vm import alive
 
 
@@ -87,10 +88,10 @@ wait
 """
 
 
-class Libvirtd:
+class Libvirtd(Lifecycle):
     """libvirtd and virtlogd with every file under dir, for tests and for hosts without
     a system libvirtd. Nothing of the host's libvirt is used or changed: config, sockets,
-    state, logs and the domains' files are all under dir; stop() ends the daemons and the
+    state, logs and the domains' files are all under dir; close() ends the daemons and the
     domains they started and removes dir.
 
         with Libvirtd(tmp / "libvirt") as d:
@@ -104,6 +105,10 @@ class Libvirtd:
         self.dir = Path(dir).absolute()
         self.proc: subprocess.Popen | None = None
         self.mntns: str | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.proc is not None
 
     @property
     def socket(self) -> Path:
@@ -166,7 +171,7 @@ class Libvirtd:
                     pass
             if time.monotonic() > deadline:
                 msg = self._log_tail()
-                self.stop()
+                self.close()
                 raise InfraError(f"private libvirtd did not answer on {self.socket} within {timeout:.0f}s: {msg}")
             time.sleep(0.1)
         self.mntns = os.readlink(f"/proc/{self.proc.pid}/ns/mnt")
@@ -202,7 +207,7 @@ class Libvirtd:
         ours = set(self.pids().values()) | ({self.proc.pid} if self.proc else set())
         return [p for p in self.processes() if p not in ours]
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def close(self, timeout: float = 20.0) -> None:
         """Destroy the running domains, end the daemons, remove the directory."""
         if self.proc is None:
             return
@@ -263,9 +268,3 @@ class Libvirtd:
 
     def _cleanup(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Libvirtd:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..formats import netpkt
+from ..lifecycle import Lifecycle
 from ..semantic.comparison import equivalence
 from ..semantic.comparison.compare import kept_lines
 from ..semantic.model import FlowOutput
@@ -54,6 +55,7 @@ STATS_NAMES = ("held_peak_frames", "held_peak_bytes", "input_peak_frames", "inpu
 STATS_BODY = struct.Struct("<" + "Q" * len(STATS_NAMES))
 POLICIES = ("detach", "block")
 DIRECTIONS = ("outputs", "inputs")          # OVERFLOW's channel
+CLOSE_WAIT_S = 5.0          # close(): the loop's last pass (a receive is 0.05 s) ends well within this
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +231,10 @@ def agree(native: bytes, a: int, b: int, theirs: bytes, rules, flow: int, closed
     return Agreement(rules, flow).check(n, a, b, t, closed)
 
 
-class Gate:
+class Gate(Lifecycle):
+    """Decides, in a thread of its own (start() to close()), on what QEMU's filter-gate
+    holds: offered on `server`, which its owner starts before the native and closes."""
+
     def __init__(self, server: FeedServer, rec, followers, *, timeout_vm_ns: int = 2_000_000_000,
                  hold=None, specs: dict | None = None):
         self.server, self.rec, self.followers = server, rec, followers
@@ -255,8 +260,25 @@ class Gate:
         self.stop = False
         self.thread = threading.Thread(target=self._loop, name="tandem-gate", daemon=True)
 
-    def start(self) -> None:
+    @property
+    def started(self) -> bool:
+        return self.thread.ident is not None
+
+    def start(self) -> Gate:
         self.thread.start()
+        return self
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the loop to end by itself, as it does once the
+        native's QEMU has closed the gate (its last counters read); True if it has."""
+        if self.started:
+            self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def close(self) -> None:
+        """Stop deciding: the loop ends at its next receive (within 0.05 s) and is waited for."""
+        self.stop = True
+        self.join(CLOSE_WAIT_S)
 
     def _loop(self) -> None:
         while not self.stop:

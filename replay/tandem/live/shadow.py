@@ -36,9 +36,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
 from .. import catalog, private
 from ..errors import TandemError
+from ..lifecycle import Lifecycle
 from ..formats import bundle, pcapng
 from ..machine import Forward, Guest, analyses_given
 from ..qemu.vm import cpu_seconds
@@ -62,6 +64,7 @@ MARKS_KEPT = 3000       # the native's clock marks kept to measure wall lag: 5 m
 # its command line (GRUB and the kernel's first second: 15-20 s of wall time under TCG).
 ROOT_WAIT_S = 300.0
 STOP_REASON_WAIT_S = 120.0  # the native's exit to its stop reason (finish(), the main thread)
+FOLLOW_CLOSE_S = 30.0       # close(): the native gone, its log's rest read by the following thread
 
 
 class Release(StrEnum):
@@ -107,9 +110,11 @@ class ShadowOptions:
                 raise TandemError(f"--{name.replace('_', '-')} must be positive, not {getattr(self, name)}")
 
 
-class ShadowRun:
+class ShadowRun(Lifecycle):
     """A live shadow run: the native recorded as it serves, each analysis VM trailing it
-    (semantic.driving.replay.run on the growing recording), compared and reported as they go."""
+    (semantic.driving.replay.run on the growing recording), compared and reported as they go.
+    start() starts the native and the analyses; finish(), once the native has stopped,
+    waits for the analyses and gives the summary; close() releases what is left."""
 
     def __init__(self, bundle_dir: str | Path, analyses: list[catalog.Analysis], options: ShadowOptions | None = None, *,
                  workdir: Path | None = None, libvirt=None, on_finding=None, guest: Guest | None = None,
@@ -168,6 +173,13 @@ class ShadowRun:
         self._stop = False
         self._lock = threading.Lock()
         self.on_drain_progress: Callable | None = None  # (analysis, run, delivered, taken), while draining
+        self._started = self._closed = False
+        self._following: threading.Thread | None = None     # the native's log into self.rec
+        self._metrics: WSGIServer | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._started
 
     @property
     def port(self) -> int:
@@ -177,6 +189,9 @@ class ShadowRun:
         return self.native.port
 
     def start(self) -> ShadowRun:
+        self._started = True
+        if self._gate_server:           # the native's QEMU connects to it as it starts
+            self._gate_server.start()
         self.native.start()
         if self._gate_server:
             self._gate_server.accept(30)
@@ -191,11 +206,39 @@ class ShadowRun:
         self.rec.created = self.native.manifest["created"][:19]
         private.make_dir(self.workdir)
         self.trail.findings_file = open(self.workdir / "findings.jsonl", "w", opener=private.opener)
-        threading.Thread(target=self._follow, name="tandem-follow", daemon=True).start()
+        self._following = threading.Thread(target=self._follow, name="tandem-follow", daemon=True)
+        self._following.start()
         if self.metrics_port is not None:
-            self.metrics_port = metrics.serve(self.status, self.metrics_port)
+            self._metrics = metrics.serve(self.status, self.metrics_port)
+            self.metrics_port = self._metrics.server_port
         self.trail.start()
         return self
+
+    def close(self) -> None:
+        """End the run and release everything: a native still recording is quit and
+        sealed, analyses still running are stopped, then the gate, the metrics endpoint,
+        the findings file and the sockets' directory go. finish() ends with it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop = True
+        try:
+            self.native.close()
+        finally:
+            self._native_sealed.set()
+            self.trail.close()
+            if self._following is not None:
+                self._following.join(FOLLOW_CLOSE_S)
+            if self.gate is not None:
+                self.gate.close()
+            if self._gate_server is not None:
+                self._gate_server.close()
+            if self.trail.findings_file is not None:
+                self.trail.findings_file.close()
+            if self._metrics is not None:
+                self._metrics.shutdown()
+                self._metrics.server_close()
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
     def _run_options(self, analysis: catalog.Analysis) -> RunOptions:
         """How each analysis VM runs, from this thread of it."""
@@ -325,7 +368,15 @@ class ShadowRun:
     # --- the end ---
 
     def finish(self, timeout: float = 600.0, noise: bool = False) -> Summary:
-        """After the native has stopped: seal its bundle, let the analyses run out, report."""
+        """After the native has stopped: seal its bundle, let the analyses run out (those
+        still running after `timeout` s are stopped), report: the summary. The run is
+        closed at the end, whatever happens."""
+        try:
+            return self._report(timeout, noise)
+        finally:
+            self.close()
+
+    def _report(self, timeout: float, noise: bool) -> Summary:
         try:
             self.native.finish()
         finally:
@@ -333,7 +384,7 @@ class ShadowRun:
         deadline = time.monotonic() + timeout
         if not self.trail.join(max(1.0, deadline - time.monotonic())):
             self._stop = True
-            self.trail.join(30 * len(self.followers))
+            self.trail.close()
         runs, found = self.trail.results()
         s = summarize(self.path, self.rec, self.analyses, runs, self.specs, noise, self.workdir, found)
         if self.trail.findings_file is not None:
@@ -341,7 +392,7 @@ class ShadowRun:
         if self.options.drain:
             self._drain(s)
         if self.gate:
-            self.gate.thread.join(10)
+            self.gate.join(10)      # QEMU's gate closed: its last counters
             s.limits += [f"gate: {e.describe()}" for e in self.gate.events if e.kind != "overflow"]
             s.limits += overflow_limits(self.gate.events)
             s.limits += [f"overflow: {f.analysis}'s full buffer held the native's inputs {f.buffer.blocks} "
@@ -355,9 +406,6 @@ class ShadowRun:
                              "native": e.native.decode("latin-1"), "analysis_bytes": e.analysis_bytes.decode("latin-1"),
                              "vm_ns": e.vm_ns, **({"qemu": e.qemu} if e.qemu else {})}
                             for e in self.gate.events]}, indent=1))
-        if self._gate_server is not None:
-            self._gate_server.close()
-        shutil.rmtree(self._tmp, ignore_errors=True)
         peaks = {f.analysis: {"peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes,
                               "blocks": f.buffer.blocks, "blocked_s": round(f.buffer.blocked_s, 3)}
                  for f in self.followers}
@@ -369,7 +417,6 @@ class ShadowRun:
         data["live"] = {"native_cpu_s": round(self.native_cpu_s, 3)}
         private.write_text(sj, json.dumps(data, indent=1, default=str))
         return s
-
 
     def _drain(self, s: Summary) -> None:
         """Every analysis stopped for lag (detached, lagging) analysed again offline from the

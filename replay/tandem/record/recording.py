@@ -22,7 +22,7 @@ from . import forwards as forward_watch
 from .console import ConsoleServer
 from ..machine import RR, Forward, Gate, Guest, Run, UserNet, disk_input
 from ..qemu.argv import GUEST_PORT, overlay_path
-from ..qemu.vm import VM, Serial, free_port
+from ..qemu.vm import VM, Launcher, Serial, free_port
 from ..qemu.image import make_overlays
 
 log = logging.getLogger(__name__)
@@ -129,20 +129,23 @@ POWERDOWN_WAIT_S = 60.0
 
 
 class Recording:
-    """One recording in progress. Use as a context manager, or start()/finish()."""
+    """One recording in progress, with tandem's lifecycle (lifecycle.py): start(), close(),
+    `with`. finish() waits for the guest's own end and seals the bundle (its manifest is
+    the result); a `with` block that ends without an error finishes it so, and close()
+    stops and seals one still running."""
 
     def __init__(self, path: str | Path, guest: Guest | None = None, *,
                  duration_ns: int = 0, port: int | None = None, forwards: tuple[Forward, ...] | None = None,
                  gate_socket: Path | None = None, gate_outputs: bool = True, gate_overflow: str = "block",
-                 assertions: dict | None = None, launcher=None, stop: str = "powerdown",
+                 assertions: dict | None = None, launcher: Launcher | None = None, stop: str = "powerdown",
                  powerdown_wait_s: float | None = None):
         """port: the demo guest's service forward (host port to its port 7000); without
         forwards, a free port is chosen for it. forwards: the host ports forwarded to the
         guest (`tandem record --forward`); given (even empty), no demo port is added unless
         port is given too. assertions: a declared assertion pack ({path, sha256, ...}) for
         the manifest; it changes nothing in the recorded run (the checking happens on
-        replay). launcher: run the QEMU as a libvirt domain (libvirt.launcher.Launcher, see
-        qemu.vm.VM); what libvirt adds that the guest sees goes into the manifest's machine.libvirt.
+        replay). launcher: run the QEMU as a libvirt domain (qemu.vm.Launcher);
+        what libvirt adds that the guest sees goes into the manifest's machine.libvirt.
         stop: what a stop request (Ctrl-C) does, as `virsh shutdown` and `virsh destroy`:
         "powerdown" presses the power button and waits powerdown_wait_s for the guest to
         power off, quitting on a second request or when the wait is over; "quit" quits at
@@ -168,6 +171,7 @@ class Recording:
         self.button_pressed = False             # by powerdown(), for whatever reason
         self._tmp: str | None = None       # the sockets' directory, while recording
         self.console: ConsoleServer | None = None   # the serial console served to users
+        self._ended = False                 # finish() has begun, or start() failed: nothing to seal
 
     def started(self) -> VM:
         """The recording's VM, once start() has made it."""
@@ -196,6 +200,8 @@ class Recording:
             vm.start()
         except TandemError:
             # Keep the bundle honest: it exists, holds what QEMU wrote, and says so.
+            self._ended = True
+            vm.close()
             m["state"] = "interrupted"
             bundle.write_manifest(self.path, m)
             private.copy_file(vm.log_path, self.path / "qemu.log")
@@ -231,7 +237,8 @@ class Recording:
         self.serial.wait_for(b"TANDEM-READY", timeout)
 
     def stop(self) -> None:
-        """End the recording now (recorded as a host shutdown, so replay stops there too)."""
+        """Quit the guest now (recorded as a host shutdown, so replay stops there too):
+        what a stop request does; finish() or close() then seals the bundle."""
         if self.stop_reason is None:
             self.stop_reason = "interrupt"
         self.started().quit()
@@ -293,8 +300,11 @@ class Recording:
                 pass
 
     def finish(self, timeout: float = 60.0) -> dict:
-        """Wait for QEMU to exit, then seal the bundle with its manifest."""
+        """Wait for QEMU to exit (killed after `timeout` s), release the VM, its console
+        server and sockets, and seal the bundle: its manifest. An 'interrupted' bundle
+        is an error (once sealed)."""
         vm = self.started()
+        self._ended = True
         try:
             status = vm.wait(timeout)
         except TandemError:
@@ -325,15 +335,31 @@ class Recording:
                              f"(bundle kept as 'interrupted'; replay it with --partial)")
         return m
 
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, exc_type, *_):
-        if self.vm and self.vm.proc and self.vm.proc.poll() is None and exc_type is not None:
-            self.stop()
-        if self.vm:
+    def close(self) -> None:
+        """End the recording and release it: one still running is quit (stop()) and
+        sealed as finish() seals it; an 'interrupted' bundle is logged here, not raised.
+        Nothing to do once finish() has run, after a failed start, or a second time."""
+        if self.vm is None or self._ended:
+            return
+        if self.running():
             try:
-                self.finish()
-            except TandemError:
-                if exc_type is None:
-                    raise
+                self.stop()
+            except TandemError:     # QMP not connected yet (a start cut short): no quit to ask
+                self.vm.kill()
+        try:
+            self.finish()
+        except TandemError as e:
+            log.debug("%s: closed: %s", self.path, e)
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, exc_type, *_) -> None:
+        if exc_type is None and self.vm is not None and not self._ended:
+            self.finish()       # the block's result: the guest's own end, sealed (an error if interrupted)
+        else:
+            self.close()

@@ -140,9 +140,9 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
                                                            lookahead_ns=lookahead_ns, line_deps=not users,
                                                            cpu_idle=cpu_idle),
                           findings_file=findings_file, stuck_max=OFFLINE_STUCK_MAX, progress=progress)
-            trail.start()
-            read_paced(trail, bundle_dir)
-            trail.join()
+            with trail:         # started; its analyses stopped if reading fails
+                read_paced(trail, bundle_dir)
+                trail.join()
             r, f = trail.results()
             runs.update(r)
             found.update(f)

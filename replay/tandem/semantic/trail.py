@@ -17,6 +17,7 @@ events) would pass 100,000 inputs held, and a longer one would hold every input 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -26,6 +27,7 @@ from typing import TextIO
 
 from .. import catalog, report
 from ..errors import TandemError
+from ..lifecycle import Lifecycle
 from .comparison import compare
 from . import inputs, model
 from . import findings
@@ -35,6 +37,10 @@ from .comparison.equivalence import Spec
 from .comparison.live_compare import LiveCompare
 
 log = logging.getLogger(__name__)
+
+# close(): an analysis told to stop ends at its driver's next pass (a second at most) and
+# seals its bundle; this is what each may take before close() stops waiting for it.
+CLOSE_WAIT_S = 30.0
 
 
 @dataclass
@@ -68,8 +74,10 @@ class Follower:
         return not self.cmp.finished
 
 
-class Trail:
-    """Analysis VMs trailing `rec` (filled in by the caller's reading thread)."""
+class Trail(Lifecycle):
+    """Analysis VMs trailing `rec` (filled in by the caller's reading thread), each in a
+    thread of its own from start() on; join() waits for them to end by themselves (the
+    recording's end), close() stops those still running."""
 
     def __init__(self, rec: inputs.RecordedInputs, analyses: list[catalog.Analysis], specs: dict[str, Spec],
                  buffers: dict[str, model.Buffer], *, run_options: Callable[[catalog.Analysis], RunOptions],
@@ -89,12 +97,26 @@ class Trail:
         self._open_flows: set[int] = set()      # the recording's flows not retired yet
         self._flows_seen = 0
         self._lock = threading.Lock()           # findings_file
+        self._started = False
+        self._closing = False                   # close(): every analysis's stop() is true
 
-    def start(self) -> None:
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def start(self) -> Trail:
+        self._started = True
         for f in self.followers:
             f.thread = threading.Thread(target=self._analyse, args=(f,), name=f"tandem-{f.analysis}",
                                         daemon=True)
             f.thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the analyses still running (their runs end "detached": what they found so
+        far stays) and wait for them, CLOSE_WAIT_S each at most."""
+        self._closing = True
+        self.join(CLOSE_WAIT_S * len(self.followers))
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for every analysis to end (at most `timeout` seconds in all); True if they have."""
@@ -177,8 +199,8 @@ class Trail:
             return f.cmp.tick(run)
         f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
         try:
-            f.run = replay.run(self.rec, self.run_options(f.of), buffer=f.buffer, progress=progress,
-                                        tick=tick)
+            f.run = replay.run(self.rec, self._options(f.of), buffer=f.buffer, progress=progress,
+                               tick=tick)
         except TandemError as e:        # its machine could not be made (a live user VM's root, an overlay)
             log.warning("%s: %s", f.analysis, e)
             f.run = model.AnalysisRun(f.analysis)
@@ -190,6 +212,12 @@ class Trail:
                 self._emit_findings(f, f.run)
                 f.cmp.finish(f.run)
             f.cmp.finished = True
+
+    def _options(self, analysis: catalog.Analysis) -> RunOptions:
+        """run_options(analysis), its stop() also true once close() is called."""
+        options = self.run_options(analysis)
+        stop = options.stop
+        return dataclasses.replace(options, stop=lambda: self._closing or bool(stop and stop()))
 
     def _emit_findings(self, f: Follower, run: model.AnalysisRun) -> None:
         """Findings as they happen: appended to findings.jsonl the moment a report completes."""

@@ -26,12 +26,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ...qemu.feed import FIRED, Message, NET, OUTPUT, RNG, SERIAL, SHUTDOWN, SHUTDOWN_CAUSES, WAIT, WAIT_IDLE
+from ...qemu.feed import FIRED, FeedConnection, Message, NET, OUTPUT, RNG, SERIAL, SHUTDOWN, SHUTDOWN_CAUSES, WAIT, WAIT_IDLE
 from ..inputs import Input, InputKind, RecordedInputs
 from ..model import HANG_WALL_S, MAX_LAG_NS, POWEROFF_WAIT_NS, TICK_S, AnalysisRun, Buffer, Outcome
 from ..network.remote import Remote
 from ..network.rules import Rules
 from .dependencies import Dependencies
+from ...qemu.vm import AnalysisVM
 from .horizon import live_grant, next_horizon
 from .inbox import Inbox
 
@@ -67,13 +68,12 @@ class AnalysisDriver:
     """Drive one analysis VM through a recording's inputs; drive() returns when the run
     has ended, its outcome and detail in `res`.
 
-    vm: what the driver asks of QEMU (qemu.vm.VM): kill(), quit(), powerdown(), wait(s),
-    log_tail(n), status(), feed_counters(), cpu_seconds(). feed: the feed connection
-    (qemu.feed.FeedServer): input(), horizon(), rule(), unrule(), flush(),
-    receive(timeout) -> messages, [] on a timeout, None once QEMU has gone.
+    vm, feed: the analysis VM's QEMU and its feed (the Protocols qemu.vm.AnalysisVM and
+    qemu.feed.FeedConnection).
     """
 
-    def __init__(self, rec: RecordedInputs, res: AnalysisRun, vm, feed, options: DriveOptions | None = None):
+    def __init__(self, rec: RecordedInputs, res: AnalysisRun, vm: AnalysisVM, feed: FeedConnection,
+                 options: DriveOptions | None = None):
         self.rec, self.res, self.vm, self.feed = rec, res, vm, feed
         self.opts = options = options or DriveOptions()
         self.buffer = options.buffer or Buffer()

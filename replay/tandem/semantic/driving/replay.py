@@ -96,8 +96,7 @@ def run(rec: inputs.RecordedInputs, o: RunOptions, *, buffer: Buffer | None = No
         tmp = Path(tempfile.mkdtemp(prefix="tandem-an-"))
         cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
         private.make_dir(o.workdir)
-        server = FeedServer(tmp / "feed.sock")
-        cleanup.callback(server.close)
+        server = cleanup.enter_context(FeedServer(tmp / "feed.sock"))     # QEMU connects to it as it starts
         manifest, rr, devlog, overlay = _devices(res, rec, o, guest, tmp)
         vm = VM(guest, Run(tmp, net=Feed(server.path, lookahead_ns=o.lookahead_ns, rtc_base=rec.created), rr=rr,
                            devlog=devlog, overlay=overlay, host=Host(idle=o.idle, cpus=o.cpus)),
