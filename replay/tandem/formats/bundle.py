@@ -349,10 +349,10 @@ def _id_ok(value: Any) -> bool:
 
 
 def _table_list(value: Any, rules: dict[str, Callable[[Any], bool]], required: tuple[str, ...]) -> bool:
-    """A list of at most _MAX_DEVICES tables, each with its required keys and every key it
-    has well formed (machine.disks, machine.nics)."""
+    """A list of at most _MAX_DEVICES tables, each with its required keys set and every key
+    it has well formed (machine.disks, machine.nics)."""
     return (isinstance(value, list) and len(value) <= _MAX_DEVICES
-            and all(isinstance(t, dict) and all(k in t for k in required)
+            and all(isinstance(t, dict) and all(t.get(k) is not None for k in required)
                     and all(k in rules and (t[k] is None or rules[k](t[k])) for k in t) for t in value))
 
 
@@ -373,6 +373,10 @@ def _int(value: Any, low: int = 0, high: int = _NS_MAX) -> bool:
 
 def _text(value: Any, limit: int = 4096) -> bool:
     return isinstance(value, str) and len(value) <= limit and "\0" not in value
+
+
+def _texts(value: Any, items: int, limit: int) -> bool:
+    return isinstance(value, list) and len(value) <= items and all(_text(v, limit) for v in value)
 
 
 # field -> (check, what it must be); a field absent or null is not checked here (the code
@@ -399,10 +403,33 @@ _MACHINE: FieldRules = {
               f"a list of at most {_MAX_DEVICES} disks ({{id: a drive id, format: 'raw' or 'qcow2'}})"),
     "nics": (lambda v: _table_list(v, _NIC_ENTRY, ()),
              f"a list of at most {_MAX_DEVICES} NICs ({{netdev: an id, model: a NIC model, mac: a MAC}})"),
+    "devices": (lambda v: _texts(v, 4 * _MAX_DEVICES, 64), "a list of QEMU device names"),
+    "net": (lambda v: isinstance(v, dict), "a table"),
+    "source": (_text, "a bundle's path"),
 }
 _STOP: FieldRules = {"reason": (lambda v: _text(v, 256), "text"), "vm_ns": (_int, "a whole number of nanoseconds"),
          "icount": (_int, "a whole number of instructions"),
-         "power_button": (lambda v: isinstance(v, bool), "true or false")}
+         "power_button": (lambda v: isinstance(v, bool), "true or false"),
+         "exit_status": (lambda v: _int(v, -(1 << 31), 1 << 31), "an exit status")}
+
+# The tables of the fields above, and the fields the typed Manifest reads besides
+# (their shapes are checked after every other, by _typed_problem).
+_NET: FieldRules = {"backend": (lambda v: _text(v, 64), "text"),
+                    "forwards": (lambda v: _texts(v, 64, 256), "a list of forwards (tcp:HOST:GUEST)"),
+                    "hostfwd_port": (lambda v: _int(v, 0, 1 << 16), "a port number"),
+                    "guest_port": (lambda v: _int(v, 0, 1 << 16), "a port number")}
+_LIBVIRT: FieldRules = {"uuid": (lambda v: _text(v, 64), "text"), "domain": (_text, "text")}
+_TOP: FieldRules = {"created": (lambda v: _text(v, 64), "a time (text)"),
+                    "tandem_version": (lambda v: _text(v, 64), "text"),
+                    "devlog_format": (lambda v: _int(v, 0, 1 << 16), "a device log format number"),
+                    "assertions": (lambda v: isinstance(v, dict), "a table")}
+_PACK: FieldRules = {"path": (_text, "a file path"),
+                     "sha256": (lambda v: isinstance(v, str) and bool(_SHA256.fullmatch(v)), "a sha256 digest"),
+                     "names": (lambda v: _texts(v, 1 << 16, 256), "a list of assertion names")}
+_TRAFFIC = (lambda v: _fields_problem("", v, {"events": (_int, ""), "bytes": (_int, "")}) is None,
+            "a table {events, bytes: whole numbers}")
+_CHANNEL: FieldRules = {"kind": (lambda v: _text(v, 64), "text"), "records": (_int, "a whole number"),
+                        "in": _TRAFFIC, "out": _TRAFFIC}
 
 
 def _entry_problem(where: str, entry: Any, *, with_path: bool) -> str | None:
@@ -427,7 +454,7 @@ def _fields_problem(where: str, table: Any, rules: FieldRules) -> str | None:
     for key, (ok, what) in rules.items():
         value = table.get(key)
         if value is not None and not ok(value):
-            return f"{where}.{key}: {_shown(value)} is not {what}"
+            return f"{where + '.' if where else ''}{key}: {_shown(value)} is not {what}"
     return None
 
 
@@ -467,6 +494,21 @@ def manifest_problem(m: dict[str, Any]) -> str | None:
                                                  and not isinstance(m["wall_time_s"], bool)
                                                  and 0 <= m["wall_time_s"] < 1e9):
         return f"wall_time_s: {_shown(m['wall_time_s'])} is not a number of seconds"
+    return _typed_problem(m)
+
+
+def _typed_problem(m: dict[str, Any]) -> str | None:
+    """The first field the typed Manifest reads beyond what replay needs (when the
+    recording started, its channels, the declared assertions, the machine's network and
+    libvirt domain) whose shape is wrong; checked after every other field."""
+    machine = m.get("machine") or {}
+    tables = [("", m, _TOP), ("assertions", m.get("assertions"), _PACK), ("machine.net", machine.get("net"), _NET),
+              ("machine.libvirt", machine.get("libvirt"), _LIBVIRT)]
+    tables += [(f"channels.{name if name.isprintable() else _shown(name)}", entry, _CHANNEL)
+               for name, entry in (m.get("channels") or {}).items()]
+    for where, table, rules in tables:
+        if table is not None and (why := _fields_problem(where, table, rules)):
+            return why
     return None
 
 
