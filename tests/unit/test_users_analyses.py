@@ -13,6 +13,7 @@ import pytest
 
 from tandem import catalog
 from tandem.errors import TandemError
+from tandem.formats.bundle import Manifest
 from tandem.qemu import kernel_image
 from tandem.semantic import findings, guests, overlay
 
@@ -92,7 +93,7 @@ def test_a_brought_kernel_is_an_analysis_every_stage_finds_by_name(tmp_path):
 def test_a_brought_kernel_boots_the_users_disks_not_the_demo_guest(tmp_path):
     image = bzimage(tmp_path / "bz")
     guests.bring_kernel(f"mine={image}")
-    demo = {"machine": {"net": {"guest_port": 7000}, "disks": [{"id": "disk0"}]}}
+    demo = Manifest.from_json({"machine": {"net": {"guest_port": 7000}, "disks": [{"id": "disk0"}]}})
     with pytest.raises(TandemError, match="a kernel you bring analyses a recording of your own VM"):
         guests.analysis_guest(tmp_path, demo, "mine")
 

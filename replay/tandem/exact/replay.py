@@ -123,7 +123,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
 
         if follow:   # the recording must be sealed before its log can be compared
             deadline = time.monotonic() + 120
-            while bundle.load_manifest(d)["state"] == "recording":
+            while bundle.load_manifest(d).state == "recording":
                 if time.monotonic() > deadline:
                     raise BundleError(f"{d}: recording did not finish within 120s of the replay")
                 time.sleep(0.2)
@@ -145,7 +145,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
                         f"{len(replayed.events) - compared} later events are not compared)")
         return Verdict(ok=mm is None, events=compared, mismatch=mm,
                        recorded_end=rec_end, replayed_end=rep_end, replay_wall_s=wall,
-                       record_wall_s=manifest.get("wall_time_s"), partial=partial, note=note,
+                       record_wall_s=manifest.wall_time_s, partial=partial, note=note,
                        reports=console_reports(replayed, guest.os))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

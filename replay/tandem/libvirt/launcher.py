@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import TandemError
+from ..machine import LibvirtSection
 from ..qemu.argv import qmp_chardev
 from ..qemu.vm import alive
 from .daemon import binding, connect
@@ -148,7 +149,7 @@ class Launcher:
     through, so the rest of tandem talks to it as to a child QEMU.
 
     uuid: the domain's (guest-visible) SMBIOS UUID; it goes into the run's manifest
-    (machine()) so its recording replays exactly outside libvirt (replay_args).
+    (section()) so its recording replays exactly outside libvirt (machine.replay_args).
     metadata(vm): tandem's <metadata> element (what detach removes if tandem dies).
     restore: a domain definition release() puts back (tandem attach: the native's own)
     instead of undefining the domain.
@@ -163,8 +164,9 @@ class Launcher:
         self.conn: libvirt.virConnect | None = None
         self.dom: libvirt.virDomain | None = None
 
-    def machine(self) -> dict:
-        return {"libvirt": {"uuid": self.uuid, "domain": self.name}}
+    def section(self) -> LibvirtSection:
+        """The manifest's machine.libvirt of a run in this domain."""
+        return LibvirtSection(uuid=self.uuid, domain=self.name)
 
     def start(self, vm, log) -> DomainProcess:
         libvirt = binding()

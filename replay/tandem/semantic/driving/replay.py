@@ -16,6 +16,7 @@ anyway and reported as a replay limit.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -24,12 +25,12 @@ from pathlib import Path
 
 from ... import private
 from ...errors import TandemError
-from ...formats import bundle
-from ...machine import RR, Feed, Guest, Host, Run
+from ...formats import bundle, lifecycle
+from ...formats.bundle import Manifest
+from ...machine import RR, Feed, Guest, Host, NetSection, Run
 from ...qemu import wake_latency
 from ...qemu.vm import VM
 from ...qemu.image import make_overlays
-from ...record import recording as record_mod
 from .. import inputs as inputs_mod
 from .driver import AnalysisDriver
 from ...qemu.feed import FeedServer
@@ -77,12 +78,12 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
         run_bundle = res.bundle = workdir / f"{analysis}.tdm"
         if run_bundle.exists():
             shutil.rmtree(run_bundle)
-        manifest = record_mod.start_manifest(run_bundle, guest, {
-            "mode": "analysis", "analysis": analysis, "rtc_base": rec.created,
-            "lookahead_ns": lookahead_ns, "source": str(rec.path),
-            "net": {"backend": "feed"}, **(launcher.machine() if launcher else {})})
+        manifest = lifecycle.start(run_bundle, guest, dataclasses.replace(
+            guest.section(), mode="analysis", analysis=analysis, rtc_base=rec.created, lookahead_ns=lookahead_ns,
+            source=str(rec.path), net=NetSection(backend="feed"), libvirt=launcher.section() if launcher else None),
+            then=lambda: make_overlays(guest, run_bundle / bundle.OVERLAY))
         rr, devlog = RR("record", run_bundle / bundle.STREAM), run_bundle / bundle.DEVLOG
-        overlay = run_bundle / record_mod.OVERLAY if guest.disk else None
+        overlay = run_bundle / bundle.OVERLAY if guest.disk else None
     else:
         devlog = workdir / f"{analysis}.pcapng"
         if guest.disk:
@@ -115,12 +116,11 @@ def run(rec: inputs_mod.RecordedInputs, analysis: str, workdir: Path, *,
     return res
 
 
-def _seal(res: AnalysisRun, run_bundle: Path, vm: VM, manifest: dict) -> None:
+def _seal(res: AnalysisRun, run_bundle: Path, vm: VM, manifest: Manifest) -> None:
     """Finish the analysis run's bundle (run_bundle); a run that did not end cleanly stays 'interrupted'."""
     try:
         private.copy_file(vm.log_path, run_bundle / "qemu.log")
         status = vm.proc.returncode if vm.proc and vm.proc.returncode is not None else -9
-        record_mod.seal(run_bundle, manifest, status=status, wall_s=res.wall_s,
-                        stop_reason=res.outcome)
+        lifecycle.seal(run_bundle, manifest, status=status, wall_s=res.wall_s, stop_reason=res.outcome)
     except (OSError, TandemError) as e:
         res.limits.append(f"the run's recording could not be sealed: {e}")
