@@ -63,7 +63,7 @@ def record(tmp: Path, declared: dict | None = None, busy: bool = False) -> tuple
                 kv.request(line)
         rec.serial.type("poweroff")
         rec.wait(timeout=300)
-    return path, bundle.load_manifest(path)["wall_time_s"]
+    return path, bundle.load_manifest(path).wall_time_s
 
 
 def replays(b: Path, kern, plans: dict, runs: int, label: str):

@@ -288,7 +288,7 @@ def run_light(args) -> None:
             rrstream.to_stock(b / bundle.STREAM, tmp / "stock.bin")
             devlog = (b / bundle.DEVLOG).stat().st_size
             devlog_gz = len(gzip.compress((b / bundle.DEVLOG).read_bytes()))
-            sizes.append({"vm_s": m["stop"]["vm_ns"] / 1e9, "ginsn": m["stop"]["icount"] / 1e9,
+            sizes.append({"vm_s": m.stop.vm_ns / 1e9, "ginsn": m.stop.icount / 1e9,
                           "stock_qemu_log": (rrdir / "replay.bin").stat().st_size,
                           "same_run_stock_format": (tmp / "stock.bin").stat().st_size,
                           "tdrs": info.stored_bytes + 48 * len(info.segments) + 16,

@@ -298,7 +298,7 @@ def test_tandem_dying_leaves_the_native_serving_and_its_recording_readable(tmp_p
         tandem.kill()
         for pid in _qemus_of(tmp_path):         # the native and the analysis, whatever happened
             os.kill(pid, signal.SIGKILL)
-    assert bundle.load_manifest(b)["state"] == "recording"     # nobody sealed it
+    assert bundle.load_manifest(b).state == "recording"     # nobody sealed it
     v = replay(b, partial=True)
     assert v.ok, v.summary()
     # ... and that recording has what the native served after tandem died.

@@ -192,8 +192,8 @@ def test_recording_with_planted_bugs_replays_exactly(built, tmp_path):
         rec.serial.type("poweroff")
         rec.wait(timeout=120)
     m = bundle.load_manifest(path)
-    assert m["inputs"]["initrd"]["path"] == Guest.default().initrd
-    assert m["stop"]["reason"] == "poweroff"
+    assert m.inputs["initrd"].path == Guest.default().initrd
+    assert m.stop.reason == "poweroff"
     v = replay(path)
     assert v.ok, v.summary()
 

@@ -113,7 +113,7 @@ def test_second_recorder_refused_first_replays_exactly(built, tmp_path, usual_um
         demo_traffic(rec.port, rounds=2)
         rec.serial.type("poweroff")
         rec.wait(timeout=120)
-    assert bundle.load_manifest(path)["state"] == "complete"
+    assert bundle.load_manifest(path).state == "complete"
     v = replay(path)
     assert v.ok, v.summary()
 

@@ -5,6 +5,7 @@ directory), domains, QEMU. `virsh` is the plain libvirt client, as a user would 
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import stat
@@ -17,13 +18,13 @@ import pytest
 from helpers import assert_one_line_error, run_cli, wait_until
 from helpers.libvirt import names, native_xml, shadow_pid, virsh
 from tandem import artifacts
-from tandem.formats import bundle
+from tandem.formats import bundle, sealing
 from tandem.qemu import feed
 from tandem.record import recording
 from tandem.libvirt import daemon, domain, shadows
 from tandem.errors import TandemError
 from tandem.exact.replay import replay
-from tandem.machine import RR, Feed, Guest, Run, UserNet
+from tandem.machine import RR, Feed, Guest, LibvirtSection, NetSection, Run, UserNet
 from tandem.qemu.vm import Serial, alive, free_port
 from tandem.record.workload import KV
 
@@ -91,10 +92,10 @@ def test_tandem_domain_boots_serves_and_replays(libvirtd, tmp_path):
     path, rundir, port = tmp_path / "native.tdm", tmp_path / "run", free_port()
     rundir.mkdir()
     uuid = "5a4d1e2b-0000-4000-8000-000000000001"
-    m = recording.start_manifest(path, g, {"libvirt": {"uuid": uuid},
-                                        "net": {"backend": "user", "hostfwd_port": port, "guest_port": 7000}})
+    m = recording.start_bundle(path, g, dataclasses.replace(
+        g.section(), libvirt=LibvirtSection(uuid=uuid), net=NetSection(backend="user", hostfwd_port=port, guest_port=7000)))
     run = Run(rundir, net=UserNet(port), rr=RR("record", path / bundle.STREAM), devlog=path / bundle.DEVLOG,
-              overlay=path / recording.OVERLAY)
+              overlay=path / bundle.OVERLAY)
     conn = daemon.connect(libvirtd.uri)
     dom = conn.defineXML(domain.domain_xml("native", g, run, uuid=uuid))
     t0 = time.monotonic()
@@ -113,8 +114,8 @@ def test_tandem_domain_boots_serves_and_replays(libvirtd, tmp_path):
     wait_until(lambda: not dom.isActive(), 60, "the guest to power off")
     serial.close()
     assert "native" not in names(libvirtd.uri) and "native" in names(libvirtd.uri, "--inactive")
-    m = recording.seal(path, m, status=0, wall_s=time.monotonic() - t0, stop_reason="poweroff")
-    assert m["state"] == "complete"
+    m = sealing.seal(path, m, status=0, wall_s=time.monotonic() - t0, stop_reason="poweroff")
+    assert m.state == "complete"
     v = replay(path)
     assert v.ok, v.summary()
     dom.undefine()

@@ -56,7 +56,7 @@ def test_shadow_runs_native_and_analysis_as_domains(libvirtd, tmp_path):
     assert len(r.run.delivered) > 0 and not r.divergences, [d.diff for d in r.divergences]
     assert names(uri, "--all") == set() and libvirtd.others() == []
     m = bundle.load_manifest(path)
-    assert m["machine"]["libvirt"]["domain"] == "web" and m["state"] == "complete"
+    assert m.machine.libvirt.domain == "web" and m.state == "complete"
     v = replay(path)
     assert v.ok, v.summary()
     v = replay(tmp_path / "an" / "native.tdm")
@@ -72,7 +72,7 @@ def test_shadow_libvirt_cli(libvirtd, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "libvirt domains cli, cli-tandem-native" in r.stderr
     assert names(uri, "--all") == set() and libvirtd.others() == []
-    assert bundle.load_manifest(tmp_path / "cli.tdm")["machine"]["libvirt"]["domain"] == "cli"
+    assert bundle.load_manifest(tmp_path / "cli.tdm").machine.libvirt.domain == "cli"
     assert replay(tmp_path / "cli.tdm").ok
     plain_web(uri, tmp_path)
     try:
@@ -161,7 +161,7 @@ def test_attach_follows_a_plain_domain_live(libvirtd, tmp_path):
     for p in (native["rundir"], shadow["statedir"]):
         assert not Path(p).exists(), p
     m = bundle.load_manifest(tmp_path / "web.tdm")
-    assert m["machine"]["nics"][0]["mac"] == "52:54:00:7a:6e:01" and m["machine"]["disks"][0]["format"] == "qcow2"
+    assert m.machine.nics[0].mac == "52:54:00:7a:6e:01" and m.machine.disks[0].format == "qcow2"
     v = replay(tmp_path / "web.tdm")
     assert v.ok, v.summary()
     assert_one_line_error(run_cli("detach", "web", "--uri", uri), "nothing to detach")

@@ -16,6 +16,7 @@ import pytest
 from tandem import catalog
 from tandem.cli import common
 from tandem.errors import TandemError
+from tandem.formats.bundle import Manifest
 from tandem.qemu import kernel_image
 from tandem.semantic import guests, overlay
 
@@ -100,7 +101,7 @@ def test_a_brought_kernel_is_an_analysis_that_the_command_line_names(tmp_path):
 
 def test_a_brought_kernel_boots_the_users_disks_not_the_demo_guest(tmp_path):
     mine = common.bring_kernel(f"mine={bzimage(tmp_path / 'bz')}")
-    demo = {"machine": {"net": {"guest_port": 7000}, "disks": [{"id": "disk0"}]}}
+    demo = Manifest.from_json({"machine": {"net": {"guest_port": 7000}, "disks": [{"id": "disk0"}]}})
     with pytest.raises(TandemError, match="a kernel you bring analyses a recording of your own VM"):
         guests.analysis_guest(tmp_path, demo, mine)
 

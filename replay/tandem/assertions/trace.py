@@ -119,7 +119,7 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
     cpio the recorded initrd ends with)."""
     d = Path(bundle_dir)
     m = bundle.load_manifest(d)
-    kpath = Path(((m.get("inputs") or {}).get("kernel") or {}).get("path", ""))
+    kpath = Path(m.input_paths.get("kernel", ""))
     vmlinux, smap, config = kpath.parent / "vmlinux", kpath.parent / "System.map", kpath.parent / "config"
     if not vmlinux.is_file() or not smap.is_file():
         raise TandemError(f"{d}: its kernel {kpath} has no vmlinux and System.map next to it "
@@ -132,7 +132,7 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
     sections = kernel.module_sections(console)
     mods = []
     if sections:
-        initrd = Path(((m.get("inputs") or {}).get("initrd") or {}).get("path", ""))
+        initrd = Path(m.input_paths.get("initrd", ""))
         kos = _module_build(initrd)
         for name, secs in sorted(sections.items()):
             ko = kos.get(name)

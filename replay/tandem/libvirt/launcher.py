@@ -10,10 +10,11 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 from uuid import uuid4
 
 from ..errors import InfraError, TandemError
+from ..machine import LibvirtSection
 from ..qemu import vm
 from ..qemu.argv import qmp_chardev
 from ..qemu.vm import VM, alive
@@ -149,7 +150,7 @@ class Launcher(vm.Launcher):
     tandem talks to it as to a child QEMU.
 
     uuid: the domain's (guest-visible) SMBIOS UUID; it goes into the run's manifest
-    (machine()) so its recording replays exactly outside libvirt (replay_args).
+    (section()) so its recording replays exactly outside libvirt (machine.replay_args).
     metadata(vm): tandem's <metadata> element (what detach removes if tandem dies).
     restore: a domain definition release() puts back (tandem attach: the native's own)
     instead of undefining the domain.
@@ -165,8 +166,9 @@ class Launcher(vm.Launcher):
         self.dom: libvirt.virDomain | None = None
         self.proc: DomainProcess | None = None
 
-    def machine(self) -> dict[str, Any]:
-        return {"libvirt": {"uuid": self.uuid, "domain": self.name}}
+    def section(self) -> LibvirtSection:
+        """The manifest's machine.libvirt of a run in this domain."""
+        return LibvirtSection(uuid=self.uuid, domain=self.name)
 
     def start(self, vm: VM, log: BinaryIO) -> DomainProcess:
         libvirt = binding()

@@ -203,7 +203,7 @@ class ShadowRun(Lifecycle):
                 gate = self.gate
                 for f in self.followers:
                     f.cmp.keep_flow_from = lambda index, a=f.analysis: gate.copied(a, index)
-        self.rec.created = self.native.manifest["created"][:19]
+        self.rec.created = self.native.manifest.started_at or self.rec.created
         private.make_dir(self.workdir)
         self.trail.findings_file = open(self.workdir / "findings.jsonl", "w", opener=private.opener)
         self._following = threading.Thread(target=self._follow, name="tandem-follow", daemon=True)

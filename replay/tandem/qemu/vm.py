@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Protocol
+from typing import BinaryIO, Callable, Protocol
 
 from qemu.qmp import ConnectError, QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
@@ -24,7 +24,7 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 from .. import private
 from ..errors import BootError, InfraError
 from ..lifecycle import Lifecycle
-from ..machine import Guest, Run
+from ..machine import Guest, LibvirtSection, Run
 from .argv import qemu_argv
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class Launcher(Protocol):
     (libvirt/launcher.Launcher: as a libvirt domain). tandem's QMP and serial sockets are
     in vm.argv, so once started the VM talks to its QEMU as to a child's."""
 
-    def machine(self) -> dict[str, Any]:
+    def section(self) -> LibvirtSection:
         """What the launcher adds that the guest sees, for the manifest's machine section."""
         ...
 

@@ -140,13 +140,13 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def _files(build_dir: Path) -> dict[str, Path] | None:
     try:
-        manifest = json.loads((build_dir / MANIFEST).read_text())
+        built = json.loads((build_dir / MANIFEST).read_text())     # the build's index, not a bundle's
     except (OSError, ValueError):
         return None
-    if manifest.get("suffix") != sysconfig.get_config_var("EXT_SUFFIX"):
+    if built.get("suffix") != sysconfig.get_config_var("EXT_SUFFIX"):
         return None
-    files = {f"{PACKAGE}.{m}": build_dir / f"{m}{manifest['suffix']}" for m in manifest["modules"]}
-    files.update({name: build_dir / file for name, file in manifest["libs"].items()})
+    files = {f"{PACKAGE}.{m}": build_dir / f"{m}{built['suffix']}" for m in built["modules"]}
+    files.update({name: build_dir / file for name, file in built["libs"].items()})
     return files if all(f.is_file() for f in files.values()) else None
 
 

@@ -24,7 +24,7 @@ from ..machine import analyses_given
 from .comparison import compare, equivalence
 from . import inputs, model
 from .findings import Finding, did_not_boot, distinct
-from .guests import analysis_guest, is_users_guest, with_files_swapped
+from .guests import analysis_guest, with_files_swapped
 from .comparison.live_compare import OFFLINE_STUCK_MAX
 from .driving.replay import RunOptions
 from .trail import Trail
@@ -77,7 +77,7 @@ class Summary:
         return EXIT_FOUND if not self.ok else EXIT_INCOMPLETE if not self.complete else EXIT_CLEAN
 
 
-def check_request(bundle_dir: Path, analyses: list[catalog.Analysis], spec_path: str | None) -> dict:
+def check_request(bundle_dir: Path, analyses: list[catalog.Analysis], spec_path: str | None) -> bundle.Manifest:
     """Fail early, with one line, on anything wrong with the request."""
     for a in analyses_given(analyses):          # none, missing kernel or image
         equivalence.load(a, spec_path)          # malformed spec
@@ -121,7 +121,7 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
     earlier = noise_from.noise if noise and noise_from is not None else None
     noise_run = noise and earlier is None and catalog.NATIVE not in analyses
     runs_wanted = analyses + ([catalog.NATIVE] if noise_run else [])
-    users = is_users_guest(manifest)
+    users = manifest.users_guest
     specs = {a.name: equivalence.load(a, spec_path, users) for a in runs_wanted}
     guests = guests or {a.name: analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
     if users:
@@ -149,16 +149,15 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
     return summarize(bundle_dir, rec, analyses, runs, specs, noise, workdir, found)
 
 
-def _unread(bundle_dir: Path, manifest: dict, users_guest: bool) -> inputs.RecordedInputs:
+def _unread(bundle_dir: Path, manifest: bundle.Manifest, users_guest: bool) -> inputs.RecordedInputs:
     """A recording's inputs before its device log is read (filled in by read_paced)."""
     rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(bundle_dir))
-    created = manifest.get("created")
-    if isinstance(created, str) and len(created) >= 19:
-        rec.created = created[:19]
-    stop = manifest.get("stop") or {}
+    if manifest.started_at is not None:
+        rec.created = manifest.started_at
+    stop = manifest.stop
     # A user's VM that powered off may have had its button pressed by a tool of the
     # user's; tandem's own guest powers off from its console unless the button was.
-    rec.power_button = stop.get("reason") == "poweroff" and (users_guest or stop.get("power_button") is True)
+    rec.power_button = stop.reason == "poweroff" and (users_guest or stop.power_button is True)
     return rec
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from .. import artifacts, catalog, private
 from ..errors import TandemError
 from ..formats import bundle, pcapng
+from ..formats.bundle import Manifest
 from ..machine import Guest
 from ..qemu.image import root_device
 from . import overlay
@@ -41,17 +42,10 @@ KERNEL_VERSION = re.compile(rb"Linux version (\S+)")
 ROOT_ARG = re.compile(r"(?:^|\s)root=(\S+)")
 
 
-def is_users_guest(manifest: dict) -> bool:
-    """Was the recording of a user's VM (tandem record --disk), not of the demo guest
-    (whose service port forward the manifest's net section names)?"""
-    machine = manifest.get("machine") or {}
-    return "guest_port" not in (machine.get("net") or {}) and bool(machine.get("disks"))
-
-
-def recorded_root(bundle_dir: Path, manifest: dict) -> str | None:
+def recorded_root(bundle_dir: Path, manifest: Manifest) -> str | None:
     """The root= the native booted with: a direct boot's command line, else the one its
     kernel printed on the console."""
-    m = ROOT_ARG.search(str((manifest.get("machine") or {}).get("cmdline") or ""))
+    m = ROOT_ARG.search(manifest.machine.cmdline or "")
     if m:
         return m.group(1)
     line = console_line(bundle_dir, COMMAND_LINE)
@@ -81,11 +75,11 @@ def console_line(bundle_dir: Path, pattern: re.Pattern[bytes]) -> bytes | None:
     return None
 
 
-def analysis_guest(bundle_dir: Path, manifest: dict, a: catalog.Analysis, root: str | None = None) -> Guest:
+def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, root: str | None = None) -> Guest:
     """The machine analysis `a` boots for the recording in bundle_dir (manifest: its
     manifest): the catalogue's guest for the demo guest's recordings; for a user's VM its
     own disks with the analysis's kernel booted directly on its root."""
-    if not is_users_guest(manifest):
+    if not manifest.users_guest:
         if a.kernel.image or a.overlay:
             raise TandemError(f"analysis {a.name}: {'a kernel you bring' if a.kernel.image else 'an overlay'} "
                               f"analyses a recording of your own VM (tandem record --disk); {bundle_dir} is of "

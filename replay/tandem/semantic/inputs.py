@@ -313,9 +313,9 @@ def load(bundle_dir: str | Path) -> RecordedInputs:
     rec = from_events(reader)       # streamed: the events are not kept
     rec.end_ns = next((s.end_vm_ns for s in reader.stats if s and s.end_vm_ns), None)
     rec.path = str(Path(bundle_dir))
-    created = bundle.load_manifest(bundle_dir).get("created")
-    if isinstance(created, str) and len(created) >= 19:
-        rec.created = created[:19]
+    started = bundle.load_manifest(bundle_dir).started_at
+    if started is not None:
+        rec.created = started
     return rec
 
 

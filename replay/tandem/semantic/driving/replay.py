@@ -16,6 +16,7 @@ anyway and reported as a replay limit.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -28,12 +29,12 @@ from typing import TYPE_CHECKING
 
 from ... import catalog, private
 from ...errors import TandemError
-from ...formats import bundle
-from ...machine import RR, Feed, Guest, Host, Run
+from ...formats import bundle, sealing
+from ...formats.bundle import Manifest
+from ...machine import RR, Feed, Guest, Host, NetSection, Run
 from ...qemu import wake_latency
 from ...qemu.vm import VM
 from ...qemu.image import make_overlays
-from ...record import recording
 from .. import inputs
 from .driver import AnalysisDriver, DriveOptions
 from ...qemu.feed import FeedServer
@@ -119,7 +120,7 @@ def run(rec: inputs.RecordedInputs, o: RunOptions, *, buffer: Buffer | None = No
 
 
 def _devices(res: AnalysisRun, rec: inputs.RecordedInputs, o: RunOptions, guest: Guest,
-             tmp: Path) -> tuple[dict | None, RR | None, Path, Path | None]:
+             tmp: Path) -> tuple[Manifest | None, RR | None, Path, Path | None]:
     """(manifest, record stream, device log, disk overlay) of the run: recorded, its own
     bundle workdir/NAME.tdm begun (res.bundle); else a device log and the disks' overlays."""
     name = o.analysis.name
@@ -132,12 +133,12 @@ def _devices(res: AnalysisRun, rec: inputs.RecordedInputs, o: RunOptions, guest:
     run_bundle = res.bundle = o.workdir / f"{name}.tdm"
     if run_bundle.exists():
         shutil.rmtree(run_bundle)
-    manifest = recording.start_manifest(run_bundle, guest, {
-        "mode": "analysis", "analysis": name, "rtc_base": rec.created,
-        "lookahead_ns": o.lookahead_ns, "source": str(rec.path),
-        "net": {"backend": "feed"}, **(o.launcher.machine() if o.launcher else {})})
+    manifest = sealing.start(run_bundle, guest, dataclasses.replace(
+        guest.section(), mode="analysis", analysis=name, rtc_base=rec.created, lookahead_ns=o.lookahead_ns,
+        source=str(rec.path), net=NetSection(backend="feed"), libvirt=o.launcher.section() if o.launcher else None),
+        then=lambda: make_overlays(guest, run_bundle / bundle.OVERLAY))
     return (manifest, RR("record", run_bundle / bundle.STREAM), run_bundle / bundle.DEVLOG,
-            run_bundle / recording.OVERLAY if guest.disk else None)
+            run_bundle / bundle.OVERLAY if guest.disk else None)
 
 
 def _end(res: AnalysisRun, vm: VM, t0: float) -> None:
@@ -149,12 +150,11 @@ def _end(res: AnalysisRun, vm: VM, t0: float) -> None:
     vm.close()
 
 
-def _seal(res: AnalysisRun, run_bundle: Path, vm: VM, manifest: dict) -> None:
+def _seal(res: AnalysisRun, run_bundle: Path, vm: VM, manifest: Manifest) -> None:
     """Finish the analysis run's bundle (run_bundle); a run that did not end cleanly stays 'interrupted'."""
     try:
         private.copy_file(vm.log_path, run_bundle / "qemu.log")
         status = vm.proc.returncode if vm.proc and vm.proc.returncode is not None else -9
-        recording.seal(run_bundle, manifest, status=status, wall_s=res.wall_s,
-                        stop_reason=res.outcome)
+        sealing.seal(run_bundle, manifest, status=status, wall_s=res.wall_s, stop_reason=res.outcome)
     except (OSError, TandemError) as e:
         res.limits.append(f"the run's recording could not be sealed: {e}")
