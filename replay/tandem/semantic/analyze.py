@@ -46,6 +46,12 @@ class AnalysisResult:
     # (findings.failure), and the native's output it never reached.
     failure: str | None = None
     not_analysed: list[compare.NotAnalysed] = field(default_factory=list)
+    # Each title once, with its first finding and how often (findings.distinct): what a
+    # summary shows, as data its readers (summary.json, the CLI) print without recomputing.
+    distinct: list[tuple[Finding, int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.distinct = distinct(self.findings)
 
     @property
     def complete(self) -> bool:
@@ -228,7 +234,7 @@ def write_summary(workdir: Path, s: Summary) -> None:
          "recording": str(r.run.bundle) if r.run.bundle else None,
          "findings": [asdict(x) for x in r.findings],
          "distinct": [{"title": f.title, "type": f.type, "count": n, "first_vm_ns": f.vm_ns}
-                      for f, n in distinct(r.findings)],
+                      for f, n in r.distinct],
          "noise": r.noise, "spec": r.spec,
          "divergences": [{"channel": d.channel, "kind": d.kind, "native_vm_ns": d.native_ns,
                           "analysis_vm_ns": d.analysis_ns, "after_input": d.after_input,
