@@ -24,7 +24,7 @@ from ..machine import analyses_given
 from .comparison import compare, equivalence
 from . import inputs, model
 from .findings import Finding, did_not_boot, distinct
-from .guests import analysis_guest, with_files_swapped
+from .guests import analysis_guest
 from .comparison.live_compare import OFFLINE_STUCK_MAX
 from .driving.replay import RunOptions
 from .trail import Trail
@@ -130,9 +130,6 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
     users = manifest.users_guest
     specs = {a.name: equivalence.load(a, spec_path, users) for a in runs_wanted}
     guests = guests or {a.name: analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
-    if users:
-        guests = {a.name: with_files_swapped(guests[a.name], a, workdir, bundle_dir)
-                  for a in runs_wanted if a.name in guests}
     runs: dict[str, model.AnalysisRun] = {}
     found: dict[str, tuple[list, list, list]] = {}
     if earlier is not None:
@@ -144,7 +141,7 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
             trail = Trail(rec, batch, specs, {a.name: model.Buffer.unbounded() for a in batch},
                           run_options=lambda a: RunOptions(a, guests.get(a.name), workdir, record=record,
                                                            lookahead_ns=lookahead_ns, line_deps=not users,
-                                                           cpu_idle=cpu_idle),
+                                                           cpu_idle=cpu_idle, swap_from=bundle_dir if users else None),
                           findings_file=findings_file, stuck_max=OFFLINE_STUCK_MAX, progress=progress)
             with trail:         # started; its analyses stopped if reading fails
                 read_paced(trail, bundle_dir)
