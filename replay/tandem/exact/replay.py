@@ -21,7 +21,7 @@ from typing import Any
 from .. import artifacts, private, report
 from ..errors import BundleError, InfraError
 from ..formats import bundle, pcapng, rrstream
-from ..machine import RR, Feed, Guest, Host, Recorded, Run, UserNet, replay_args
+from ..machine import RR, Feed, Guest, Host, Recorded, RRMode, Run, UserNet, replay_args
 from ..machine.section import recorded
 from ..qemu.vm import VM
 from ..qemu.image import make_overlays
@@ -168,7 +168,7 @@ def replay_run(manifest: Recorded | Mapping[str, Any], tmp: Path, stream: Path, 
         net = Feed(None, lookahead_ns=machine.lookahead_ns, rtc_base=machine.rtc_base)
     # Recorded in a libvirt domain: what libvirt added that the guest sees.
     extra = [*replay_args(machine), *extra]
-    return Run(tmp, net=net, rr=RR("replay", stream, follow=follow, partial=partial), devlog=tmp / "replay.pcapng",
+    return Run(tmp, net=net, rr=RR(RRMode.REPLAY, stream, follow=follow, partial=partial), devlog=tmp / "replay.pcapng",
                overlay=overlay, stop_after_ns=machine.stop_after_ns or 0, extra=tuple(extra))
 
 

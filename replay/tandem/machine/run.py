@@ -17,6 +17,12 @@ from .devices import Forward
 from .options import LOOKAHEAD_NS, RTC_BASE, OptionError
 
 
+class RRMode(StrEnum):
+    """Which way QEMU's record/replay runs (its -icount rr= value)."""
+    RECORD = "record"
+    REPLAY = "replay"
+
+
 class Mode(StrEnum):
     PLAIN = "plain"         # no record/replay: benchmarks' baseline, planted-bug checks
     RECORD = "record"       # a native recorded (QEMU's record/replay + tandem's device log)
@@ -26,16 +32,19 @@ class Mode(StrEnum):
 
 @dataclass(frozen=True)
 class RR:
-    """QEMU's record/replay (-icount rr=...): the stream it writes or reads."""
-    mode: str                   # "record" or "replay"
+    """QEMU's record/replay (-icount rr=...): the stream it writes or reads. mode may be
+    given as its value ("record", "replay"): it is made an RRMode."""
+    mode: RRMode
     rrfile: Path
     follow: bool = False        # replay: a recording still being written (qemu-patches/0008)
     partial: bool = False       # replay: up to the last intact segment
 
     def __post_init__(self) -> None:
-        if self.mode not in ("record", "replay"):
-            raise OptionError(f"record/replay mode {self.mode!r}: 'record' or 'replay'")
-        if self.mode == "record" and (self.follow or self.partial):
+        try:
+            object.__setattr__(self, "mode", RRMode(self.mode))
+        except ValueError:
+            raise OptionError(f"record/replay mode {self.mode!r}: 'record' or 'replay'") from None
+        if self.mode == RRMode.RECORD and (self.follow or self.partial):
             raise OptionError("follow and partial are for a replay")
 
 
@@ -102,7 +111,7 @@ class Run:
         mode = self.mode
         if isinstance(self.net, UserNet) and (self.net.hostfwd_port or self.net.forwards) and mode == Mode.REPLAY:
             raise OptionError("a replay forwards no host port (its network input is in the log)")
-        if isinstance(self.net, Feed) and self.net.socket is None and (self.rr is None or self.rr.mode != "replay"):
+        if isinstance(self.net, Feed) and self.net.socket is None and (self.rr is None or self.rr.mode != RRMode.REPLAY):
             raise OptionError("an analysis run needs its feed's socket (unless its recording is replayed)")
         if self.gate is not None and mode != Mode.RECORD:
             raise OptionError("filter-gate holds a recorded native's frames: record mode only")
@@ -118,7 +127,7 @@ class Run:
         return Mode.PLAIN
 
     @property
-    def rr_mode(self) -> str | None:
+    def rr_mode(self) -> RRMode | None:
         """record, replay or None: whether and how QEMU's record/replay runs."""
         return self.rr.mode if self.rr else None
 

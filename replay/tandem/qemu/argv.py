@@ -16,6 +16,7 @@ from ..machine import (
     Mode,
     Nic,
     OptionError,
+    RRMode,
     Run,
     Value,
     json_option,
@@ -69,7 +70,7 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
                      "qom-type": "devlog", "id": "devlog", "path": str(run.devlog), "chardev": "serial0",
                      "rng": "rng0", "drives": [disk.id for disk in guest.disks] or None,
                      "stop-after": run.stop_after_ns or None,
-                     "clock-marks": True if run.mode == "record" else None}),
+                     "clock-marks": True if run.mode == Mode.RECORD else None}),
                  "-object", json_option({"qom-type": "filter-devlog", "id": "devlog-net0", "netdev": nic.netdev,
                                          "devlog": "devlog", "position": "tail"})]
         for other in guest.nics[1:]:
@@ -95,7 +96,7 @@ def _clock_options(run: Run, q: QemuBuild) -> list[str]:
     """-icount (and the analysis runs' -rtc): how the VM clock runs in this mode."""
     rr = run.rr
     rr_opts: dict[str, str | int | bool | None] = {}
-    if rr is not None and rr.mode == "record":
+    if rr is not None and rr.mode == RRMode.RECORD:
         rr_opts = {"rr": "record", "rrfile": str(rr.rrfile)}
     elif rr is not None:
         # The VM clock's idle warps come from the log, so the replay need not

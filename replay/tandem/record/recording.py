@@ -23,7 +23,7 @@ from ..formats.bundle import OVERLAY, Manifest
 from ..formats.manifest import DeclaredPack
 from . import forwards as forward_watch
 from .console import ConsoleServer
-from ..machine import RR, Forward, Gate, Guest, MachineSection, NetSection, Run, UserNet, overlay_path
+from ..machine import RR, Forward, Gate, Guest, MachineSection, NetSection, RRMode, Run, UserNet, overlay_path
 from ..qemu.argv import GUEST_PORT
 from ..qemu.vm import VM, Launcher, Serial, free_port
 from ..qemu.image import make_overlays
@@ -126,7 +126,7 @@ class Recording:
         # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).
         tmp = self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
         gate = Gate(self.gate_socket, self.gate_outputs, self.gate_overflow) if self.gate_socket else None
-        run = Run(Path(tmp), net=net, rr=RR("record", self.path / bundle.STREAM),
+        run = Run(Path(tmp), net=net, rr=RR(RRMode.RECORD, self.path / bundle.STREAM),
                   devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
                   stop_after_ns=self.duration_ns, gate=gate)
         vm = self.vm = VM(g, run, launcher=self.launcher, name="native")

@@ -31,7 +31,7 @@ from ... import catalog, private
 from ...errors import TandemError
 from ...formats import bundle, sealing
 from ...formats.bundle import Manifest
-from ...machine import RR, Feed, Guest, Host, NetSection, Run
+from ...machine import RR, Feed, Guest, Host, NetSection, RRMode, Run
 from ...qemu import wake_latency
 from ...qemu.vm import VM
 from ...qemu.image import make_overlays
@@ -144,7 +144,7 @@ def _devices(res: AnalysisRun, rec: inputs.RecordedInputs, o: RunOptions, guest:
         guest.section(), mode="analysis", analysis=name, rtc_base=rec.created, lookahead_ns=o.lookahead_ns,
         source=str(rec.path), net=NetSection(backend="feed"), libvirt=o.launcher.section() if o.launcher else None),
         then=lambda: make_overlays(guest, run_bundle / bundle.OVERLAY))
-    return (manifest, RR("record", run_bundle / bundle.STREAM), run_bundle / bundle.DEVLOG,
+    return (manifest, RR(RRMode.RECORD, run_bundle / bundle.STREAM), run_bundle / bundle.DEVLOG,
             run_bundle / bundle.OVERLAY if guest.disk else None)
 
 
