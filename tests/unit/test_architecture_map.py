@@ -45,3 +45,14 @@ def test_the_map_points_at_nothing_outside_the_repository():
     paths = [ROOT / t for t in re.findall(r"`([^`\s]*\.\./[^`\s]*)`", text)]
     for target in links + paths:
         assert target.resolve().is_relative_to(ROOT), target
+
+
+def test_the_docs_name_files_that_are_there():
+    """A module path in the docs (`semantic/driving/replay.py`, `tests/unit/test_x.py`)
+    names a file of the tree: read from the repository's root, the package, tests/ or
+    replay/, as the docs write them."""
+    path = re.compile(r"(?<![\w/.-])((?:[a-z_][a-z0-9_]*/)+[a-z_][a-z0-9_]*\.py)\b")
+    bases = (ROOT, PACKAGE, ROOT / "tests", ROOT / "replay")
+    gone = sorted({f"{md.name}: {p}" for md in [*ROOT.joinpath("docs").glob("*.md"), ROOT / "README.md"]
+                   for p in path.findall(md.read_text()) if not any((b / p).exists() for b in bases)})
+    assert gone == []

@@ -206,7 +206,7 @@ def test_a_new_manifest_says_what_it_always_said():
 # --- the demo guest or a user's VM ------------------------------------------------------------
 
 def users_guest_before(document: dict) -> bool:
-    """The rule as semantic/guests.py said it (is_users_guest) of a manifest's document."""
+    """The rule for a recording of a user's VM, said of a manifest's document."""
     machine = document.get("machine") or {}
     return "guest_port" not in (machine.get("net") or {}) and bool(machine.get("disks"))
 
