@@ -49,6 +49,7 @@ class Settings:
     db: str = "farm.sqlite"
     out: str = "farm-out"
     exact: bool = True
+    noise: bool = True               # each analysis beside a replay into the native kernel
     repeats: int = 2
     fixed_after: int = 3
     scheduler: str | None = None     # tcp://HOST:8786; None: a LocalCluster on this host

@@ -84,6 +84,7 @@ findings = sa.Table(
     sa.Column("input", sa.Text),            # the input it followed
     sa.Column("vm_s", sa.Float),            # the analysis VM's time of it
     sa.Column("recording", sa.Text),        # the analysis run's own recording: replays it exactly
+    sa.Column("reproduced", sa.Boolean),    # that recording replayed exactly (None: not tried)
 )
 
 
@@ -262,3 +263,16 @@ class Store:
         with self._tx() as c:
             c.execute(nights.update().where(nights.c.id == self.night_id).values(finished_at=now()))
             c.execute(runs.delete().where(runs.c.id == self.run_id))
+
+    def confirm(self, recording: str, reproduced: bool) -> None:
+        """Say whether the analysis run's own recording, replayed exactly, reproduced it."""
+        with self._tx() as c:
+            c.execute(findings.update().where(findings.c.recording == recording).values(reproduced=reproduced))
+
+    def seen_before(self, signature: str, night_id: int) -> bool:
+        """Whether the signature was found on a night that started before night_id's."""
+        started = sa.select(nights.c.started_at).where(nights.c.id == night_id).scalar_subquery()
+        q = (sa.select(sa.func.count()).select_from(findings.join(tasks).join(nights))
+             .where(findings.c.signature == signature).where(nights.c.started_at < started))
+        with self._tx() as c:
+            return bool(c.execute(q).scalar())
