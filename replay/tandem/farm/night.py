@@ -88,21 +88,29 @@ class Night:
         beat = threading.Thread(target=self._heartbeat, name="farm-heartbeat", daemon=True)
         beat.start()
         try:
-            futures = as_completed([])
-            held: dict[Future, tuple[int, TaskKey]] = {}
-            self._submit_open(futures, held)
-            for fut in futures:
-                task_id, key = held.pop(fut)
-                result = self._result_of(fut)
-                if self.store.finish(task_id, result):
-                    self.tally[result.status] += 1
-                    self.on_result(key, result)
-                    self._follow_up(key, result)
-                    self._submit_open(futures, held)
+            while True:
+                self._drain()
+                if not self.store.held_elsewhere():
+                    break
+                self._stop.wait(HEARTBEAT_S)    # another farm's tasks: done by it, or taken back
         finally:
             self._stop.set()
             beat.join()
         return self.tally
+
+    def _drain(self) -> None:
+        """Submit what is open, store each result as it comes, until nothing is open."""
+        futures = as_completed([])
+        held: dict[Future, tuple[int, TaskKey]] = {}
+        self._submit_open(futures, held)
+        for fut in futures:
+            task_id, key = held.pop(fut)
+            result = self._result_of(fut)
+            if self.store.finish(task_id, result):
+                self.tally[result.status] += 1
+                self.on_result(key, result)
+                self._follow_up(key, result)
+            self._submit_open(futures, held)
 
     def _submit_open(self, futures: as_completed, held: dict) -> None:
         busy = {t for t, _ in held.values()}

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from . import triage
-from .store import findings, nights, tasks
+from .store import aware, findings, nights, tasks
 
 ORDER = {"new": 0, "flaky": 1, "known": 2, "gone": 3, "fixed": 4}
 
@@ -69,7 +69,7 @@ def view(engine: Engine, night: str | None = None, since: datetime.datetime | No
         found = list(c.execute(sa.select(findings)))
     order = {n.id: i for i, n in enumerate(all_nights)}
     last = all_nights[-1]
-    shown = [n for n in all_nights if since is None or _aware(n.started_at) >= since]
+    shown = [n for n in all_nights if since is None or aware(n.started_at) >= since]
     v = View(last.name)
     by_task = {t.id: t for t in rows if t.night_id in order}
     hits = defaultdict(list)
@@ -86,14 +86,10 @@ def view(engine: Engine, night: str | None = None, since: datetime.datetime | No
     return v
 
 
-def _aware(t: datetime.datetime) -> datetime.datetime:
-    return t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
-
-
 def _night_row(n, rows, found, by_task) -> dict[str, Any]:
     mine = [t for t in rows if t.night_id == n.id]
     ids = {t.id for t in mine}
-    return {"name": n.name, "started": _aware(n.started_at).isoformat(timespec="seconds"), "tasks": len(mine),
+    return {"name": n.name, "started": aware(n.started_at).isoformat(timespec="seconds"), "tasks": len(mine),
             "findings": len({f.signature for f in found if f.task_id in ids and f.kind == "finding"}),
             "errors": sum(t.status == "error" for t in mine),
             "replay_s": round(sum(t.replay_s or 0 for t in mine), 1)}

@@ -133,6 +133,21 @@ def _first_line(err: BaseException) -> str:
     return (str(getattr(err, "orig", None) or err).strip().splitlines() or ["failed"])[0][:200]
 
 
+def aware(t: datetime.datetime) -> datetime.datetime:
+    """A time read back from SQLite, which keeps no zone: tandem writes UTC."""
+    return t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:     # another user's: alive
+        return True
+    return True
+
+
 def now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
@@ -220,25 +235,41 @@ class Store:
             except sa.exc.IntegrityError:
                 continue
 
-    def open_tasks(self) -> list[tuple[int, TaskKey]]:
-        """This night's tasks nobody is doing: pending, or held by a farm gone silent."""
+    def _dead_runs(self, c: Connection) -> list[str]:
+        """Runs of this night that hold nothing any more: silent for STALE_S, or on this
+        host with their process gone (a farm killed here is rerun here at once)."""
         stale = now() - datetime.timedelta(seconds=STALE_S)
-        live = sa.select(runs.c.id).where(runs.c.heartbeat_at >= stale)
-        q = sa.select(tasks).where(tasks.c.night_id == self.night_id).where(
-            (tasks.c.status == "pending") | ((tasks.c.status == "running") & tasks.c.run_id.not_in(live))
-        ).order_by(tasks.c.id)
+        me = socket.gethostname()
+        out = []
+        for r in c.execute(sa.select(runs).where(runs.c.night_id == self.night_id).where(runs.c.id != self.run_id)):
+            if aware(r.heartbeat_at) < stale or (r.host == me and not _alive(r.pid)):
+                out.append(r.id)
+        return out
+
+    def _free(self, c: Connection) -> Any:
+        """The condition of a task nobody is doing: pending, or held by a dead run."""
+        return (tasks.c.status == "pending") | ((tasks.c.status == "running") & tasks.c.run_id.in_(self._dead_runs(c)))
+
+    def open_tasks(self) -> list[tuple[int, TaskKey]]:
+        """This night's tasks nobody is doing: pending, or held by a farm that is gone."""
         with self._tx() as c:
+            q = sa.select(tasks).where(tasks.c.night_id == self.night_id).where(self._free(c)).order_by(tasks.c.id)
             return [(r.id, TaskKey(r.bundle, r.recording, r.analysis, r.kernel, r.repeat)) for r in c.execute(q)]
+
+    def held_elsewhere(self) -> int:
+        """Tasks of this night another live farm is doing (the night ends when they are done)."""
+        with self._tx() as c:
+            q = (sa.select(sa.func.count()).select_from(tasks).where(tasks.c.night_id == self.night_id)
+                 .where(tasks.c.status == "running").where(tasks.c.run_id != self.run_id)
+                 .where(tasks.c.run_id.not_in(self._dead_runs(c))))
+            return int(c.execute(q).scalar() or 0)
 
     def claim(self, task_id: int) -> bool:
         """Take the task for this run; False if another farm holds it (one conditional
         UPDATE: of two farms, one changes the row and the other changes nothing)."""
-        stale = now() - datetime.timedelta(seconds=STALE_S)
-        live = sa.select(runs.c.id).where(runs.c.heartbeat_at >= stale)
-        q = tasks.update().where(tasks.c.id == task_id).where(
-            (tasks.c.status == "pending") | ((tasks.c.status == "running") & tasks.c.run_id.not_in(live))
-        ).values(status="running", run_id=self.run_id, started_at=now(), attempts=tasks.c.attempts + 1)
         with self._tx() as c:
+            q = tasks.update().where(tasks.c.id == task_id).where(self._free(c)).values(
+                status="running", run_id=self.run_id, started_at=now(), attempts=tasks.c.attempts + 1)
             return c.execute(q).rowcount == 1
 
     def finish(self, task_id: int, result: Result) -> bool:
