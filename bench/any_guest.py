@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: recording and exactly replaying ordinary guests under heavy load (issue 23).
+"""Benchmark: recording and exactly replaying ordinary guests under heavy load.
 
 The reference VM (scripts/build-refvm.sh: Debian 12 booted by its own GRUB, nginx and
 redis), driven by Debian's clients through its forwards, in three configurations run
@@ -44,7 +44,7 @@ from tandem.record import clients  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.record.workload import KV  # noqa: E402
 
-SECTION, TITLE, PARTS = "any_guest", "## Ordinary guests: record and exact replay under load (issue 23)", \
+SECTION, TITLE, PARTS = "any_guest", "## Ordinary guests: record and exact replay under load", \
     ("refvm", "demo")
 IDLE_S = 3.0
 
@@ -52,7 +52,7 @@ IDLE_S = 3.0
 def drive_refvm(http: int, redis: int, alive, wrk_seconds: int, t0: float, cpu) -> dict[str, float]:
     """The reference VM's workload through its forwards; its figures. cpu(): the QEMU's CPU
     seconds so far: each phase's CPU time is measured too, since the machine's noise
-    (the -icount run's wall time varied 15% between rounds, 2026-11-27) hides a 10% target
+    (the -icount run's wall time varies 15% between rounds) hides a 10% target
     in wall time, and CPU time leaves out what other processes took."""
     ref = artifacts.refvm()
     clients.wait_for(lambda: clients.http_up(http), "nginx", 900, alive)

@@ -63,7 +63,7 @@ def record(tmp: Path, declared: dict | None = None, busy: bool = False) -> tuple
                 kv.request(line)
         rec.serial.type("poweroff")
         rec.wait(timeout=300)
-    return path, bundle.load_manifest(path)["wall_time_s"]
+    return path, bundle.load_manifest(path).wall_time_s
 
 
 def replays(b: Path, kern, plans: dict, runs: int, label: str):
@@ -138,7 +138,7 @@ def main() -> int:
 
     pack_name = " + ".join(f"`{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}`" for p in packs)
     lines = [
-        "## Temporal assertions (issue 4)", "",
+        "## Temporal assertions", "",
         (f"Command: `./tandem bench` (runs `bench/assertions.py --runs {args.runs}`). Two recordings, "
          f"each replayed exactly without and with the `tandem-calls` plugin in interleaved rounds: "
          f"*demo* (boot to TANDEM-READY, {ROUNDS} rounds of SET/GET from two clients, a SYNC, an "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: fuzzing the readers of what tandem is handed from outside (issue 19): the
+"""Benchmark: fuzzing the readers of what tandem is handed from outside: the
 equivalence spec loader, the assertion language, the device log (pcapng), the replay
 stream, the bundle's manifest, and the console parser (whose target also runs in
 `./tandem bench report`, beside its throughput and scaling probe).
@@ -40,7 +40,7 @@ import spec_target  # noqa: E402
 from record_replay import replace_part  # noqa: E402
 
 SECTION = "fuzz"
-TITLE = """## Fuzzing the readers of specs, assertions and bundles (issue 19)
+TITLE = """## Fuzzing the readers of specs, assertions and bundles
 
 A spec file, an assertion file, a bundle's manifest, device log and replay stream, and a
 guest's console are input from outside: each reader must give a result or its own one-line

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: semantic replay of heavy recordings, offline (issue 24).
+"""Benchmark: semantic replay of heavy recordings, offline.
 
 Two parts, each measured in one run side by side:
   memory  tandem's own memory (the Python process's resident set, sampled every 0.25 s)
@@ -57,7 +57,7 @@ from tandem.record.recording import Recording  # noqa: E402
 from tandem.record.workload import KV  # noqa: E402
 from tandem.semantic.analyze import analyze  # noqa: E402
 
-SECTION, TITLE, PARTS = "offline_heavy", "## Offline semantic replay of heavy recordings (issue 24)", \
+SECTION, TITLE, PARTS = "offline_heavy", "## Offline semantic replay of heavy recordings", \
     ("memory", "ratio")
 CLIENTS = 4
 
@@ -114,7 +114,7 @@ def live(path: Path, analysis: str, requests: int, awake: bool = False) -> dict:
     """The analysis kernel serving `requests` live (recorded, power-on to off); with `awake`
     the host's CPUs held out of idle meanwhile, as a replay holds them (qemu/wake_latency.py)."""
     with VcpuTime() as vcpu, wake_latency.held(awake):
-        n, wall, (here, qemu) = record_timed(path, Guest.for_analysis(analysis), requests=requests)
+        n, wall, (here, qemu) = record_timed(path, Guest.for_analysis(catalog.get(analysis)), requests=requests)
     return {"requests": n, "wall_s": wall, "cpu_here_s": here, "cpu_qemu_s": qemu, "cpu_s": here + qemu,
             "icount": icount(path), "vcpu_s": vcpu.seconds}
 
@@ -212,7 +212,7 @@ def replay_sampled(path: Path, analysis: str, workdir: Path, record: bool = Fals
     t.start()
     t0, (me0, kids0) = time.monotonic(), cpu_split()
     with VcpuTime() as vcpu:
-        s = analyze(path, [analysis], noise=False, workdir=workdir, record=record)
+        s = analyze(path, [catalog.get(analysis)], noise=False, workdir=workdir, record=record)
     me, kids = cpu_split()
     wall, cpu = time.monotonic() - t0, me - me0 + kids - kids0
     print(f"replay {path.name} into {analysis}: {me - me0:.1f} s CPU here (tandem), {kids - kids0:.1f} s in QEMU",

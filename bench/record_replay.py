@@ -11,7 +11,7 @@ Same guest workload in every configuration, interleaved round by round in one ru
 then the replays: tandem's exact replay of its bundle (verified byte for byte) and
 stock rr=replay of the stock recording, each against its own recording's wall time.
 
-Heavy part (issue 23): one client hammering the guest with SETs, as fast as replies come:
+Heavy part: one client hammering the guest with SETs, as fast as replies come:
   complete      a recording of HEAVY_VM_S of VM time, replayed exactly and with --partial
   torn          a recording killed (SIGKILL) TORN_AFTER_S seconds into the load, --partial
   follow        `replay --follow` started beside a recording like the complete one
@@ -48,8 +48,8 @@ from tandem.machine import RR, Guest, Host, Run, UserNet  # noqa: E402
 from tandem.record.workload import Hammer, demo_traffic  # noqa: E402
 
 ROUNDS = 20
-HEAVY_VM_S = 15       # issue 23's followed recording: 15 s under one client hammering SET
-TORN_AFTER_S = 7      # issue 23's torn one: QEMU killed 7 s into the load
+HEAVY_VM_S = 15       # the followed recording: 15 s under one client hammering SET
+TORN_AFTER_S = 7      # the torn one: QEMU killed 7 s into the load
 PARTS = ("light", "heavy")
 
 
@@ -182,7 +182,7 @@ def run_heavy(runs: int) -> str:
              "torn": f"torn: QEMU killed (SIGKILL) {TORN_AFTER_S} s into the load, `--partial`",
              "follow": "`replay --follow` started beside a recording like the complete one"}
     lines = [
-        "## Exact replay of heavy recordings: complete, torn, followed (issue 23)",
+        "## Exact replay of heavy recordings: complete, torn, followed",
         "",
         f"Command: `./tandem bench heavy` (runs `bench/record_replay.py --only heavy --heavy-runs {runs}`). "
         "Workload: boot the demo guest to TANDEM-READY, then one client sends SET after SET to "
@@ -288,7 +288,7 @@ def run_light(args) -> None:
             rrstream.to_stock(b / bundle.STREAM, tmp / "stock.bin")
             devlog = (b / bundle.DEVLOG).stat().st_size
             devlog_gz = len(gzip.compress((b / bundle.DEVLOG).read_bytes()))
-            sizes.append({"vm_s": m["stop"]["vm_ns"] / 1e9, "ginsn": m["stop"]["icount"] / 1e9,
+            sizes.append({"vm_s": m.stop.vm_ns / 1e9, "ginsn": m.stop.icount / 1e9,
                           "stock_qemu_log": (rrdir / "replay.bin").stat().st_size,
                           "same_run_stock_format": (tmp / "stock.bin").stat().st_size,
                           "tdrs": info.stored_bytes + 48 * len(info.segments) + 16,
@@ -306,7 +306,7 @@ def run_light(args) -> None:
     size = (s["tdrs"] + s["devlog"]) / s["stock_qemu_log"]
     yes = lambda ok: "yes" if ok else "no"  # noqa: E731
     lines = [
-        "## Record and exact replay (issue 2)",
+        "## Record and exact replay",
         "",
         f"Command: `./tandem bench` (runs `bench/record_replay.py --runs {args.runs}`). "
         f"Workload: boot the demo guest to TANDEM-READY, {ROUNDS} rounds of SET/GET from two "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: the console report parser (issue 18). It runs on every analysis console, live.
+"""Benchmark: the console report parser. It runs on every analysis console, live.
 
 1. Throughput on real consoles: syzkaller's report test data (every OS directory, each
    console parsed with its OS) and tandem's tests/report-corpus; total bytes, consoles,
@@ -49,18 +49,18 @@ from record_replay import replace_part  # noqa: E402
 
 log = logging.getLogger("bench.report")
 SECTION = "report"
-TITLE = """## Console report parser (issue 18)
+TITLE = """## Console report parser
 
 The parser runs on every analysis console, live (a Scanner per console, fed as the guest
 writes): its throughput bounds how much console a farm node can watch per core, and no
 console may make it slower than linear or make it raise."""
 PARTS = ("before", "throughput", "fuzz")
 # Beside the checkout (/work/main -> /work/shared) or beside its worktrees' directory
-# (/work/wt/NAME -> /work/shared): a worktree measured only tandem's corpus before.
+# (/work/wt/NAME -> /work/shared): else a worktree would measure tandem's corpus only.
 SYZKALLER = next((d for d in (ROOT.parent / "shared" / "syzkaller-reports",
                               ROOT.parent.parent / "shared" / "syzkaller-reports") if d.is_dir()),
                  ROOT.parent / "shared" / "syzkaller-reports")
-TARGET_MBS = 50.0   # issue 19: at least this many MB/s on one core, corpus and adversarial inputs
+TARGET_MBS = 50.0   # the target: at least this many MB/s on one core, corpus and adversarial inputs
 CHUNK = 4096                    # the live path: a Scanner fed what one read of the console gives
 MB = 1e6
 SIZES_MB = (1, 2, 4, 8)
@@ -166,7 +166,7 @@ def endless_report(size: int) -> bytes:
 
 def long_line(size: int) -> bytes:
     """`size` bytes of one console line the guest never ends: every report header above,
-    over and over (the issue-19 probe: such a line once took 4.8 s per MB)."""
+    over and over (such a line can cost a parser seconds per MB: 4.8 s measured)."""
     unit = (" ".join(HEADERS) + " ").encode("latin-1")
     return (unit * (size // len(unit) + 1))[:size]
 
@@ -183,7 +183,7 @@ def short_lines(size: int, seed: int = 19) -> bytes:
     return b"".join(out)[:size]
 
 
-# (name, console of N bytes, sizes in MB): the issue names a 1 MB line and 10 MB of short lines.
+# (name, console of N bytes, sizes in MB): the target names a 1 MB line and 10 MB of short lines.
 WORST_CASES = (("mixed", synthetic, SIZES_MB), ("one open report", endless_report, SIZES_MB),
                ("one line", long_line, SIZES_MB), ("short lines", short_lines, SIZES_MB + (10,)))
 
@@ -257,7 +257,7 @@ def part_throughput(syzkaller: Path, runs: int) -> list[str]:
                 target[f"{'a 1 MB line' if mb == 1 else '10 MB of short lines'}"] = (
                     len(console) / MB / t_parse, len(console) / MB / t_scan)
     missed = [k for k, v in target.items() if min(v) < TARGET_MBS]
-    lines += ["", f"Issue 19's target, at least {TARGET_MBS:g} MB/s on one core (CPU time; parse() / "
+    lines += ["", f"The target, at least {TARGET_MBS:g} MB/s on one core (CPU time; parse() / "
               "Scanner 4 KiB): " + "; ".join(f"{k} {p:.1f} / {s:.1f}" for k, (p, s) in target.items()) +
               (f". Not met on {', '.join(missed)}." if missed else ". Met on each.")]
     return lines
@@ -277,7 +277,7 @@ def throughput_text(syzkaller: Path, runs: int, before: str | None) -> list[str]
 # --- the pure-Python parser and its mypyc build, side by side ------------------------------
 
 def target_figures(syzkaller: Path, runs: int) -> dict:
-    """Issue 19's three figures for the parser this process imported (MB/s, parse() and the
+    """The target's three figures for the parser this process imported (MB/s, parse() and the
     Scanner), and a digest of every report found on the corpora (all their fields)."""
     digest = hashlib.sha256()
     size = t_parse = t_scan = 0.0

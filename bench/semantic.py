@@ -35,7 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_replay import replace_section  # noqa: E402
 from tandem.semantic.comparison import compare, equivalence
 from tandem.semantic import inputs, model
-from tandem.semantic.driving import replay as replay_semantic  # noqa: E402
+from tandem import catalog  # noqa: E402
+from tandem.semantic.driving import replay  # noqa: E402
+from tandem.semantic.driving.replay import RunOptions  # noqa: E402
 from tandem.formats import bundle, netpkt, pcapng  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.semantic.analyze import analyze  # noqa: E402
@@ -46,7 +48,7 @@ from tandem.record.workload import KV, demo_traffic  # noqa: E402
 
 SECTION = "semantic"
 PARTS = ("replay", "comparator", "protocols", "parallel")
-TITLE = "## Semantic replay (issue 3)"
+TITLE = "## Semantic replay"
 
 # Comparator workloads: CLIENTS concurrent connections each.
 CLIENTS = 8
@@ -132,7 +134,8 @@ def part_replay(tmp: Path, runs: int) -> list[str]:
         for f in flavors:
             res[f]["live"].append(live(tmp, f))
             for key, record_run in (("replay", True), ("norec", False)):
-                r = replay_semantic.run(rec, f, tmp / f"an{i}{f}{key}", record=record_run)
+                r = replay.run(rec, RunOptions(catalog.get(f), None, tmp / f"an{i}{f}{key}",
+                                                        record=record_run))
                 assert r.outcome == "poweroff", (f, r.outcome, r.detail)
                 res[f][key].append(r.wall_s)
         print(f"round {i + 1}: " + ", ".join(f"{f} live {res[f]['live'][-1]:.2f}s replay "
@@ -191,7 +194,7 @@ def compared_bytes(rec: inputs.RecordedInputs, run: model.AnalysisRun) -> tuple[
     of every flow, UDP payload."""
     native = (sum(len(d) for _, d in rec.serial_out) + sum(fl.guest_bytes for fl in rec.flows)
               + sum(len(p) for _, _, p in rec.udp_out))
-    analysis = len(run.console) + sum(pf.guest_bytes for pf in (run.peer.flows.values() if run.peer else ()))
+    analysis = len(run.console) + sum(out.data.end for out in (run.net.flows.values() if run.net else ()))
     for _, frame in run.net_out:
         f = netpkt.parse(frame)
         if f and f.eth_type == netpkt.ETH_IP and f.proto == netpkt.PROTO_UDP and not f.fragment:
@@ -208,11 +211,11 @@ def sizes_text(xs: list[int]) -> str:
 
 def measure_comparator(tmp: Path, name: str, traffic, reps: int) -> dict:
     b = record(tmp, traffic)
-    run = replay_semantic.run(inputs.load(b), "native", tmp / f"cmp-{name}")
+    run = replay.run(inputs.load(b), RunOptions(catalog.NATIVE, None, tmp / f"cmp-{name}"))
     assert run.outcome == "poweroff", (name, run.outcome, run.detail)
     n_events, log_bytes, seg_sizes = log_payload(b / "devices.pcapng")
     t_load, rec = cpu_median(lambda: inputs.load(b), max(3, reps // 4))
-    spec = equivalence.load("native")
+    spec = equivalence.load(catalog.NATIVE)
     t_cmp, divs = cpu_median(lambda: compare.compare(rec, run, spec), reps)
     native, analysis = compared_bytes(rec, run)
     print(f"{name}: load {t_load * 1e3:.2f} ms, compare {t_cmp * 1e3:.3f} ms, {len(divs)} divergences",
@@ -312,10 +315,10 @@ def measure_protocol(tmp: Path, name: str, load, reps: int) -> dict:
     rec = inputs.load(b)
     rec.power_button = True
     manifest = bundle.load_manifest(b)
-    run = replay_semantic.run(rec, "native", tmp / f"cmp-{name}", record=False, line_deps=False,
-                              guest=guests.analysis_guest(b, manifest, "native"))
+    run = replay.run(rec, RunOptions(catalog.NATIVE, guests.analysis_guest(b, manifest, catalog.NATIVE),
+                                              tmp / f"cmp-{name}", record=False, line_deps=False))
     assert run.outcome in ("poweroff", "finished"), (name, run.outcome, run.detail)
-    spec = equivalence.load("native", None, users_guest=True)
+    spec = equivalence.load(catalog.NATIVE, None, users_guest=True)
     n_events, log_bytes, seg_sizes = log_payload(b / "devices.pcapng")
     t_cmp, divs = cpu_median(lambda: compare.compare(rec, run, spec), reps)
     native, analysis = compared_bytes(rec, run)
@@ -355,7 +358,7 @@ def part_protocols(tmp: Path, reps: int) -> list[str]:
 
 def part_parallel(tmp: Path) -> list[str]:
     b = record(tmp)
-    trio = ["kasan", "ubsan", "lockdep"]
+    trio = [catalog.get(a) for a in ("kasan", "ubsan", "lockdep")]
     t0 = time.monotonic()
     analyze(b, trio, noise=False, jobs=1, workdir=tmp / "seq")
     seq = time.monotonic() - t0

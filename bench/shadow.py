@@ -36,11 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_replay import replace_section  # noqa: E402
-from tandem.semantic import inputs as inputs_mod  # noqa: E402
-from tandem.live import shadow as live_mod  # noqa: E402
+from tandem.semantic import inputs  # noqa: E402
+from tandem.live import shadow  # noqa: E402
 from tandem.semantic.comparison import live_compare  # noqa: E402
-from tandem import plan as plan_mod  # noqa: E402
-from tandem.semantic.driving import replay as replay_semantic  # noqa: E402
+from tandem import catalog  # noqa: E402
+from tandem import plan  # noqa: E402
+from tandem.semantic.driving import replay  # noqa: E402
 from tandem.live.shadow import SAMPLE_S, ShadowOptions, ShadowRun, analysis_cpuset  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.qemu.vm import VM, free_port
@@ -180,7 +181,8 @@ def run_record_loaded(tmp: Path, requests: int):
 
 def run_shadow(tmp: Path, requests: int, analyses: list[str]):
     d = Path(tempfile.mkdtemp(dir=tmp))
-    sh = ShadowRun(d / "s.tdm", analyses, ShadowOptions(record_analyses=False), workdir=d / "an").start()
+    sh = ShadowRun(d / "s.tdm", [catalog.get(a) for a in analyses], ShadowOptions(record_analyses=False),
+                   workdir=d / "an").start()
     out = {}
     serve(sh, lambda: out.setdefault("r", load(sh.port, requests)))
     return out["r"]
@@ -328,10 +330,10 @@ def paced(port: int, rate: float, seconds: float, done: dict, per_connection: in
 # tandem's tables that fill up to a cap (a long run reaches it and stays there), and
 # what the memory part lowers them to so that they are full within its first minute:
 # whatever still grows from half-way on grows with the run's length.
-CAPS = [(live_mod, "MARKS_KEPT", "the native's clock marks", 200),
+CAPS = [(shadow, "MARKS_KEPT", "the native's clock marks", 200),
         (live_compare, "CACHE_LINES", "lines rewritten under the spec", 200),
-        (inputs_mod.SerialLines, "KEPT", "console lines counted, per side", 200),
-        (replay_semantic, "DELIVERED_KEPT", "inputs each analysis keeps to attribute findings", 200)]
+        (inputs.SerialLines, "KEPT", "console lines counted, per side", 200),
+        (replay, "DELIVERED_KEPT", "inputs each analysis keeps to attribute findings", 200)]
 
 
 def slope(pts: list[tuple[float, float]]) -> float:
@@ -358,7 +360,7 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "no
     # that grows is one block, and RSS moves in pages and with the allocator's slack.
     tracemalloc.start(1)
     try:
-        sh = ShadowRun(d / "m.tdm", ["native"], ShadowOptions(record_analyses=False, release=release),
+        sh = ShadowRun(d / "m.tdm", [catalog.NATIVE], ShadowOptions(record_analyses=False, release=release),
                        workdir=d / "an").start()
         done = {"requests": 0}
         last = [0.0]
@@ -370,7 +372,7 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "no
             _malloc_trim()          # ... nor pages the C allocator holds free
             last[0] = time.monotonic()
             f = sh.followers[0]
-            buffered = f.buffer.pending() if f.buffer.pending else 0
+            buffered = f.buffer.pending(sh.rec.made()) or 0
             if n[0] < len(rows):
                 rows[n[0]] = (time.monotonic(), _rss_kib(), sys.getallocatedblocks(), done["requests"],
                               len(sh.rec.inputs), buffered, tracemalloc.get_traced_memory()[0])
@@ -432,7 +434,7 @@ def part_memory(tmp: Path, seconds: float, rate: float = 100, release: str = "no
 
 def part_buffer(tmp: Path, out_png: Path, bursts: int = 3, gap_s: float = 3.0, per_burst: int = 60) -> list[str]:
     d = Path(tempfile.mkdtemp(dir=tmp))
-    sh = ShadowRun(d / "b.tdm", ["kasan"], ShadowOptions(record_analyses=False), workdir=d / "an").start()
+    sh = ShadowRun(d / "b.tdm", [catalog.get("kasan")], ShadowOptions(record_analyses=False), workdir=d / "an").start()
     series: list[tuple[float, int, float, float, int]] = []  # (t, buffer events, lag VM s, lag wall s, native VM ns)
 
     def drive():
@@ -455,7 +457,7 @@ def part_buffer(tmp: Path, out_png: Path, bursts: int = 3, gap_s: float = 3.0, p
     t.join(30)
     sh.finish()
     peak = sh.followers[0].buffer.peak_events
-    p = plan_mod.plan(d / "b.tdm", from_workdir=d / "an", analysis="kasan")
+    p = plan.plan(d / "b.tdm", from_workdir=d / "an", analysis="kasan")
     predicted, f = p.events, p.buffers[0]["f"]
     steady_pred = p.buffers[0]["equation"]["events"]
     boot_until_ns = p.buffers[0]["boot_backlog"]["until_vm_s"] * 1e9

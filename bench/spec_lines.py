@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: a spec's patterns on hostile guest lines (issue 19). The patterns of an
+"""Benchmark: a spec's patterns on hostile guest lines. The patterns of an
 equivalence spec run on every line the guest writes, with Python's backtracking engine;
 their time must stay linear in the output (docs/equivalence.md, "Patterns and long lines").
 
@@ -69,7 +69,7 @@ def main() -> int:
         worst[name] = cpu(lambda: kept_lines(lines, r, True, {}))
     load = os.getloadavg()[0]
     text = "\n".join([
-        "## Spec patterns on hostile guest lines (issue 19)",
+        "## Spec patterns on hostile guest lines",
         "",
         f"Command: `PYTHONPATH=replay python bench/spec_lines.py` (CPU time, one core; load average "
         f"{load:.1f} on the shared 2-core machine). A spec's patterns run on every line the guest "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the reference VM's redis with AddressSanitizer, laid out as an overlay tree for
-# `tandem replay --overlay NAME=DIR` (issue 24): an analysis of the reference VM that runs
+# `tandem replay --overlay NAME=DIR`: an analysis of the reference VM that runs
 # this redis in place of Debian's, everything else unchanged.
 #
 #   scripts/build-asan-redis.sh OUT_JSON

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make a Debian package of a built tandem kernel, to install it into a Debian guest as its
 # distribution kernel (scripts/build-refvm.sh --tandem-kernel: the reference VM booting
-# tandem's native kernel through its own GRUB; issue 24, point 7).
+# tandem's native kernel through its own GRUB).
 #
 #   scripts/build-kernel-deb.sh KERNEL_JSON MODULES_JSON OUT_DIR
 #

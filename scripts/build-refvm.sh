@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the reference ordinary VM: a Debian 12 disk image that stands for "the user's VM"
-# in tests, benchmarks and `./tandem demo --guest debian` (issue 23). Nothing of tandem
+# in tests, benchmarks and `./tandem demo --guest debian`. Nothing of tandem
 # is inside it; or, as a variant, tandem's own kernel is its distribution kernel.
 #
 #   scripts/build-refvm.sh OUT_JSON
@@ -27,8 +27,8 @@
 # inode's times at SOURCE_DATE_EPOCH or before, mkfs's own times faked, apt's partial
 # directories owned as apt leaves them whatever the cache's path. Seven cold builds within
 # an hour (five keys; under /root/.cache and under /tmp; the last two with no grub-pc-bin on
-# the host) gave byte-identical disks (before the inode times and apt's owners were fixed,
-# builds differed in them). What varies: the package versions, as Debian updates
+# the host) gave byte-identical disks (inode times and apt's owners differ between
+# builds unless fixed). What varies: the package versions, as Debian updates
 # bookworm (only deb.debian.org is reachable here: no snapshot.debian.org to pin a
 # date), so builds on different days may differ; the JSON names the versions of the
 # kernel, systemd, nginx, redis and GRUB it got.
@@ -50,8 +50,8 @@
 #   51 s at load 7;
 #   about 29 s of guest time either way; ACPI power-off to QEMU's exit 1.2-4.8 s.
 #
-# --tandem-kernel (meson target refvm-tandem; issue 24, point 7: a bug in the guest's own
-# kernel reached by an ordinary client): the same VM with tandem's kernel installed as its
+# --tandem-kernel (meson target refvm-tandem; for a bug in the guest's own kernel
+# reached by an ordinary client): the same VM with tandem's kernel installed as its
 # distribution kernel. KERNEL_JSON and MODULES_JSON are a flavor's build/kernel-FLAVOR.json
 # and build/modules-FLAVOR.json (native's, from meson); scripts/build-kernel-deb.sh makes
 # them a Debian package, linux-image-RELEASE, which mmdebstrap installs instead of
@@ -260,7 +260,7 @@ mkdir -p "$OV$DATA_MOUNT" "$OV/etc/nginx/conf.d"
 echo "access_log $DATA_LOG;" >"$OV/etc/nginx/conf.d/refvm-data.conf"
 # Debian's default site without its comments, and a backend the guest connects to
 # itself: /backend/ is proxied to port $BACKEND_PORT of the host (QEMU user networking's
-# 10.0.2.2), a connection the guest opens (issue 24: answered from the recording when the
+# 10.0.2.2), a connection the guest opens (answered from the recording when the
 # recording is replayed). Nothing listens there unless a test starts it: 502 otherwise.
 cat >"$TMP/nginx-site" <<EOF
 server {

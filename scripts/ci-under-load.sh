@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# CI on a clean clone, N times in a row, while another CPU-heavy job runs (issue 21: the
-# suite must not flake on a loaded machine).
+# CI on a clean clone, N times in a row, while another CPU-heavy job runs (the suite
+# must not flake on a loaded machine).
 #
 #   scripts/ci-under-load.sh [N] [-- LOAD COMMAND...]
 #       N            runs of .ci/run, each on a fresh clone of HEAD (default 3); stops at

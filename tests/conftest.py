@@ -5,14 +5,14 @@ Nothing here is mocked: `./tandem test` builds QEMU, the kernels and the guest i
 first, and these fixtures boot them. Helpers (waiting, client threads, the CLI) are in
 tests/helpers; test modules import from there.
 
-Guards around every test (issue 21):
+Guards around every test:
 - a timeout (pytest-timeout, pytest.ini: 300 s; a test that needs longer says so with
   @pytest.mark.timeout): a stuck analysis fails its test, not CI's 90 minutes;
 - every tandem VM the test started is closed at its end, whatever the test did, and
   every process it started (tandem's CLI, the QEMUs those start in sessions of their own)
   is killed: they carry the test's mark in their environment;
 - a failed test's report carries each VM's QEMU log and console tail, so a red CI says why;
-- every device log the test made opens in Wireshark's tools (issue 22).
+- every device log the test made opens in Wireshark's tools.
 """
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ TAIL_BYTES = 3000
 # The VM test modules, slowest first: each is an xdist group of its own (one test at a
 # time, its module fixtures shared), and the two workers take them in this order, so the
 # longest start first and the short ones and the unit tests fill in at the end. Seconds
-# of one module's tests with the two workers busy (./tandem test --durations=0,
-# 2026-11-27); a module not listed runs after these, before the unit tests. Stale figures
+# of one module's tests with the two workers busy (./tandem test --durations=0); a
+# module not listed runs after these, before the unit tests. Stale figures
 # only cost balance: the order is a hint, the groups are what keeps a module's VMs apart.
 SLOWEST_FIRST = {
     "test_record_any_guest.py": 294, "test_semantic.py": 159, "test_live.py": 132,
@@ -66,8 +66,8 @@ def pytest_collection_modifyitems(config, items):
 
     tryfirst: xdist's worker reads the groups in its own hook of this name (it names
     each test "nodeid@group"), and a hook registered after this conftest runs before
-    it. Without tryfirst the marks came too late and no test was grouped: two VM tests
-    of one module ran at once (seen 2026-11-27: two private libvirtds side by side)."""
+    it. Without tryfirst the marks come too late and no test is grouped: two VM tests
+    of one module run at once (two private libvirtds side by side)."""
     if not hasattr(config, "workerinput"):      # not an xdist worker: one process, in order
         return
     unit = ROOT / "tests" / "unit"
@@ -157,7 +157,7 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(autouse=True)
 def devlogs_readable_by_wireshark(request, tmp_path_factory):
-    """Issue 22's guard, around every test: the device logs it made (its own, a session
+    """A guard around every test: the device logs it made (its own, a session
     fixture's, an analysis's) open in capinfos and tshark with tandem's record count."""
     base = tmp_path_factory.getbasetemp()
     start = time.time()
@@ -194,7 +194,7 @@ def libvirtd_daemon(built, tmp_path_factory):
     d = daemon.Libvirtd(tmp_path_factory.mktemp("libvirt") / "libvirt")
     d.start()
     yield d
-    d.stop()
+    d.close()
 
 
 @pytest.fixture

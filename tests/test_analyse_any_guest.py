@@ -1,4 +1,4 @@
-"""Sanitizer analyses of an ordinary guest (issue 24): the reference VM (Debian 12 from its
+"""Sanitizer analyses of an ordinary guest: the reference VM (Debian 12 from its
 own disk: GRUB, systemd, networkd's DHCP, nginx, redis) recorded under Debian's clients,
 then replayed semantically into analysis kernels booting the same disk directly: its
 DHCP answered from the recording, its services compared under the HTTP and RESP rules,
@@ -15,7 +15,7 @@ import shutil
 import subprocess
 
 import pytest
-from helpers import assert_one_line_error, run_cli, start_client, wait_until
+from helpers import analyses, assert_one_line_error, run_cli, start_client, wait_until
 from helpers.refvm import arp_replies_to_guest, dhcp_to_guest, icmp6_types, offered_then_acked
 from tandem import artifacts
 from tandem.formats import netpkt, pcapng
@@ -127,7 +127,7 @@ def test_the_guests_ipv6_is_recorded_and_extracted_with_no_limit(refvm_recording
 
 @pytest.mark.timeout(2700)
 def test_the_reference_vm_analysed_on_its_own_disk_is_clean(refvm_recording, tmp_path):
-    s = analyze(refvm_recording, ["kasan", "ubsan", "lockdep"], workdir=tmp_path, record=False)
+    s = analyze(refvm_recording, analyses("kasan", "ubsan", "lockdep"), workdir=tmp_path, record=False)
     assert [r.analysis for r in s.results] == ["kasan", "ubsan", "lockdep"]
     for r in s.results:
         # The native's power button is pressed in each after its last input: it powers off.

@@ -248,9 +248,9 @@ def test_cli_reports_the_violation_and_exits_1(asserted_bundle):
     out = json.loads(r.stdout)
     assert out["replay"]["ok"] and len(out["violations"]) == 1
     assert out["violations"][0]["request"]["text"] == "BUG update-nocheck 7"
-    declared = bundle.load_manifest(asserted_bundle)["assertions"]
-    assert declared["sha256"] == check.pack_identity(LINUX_PACK)["sha256"]
-    assert "tb-audit-before-table-update" in declared["names"]
+    declared = bundle.load_manifest(asserted_bundle).assertions
+    assert declared.sha256 == check.pack_identity(LINUX_PACK).sha256
+    assert "tb-audit-before-table-update" in declared.names
     r = run_cli("assert", str(asserted_bundle), "--select", "tb-table-lock-released")
     assert r.returncode == 0, r.stderr
     assert "HELD: 0 violation(s)" in r.stderr

@@ -1,4 +1,4 @@
-"""`tandem attach` on an ordinary guest (issue 24, point 6): a libvirt domain as a user
+"""`tandem attach` on an ordinary guest: a libvirt domain as a user
 defines it for the reference VM (firmware boot from its own disk, GRUB, systemd, nginx,
 redis; a second data disk; user networking), recorded from boot by tandem while a KASAN
 shadow domain boots the same disks and trails it, served by Debian's clients, shut down
@@ -91,8 +91,8 @@ def test_attach_records_and_shadows_the_reference_vm_as_a_libvirt_domain(libvirt
     assert names(uri, "--all") == {"refvm"} and virsh(uri, "dumpxml", "--inactive", "refvm") == original
     assert libvirtd.others() == []
     m = bundle.load_manifest(tmp_path / "refvm.tdm")
-    assert m["machine"]["libvirt"]["domain"] == "refvm" and len(m["machine"]["disks"]) == 2
-    assert m["machine"]["nics"][0]["mac"] == MAC
+    assert m.machine.libvirt.domain == "refvm" and len(m.machine.disks) == 2
+    assert m.machine.nics[0].mac == MAC
     virsh(uri, "undefine", "refvm")
 
 

@@ -143,4 +143,4 @@ def test_kernel_qemu_cannot_boot(tmp_path):
     junk.write_bytes(b"\0" * 4096)
     path = tmp_path / "bad.tdm"
     assert_one_line_error(run_cli("record", str(path), "--kernel-image", str(junk)), "QEMU exited at start")
-    assert bundle.load_manifest(path)["state"] == "interrupted"
+    assert bundle.load_manifest(path).state == "interrupted"

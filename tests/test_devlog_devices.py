@@ -1,4 +1,4 @@
-"""The device log takes every disk and NIC it is given (issue 23): a guest with two disks
+"""The device log takes every disk and NIC it is given: a guest with two disks
 and two NICs, recorded through tandem's own command line (qemu/argv.py: both disks on
 their overlays behind blkreplay, the device log's `drives`), gets one pcapng interface
 per drive and per NIC, named by its id, and replays exactly."""

@@ -81,7 +81,7 @@ def test_tshark_reads_devlog_and_counts_match(demo_bundle, tshark):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     rows = [l.split("\t") for l in r.stdout.splitlines() if l]
-    assert len(rows) == want == sum(c["records"] for c in m["channels"].values())
+    assert len(rows) == want == sum(c.records for c in m.channels.values())
     names = {row[0] for row in rows}
     assert {"net0", "serial0", "disk0", "rng0"} <= names
 

@@ -1,4 +1,4 @@
-"""QEMU's release gate is bounded (issue 19): a guest that sends fast while the only
+"""QEMU's release gate is bounded: a guest that sends fast while the only
 analysis is stopped cannot grow the native's QEMU past filter-gate's max-frames and
 max-bytes; the overflow policy's event is reported; the recording keeps every frame.
 Real QEMU, real guest; no mocks."""
@@ -14,11 +14,11 @@ import threading
 import time
 from pathlib import Path
 
-from helpers import wait_until
+from helpers import analyses, wait_until
 from helpers.live import drive, run_until_native_stops
 from tandem import artifacts
 from tandem.semantic import inputs
-from tandem.exact import replay as replay_exact
+from tandem.exact.replay import replay
 from tandem.live.shadow import ShadowOptions, ShadowRun
 
 MAX_FRAMES, MAX_BYTES = 64, 128 * 1024     # small (max-bytes is at least one 68 KiB frame): the flood passes them many times over
@@ -76,7 +76,7 @@ def flood_with_the_analysis_stopped(tmp_path, overflow: str, connections: int):
     """The flood, with the only analysis SIGSTOPped for the flood (under block, until the
     gate has refused frames at its bound); QEMU's counters sampled meanwhile (QMP from the
     main thread, which owns it)."""
-    sh = ShadowRun(tmp_path / "native.tdm", ["native"],
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("native"),
                    ShadowOptions(release="agreed", overflow=overflow, record_analyses=False, hang_wall_s=600,
                                  block_budget_s=600),
                    workdir=tmp_path / "an")
@@ -164,7 +164,7 @@ def check_bounded_and_whole(tmp_path, sh, s, seen, got, overflow: str, connectio
     rec = inputs.load(tmp_path / "native.tdm")
     assert len(rec.flows) == connections
     assert all(b"".join(d for _, d in fl.guest_data) == expected_reply() for fl in rec.flows)
-    v = replay_exact.replay(tmp_path / "native.tdm")
+    v = replay(tmp_path / "native.tdm")
     assert v.ok, v.summary()
 
 

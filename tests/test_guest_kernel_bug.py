@@ -1,4 +1,4 @@
-"""A bug in the guest's own kernel, reached by an ordinary client (issue 24, point 7): the
+"""A bug in the guest's own kernel, reached by an ordinary client: the
 reference VM built once more with tandem's native kernel as its distribution kernel
 (a Debian package, booted by its own GRUB) and the planted-bug module listening on UDP.
 A crafted datagram reaches the bug; the native serves on; the KASAN analysis, booting
@@ -11,7 +11,7 @@ import socket
 import time
 
 import pytest
-from helpers import start_client, wait_until
+from helpers import analyses, start_client, wait_until
 from helpers.live import run_until_native_stops
 from tandem import artifacts
 from tandem.live.shadow import ShadowOptions, ShadowRun
@@ -70,7 +70,7 @@ def datagram_recording(built, tmp_path_factory):
 
 @pytest.mark.timeout(1500)
 def test_kasan_finds_the_bug_a_datagram_reached_in_the_guests_own_kernel(datagram_recording, tmp_path):
-    s = analyze(datagram_recording, ["kasan"], noise=False, workdir=tmp_path, record=False)
+    s = analyze(datagram_recording, analyses("kasan"), noise=False, workdir=tmp_path, record=False)
     (r,) = s.results
     assert r.run.outcome in ("poweroff", "finished"), (r.run.outcome, r.run.detail, r.run.qemu_log[-2000:])
     (bug,) = the_bug(r.findings) or [None]
@@ -89,7 +89,7 @@ def test_kasan_finds_the_bug_a_datagram_reached_in_the_guests_own_kernel(datagra
 def test_a_live_shadow_reports_it_while_the_native_serves_on(built, tmp_path):
     ref, guest, forwards, http, udp = guest_and_forwards(tmp_path)
     live = []
-    sh = ShadowRun(tmp_path / "live.tdm", ["kasan"], ShadowOptions(record_analyses=False, idle_analyses=False),
+    sh = ShadowRun(tmp_path / "live.tdm", analyses("kasan"), ShadowOptions(record_analyses=False, idle_analyses=False),
                    workdir=tmp_path / "an", guest=guest, forwards=forwards, on_finding=live.append)
     sh.start()
     answers = []

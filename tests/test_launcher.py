@@ -1,4 +1,4 @@
-"""The launcher on a machine it meets fresh (issue 17): two commands started together,
+"""The launcher on a machine it meets fresh: two commands started together,
 a command killed half-way, `./tandem doctor`, `./tandem --help`, the preflight.
 
 The concurrency tests run a miniature checkout (the launcher, host-deps.sh, the

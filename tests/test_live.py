@@ -12,12 +12,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from helpers import ROOT, pace, wait_for_service, wait_until
+from helpers import ROOT, analyses, pace, wait_for_service, wait_until
 from helpers.live import analyses_caught_up, drive, run_until_native_stops
 from tandem.formats import bundle, pcapng
 from tandem.semantic import inputs
 from tandem import plan
-from tandem.exact import replay as replay_exact
+from tandem.exact.replay import replay
 from tandem.live.shadow import ShadowOptions, ShadowRun
 from tandem.qemu.vm import Serial, free_port
 from tandem.record.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
@@ -25,7 +25,7 @@ from tandem.record.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
 
 def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
     live = []
-    sh = ShadowRun(tmp_path / "native.tdm", ["kasan", "lockdep"], ShadowOptions(metrics_port=0),
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("kasan", "lockdep"), ShadowOptions(metrics_port=0),
                    workdir=tmp_path / "an", on_finding=lambda f: live.append((time.monotonic(), f)))
     sh.start()
     scraped = []
@@ -60,18 +60,18 @@ def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
     assert scraped and 'tandem_lag_vm_seconds{vm="kasan"}' in scraped[0]
     assert 'tandem_findings_total{vm=' in scraped[0]
     # The native's recording, made alongside, replays exactly.
-    v = replay_exact.replay(tmp_path / "native.tdm")
+    v = replay(tmp_path / "native.tdm")
     assert v.ok, v.summary()
     # So does each analysis's own, made while it trailed a live native (the horizons and
     # warp bounds it was granted at host-timed moments are in its replay log).
     for r in s.results:
-        v = replay_exact.replay(r.run.bundle)
+        v = replay(r.run.bundle)
         assert v.ok, (r.analysis, v.summary())
         assert v.reports == [f.title for f in r.findings], (r.analysis, v.reports)
 
 
 def test_a_dying_or_overflowing_analysis_never_stops_the_native(tmp_path):
-    sh = ShadowRun(tmp_path / "native.tdm", ["native", "lockdep"],
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("native", "lockdep"),
                    ShadowOptions(buffer_events_of={"lockdep": 20}, record_analyses=False),
                    workdir=tmp_path / "an")
     sh.start()
@@ -107,12 +107,12 @@ def test_a_dying_or_overflowing_analysis_never_stops_the_native(tmp_path):
     assert lockdep.run.outcome == "poweroff" and lockdep.complete, (lockdep.run.detail, lockdep.failure)
     assert lockdep.findings == [] and lockdep.divergences == [], [d.diff for d in lockdep.divergences]
     assert s.exit_status() == 1                # the killed analysis's crash is a finding
-    v = replay_exact.replay(tmp_path / "native.tdm")      # nothing recorded was lost
+    v = replay(tmp_path / "native.tdm")      # nothing recorded was lost
     assert v.ok, v.summary()
 
 
 def test_a_hung_analysis_is_tandems_limit_and_the_native_goes_on(tmp_path):
-    sh = ShadowRun(tmp_path / "native.tdm", ["native"], ShadowOptions(record_analyses=False, hang_wall_s=3),
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("native"), ShadowOptions(record_analyses=False, hang_wall_s=3),
                    workdir=tmp_path / "an")
     sh.start()
     answers = []
@@ -136,14 +136,14 @@ def test_a_hung_analysis_is_tandems_limit_and_the_native_goes_on(tmp_path):
     assert r.run.outcome == "hung", r.run.detail
     assert r.findings == [] and r.failure.startswith("hung"), r.failure
     assert s.exit_status() == 3
-    assert replay_exact.replay(tmp_path / "native.tdm").ok
+    assert replay(tmp_path / "native.tdm").ok
 
 
 def test_agreed_release_keeps_a_diverging_answer_from_the_client(tmp_path):
     """--release agreed: the native's answer leaves only once the analysis gave the same one.
     The ASan-built service dies on the planted overflow; the native answers it, but that
     answer never reaches the client (what the client receives is the capture)."""
-    sh = ShadowRun(tmp_path / "native.tdm", ["asan-userland"],
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("asan-userland"),
                    ShadowOptions(release="agreed", record_analyses=False), workdir=tmp_path / "an")
     sh.start()
     got = {}
@@ -161,7 +161,7 @@ def test_agreed_release_keeps_a_diverging_answer_from_the_client(tmp_path):
     t.join(10)
     s = sh.finish()
     assert got == {"set": "OK", "get": "VALUE 1", "bug": None}, got
-    # Private (issue 19): the live workdir 0700, all it holds 0600 (0755/0644 before under umask 022).
+    # Private: the live workdir 0700, all it holds 0600 (not 0755/0644, as umask 022 gives).
     an = tmp_path / "an"
     wrote = {p.name: stat.S_IMODE(p.stat().st_mode) for p in an.iterdir()}
     assert {"findings.jsonl", "summary.json", "gate.json", "buffers.json"} <= set(wrote), wrote
@@ -169,14 +169,14 @@ def test_agreed_release_keeps_a_diverging_answer_from_the_client(tmp_path):
     (e,) = [e for e in sh.gate.events if e.kind == "dropped"]
     assert e.analysis == "asan-userland" and e.native == f"{PLANTED_BUGS['asan-heap-overflow'][2]}\n".encode()
     assert any("held and dropped" in x for x in s.limits)
-    assert replay_exact.replay(tmp_path / "native.tdm").ok    # holding frames never touches the guest
+    assert replay(tmp_path / "native.tdm").ok    # holding frames never touches the guest
 
 
 def test_overflow_block_holds_the_native_until_the_analysis_has_room(tmp_path):
     """--overflow block: a slow analysis with a small buffer is never detached; the native's
     inputs wait at the host side of its NIC instead, and its recording still replays."""
     bound = 20
-    sh = ShadowRun(tmp_path / "native.tdm", ["lockdep"],
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("lockdep"),
                    ShadowOptions(buffer_events_of={"lockdep": bound}, record_analyses=False, overflow="block",
                                  block_budget_s=120),
                    workdir=tmp_path / "an")
@@ -214,7 +214,7 @@ def test_overflow_block_holds_the_native_until_the_analysis_has_room(tmp_path):
     # lockdep costs more than the native kernel for the same inputs.
     (sd,) = plan.slowdowns_from(tmp_path / "an", {}, "lockdep")
     assert sd.f > 1.0 and sd.base.startswith("live run"), (sd.f, sd.base)
-    v = replay_exact.replay(tmp_path / "native.tdm")
+    v = replay(tmp_path / "native.tdm")
     assert v.ok, v.summary()
 
 
@@ -222,7 +222,7 @@ def test_a_long_run_keeps_only_what_is_in_flight(tmp_path):
     """What the analysis has taken and compared is dropped while the native runs (the
     native's inputs, output and closed connections; the analysis's console and output);
     a difference found on the way is still reported, and the bundle stays whole."""
-    sh = ShadowRun(tmp_path / "native.tdm", ["native"], workdir=tmp_path / "an")
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("native"), workdir=tmp_path / "an")
     sh.start()
     seen = {}
 
@@ -239,7 +239,7 @@ def test_a_long_run_keeps_only_what_is_in_flight(tmp_path):
                                           f"({len(sh.followers[0].cmp.done)} compared)", poll=0.2)
         seen.update(retired=sum(fl is None for fl in sh.rec.flows), flows=len(sh.rec.flows),
                     kept=len(sh.rec.inputs), dropped=sh.rec.inputs_dropped,
-                    console=len(sh.followers[0].run.console), peer=len(sh.followers[0].run.peer.flows))
+                    console=len(sh.followers[0].run.console), peer=len(sh.followers[0].run.net.flows))
     t = drive(sh, work)
     run_until_native_stops(sh, client=t)
     t.join(10)
@@ -298,8 +298,8 @@ def test_tandem_dying_leaves_the_native_serving_and_its_recording_readable(tmp_p
         tandem.kill()
         for pid in _qemus_of(tmp_path):         # the native and the analysis, whatever happened
             os.kill(pid, signal.SIGKILL)
-    assert bundle.load_manifest(b)["state"] == "recording"     # nobody sealed it
-    v = replay_exact.replay(b, partial=True)
+    assert bundle.load_manifest(b).state == "recording"     # nobody sealed it
+    v = replay(b, partial=True)
     assert v.ok, v.summary()
     # ... and that recording has what the native served after tandem died.
     assert any(b"SET after19" in e.data for e in pcapng.iter_events(b / bundle.DEVLOG) if e.direction == "in")

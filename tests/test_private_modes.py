@@ -1,4 +1,4 @@
-"""Issue 19, points 3 and 4: recordings private by default, and a live recording safe
+"""Recordings private by default, and a live recording safe
 from a second recorder. Real recordings with the real patched QEMU, under the umask
 most hosts run with (022), so that nothing here is private by the umask's doing."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_one_line_error, run_cli
+from helpers import analyses, assert_one_line_error, run_cli
 from tandem.formats import bundle
-from tandem.exact import replay as replay_exact
+from tandem.exact.replay import replay
 from tandem.record.recording import Recording
 from tandem.semantic.analyze import analyze
 from tandem.machine import RR, Guest, Run
@@ -55,8 +55,8 @@ def raw_qemu(rundir: Path, *, rrfile: Path, devlog: Path, stop_after_ns: int = 0
 
 
 def test_qemu_creates_its_logs_0600(built, tmp_path, usual_umask):
-    """QEMU's side on its own: the record log and device log 0600 under umask 022 (they
-    were 0644: qemu-patches/0016)."""
+    """QEMU's side on its own: the record log and device log 0600 under umask 022 (not the
+    umask's 0644: qemu-patches/0016)."""
     rr, dl = tmp_path / "r.tdrs", tmp_path / "d.pcapng"
     r = raw_qemu(tmp_path / "run", rrfile=rr, devlog=dl, stop_after_ns=50_000_000)
     assert r.returncode == 0, r.stderr
@@ -72,7 +72,7 @@ def test_fresh_bundle_and_analysis_workdir_private(demo_bundle_022, tmp_path, us
                              "qemu.log"}
     assert not_private(b) == {}, modes(b)
     workdir = tmp_path / "out" / "analysis"
-    s = analyze(b, ["native"], noise=False, workdir=workdir)
+    s = analyze(b, analyses("native"), noise=False, workdir=workdir)
     assert s.results[0].run.outcome == "poweroff", s.results[0].run.detail
     found = modes(workdir)
     assert {"findings.jsonl", "summary.json", "native.tdm", f"native.tdm/{bundle.STREAM}",
@@ -85,8 +85,8 @@ def test_fresh_bundle_and_analysis_workdir_private(demo_bundle_022, tmp_path, us
 
 def test_second_recorder_refused_first_replays_exactly(built, tmp_path, usual_umask):
     """A second recorder on a live recording's path: `tandem record` refuses the bundle,
-    and a QEMU given its record log or its device log refuses them (they were emptied
-    before: O_TRUNC came before the lock); the first recording then replays exactly."""
+    and a QEMU given its record log or its device log refuses them (and does not empty
+    them: the lock comes before O_TRUNC); the first recording then replays exactly."""
     path = tmp_path / "live.tdm"
     with Recording(path) as rec:
         rec.wait_ready()
@@ -113,8 +113,8 @@ def test_second_recorder_refused_first_replays_exactly(built, tmp_path, usual_um
         demo_traffic(rec.port, rounds=2)
         rec.serial.type("poweroff")
         rec.wait(timeout=120)
-    assert bundle.load_manifest(path)["state"] == "complete"
-    v = replay_exact.replay(path)
+    assert bundle.load_manifest(path).state == "complete"
+    v = replay(path)
     assert v.ok, v.summary()
 
 

@@ -1,4 +1,4 @@
-"""Recording a guest from its own disk with the options any user's VM needs (issue 23),
+"""Recording a guest from its own disk with the options any user's VM needs,
 through the CLI as a user runs it: --disk, --kernel-image/--initrd/--append, --memory,
 --forward, --nic; the base image never written and a changed one refused on replay;
 the bad inputs, each in one line. The guests: the demo's disk, kernel and initramfs
@@ -203,7 +203,7 @@ def test_reference_vm_from_power_on_under_debians_clients_with_a_data_disk_repla
         rec.powerdown()
         rec.wait(timeout=300)
     m = bundle.load_manifest(tdm)
-    assert m["stop"]["reason"] == "poweroff", m["stop"]
+    assert m.stop.reason == "poweroff", m.stop
     # Booted by its GRUB, with GRUB's command line; systemd's chatter on the console.
     console = b"".join(e.data for e in pcapng.read_devlog(tdm / bundle.DEVLOG).events if e.channel == "serial0")
     assert b"Booting `Debian GNU/Linux 12" in console, console[:3000]

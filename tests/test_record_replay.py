@@ -17,12 +17,12 @@ from tandem.record.workload import KV, Hammer
 
 def test_recording_captures_every_channel(demo_bundle):
     m = bundle.load_manifest(demo_bundle)
-    assert m["state"] == "complete" and m["stop"]["reason"] == "poweroff"
-    ch = m["channels"]
-    assert ch["net0"]["in"]["events"] > 0 and ch["net0"]["out"]["events"] > 0
-    assert ch["serial0"]["out"]["bytes"] > 0 and ch["serial0"]["in"]["bytes"] > 0  # typed lines
-    assert ch["disk0"]["out"]["events"] > 0                                         # writes + flushes
-    assert ch["rng0"]["in"]["bytes"] > 0
+    assert m.state == "complete" and m.stop.reason == "poweroff"
+    ch = m.channels
+    assert ch["net0"].inbound.events > 0 and ch["net0"].outbound.events > 0
+    assert ch["serial0"].outbound.bytes > 0 and ch["serial0"].inbound.bytes > 0   # typed lines
+    assert ch["disk0"].outbound.events > 0                                        # writes + flushes
+    assert ch["rng0"].inbound.bytes > 0
     typed = b"".join(e.data for e in pcapng.read_devlog(demo_bundle / bundle.DEVLOG).events
                      if e.channel == "serial0" and e.direction == "in")
     assert b"echo serial says hi" in typed
@@ -102,7 +102,7 @@ def test_follow_replay_of_live_recording(built, tmp_path):
 
 
 def test_torn_heavy_recording_replays_its_intact_prefix(built, tmp_path):
-    """Issue 23: QEMU killed (SIGKILL) while one client hammers the guest with SETs. The
+    """QEMU killed (SIGKILL) while one client hammers the guest with SETs. The
     record log's intact prefix replays and verifies against the device log, whichever of
     the two logs the kill cut first (each is flushed on its own clock)."""
     path = tmp_path / "torn.tdm"
@@ -124,7 +124,7 @@ def test_torn_heavy_recording_replays_its_intact_prefix(built, tmp_path):
         with pytest.raises(TandemError, match="replay it with --partial"):
             rec.finish()
     client.join(60)
-    assert bundle.load_manifest(path)["state"] == "interrupted"
+    assert bundle.load_manifest(path).state == "interrupted"
     r = run_cli("replay", "--partial", str(path))
     assert r.returncode == 0, r.stderr
     assert "VERIFIED: intact prefix" in r.stderr, r.stderr
@@ -163,8 +163,8 @@ def test_record_duration_in_vm_time(built, tmp_path):
     r = run_cli("record", str(path), "--duration", "4s")
     assert r.returncode == 0, r.stderr
     m = bundle.load_manifest(path)
-    assert m["stop"]["reason"] == "duration"
-    assert 4e9 <= m["stop"]["vm_ns"] < 4.5e9
+    assert m.stop.reason == "duration"
+    assert 4e9 <= m.stop.vm_ns < 4.5e9
     v = replay(path)
     assert v.ok, v.summary()
 
@@ -179,7 +179,7 @@ def test_guest_that_panics_is_not_a_clean_stop(built, tmp_path):
     with Recording(path, g) as rec:
         rec.wait(timeout=120)
     m = bundle.load_manifest(path)
-    assert m["state"] == "complete" and m["stop"]["reason"] == "guest-reset"
+    assert m.state == "complete" and m.stop.reason == "guest-reset"
     console = b"".join(e.data for e in pcapng.read_devlog(path / bundle.DEVLOG).events
                        if e.channel == "serial0")
     assert b"Kernel panic" in console
@@ -188,7 +188,7 @@ def test_guest_that_panics_is_not_a_clean_stop(built, tmp_path):
 
 
 def test_bundle_path_with_commas_and_keys(built, tmp_path):
-    """A bundle named with QEMU's separators in it (issue 19): its path reaches -icount
+    """A bundle named with QEMU's separators in it: its path reaches -icount
     rrfile=, -drive file= and the devlog's path= as one value, never as added keys, so
     the recording lands where it was asked and replays exactly."""
     path = tmp_path / "a,romfile=x,,y=z.tdm"
@@ -196,7 +196,7 @@ def test_bundle_path_with_commas_and_keys(built, tmp_path):
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in path.iterdir()) == sorted(
         [bundle.MANIFEST, bundle.STREAM, bundle.DEVLOG, "disk-overlay.qcow2", "qemu.log"])
-    assert bundle.load_manifest(path)["state"] == "complete"
+    assert bundle.load_manifest(path).state == "complete"
     v = replay(path)
     assert v.ok, v.summary()
 

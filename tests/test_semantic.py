@@ -11,20 +11,20 @@ import pytest
 from helpers import ROOT, assert_one_line_error, run_cli, start_client
 from tandem import catalog
 from tandem.semantic import inputs
-from tandem.semantic.driving import replay as replay_semantic
-from tandem.exact import replay as replay_exact
-from tandem.semantic import findings as findings_mod
-from tandem.semantic.findings import findings
+from tandem.semantic.driving import replay
+from tandem.semantic.driving.replay import RunOptions
+from tandem.exact.replay import replay as exact_replay
+from tandem.semantic.findings import failure, findings
 from tandem.record.recording import Recording
-from tandem.semantic import analyze as analyze_mod
-from tandem.semantic.analyze import analyze
+from tandem.semantic.analyze import PACE_EVERY, analyze
 from tandem.semantic.trail import Trail
 from tandem.machine import Guest
 from tandem.record.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
 
 # Every analysis of the catalogue but the null one: a new analysis is tested here once it
 # says below what it finds in the planted bugs.
-SANITIZERS = [a.name for a in catalog.ALL if a.name != "native"]
+SANITIZERS = [a for a in catalog.ALL if a != catalog.NATIVE]
+KASAN = catalog.ANALYSES["kasan"]
 
 # analysis -> {(report type, words in the title): the planted request that causes it}
 EXPECTED = {
@@ -64,7 +64,7 @@ def client_line(rec: inputs.RecordedInputs, flow: int, offset: int) -> bytes:
 
 
 def test_null_analysis_has_no_divergence(demo_bundle, tmp_path):
-    s = analyze(demo_bundle, ["native"], noise=False, workdir=tmp_path)
+    s = analyze(demo_bundle, [catalog.NATIVE], noise=False, workdir=tmp_path)
     (r,) = s.results
     assert r.run.outcome == "poweroff", r.run.detail
     assert not r.divergences, [d.diff for d in r.divergences]
@@ -84,7 +84,7 @@ def test_clean_traffic_into_every_sanitizer_is_clean(demo_bundle, tmp_path):
 
 def test_each_planted_bug_is_found_by_its_analyses_and_attributed(planted_bugs_bundle, tmp_path):
     rec = inputs.load(planted_bugs_bundle)
-    s = analyze(planted_bugs_bundle, SANITIZERS + ["native"], workdir=tmp_path)
+    s = analyze(planted_bugs_bundle, SANITIZERS + [catalog.NATIVE], workdir=tmp_path)
     for r in s.results:
         assert r.run.outcome == "poweroff", (r.analysis, r.run.detail)
         got = {}
@@ -103,11 +103,11 @@ def test_each_planted_bug_is_found_by_its_analyses_and_attributed(planted_bugs_b
 
     # Each analysis run recorded itself: its recording replays exactly, findings included.
     # KCSAN's is the hard case (its sampling and delays draw on the TSC, which the
-    # recording holds); KASAN's and lockdep's replays cost 20 s more of the suite and
-    # tested nothing KCSAN's does not (they replayed exactly in every run until 2026-11-27).
+    # recording holds); KASAN's and lockdep's replays would cost 20 s more of the suite and
+    # test nothing KCSAN's does not.
     for r in s.results:
         if r.analysis == "kcsan":
-            v = replay_exact.replay(r.run.bundle)
+            v = exact_replay(r.run.bundle)
             assert v.ok, (r.analysis, v.summary())
             assert v.reports == [f.title for f in r.findings], (r.analysis, v.reports)
 
@@ -124,32 +124,31 @@ def test_two_replays_into_one_kernel_agree(tmp_path):
         rec.wait(timeout=120)
     r_in = inputs.load(path)
     kasan = Guest.default("kasan").with_disk(None)
-    a, b = (replay_semantic.run(r_in, "kasan", tmp_path / f"run{i}", guest=kasan) for i in (1, 2))
+    a, b = (replay.run(r_in, RunOptions(KASAN, kasan, tmp_path / f"run{i}")) for i in (1, 2))
     assert a.outcome == b.outcome == "poweroff"
     assert a.net_out == b.net_out                      # every frame, with its VM time
     assert a.console_times == b.console_times and a.console == b.console
-    fa, fb = findings(a), findings(b)
+    fa, fb = findings(a, KASAN), findings(b, KASAN)
     assert [(f.title, f.vm_ns) for f in fa] == [(f.title, f.vm_ns) for f in fb]
     assert len(fa) == 2
 
 
 def test_analysis_vm_that_panics_at_boot_did_not_boot_and_is_no_crash_of_the_guest(demo_bundle, tmp_path):
     g = dataclasses.replace(Guest.default(), cmdline=Guest.default().cmdline + " rdinit=/nonexistent init=/nonexistent")
-    r = replay_semantic.run(inputs.load(demo_bundle), "native", tmp_path, guest=g)
+    r = replay.run(inputs.load(demo_bundle), RunOptions(catalog.NATIVE, g, tmp_path))
     assert r.outcome == "crashed", r.detail
-    assert not [f for f in findings(r) if f.type == "VM-CRASH"]
-    why = findings_mod.failure(r)
+    assert not [f for f in findings(r, catalog.NATIVE) if f.type == "VM-CRASH"]
+    why = failure(r)
     assert why.startswith("did not boot") and ("guest-reset" in why or "panic" in why), why
 
 
 def test_analysis_vm_that_never_serves_is_tandems_limit_not_a_finding_nor_a_hang(demo_bundle, tmp_path):
     # The guest boots to cat(1) as init, echoing the console; the service never starts.
     g = dataclasses.replace(Guest.default(), cmdline=Guest.default().cmdline + " rdinit=/bin/cat")
-    r = replay_semantic.run(inputs.load(demo_bundle), "native", tmp_path, guest=g,
-                            max_lag_ns=5_000_000_000)
+    r = replay.run(inputs.load(demo_bundle), RunOptions(catalog.NATIVE, g, tmp_path, max_lag_ns=5_000_000_000))
     assert r.outcome == "lagging", r.detail
-    assert findings(r) == []                # tandem's limit, not a finding about the guest
-    assert findings_mod.failure(r).startswith("lagging"), findings_mod.failure(r)
+    assert findings(r, catalog.NATIVE) == []                # tandem's limit, not a finding about the guest
+    assert failure(r).startswith("lagging"), failure(r)
 
 
 def test_unknown_analysis_is_a_one_line_error(demo_bundle):
@@ -215,9 +214,9 @@ def hammer(port: int, seconds: float, clients: int = 4) -> int:
 
 
 def test_a_heavy_recording_is_analysed_whole_reading_no_further_ahead_than_its_window(tmp_path, monkeypatch):
-    """A finished recording is read as the analysis advances (issue 24): a heavy one is
-    analysed to its end (it used to detach every analysis at the live bound of 100,000
-    inputs), clean, and the inputs held never exceed the read-ahead window (made small
+    """A finished recording is read as the analysis advances: a heavy one is
+    analysed to its end (loaded whole, it would pass the live bound of 100,000 inputs and
+    detach every analysis), clean, and the inputs held never exceed the read-ahead window (made small
     here so that a short recording crosses it many times)."""
     path = tmp_path / "heavy.tdm"
     with Recording(path) as rec:
@@ -227,30 +226,30 @@ def test_a_heavy_recording_is_analysed_whole_reading_no_further_ahead_than_its_w
         rec.wait(timeout=120)
     recorded = [i for i in inputs.load(path).inputs if i.kind != "rng"]
     # Crossed five times at least: a loaded host records fewer inputs in 3 s (3,972 for
-    # 7,916 requests beside another test's VMs, 2026-11-28).
+    # 7,916 requests beside another test's VMs).
     window = min(1000, len(recorded) // 5)
     assert window >= 200, (len(recorded), requests)
-    monkeypatch.setattr(analyze_mod, "READ_AHEAD_INPUTS", window)
-    monkeypatch.setattr(analyze_mod, "READ_ON_BELOW", 100)
+    monkeypatch.setattr("tandem.semantic.analyze.READ_AHEAD_INPUTS", window)
+    monkeypatch.setattr("tandem.semantic.analyze.READ_ON_BELOW", 100)
     held: list[int] = []
     trim = Trail.trim
     monkeypatch.setattr(Trail, "trim", lambda self: (held.append(len(self.rec.inputs)), trim(self))[1])
-    s = analyze(path, ["native"], noise=False, workdir=tmp_path / "an")
+    s = analyze(path, [catalog.NATIVE], noise=False, workdir=tmp_path / "an")
     (r,) = s.results
     assert r.run.outcome == "poweroff", r.run.detail
     assert r.complete and not r.findings and not r.divergences, (r.failure, [d.diff for d in r.divergences])
     assert s.exit_status() == 0
     delivered = r.run.n_delivered - sum(1 for i in inputs.load(path).inputs if i.kind == "rng")
     assert delivered == len(recorded), (delivered, len(recorded), requests)
-    assert max(held) <= window + analyze_mod.PACE_EVERY, max(held)
+    assert max(held) <= window + PACE_EVERY, max(held)
     # The clients' requests went by release rules (semantic/network/rules.py), QEMU firing them
     # with no stop: nearly all (not the connections' openings and closings, nor what a
-    # stop found ready: 5,900 of 5,924 in a 3 s recording, 2026-11-29); and the
+    # stop found ready: 5,900 of 5,924 in a 3 s recording); and the
     # analysis's own recording replays exactly, the rules' decisions taken again from
     # its log.
     assert r.run.rules_fired >= 0.9 * delivered, (r.run.rules_fired, delivered)
     assert r.run.waits < delivered / 4, (r.run.waits, delivered)
-    v = replay_exact.replay(r.run.bundle)
+    v = exact_replay(r.run.bundle)
     assert v.ok, v.summary()
 
 

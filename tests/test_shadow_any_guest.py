@@ -1,4 +1,4 @@
-"""Live shadows of an ordinary guest (issue 24, point 6): `tandem shadow` with the guest
+"""Live shadows of an ordinary guest: `tandem shadow` with the guest
 options `tandem record` takes, the reference VM (Debian 12 from its own disk, GRUB,
 systemd, nginx, redis) served live under Debian's clients while an analysis kernel boots
 the same disk and trails it."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from helpers import start_client, wait_until
+from helpers import analyses, start_client, wait_until
 from helpers.live import run_until_native_stops
 from helpers.refvm import dhcp_to_guest, offered_then_acked
 from tandem import artifacts
@@ -29,7 +29,7 @@ def test_a_live_shadow_of_the_reference_vm_is_clean(built, tmp_path):
     http, redis = free_port(), free_port()
     # At normal priority: at idle priority (the default) an analysis gets only CPU time
     # nothing else wants, and the suite's other VMs want it all.
-    sh = ShadowRun(tmp_path / "live.tdm", ["kasan"], ShadowOptions(record_analyses=False, idle_analyses=False),
+    sh = ShadowRun(tmp_path / "live.tdm", analyses("kasan"), ShadowOptions(record_analyses=False, idle_analyses=False),
                    workdir=tmp_path / "an",
                    guest=Guest.of_disks([(str(base), "qcow2")]),
                    forwards=(Forward("tcp", http, 80), Forward("tcp", redis, 6379)))

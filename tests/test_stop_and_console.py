@@ -1,5 +1,5 @@
 """A recorded VM stopped as libvirt stops a domain, and its console reached as `virsh
-console` reaches a domain's (issue 41, points 3 and 4), through the CLI as a user runs
+console` reaches a domain's, through the CLI as a user runs
 it, on the demo guest: its acpid and agent power it off on the ACPI power button; booted
 with acpi=off it has no button and ignores the press."""
 from __future__ import annotations

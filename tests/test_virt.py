@@ -5,6 +5,7 @@ directory), domains, QEMU. `virsh` is the plain libvirt client, as a user would 
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import stat
@@ -17,13 +18,13 @@ import pytest
 from helpers import assert_one_line_error, run_cli, wait_until
 from helpers.libvirt import names, native_xml, shadow_pid, virsh
 from tandem import artifacts
-from tandem.formats import bundle
-from tandem.qemu import feed as feedproto
-from tandem.record import recording as record
+from tandem.formats import bundle, sealing
+from tandem.qemu import feed
+from tandem.record import recording
 from tandem.libvirt import daemon, domain, shadows
 from tandem.errors import TandemError
 from tandem.exact.replay import replay
-from tandem.machine import RR, Feed, Guest, Run, UserNet
+from tandem.machine import RR, Feed, Guest, LibvirtSection, NetSection, Run, UserNet
 from tandem.qemu.vm import Serial, alive, free_port
 from tandem.record.workload import KV
 
@@ -49,7 +50,7 @@ def test_private_libvirtd_starts_and_leaves_nothing(built, tmp_path):
         assert "qemu.conf" in seen and "libvirt.conf" not in seen, seen
         assert set(pids.values()) <= set(d.processes())
     finally:
-        d.stop()
+        d.close()
     assert not any(alive(p) for p in pids.values())
     assert d.processes() == [] and not d.dir.exists()
 
@@ -91,10 +92,10 @@ def test_tandem_domain_boots_serves_and_replays(libvirtd, tmp_path):
     path, rundir, port = tmp_path / "native.tdm", tmp_path / "run", free_port()
     rundir.mkdir()
     uuid = "5a4d1e2b-0000-4000-8000-000000000001"
-    m = record.start_manifest(path, g, {"libvirt": {"uuid": uuid},
-                                        "net": {"backend": "user", "hostfwd_port": port, "guest_port": 7000}})
+    m = recording.start_bundle(path, g, dataclasses.replace(
+        g.section(), libvirt=LibvirtSection(uuid=uuid), net=NetSection(backend="user", hostfwd_port=port, guest_port=7000)))
     run = Run(rundir, net=UserNet(port), rr=RR("record", path / bundle.STREAM), devlog=path / bundle.DEVLOG,
-              overlay=path / record.OVERLAY)
+              overlay=path / bundle.OVERLAY)
     conn = daemon.connect(libvirtd.uri)
     dom = conn.defineXML(domain.domain_xml("native", g, run, uuid=uuid))
     t0 = time.monotonic()
@@ -113,8 +114,8 @@ def test_tandem_domain_boots_serves_and_replays(libvirtd, tmp_path):
     wait_until(lambda: not dom.isActive(), 60, "the guest to power off")
     serial.close()
     assert "native" not in names(libvirtd.uri) and "native" in names(libvirtd.uri, "--inactive")
-    m = record.seal(path, m, status=0, wall_s=time.monotonic() - t0, stop_reason="poweroff")
-    assert m["state"] == "complete"
+    m = sealing.seal(path, m, status=0, wall_s=time.monotonic() - t0, stop_reason="poweroff")
+    assert m.state == "complete"
     v = replay(path)
     assert v.ok, v.summary()
     dom.undefine()
@@ -133,8 +134,8 @@ def test_attach_and_detach(libvirtd, tmp_path):
     assert names(uri) == {"web-tandem-native", "web-tandem-kasan"}          # the native is not started
     assert "shut off" in virsh(uri, "dominfo", "web")
 
-    # Private (issue 19): the feed and QMP sockets steer a shadow, so they are only in
-    # 0700 directories (the state directory was 0755 under umask 022); overlays 0600.
+    # Private: the feed and QMP sockets steer a shadow, so they are only in
+    # 0700 directories (0755 under umask 022 if tandem left it to the umask); overlays 0600.
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     for s in attached.values():
         assert Path(s["feed_socket"]).parent == Path(s["qmp_socket"]).parent == Path(s["state_dir"])
@@ -162,20 +163,20 @@ def test_attach_and_detach(libvirtd, tmp_path):
     qmp.close()
 
     # Fed a horizon, it runs there and says WAIT.
-    srv = feedproto.FeedServer(Path(kasan["feed_socket"]))
+    srv = feed.FeedServer(Path(kasan["feed_socket"])).start()
     try:
         srv.accept(10)
         srv.horizon(20_000_000)
         srv.flush()
-        got: list[feedproto.Message] = []
+        got: list[feed.Message] = []
 
         def waits() -> bool:
             msgs = srv.receive(1.0)
             assert msgs is not None, "the shadow's QEMU closed its feed"
             got.extend(msgs)
-            return any(m.type == feedproto.WAIT for m in got)
+            return any(m.type == feed.WAIT for m in got)
         wait_until(waits, 60, "the shadow to say WAIT at its horizon", poll=0)
-        wait = [m for m in got if m.type == feedproto.WAIT]
+        wait = [m for m in got if m.type == feed.WAIT]
         assert wait[0].vm_ns >= 20_000_000
     finally:
         srv.conn.close()

@@ -10,11 +10,11 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from helpers import ROOT, assert_one_line_error, quiet, run_cli, wait_for_service, wait_until
+from helpers import ROOT, analyses, assert_one_line_error, quiet, run_cli, wait_for_service, wait_until
 from helpers.libvirt import names, native_xml, virsh
 from helpers.live import drive, run_until_native_stops
 from tandem.formats import bundle, pcapng
-from tandem.exact import replay as replay_exact
+from tandem.exact.replay import replay
 from tandem.libvirt import shadows
 from tandem.live import attach
 from tandem.errors import BundleError
@@ -29,14 +29,14 @@ def test_shadow_runs_native_and_analysis_as_domains(libvirtd, tmp_path):
     does the analysis run's; nothing is left defined."""
     uri = libvirtd.uri
     path = tmp_path / "web.tdm"
-    sh = ShadowRun(path, ["native"], workdir=tmp_path / "an",
-                   libvirt=attach.LiveDomains.for_bundle(uri, path, ["native"]))
+    sh = ShadowRun(path, analyses("native"), workdir=tmp_path / "an",
+                   libvirt=attach.LiveDomains.for_bundle(uri, path, analyses("native")))
     sh.start()
     seen = {}
 
     def work():
-        # The native can serve before its shadow's domain is defined (2026-11-27, a loaded
-        # run: the list held 'web' alone, dominfo just after found the shadow running):
+        # The native can serve before its shadow's domain is defined (on a loaded host the
+        # list may hold 'web' alone, and dominfo just after find the shadow running):
         # wait for the shadow, then take the whole list.
         wait_until(lambda: "web-tandem-native" in names(uri), 120, "the shadow domain web-tandem-native")
         seen["list"] = names(uri)
@@ -56,10 +56,10 @@ def test_shadow_runs_native_and_analysis_as_domains(libvirtd, tmp_path):
     assert len(r.run.delivered) > 0 and not r.divergences, [d.diff for d in r.divergences]
     assert names(uri, "--all") == set() and libvirtd.others() == []
     m = bundle.load_manifest(path)
-    assert m["machine"]["libvirt"]["domain"] == "web" and m["state"] == "complete"
-    v = replay_exact.replay(path)
+    assert m.machine.libvirt.domain == "web" and m.state == "complete"
+    v = replay(path)
     assert v.ok, v.summary()
-    v = replay_exact.replay(tmp_path / "an" / "native.tdm")
+    v = replay(tmp_path / "an" / "native.tdm")
     assert v.ok, v.summary()
 
 
@@ -72,8 +72,8 @@ def test_shadow_libvirt_cli(libvirtd, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "libvirt domains cli, cli-tandem-native" in r.stderr
     assert names(uri, "--all") == set() and libvirtd.others() == []
-    assert bundle.load_manifest(tmp_path / "cli.tdm")["machine"]["libvirt"]["domain"] == "cli"
-    assert replay_exact.replay(tmp_path / "cli.tdm").ok
+    assert bundle.load_manifest(tmp_path / "cli.tdm").machine.libvirt.domain == "cli"
+    assert replay(tmp_path / "cli.tdm").ok
     plain_web(uri, tmp_path)
     try:
         assert_one_line_error(run_cli("shadow", str(tmp_path / "web.tdm"), "--analysis", "native",
@@ -161,8 +161,8 @@ def test_attach_follows_a_plain_domain_live(libvirtd, tmp_path):
     for p in (native["rundir"], shadow["statedir"]):
         assert not Path(p).exists(), p
     m = bundle.load_manifest(tmp_path / "web.tdm")
-    assert m["machine"]["nics"][0]["mac"] == "52:54:00:7a:6e:01" and m["machine"]["disks"][0]["format"] == "qcow2"
-    v = replay_exact.replay(tmp_path / "web.tdm")
+    assert m.machine.nics[0].mac == "52:54:00:7a:6e:01" and m.machine.disks[0].format == "qcow2"
+    v = replay(tmp_path / "web.tdm")
     assert v.ok, v.summary()
     assert_one_line_error(run_cli("detach", "web", "--uri", uri), "nothing to detach")
     virsh(uri, "undefine", "web")

@@ -1,12 +1,11 @@
 """The one list of analyses tandem runs: each once, with everything that differs between them.
 
-Before this list, one analysis was spread over 8 to 12 files (the CLI's choices and help in
-four places, `replay_semantic.ANALYSES`, `Guest.default`'s `if flavor == "kasan"` branches,
-`equivalence.BUILTIN`, the demo, the build's flavor lists in meson.build, setup/build.py and
-setup/doctor.py; docs/architecture-review, section 3.1). Now adding one is a kernel config
-fragment (guest-kernel/linux/FLAVOR.config) when it needs its own kernel, one entry below,
-and docs; `guest-kernel/linux/FLAVORS` lists the kernel flavors for meson, and
-tests/unit/test_catalog.py checks that it, the config fragments and this list agree.
+Whatever names an analysis reads it from here: the CLI's choices and help, the demo,
+`tandem shadow` and `tandem attach`, the guest's defaults, the equivalence spec and the
+build. Adding one is one entry below and docs, and a kernel config fragment
+(guest-kernel/linux/FLAVOR.config) when it needs its own kernel; `guest-kernel/linux/FLAVORS`
+lists the kernel flavors for meson, and tests/unit/test_catalog.py checks that it, the
+config fragments and this list agree.
 
 Kernel flavors and userlands are tables of their own because `tandem record --kernel
 --userland` boots any pair of them, not only the pairs an analysis names.
@@ -17,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from .errors import TandemError
 
@@ -100,17 +101,23 @@ ALL = (
     Analysis("asan-userland", KERNELS["native"], "ASan-built guest services: memory errors in userland",
              userland=USERLANDS["asan"], equivalence={"serial": {"ignore": list(SANITIZER_LINES)}}),
 )
-ANALYSES = {a.name: a for a in ALL}
+# The built-in analyses by name, read only: the CLI resolves the names it is given here
+# (get) and hands the stages Analysis values; an analysis of the user's (brought_kernel,
+# with_overlay) is made there too and never written here.
+ANALYSES: Mapping[str, Analysis] = MappingProxyType({a.name: a for a in ALL})
+# The native kernel on the semantic path: the noise run every analysis is split by.
+NATIVE = ANALYSES["native"]
 # Kernel flavors the build makes (guest-kernel/linux/FLAVORS says the same, for meson).
 FLAVORS = tuple(KERNELS)
 
 
-def get(name: str) -> Analysis:
-    """The analysis called name; an unknown name is a one-line error listing the known ones."""
+def get(name: str, known: Mapping[str, Analysis] = ANALYSES) -> Analysis:
+    """The analysis called name among `known` (default: the built-in ones; the CLI adds the
+    user's); an unknown name is a one-line error listing the known ones."""
     try:
-        return ANALYSES[name]
+        return known[name]
     except (KeyError, TypeError):
-        raise TandemError(f"unknown analysis {name!r} (known: {names()})") from None
+        raise TandemError(f"unknown analysis {name!r} (known: {', '.join(known)})") from None
 
 
 # What a user may call an analysis of their own: it names files in the analysis's work
@@ -124,18 +131,6 @@ def check_name(name: str) -> None:
         raise TandemError(f"analysis name {name!r}: use lower-case letters, digits, '.', '_' and '-' (it names files)")
     if name in {a.name for a in ALL}:
         raise TandemError(f"analysis name {name!r}: a built-in analysis has it; call yours otherwise")
-
-
-def add(analysis: Analysis) -> Analysis:
-    """Make an analysis of the user's (a kernel they brought, files swapped in) known to
-    this process, beside the catalogue's: every stage looks analyses up by name. A name
-    the catalogue has, or one not fit for a file name, is a one-line error."""
-    check_name(analysis.name)
-    known = ANALYSES.get(analysis.name)
-    if known is not None and known != analysis:
-        raise TandemError(f"analysis {analysis.name!r} given twice, differently")
-    ANALYSES[analysis.name] = analysis
-    return analysis
 
 
 def brought_kernel(name: str, image: str, vmlinux: str | None = None) -> Analysis:
@@ -163,26 +158,21 @@ def userland(name: str) -> Userland:
         raise TandemError(f"unknown userland {name!r} (known: {', '.join(USERLANDS)})") from None
 
 
-def names() -> str:
-    """The analyses' names, for help texts and errors."""
-    return ", ".join(ANALYSES)
-
-
 def help_lines() -> str:
     """name: summary, one per analysis, for --help."""
     return "; ".join(f"{a.name} ({a.summary})" for a in ALL)
 
 
-def demo_analyses() -> list[str]:
+def demo_analyses() -> list[Analysis]:
     """The analyses `tandem demo` replays into (the native kernel is its noise run)."""
-    return [a.name for a in ALL if a.demo and a.name != "native"]
+    return [a for a in ALL if a.demo and a != NATIVE]
 
 
-def build_targets(names: list[str]) -> list[str]:
+def build_targets(analyses: Iterable[Analysis]) -> list[str]:
     """The build targets these analyses run on (QEMU, the demo guest's image, and each
     catalogue kernel with its modules; a kernel the user brought needs no build)."""
     out = ["qemu", "guest"]
-    for a in map(get, names):
+    for a in analyses:
         if a.kernel.image is None:
             out += [t for t in (f"kernel-{a.flavor}", f"modules-{a.flavor}") if t not in out]
     return out
@@ -190,5 +180,5 @@ def build_targets(names: list[str]) -> list[str]:
 
 def demo_build_targets() -> list[str]:
     """The build targets the demo's analyses need beyond recording (their kernels)."""
-    flavors = dict.fromkeys(get(name).flavor for name in demo_analyses())
+    flavors = dict.fromkeys(a.flavor for a in demo_analyses())
     return [t for f in flavors if f != "native" for t in (f"kernel-{f}", f"modules-{f}")]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fuzz target of the assertion language (issue 19): no assertion file can make the parser
+"""Fuzz target of the assertion language: no assertion file can make the parser
 raise anything but its one-line AssertionLangError, and what it accepts prints back
 (AssertionSet.to_text) as text that parses to the same assertions.
 

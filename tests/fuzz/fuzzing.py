@@ -1,5 +1,5 @@
-"""What every fuzz target of tandem shares (issue 18 set the pattern with the console
-parser, issue 19 added the readers of specs, assertions and bundles): running one under
+"""What every fuzz target of tandem shares (the console parser's, and those of the readers
+of specs, assertions and bundles): running one under
 atheris for a fixed budget, naming what an input raises, minimizing a crash, saving it in
 the target's corpus as a regression input, and merging the corpus down to the fewest
 inputs that reach every feature reached so far.

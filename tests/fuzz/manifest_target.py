@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Fuzz target of the manifest and bundle loader (issue 19): no manifest.json can make
-load_manifest, check_bundle or `tandem inspect` raise anything but BundleError (before
-this loader checked every field, ten kinds of raw exception escaped on one-field changes).
+"""Fuzz target of the manifest and bundle loader: no manifest.json can make
+load_manifest, check_bundle or `tandem inspect` raise anything but BundleError (unchecked,
+one-field changes raise ten kinds of raw exception).
 
 One input is a manifest.json's bytes, written into a scratch bundle whose other files are
 small valid ones (MEMBERS: a device log and a replay stream from the pcapng and rrstream

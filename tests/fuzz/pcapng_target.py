@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
-"""Fuzz target of the device-log reader, pcapng (issue 19): no file in a bundle can make it
+"""Fuzz target of the device-log reader, pcapng: no file in a bundle can make it
 raise anything but BundleError.
 
 One input is a device log's bytes, written to a scratch file (the reader takes a path):
-read whole with read_devlog(), torn tails allowed and refused. Measured before this target
-(issue 19): 3.7 M mutated inputs over pcapng and the replay stream raised nothing else;
-this keeps it so. Run by `./tandem bench fuzz [--only pcapng]` (bench/fuzz.py), or by hand:
+read whole with read_devlog(), torn tails allowed and refused: 3.7 M mutated inputs over
+pcapng and the replay stream raise nothing else, and this keeps it so. Run by `./tandem bench fuzz [--only pcapng]` (bench/fuzz.py), or by hand:
 
     python tests/fuzz/pcapng_target.py -max_total_time=60 WORKDIR tests/fuzz/pcapng-corpus
     python tests/fuzz/pcapng_target.py --make-seeds      (how seed-* were made)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fuzz target of the console report parser (issue 18): no console can crash it.
+"""Fuzz target of the console report parser: no console can crash it.
 
 One input is a console as a guest wrote it (raw bytes, the files of report-corpus/ beside
 this file). For every OS the parser knows (report.OSES, read when the target runs, so an

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fuzz target of the replay stream reader (issue 19): no replay.tdrs in a bundle can make
+"""Fuzz target of the replay stream reader: no replay.tdrs in a bundle can make
 it raise anything but BundleError, nor decompress more than a segment declares.
 
 One input is a replay stream's bytes, written to a scratch file (the reader takes a path):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fuzz target of the equivalence spec loader (issue 19): no spec file can make it raise
+"""Fuzz target of the equivalence spec loader: no spec file can make it raise
 anything but its one-line TandemError.
 
 One input is a spec file's bytes: equivalence.parse_toml() then equivalence.check() (every

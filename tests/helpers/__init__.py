@@ -1,7 +1,7 @@
 """What the tests share: waiting for an event, client threads that report their failures,
 running the CLI, recording the demo guest, reading device logs with Wireshark's tools.
 
-One definition of each (issue 21). Test modules import from here, never from each other
+One definition of each. Test modules import from here, never from each other
 or from conftest.py; conftest.py holds the fixtures.
 
 Waiting: a test never sleeps for an event; it waits for it with `wait_until`, which
@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "replay") not in sys.path:
     sys.path.insert(0, str(ROOT / "replay"))
 
+from tandem import catalog  # noqa: E402
 from tandem.formats import pcapng  # noqa: E402
 from tandem.errors import BundleError  # noqa: E402
 
@@ -37,6 +38,11 @@ T = TypeVar("T")
 POLL_S = 0.1
 MARK = "TANDEM_TEST_MARK"          # in the environment of everything a test starts (conftest)
 _shared = threading.local()
+
+
+def analyses(*names: str) -> list[catalog.Analysis]:
+    """The built-in analyses of these names, as the CLI hands them to the stages."""
+    return [catalog.ANALYSES[name] for name in names]
 
 
 @contextlib.contextmanager

@@ -20,12 +20,12 @@ def make_bundle(tmp_path, *, finish=True, state="complete"):
     sw = StreamWriter(d / bundle.STREAM, compress=True)
     sw.segment(b"\x00" * 4000, 5)
     sw.close(icount=10 if finish else None, raw=b"\x01" * 100)
-    m = bundle.new_manifest()
+    m = bundle.Manifest.new().to_json()
     m.update(state=state, qemu={"binary": "/q", "build_id": "a" * 64, "patch_series": "b" * 64,
                                 "version": "9.2.0"},
-             inputs={"kernel": bundle.input_entry(kernel), "initrd": None},
+             inputs={"kernel": bundle.input_entry(kernel).to_json(), "initrd": None},
              machine={"accel": "tcg", "icount_shift": 0, "memory_mb": 256},
              stop={"reason": "shutdown", "vm_ns": 6_000, "icount": 10}, wall_time_s=1.5)
-    m["files"] = {n: bundle.file_entry(d / n) for n in (bundle.DEVLOG, bundle.STREAM)}
+    m["files"] = {n: bundle.file_entry(d / n).to_json() for n in (bundle.DEVLOG, bundle.STREAM)}
     bundle.write_manifest(d, m)
     return d, m

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from tandem.formats import netpkt, pcapng
 from tandem.formats.netpkt import ACK, FIN, SYN
-from tandem.qemu import feed as feedproto
+from tandem.qemu.feed import NET, OUTPUT, Message
 from tandem.semantic.inputs import RecordedInputs, from_events
 
 from scripted_feed import ScriptedFeed, wait
@@ -69,7 +69,7 @@ class GuestEnd:
                  ip: bytes = GUEST_IP):
         self.port, self.remote, self.seq, self.ip = port, remote, isn, ip
 
-    def segment(self, feed: ScriptedFeed, ns: int, flags: int, payload: bytes = b"") -> feedproto.Message:
+    def segment(self, feed: ScriptedFeed, ns: int, flags: int, payload: bytes = b"") -> Message:
         frame = netpkt.tcp(GMAC, SMAC, self.ip, self.remote[0], self.port, self.remote[1], self.seq,
                            self.acked(feed) if flags & ACK else 0, flags, 64240, payload,
                            mss=1460 if flags & SYN else None)
@@ -81,24 +81,24 @@ class GuestEnd:
         return max(ends, default=0)
 
 
-def out(ns: int, frame: bytes) -> feedproto.Message:
-    return feedproto.Message(feedproto.OUTPUT, feedproto.NET, ns, frame)
+def out(ns: int, frame: bytes) -> Message:
+    return Message(OUTPUT, NET, ns, frame)
 
 
 def to_port(feed: ScriptedFeed, port: int) -> list[netpkt.Frame]:
     """The TCP segments the replayer sent to this guest port, in order."""
-    frames = [netpkt.parse(d) for ch, _, d in feed.inputs if ch == feedproto.NET]
+    frames = [netpkt.parse(d) for ch, _, d in feed.inputs if ch == NET]
     return [f for f in frames if f is not None and f.proto == netpkt.PROTO_TCP and f.dport == port]
 
 
-Step = Callable[[ScriptedFeed], list[feedproto.Message]]
+Step = Callable[[ScriptedFeed], list[Message]]
 
 
-def at(ns: int, *sends: Callable[[ScriptedFeed], feedproto.Message]) -> Step:
+def at(ns: int, *sends: Callable[[ScriptedFeed], Message]) -> Step:
     """A step: the guest sends these (each made when the step runs, from what it got so
     far), then the VM stops at ns."""
     return lambda feed: [s(feed) for s in sends] + [wait(ns)]
 
 
-def seg(end: GuestEnd, ns: int, flags: int, payload: bytes = b"") -> Callable[[ScriptedFeed], feedproto.Message]:
+def seg(end: GuestEnd, ns: int, flags: int, payload: bytes = b"") -> Callable[[ScriptedFeed], Message]:
     return lambda feed: end.segment(feed, ns, flags, payload)

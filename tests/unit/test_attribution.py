@@ -1,4 +1,4 @@
-"""What a divergence or finding is attributed to (issue 24): the input delivered last before
+"""What a divergence or finding is attributed to: the input delivered last before
 it on its own connection (with several clients at once, the last input of all is some other
 client's), described with what it said: a request's first line, escaped (the client's bytes,
 or hostile ones), a datagram's addresses."""

@@ -31,6 +31,15 @@ def test_block_policy_detaches_once_the_budget_is_spent():
     assert not b.full and b.blocked_s >= 0.05
 
 
+def test_its_fill_between_updates_is_what_was_made_and_not_delivered():
+    """The native's side (overflow "block") reads the fill between the loop's updates,
+    which may be a second apart: the inputs made since, against those delivered."""
+    b = Buffer(max_events=10, policy="block")
+    assert b.pending(50) is None and not b.over(50)     # no analysis loop feeds it
+    b.delivered = 35
+    assert b.pending(50) == 15 and b.over(50) and not b.over(45)
+
+
 def test_analysis_cpus_leave_the_first_cpu_to_the_native():
     import os
     import pytest

@@ -12,10 +12,10 @@ from helpers.bundles import make_bundle
 
 def test_round_trip(tmp_path):
     d, m = make_bundle(tmp_path)
-    assert bundle.load_manifest(d) == m
-    assert bundle.check_bundle(d, qemu_build_id="a" * 64) == m
+    assert bundle.load_manifest(d).to_json() == m
+    assert bundle.check_bundle(d, qemu_build_id="a" * 64) == bundle.Manifest.from_json(m)
     assert not (d / "manifest.json.tmp").exists()
-    assert bundle.verify_files(d, m) == []
+    assert bundle.verify_files(d, bundle.Manifest.from_json(m)) == []
 
 
 def test_new_bundle_refuses_non_empty(tmp_path):
@@ -35,15 +35,15 @@ def test_new_bundle_claims_the_directory(tmp_path):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)          # the first recorder, mid-claim
         with pytest.raises(BundleError, match="race.tdm: another tandem is creating a recording here"):
-            bundle.new_bundle(d, bundle.new_manifest())
+            bundle.new_bundle(d, bundle.Manifest.new())
         assert list(d.iterdir()) == []
     finally:
         os.close(fd)
-    m = bundle.new_manifest()
+    m = bundle.Manifest.new()
     bundle.new_bundle(d, m)                     # the claim is the first manifest
     assert bundle.load_manifest(d) == m
     with pytest.raises(BundleError, match="already exists and is not empty"):
-        bundle.new_bundle(d, bundle.new_manifest())
+        bundle.new_bundle(d, bundle.Manifest.new())
     assert bundle.load_manifest(d) == m
 
 
@@ -83,8 +83,8 @@ def test_missing_and_checksum(tmp_path):
     with pytest.raises(BundleError, match=rf"^{d / bundle.DEVLOG}: checksum mismatch"):
         bundle.check_bundle(d)
     bundle.check_bundle(d, partial=True)
-    assert [p.kind for p in bundle.verify_files(d, m)] == ["hash"]
-    assert bundle.verify_files(d, m, check_hash=False) == []
+    assert [p.kind for p in bundle.verify_files(d, bundle.Manifest.from_json(m))] == ["hash"]
+    assert bundle.verify_files(d, bundle.Manifest.from_json(m), check_hash=False) == []
     (d / bundle.STREAM).unlink()
     with pytest.raises(BundleError, match=rf"^{d / bundle.STREAM}: missing$"):
         bundle.check_bundle(d, partial=True)  # missing is never tolerated

@@ -1,7 +1,8 @@
-"""The catalogue of analyses is the one list (issue 20): the build, the CLI, the demo, the
+"""The catalogue of analyses is the one list: the build, the CLI, the demo, the
 equivalence defaults and the report dialects all agree with it."""
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ from tandem.setup import build
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_DIR = ROOT / "guest-kernel" / "linux"
+PACKAGE = ROOT / "replay" / "tandem"
+# Where analyses are named and resolved: the command line, and the catalogue itself.
+RESOLVERS = (PACKAGE / "cli", PACKAGE / "catalog.py")
 
 
 def test_meson_flavor_list_is_the_catalogues():
@@ -35,7 +39,7 @@ def test_every_analysis_is_well_formed():
     for a in catalog.ALL:
         assert catalog.KERNELS[a.flavor] == a.kernel and catalog.USERLANDS[a.userland.name] == a.userland
         assert a.os in catalog.GUEST_OSES and a.os in report.OSES
-        equivalence.load(a.name, None)          # its built-in rules load
+        equivalence.load(a, None)               # its built-in rules load
         assert a.summary and "\n" not in a.summary
 
 
@@ -51,12 +55,13 @@ def test_cli_offers_what_the_catalogue_has():
 
 
 def test_demo_runs_every_analysis_the_catalogue_puts_in_it():
-    assert set(DEMO_ANALYSES) | {"native"} == {a.name for a in catalog.ALL if a.demo}
-    assert {"kasan", "lockdep", "asan-userland"} <= set(DEMO_ANALYSES)
+    names = {a.name for a in DEMO_ANALYSES}
+    assert names | {"native"} == {a.name for a in catalog.ALL if a.demo}
+    assert {"kasan", "lockdep", "asan-userland"} <= names
 
 
 def test_demo_builds_the_kernels_of_its_analyses_only():
-    flavors = {catalog.get(a).flavor for a in DEMO_ANALYSES} - {"native"}
+    flavors = {a.flavor for a in DEMO_ANALYSES} - {"native"}
     assert set(catalog.demo_build_targets()) == {f"{part}-{f}" for f in flavors for part in ("kernel", "modules")}
     # kcsan and ubsan: not in the demo (a kernel more each, built on request)
     assert not {"kernel-kcsan", "kernel-ubsan"} & set(catalog.demo_build_targets())
@@ -67,3 +72,34 @@ def test_unknown_analysis_is_one_line(name):
     with pytest.raises(TandemError, match="unknown analysis") as e:
         catalog.get(name)
     assert "\n" not in str(e.value) and "kasan" in str(e.value)
+
+
+def name_lookups(path: Path) -> list[str]:
+    """Where the module at path looks an analysis up by name: catalog.get, or the
+    catalogue's table (catalog.ANALYSES), used or imported."""
+    found = []
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "catalog" \
+                and node.attr in ("get", "ANALYSES"):
+            found.append(f"{where}:{node.lineno}: catalog.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").rpartition(".")[2] == "catalog":
+            found += [f"{where}:{node.lineno}: from catalog import {a.name}"
+                      for a in node.names if a.name in ("get", "ANALYSES")]
+    return found
+
+
+def test_no_stage_resolves_an_analysis_by_name():
+    """The CLI turns names into catalog.Analysis values once; below it every stage takes
+    those values (a user's analysis exists in no table a stage could look it up in)."""
+    modules = [p for p in PACKAGE.rglob("*.py") if not any(p.is_relative_to(r) for r in RESOLVERS)]
+    assert len(modules) > 50
+    assert [hit for p in modules for hit in name_lookups(p)] == []
+
+
+def test_the_name_lookup_check_finds_one(tmp_path):
+    planted = tmp_path / "stage.py"
+    planted.write_text("from .. import catalog\nfrom ..catalog import get\n\n\n"
+                       "def guest(name):\n    return catalog.get(name), catalog.ANALYSES[name]\n")
+    assert [hit.split(": ", 1)[1] for hit in name_lookups(planted)] == [
+        "from catalog import get", "catalog.get", "catalog.ANALYSES"]

@@ -2,11 +2,12 @@
 paths (whole-stream equality, identical lines after the spec) must not change."""
 import tomllib
 
+from tandem import catalog
 from tandem.semantic.comparison import compare, equivalence
 from tandem.semantic import inputs
 from tandem.formats import netpkt, pcapng
-from tandem.semantic.model import AnalysisRun, Delivered
-from tandem.semantic.network.peer import Peer, PeerFlow
+from tandem.semantic.model import AnalysisRun, Delivered, FlowOutput
+from tandem.semantic.network.peer import Peer
 
 GUEST = (bytes([10, 0, 2, 15]), 7000)
 CLIENT = (bytes([10, 0, 2, 2]), 40000)
@@ -25,15 +26,13 @@ def analysis(flow: list[tuple[int, bytes]], console: list[tuple[int, bytes]], ud
     for ns, data in console:
         run.console_times.append((len(run.console), ns))
         run.console += data
-    run.peer = Peer()
-    pf = PeerFlow(0, CLIENT, GUEST, CMAC, GMAC, isn=1)
-    pf.guest_data = list(flow)
-    pf.guest_bytes = sum(len(d) for _, d in flow)
-    run.peer.flows[0] = pf
+    peer = Peer()                       # it keeps the guest's datagrams as it parses each frame
+    run.net = peer.out
+    run.net.flows[0] = FlowOutput(inputs.Chunks(flow))
     for ns, payload in udp:
         frame = netpkt.udp(GMAC, CMAC, GUEST[0], CLIENT[0], 5000, 514, payload)
         run.net_out.append((ns, frame))
-        run.peer.on_frame(frame, ns)
+        peer.on_frame(frame, ns)
     run.delivered.append(Delivered(5, inputs.Input("tcp-data", 5, b"GET a\n", flow=0)))
     return run
 
@@ -48,7 +47,7 @@ def test_segmentation_and_console_writes_do_not_matter():
     rec = recording([(10, b"OK\nVAL"), (20, b"UE 1\n")], [(1, b"kvd: ready\n"), (2, b"hi\n")])
     run = analysis([(11, b"O"), (12, b"K\nVALUE 1\n")], [(3, b"k"), (4, b"vd: ready\nh"), (5, b"i\n")])
     assert compare.compare(rec, run, spec()) == []
-    assert compare.compare(rec, run, equivalence.load("native")) == []
+    assert compare.compare(rec, run, equivalence.load(catalog.NATIVE)) == []
 
 
 def test_a_different_line_is_reported_with_both_times():
@@ -94,7 +93,7 @@ def test_udp_datagrams_compared_in_order():
     rec = recording([], [])
     rec.udp_out = [(1, (CLIENT[0], 514), b"one"), (2, (CLIENT[0], 514), b"two")]
     run = analysis([], [], udp=[(3, b"one"), (4, b"two")])
-    assert run.peer.udp_out == [(3, (CLIENT[0], 514), b"one"), (4, (CLIENT[0], 514), b"two")]
+    assert run.net.udp_out == [(3, (CLIENT[0], 514), b"one"), (4, (CLIENT[0], 514), b"two")]
     assert compare.compare(rec, run, spec()) == []
     run = analysis([], [], udp=[(3, b"one"), (4, b"TWO")])
     (d,) = compare.compare(rec, run, spec())

@@ -1,4 +1,4 @@
-"""The semantic replay's loop (semantic.driver.AnalysisDriver) against a scripted feed and
+"""The semantic replay's loop (semantic.driving.driver.AnalysisDriver) against a scripted feed and
 VM, the way syzkaller tests its VM monitor loop (vm/vm_test.go, TestMonitorExecution):
 each scenario is what QEMU says on the feed (WAIT, OUTPUT, SHUTDOWN, silence, exit) and
 what the driver must answer (inputs, horizons) and conclude (outcome, detail, limits).
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 from tandem.formats import netpkt
-from tandem.qemu import feed as feedproto
-from tandem.semantic.driving.driver import AnalysisDriver
+from tandem.qemu.feed import RNG, SERIAL
+from tandem.semantic.driving.driver import AnalysisDriver, DriveOptions
 from tandem.semantic.inputs import Flow, Input, RecordedInputs
 from tandem.semantic.model import (DEP_TIMEOUT_NS, HANG_WALL_S, LIVE_SLICE_NS, POWEROFF_WAIT_NS, SETTLE_NS,
                                    AnalysisRun, Buffer)
@@ -28,7 +28,7 @@ def drive(rec: RecordedInputs, script, stop_when=None, **kw):
     if stop_when is not None:
         kw["stop"] = lambda: stop_when(feed)
     res = AnalysisRun("scripted")
-    AnalysisDriver(rec, res, vm, feed, clock=clock, **kw).drive()
+    AnalysisDriver(rec, res, vm, feed, DriveOptions(clock=clock, **kw)).drive()
     return res, feed, vm
 
 
@@ -39,7 +39,7 @@ def serial_inputs(*at_ns: int, **kw) -> list[Input]:
 def test_inputs_are_released_at_their_times_and_the_run_finishes():
     rec = RecordedInputs(serial_inputs(1 * MS, 2 * MS), [], 3 * MS, [])
     res, feed, vm = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(2 * MS)], [wait(3 * MS + SETTLE_NS)]])
-    assert feed.inputs == [(feedproto.SERIAL, 1 * MS, b"x0\n"), (feedproto.SERIAL, 2 * MS, b"x1\n")]
+    assert feed.inputs == [(SERIAL, 1 * MS, b"x0\n"), (SERIAL, 2 * MS, b"x1\n")]
     # the next input's time, then after the last one the native's end plus the settling time
     assert [h for h, _ in feed.horizons] == [1 * MS, 2 * MS, 3 * MS + SETTLE_NS]
     assert vm.quit_asked and (res.outcome, res.detail) == ("finished", "")
@@ -65,7 +65,7 @@ def test_a_native_powered_off_by_its_button_has_the_analysis_pressed_too():
 def test_entropy_goes_into_the_feed_at_once():
     rec = RecordedInputs([Input("rng", 5 * MS, b"\x01\x02")] + serial_inputs(1 * MS), [], 1 * MS, [])
     res, feed, _ = drive(rec, [[wait(0)]])
-    assert feed.inputs[0] == (feedproto.RNG, 0, b"\x01\x02")
+    assert feed.inputs[0] == (RNG, 0, b"\x01\x02")
 
 
 def test_silence_is_a_hang_with_the_feed_state():
@@ -101,7 +101,7 @@ def test_an_input_waits_for_its_line_then_is_sent_at_the_dependency_timeout():
     rec = RecordedInputs(serial_inputs(1 * MS, needs_line=(b"ready", 1)), [], 1 * MS, [])
     res, feed, _ = drive(rec, [[wait(1 * MS)], lambda f: [wait(f.horizons[-1][0])]])
     assert feed.horizons[0][0] == 1 * MS + DEP_TIMEOUT_NS       # blocked: wait at most the timeout
-    assert feed.inputs == [(feedproto.SERIAL, 1 * MS + DEP_TIMEOUT_NS, b"x0\n")]
+    assert feed.inputs == [(SERIAL, 1 * MS + DEP_TIMEOUT_NS, b"x0\n")]
     assert res.limits == ["serial at VM 0.001000s (serial offset 0, devlog event 0) \"x0\": sent after waiting "
                           "5s of VM time for serial line b'ready' (#1)"]
 
@@ -109,7 +109,7 @@ def test_an_input_waits_for_its_line_then_is_sent_at_the_dependency_timeout():
 def test_an_input_goes_as_soon_as_the_guest_prints_its_line():
     rec = RecordedInputs(serial_inputs(1 * MS, needs_line=(b"ready", 1)), [], 1 * MS, [])
     res, feed, _ = drive(rec, [[wait(1 * MS)], [console(2 * MS, b"ready\n"), wait(2 * MS)]])
-    assert feed.inputs == [(feedproto.SERIAL, 2 * MS, b"x0\n")] and res.limits == []
+    assert feed.inputs == [(SERIAL, 2 * MS, b"x0\n")] and res.limits == []
     assert bytes(res.console) == b"ready\n" and res.console_times == [(0, 2 * MS)]
 
 
@@ -121,7 +121,7 @@ def test_an_output_pushes_the_dependency_timeout_back():
     res, feed, _ = drive(rec, [[wait(1 * MS)], [console(3 * MS, b"working\n"), wait(1 * MS + DEP_TIMEOUT_NS)],
                                lambda f: [wait(f.horizons[-1][0])]])
     assert [h for h, _ in feed.horizons[:2]] == [1 * MS + DEP_TIMEOUT_NS, 3 * MS + DEP_TIMEOUT_NS]
-    assert feed.inputs == [(feedproto.SERIAL, 3 * MS + DEP_TIMEOUT_NS, b"x0\n")]
+    assert feed.inputs == [(SERIAL, 3 * MS + DEP_TIMEOUT_NS, b"x0\n")]
     assert res.limits[0].endswith("for flow 0: 0/5 guest bytes")
 
 
@@ -175,7 +175,7 @@ def test_a_live_analysis_idles_until_the_native_gives_it_more():
 
     res, feed, _ = drive(rec, [[wait(1 * MS, idle=True)], [wait(1 * MS, idle=True)], native_makes_an_input,
                                [wait(4 * MS)]], stop_when=lambda feed: len(feed.inputs) >= 2)
-    assert feed.inputs == [(feedproto.SERIAL, 1 * MS, b"x0\n"), (feedproto.SERIAL, 4 * MS, b"late\n")]
+    assert feed.inputs == [(SERIAL, 1 * MS, b"x0\n"), (SERIAL, 4 * MS, b"late\n")]
     # Past the native only by the live slice, warp bound at the native's clock; idle with
     # nothing new (the second WAIT): no grant at all, until the native's next input.
     assert feed.horizons == [(1 * MS + LIVE_SLICE_NS, 1 * MS), (4 * MS, 4 * MS), (4 * MS + LIVE_SLICE_NS, 4 * MS)]
@@ -195,18 +195,18 @@ def test_a_connection_the_native_refused_is_not_opened():
     res, feed, _ = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(2 * MS)], [wait(2 * MS + SETTLE_NS)]])
     # flow 1's SYN (and its retransmission, nothing answers here), none of flow 0's
     assert feed.inputs[0][1] == 2 * MS and {netpkt.parse(d).sport for _, _, d in feed.inputs} == {40001}
-    assert res.n_delivered == 2 and res.peer is not None and set(res.peer.flows) == {1}
+    assert res.n_delivered == 2 and res.net is not None and set(res.net.flows) == {1}
 
 
 def test_a_connection_whose_syn_the_native_never_answered_is_not_opened():
     """The native's guest never answered its SYN (no address yet, and the client gave up):
-    opened here, a guest a little further in its boot would serve it (seen under load:
-    a whole index page of extra output)."""
+    opened here, a guest a little further in its boot would serve it (under load: a whole
+    index page of extra output)."""
     rec = RecordedInputs([Input("tcp-open", 1 * MS, flow=0), Input("tcp-open", 2 * MS, flow=1)],
                          [flow(0, None), flow(1, "accepted")], 2 * MS, [])
     res, feed, _ = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(2 * MS)], [wait(2 * MS + SETTLE_NS)]])
     assert {netpkt.parse(d).sport for _, _, d in feed.inputs} == {40001}
-    assert res.peer is not None and set(res.peer.flows) == {1} and 0 in res.peer.not_opened
+    assert res.net is not None and set(res.net.flows) == {1} and 0 in res.net.not_opened
 
 
 def test_a_live_open_waits_for_the_natives_answer_to_its_syn():

@@ -1,5 +1,5 @@
 """UDP exchanges the guest starts are answered from the recording by its request
-(semantic/network/exchanges.py, issue 24): DHCP with the analysis guest's own transaction ID,
+(semantic/network/exchanges.py): DHCP with the analysis guest's own transaction ID,
 DNS with its own query ID; datagrams the remote side starts stay timed inputs."""
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import struct
 
 from tandem.formats import netpkt, pcapng, wire
 from tandem.semantic.network import exchanges
-from tandem.semantic.driving.driver import release_input
 from tandem.semantic.inputs import from_events
-from tandem.semantic.network.peer import Peer
+from tandem.semantic.network.remote import Remote
 
 GMAC, SMAC = bytes.fromhex("525400123456"), netpkt.GATEWAY_MAC
 ZERO, BCAST = b"\0\0\0\0", b"\xff" * 4
@@ -98,12 +97,14 @@ def test_a_dns_answer_goes_to_the_analysis_guests_port_with_its_query_id():
 
 
 def test_the_peer_hands_over_requests_but_not_answers_to_the_remote_side():
-    peer = Peer()
-    release_input(from_events(native_log().events).inputs[0], None, peer, None, 0)   # the remote "ping"
+    rec = from_events(native_log().events)
+    remote = Remote(rec, [])
+    remote.release(rec.inputs[0], 0)    # the remote "ping"
+    peer = remote.peer
     peer.on_frame(netpkt.udp(GMAC, SMAC, GUEST, SERVER, 9999, 5555, b"pong"), 1)
     peer.on_frame(discover(3), 2)
     assert [f.dport for f in peer.requests] == [67]
-    assert len(peer.udp_out) == 2       # both compared
+    assert len(peer.out.udp_out) == 2       # both compared
 
 
 def test_hostile_payloads_are_no_dhcp_nor_dns():

@@ -1,5 +1,5 @@
-"""The fuzz targets of the readers of specs, assertions and bundles (issue 19;
-tests/fuzz/*_target.py, run for a budget by `./tandem bench fuzz`):
+"""The fuzz targets of the readers of specs, assertions and bundles
+(tests/fuzz/*_target.py, run for a budget by `./tandem bench fuzz`):
 
 - every input of their corpora (tests/fuzz/NAME-corpus: seeds, what the fuzzer found
   interesting, every crash it found, minimized) replayed through the target's check();

@@ -1,6 +1,6 @@
 """TCP connections the guest opens (nginx proxying to a backend at 10.0.2.2:8081) are
-answered from the recording (semantic/network/connections.py, peer.py, driver.py; issue 24 point
-2): the replayer plays the remote server. Each scenario is a native device log built
+answered from the recording (semantic/network/connections.py, peer.py, driver.py): the
+replayer plays the remote server. Each scenario is a native device log built
 segment by segment (as tests/unit/test_extract.py builds one) and an analysis guest
 scripted against the driver (as tests/unit/test_driver.py scripts one), opening its own
 connections from other ports with other sequence numbers; what the replayer sends it,
@@ -13,8 +13,8 @@ from tandem.formats import netpkt
 from tandem.formats.netpkt import ACK, FIN, PSH, RST, SYN
 from tandem.semantic.comparison import compare, equivalence
 from tandem.semantic.network import connections
-from tandem.qemu import feed as feedproto
-from tandem.semantic.driving.driver import AnalysisDriver
+from tandem.qemu.feed import NET, Message
+from tandem.semantic.driving.driver import AnalysisDriver, DriveOptions
 from tandem.semantic.inputs import RecordedInputs
 from tandem.semantic.comparison.live_compare import LiveCompare
 from tandem.semantic.model import DEP_TIMEOUT_NS, AnalysisRun
@@ -32,7 +32,7 @@ REPLY_A, REPLY_B = b"HTTP/1.0 200 OK\r\n\r\nfrom a\n", b"HTTP/1.0 200 OK\r\n\r\n
 def payload_times(feed: ScriptedFeed, port: int) -> list[tuple[int, bytes]]:
     """(VM time, payload) of what the replayer sent a guest port, first transmissions only
     (the scripted guest does not acknowledge it: the peer sends it again every RTO)."""
-    frames = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == feedproto.NET]
+    frames = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == NET]
     sent: dict[int, tuple[int, bytes]] = {}
     for ns, f in frames:
         if f is not None and f.proto == netpkt.PROTO_TCP and f.dport == port and f.payload:
@@ -40,17 +40,24 @@ def payload_times(feed: ScriptedFeed, port: int) -> list[tuple[int, bytes]]:
     return list(sent.values())
 
 
-def to_end(feed: ScriptedFeed) -> list[feedproto.Message]:
+def to_end(feed: ScriptedFeed) -> list[Message]:
     """The VM runs on to the horizon granted last."""
     return [wait(feed.horizons[-1][0])]
 
 
 def drive(rec: RecordedInputs, script: list, rules: bool = False) -> tuple[AnalysisRun, ScriptedFeed]:
+    res, feed, _ = drive_peer(rec, script, rules)
+    return res, feed
+
+
+def drive_peer(rec: RecordedInputs, script: list, rules: bool = False) -> tuple[AnalysisRun, ScriptedFeed, Peer]:
+    """drive(), and the run's peer (the guest's end of each connection, those not bound yet)."""
     clock, vm = Clock(), ScriptedVM()
     feed = ScriptedFeed(list(script) + [to_end] * 8, vm, clock)
     res = AnalysisRun("scripted")
-    AnalysisDriver(rec, res, vm, feed, clock=clock, rules=rules).drive()    # inputs at stops unless rules
-    return res, feed
+    d = AnalysisDriver(rec, res, vm, feed, DriveOptions(clock=clock, rules=rules))
+    d.drive()    # inputs at stops unless rules
+    return res, feed, d.remote.peer
 
 
 def backend(native: Native, port: int, at_ns: int, request: bytes, reply: bytes, g_isn: int = 5000) -> Conn:
@@ -91,7 +98,7 @@ def test_a_proxied_request_is_answered_by_the_recorded_backend_on_the_guests_own
               at(7 * MS, seg(web, 5 * MS + 500, ACK | PSH, b"HTTP/1.1 200 OK\r\n\r\nfrom a\n"),
                  seg(back, 5 * MS + 600, ACK | FIN)),
               at(7 * MS + 100, seg(web, 7 * MS + 50, ACK | FIN))]
-    res, feed = drive(rec, script)
+    res, feed, peer = drive_peer(rec, script)
 
     synack, *rest = to_port(feed, 45000)
     assert synack.flags == SYN | ACK and synack.ack == 0xFFFF_FFF1 and synack.mss == 1460
@@ -99,9 +106,10 @@ def test_a_proxied_request_is_answered_by_the_recorded_backend_on_the_guests_own
     # the backend's reply at its recorded time (the request came before it), then its FIN
     assert payload_times(feed, 45000) == [(5 * MS, REPLY_A)]
     assert [f.flags & FIN for f in rest if f.flags & FIN] == [FIN]
-    pf = res.peer.flows[1]
-    assert (pf.server, pf.state, pf.guest_data.head(len(REQ_A))) == ((GUEST_IP, 45000), "done", REQ_A)
-    assert res.limits == [] and res.peer.unknown == [] and res.outcome == "finished"
+    pf = peer.flows[1]
+    assert (pf.server, pf.state, pf.out.data.head(len(REQ_A))) == ((GUEST_IP, 45000), "done", REQ_A)
+    assert res.net.flows[1] is pf.out
+    assert res.limits == [] and res.net.unknown == [] and res.outcome == "finished"
     # compared like the client's connection, its protocol from the guest's first bytes
     assert rec.flows[1].protocol == "http" and compare.channel(rec.flows[1]) == \
         "tcp flow 1 (10.0.2.15:33000->10.0.2.2:8081)"
@@ -179,13 +187,13 @@ def test_connections_open_at_once_are_matched_by_their_first_request(first, seco
     script = [[wait(0)], at(2 * MS, seg(x, 2 * MS, SYN), seg(y, 2 * MS + 1, SYN)),
               at(2 * MS + 10, seg(x, 2 * MS + 5, ACK), seg(y, 2 * MS + 6, ACK)),
               at(3 * MS, seg(x, 2 * MS + 20, ACK | PSH, first), seg(y, 2 * MS + 30, ACK | PSH, second))]
-    res, feed = drive(rec, script)
+    res, feed, peer = drive_peer(rec, script)
     reply = {REQ_A: REPLY_A, REQ_B: REPLY_B}
     assert [d for _, d in payload_times(feed, 50000)] == [reply[first]]
     assert [d for _, d in payload_times(feed, 50001)] == [reply[second]]
-    assert {i: pf.server[1] for i, pf in res.peer.flows.items()} == \
+    assert {i: pf.server[1] for i, pf in peer.flows.items()} == \
         ({0: 50000, 1: 50001} if first == REQ_A else {0: 50001, 1: 50000})
-    assert res.peer.unbound == [] and res.limits == []
+    assert peer.unbound == [] and res.limits == []
     assert compare.compare(rec, res, equivalence.Spec()) == []
 
 
@@ -201,8 +209,8 @@ def test_connections_one_after_another_are_matched_by_order_at_their_syn():
     # not open at once: the first is the match, without waiting for bytes
     assert c.at_syn(BACKEND) == [rec.flows[0]] and c.at_syn((HOST_IP, 9)) == []
     x = GuestEnd(50000)
-    res, feed = drive(rec, [[wait(0)], at(2 * MS, seg(x, 2 * MS, SYN))])
-    assert res.peer.flows[0].server == (GUEST_IP, 50000) and res.peer.unbound == []
+    res, feed, peer = drive_peer(rec, [[wait(0)], at(2 * MS, seg(x, 2 * MS, SYN))])
+    assert peer.flows[0].server == (GUEST_IP, 50000) and peer.unbound == []
 
 
 @pytest.mark.parametrize("requests, answers, closed_first, ambiguous", [
@@ -264,7 +272,7 @@ def test_a_connection_with_no_recorded_match_is_reset_and_reported_once():
         "(the native's guest opened fewer to 10.0.2.2:8081, or none): reset",
         "tcp 10.0.2.15:50002->10.0.2.2:9999: the guest opened a connection the recording has no match for "
         "(the native's guest opened fewer to 10.0.2.2:9999, or none): reset"]
-    assert payload_times(feed, 50000) == [(5 * MS, REPLY_A)] and set(res.peer.flows) == {0}
+    assert payload_times(feed, 50000) == [(5 * MS, REPLY_A)] and set(res.net.flows) == {0}
 
 
 def test_unmatched_connections_are_listed_up_to_a_bound():
@@ -286,7 +294,7 @@ def test_a_connection_the_native_s_server_refused_is_refused_and_the_next_one_se
     res, feed = drive(rec, script)
     assert [f.flags for f in to_port(feed, 50000)] == [RST | ACK]
     assert payload_times(feed, 50001) == [(6 * MS, REPLY_A)]
-    assert res.limits == [] and res.peer.not_opened == {0}
+    assert res.limits == [] and res.net.not_opened == {0}
 
 
 # -- the peer's side of it ---------------------------------------------------------------------
@@ -345,12 +353,12 @@ def test_a_host_opened_connection_is_still_played_as_its_client():
     script = [[wait(0)], [wait(1 * MS)], at(2 * MS, seg(web, 1 * MS + 10, SYN | ACK)),
               at(4 * MS, seg(web, 3 * MS, ACK | PSH, b"HTTP/1.1 200 OK\r\n")),
               at(4 * MS + 10, seg(web, 4 * MS + 5, ACK | FIN))]
-    res, feed = drive(rec, script)
+    res, feed, peer = drive_peer(rec, script)
     syn, *_ = to_port(feed, WEB)
     assert (syn.flags, syn.sport, syn.seq) == (SYN, 40000, 0x1000_0000)    # the peer's own ISN, as before
     assert payload_times(feed, WEB) == [(2 * MS, b"GET / HTTP/1.1\r\n\r\n")]
-    assert res.peer.connects == [] and res.limits == [] and res.peer.unknown == []
-    assert res.peer.flows[0].state == "done" and compare.compare(rec, res, equivalence.Spec()) == []
+    assert peer.connects == [] and res.limits == [] and res.net.unknown == []
+    assert peer.flows[0].state == "done" and compare.compare(rec, res, equivalence.Spec()) == []
 
 
 def test_the_run_ends_on_time_when_the_guest_never_opens_the_recorded_connection():
@@ -386,20 +394,20 @@ def test_a_connection_reset_while_its_service_starts_is_retried_with_its_request
     assert [s.payload for s in sent] == [request]
     guest(ACK, 501, syn.seq + 1 + len(request), now=60_000_003)
     guest(RST | ACK, 501, syn.seq + 1 + len(request), now=60_000_004)      # reset before any answer
-    assert pf.state == "refused" and pf.reset is None
+    assert pf.state == "refused" and pf.out.reset is None
     (third,) = map(netpkt.parse, peer.retransmit(120_000_000))
     replies = guest(SYN | ACK, 900, syn.seq + 1, now=120_000_001)
     assert third.flags == SYN and [r.payload for r in replies if r.payload] == [request]
     guest(ACK | PSH, 901, syn.seq + 1 + len(request), b"HTTP/1.1 200 OK\r\n", now=120_000_002)
     guest(RST | ACK, 918, syn.seq + 1 + len(request), now=120_000_003)    # answered: the guest's reset
-    assert pf.state == "done" and pf.reset == "reset by the guest"
+    assert pf.state == "done" and pf.out.reset == "reset by the guest"
 
 
 def test_a_connection_whose_syn_went_unanswered_then_reset_before_an_answer_is_retried():
     """The guest's network not up yet (the SYN unanswered, sent again), then accepted and
     reset before a byte of answer while its service starts: tried again from its SYN
-    with the whole request, as a refused one is (a CI run, 2026-11-28: a false "missing"
-    for the first request). A connection answered at once and then reset is the guest's."""
+    with the whole request, as a refused one is (else the first request is a false
+    "missing"). A connection answered at once and then reset is the guest's."""
     from tandem.semantic.network.peer import RTO_NS
     request = b"GET / HTTP/1.1\r\n\r\n"
 
@@ -418,7 +426,7 @@ def test_a_connection_whose_syn_went_unanswered_then_reset_before_an_answer_is_r
     peer.send(40000, request, RTO_NS + 2)
     guest(peer, 40000, ACK, 501, syn.seq + 1 + len(request), now=RTO_NS + 3)
     guest(peer, 40000, RST | ACK, 501, syn.seq + 1 + len(request), now=RTO_NS + 4)
-    assert pf.state == "refused" and pf.reset is None
+    assert pf.state == "refused" and pf.out.reset is None
     (third,) = map(netpkt.parse, peer.retransmit(RTO_NS + 60_000_000))
     replies = guest(peer, 40000, SYN | ACK, 900, syn.seq + 1, now=RTO_NS + 60_000_001)
     assert third.flags == SYN and [r.payload for r in replies if r.payload] == [request]
@@ -427,7 +435,7 @@ def test_a_connection_whose_syn_went_unanswered_then_reset_before_an_answer_is_r
     guest(peer, 40001, SYN | ACK, 500, syn.seq + 1, now=1)
     peer.send(40001, request, 2)
     guest(peer, 40001, RST | ACK, 501, syn.seq + 1 + len(request), now=3)
-    assert pf.state == "done" and pf.reset == "reset by the guest"
+    assert pf.state == "done" and pf.out.reset == "reset by the guest"
 
 
 def test_the_peer_acknowledges_as_a_client_does_with_its_next_bytes_or_after_the_delay():
@@ -465,8 +473,8 @@ def test_a_guest_still_starting_is_waited_for_not_timed_out():
     """A guest that accepts the client's connection only after longer than the dependency
     timeout (its network or service still starting, silent meanwhile) still gets the
     client's FIN after its reply, not with the request: the wait is timed from when the
-    connection opens (a KASAN kernel on a user's disk, 2026-11-28, reset the connection
-    that got both at once)."""
+    connection opens (a KASAN kernel on a user's disk resets a connection that gets both
+    at once)."""
     native = Native()
     client = native.conn(WEB, remote=(HOST_IP, 40000), g_isn=100, r_isn=200).remote_opens(1 * MS)
     client.seg("in", 2 * MS, ACK | PSH, REQ_A).seg("out", 3 * MS, ACK | PSH, REPLY_A)
@@ -478,7 +486,7 @@ def test_a_guest_still_starting_is_waited_for_not_timed_out():
     script = [*silent, at(up, seg(web, up, SYN | ACK)),
               at(up + 2 * MS, seg(web, up + 1 * MS, ACK | PSH, REPLY_A))]
     res, feed = drive(rec, script)
-    sent = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == feedproto.NET]
+    sent = [(ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == NET]
     fins = [ns for ns, f in sent if f is not None and f.dport == WEB and f.flags & FIN]
     assert fins and min(fins) >= up + 1 * MS, (fins, up)
     assert not [x for x in res.limits if "after waiting" in x], res.limits
@@ -518,6 +526,6 @@ def test_connections_over_ipv6_are_answered_and_compared_as_over_ipv4():
     assert synack.eth_type == netpkt.ETH_IP6 and (synack.ip_src, synack.ip_dst, synack.sport) == (host6, guest6, 8081)
     assert synack.flags == SYN | ACK and synack.ack == 0xFFFF_FFF1
     assert payload_times(feed, 45000) == [(5 * MS, REPLY_A)]
-    assert res.limits == [] and res.peer.unknown == [] and res.outcome == "finished"
+    assert res.limits == [] and res.net.unknown == [] and res.outcome == "finished"
     assert compare.channel(rec.flows[1]) == "tcp flow 1 ([fec0::5054:ff:fe12:3456]:33000->[fec0::2]:8081)"
     assert compare.compare(rec, res, equivalence.Spec()) == []

@@ -1,4 +1,4 @@
-"""The root device an analysis kernel mounts on a user's VM (issue 24): root=UUID= and
+"""The root device an analysis kernel mounts on a user's VM: root=UUID= and
 LABEL= looked up in the disks' ext file systems through qemu-img (raw and qcow2, MBR and
 GPT), named /dev/vdXN; hostile partition tables read no further than they make sense."""
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 
 from tandem import artifacts
 from tandem.errors import TandemError
+from tandem.formats.bundle import Manifest
 from tandem.machine import Disk
 from tandem.qemu.image import partitions, root_device
 from tandem.semantic import guests
@@ -99,9 +100,11 @@ def test_the_root_a_guest_booted_with_is_read_from_its_console(tmp_path):
     orig = guests.pcapng.DevlogReader
     guests.pcapng.DevlogReader = Reader
     try:
-        assert guests.recorded_root(tmp_path, m) == f"UUID={UUID}"
+        assert guests.recorded_root(tmp_path, Manifest.from_json(m)) == f"UUID={UUID}"
     finally:
         guests.pcapng.DevlogReader = orig
-    assert guests.recorded_root(tmp_path, {"machine": {"cmdline": "console=ttyS0 root=/dev/vdb1"}}) == "/dev/vdb1"
-    assert guests.is_users_guest(m)
-    assert not guests.is_users_guest({"machine": {**m["machine"], "net": {"hostfwd_port": 4000, "guest_port": 7000}}})
+    direct = Manifest.from_json({"machine": {"cmdline": "console=ttyS0 root=/dev/vdb1"}})
+    assert guests.recorded_root(tmp_path, direct) == "/dev/vdb1"
+    assert Manifest.from_json(m).users_guest
+    demo = {"machine": {**m["machine"], "net": {"hostfwd_port": 4000, "guest_port": 7000}}}
+    assert not Manifest.from_json(demo).users_guest

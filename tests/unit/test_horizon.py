@@ -1,4 +1,4 @@
-"""The semantic driver's horizon, a pure function of plain values (issue 20): where an
+"""The semantic driver's horizon, a pure function of plain values: where an
 analysis VM may run to next. Table-driven, the way syzkaller tests its monitor's rules."""
 from __future__ import annotations
 

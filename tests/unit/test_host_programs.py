@@ -1,5 +1,5 @@
 """Every program tandem calls is installed by scripts/host-deps.sh, or is in Debian's
-required/important set, or is used only behind a check (issue 17).
+required/important set, or is used only behind a check.
 
 The calls are read from the code (program_calls.py); the packages from the one
 declared list, tandem/setup/programs.py; what ships each program from dpkg on this

@@ -1,8 +1,9 @@
-"""What tandem could not do is reported apart from findings, with its own exit status
-(issue 24): hung, lagging, detached, an error, a VM that never booted are failures of
+"""What tandem could not do is reported apart from findings, with its own exit status:
+hung, lagging, detached, an error, a VM that never booted are failures of
 the analysis, not findings about the guest; a crash after the first input is a finding."""
 import pytest
 
+from tandem import errors
 from tandem.semantic import analyze, findings, inputs, model
 from tandem.semantic.comparison import compare
 
@@ -49,12 +50,12 @@ def result(**kw) -> analyze.AnalysisResult:
 def test_exit_status_says_found_incomplete_or_clean():
     na = compare.NotAnalysed("serial", 1, 2, b"line")
     div = compare.Divergence("serial", "differ", [], [], None, None, "", "")
-    assert analyze.Summary("b", [result()]).exit_status() == analyze.EXIT_CLEAN == 0
-    assert analyze.Summary("b", [result(not_analysed=[na])]).exit_status() == analyze.EXIT_INCOMPLETE == 3
-    assert analyze.Summary("b", [result(failure="hung")]).exit_status() == analyze.EXIT_INCOMPLETE
+    assert analyze.Summary("b", [result()]).exit_status() == errors.EXIT_CLEAN == 0
+    assert analyze.Summary("b", [result(not_analysed=[na])]).exit_status() == errors.EXIT_INCOMPLETE == 3
+    assert analyze.Summary("b", [result(failure="hung")]).exit_status() == errors.EXIT_INCOMPLETE
     # a finding wins: what was analysed found something
     assert analyze.Summary("b", [result(failure="hung"), result(divergences=[div])]).exit_status() == \
-        analyze.EXIT_FOUND == 1
+        errors.EXIT_FOUND == 1
 
 
 def finding(title: str) -> findings.Finding:

@@ -71,7 +71,7 @@ def test_the_peer_answers_a_neighbour_solicitation_but_not_a_duplicate_address_c
     dad = netpkt.icmp6(GMAC, b"\x33\x33\xff\x12\x34\x56", netpkt.IP6_ANY, GUEST_IP6,
                        bytes([netpkt.ND_NS, 0, 0, 0, 0, 0, 0, 0]) + GUEST_IP6)
     assert p.on_frame(dad, 11) == []
-    assert p.on_frame(nd6("out", 143, ALL_ROUTERS), 12) == [] and p.unknown == []
+    assert p.on_frame(nd6("out", 143, ALL_ROUTERS), 12) == [] and p.out.unknown == []
 
 
 def test_the_peer_answers_a_router_solicitation_with_the_natives_advertisement():
@@ -88,7 +88,7 @@ def test_the_guests_udp_over_ipv6_is_kept_for_comparison_and_answered_as_a_reque
     p = Peer()
     q = netpkt.udp(GMAC, netpkt.GATEWAY_MAC, GUEST_IP6, bytes.fromhex("fec0" + "00" * 13 + "03"), 5353, 53, b"\x00\x01q")
     assert p.on_frame(q, 10) == []
-    assert p.udp_out == [(10, (bytes.fromhex("fec0" + "00" * 13 + "03"), 53), b"\x00\x01q")]
+    assert p.out.udp_out == [(10, (bytes.fromhex("fec0" + "00" * 13 + "03"), 53), b"\x00\x01q")]
     assert [r.dport for r in p.requests] == [53]
 
 
@@ -106,6 +106,6 @@ def test_no_release_rule_is_made_for_an_ipv6_connection():
     p.flows.update({0: v6, 1: v4})
     assert not v6.ipv4 and v4.ipv4
     waits_on_v6 = Input("tcp-data", 10, b"GET /\n", flow=1, needs_bytes={0: 5})
-    assert rules.conditions(waits_on_v6, p, lambda flow: 0, {}) is None
+    assert rules.conditions(waits_on_v6, p, lambda flow, need: False, {}) is None
     waits_on_v4 = Input("tcp-data", 10, b"GET /\n", flow=1, needs_bytes={1: 5})
-    assert rules.conditions(waits_on_v4, p, lambda flow: 0, {}) is not None
+    assert rules.conditions(waits_on_v4, p, lambda flow, need: False, {}) is not None

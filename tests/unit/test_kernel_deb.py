@@ -1,5 +1,5 @@
 """tandem's kernel as a Debian package (scripts/build-kernel-deb.sh), and the reference
-VM that installs it (scripts/build-refvm.sh --tandem-kernel; issue 24, point 7): the
+VM that installs it (scripts/build-refvm.sh --tandem-kernel): the
 package's files, control fields and maintainer scripts, its reproducibility, the VM's
 cache key and its JSON's shape. Made from stand-in build outputs (a kernel image is just
 bytes to the packaging; the module is a real ELF object, which strip needs). No VM, no

@@ -1,4 +1,4 @@
-"""The host side's dependencies point one way (issue 20), checked over the imports of
+"""The host side's dependencies point one way, checked over the imports of
 replay/tandem (lazy ones included: a cycle hidden in a function is still a cycle).
 
 - No cycle among tandem's modules.
@@ -47,15 +47,16 @@ def layer(module: str) -> tuple[int, str]:
     return LAYERS[prefix], prefix
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def module_name(path: Path, root: Path = PACKAGE.parent) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """module -> the tandem modules it imports (a name imported from a package counts as
-    the submodule when there is one)."""
-    mods = {module_name(p): p for p in package.rglob("*.py")}
+    """module -> the tandem modules it imports. As in mypy's module graph, `from P import
+    X` imports P, and X too when P.X is a module: `from . import linux` in a submodule
+    imports its package (whose __init__ runs first) as well as the sibling."""
+    mods = {module_name(p, package.parent): p for p in package.rglob("*.py")}
     graph = {}
     for name, path in mods.items():
         pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
@@ -64,9 +65,8 @@ def imports(package: Path = PACKAGE) -> dict[str, set[str]]:
             if isinstance(node, ast.ImportFrom):
                 base = pkg.split(".")[:len(pkg.split(".")) - (node.level - 1)] if node.level else []
                 target = ".".join(base + ([node.module] if node.module else [])) if node.level else (node.module or "")
-                for alias in node.names:
-                    sub = f"{target}.{alias.name}"
-                    deps.add(sub if sub in mods else target)
+                deps.add(target)
+                deps.update(sub for alias in node.names if (sub := f"{target}.{alias.name}") in mods)
             elif isinstance(node, ast.Import):
                 deps.update(a.name for a in node.names)
         graph[name] = {d for d in deps if d in mods and d != name}
@@ -132,6 +132,27 @@ def test_pure_modules_import_no_driver():
             for m in pure if any(d.startswith(DRIVERS) for d in graph[m])} == {}
 
 
+def reachable(graph: dict[str, set[str]], start: list[str]) -> set[str]:
+    """The modules `start` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        for d in graph[todo.pop()]:
+            if d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
+
+
+def test_the_comparators_read_plain_data():
+    """The comparators read what the analysis guest sent as plain values (model.NetOutput),
+    never the peer that plays the network nor the loop that drives the VM."""
+    graph = imports()
+    comparators = [m for m in graph if m.startswith("tandem.semantic.comparison")]
+    assert sorted(d for d in reachable(graph, comparators)
+                  if d.startswith(("tandem.semantic.network.peer", "tandem.semantic.driving"))) == []
+
+
 def test_the_checks_find_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -140,3 +161,18 @@ def test_the_checks_find_an_upward_import():
     assert upward({"tandem.formats.bundle": {"tandem.qemu.vm"}, "tandem.qemu.vm": {"tandem.formats.bundle"},
                    "tandem.live.shadow": {"tandem.plan"}}) == {
         "tandem.formats.bundle": ["tandem.qemu.vm"], "tandem.live.shadow": ["tandem.plan"]}
+
+
+def test_the_checks_count_from_dot_import_as_the_package(tmp_path):
+    """`from . import linux` in report/dialects.py, with report/__init__.py importing
+    dialects: a cycle through the half-initialised package, as mypy sees it."""
+    pkg = tmp_path / "tandem" / "report"
+    pkg.mkdir(parents=True)
+    (tmp_path / "tandem" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from .dialects import dialect\n")
+    (pkg / "dialects.py").write_text("from . import linux\nfrom .model import OSES\n")
+    (pkg / "linux.py").write_text("")
+    (pkg / "model.py").write_text("OSES = ()\n")
+    graph = imports(tmp_path / "tandem")
+    assert graph["tandem.report.dialects"] == {"tandem.report", "tandem.report.linux", "tandem.report.model"}
+    assert cycles(graph) == [["tandem.report", "tandem.report.dialects"]]

@@ -1,4 +1,4 @@
-"""The linters pass (issue 20): ruff over replay/, tests/, bench/ and scripts/*.py, mypy over
+"""The linters pass: ruff over replay/, tests/, bench/ and scripts/*.py, mypy over
 replay/tandem (--strict's flags on the pure modules), both configured in pyproject.toml and
 pinned in replay/requirements.txt, so ./tandem's venv always has them. A red run shows
 their output. Their caches go under the tandem cache (TANDEM_CACHE, ~/.cache/tandem), never

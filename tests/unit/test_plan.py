@@ -162,9 +162,9 @@ def test_busy_periods_and_boot_backlog(tmp_path):
 def recorded(tmp_path):
     d = bundle.new_bundle(tmp_path / "n.tdm")
     write_devlog(d / bundle.DEVLOG)
-    m = bundle.new_manifest()
+    m = bundle.Manifest.new().to_json()
     m.update(state="complete", wall_time_s=2.0, stop={"reason": "poweroff", "vm_ns": 100, "icount": 100})
-    m["files"] = {bundle.DEVLOG: bundle.file_entry(d / bundle.DEVLOG)}
+    m["files"] = {bundle.DEVLOG: bundle.file_entry(d / bundle.DEVLOG).to_json()}
     bundle.write_manifest(d, m)
     return d
 

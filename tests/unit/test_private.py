@@ -1,4 +1,4 @@
-"""Private by default (issue 19, point 3): what tandem creates is 0700/0600 whatever the
+"""Private by default: what tandem creates is 0700/0600 whatever the
 umask, and `tandem inspect` warns, in one line naming the bundle, on one that is not.
 The real recording's modes (QEMU's logs included) are tests/test_private_modes.py's."""
 import logging
@@ -50,7 +50,7 @@ def test_files_private_also_when_rewritten(tmp_path):
 
 def test_new_bundle_and_manifest_private(tmp_path):
     d = bundle.new_bundle(tmp_path / "out" / "run.tdm")
-    bundle.write_manifest(d, bundle.new_manifest())
+    bundle.write_manifest(d, bundle.Manifest.new())
     assert (mode(tmp_path / "out"), mode(d), mode(d / bundle.MANIFEST)) == (0o700, 0o700, 0o600)
     (tmp_path / "empty.tdm").mkdir(mode=0o755)      # an empty directory given: it becomes the bundle
     assert mode(bundle.new_bundle(tmp_path / "empty.tdm")) == 0o700
@@ -65,8 +65,9 @@ def test_feed_socket_only_in_a_private_directory(tmp_path):
                                           r"users \(mode 0755"):
         FeedServer(shared / "f.sock")
     assert not (shared / "f.sock").exists()
-    srv = FeedServer(private.make_dir(tmp_path / "mine") / "f.sock")
-    srv.listener.close()
+    with FeedServer(private.make_dir(tmp_path / "mine") / "f.sock") as srv:
+        assert srv.path.is_socket()
+    assert not srv.path.exists()
 
 
 def test_exposed_lists_what_others_may_read_or_write(tmp_path):
@@ -83,7 +84,7 @@ def test_exposed_lists_what_others_may_read_or_write(tmp_path):
 
 def test_inspect_warns_on_a_bundle_others_can_read(tmp_path, caplog):
     d = bundle.new_bundle(tmp_path / "run.tdm")
-    bundle.write_manifest(d, bundle.new_manifest())
+    bundle.write_manifest(d, bundle.Manifest.new())
     with caplog.at_level(logging.WARNING):
         assert inspect(d)["exposed"] == {}
     assert not caplog.records
@@ -100,7 +101,7 @@ def test_inspect_warns_on_a_bundle_others_can_read(tmp_path, caplog):
 
 def test_inspect_cli_warning_is_one_line_naming_the_bundle(tmp_path):
     d = bundle.new_bundle(tmp_path / "run.tdm")
-    bundle.write_manifest(d, bundle.new_manifest())
+    bundle.write_manifest(d, bundle.Manifest.new())
     os.chmod(d / bundle.MANIFEST, 0o644)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
     r = subprocess.run([sys.executable, "-m", "tandem", "inspect", str(d)], capture_output=True,

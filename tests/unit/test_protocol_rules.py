@@ -1,16 +1,18 @@
-"""Protocol-aware acceptable differences (issue 24): a connection's protocol comes from
+"""Protocol-aware acceptable differences: a connection's protocol comes from
 its client's first bytes, and the built-in HTTP and RESP rules allow what two servers
 answering the same requests at different times differ in, and nothing more."""
 from __future__ import annotations
 
 import pytest
 
+from tandem import catalog
 from tandem.formats import netpkt
 from tandem.semantic.comparison import compare, equivalence
 from tandem.semantic import inputs
 from tandem.semantic.inputs import protocol_of
-from tandem.semantic.model import AnalysisRun
-from tandem.semantic.network.peer import Peer, PeerFlow
+from tandem.semantic.model import AnalysisRun, FlowOutput, NetOutput
+
+KASAN = catalog.ANALYSES["kasan"]
 
 GUEST, CLIENT = (bytes([10, 0, 2, 15]), 80), (bytes([10, 0, 2, 2]), 40000)
 GMAC = bytes.fromhex("525400123456")
@@ -31,11 +33,11 @@ def divergences(native: bytes, theirs: bytes, protocol: str, reset: bool = False
     fl.guest_data.append((1, native))
     rec = inputs.RecordedInputs([], [fl], None, [])
     run = AnalysisRun("kasan")
-    run.peer = Peer()
-    pf = run.peer.flows[0] = PeerFlow(0, CLIENT, GUEST, netpkt.GATEWAY_MAC, GMAC, isn=1)
+    out = FlowOutput()
+    run.net = NetOutput(flows={0: out})
     if theirs:
-        pf.guest_data.append((2, theirs))
-    return compare.compare(rec, run, equivalence.load("kasan"), only={compare.channel(fl)})
+        out.data.append((2, theirs))
+    return compare.compare(rec, run, equivalence.load(KASAN), only={compare.channel(fl)})
 
 
 @pytest.mark.parametrize("first, protocol", [
@@ -174,18 +176,18 @@ def test_a_resp_client_that_sends_time_is_seen_across_segments(segments, asks):
 
 
 def test_a_spec_can_add_to_a_protocols_rules():
-    s = equivalence.load("kasan")
+    s = equivalence.load(KASAN)
     equivalence._merge(s, {"http": {"mask": ["(?<=^Server: ).*"]}}, "test")
-    assert len(s.for_protocol("http").rules["tcp"].mask) == len(equivalence.load("kasan").for_protocol("http").rules["tcp"].mask) + 1
+    assert len(s.for_protocol("http").rules["tcp"].mask) == len(equivalence.load(KASAN).for_protocol("http").rules["tcp"].mask) + 1
     assert s.for_protocol("line") is s and s.for_protocol(None) is s
 
 
 def test_a_users_vm_console_is_compared_only_when_a_spec_asks(tmp_path):
-    assert "serial" in equivalence.load("kasan", users_guest=True).ignore_channels
-    assert "serial" not in equivalence.load("kasan").ignore_channels          # the demo guest's is
+    assert "serial" in equivalence.load(KASAN, users_guest=True).ignore_channels
+    assert "serial" not in equivalence.load(KASAN).ignore_channels          # the demo guest's is
     asks = tmp_path / "s.toml"
     asks.write_text("[serial]\nignore = ['^systemd']\n")
-    assert "serial" not in equivalence.load("kasan", asks, users_guest=True).ignore_channels
+    assert "serial" not in equivalence.load(KASAN, asks, users_guest=True).ignore_channels
     other = tmp_path / "o.toml"
     other.write_text("[tcp]\nmask = ['x']\n")
-    assert "serial" in equivalence.load("kasan", other, users_guest=True).ignore_channels
+    assert "serial" in equivalence.load(KASAN, other, users_guest=True).ignore_channels

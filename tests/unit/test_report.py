@@ -169,7 +169,7 @@ def test_symbolize_without_debug_info_leaves_locations_empty(tmp_path):
     assert symbolize(rep, tmp_path / "missing").locations == []
 
 
-# --- boundaries syzkaller's titles need (issue 18) ----------------------------------------
+# --- boundaries syzkaller's titles need ----------------------------------------
 
 def test_header_mid_line_after_a_login_prompt():
     console = ("syzkaller login: [   10.1] BUG: KASAN: use-after-free in foo+0x1/0x2\n"
@@ -279,7 +279,7 @@ def test_a_title_lacking_its_frames_reads_past_the_end_marker_to_the_next_report
 
 def test_corrupted_where_syzkaller_says_so():
     """The first report's corrupted flag agrees with syzkaller's CORRUPTED on its corpus
-    (356 of 356 at the time of writing; was 342 before the empty-line and stack rules)."""
+    (all 356 of its Linux reports)."""
     from helpers import SHARED
     if not (SHARED / "linux").is_dir():
         pytest.skip(f"{SHARED} (the project's shared data) is not beside this clone")

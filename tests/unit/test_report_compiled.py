@@ -91,6 +91,6 @@ def test_a_type_error_fails_the_build_naming_it(tmp_path):
     src = _copy_package(tmp_path / "src")
     with open(src / "console.py", "a") as f:
         f.write("\nWRONG: int = 'text'\n")
-    with pytest.raises(compiled.TandemError, match=r"console\.py:\d+: error: Incompatible types"):
+    with pytest.raises(compiled.InfraError, match=r"console\.py:\d+: error: Incompatible types"):
         compiled.build(source=src, modules=("console",), into=tmp_path / "cache")
     assert not [d for d in (tmp_path / "cache").iterdir() if not d.name.startswith(".")]

@@ -1,6 +1,6 @@
 """Every input of the parser's fuzz corpus (tests/fuzz/report-corpus: seeds, what the fuzzer
 found interesting, and every crash it found, minimized) replayed through the fuzz target:
-parse() and the live Scanner in chunks, on every OS, agree and never raise (issue 18).
+parse() and the live Scanner in chunks, on every OS, agree and never raise.
 A crash the fuzzer saves fails here until it is fixed; one listed in known-crashes.txt (in a
 module another change owns) is expected to fail, and its test fails once it passes, until the
 line is removed."""

@@ -1,5 +1,5 @@
-"""A console is written by the guest: no console can crash the parser or the live Scanner
-(issue 18). Every input gives reports or none, never an exception."""
+"""A console is written by the guest: no console can crash the parser or the live Scanner.
+Every input gives reports or none, never an exception."""
 from __future__ import annotations
 
 import random

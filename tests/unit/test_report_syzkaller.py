@@ -1,10 +1,10 @@
-"""tandem's titles against syzkaller's, on syzkaller's own report test data (issue 18).
+"""tandem's titles against syzkaller's, on syzkaller's own report test data.
 
 `../shared/syzkaller-reports/` (its README: format, licence, commit) holds half of
 syzkaller's Linux consoles and all its BSD ones, each with the title syzkaller's parser
 gives it. The test prints how often tandem finds a report where syzkaller does, finds
-none where it finds none, and gives its title (or an ALT), and fails below issue 18's
-targets (98% found, no false positive, 95% of titles) or below the floors: the figures
+none where it finds none, and gives its title (or an ALT), and fails below the targets
+(98% found, no false positive, 95% of titles) or below the floors: the figures
 reached so far, so a change can only move them up.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from helpers import SHARED
 from tandem import report
 
 # (found, false positives at most, titles agreeing): the figures reached, a ratchet.
-# Issue 18's targets hold for every OS: 98% found, no false positive, 95% of titles.
+# The targets hold for every OS: 98% found, no false positive, 95% of titles.
 FLOORS = {"linux": (356, 0, 356), "freebsd": (16, 0, 16), "openbsd": (42, 0, 42),
           "netbsd": (12, 0, 12)}
 TARGET_FOUND, TARGET_TITLES = 0.98, 0.95

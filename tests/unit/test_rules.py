@@ -10,9 +10,9 @@ import struct
 
 from tandem.formats import netpkt
 from tandem.formats.netpkt import ACK, PSH
-from tandem.qemu import feed as feedproto
+from tandem.qemu.feed import FIRED, HEADER, NET, RULE, FeedServer, Message
 from tandem.semantic.network import rules
-from tandem.semantic.driving.driver import AnalysisDriver
+from tandem.semantic.driving.driver import AnalysisDriver, DriveOptions
 from tandem.semantic.inputs import RecordedInputs
 from tandem.semantic.model import DEP_TIMEOUT_NS, AnalysisRun
 from tandem.semantic.network.peer import PEER_MSS, Peer
@@ -35,9 +35,9 @@ def recording() -> RecordedInputs:
     return log.recording(end_ns=100 * MS)
 
 
-def fired(ns: int, guest: GuestEnd) -> feedproto.Message:
+def fired(ns: int, guest: GuestEnd) -> Message:
     """QEMU firing the oldest rule at ns: its segment acknowledges what the guest sent."""
-    return feedproto.Message(feedproto.FIRED, 1, ns, struct.pack("<I", guest.seq))
+    return Message(FIRED, 1, ns, struct.pack("<I", guest.seq))
 
 
 def opened(guest: GuestEnd) -> list:
@@ -50,13 +50,13 @@ def opened(guest: GuestEnd) -> list:
 def test_requests_that_wait_for_replies_go_as_rules_and_are_delivered_when_they_fire():
     guest = GuestEnd(7000, remote=CLIENT, isn=0x5000_0000)
 
-    def replies(feed: ScriptedFeed) -> list[feedproto.Message]:
+    def replies(feed: ScriptedFeed) -> list[Message]:
         msgs = [guest.segment(feed, 51 * MS, ACK | PSH, REPLIES[0]), fired(52 * MS, guest)]
         return msgs + [guest.segment(feed, 53 * MS, ACK | PSH, REPLIES[1]), fired(54 * MS, guest), wait(60 * MS)]
     clock, vm = Clock(), ScriptedVM()
     feed = ScriptedFeed(opened(guest) + [replies], vm, clock)
     res = AnalysisRun("scripted")
-    d = AnalysisDriver(recording(), res, vm, feed, clock=clock)
+    d = AnalysisDriver(recording(), res, vm, feed, DriveOptions(clock=clock))
     d.drive()
 
     key = struct.pack("!4s4sHH", GUEST_IP, HOST_IP, 7000, 40000)
@@ -72,7 +72,7 @@ def test_requests_that_wait_for_replies_go_as_rules_and_are_delivered_when_they_
     delivered = [(x.vm_ns, x.input.data) for x in res.delivered if x.input.kind == "tcp-data"]
     assert delivered == [(50 * MS, REQS[0]), (52 * MS, REQS[1]), (54 * MS, REQS[2])]
     assert res.rules_fired == 2
-    pf = d.peer.flows[0]
+    pf = d.remote.peer.flows[0]
     assert pf.snd_nxt == 1 + len(b"".join(REQS))
     assert pf.ack_owed_ns is None                          # the rules' segments acknowledged the replies
     assert not any(f.payload == REQS[1] for f in to_port(feed, 7000))   # QEMU sent it, not a stop
@@ -84,12 +84,12 @@ def test_a_rule_that_waits_past_the_dependency_timeout_is_dropped_and_its_input_
     clock, vm = Clock(), ScriptedVM()
     feed = ScriptedFeed(script, vm, clock)
     res = AnalysisRun("scripted")
-    AnalysisDriver(recording(), res, vm, feed, clock=clock).drive()
+    AnalysisDriver(recording(), res, vm, feed, DriveOptions(clock=clock)).drive()
     # Both waiting requests as rules, dropped once; the third again after the second went.
     assert [netpkt.parse(r[3][0]).payload for r in feed.rules] == [REQS[1], REQS[2], REQS[2]]
     assert feed.unrules == 1
     assert any("after waiting" in lim and "GET a" in lim for lim in res.limits), res.limits
-    sent = [ns for ns, f in ((ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == feedproto.NET)
+    sent = [ns for ns, f in ((ns, netpkt.parse(d)) for ch, ns, d in feed.inputs if ch == NET)
             if f is not None and f.payload == REQS[1]]
     assert sent and sent[0] >= 50 * MS + DEP_TIMEOUT_NS    # at a stop, once the rules were gone
 
@@ -102,15 +102,15 @@ def test_conditions_are_the_unmet_dependencies_as_sequence_numbers():
     from tandem.semantic.inputs import Input
     inp = Input("tcp-data", 0, b"x", flow=3, needs_bytes={3: 50})
     have = {3: 40}.get
-    assert rules.conditions(inp, peer, lambda f: have(f, 0), {}) == [(fl.guest_key(), 1000 + 1 + 50, True)]
-    assert rules.conditions(inp, peer, lambda f: 50, {}) == []          # met already: no condition
-    assert rules.conditions(inp, peer, lambda f: 40, {3: 5}) == [(fl.guest_key(), 1000 + 1 + 45, True)]
+    assert rules.conditions(inp, peer, lambda f, n: have(f, 0) >= n, {}) == [(fl.guest_key(), 1000 + 1 + 50, True)]
+    assert rules.conditions(inp, peer, lambda f, n: 50 >= n, {}) == []          # met already: no condition
+    assert rules.conditions(inp, peer, lambda f, n: 40 >= n, {3: 5}) == [(fl.guest_key(), 1000 + 1 + 45, True)]
     inp.needs_bytes = {3: 50, 4: 10}                       # a connection the peer has not opened
-    assert rules.conditions(inp, peer, lambda f: 0, {}) is None
+    assert rules.conditions(inp, peer, lambda f, n: False, {}) is None
     peer.open(4, (HOST_IP, 40001), (GUEST_IP, 7000), b"\x02" * 6, b"\x04" * 6, 0)
     other = peer.flows[4]
     other.state, other.guest_isn = "established", 9000
-    assert rules.conditions(inp, peer, lambda f: 0, {}) == [        # another client's bytes: order only
+    assert rules.conditions(inp, peer, lambda f, n: False, {}) == [        # another client's bytes: order only
         (fl.guest_key(), 1000 + 1 + 50, True), (other.guest_key(), 9000 + 1 + 10, False)]
 
 
@@ -118,12 +118,12 @@ def test_a_rule_on_the_wire_is_what_qemu_reads(tmp_path):
     """qemu-patches/0023: u16 entries, u16 frames; per entry the 12-byte 4-tuple, u32
     sequence number, u32 flags (1: where the frames' ACK reaches, 2: own connection);
     per frame u32 length and the bytes."""
-    feed = feedproto.FeedServer(tmp_path / "feed.sock")
+    feed = FeedServer(tmp_path / "feed.sock")
     key = bytes(range(12))
     feed.rule(7, [(key, 0x01020304, True), (key[::-1], 5, False)], (key, 9), [b"frame"])
-    ln, typ, ch, ns = feedproto.HEADER.unpack_from(feed.out)
-    body = bytes(feed.out[feedproto.HEADER.size:])
-    assert (typ, ns, ln) == (feedproto.RULE, 7, len(body)) and len(body) == 4 + 3 * 20 + 4 + 5
+    ln, typ, ch, ns = HEADER.unpack_from(feed.out)
+    body = bytes(feed.out[HEADER.size:])
+    assert (typ, ns, ln) == (RULE, 7, len(body)) and len(body) == 4 + 3 * 20 + 4 + 5
     assert struct.unpack_from("<HH", body) == (3, 1)
     assert body[4:24] == key + struct.pack("<II", 0x01020304, 2)
     assert body[24:44] == key[::-1] + struct.pack("<II", 5, 0)

@@ -1,4 +1,4 @@
-"""Habits the test suite keeps (issue 21), checked over its source.
+"""Habits the test suite keeps, checked over its source.
 
 - No test sleeps for an event: it waits with helpers.wait_until, which fails naming what it
   waited for; time.sleep appears only in tests/helpers/__init__.py (wait_until's poll and
@@ -102,8 +102,8 @@ def test_the_checks_find_what_they_look_for():
 def test_under_xdist_every_vm_test_is_in_a_group(request):
     """./tandem test runs two xdist workers; the VM tests must run one at a time per
     group (conftest: one per module). xdist groups a test by renaming it "nodeid@group" in
-    its worker: a conftest hook that marks the groups after xdist read them left every
-    test ungrouped, and two VM tests of one module ran side by side (2026-11-27)."""
+    its worker: a conftest hook that marks the groups after xdist read them leaves every
+    test ungrouped, and two VM tests of one module run side by side."""
     if not hasattr(request.config, "workerinput"):
         import pytest
         pytest.skip("not under xdist (-n 0): nothing is grouped")

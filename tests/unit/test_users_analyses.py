@@ -1,9 +1,11 @@
-"""Analyses of a user's VM beyond the catalogue's (issue 24, point 1): a kernel the user
-brings (--analysis-kernel NAME=BZIMAGE[,VMLINUX]) and files swapped into the guest
+"""Analyses of a user's VM beyond the catalogue's: a kernel the user brings
+(--analysis-kernel NAME=BZIMAGE[,VMLINUX]) and files swapped into the guest
 (--overlay NAME=DIR[,ANALYSIS]). Bad input is a one-line error naming the culprit before
-any VM starts; what is given is made known to every stage by name (catalog.add)."""
+any VM starts; what is given becomes a catalog.Analysis in the CLI, which every stage
+takes as it is (the catalogue's table stays the built-in one)."""
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 import struct
@@ -12,18 +14,26 @@ import subprocess
 import pytest
 
 from tandem import catalog
+from tandem.cli import common
 from tandem.errors import TandemError
+from tandem.formats.bundle import Manifest
 from tandem.qemu import kernel_image
-from tandem.semantic import findings, guests, overlay
+from tandem.semantic import guests, overlay
+
+BUILT_IN = dict(catalog.ANALYSES)
 
 
 @pytest.fixture(autouse=True)
 def catalogue_as_built():
-    """catalog.add changes the process's catalogue: each test starts from the built-in one."""
-    before = dict(catalog.ANALYSES)
+    """Whatever the user defines, the catalogue's table stays the built-in one."""
     yield
-    catalog.ANALYSES.clear()
-    catalog.ANALYSES.update(before)
+    assert dict(catalog.ANALYSES) == BUILT_IN
+
+
+def given(analysis=(), kernels=(), overlays=()) -> list[catalog.Analysis]:
+    """The analyses of a command line with these --analysis, --analysis-kernel and --overlay."""
+    return common.users_analyses(argparse.Namespace(analysis=list(analysis), analysis_kernel=list(kernels),
+                                                    overlay=list(overlays)))
 
 
 def bzimage(path, version: bytes = b"6.12.0-mine (me@host) #1", protocol: int = 0x020F) -> str:
@@ -59,9 +69,8 @@ def test_a_file_that_is_not_a_kernel_is_refused_naming_it(tmp_path, make, says):
     path = tmp_path / "kernel"
     make(path)
     with pytest.raises(TandemError, match=says) as e:
-        guests.bring_kernel(f"mine={path}")
+        common.bring_kernel(f"mine={path}")
     assert str(path) in str(e.value) and "mine" in str(e.value) and "\n" not in str(e.value)
-    assert "mine" not in catalog.ANALYSES
 
 
 @pytest.mark.parametrize("spec, says", [
@@ -74,27 +83,27 @@ def test_a_file_that_is_not_a_kernel_is_refused_naming_it(tmp_path, make, says):
 ])
 def test_a_malformed_kernel_option_is_refused_before_any_file_is_read(spec, says):
     with pytest.raises(TandemError, match=says):
-        guests.bring_kernel(spec)
+        common.bring_kernel(spec)
 
 
-def test_a_brought_kernel_is_an_analysis_every_stage_finds_by_name(tmp_path):
+def test_a_brought_kernel_is_an_analysis_that_the_command_line_names(tmp_path):
     image, vmlinux = bzimage(tmp_path / "bz"), elf(tmp_path / "vmlinux")
-    assert guests.bring_kernel(f"mine={image},{vmlinux}") == "mine"
-    a = catalog.get("mine")
-    assert (a.kernel.image, a.kernel.vmlinux, a.demo) == (image, vmlinux, False)
-    assert findings.guest_os("mine") == "linux"
+    a = common.bring_kernel(f"mine={image},{vmlinux}")
+    assert (a.name, a.kernel.image, a.kernel.vmlinux, a.demo, a.os) == ("mine", image, vmlinux, False, "linux")
+    assert given(["kasan,mine"], [f"mine={image},{vmlinux}"]) == [catalog.ANALYSES["kasan"], a]
     with pytest.raises(TandemError, match="vmlinux .*not a 64-bit ELF"):
-        guests.bring_kernel(f"other={image},{image}")
+        common.bring_kernel(f"other={image},{image}")
     with pytest.raises(TandemError, match="given twice, differently"):
-        guests.bring_kernel(f"mine={image}")
+        given(kernels=[f"mine={image},{vmlinux}", f"mine={image}"])
+    with pytest.raises(TandemError, match=r"unknown analysis 'nosuch' \(known: native, .*, asan-userland, mine\)"):
+        given(["nosuch"], [f"mine={image}"])
 
 
 def test_a_brought_kernel_boots_the_users_disks_not_the_demo_guest(tmp_path):
-    image = bzimage(tmp_path / "bz")
-    guests.bring_kernel(f"mine={image}")
-    demo = {"machine": {"net": {"guest_port": 7000}, "disks": [{"id": "disk0"}]}}
+    mine = common.bring_kernel(f"mine={bzimage(tmp_path / 'bz')}")
+    demo = Manifest.from_json({"machine": {"net": {"guest_port": 7000}, "disks": [{"id": "disk0"}]}})
     with pytest.raises(TandemError, match="a kernel you bring analyses a recording of your own VM"):
-        guests.analysis_guest(tmp_path, demo, "mine")
+        guests.analysis_guest(tmp_path, demo, mine)
 
 
 def tree(root, files: dict[str, bytes]):
@@ -109,10 +118,16 @@ def test_an_overlay_is_a_tree_laid_out_as_the_guests_root(tmp_path):
                                 "var/www/html/index.html": b"<p>changed</p>\n"})
     os.symlink("redis-server", d / "usr/bin/redis-check-rdb")
     assert overlay.check_tree(str(d)) == (3, 104 + 15)
-    assert guests.swap_files(f"changed={d}") == "changed"
-    a = catalog.get("changed")
-    assert (a.overlay, a.kernel, a.userland.name) == (str(d), catalog.KERNELS["native"], "native")
-    assert guests.swap_files(f"changed-kasan={d},kasan") and catalog.get("changed-kasan").flavor == "kasan"
+    a = common.swap_files(f"changed={d}")
+    assert (a.name, a.overlay, a.kernel, a.userland.name) == ("changed", str(d), catalog.KERNELS["native"], "native")
+    assert common.swap_files(f"changed-kasan={d},kasan").flavor == "kasan"
+
+
+def test_an_overlay_may_be_on_a_brought_kernel(tmp_path):
+    d = tree(tmp_path / "ovl", {"etc/x": b"x"})
+    image = bzimage(tmp_path / "bz")
+    mine, swapped = given(kernels=[f"mine={image}"], overlays=[f"swapped={d},mine", f"swapped={d},mine"])
+    assert (swapped.name, swapped.kernel, swapped.overlay) == ("swapped", mine.kernel, str(d))
 
 
 @pytest.mark.parametrize("make, says", [
@@ -126,14 +141,13 @@ def test_a_bad_overlay_is_refused_naming_it(tmp_path, make, says):
     d = tmp_path / "ovl"
     make(d)
     with pytest.raises(TandemError, match=says):
-        guests.swap_files(f"changed={d}")
-    assert "changed" not in catalog.ANALYSES
+        common.swap_files(f"changed={d}")
 
 
 def test_an_overlay_on_an_unknown_analysis_is_refused(tmp_path):
     d = tree(tmp_path / "ovl", {"etc/x": b"x"})
     with pytest.raises(TandemError, match="unknown analysis 'nosuch'"):
-        guests.swap_files(f"changed={d},nosuch")
+        common.swap_files(f"changed={d},nosuch")
 
 
 def test_the_preparation_initramfs_holds_busybox_init_and_the_tree_as_root(tmp_path):
@@ -183,10 +197,10 @@ def test_a_native_on_tandems_kernel_gets_the_flavors_own_modules(tmp_path, monke
     monkeypatch.setattr(guests.artifacts, "kernel", lambda flavor: {"version": "6.12.95-tandem"})
     monkeypatch.setattr(guests.artifacts, "modules", lambda flavor: {"modules": [str(kasan_ko)]})
     console_log(tmp_path, b"[    0.000000] Linux version 6.12.95-tandem (tandem@tandem) #1\r\n")
-    tree = guests.flavor_modules(catalog.get("kasan"), tmp_path, tmp_path / "work")
+    tree = guests.flavor_modules(catalog.ANALYSES["kasan"], tmp_path, tmp_path / "work")
     assert tree is not None
     assert (Path(tree) / "lib/modules/6.12.95-tandem/extra/tandem_bugs.ko").read_bytes() == b"\x7fELF kasan build"
     monkeypatch.setattr(guests.artifacts, "kernel", lambda flavor: {"version": "6.12.96-tandem"})
-    assert guests.flavor_modules(catalog.get("kasan"), tmp_path, tmp_path / "work2") is None
-    guests.bring_kernel(f"mine={bzimage(tmp_path / 'bz')}")
-    assert guests.flavor_modules(catalog.get("mine"), tmp_path, tmp_path / "work3") is None
+    assert guests.flavor_modules(catalog.ANALYSES["kasan"], tmp_path, tmp_path / "work2") is None
+    mine = common.bring_kernel(f"mine={bzimage(tmp_path / 'bz')}")
+    assert guests.flavor_modules(mine, tmp_path, tmp_path / "work3") is None

@@ -14,14 +14,16 @@ it: the request that led there.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..formats import bundle, pcapng
+from ..formats.manifest import DeclaredPack
 from ..report.symbolize import short_path
 from ..semantic import inputs
 from . import trace
@@ -31,17 +33,17 @@ from .kernel import Kernel
 from .lang import AssertionLangError, AssertionSet, parse_file
 
 
-def pack_identity(path: str | Path) -> dict:
-    """{path, sha256} of an assertion pack: what `tandem record --assertions` declares."""
+def pack_identity(path: str | Path) -> DeclaredPack:
+    """The path and sha256 of an assertion pack: what `tandem record --assertions` declares."""
     p = Path(path)
     try:
         data = p.read_bytes()
     except OSError as e:
         raise TandemError(f"{p}: cannot read assertions: {e.strerror}") from None
-    return {"path": str(p.resolve()), "sha256": hashlib.sha256(data).hexdigest()}
+    return DeclaredPack(path=str(p.resolve()), sha256=hashlib.sha256(data).hexdigest())
 
 
-def declare_pack(path: str | Path, flavor: str = "native") -> dict:
+def declare_pack(path: str | Path, flavor: str = "native") -> DeclaredPack:
     """What `tandem record --assertions` puts in the manifest: the pack's path, hash and
     assertion names, after parsing it against the kernel flavor's symbols and its
     modules' functions (their load addresses are only known once the guest boots)."""
@@ -52,21 +54,20 @@ def declare_pack(path: str | Path, flavor: str = "native") -> dict:
     for ko in artifacts.modules(flavor).get("modules", []):
         mods |= module_functions(ko)
     aset = parse_file(path, symbols=[k["system_map"], mods])
-    return {**pack_identity(path), "names": aset.names()}
+    return dataclasses.replace(pack_identity(path), names=tuple(aset.names()))
 
 
 def declared_pack(bundle_dir: str | Path) -> Path:
     """The pack a recording declared (tandem record --assertions), if still unchanged."""
-    m = bundle.load_manifest(bundle_dir)
-    decl = m.get("assertions")
-    if not decl:
+    decl = bundle.load_manifest(bundle_dir).assertions
+    if decl is None or decl.path is None:
         raise TandemError(f"{bundle_dir}: no --assertions given and the recording declared no pack")
-    path = Path(decl["path"])
+    path = Path(decl.path)
     if not path.is_file():
         raise TandemError(f"{path}: the pack {bundle_dir} declared is gone (give --assertions)")
-    if pack_identity(path)["sha256"] != decl["sha256"]:
+    if pack_identity(path).sha256 != decl.sha256:
         raise TandemError(f"{path}: changed since {bundle_dir} declared it "
-                          f"(sha256 {decl['sha256'][:12]}...); give --assertions explicitly")
+                          f"(sha256 {(decl.sha256 or '')[:12]}...); give --assertions explicitly")
     return path
 
 
@@ -243,8 +244,8 @@ def check(bundle_dir: str | Path, pack: str | Path | None = None, *, select: lis
     p = trace.plan(kern, aset.needed(), aset.sites())
     t = trace.run(d, kern, p, progress=progress)
     if not t.verdict.ok:
-        raise TandemError(f"{d}: the replay with the assertion plugin did not verify "
-                          f"({t.verdict.summary()}): its events cannot be trusted")
+        raise InfraError(f"{d}: the replay with the assertion plugin did not verify "
+                         f"({t.verdict.summary()}): its events cannot be trusted")
     t0 = time.perf_counter()
     chk = Checker(aset)
     found: list[tuple[int, Violation]] = []

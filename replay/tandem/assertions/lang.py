@@ -26,9 +26,9 @@ __all__ = ["AssertionLangError", "AssertionSet", "load_symbols", "parse_file", "
 
 MAX_ARGS = 6            # the event source reports rdi, rsi, rdx, rcx, r8, r9
 MAX_BRANCHES = 64       # OR distribution is a product; keep automata countable
-# An assertion file is input from outside (issue 19). The parser recurses once per nested
+# An assertion file is input from outside. The parser recurses once per nested
 # (...), sequence/previously/eventually(...) or optional(...): 500 nested parentheses
-# raised RecursionError. The shipped assertions nest 4 deep.
+# would raise RecursionError. The shipped assertions nest 4 deep.
 MAX_NESTING = 32
 MAX_EVENTS = 256        # per automaton; the shipped assertions have at most 6
 # Literals are compared with 64-bit registers: a signed or an unsigned 64-bit value.

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import artifacts, private
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..exact.replay import Verdict, replay
 from ..formats import bundle, pcapng
 from ..machine import ICOUNT_SHIFT
-from . import kernel as kernel_mod
+from . import kernel
 from .events import Event
 from .kernel import Func, Kernel
 
@@ -39,7 +39,7 @@ END = 0xEE
 STACK_SCAN_WORDS = 128       # stack words the plugin reads at each event (1 KiB)
 
 
-class TraceError(TandemError):
+class TraceError(InfraError):
     """The plugin's event stream is missing, damaged or cut short."""
 
 
@@ -119,7 +119,7 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
     cpio the recorded initrd ends with)."""
     d = Path(bundle_dir)
     m = bundle.load_manifest(d)
-    kpath = Path(((m.get("inputs") or {}).get("kernel") or {}).get("path", ""))
+    kpath = Path(m.input_paths.get("kernel", ""))
     vmlinux, smap, config = kpath.parent / "vmlinux", kpath.parent / "System.map", kpath.parent / "config"
     if not vmlinux.is_file() or not smap.is_file():
         raise TandemError(f"{d}: its kernel {kpath} has no vmlinux and System.map next to it "
@@ -129,10 +129,10 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
                           f"assertions support uniprocessor kernels only")
     console = b"".join(e.data for e in pcapng.iter_events(d / bundle.DEVLOG)
                        if e.kind == "serial" and e.direction == "out")
-    sections = kernel_mod.module_sections(console)
+    sections = kernel.module_sections(console)
     mods = []
     if sections:
-        initrd = Path(((m.get("inputs") or {}).get("initrd") or {}).get("path", ""))
+        initrd = Path(m.input_paths.get("initrd", ""))
         kos = _module_build(initrd)
         for name, secs in sorted(sections.items()):
             ko = kos.get(name)
@@ -140,7 +140,7 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
                 raise TandemError(f"{d}: module {name} was loaded but no module build in "
                                   f"{artifacts.cache_dir() / 'modules'} matches its initrd {initrd}")
             mods.append((name, str(ko), tuple(sorted(secs.items()))))
-    return kernel_mod.load(str(vmlinux), str(smap), tuple(mods))
+    return kernel.load(str(vmlinux), str(smap), tuple(mods))
 
 
 def _module_build(initrd: Path) -> dict[str, Path]:
@@ -175,7 +175,7 @@ def plugin_args(kern: Kernel, p: Plan, watch: Path, out: Path, scan: int = STACK
     task = syms.get("pcpu_hot")
     if task is None:
         raise TandemError(f"{kern.vmlinux}: no pcpu_hot (its current_task is the current thread)")
-    comm = kernel_mod.comm_offset(kern.vmlinux) or 0
+    comm = kernel.comm_offset(kern.vmlinux) or 0
     return ",".join([artifacts.plugin_calls()["plugin"], f"watch={watch}", f"out={out}",
                      f"task={task:#x}", f"comm={comm}", f"scan={scan}"])
 

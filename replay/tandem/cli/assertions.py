@@ -1,6 +1,7 @@
 """`tandem assert`: temporal kernel assertions checked on an exact replay."""
 from __future__ import annotations
 
+from ..errors import EXIT_CLEAN, EXIT_FOUND
 from .common import build_for, progress
 from .render import console
 
@@ -26,4 +27,4 @@ def cmd_assert(args) -> int:
     render(res, console)
     if args.json:
         print(res.to_json())
-    return 1 if res.fatal else 0
+    return EXIT_FOUND if res.fatal else EXIT_CLEAN

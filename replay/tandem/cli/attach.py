@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import catalog
 from ..errors import TandemError
-from .common import (add_cpu_idle_option, add_stop_option, add_users_analysis_options, analysis_names, build_for_analyses,
+from .common import (add_cpu_idle_option, add_stop_option, add_users_analysis_options, build_for_analyses, catalogued,
                      parse_duration, users_analyses)
 from .guest_options import parse_forward
 from .render import console, print_live_finding, print_summary
@@ -81,9 +81,10 @@ def cmd_attach(args) -> int:
                        ("--overlay", args.overlay)):
         if given:
             raise TandemError(f"{opt}: not with --no-follow (its shadows boot tandem's guest setup)")
-    build_for_analyses(analysis_names(args.analysis), noise=False)
+    analyses = catalogued(args.analysis)
+    build_for_analyses(analyses, noise=False)
     conn = daemon.connect(args.uri)
-    made = shadows.attach(conn, args.domain, analysis_names(args.analysis), state_dir=args.state_dir,
+    made = shadows.attach(conn, args.domain, analyses, state_dir=args.state_dir,
                           rtc_base=args.rtc_base, start=not args.no_start)
     for s in made:
         console.print(f"[bold]{s.name}[/]: {s.analysis} analysis of {s.native}"
@@ -103,21 +104,20 @@ def _attach_live(args) -> int:
         if given:
             raise TandemError(f"{opt}: only with --no-follow (a followed domain's shadows run in the "
                               f"analysis workdir, on the native's clock)")
-    names = users_analyses(args)
-    if not names:
+    analyses = users_analyses(args)
+    if not analyses:
         raise TandemError("no analysis given (--analysis, --analysis-kernel or --overlay)")
     if args.forward and args.port is not None:
         raise TandemError("--port is tandem's guest's service; forward your VM's ports with --forward")
-    build_for_analyses(names, noise=False)
-    sh = follow(args.uri, args.domain, names, bundle=args.bundle,
+    build_for_analyses(analyses, noise=False)
+    sh = follow(args.uri, args.domain, analyses, bundle=args.bundle,
                 options=ShadowOptions(port=args.port, duration_ns=args.duration or 0, drain=not args.no_drain,
                                       idle_analyses=args.analysis_priority == "idle", cpu_idle=args.cpu_idle,
                                       stop=args.stop, shutdown_timeout_s=args.shutdown_timeout),
                 forwards=tuple(args.forward) if args.forward else None, root=args.root,
                 users_options=bool(args.analysis_kernel or args.overlay),
                 workdir=Path(args.workdir) if args.workdir else None, on_finding=print_live_finding)
-    try:
-        sh.start()
+    with sh:        # closed whatever happens: the native's own definition is put back
         where = (", ".join(f"{f.protocol} 127.0.0.1:{f.host_port} -> guest {f.guest_port}"
                            for f in sh.native.all_forwards()) or "no forwards") if sh.users_guest \
             else f"guest service on 127.0.0.1:{sh.port}"
@@ -126,9 +126,6 @@ def _attach_live(args) -> int:
                       f"findings in {sh.workdir / 'findings.jsonl'}; stop with guest poweroff, "
                       f"virsh destroy {args.domain} or Ctrl-C", markup=False)
         s = watch(sh)
-    finally:        # the native's own definition back, whatever happened
-        if sh.native.vm:
-            sh.native.vm.close()
     print_summary(s)
     console.print(f"{args.domain}: its own definition is back; the recording is {sh.path}", markup=False)
     return s.exit_status()
@@ -149,17 +146,14 @@ def cmd_detach(args) -> int:
 
 def cmd_libvirtd(args) -> int:
     from ..libvirt.daemon import Libvirtd
-    d = Libvirtd(args.dir)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
-        d.start()
-        console.print(f"private libvirtd running; stop with Ctrl-C\nexport LIBVIRT_DEFAULT_URI='{d.uri}'",
-                      markup=False)
-        while not stop:
-            time.sleep(0.5)
+        with Libvirtd(args.dir) as d:
+            console.print(f"private libvirtd running; stop with Ctrl-C\nexport LIBVIRT_DEFAULT_URI='{d.uri}'",
+                          markup=False)
+            while not stop:
+                time.sleep(0.5)
     except KeyboardInterrupt:
         pass
-    finally:
-        d.stop()
     return 0

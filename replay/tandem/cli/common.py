@@ -1,7 +1,20 @@
-"""What the commands share: durations on the command line, progress lines, analysis lists."""
+"""What the commands share: durations on the command line, progress lines, analysis lists.
+
+Analyses are named on the command line and resolved here, once: every stage below takes
+catalog.Analysis values (a built-in one, or one the user defines with --analysis-kernel
+or --overlay, which exists only in this run) and writes their names in its outputs.
+"""
 from __future__ import annotations
 
 import argparse
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from .. import catalog
+from ..errors import TandemError
+
+log = logging.getLogger(__name__)
 
 
 def parse_duration(text: str) -> int:
@@ -34,6 +47,11 @@ def progress(label: str, status):
 def analysis_names(items: list[str] | None) -> list[str]:
     """--analysis values, repeatable and comma-separated, as one list."""
     return [a for item in items or [] for a in item.split(",") if a]
+
+
+def catalogued(items: list[str] | None) -> list[catalog.Analysis]:
+    """--analysis values as the built-in analyses they name (an unknown name: one-line error)."""
+    return [catalog.get(name) for name in analysis_names(items)]
 
 
 def add_stop_option(p: argparse.ArgumentParser) -> None:
@@ -69,14 +87,52 @@ def add_users_analysis_options(p: argparse.ArgumentParser) -> None:
                         "of a service; repeatable)")
 
 
-def users_analyses(args: argparse.Namespace) -> list[str]:
-    """--analysis, then the analyses --analysis-kernel and --overlay define (made known to
-    the catalogue here; their files checked: a one-line error naming the culprit)."""
-    from ..semantic.guests import bring_kernel, swap_files
-    names = analysis_names(args.analysis)
-    names += [bring_kernel(spec) for spec in args.analysis_kernel]
-    names += [swap_files(spec) for spec in args.overlay]
-    return list(dict.fromkeys(names))
+def users_analyses(args: argparse.Namespace) -> list[catalog.Analysis]:
+    """--analysis, then the analyses --analysis-kernel and --overlay define, each once.
+    Their files are checked first (a one-line error naming the culprit), then every name
+    is resolved among the built-in analyses and these (--analysis and an --overlay's
+    ANALYSIS may name one of them)."""
+    known = dict(catalog.ANALYSES)
+    theirs = [_define(known, bring_kernel(spec)) for spec in args.analysis_kernel]
+    theirs += [_define(known, swap_files(spec, known)) for spec in args.overlay]
+    named = [catalog.get(name, known) for name in analysis_names(args.analysis)]
+    return list(dict.fromkeys(named + theirs))
+
+
+def _define(known: dict[str, catalog.Analysis], a: catalog.Analysis) -> catalog.Analysis:
+    """a, added to the analyses known in this run; a name given twice, differently, is a one-line error."""
+    if known.setdefault(a.name, a) != a:
+        raise TandemError(f"analysis {a.name!r} given twice, differently")
+    return a
+
+
+def bring_kernel(spec: str) -> catalog.Analysis:
+    """--analysis-kernel NAME=BZIMAGE[,VMLINUX]: the analysis NAME, which boots that kernel;
+    its files checked now, a one-line error naming the culprit."""
+    from ..qemu import kernel_image
+    name, sep, files = spec.partition("=")
+    image, _, vmlinux = files.partition(",")
+    if not sep or not name or not image:
+        raise TandemError(f"--analysis-kernel {spec!r}: give NAME=BZIMAGE or NAME=BZIMAGE,VMLINUX")
+    catalog.check_name(name)
+    version = kernel_image.bzimage_version(image, f"--analysis-kernel {name}:")
+    if vmlinux:
+        kernel_image.check_vmlinux(vmlinux, f"--analysis-kernel {name}: vmlinux")
+    log.info("analysis %s boots %s (Linux %s)", name, image, version)
+    return catalog.brought_kernel(name, str(Path(image).resolve()), str(Path(vmlinux).resolve()) if vmlinux else None)
+
+
+def swap_files(spec: str, known: Mapping[str, catalog.Analysis] = catalog.ANALYSES) -> catalog.Analysis:
+    """--overlay NAME=DIR[,ANALYSIS]: the analysis NAME, which is ANALYSIS (default native,
+    among `known`) with DIR's files copied over the guest's root before it boots."""
+    from ..semantic import overlay
+    name, sep, rest = spec.partition("=")
+    directory, _, base = rest.partition(",")
+    if not sep or not name or not directory:
+        raise TandemError(f"--overlay {spec!r}: give NAME=DIR or NAME=DIR,ANALYSIS")
+    catalog.check_name(name)
+    overlay.check_tree(directory, f"--overlay {name}:")
+    return catalog.with_overlay(name, catalog.get(base or "native", known), str(Path(directory).resolve()))
 
 
 def build_for(targets: list[str], why: str, parser: bool = False) -> None:
@@ -86,11 +142,10 @@ def build_for(targets: list[str], why: str, parser: bool = False) -> None:
     ensure(targets, why, command=f"tandem ({why})", parser=parser)
 
 
-def build_for_analyses(names: list[str], noise: bool = True) -> None:
+def build_for_analyses(analyses: list[catalog.Analysis], noise: bool = True) -> None:
     """What these analyses run on (and the native kernel, the noise run, unless noise is off)."""
-    from .. import catalog
-    build_for(catalog.build_targets([*names, *(["native"] if noise else [])]), "--analysis " + ",".join(names),
-              parser=True)
+    build_for(catalog.build_targets([*analyses, *([catalog.NATIVE] if noise else [])]),
+              "--analysis " + ",".join(a.name for a in analyses), parser=True)
 
 
 def record_targets(args: argparse.Namespace) -> list[str]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from .. import catalog, private
-from ..errors import TandemError
+from ..errors import EXIT_CLEAN, EXIT_FOUND, TandemError
 from ..exact.replay import replay
 from ..record.recording import Recording
 from ..record.workload import PLANTED_BUGS, bad_requests, demo_traffic
@@ -89,7 +89,7 @@ def run_demo(console, workdir: Path | None = None) -> int:
         completed = _analyse_in_turns(path, analyses_build)
         console.print(f"bundle kept at {path}" if tmp is None else
                       f"(bundle in {path}; removed at exit, use --workdir to keep it)")
-        return 0 if v.ok and completed else 1
+        return EXIT_CLEAN if v.ok and completed else EXIT_FOUND
     finally:
         analyses_build.stop()
         if tmp is not None:
@@ -105,8 +105,11 @@ def _analyse_in_turns(path: Path, analyses_build) -> bool:
     from ..setup.state import why_stale
     from .render import print_summary, print_verdict
 
-    def ready(name: str) -> bool:
-        return all(why_stale(t) is None for t in catalog.build_targets([name]) if t not in ("qemu", "guest"))
+    def ready(a: catalog.Analysis) -> bool:
+        return all(why_stale(t) is None for t in catalog.build_targets([a]) if t not in ("qemu", "guest"))
+
+    def names(analyses: list[catalog.Analysis], sep: str = ", ") -> str:
+        return sep.join(a.name for a in analyses)
 
     pending, first, completed = list(DEMO_ANALYSES), None, True
     whole = Summary(str(path))
@@ -116,15 +119,15 @@ def _analyse_in_turns(path: Path, analyses_build) -> bool:
         if not turn:
             if analyses_build.proc.poll() is not None:
                 analyses_build.wait()       # raises if the build failed; else the keys say why
-                raise TandemError(f"built, yet not up to date: {', '.join(pending)} (tandem doctor says why)")
+                raise TandemError(f"built, yet not up to date: {names(pending)} (tandem doctor says why)")
             with console.status("building the analyses' kernels") as st:
                 analyses_build.wait_for(lambda waiting=pending: any(map(ready, waiting)), _progress(console, st))
             console.print(f"{time.monotonic() - t0:.0f} s since the exact replay: kernels for "
-                          f"{', '.join(a for a in pending if ready(a))} built", markup=False)
+                          f"{names([a for a in pending if ready(a)])} built", markup=False)
             continue
         noise = " (+ the native kernel, for noise)" if first is None else ""
-        with console.status(f"replaying into {', '.join(turn)}{noise}"):
-            s = analyze(path, turn, workdir=path / "analysis" / "-".join(turn), noise_from=first)
+        with console.status(f"replaying into {names(turn)}{noise}"):
+            s = analyze(path, turn, workdir=path / "analysis" / names(turn, "-"), noise_from=first)
         first = first or s
         print_summary(s, console)
         completed &= all(r.run.outcome in ("poweroff", "finished") for r in s.results)

@@ -1,4 +1,4 @@
-"""`tandem demo --guest debian`: the same story on an ordinary VM (issue 23). The
+"""`tandem demo --guest debian`: the same story on an ordinary VM. The
 reference VM (scripts/build-refvm.sh: Debian 12 from its own disk, GRUB, systemd, nginx,
 redis; nothing of tandem inside) is recorded from power-on while Debian's clients drive
 both services at once; it is powered off by its ACPI button; the bundle is inspected and
@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from .. import artifacts, private
+from ..errors import EXIT_CLEAN, EXIT_FOUND
 from ..exact.replay import replay
 from ..machine import Forward, Guest
 from ..qemu.vm import free_port
@@ -72,7 +73,7 @@ def run_debian_demo(console, workdir: Path | None = None) -> int:
         console.print(("[bold green]" if v.ok else "[bold red]") + v.summary())
         console.print(f"bundle kept at {path}" if tmp is None else
                       f"(bundle in {path}; removed at exit, use --workdir to keep it)")
-        return 0 if v.ok else 1
+        return EXIT_CLEAN if v.ok else EXIT_FOUND
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -9,11 +9,10 @@ import re
 from pathlib import Path
 
 from .. import __version__, artifacts, catalog
-from ..errors import TandemError
-from .common import analysis_names, build_for, build_for_analyses
+from ..errors import EXIT_CLEAN, EXIT_FOUND, EXIT_INCOMPLETE, TandemError
+from .common import analysis_names, bring_kernel, build_for, build_for_analyses
 from .render import console
 
-EXIT_CLEAN, EXIT_NEW, EXIT_ERRORS = 0, 1, 3
 SINCE = re.compile(r"(\d{1,4})([dhw])")
 
 
@@ -24,7 +23,7 @@ def add_parsers(sub) -> None:
     r.add_argument("farm_file", nargs="?", metavar="FARM.toml", help="the farm file (docs/farm.md)")
     r.add_argument("--bundle", action="append", default=[], metavar="PATH|GLOB", help="a recording (repeatable)")
     r.add_argument("--analysis", action="append", metavar="NAME", help="an analysis (repeatable, or comma-separated): "
-                   + catalog.names())
+                   + catalog.help_lines())
     r.add_argument("--analysis-kernel", action="append", default=[], metavar="NAME=BZIMAGE[,VMLINUX]",
                    help="also replay into this kernel of yours, as analysis NAME (repeatable)")
     r.add_argument("--no-exact", action="store_true", help="do not replay each recording exactly on this QEMU")
@@ -71,22 +70,18 @@ def _fields(settings) -> dict:
 
 def targets(names: tuple[str, ...], kernels: tuple[str, ...]):
     """The night's analyses as the farm schedules them, each with the key of the kernel
-    build it boots; a user kernel checked now (a one-line error naming it)."""
+    build it boots (its bzImage's sha256: tonight's build is a new task); a user kernel
+    checked now, a one-line error naming it."""
     from ..farm.night import Target
-    from ..qemu import kernel_image
     out = []
-    for name in dict.fromkeys(names):
-        a = catalog.get(name)
+    for a in dict.fromkeys(catalog.get(name) for name in names):
         out.append(Target(a.name, f"{a.flavor}:{artifacts.kernel(a.flavor)['bzImage_sha256'][:16]}:{a.userland.name}"))
     for item in kernels:
-        name, sep, files = item.partition("=")
-        image = files.partition(",")[0]
-        if not sep or not name or not image:
-            raise TandemError(f"--analysis-kernel {item!r}: give NAME=BZIMAGE or NAME=BZIMAGE,VMLINUX")
-        catalog.check_name(name)
-        kernel_image.bzimage_version(image, f"--analysis-kernel {name}:")
-        digest = hashlib.sha256(Path(image).read_bytes()).hexdigest()[:16]
-        out.append(Target(name, f"user:{digest}", kernel_spec=item))
+        a = bring_kernel(item)
+        assert a.kernel.image is not None
+        catalog.check_name(a.name)
+        digest = hashlib.sha256(Path(a.kernel.image).read_bytes()).hexdigest()[:16]
+        out.append(Target(a.name, f"user:{digest}", kernel_spec=item))
     return out
 
 
@@ -95,11 +90,10 @@ def corpus(spec):
     from ..formats import bundle
     out = []
     for d in spec.bundle_dirs():
-        m = bundle.load_manifest(d)
-        entry = (m.get("files") or {}).get(bundle.DEVLOG)
-        if not entry:
+        entry = bundle.load_manifest(d).files.get(bundle.DEVLOG)
+        if entry is None or entry.sha256 is None:
             raise TandemError(f"{d}: no device log in its manifest (a recording that never started?)")
-        out.append(Corpus(str(d), entry["sha256"]))
+        out.append(Corpus(str(d), entry.sha256))
     return out
 
 
@@ -118,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     s = spec.settings
     build_for(["qemu"], "the farm's replays")
     if spec.analyses:
-        build_for_analyses(list(spec.analyses), noise=s.noise)
+        build_for_analyses([catalog.get(n) for n in spec.analyses], noise=s.noise)
     plan_targets = targets(spec.analyses, spec.kernels)
     recordings = corpus(spec)
     name = s.night or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -145,7 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     paths = report.write(v, out)
     console.print(f"night {name}: " + ", ".join(f"{n} {k}" for k, n in sorted(tally.items())) +
                   f"; {v.new} new finding(s); report {paths['html']}")
-    return EXIT_NEW if v.new else EXIT_ERRORS if v.errors else EXIT_CLEAN
+    return EXIT_FOUND if v.new else EXIT_INCOMPLETE if v.errors else EXIT_CLEAN
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
-"""The options that say which guest runs, shared by the commands that boot one (`record`
-today; `shadow` takes the same with issue 24): the demo guest by default, or the user's
+"""The options that say which guest runs, shared by the commands that boot one (`record`,
+`shadow`): the demo guest by default, or the user's
 own VM from its disks, booted by its own bootloader or directly."""
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+from ..errors import EXIT_CLEAN, EXIT_FOUND
+
 
 def add_parsers(sub) -> None:
     r = sub.add_parser("inspect", help="per-channel counts, sizes, integrity of a bundle")
@@ -15,4 +17,4 @@ def cmd_inspect(args) -> int:
     from .inspect_bundle import inspect, render
     info = inspect(args.bundle)
     print(json.dumps(info, indent=2, default=str) if args.json else render(info))
-    return 0 if info["integrity"]["ok"] else 1
+    return EXIT_CLEAN if info["integrity"]["ok"] else EXIT_FOUND

@@ -14,8 +14,9 @@ from typing import Any
 from .. import private
 from ..errors import BundleError
 from ..formats import bundle, pcapng, rrstream
+from ..formats.bundle import Manifest
 from ..formats.wire import WireSummary
-from ..machine import disk_input
+from ..machine import NetSection, disk_input
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +89,12 @@ def inspect(bundle_dir: str | os.PathLike) -> dict[str, Any]:
                               "devlog": None, "stream": None}
     try:
         manifest = bundle.load_manifest(d)
-        result["manifest"] = {k: manifest.get(k) for k in
-                              ("state", "created", "tandem_version", "stop", "wall_time_s")}
-        result["manifest"]["qemu_version"] = (manifest.get("qemu") or {}).get("version")
+        result["manifest"] = {"state": manifest.state, "created": manifest.created,
+                              "tandem_version": manifest.tandem_version, "stop": manifest.json_of("stop"),
+                              "wall_time_s": manifest.wall_time_s, "qemu_version": manifest.qemu.version}
         result["machine"] = _machine(manifest)
-        if manifest.get("state") != "complete":
-            problems.append(f"{d}: recording state is {manifest.get('state')}")
+        if manifest.state != "complete":
+            problems.append(f"{d}: recording state is {manifest.state}")
         problems += [p.message for p in bundle.verify_files(d, manifest)]
         problems += [p.message for p in bundle.verify_inputs(manifest)]
     except BundleError as e:
@@ -118,30 +119,26 @@ def inspect(bundle_dir: str | os.PathLike) -> dict[str, Any]:
     return result
 
 
-def _machine(manifest: dict[str, Any]) -> dict[str, Any]:
+def _machine(manifest: Manifest) -> dict[str, Any]:
     """How the bundle's guest booted and what it had: boot method, memory, disks (base
     image, hash, size), NICs and the host's forwards, from the manifest (shapes checked
     when it loaded; the texts are printed through bundle.printable)."""
-    inputs, machine = manifest.get("inputs") or {}, manifest.get("machine") or {}
-    boot = machine.get("boot") or "direct"
+    inputs, machine = manifest.inputs, manifest.machine
+    boot = machine.boot or "direct"
     disks = []
-    table = machine.get("disks")
-    if table is None and inputs.get("disk_base"):
-        table = [{"id": "disk0", "format": machine.get("disk_format") or "raw"}]
-    for disk in table or []:
-        base = inputs.get(disk_input(disk["id"])) or {}
-        disks.append({"id": disk["id"], "format": disk.get("format") or "raw", "base": base.get("path"),
-                      "sha256": base.get("sha256"), "size": base.get("size")})
-    net: dict[str, Any] = machine["net"] if isinstance(machine.get("net"), dict) else {}
-    forwards = net.get("forwards")
-    if forwards is None and net.get("hostfwd_port"):
-        forwards = [f"tcp:{net['hostfwd_port']}:{net.get('guest_port', 7000)}"]
-    nics = machine.get("nics") or [{"netdev": "net0", "model": machine.get("nic_model") or "virtio-net-pci",
-                                    "mac": machine.get("mac")}]
-    return {"boot": boot, "kernel": (inputs.get("kernel") or {}).get("path") if boot == "direct" else None,
-            "cmdline": machine.get("cmdline") if boot == "direct" else None, "memory_mb": machine.get("memory_mb"),
-            "disks": disks, "nics": nics,
-            "forwards": [str(f) for f in forwards] if isinstance(forwards, list) else []}
+    for disk in machine.disk_table(inputs.get("disk_base") is not None):
+        base = inputs.get(disk_input(str(disk.id)))
+        disks.append({"id": disk.id, "format": disk.format or "raw", "base": base and base.path,
+                      "sha256": base and base.sha256, "size": base and base.size})
+    net = machine.net or NetSection()
+    forwards = net.forwards
+    if forwards is None and net.hostfwd_port:
+        forwards = (f"tcp:{net.hostfwd_port}:{7000 if net.guest_port is None else net.guest_port}",)
+    nics = ([n.to_json() for n in machine.nics] if machine.nics else
+            [{"netdev": "net0", "model": machine.nic_model or "virtio-net-pci", "mac": machine.mac}])
+    return {"boot": boot, "kernel": manifest.input_paths.get("kernel") if boot == "direct" else None,
+            "cmdline": machine.cmdline if boot == "direct" else None, "memory_mb": machine.memory_mb,
+            "disks": disks, "nics": nics, "forwards": list(forwards or ())}
 
 
 def exposure_warning(d: Path, exposed: dict[str, str]) -> str:
@@ -165,20 +162,20 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join([fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]])
 
 
-def _machine_lines(m: dict[str, Any], channels: dict[str, Any]) -> list[str]:
+def _machine_lines(machine: dict[str, Any], channels: dict[str, Any]) -> list[str]:
     """Boot, disks (with the bytes the guest wrote, from the device log's block channel of
     each drive), NICs and forwards."""
-    boot = (f"boot: direct, kernel {m['kernel']}, command line {m['cmdline']!r}" if m["boot"] == "direct"
+    boot = (f"boot: direct, kernel {machine['kernel']}, command line {machine['cmdline']!r}" if machine["boot"] == "direct"
             else "boot: firmware (SeaBIOS, the first disk's own bootloader)")
-    lines = [bundle.printable(boot) + f"; memory {m.get('memory_mb')} MiB"]
-    if m["disks"]:
+    lines = [bundle.printable(boot) + f"; memory {machine.get('memory_mb')} MiB"]
+    if machine["disks"]:
         rows = [[d["id"], d["format"], d["base"], (d["sha256"] or "")[:16], d["size"],
-                 (channels.get(d["id"]) or {}).get("out", {}).get("bytes")] for d in m["disks"]]
+                 (channels.get(d["id"]) or {}).get("out", {}).get("bytes")] for d in machine["disks"]]
         lines += [_table(["disk", "format", "base image", "sha256", "base bytes", "bytes written"], rows)]
     nics = ", ".join(f"{n.get('netdev')} {n.get('model')}{' ' + n['mac'] if n.get('mac') else ''}"
-                     for n in m["nics"])
+                     for n in machine["nics"])
     lines.append(bundle.printable(f"NICs: {nics}; forwards (host 127.0.0.1 to guest, on net0): "
-                                  f"{', '.join(m['forwards']) or 'none'}"))
+                                  f"{', '.join(machine['forwards']) or 'none'}"))
     return lines
 
 
@@ -195,13 +192,13 @@ def _wire_lines(w: dict[str, Any]) -> list[str]:
 
 def render(info: dict[str, Any]) -> str:
     out = [f"bundle {info['bundle']}"]
-    m = info.get("manifest")
-    if m:       # the manifest's strings as printable text: a bundle must not drive the terminal
-        m = {k: bundle.printable(v) if isinstance(v, str) else v for k, v in m.items()}
-        stop = {k: bundle.printable(v) if isinstance(v, str) else v for k, v in (m.get("stop") or {}).items()}
-        out.append(f"state {m.get('state')}, created {m.get('created')}, QEMU {m.get('qemu_version')}, "
+    head = info.get("manifest")
+    if head:    # the manifest's strings as printable text: a bundle must not drive the terminal
+        head = {k: bundle.printable(v) if isinstance(v, str) else v for k, v in head.items()}
+        stop = {k: bundle.printable(v) if isinstance(v, str) else v for k, v in (head.get("stop") or {}).items()}
+        out.append(f"state {head.get('state')}, created {head.get('created')}, QEMU {head.get('qemu_version')}, "
                    f"stop {stop.get('reason')} at vm_ns {stop.get('vm_ns')} icount {stop.get('icount')}, "
-                   f"wall {m.get('wall_time_s')} s")
+                   f"wall {head.get('wall_time_s')} s")
     if info.get("machine"):
         out += ["", *_machine_lines(info["machine"], info["channels"])]
     if info["channels"]:

@@ -10,7 +10,7 @@ import logging
 import sys
 
 from .. import __version__
-from ..errors import TandemError
+from ..errors import EXIT_INTERRUPTED, TandemError
 from . import assertions, attach, demo, farm, host, inspect, plan, record, replay, shadow, terminal
 from .render import console
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         console.print("tandem: interrupted", markup=False)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -51,26 +51,26 @@ def cmd_record(args) -> int:
         port = free_port()
     rec = Recording(args.bundle, guest, duration_ns=args.duration or 0, port=port, forwards=tuple(args.forward),
                     assertions=declared, stop=args.stop, powerdown_wait_s=args.shutdown_timeout)
-    rec.start()
-    console.print(f"recording {args.bundle}: {_what(rec, guest)}; stop with "
-                  f"{'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C", markup=False)
-    signal.signal(signal.SIGINT, lambda *_: rec.request_stop())
-    signal.signal(signal.SIGTERM, lambda *_: rec.request_stop())
-    watcher = rec.watch_forwards(lambda line: console.print(f"tandem: warning: {line}", markup=False))
-    with console.status("booting") as status:
-        rec.wait(progress=progress("recording", status),
-                 say=lambda line: console.print(f"tandem: {line}", markup=False))
-    m = rec.finish()
+    with rec:       # should anything fail before finish(), closing quits and seals it
+        console.print(f"recording {args.bundle}: {_what(rec, guest)}; stop with "
+                      f"{'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C", markup=False)
+        signal.signal(signal.SIGINT, lambda *_: rec.request_stop())
+        signal.signal(signal.SIGTERM, lambda *_: rec.request_stop())
+        watcher = rec.watch_forwards(lambda line: console.print(f"tandem: warning: {line}", markup=False))
+        with console.status("booting") as status:
+            rec.wait(progress=progress("recording", status),
+                     say=lambda line: console.print(f"tandem: {line}", markup=False))
+        m = rec.finish()
     if watcher is not None:
         watcher.join(FORWARD_WATCH_JOIN_S)      # what it reads of the log's end is said before the summary
-    if m["stop"]["reason"] in ("guest-reset", "guest-panic"):
-        console.print(f"tandem: warning: the guest stopped by {m['stop']['reason']} (a kernel panic "
+    if m.stop.reason in ("guest-reset", "guest-panic"):
+        console.print(f"tandem: warning: the guest stopped by {m.stop.reason} (a kernel panic "
                       f"reboots with panic=-1); its console is in {args.bundle}/devices.pcapng",
                       markup=False)
-    console.print(f"[bold]recorded[/] {args.bundle}: stop={m['stop']['reason']}, "
-                  f"VM time {m['stop']['vm_ns'] / 1e9:.2f}s, "
-                  f"{sum(c['in']['events'] + c['out']['events'] for c in m['channels'].values())} "
-                  f"device events, wall {m['wall_time_s']:.1f}s")
+    console.print(f"[bold]recorded[/] {args.bundle}: stop={m.stop.reason}, "
+                  f"VM time {(m.stop.vm_ns or 0) / 1e9:.2f}s, "
+                  f"{sum((c.inbound.events or 0) + (c.outbound.events or 0) for c in m.channels.values())} "
+                  f"device events, wall {m.wall_time_s or 0:.1f}s")
     return 0
 
 

@@ -1,9 +1,9 @@
 """What tandem prints for people: the summary of an analysis, a finding the moment it is
-reported. The CLI and the demo both print through here (the demo used to import the CLI,
-which imports the demo: a cycle).
+reported. The CLI and the demo both print through here, so the demo needs nothing of the
+CLI (which imports the demo).
 
 Everything a guest wrote (titles, inputs, console lines) is escaped before rich sees it:
-a console line holding "[/]" stopped a live run on a markup error."""
+a console line holding "[/]" would stop a live run on a markup error."""
 from __future__ import annotations
 
 from rich.console import Console

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from .. import catalog
-from ..errors import TandemError
+from ..errors import EXIT_CLEAN, EXIT_FOUND, TandemError
 from .common import (add_cpu_idle_option, add_users_analysis_options, build_for, build_for_analyses, progress,
                      users_analyses)
 from .render import console, print_summary
@@ -49,21 +49,21 @@ def cmd_replay(args) -> int:
         print(json.dumps({"ok": v.ok, "events": v.events, "mismatch": str(v.mismatch) if v.mismatch else None,
                           "replay_wall_s": v.replay_wall_s, "partial": v.partial}))
     console.print(("[bold green]" if v.ok else "[bold red]") + v.summary())
-    return 0 if v.ok else 1
+    return EXIT_CLEAN if v.ok else EXIT_FOUND
 
 
 def cmd_analyze(args) -> int:
     from ..semantic.analyze import analyze
     if args.follow or args.partial:
         raise TandemError("--follow and --partial are for exact replay; not with --analysis")
-    names = users_analyses(args)
-    build_for_analyses(names, noise=not args.no_noise)
+    analyses = users_analyses(args)
+    build_for_analyses(analyses, noise=not args.no_noise)
     state: dict[str, str] = {}
     with console.status("replaying into analysis VMs") as status:
         def progress(name, run, done, total):
             state[name] = f"{name} {run.end_ns / 1e9:.1f}s {done}/{total}"
             status.update("semantic replay: " + ", ".join(state.values()))
-        s = analyze(args.bundle, names, spec_path=args.spec, jobs=args.jobs, noise=not args.no_noise,
+        s = analyze(args.bundle, analyses, spec_path=args.spec, jobs=args.jobs, noise=not args.no_noise,
                     workdir=Path(args.workdir) if args.workdir else None, progress=progress,
                     record=not args.no_record, root=args.root, cpu_idle=args.cpu_idle)
     print_summary(s)

@@ -107,34 +107,35 @@ def watch(sh):
 def cmd_shadow(args) -> int:
     from ..errors import TandemError
     from ..live.shadow import ShadowRun
-    names = users_analyses(args)
-    if not names:
+    analyses = users_analyses(args)
+    if not analyses:
         raise TandemError("no analysis given (--analysis, --analysis-kernel or --overlay)")
     domains = None
     if args.libvirt is not None:    # --libvirt [URI]: the native and the analyses as libvirt domains
         from ..live.attach import LiveDomains
-        domains = LiveDomains.for_bundle(args.libvirt or None, args.bundle, names)
+        domains = LiveDomains.for_bundle(args.libvirt or None, args.bundle, analyses)
     users = bool(args.disk)         # your VM, booted as `tandem record --disk` boots it
     if not users and (args.forward or args.root or args.analysis_kernel or args.overlay):
         raise TandemError("--forward, --root, --analysis-kernel and --overlay go with --disk (your own VM)")
     if users and args.port is not None:
         raise TandemError("--port is the demo guest's service; forward your VM's ports with --forward")
     build_for(record_targets(args), "recording")
-    build_for_analyses(names, noise=False)
-    sh = ShadowRun(args.bundle, names, options_from(args), libvirt=domains, on_finding=print_live_finding,
+    build_for_analyses(analyses, noise=False)
+    sh = ShadowRun(args.bundle, analyses, options_from(args), libvirt=domains, on_finding=print_live_finding,
                    workdir=Path(args.workdir) if args.workdir else None,
                    guest=guest_from_args(args) if users or not domains else None,
                    forwards=tuple(args.forward) if users else None, root=args.root)
-    sh.start()
-    where = (", ".join(f"{f.protocol} 127.0.0.1:{f.host_port} -> guest {f.guest_port}"
-                       for f in sh.native.all_forwards()) or "no forwards") if users \
-        else f"guest service on 127.0.0.1:{sh.port}"
-    console.print(f"shadowing {args.bundle}: {where}; analyses "
-                  f"{', '.join(sh.analyses)} trail it; findings in {sh.workdir / 'findings.jsonl'}; "
-                  + (f"metrics on http://127.0.0.1:{sh.metrics_port}/metrics; " if sh.metrics_port is not None else "")
-                  + (f"libvirt domains {domains.native}, {', '.join(domains.shadow_names())}; " if domains else "")
-                  + f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
-    s = watch(sh)
+    with sh:            # started; closed whatever happens
+        where = (", ".join(f"{f.protocol} 127.0.0.1:{f.host_port} -> guest {f.guest_port}"
+                           for f in sh.native.all_forwards()) or "no forwards") if users \
+            else f"guest service on 127.0.0.1:{sh.port}"
+        console.print(f"shadowing {args.bundle}: {where}; analyses "
+                      f"{', '.join(a.name for a in sh.analyses)} trail it; findings in {sh.workdir / 'findings.jsonl'}; "
+                      + (f"metrics on http://127.0.0.1:{sh.metrics_port}/metrics; "
+                         if sh.metrics_port is not None else "")
+                      + (f"libvirt domains {domains.native}, {', '.join(domains.shadow_names())}; " if domains else "")
+                      + f"stop with {'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C")
+        s = watch(sh)
     print_summary(s)
     return s.exit_status()
 

@@ -13,14 +13,16 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import artifacts, private, report
-from ..errors import BundleError, TandemError
+from ..errors import BundleError, InfraError
 from ..formats import bundle, pcapng, rrstream
-from ..machine import RR, Feed, Guest, Host, Run, UserNet
+from ..machine import RR, Feed, Guest, Host, Recorded, Run, UserNet, replay_args
+from ..machine.section import recorded
 from ..qemu.vm import VM
 from ..qemu.image import make_overlays
 from .verify import Mismatch, final_state, first_mismatch
@@ -121,7 +123,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
 
         if follow:   # the recording must be sealed before its log can be compared
             deadline = time.monotonic() + 120
-            while bundle.load_manifest(d)["state"] == "recording":
+            while bundle.load_manifest(d).state == "recording":
                 if time.monotonic() > deadline:
                     raise BundleError(f"{d}: recording did not finish within 120s of the replay")
                 time.sleep(0.2)
@@ -143,31 +145,35 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
                         f"{len(replayed.events) - compared} later events are not compared)")
         return Verdict(ok=mm is None, events=compared, mismatch=mm,
                        recorded_end=rec_end, replayed_end=rep_end, replay_wall_s=wall,
-                       record_wall_s=manifest.get("wall_time_s"), partial=partial, note=note,
+                       record_wall_s=manifest.wall_time_s, partial=partial, note=note,
                        reports=console_reports(replayed, guest.os))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def replay_run(manifest: dict, tmp: Path, stream: Path, overlay: Path, *, follow: bool = False,
-               partial: bool = False, extra: Sequence[str] = ()) -> Run:
+def replay_run(manifest: Recorded | Mapping[str, Any], tmp: Path, stream: Path, overlay: Path, *,
+               follow: bool = False, partial: bool = False, extra: Sequence[str] = ()) -> Run:
     """How a bundle replays: its machine section's stop time, mode and (for an analysis
-    run's own recording) RTC base and lookahead, and what libvirt added that the guest saw."""
-    machine = manifest["machine"]
+    run's own recording) RTC base and lookahead, and what libvirt added that the guest saw.
+    manifest: the bundle's Manifest (or its JSON document: machine.section.recorded)."""
+    machine = recorded(manifest).machine
     net: UserNet | Feed = UserNet()
-    if machine.get("mode") == "analysis":
+    if machine.mode == "analysis":
         # An analysis run's own recording (semantic/driving/replay.py): the same machine as
         # it ran, its feed's inputs now coming from the log.
-        for key in ("rtc_base", "lookahead_ns"):
-            if machine.get(key) is None:
-                raise BundleError(f"manifest machine.{key}: missing (an analysis run's recording has one)")
-        net = Feed(None, lookahead_ns=machine["lookahead_ns"], rtc_base=machine["rtc_base"])
-    if machine.get("libvirt"):
-        # Recorded in a libvirt domain: what libvirt added that the guest sees.
-        from ..libvirt.domain import replay_args
-        extra = [*replay_args(machine["libvirt"]), *extra]
+        if machine.rtc_base is None:
+            raise _missing("rtc_base")
+        if machine.lookahead_ns is None:
+            raise _missing("lookahead_ns")
+        net = Feed(None, lookahead_ns=machine.lookahead_ns, rtc_base=machine.rtc_base)
+    # Recorded in a libvirt domain: what libvirt added that the guest sees.
+    extra = [*replay_args(machine), *extra]
     return Run(tmp, net=net, rr=RR("replay", stream, follow=follow, partial=partial), devlog=tmp / "replay.pcapng",
-               overlay=overlay, stop_after_ns=machine.get("stop_after_ns") or 0, extra=tuple(extra))
+               overlay=overlay, stop_after_ns=machine.stop_after_ns or 0, extra=tuple(extra))
+
+
+def _missing(key: str) -> BundleError:
+    return BundleError(f"manifest machine.{key}: missing (an analysis run's recording has one)")
 
 
 STATUS_EVERY_S = 1.0    # how often the replay's progress is asked over QMP
@@ -178,8 +184,8 @@ def _run_to_end(vm: VM, partial: bool, progress) -> None:
 
     Its progress (VM clock, for the hang check and the progress line) is asked once every
     STATUS_EVERY_S: each QMP command runs in QEMU's main loop under the big lock, which the
-    vCPU thread takes for every device access (three commands every 0.2 s before,
-    2026-11-27; a recording asks nothing while it runs). Its exit is seen at once."""
+    vCPU thread takes for every device access (a recording asks nothing while it runs).
+    Its exit is seen at once."""
     last_clock, last_change = None, time.monotonic()
     proc = vm.process()
     while True:
@@ -200,7 +206,7 @@ def _run_to_end(vm: VM, partial: bool, progress) -> None:
             vm.wait(30)
             return
         elif time.monotonic() - last_change > HANG_SECONDS:
-            raise TandemError(f"replay hung: VM clock stuck at {clock} ns for {HANG_SECONDS}s "
-                              f"({vm.log_tail()})")
+            raise InfraError(f"replay hung: VM clock stuck at {clock} ns for {HANG_SECONDS}s "
+                             f"({vm.log_tail()})")
     if proc.returncode != 0:
-        raise TandemError(f"replay QEMU exited with status {proc.returncode}: {vm.log_tail()}")
+        raise InfraError(f"replay QEMU exited with status {proc.returncode}: {vm.log_tail()}")

@@ -16,11 +16,13 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from pathlib import Path
 
-from distributed import Client, Future, LocalCluster, as_completed
+from distributed import Client, Future, KilledWorker, LocalCluster, as_completed
 
+from ..errors import TandemError
 from . import task
 from .spec import Settings
 from .store import HEARTBEAT_S, Result, Store, TaskKey
@@ -133,7 +135,9 @@ class Night:
     def _result_of(fut: Future) -> Result:
         try:
             return fut.result()
-        except Exception as e:      # the task's own failure is the harness's, stored as an error
+        except (KilledWorker, CancelledError, OSError, TandemError) as e:
+            # its worker died too often, it was cancelled, the host or tandem failed it:
+            # the harness's failure, stored as the task's error (a bug in tandem still raises)
             return Result("error", reason=f"{type(e).__name__}: {e}"[:2000])
 
     def _follow_up(self, key: TaskKey, result: Result) -> None:

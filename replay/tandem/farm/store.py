@@ -23,7 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ..errors import TandemError
+from ..errors import InfraError
 
 # A running farm touches its row this often; a task held by a farm silent for STALE_S is
 # taken back (the farm was killed: its VMs died with its workers' tasks).
@@ -88,7 +88,7 @@ findings = sa.Table(
 )
 
 
-class StoreError(TandemError):
+class StoreError(InfraError):
     """The farm's database cannot be opened or used."""
 
 

@@ -1,13 +1,14 @@
 """The recording bundle directory `NAME.tdm/` and its `manifest.json`.
 
-The manifest records what a replay needs to be exact (the QEMU build, the input
-artifacts, the machine) and the size/sha256 of every file in the bundle, so a
-replay can refuse a bundle that would silently diverge.
+The manifest (formats/manifest.py: Manifest) records what a replay needs to be exact
+(the QEMU build, the input artifacts, the machine) and the size/sha256 of every file in
+the bundle, so a replay can refuse a bundle that would silently diverge. Here: the
+directory, its members opened safely, and the manifest checked field by field as it
+loads (manifest_problem), then read into a Manifest.
 """
 
 from __future__ import annotations
 
-import datetime
 import errno
 import fcntl
 import hashlib
@@ -16,19 +17,22 @@ import os
 import re
 import stat
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO, Any, BinaryIO, Literal, NamedTuple, TextIO, overload
 
-from .. import __version__, artifacts, catalog, private
+from .. import artifacts, catalog, private
 from ..errors import BundleError
 from ..machine import MAC, NIC_DEVICES, RTC_BASE, OptionError, check_id
+from .manifest import OVERLAY as OVERLAY
+from .manifest import SCHEMA as SCHEMA
+from .manifest import STATES as STATES
+from .manifest import FileEntry, InputFile
+from .manifest import Manifest as Manifest
 
-SCHEMA = 1
 MANIFEST = "manifest.json"
 MANIFEST_MAX = 1 << 20      # bytes; a recording's manifest is 2-3 KiB, and it is read whole
 STREAM = "replay.tdrs"
 DEVLOG = "devices.pcapng"
-STATES = ("recording", "complete", "interrupted")
 INPUTS = ("kernel", "initrd", "disk_base")     # disk_base.ID: the base of disk ID (after disk0)
 # Files a crashed recording leaves torn; their own readers validate the intact prefix.
 PARTIAL_TOLERANT = (STREAM, DEVLOG)
@@ -43,24 +47,7 @@ class Problem(NamedTuple):
         return self.message
 
 
-def new_manifest() -> dict[str, Any]:
-    """A manifest skeleton with every required key, in state 'recording'."""
-    return {
-        "schema": SCHEMA,
-        "tandem_version": __version__,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "state": "recording",
-        "qemu": {"binary": None, "build_id": None, "patch_series": None, "version": None},
-        "inputs": {},
-        "machine": {},
-        "files": {},
-        "stop": {"reason": None, "vm_ns": None, "icount": None},
-        "channels": {},
-        "wall_time_s": None,
-    }
-
-
-def new_bundle(path: str | os.PathLike[str], manifest: dict[str, Any] | None = None) -> Path:
+def new_bundle(path: str | os.PathLike[str], manifest: Manifest | None = None) -> Path:
     """Create the bundle directory, 0700 (private.py), and write its first manifest;
     an existing non-empty one is never overwritten, an existing empty one becomes the
     bundle and is made 0700 too.
@@ -113,12 +100,14 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def write_manifest(bundle_dir: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
-    """Replace manifest.json atomically: a crash leaves the old or the new one, never half."""
+def write_manifest(bundle_dir: str | os.PathLike[str], manifest: Manifest | Mapping[str, Any]) -> None:
+    """Replace manifest.json atomically: a crash leaves the old or the new one, never half.
+    manifest: a Manifest, or a JSON document (the tests write malformed ones)."""
     d = Path(bundle_dir)
     tmp = d / (MANIFEST + ".tmp")
+    document = manifest.to_json() if isinstance(manifest, Manifest) else manifest
     with open(tmp, "w", encoding="utf-8", opener=private.opener) as f:
-        json.dump(manifest, f, indent=2, sort_keys=True)
+        json.dump(document, f, indent=2, sort_keys=True)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
@@ -211,16 +200,16 @@ def open_path(path: str | os.PathLike[str], *, buffering: int = -1) -> BinaryIO:
     return open_member(p.parent, p.name, buffering=buffering)
 
 
-def file_entry(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """{size, sha256} of a file, hashed in chunks (bundle files can be GBs)."""
-    return {"size": os.stat(path).st_size, "sha256": sha256_file(path)}
+def file_entry(path: str | os.PathLike[str]) -> FileEntry:
+    """The size and sha256 of a file, hashed in chunks (bundle files can be GBs)."""
+    return FileEntry(size=os.stat(path).st_size, sha256=sha256_file(path))
 
 
-def input_entry(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """{path, sha256, size} of an input artifact (kernel, initrd, disk base)."""
+def input_entry(path: str | os.PathLike[str]) -> InputFile:
+    """The path, size and sha256 of an input artifact (kernel, initrd, disk base)."""
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
-        return {"path": str(Path(path).resolve()), "size": st.st_size, "sha256": input_sha256(f, st)}
+        return InputFile(path=str(Path(path).resolve()), size=st.st_size, sha256=input_sha256(f, st))
 
 
 # A user's disk image is GBs, hashed at every record and every replay (1.7 GB/s of sha256
@@ -254,7 +243,9 @@ def input_sha256(f: IO[bytes], st: os.stat_result) -> str:
     return digest
 
 
-def load_manifest(bundle_dir: str | os.PathLike[str]) -> dict[str, Any]:
+def load_manifest(bundle_dir: str | os.PathLike[str]) -> Manifest:
+    """The bundle's manifest, every field tandem reads checked (manifest_problem), or a
+    one-line BundleError naming the first that is not well formed."""
     d = Path(bundle_dir)
     if not d.is_dir():
         raise BundleError(f"{d}: no such recording bundle")
@@ -273,7 +264,7 @@ def load_manifest(bundle_dir: str | os.PathLike[str]) -> dict[str, Any]:
         manifest = json.loads(text)
     except json.JSONDecodeError as e:
         raise BundleError(f"{mf}: not valid JSON (line {e.lineno}: {e.msg})") from None
-    except RecursionError:      # about 1,000 nested arrays or objects (found by fuzzing)
+    except RecursionError:      # about 1,000 nested arrays or objects
         raise BundleError(f"{mf}: not valid JSON (nested too deeply)") from None
     except ValueError as e:     # an integer of more than 4,300 digits
         raise BundleError(f"{mf}: not valid JSON ({str(e).split(';')[0]})") from None
@@ -286,15 +277,15 @@ def load_manifest(bundle_dir: str | os.PathLike[str]) -> dict[str, Any]:
     problem = manifest_problem(manifest)
     if problem:
         raise BundleError(f"{mf}: {problem}")
-    return manifest
+    return Manifest.from_json(manifest)
 
 
 # --- the manifest's shape -------------------------------------------------------------------
 # A bundle comes from outside (a farm, a colleague, a bug report): every field tandem reads
 # is checked for its type and shape when the manifest loads, so no reader meets a string
-# where it wants a table (ten kinds of raw exceptions escaped before: issue 19), and no
-# value can carry text into a QEMU option string (a `mac` of "52:54:00:12:34:56,romfile=..."
-# became a second key on the NIC's -device).
+# where it wants a table (an unchecked manifest can raise ten kinds of raw exceptions in
+# its readers), and no value can carry text into a QEMU option string (a `mac` of
+# "52:54:00:12:34:56,romfile=..." would be a second key on the NIC's -device).
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _NS_MAX = 1 << 63           # nanoseconds and sizes: what QEMU's int64 options hold
@@ -349,10 +340,10 @@ def _id_ok(value: Any) -> bool:
 
 
 def _table_list(value: Any, rules: dict[str, Callable[[Any], bool]], required: tuple[str, ...]) -> bool:
-    """A list of at most _MAX_DEVICES tables, each with its required keys and every key it
-    has well formed (machine.disks, machine.nics)."""
+    """A list of at most _MAX_DEVICES tables, each with its required keys set and every key
+    it has well formed (machine.disks, machine.nics)."""
     return (isinstance(value, list) and len(value) <= _MAX_DEVICES
-            and all(isinstance(t, dict) and all(k in t for k in required)
+            and all(isinstance(t, dict) and all(t.get(k) is not None for k in required)
                     and all(k in rules and (t[k] is None or rules[k](t[k])) for k in t) for t in value))
 
 
@@ -373,6 +364,10 @@ def _int(value: Any, low: int = 0, high: int = _NS_MAX) -> bool:
 
 def _text(value: Any, limit: int = 4096) -> bool:
     return isinstance(value, str) and len(value) <= limit and "\0" not in value
+
+
+def _texts(value: Any, items: int, limit: int) -> bool:
+    return isinstance(value, list) and len(value) <= items and all(_text(v, limit) for v in value)
 
 
 # field -> (check, what it must be); a field absent or null is not checked here (the code
@@ -399,10 +394,33 @@ _MACHINE: FieldRules = {
               f"a list of at most {_MAX_DEVICES} disks ({{id: a drive id, format: 'raw' or 'qcow2'}})"),
     "nics": (lambda v: _table_list(v, _NIC_ENTRY, ()),
              f"a list of at most {_MAX_DEVICES} NICs ({{netdev: an id, model: a NIC model, mac: a MAC}})"),
+    "devices": (lambda v: _texts(v, 4 * _MAX_DEVICES, 64), "a list of QEMU device names"),
+    "net": (lambda v: isinstance(v, dict), "a table"),
+    "source": (_text, "a bundle's path"),
 }
 _STOP: FieldRules = {"reason": (lambda v: _text(v, 256), "text"), "vm_ns": (_int, "a whole number of nanoseconds"),
          "icount": (_int, "a whole number of instructions"),
-         "power_button": (lambda v: isinstance(v, bool), "true or false")}
+         "power_button": (lambda v: isinstance(v, bool), "true or false"),
+         "exit_status": (lambda v: _int(v, -(1 << 31), 1 << 31), "an exit status")}
+
+# The tables of the fields above, and the fields the typed Manifest reads besides
+# (their shapes are checked after every other, by _typed_problem).
+_NET: FieldRules = {"backend": (lambda v: _text(v, 64), "text"),
+                    "forwards": (lambda v: _texts(v, 64, 256), "a list of forwards (tcp:HOST:GUEST)"),
+                    "hostfwd_port": (lambda v: _int(v, 0, 1 << 16), "a port number"),
+                    "guest_port": (lambda v: _int(v, 0, 1 << 16), "a port number")}
+_LIBVIRT: FieldRules = {"uuid": (lambda v: _text(v, 64), "text"), "domain": (_text, "text")}
+_TOP: FieldRules = {"created": (lambda v: _text(v, 64), "a time (text)"),
+                    "tandem_version": (lambda v: _text(v, 64), "text"),
+                    "devlog_format": (lambda v: _int(v, 0, 1 << 16), "a device log format number"),
+                    "assertions": (lambda v: isinstance(v, dict), "a table")}
+_PACK: FieldRules = {"path": (_text, "a file path"),
+                     "sha256": (lambda v: isinstance(v, str) and bool(_SHA256.fullmatch(v)), "a sha256 digest"),
+                     "names": (lambda v: _texts(v, 1 << 16, 256), "a list of assertion names")}
+_TRAFFIC = (lambda v: _fields_problem("", v, {"events": (_int, ""), "bytes": (_int, "")}) is None,
+            "a table {events, bytes: whole numbers}")
+_CHANNEL: FieldRules = {"kind": (lambda v: _text(v, 64), "text"), "records": (_int, "a whole number"),
+                        "in": _TRAFFIC, "out": _TRAFFIC}
 
 
 def _entry_problem(where: str, entry: Any, *, with_path: bool) -> str | None:
@@ -427,7 +445,7 @@ def _fields_problem(where: str, table: Any, rules: FieldRules) -> str | None:
     for key, (ok, what) in rules.items():
         value = table.get(key)
         if value is not None and not ok(value):
-            return f"{where}.{key}: {_shown(value)} is not {what}"
+            return f"{where + '.' if where else ''}{key}: {_shown(value)} is not {what}"
     return None
 
 
@@ -467,22 +485,37 @@ def manifest_problem(m: dict[str, Any]) -> str | None:
                                                  and not isinstance(m["wall_time_s"], bool)
                                                  and 0 <= m["wall_time_s"] < 1e9):
         return f"wall_time_s: {_shown(m['wall_time_s'])} is not a number of seconds"
+    return _typed_problem(m)
+
+
+def _typed_problem(m: dict[str, Any]) -> str | None:
+    """The first field the typed Manifest reads beyond what replay needs (when the
+    recording started, its channels, the declared assertions, the machine's network and
+    libvirt domain) whose shape is wrong; checked after every other field."""
+    machine = m.get("machine") or {}
+    tables = [("", m, _TOP), ("assertions", m.get("assertions"), _PACK), ("machine.net", machine.get("net"), _NET),
+              ("machine.libvirt", machine.get("libvirt"), _LIBVIRT)]
+    tables += [(f"channels.{name if name.isprintable() else _shown(name)}", entry, _CHANNEL)
+               for name, entry in (m.get("channels") or {}).items()]
+    for where, table, rules in tables:
+        if table is not None and (why := _fields_problem(where, table, rules)):
+            return why
     return None
 
 
-def verify_files(bundle_dir: str | os.PathLike[str], manifest: dict[str, Any], *,
+def verify_files(bundle_dir: str | os.PathLike[str], manifest: Manifest, *,
                  check_hash: bool = True) -> list[Problem]:
     """Compare the bundle's files against the manifest's `files` section."""
     d = Path(bundle_dir)
     problems = []
-    for name, entry in sorted((manifest.get("files") or {}).items()):
+    for name, entry in sorted(manifest.files.items()):
         try:
             with open_member(d, name) as f:
                 size = os.fstat(f.fileno()).st_size
-                if size != (want := entry.get("size")):
+                if size != (want := entry.size):
                     what = "truncated" if isinstance(want, int) and size < want else "size mismatch"
                     problems.append(Problem(name, "size", f"{what}: {d / name} has {size} bytes, manifest says {want}"))
-                elif check_hash and _sha256(f) != entry.get("sha256"):
+                elif check_hash and _sha256(f) != entry.sha256:
                     problems.append(Problem(name, "hash", f"{d / name}: checksum mismatch (sha256 differs from manifest)"))
         except BundleError as e:    # a link, FIFO, directory, bad name: not read
             problems.append(Problem(name, "missing", str(e)))
@@ -513,16 +546,16 @@ def regular_file(path: Path) -> bool:
     return path.is_file() and not path.is_symlink()
 
 
-def verify_inputs(manifest: dict[str, Any]) -> list[Problem]:
+def verify_inputs(manifest: Manifest) -> list[Problem]:
     """The recorded inputs (host files the manifest names: kernel, initrd, disk base) that
     are missing or changed. A path comes from the bundle: it is opened without waiting on
     a FIFO and kept only if it is a regular file, and what cannot be read is a problem
     (/proc/self/mem is a regular file of size 0 whose read fails with EIO)."""
     problems = []
-    for kind, entry in (manifest.get("inputs") or {}).items():
-        if not entry or not input_kind_ok(kind):
+    for kind, entry in manifest.inputs.items():
+        if entry is None or not input_kind_ok(kind):
             continue  # e.g. no initrd
-        path = entry.get("path")
+        path = entry.path
         shown = printable(str(path))
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK) if isinstance(path, str) and path else None
@@ -538,7 +571,7 @@ def verify_inputs(manifest: dict[str, Any]) -> list[Problem]:
             continue
         with open(fd, "rb") as f:
             try:
-                if st.st_size != entry.get("size") or input_sha256(f, st) != entry.get("sha256"):
+                if st.st_size != entry.size or input_sha256(f, st) != entry.sha256:
                     problems.append(Problem("", "input", f"{kind} {shown}: changed since recording"))
             except OSError as e:
                 problems.append(Problem("", "input", f"{kind} {shown}: unreadable: {e.strerror}"))
@@ -557,7 +590,7 @@ def printable(text: str) -> str:
 
 
 def check_bundle(bundle_dir: str | os.PathLike[str], *, qemu_build_id: str | None = None,
-                 partial: bool = False) -> dict[str, Any]:
+                 partial: bool = False) -> Manifest:
     """Raise BundleError for the first reason the bundle cannot be replayed; return the manifest.
 
     partial=True accepts an unfinished recording: the stream and the device log may
@@ -565,12 +598,12 @@ def check_bundle(bundle_dir: str | os.PathLike[str], *, qemu_build_id: str | Non
     """
     d = Path(bundle_dir)
     manifest = load_manifest(d)
-    state = manifest.get("state")
+    state = manifest.state
     if state not in STATES:
         raise BundleError(f"{d / MANIFEST}: unknown state {state!r}")
     if state != "complete" and not partial:
         raise BundleError(f"{d}: recording is {state}, not complete (replay the intact prefix with --partial)")
-    recorded = (manifest.get("qemu") or {}).get("build_id")
+    recorded = manifest.qemu.build_id
     if qemu_build_id is not None and recorded != qemu_build_id:
         raise BundleError(f"{d}: recorded with QEMU build {_short(recorded)}, this is {_short(qemu_build_id)}")
     for link in symlink_problems(d):

@@ -462,7 +462,7 @@ def _icount_opt(icount: int) -> bytes:
 class PcapngWriter:
     """Writes the layout of docs/formats.md to a path or binary file object: format 2 by
     default, as the QEMU devlog does (long events split into continued records), or
-    format 1 (`format=1`), as bundles made before it were."""
+    format 1 (`format=1`), as older bundles have it."""
 
     def __init__(self, out: str | os.PathLike[str] | BinaryIO, *, format: int = FORMAT):
         self._own = isinstance(out, str | os.PathLike)

@@ -30,9 +30,9 @@ FLAG_END, FLAG_ZSTD = 1, 2
 DEFAULT_REPLAY_VERSION = 0xE0200E   # qemu-patches/0011 added an event kind, 0021 a checkpoint kind
 # The largest raw payload a segment may declare. QEMU's writer (qemu-patches/0001) ends a
 # segment once it holds FLUSH_BYTES = 256 KiB, so a segment is 256 KiB plus one event; the
-# bound leaves 256 times that. A bundle is input from outside (issue 19): the declared size
-# is checked before anything is allocated, and decompression stops at it (a 32 KiB zstd
-# frame whose own header says 1 GiB was decompressed whole before the size was compared).
+# bound leaves 256 times that. A bundle is input from outside: the declared size is
+# checked before anything is allocated, and decompression stops at it (a 32 KiB zstd
+# frame may say 1 GiB in its own header).
 MAX_RAW = 64 << 20
 DECOMPRESS_CHUNK = 1 << 20
 

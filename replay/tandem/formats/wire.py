@@ -1,6 +1,6 @@
 """What a guest's own network traffic says about its setup, for `tandem inspect`: the ARP,
 DHCP and DNS it exchanged (an ordinary VM starts by asking for an address, resolving
-names and finding its gateway: issue 23). Everything here reads frames the guest wrote
+names and finding its gateway). Everything here reads frames the guest wrote
 or received: hostile input, parsed within bounds, summarised in counts and a few
 printable examples, never trusted for a length."""
 from __future__ import annotations

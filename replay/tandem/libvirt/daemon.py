@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from .. import private
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
+from ..lifecycle import Lifecycle
 from ..qemu.vm import alive
 
 
@@ -22,7 +23,7 @@ def binding():
     try:
         import libvirt
     except ImportError:
-        raise TandemError("the libvirt Python binding is missing (run ./tandem setup)") from None
+        raise InfraError("the libvirt Python binding is missing (run ./tandem setup)") from None
     # libvirt prints every error to stderr by default; tandem reports them itself.
     libvirt.registerErrorHandler(lambda *_: None, None)
     return libvirt
@@ -34,7 +35,7 @@ def connect(uri: str | None = None):
     try:
         return libvirt.open(uri)
     except libvirt.libvirtError as e:
-        raise TandemError(f"libvirt {uri or '(default URI)'}: {e.get_error_message()}") from None
+        raise InfraError(f"libvirt {uri or '(default URI)'}: {e.get_error_message()}") from None
 
 
 LIBVIRTD_CONF = """\
@@ -87,10 +88,10 @@ wait
 """
 
 
-class Libvirtd:
+class Libvirtd(Lifecycle):
     """libvirtd and virtlogd with every file under dir, for tests and for hosts without
     a system libvirtd. Nothing of the host's libvirt is used or changed: config, sockets,
-    state, logs and the domains' files are all under dir; stop() ends the daemons and the
+    state, logs and the domains' files are all under dir; close() ends the daemons and the
     domains they started and removes dir.
 
         with Libvirtd(tmp / "libvirt") as d:
@@ -104,6 +105,10 @@ class Libvirtd:
         self.dir = Path(dir).absolute()
         self.proc: subprocess.Popen | None = None
         self.mntns: str | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.proc is not None
 
     @property
     def socket(self) -> Path:
@@ -126,7 +131,7 @@ class Libvirtd:
             raise TandemError("a private libvirtd needs root (it runs QEMU as root in a mount namespace)")
         for tool in ("libvirtd", "virtlogd", "unshare"):
             if not shutil.which(tool) and not Path("/usr/sbin", tool).exists():
-                raise TandemError(f"{tool}: not installed (run ./tandem setup)")
+                raise InfraError(f"{tool}: not installed (run ./tandem setup)")
         for top in self.SHADOWED:
             if self.dir == Path(top) or Path(top) in self.dir.parents:
                 raise TandemError(f"{self.dir}: a private libvirtd's directory cannot be under {top} "
@@ -157,7 +162,7 @@ class Libvirtd:
             if self.proc.poll() is not None:
                 msg = self._log_tail()
                 self._cleanup()
-                raise TandemError(f"private libvirtd exited at start (status {self.proc.returncode}): {msg}")
+                raise InfraError(f"private libvirtd exited at start (status {self.proc.returncode}): {msg}")
             if self.socket.exists():
                 try:
                     libvirt.open(self.uri).close()
@@ -166,8 +171,8 @@ class Libvirtd:
                     pass
             if time.monotonic() > deadline:
                 msg = self._log_tail()
-                self.stop()
-                raise TandemError(f"private libvirtd did not answer on {self.socket} within {timeout:.0f}s: {msg}")
+                self.close()
+                raise InfraError(f"private libvirtd did not answer on {self.socket} within {timeout:.0f}s: {msg}")
             time.sleep(0.1)
         self.mntns = os.readlink(f"/proc/{self.proc.pid}/ns/mnt")
         return self
@@ -202,7 +207,7 @@ class Libvirtd:
         ours = set(self.pids().values()) | ({self.proc.pid} if self.proc else set())
         return [p for p in self.processes() if p not in ours]
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def close(self, timeout: float = 20.0) -> None:
         """Destroy the running domains, end the daemons, remove the directory."""
         if self.proc is None:
             return
@@ -263,9 +268,3 @@ class Libvirtd:
 
     def _cleanup(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Libvirtd:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

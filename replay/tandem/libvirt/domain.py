@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import calendar
 import datetime
-import re
 import xml.etree.ElementTree as ET
 
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..machine import Feed, Guest, Run
 from ..qemu.argv import qemu_argv
 
@@ -44,7 +43,6 @@ LIBVIRT_OWNS = {
     "-append": "<os><cmdline>",
     "-rtc": "<clock> and <timer name='rtc'>",
 }
-UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 NO_ARG = {"-nodefaults", "-no-user-config", "-no-reboot", "-no-shutdown", "-S"}
 
 
@@ -55,7 +53,7 @@ def _split(argv: list[str]) -> list[tuple[str, str | None]]:
     while i < len(argv):
         opt = argv[i]
         if not opt.startswith("-"):
-            raise TandemError(f"QEMU argv: unexpected {opt!r} at position {i}")
+            raise InfraError(f"QEMU argv: unexpected {opt!r} at position {i}")
         if opt in NO_ARG or i + 1 >= len(argv):
             out.append((opt, None))
             i += 1
@@ -75,18 +73,6 @@ def _clock(run: Run) -> ET.Element:
         clock.set("start", str(calendar.timegm(when.timetuple())))
         ET.SubElement(clock, "timer", name="rtc", track="guest")
     return clock
-
-
-def replay_args(libvirt_machine: dict) -> list[str]:
-    """What libvirt adds to QEMU's command line that the guest sees, for a replay run
-    outside libvirt: the SMBIOS system UUID (-uuid) and the firmware's boot order
-    (-boot strict=on puts HALT in fw_cfg's bootorder). Without them the replay of a
-    run recorded in a libvirt domain diverges during boot. libvirt_machine is the
-    manifest's machine.libvirt: {"uuid": ...}."""
-    uuid = str(libvirt_machine.get("uuid", ""))
-    if not UUID_RE.fullmatch(uuid):
-        raise TandemError(f"manifest machine.libvirt.uuid {uuid!r}: not a UUID")
-    return ["-uuid", uuid, "-boot", "strict=on"]
 
 
 def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str = "qemu",

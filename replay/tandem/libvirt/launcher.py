@@ -1,5 +1,5 @@
-"""tandem's own VMs started as libvirt domains: `Launcher` is qemu.vm.VM's launcher for a
-libvirt domain (define, start, the QEMU's pid, end and log as a child process's,
+"""tandem's own VMs started as libvirt domains: `Launcher` is qemu.vm.VM's launcher
+(qemu.vm.Launcher) for a libvirt domain (define, start, the QEMU's pid, end and log as a child process's,
 undefine at the end); live/attach.py's `LiveDomains` gives one to the native and to each
 analysis of a live shadow run (`tandem shadow --libvirt`, `tandem attach`).
 """
@@ -9,13 +9,15 @@ import os
 import signal
 import subprocess
 import time
-import uuid as uuid_mod
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
+from uuid import uuid4
 
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
+from ..machine import LibvirtSection
+from ..qemu import vm
 from ..qemu.argv import qmp_chardev
-from ..qemu.vm import alive
+from ..qemu.vm import VM, alive
 from .daemon import binding, connect
 from .domain import SHADOW_SUFFIX, domain_xml
 
@@ -49,7 +51,7 @@ def _qemu_pid(needle: bytes, timeout: float = 10.0) -> int | None:
 
 
 class DomainProcess:
-    """A domain's QEMU as vm.VM sees a child process: pid, returncode, poll(), wait(), kill().
+    """A domain's QEMU as vm.VM sees a child process (qemu.vm.Process).
 
     The QEMU is libvirt's child, not tandem's: it is found by tandem's QMP socket in its
     command line (so libvirtd must be on this host, as tandem's sockets are), its end is
@@ -57,14 +59,14 @@ class DomainProcess:
     libvirt's per-domain log; this run's part of it is copied into vm.VM's log when it ends.
     """
 
-    def __init__(self, dom, name: str, rundir: Path, log):
+    def __init__(self, dom, name: str, rundir: Path, log: BinaryIO):
         self.dom, self.name, self.log = dom, name, log
         self.returncode: int | None = None
         self._gone_at: float | None = None
         pid = _qemu_pid(b"\0" + qmp_chardev(rundir).encode() + b"\0")
         if pid is None:
-            raise TandemError(f"domain {name}: started, but its QEMU is not a process on this host "
-                              f"(tandem needs a local libvirtd: its QMP and serial sockets are in {rundir})")
+            raise InfraError(f"domain {name}: started, but its QEMU is not a process on this host "
+                             f"(tandem needs a local libvirtd: its QMP and serial sockets are in {rundir})")
         self.pid = pid
         self._src: BinaryIO | None
         try:        # the log as the QEMU's mount namespace names it (a private libvirtd has its own /var)
@@ -130,10 +132,9 @@ class DomainProcess:
             self.log.write(text[start:])
             self.log.flush()
         except ValueError:
-            # vm.VM.close() closed the log meanwhile: a live shadow's follow thread polls
-            # the native while the run ends (seen in a full suite run, 2026-11-28, as an
-            # exception in thread tandem-follow). Its own poll (kill) has copied the log:
-            # poll sets the returncode only after the copy.
+            # vm.VM.close() closed the log meanwhile: a live shadow's follow thread
+            # (tandem-follow) polls the native while the run ends. Its own poll (kill) has
+            # copied the log: poll sets the returncode only after the copy.
             return
 
     def close(self) -> None:
@@ -142,13 +143,14 @@ class DomainProcess:
             self._src = None
 
 
-class Launcher:
-    """Starts one tandem VM as a libvirt domain (vm.VM's launcher): domain_xml of the VM's
-    exact argv, defined and started; tandem's own QMP and serial sockets are passed
-    through, so the rest of tandem talks to it as to a child QEMU.
+class Launcher(vm.Launcher):
+    """Starts one tandem VM as a libvirt domain (the seam qemu.vm.Launcher, declared as its
+    base so that mypy holds it to it): domain_xml of the VM's exact argv, defined and
+    started; tandem's own QMP and serial sockets are passed through, so the rest of
+    tandem talks to it as to a child QEMU.
 
     uuid: the domain's (guest-visible) SMBIOS UUID; it goes into the run's manifest
-    (machine()) so its recording replays exactly outside libvirt (replay_args).
+    (section()) so its recording replays exactly outside libvirt (machine.replay_args).
     metadata(vm): tandem's <metadata> element (what detach removes if tandem dies).
     restore: a domain definition release() puts back (tandem attach: the native's own)
     instead of undefining the domain.
@@ -157,16 +159,18 @@ class Launcher:
     def __init__(self, uri: str | None, name: str, *, uuid: str | None = None, metadata=None,
                  title: str | None = None, restore: str | None = None):
         self.uri, self.name, self.title = uri, name, title
-        self.uuid = uuid or str(uuid_mod.uuid4())
+        self.uuid = uuid or str(uuid4())
         self.metadata = metadata
         self.restore = restore
         self.conn: libvirt.virConnect | None = None
         self.dom: libvirt.virDomain | None = None
+        self.proc: DomainProcess | None = None
 
-    def machine(self) -> dict:
-        return {"libvirt": {"uuid": self.uuid, "domain": self.name}}
+    def section(self) -> LibvirtSection:
+        """The manifest's machine.libvirt of a run in this domain."""
+        return LibvirtSection(uuid=self.uuid, domain=self.name)
 
-    def start(self, vm, log) -> DomainProcess:
+    def start(self, vm: VM, log: BinaryIO) -> DomainProcess:
         libvirt = binding()
         conn = self.conn = connect(self.uri)
         xml = domain_xml(self.name, vm.guest, vm.run, argv=vm.argv, uuid=self.uuid, title=self.title,
@@ -177,15 +181,19 @@ class Launcher:
                                   f"(tandem detach {self.name.split(SHADOW_SUFFIX)[0]}, or virsh undefine)")
             dom = self.dom = conn.defineXML(xml)
             dom.create()
-            return DomainProcess(dom, self.name, vm.run.rundir, log)
+            self.proc = DomainProcess(dom, self.name, vm.run.rundir, log)
+            return self.proc
         except BaseException as e:
             self._drop()
             if isinstance(e, libvirt.libvirtError):
-                raise TandemError(f"domain {self.name}: {' '.join(e.get_error_message().split())}") from None
+                raise InfraError(f"domain {self.name}: {' '.join(e.get_error_message().split())}") from None
             raise
 
-    def release(self, proc: DomainProcess | None) -> None:
-        """After the QEMU has ended: undefine the domain (or put its own definition back)."""
+    def release(self) -> None:
+        """After the QEMU has ended (it is killed if not): its log copied, the domain
+        undefined (or its own definition put back). Nothing to do after a failed start,
+        or a second time."""
+        proc, self.proc = self.proc, None
         if proc is not None:
             if proc.poll() is None:
                 proc.kill()
@@ -207,7 +215,7 @@ class Launcher:
                     self.dom.undefine()
         except libvirt.libvirtError as e:
             if e.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:    # gone already (tandem detach)
-                raise TandemError(f"domain {self.name}: {e.get_error_message()}") from None
+                raise InfraError(f"domain {self.name}: {e.get_error_message()}") from None
         finally:
             self.dom = None
             self.conn.close()

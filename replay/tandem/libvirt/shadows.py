@@ -3,7 +3,7 @@
 `attach` reads an existing domain (its disk, NIC model and MAC), and per analysis
 defines and starts `DOMAIN-tandem-NAME` (a `ShadowDomain`): the analysis kernel, a qcow2
 overlay over the native's disk, the native's NIC model and MAC, and the feed
-(qemu-patches/0006) on a unix socket the caller serves with a `semantic.feed.FeedServer`.
+(qemu-patches/0006) on a unix socket the caller serves with a `qemu.feed.FeedServer`.
 What tandem created is kept in each domain's own `<metadata>`, so `detach` removes
 exactly that. live/attach.py's `follow` is `tandem attach` itself.
 """
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import artifacts, private
-from ..errors import TandemError
+from .. import artifacts, catalog, private
+from ..errors import InfraError, TandemError
 from ..machine import (
     LOOKAHEAD_NS,
     NIC_MODELS,
@@ -49,7 +49,7 @@ class ShadowDomain:
     """One analysis VM of a native domain, as libvirt knows it.
 
     feed_socket: the shadow's QEMU connects here (retrying every FEED_RECONNECT_MS)
-    and waits at VM time 0 until it is fed: bind a feedproto.FeedServer on this path,
+    and waits at VM time 0 until it is fed: bind a qemu.feed.FeedServer on this path,
     accept, then send inputs and horizons. qmp_socket: tandem's own QMP (libvirt keeps
     its monitor to itself).
     """
@@ -67,7 +67,7 @@ class ShadowDomain:
         try:
             return qmp_connect(self.qmp_socket, timeout, poll_s=0.1)
         except QMPUnavailable as e:
-            raise TandemError(f"{self.name}: {e}") from None
+            raise InfraError(f"{self.name}: {e}") from None
 
     def to_json(self) -> dict:
         return {"name": self.name, "native": self.native, "analysis": self.analysis,
@@ -190,7 +190,7 @@ def default_state_dir(native: str) -> Path:
     return artifacts.cache_dir() / "shadows" / native
 
 
-def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | None = None,
+def attach(conn, domain: str, analyses: list[catalog.Analysis], *, state_dir: str | Path | None = None,
            lookahead_ns: int | None = None, rtc_base: str | None = None,
            start: bool = True) -> list[ShadowDomain]:
     """Define (and start) one shadow domain per analysis for the native `domain`.
@@ -216,8 +216,8 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
         raise TandemError(f"{domain}: its disk {native.disk} is not a file tandem can read")
     existing = {d.name() for d in conn.listAllDomains()}
     for a in analyses:
-        if shadow_name(domain, a) in existing:
-            raise TandemError(f"{shadow_name(domain, a)}: already defined (tandem detach {domain})")
+        if shadow_name(domain, a.name) in existing:
+            raise TandemError(f"{shadow_name(domain, a.name)}: already defined (tandem detach {domain})")
     base = Path(state_dir).absolute() if state_dir else default_state_dir(domain)
     rtc_base = rtc_base or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
     if not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", rtc_base):
@@ -227,7 +227,7 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
     shadows: list[ShadowDomain] = []
     try:
         for a in analyses:
-            sdir = base / a
+            sdir = base / a.name
             if sdir.exists():
                 raise TandemError(f"{sdir}: exists (left by an earlier attach? tandem detach {domain})")
             # 0700 (with the state directory when tandem makes it): the feed and QMP
@@ -235,7 +235,7 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
             # checked everywhere; the directory's is. (The shadow's QEMU runs as this
             # user or root: it creates qmp.sock here, so it could not run as another.)
             private.make_dir(sdir)
-            sh = ShadowDomain(shadow_name(domain, a), domain, a, sdir,
+            sh = ShadowDomain(shadow_name(domain, a.name), domain, a.name, sdir,
                         sdir / "disk.qcow2" if native.disk else None,
                         sdir / "feed.sock", sdir / "qmp.sock")
             shadows.append(sh)
@@ -250,14 +250,14 @@ def attach(conn, domain: str, analyses: list[str], *, state_dir: str | Path | No
             # The feed socket waits for its feeder instead of failing when nobody listens yet.
             run = Run(sdir, net=Feed(sh.feed_socket, lookahead_ns=lookahead_ns, rtc_base=rtc_base,
                                      reconnect_ms=FEED_RECONNECT_MS), overlay=sh.overlay)
-            md = _metadata(native, a, guest, sh, native.disk, rtc_base)
-            xml = domain_xml(sh.name, guest, run, metadata=md, title=f"tandem {a} analysis of {domain}")
+            md = _metadata(native, a.name, guest, sh, native.disk, rtc_base)
+            xml = domain_xml(sh.name, guest, run, metadata=md, title=f"tandem {a.name} analysis of {domain}")
             try:
                 sdom = conn.defineXML(xml)
                 if start:
                     sdom.create()
             except libvirt.libvirtError as e:
-                raise TandemError(f"{sh.name}: {e.get_error_message()}") from None
+                raise InfraError(f"{sh.name}: {e.get_error_message()}") from None
     except BaseException:
         _remove(conn, shadows)
         raise
@@ -354,7 +354,7 @@ def _release_native(conn, dom, md: ET.Element) -> str:
         else:
             dom.undefine()
     except libvirt.libvirtError as e:
-        raise TandemError(f"{name}: {e.get_error_message()}") from None
+        raise InfraError(f"{name}: {e.get_error_message()}") from None
     rundir = md.get("rundir")
     if rundir and Path(rundir).is_dir():
         shutil.rmtree(rundir, ignore_errors=True)
@@ -377,7 +377,7 @@ def _remove(conn, shadows: list[ShadowDomain]) -> None:
             try:
                 d.undefine()
             except libvirt.libvirtError as e:
-                raise TandemError(f"{sh.name}: cannot undefine: {e.get_error_message()}") from None
+                raise InfraError(f"{sh.name}: cannot undefine: {e.get_error_message()}") from None
         for p in (sh.overlay, sh.feed_socket, sh.qmp_socket):
             if p:
                 p.unlink(missing_ok=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from .. import catalog
 from ..errors import TandemError
 from ..libvirt.daemon import binding, connect
 from ..libvirt.launcher import Launcher
@@ -32,7 +33,7 @@ class LiveDomains:
     MAC and memory. Without them (`tandem shadow --libvirt`) both run tandem's guest.
     """
 
-    def __init__(self, uri: str | None, native: str, analyses: list[str], *,
+    def __init__(self, uri: str | None, native: str, analyses: list[catalog.Analysis], *,
                  native_guest: Guest | None = None, native_uuid: str | None = None,
                  original: str | None = None, info: NativeInfo | None = None):
         if not native or "/" in native or native.startswith("."):
@@ -51,13 +52,13 @@ class LiveDomains:
                                   f"or virsh undefine {n})")
 
     @classmethod
-    def for_bundle(cls, uri: str | None, bundle: str | Path, analyses: list[str]) -> LiveDomains:
+    def for_bundle(cls, uri: str | None, bundle: str | Path, analyses: list[catalog.Analysis]) -> LiveDomains:
         """tandem shadow NAME.tdm --libvirt: the native is domain NAME, on tandem's guest."""
         name = Path(bundle).name
         return cls(uri, name[:-4] if name.endswith(".tdm") else name, analyses)
 
     def shadow_names(self) -> list[str]:
-        return [shadow_name(self.native, a) for a in self.analyses]
+        return [shadow_name(self.native, a.name) for a in self.analyses]
 
     def native_guest(self) -> Guest | None:
         return self.guest
@@ -71,30 +72,31 @@ class LiveDomains:
         return Launcher(self.uri, self.native, uuid=self.uuid, metadata=metadata, restore=self.original,
                         title=f"tandem: {self.native} recorded" + (", analyses trailing it live" if self.analyses else ""))
 
-    def analysis_guest(self, analysis: str) -> Guest | None:
+    def analysis_guest(self, analysis: catalog.Analysis) -> Guest | None:
         if self.info is None:
-            return None         # replay_semantic's own: tandem's guest with the analysis kernel
+            return None         # driving.replay.run's own: tandem's guest with the analysis kernel
         g = Guest.for_analysis(analysis)
         g = g.with_disk(str(self.info.disk) if self.info.disk else None, self.info.disk_format or "raw")
         g.memory_mb = max(g.memory_mb, self.info.memory_mib)
         g = g.with_nic(mac=self.info.mac)
         return g
 
-    def analysis_launcher(self, analysis: str) -> Launcher:
-        name = shadow_name(self.native, analysis)
+    def analysis_launcher(self, analysis: catalog.Analysis) -> Launcher:
+        name = shadow_name(self.native, analysis.name)
 
         def metadata(vm) -> ET.Element:
-            md = ET.Element(f"{{{NS}}}shadow", native=self.native, analysis=analysis, live="yes")
+            md = ET.Element(f"{{{NS}}}shadow", native=self.native, analysis=analysis.name, live="yes")
             ET.SubElement(md, f"{{{NS}}}statedir", path=str(vm.run.rundir))
             ET.SubElement(md, f"{{{NS}}}socket", role="feed", path=str(vm.run.net.socket))
             ET.SubElement(md, f"{{{NS}}}socket", role="qmp", path=str(vm.run.rundir / "qmp.sock"))
             ET.SubElement(md, f"{{{NS}}}kernel", path=vm.guest.kernel, initrd=vm.guest.initrd or "")
             ET.SubElement(md, f"{{{NS}}}rtc", base=vm.run.net.rtc_base)
             return md
-        return Launcher(self.uri, name, metadata=metadata, title=f"tandem {analysis} analysis of {self.native}, live")
+        return Launcher(self.uri, name, metadata=metadata,
+                        title=f"tandem {analysis.name} analysis of {self.native}, live")
 
 
-def follow(uri: str | None, domain: str, analyses: list[str], *, bundle: str | Path | None = None,
+def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bundle: str | Path | None = None,
            options: ShadowOptions | None = None, forwards: tuple[Forward, ...] | None = None,
            root: str | None = None, users_options: bool = False, **run_kw):
     """`tandem attach DOMAIN`: a live.shadow.ShadowRun (not started) whose native is the libvirt domain
@@ -107,7 +109,7 @@ def follow(uri: str | None, domain: str, analyses: list[str], *, bundle: str | P
     of them, each through the bundle's overlay), its MAC, user networking with the
     forwards; its analyses boot its disks with their kernels (semantic/guests.py, `root`
     as given or as its kernel prints it). Otherwise it is a guest of tandem's kind (its
-    kernel, one disk, the demo service's port forward), as before; `users_options`
+    kernel, one disk, the demo service's port forward); `users_options`
     (--analysis-kernel, --overlay given) is refused there."""
     libvirt = binding()
     analyses = analyses_given(analyses)

@@ -39,8 +39,10 @@ import time
 from dataclasses import dataclass, field
 
 from ..formats import netpkt
+from ..lifecycle import Lifecycle
 from ..semantic.comparison import equivalence
 from ..semantic.comparison.compare import kept_lines
+from ..semantic.model import FlowOutput
 from ..qemu.feed import FeedServer
 
 HELD, RELEASE, DROP, HOLD_INPUT, PASS_INPUT, OVERFLOW, STATS = 32, 33, 34, 35, 36, 37, 38
@@ -53,6 +55,7 @@ STATS_NAMES = ("held_peak_frames", "held_peak_bytes", "input_peak_frames", "inpu
 STATS_BODY = struct.Struct("<" + "Q" * len(STATS_NAMES))
 POLICIES = ("detach", "block")
 DIRECTIONS = ("outputs", "inputs")          # OVERFLOW's channel
+CLOSE_WAIT_S = 5.0          # close(): the loop's last pass (a receive is 0.05 s) ends well within this
 
 log = logging.getLogger(__name__)
 
@@ -228,13 +231,16 @@ def agree(native: bytes, a: int, b: int, theirs: bytes, rules, flow: int, closed
     return Agreement(rules, flow).check(n, a, b, t, closed)
 
 
-class Gate:
+class Gate(Lifecycle):
+    """Decides, in a thread of its own (start() to close()), on what QEMU's filter-gate
+    holds: offered on `server`, which its owner starts before the native and closes."""
+
     def __init__(self, server: FeedServer, rec, followers, *, timeout_vm_ns: int = 2_000_000_000,
                  hold=None, specs: dict | None = None):
         self.server, self.rec, self.followers = server, rec, followers
         self.hold = hold                # () -> bool: hold the native's inputs now
         # Each analysis's equivalence spec (live.shadow.ShadowRun loads them; default: the built-in ones)
-        self.specs = specs or {f.analysis: equivalence.load(f.analysis) for f in followers}
+        self.specs = specs or {f.analysis: equivalence.load(f.of) for f in followers}
         self.native_out: dict[tuple, Stream] = {}      # per connection: the native's output not decided yet
         self.holding = False
         self.holds = 0
@@ -254,8 +260,25 @@ class Gate:
         self.stop = False
         self.thread = threading.Thread(target=self._loop, name="tandem-gate", daemon=True)
 
-    def start(self) -> None:
+    @property
+    def started(self) -> bool:
+        return self.thread.ident is not None
+
+    def start(self) -> Gate:
         self.thread.start()
+        return self
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the loop to end by itself, as it does once the
+        native's QEMU has closed the gate (its last counters read); True if it has."""
+        if self.started:
+            self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def close(self) -> None:
+        """Stop deciding: the loop ends at its next receive (within 0.05 s) and is waited for."""
+        self.stop = True
+        self.join(CLOSE_WAIT_S)
 
     def _loop(self) -> None:
         while not self.stop:
@@ -422,33 +445,32 @@ class Gate:
             if self._say(f) is None:
                 continue                                # crashed, hung, detached, or not comparing TCP
             run = f.run
-            pf = run.peer.flows.get(flow) if run.peer else None
-            got = self._stream(f.analysis, flow, pf)
+            out = run.net.flows.get(flow) if run.net else None
+            got = self._stream(f.analysis, flow, out)
             # A connection the analysis has compared to its end (live_compare) is closed too.
-            closed = bool(pf and (pf.reset or pf.guest_fin)) or run.outcome != "running" \
-                or (pf is None and flow in f.cmp.done)
+            closed = bool(out and (out.reset or out.fin)) or run.outcome != "running" \
+                or (out is None and flow in f.cmp.done)
             verdict = self._agreement_of(f, flow).check(self.native_out[key], h.a, h.b, got, closed)
             if verdict is False:
                 return self._diverged(h, key, f.analysis, flow, got.window(h.a, h.b))
             if verdict or f.analysis in h.timed_out:
                 continue
             last = run.last_input_of.get(flow)
-            if last is not None and run.end_ns - last > self.timeout_vm_ns \
-                    and not (run.pending_of_flow and run.pending_of_flow(flow)):
+            if last is not None and run.end_ns - last > self.timeout_vm_ns and not run.waits_on(flow, self.rec):
                 h.timed_out.add(f.analysis)
                 self.events.append(GateEvent("timeout", f.analysis, flow, h.a, h.payload, b"", h.vm_ns))
                 continue
             waiting = True
         return None if waiting else True
 
-    def _stream(self, analysis: str, flow: int, pf) -> Stream:
+    def _stream(self, analysis: str, flow: int, out: FlowOutput | None) -> Stream:
         """An analysis's output on a flow not agreed yet, joined once: only new bytes are
         added. (A live analysis drops the part of its output it has matched with the
         native's as it goes; it keeps what this has not copied yet: `copied`.)"""
         buf = self._streams.setdefault((analysis, flow), Stream())
-        if pf is not None:
+        if out is not None:
             with self.rec.lock:
-                buf.data += pf.guest_data.bytes_from(buf.end)
+                buf.data += out.data.bytes_from(buf.end)
         return buf
 
     def copied(self, analysis: str, flow: int) -> int:

@@ -5,6 +5,8 @@ is exactly what the terminal shows (no second bookkeeping to drift).
 """
 from __future__ import annotations
 
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -47,9 +49,10 @@ class _Collector(Collector):
         yield up
 
 
-def serve(status, port: int = 0) -> int:
-    """Serve /metrics on 127.0.0.1:port (0: a free port); returns the port."""
+def serve(status, port: int = 0) -> WSGIServer:
+    """Serve /metrics on 127.0.0.1:port (0: a free port) from a thread of its own until
+    the server returned is shut down (its server_port: the port)."""
     reg = CollectorRegistry()
     reg.register(_Collector(status))
     server, _thread = start_http_server(port, addr="127.0.0.1", registry=reg)
-    return server.server_port
+    return server

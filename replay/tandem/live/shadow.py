@@ -3,7 +3,7 @@
 The native records as `tandem record` does (its bundle is the same, replayable
 exactly). Its device log is followed as QEMU writes it (pcapng.DevlogReader with
 follow=) and turned into inputs in place (an inputs.InputExtractor fed the events); each
-analysis VM runs replay_semantic.run on that growing recording, never past the VM
+analysis VM runs semantic.driving.replay.run on that growing recording, never past the VM
 time the native has reached, with a bounded buffer of inputs it has not taken yet.
 With release policy "now" the native never waits for an analysis while its buffer
 has room. An analysis that falls a full buffer behind is detached and reported
@@ -36,16 +36,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
-from .. import private
+from .. import catalog, private
 from ..errors import TandemError
+from ..lifecycle import Lifecycle
 from ..formats import bundle, pcapng
 from ..machine import Forward, Guest, analyses_given
 from ..qemu.vm import cpu_seconds
 from ..record.recording import Recording
 from ..semantic.comparison import equivalence
 from ..semantic import guests, inputs, model
+from ..semantic.model import Overflow
 from ..semantic.analyze import Summary, analyze, summarize, write_summary
+from ..semantic.driving.replay import RunOptions
 from ..qemu.feed import FeedServer
 from ..semantic.trail import Trail
 from . import metrics
@@ -60,18 +64,13 @@ MARKS_KEPT = 3000       # the native's clock marks kept to measure wall lag: 5 m
 # its command line (GRUB and the kernel's first second: 15-20 s of wall time under TCG).
 ROOT_WAIT_S = 300.0
 STOP_REASON_WAIT_S = 120.0  # the native's exit to its stop reason (finish(), the main thread)
+FOLLOW_CLOSE_S = 30.0       # close(): the native gone, its log's rest read by the following thread
 
 
 class Release(StrEnum):
     """When the native's network outputs leave (--release)."""
     NOW = "now"             # at once: the analyses only watch
     AGREED = "agreed"       # once every analysis produced the same output (the release gate)
-
-
-class Overflow(StrEnum):
-    """What an analysis whose input buffer is full does to the run (--overflow)."""
-    DETACH = "detach"       # it is detached, the native goes on
-    BLOCK = "block"         # the native's incoming frames are held, for at most block_budget_s
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ class ShadowOptions:
     hang_wall_s: float = model.HANG_WALL_S
     drain: bool = True                      # an analysis stopped for lag is analysed again offline
     cpu_idle: bool = False                  # the host's CPUs may idle (qemu/wake_latency.py)
-    stop: str = "powerdown"                 # what Ctrl-C does to the native (record.STOP_POLICIES)
+    stop: str = "powerdown"                 # what Ctrl-C does to the native (recording.STOP_POLICIES)
     shutdown_timeout_s: float = 60.0        # ... and how long its power button is waited on
 
     def __post_init__(self) -> None:
@@ -111,11 +110,13 @@ class ShadowOptions:
                 raise TandemError(f"--{name.replace('_', '-')} must be positive, not {getattr(self, name)}")
 
 
-class ShadowRun:
+class ShadowRun(Lifecycle):
     """A live shadow run: the native recorded as it serves, each analysis VM trailing it
-    (semantic.replay.run on the growing recording), compared and reported as they go."""
+    (semantic.driving.replay.run on the growing recording), compared and reported as they go.
+    start() starts the native and the analyses; finish(), once the native has stopped,
+    waits for the analyses and gives the summary; close() releases what is left."""
 
-    def __init__(self, bundle_dir: str | Path, analyses: list[str], options: ShadowOptions | None = None, *,
+    def __init__(self, bundle_dir: str | Path, analyses: list[catalog.Analysis], options: ShadowOptions | None = None, *,
                  workdir: Path | None = None, libvirt=None, on_finding=None, guest: Guest | None = None,
                  forwards: tuple[Forward, ...] | None = None, root: str | None = None):
         """libvirt: run the native and the analysis VMs as libvirt domains (a attach.LiveDomains:
@@ -131,14 +132,14 @@ class ShadowRun:
         release, overflow = o.release, o.overflow
         duration_ns, port, spec_path = o.duration_ns, o.port, o.spec_path
         self.path = Path(bundle_dir)
-        self.analyses = analyses_given(analyses)     # unknown name, missing kernel: fail now
+        self.analyses = analyses_given(analyses)     # none, or a kernel not built: fail now
         self.workdir = workdir or self.path.with_name(self.path.name + ".analysis")
         self.release, self.overflow = release, overflow
         self.idle_analyses = o.idle_analyses
         self.analysis_cpus = analysis_cpuset(o.analysis_cpus)
         self.spec_path = spec_path
         # Loaded now: a bad spec fails here, not at the end; the release gate uses them too.
-        self.specs = {a: equivalence.load(a, spec_path, self.users_guest) for a in self.analyses}
+        self.specs = {a.name: equivalence.load(a, spec_path, self.users_guest) for a in self.analyses}
         self.agree_timeout_ns = o.agree_timeout_ns
         self.gate: Gate | None = None
         self._gate_server: FeedServer | None = None
@@ -156,10 +157,10 @@ class ShadowRun:
                                 powerdown_wait_s=o.shutdown_timeout_s)
         self.rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(self.path))
         per = o.buffer_events_of or {}
-        buffers = {a: model.Buffer(per.get(a, o.buffer_events), o.buffer_bytes, overflow, o.block_budget_s)
+        buffers = {a.name: model.Buffer(per.get(a.name, o.buffer_events), o.buffer_bytes, overflow, o.block_budget_s)
                    for a in self.analyses}
-        self.trail = Trail(self.rec, self.analyses, self.specs, buffers, self.workdir,
-                           run_options=self._run_options, on_finding=on_finding)
+        self.trail = Trail(self.rec, self.analyses, self.specs, buffers, run_options=self._run_options,
+                           on_finding=on_finding)
         self.followers = self.trail.followers
         self._trim_at = 0.0
         self.record_analyses = o.record_analyses
@@ -172,6 +173,13 @@ class ShadowRun:
         self._stop = False
         self._lock = threading.Lock()
         self.on_drain_progress: Callable | None = None  # (analysis, run, delivered, taken), while draining
+        self._started = self._closed = False
+        self._following: threading.Thread | None = None     # the native's log into self.rec
+        self._metrics: WSGIServer | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._started
 
     @property
     def port(self) -> int:
@@ -181,6 +189,9 @@ class ShadowRun:
         return self.native.port
 
     def start(self) -> ShadowRun:
+        self._started = True
+        if self._gate_server:           # the native's QEMU connects to it as it starts
+            self._gate_server.start()
         self.native.start()
         if self._gate_server:
             self._gate_server.accept(30)
@@ -192,28 +203,55 @@ class ShadowRun:
                 gate = self.gate
                 for f in self.followers:
                     f.cmp.keep_flow_from = lambda index, a=f.analysis: gate.copied(a, index)
-        self.rec.created = self.native.manifest["created"][:19]
+        self.rec.created = self.native.manifest.started_at or self.rec.created
         private.make_dir(self.workdir)
         self.trail.findings_file = open(self.workdir / "findings.jsonl", "w", opener=private.opener)
-        threading.Thread(target=self._follow, name="tandem-follow", daemon=True).start()
+        self._following = threading.Thread(target=self._follow, name="tandem-follow", daemon=True)
+        self._following.start()
         if self.metrics_port is not None:
-            self.metrics_port = metrics.serve(self.status, self.metrics_port)
+            self._metrics = metrics.serve(self.status, self.metrics_port)
+            self.metrics_port = self._metrics.server_port
         self.trail.start()
         return self
 
-    def _run_options(self, analysis: str) -> dict:
-        """How each analysis VM runs (semantic.replay.run's options), from this thread of it."""
+    def close(self) -> None:
+        """End the run and release everything: a native still recording is quit and
+        sealed, analyses still running are stopped, then the gate, the metrics endpoint,
+        the findings file and the sockets' directory go. finish() ends with it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop = True
+        try:
+            self.native.close()
+        finally:
+            self._native_sealed.set()
+            self.trail.close()
+            if self._following is not None:
+                self._following.join(FOLLOW_CLOSE_S)
+            if self.gate is not None:
+                self.gate.close()
+            if self._gate_server is not None:
+                self._gate_server.close()
+            if self.trail.findings_file is not None:
+                self.trail.findings_file.close()
+            if self._metrics is not None:
+                self._metrics.shutdown()
+                self._metrics.server_close()
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _run_options(self, analysis: catalog.Analysis) -> RunOptions:
+        """How each analysis VM runs, from this thread of it."""
         self._idle_thread()
         lv = self.libvirt
-        return {"record": self.record_analyses, "stop": lambda: self._stop, "hang_wall_s": self.hang_wall_s,
-                "cpu_idle": self.options.cpu_idle,
-                "idle": self.idle_analyses, "cpus": _cpu_list(self.analysis_cpus),
-                "guest": self._users_analysis_guest(analysis) if self.users_guest or not lv
-                else lv.analysis_guest(analysis),
-                "launcher": lv.analysis_launcher(analysis) if lv else None,
-                "line_deps": not self.users_guest}
+        return RunOptions(analysis, self._users_analysis_guest(analysis) if self.users_guest or not lv
+                          else lv.analysis_guest(analysis), self.workdir,
+                          record=self.record_analyses, stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
+                          cpu_idle=self.options.cpu_idle, idle=self.idle_analyses,
+                          cpus=_cpu_list(self.analysis_cpus), launcher=lv.analysis_launcher(analysis) if lv else None,
+                          line_deps=not self.users_guest)
 
-    def _users_analysis_guest(self, analysis: str) -> Guest | None:
+    def _users_analysis_guest(self, analysis: catalog.Analysis) -> Guest | None:
         """For the user's VM: the machine the analysis boots, once its root device is known
         (given, on a direct boot's command line, or printed by the native's kernel as it
         boots: waited for, up to ROOT_WAIT_S of wall time, while the native boots)."""
@@ -224,7 +262,7 @@ class ShadowRun:
             try:
                 root = self.root or guests.recorded_root(self.path, self.native.manifest)
             except TandemError as e:        # the log's last block is still being written
-                log.debug("%s: reading the native's console for its root device: %s", analysis, e)
+                log.debug("%s: reading the native's console for its root device: %s", analysis.name, e)
                 root = None
             if root is not None or time.monotonic() > deadline or self._stop:
                 break
@@ -291,7 +329,7 @@ class ShadowRun:
     def _hold_native(self) -> bool:
         """Overflow policy "block": hold the native's inputs while a live analysis is full."""
         return self.overflow == Overflow.BLOCK and any(
-            f.buffer.over() and (f.run is None or f.run.outcome == "running") for f in self.followers)
+            f.buffer.over(self.rec.made()) and (f.run is None or f.run.outcome == "running") for f in self.followers)
 
     # --- the analyses' side ---
 
@@ -330,7 +368,15 @@ class ShadowRun:
     # --- the end ---
 
     def finish(self, timeout: float = 600.0, noise: bool = False) -> Summary:
-        """After the native has stopped: seal its bundle, let the analyses run out, report."""
+        """After the native has stopped: seal its bundle, let the analyses run out (those
+        still running after `timeout` s are stopped), report: the summary. The run is
+        closed at the end, whatever happens."""
+        try:
+            return self._report(timeout, noise)
+        finally:
+            self.close()
+
+    def _report(self, timeout: float, noise: bool) -> Summary:
         try:
             self.native.finish()
         finally:
@@ -338,15 +384,15 @@ class ShadowRun:
         deadline = time.monotonic() + timeout
         if not self.trail.join(max(1.0, deadline - time.monotonic())):
             self._stop = True
-            self.trail.join(30 * len(self.followers))
+            self.trail.close()
         runs, found = self.trail.results()
-        s = summarize(self.path, self.rec, self.analyses, runs, self.spec_path, noise, self.workdir, found, self.specs)
+        s = summarize(self.path, self.rec, self.analyses, runs, self.specs, noise, self.workdir, found)
         if self.trail.findings_file is not None:
             self.trail.findings_file.close()
         if self.options.drain:
             self._drain(s)
         if self.gate:
-            self.gate.thread.join(10)
+            self.gate.join(10)      # QEMU's gate closed: its last counters
             s.limits += [f"gate: {e.describe()}" for e in self.gate.events if e.kind != "overflow"]
             s.limits += overflow_limits(self.gate.events)
             s.limits += [f"overflow: {f.analysis}'s full buffer held the native's inputs {f.buffer.blocks} "
@@ -360,9 +406,6 @@ class ShadowRun:
                              "native": e.native.decode("latin-1"), "analysis_bytes": e.analysis_bytes.decode("latin-1"),
                              "vm_ns": e.vm_ns, **({"qemu": e.qemu} if e.qemu else {})}
                             for e in self.gate.events]}, indent=1))
-        if self._gate_server is not None:
-            self._gate_server.close()
-        shutil.rmtree(self._tmp, ignore_errors=True)
         peaks = {f.analysis: {"peak_events": f.buffer.peak_events, "peak_bytes": f.buffer.peak_bytes,
                               "blocks": f.buffer.blocks, "blocked_s": round(f.buffer.blocked_s, 3)}
                  for f in self.followers}
@@ -375,19 +418,20 @@ class ShadowRun:
         private.write_text(sj, json.dumps(data, indent=1, default=str))
         return s
 
-
     def _drain(self, s: Summary) -> None:
         """Every analysis stopped for lag (detached, lagging) analysed again offline from the
         native's sealed bundle, from its start: its result replaces the live one, so every
         recorded input is analysed in the end (ShadowOptions.drain, --no-drain)."""
-        lagged = [r.analysis for r in s.results if r.run.outcome in (model.Outcome.DETACHED, model.Outcome.LAGGING)]
+        stopped = {r.analysis for r in s.results if r.run.outcome in (model.Outcome.DETACHED, model.Outcome.LAGGING)}
+        lagged = [a for a in self.analyses if a.name in stopped]
         if not lagged:
             return
         lv = self.libvirt
-        log.info("analysing %s again offline from %s (stopped live for lag)", ", ".join(lagged), self.path)
+        log.info("analysing %s again offline from %s (stopped live for lag)", ", ".join(a.name for a in lagged),
+                 self.path)
         d = analyze(self.path, lagged, spec_path=self.spec_path, workdir=self.workdir / "drain", noise=False,
                     record=self.record_analyses, progress=self.on_drain_progress, cpu_idle=self.options.cpu_idle,
-                    guests={a: lv.analysis_guest(a) for a in lagged} if lv and not self.users_guest else None,
+                    guests={a.name: lv.analysis_guest(a) for a in lagged} if lv and not self.users_guest else None,
                     root=self.root)
         again = {r.analysis: r for r in d.results}
         for i, r in enumerate(s.results):

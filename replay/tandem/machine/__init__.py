@@ -13,6 +13,7 @@ from .guest import (
                       Guest,
                       analyses_given,
                       disk_input,
+                      replay_args,
 )
 from .options import (
                       LOOKAHEAD_NS,
@@ -29,9 +30,11 @@ from .options import (
                       json_option,
                       keyval_option,
 )
-from .run import RR, Feed, Gate, Host, Mode, Run, UserNet
+from .run import RR, Feed, Gate, Host, Mode, Run, UserNet, overlay_path
+from .section import DiskEntry, LibvirtSection, MachineSection, NetSection, NicEntry, Recorded
 
 __all__ = ["ACCEL", "DEFAULT_CMDLINE", "DISK_FORMATS", "Disk", "Feed", "Forward", "Gate", "Guest", "Host", "ICOUNT_SHIFT",
            "LOOKAHEAD_NS", "MAC", "MACHINE_TYPE", "Mode", "NIC_DEVICES", "NIC_MODELS", "Nic", "OptionError", "RR",
            "RTC_BASE", "Run", "UserNet", "VCPUS", "VIRTIO_NET", "Value", "analyses_given", "check_id", "disk_input", "check_mac",
-           "escape", "json_option", "keyval_option"]
+           "escape", "json_option", "keyval_option", "overlay_path", "replay_args",
+           "DiskEntry", "LibvirtSection", "MachineSection", "NetSection", "NicEntry", "Recorded"]

@@ -1,16 +1,18 @@
 """The machine tandem runs, as one typed description: QEMU's command line (qemu/argv.py),
 the libvirt domain (libvirt/domain.py) and the bundle manifest's `machine` section
-(machine_section, read back by from_manifest) all come from a Guest."""
+(section, read back by from_manifest) all come from a Guest."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .. import artifacts, catalog
 from ..errors import BundleError, TandemError
 from .devices import Disk, Nic
-from .options import VIRTIO_NET, OptionError
+from .options import UUID, VIRTIO_NET, OptionError
+from .section import DiskEntry, MachineSection, NicEntry, Recorded, recorded
 
 ICOUNT_SHIFT = 2           # fixed: record and replay must use the same shift
 # The demo guest's: IPv6 off (the kernels have it for ordinary guests' services; the demo
@@ -32,7 +34,7 @@ MAX_DISKS, MAX_NICS = 16, 8
 
 def disk_input(disk_id: str) -> str:
     """The manifest's inputs key for a disk's base image: `disk_base` for the first disk
-    (the key every bundle before issue 23 has), `disk_base.ID` for the others."""
+    (the key a one-disk bundle has), `disk_base.ID` for the others."""
     return "disk_base" if disk_id == "disk0" else f"disk_base.{disk_id}"
 
 
@@ -44,7 +46,7 @@ class Guest:
     devices as lists with ids (disks disk0.., NICs on net0..; one serial port and one
     entropy source, which every mode has), and its OS. QEMU's command line (qemu/argv.py),
     the libvirt domain (libvirt/domain.py) and the manifest's machine section
-    (machine_section, read back by from_manifest) all come from it. Record and exact replay
+    (section, read back by from_manifest) all come from it. Record and exact replay
     take several disks and NICs; the analysis feed knows one NIC (`nic` says so)."""
     kernel: str | None                      # None: boot the first disk's bootloader
     initrd: str | None                      # None: the kernel boots without one
@@ -107,79 +109,78 @@ class Guest:
 
     @classmethod
     def default(cls, flavor: str = "native", userland: str = "native") -> "Guest":
-        """tandem's guest image with a built kernel flavor and userland (catalog.py)."""
-        kernel, land = catalog.kernel(flavor), catalog.userland(userland)
-        k, g = artifacts.kernel(flavor), artifacts.guest()
+        """tandem's guest image with a built kernel flavor and userland, by their names
+        (`tandem record --kernel --userland`; an unknown name: one-line error)."""
+        return cls.of_image(catalog.kernel(flavor), catalog.userland(userland))
+
+    @classmethod
+    def for_analysis(cls, analysis: catalog.Analysis) -> "Guest":
+        """The guest an analysis boots on tandem's guest image: its kernel and userland."""
+        return cls.of_image(analysis.kernel, analysis.userland)
+
+    @classmethod
+    def of_image(cls, kernel: catalog.Kernel, land: catalog.Userland) -> "Guest":
+        """tandem's guest image with a built kernel and userland (its kernel not built: one-line error)."""
+        k, g = artifacts.kernel(kernel.flavor), artifacts.guest()
         cmdline = " ".join(filter(None, (DEFAULT_CMDLINE, land.cmdline_extra, kernel.cmdline_extra)))
-        initrd = artifacts.initrd_with_modules(*artifacts.initramfs(g, userland), artifacts.modules(flavor))
+        initrd = artifacts.initrd_with_modules(*artifacts.initramfs(g, land.name), artifacts.modules(kernel.flavor))
         return cls(kernel=k["bzImage"], initrd=initrd, disks=(Disk(g["disk_base"]),), cmdline=cmdline,
                    memory_mb=kernel.memory_mb, os=kernel.os)
 
     @classmethod
-    def for_analysis(cls, analysis: str) -> "Guest":
-        """The guest an analysis of the catalogue boots (an unknown name: one-line error)."""
-        a = catalog.get(analysis)
-        return cls.default(a.flavor, a.userland.name)
-
-    @classmethod
-    def from_manifest(cls, manifest: dict[str, Any]) -> "Guest":
-        """The guest a bundle recorded, from its manifest's inputs and machine section
-        (shapes checked when the manifest loaded: bundle.manifest_problem); its devices are
-        made again as machine.Disk and machine.Nic, so a replay's QEMU gets only
-        well-formed ones (an OptionError is a BundleError's message here). Bundles from
-        before issue 23 have one disk (inputs.disk_base, machine.disk_format) and one NIC
-        (machine.nic_model, machine.mac): read as such."""
-        inputs, machine = manifest.get("inputs") or {}, manifest.get("machine") or {}
-        boot = machine.get("boot") or "direct"
-        needed = [("machine.memory_mb", machine.get("memory_mb")), ("machine.cmdline", machine.get("cmdline"))]
-        if boot == "direct":
-            needed.insert(0, ("inputs.kernel", inputs.get("kernel")))
-        for where, value in needed:
-            if value is None:
-                raise BundleError(f"manifest {where}: missing (a replay needs it)")
+    def from_manifest(cls, manifest: Recorded | Mapping[str, Any]) -> "Guest":
+        """The guest a bundle recorded, from its manifest's machine section and inputs
+        (a formats.bundle.Manifest, or its JSON document: section.recorded; shapes checked
+        when the manifest loaded: bundle.manifest_problem); its devices are made again as
+        machine.Disk and machine.Nic, so a replay's QEMU gets only well-formed ones (an
+        OptionError is a BundleError's message here). A bundle with one disk and one NIC
+        in the older form reads as such (MachineSection.disk_table, nic_table)."""
+        source = recorded(manifest)
+        machine, paths = source.machine, source.input_paths
+        boot = machine.boot or "direct"
+        if boot == "direct" and paths.get("kernel") is None:
+            raise _missing("inputs.kernel")
+        if machine.memory_mb is None:
+            raise _missing("machine.memory_mb")
+        if machine.cmdline is None:
+            raise _missing("machine.cmdline")
         try:
-            disks = tuple(Disk(cls._disk_base(inputs, d["id"]), d.get("format") or "raw", id=d["id"])
-                          for d in cls._disk_table(machine, inputs))
-            nics = tuple(Nic(netdev=n.get("netdev") or "net0", model=n.get("model") or VIRTIO_NET, mac=n.get("mac"))
-                         for n in machine.get("nics") or [{"model": machine.get("nic_model"), "mac": machine.get("mac")}])
-            return cls(kernel=(inputs.get("kernel") or {}).get("path") if boot == "direct" else None,
-                       initrd=(inputs.get("initrd") or {}).get("path"),
-                       disks=disks, memory_mb=machine["memory_mb"], cmdline=machine["cmdline"], nics=nics,
-                       os=machine.get("os") or "linux", machine_type=machine.get("machine") or MACHINE_TYPE,
-                       accel=machine.get("accel") or ACCEL, vcpus=machine.get("smp") or VCPUS)
+            disks = tuple(Disk(cls._disk_base(paths, str(d.id)), d.format or "raw", id=str(d.id))
+                          for d in machine.disk_table("disk_base" in paths))
+            nics = tuple(Nic(netdev=n.netdev or "net0", model=n.model or VIRTIO_NET, mac=n.mac)
+                         for n in machine.nic_table())
+            return cls(kernel=paths.get("kernel") if boot == "direct" else None, initrd=paths.get("initrd"),
+                       disks=disks, memory_mb=machine.memory_mb, cmdline=machine.cmdline, nics=nics,
+                       os=machine.os or "linux", machine_type=machine.machine_type or MACHINE_TYPE,
+                       accel=machine.accel or ACCEL, vcpus=machine.smp or VCPUS)
         except OptionError as e:
             raise BundleError(f"manifest machine: {e}") from None
 
     @staticmethod
-    def _disk_table(machine: dict[str, Any], inputs: dict[str, Any]) -> list[dict[str, Any]]:
-        if machine.get("disks") is not None:
-            return list(machine["disks"])
-        return [{"id": "disk0", "format": machine.get("disk_format")}] if inputs.get("disk_base") else []
-
-    @staticmethod
-    def _disk_base(inputs: dict[str, Any], disk_id: str) -> str:
-        entry = inputs.get(disk_input(disk_id))
-        if not entry:
+    def _disk_base(paths: Mapping[str, str], disk_id: str) -> str:
+        path = paths.get(disk_input(disk_id))
+        if path is None:
             raise BundleError(f"manifest inputs.{disk_input(disk_id)}: missing (machine.disks names {disk_id})")
-        return str(entry["path"])
+        return path
 
-    def machine_section(self) -> dict[str, object]:
+    def section(self) -> MachineSection:
         """What the manifest's machine section says of this guest; from_manifest reads it back.
         The disks' base images are in the manifest's inputs (path, size, hash), keyed by
         disk_input(id)."""
-        out: dict[str, object] = {"accel": self.accel, "machine": self.machine_type, "icount_shift": ICOUNT_SHIFT,
-               "memory_mb": self.memory_mb, "cmdline": self.cmdline, "smp": self.vcpus,
-               "devices": ["isa-serial", *(n.model for n in self.nics),
-                           *("virtio-blk-pci" for _ in self.disks), "virtio-rng-pci"]}
-        if self.boot != "direct":
-            out["boot"] = self.boot
-        if self.disks:
-            out["disks"] = [{"id": d.id, "format": d.format} for d in self.disks]
-        out["nics"] = [{k: v for k, v in (("netdev", n.netdev), ("model", n.model), ("mac", n.mac)) if v}
-                       for n in self.nics]
-        if self.os != "linux":
-            out["os"] = self.os
-        return out
+        return MachineSection(
+            accel=self.accel, machine_type=self.machine_type, icount_shift=ICOUNT_SHIFT, memory_mb=self.memory_mb,
+            cmdline=self.cmdline, smp=self.vcpus,
+            devices=("isa-serial", *(n.model for n in self.nics), *("virtio-blk-pci" for _ in self.disks),
+                     "virtio-rng-pci"),
+            boot=None if self.boot == "direct" else self.boot,
+            disks=tuple(DiskEntry(id=d.id, format=d.format) for d in self.disks) or None,
+            nics=tuple(NicEntry(netdev=n.netdev or None, model=n.model or None, mac=n.mac or None)
+                       for n in self.nics),
+            os=None if self.os == "linux" else self.os)
+
+    def machine_section(self) -> dict[str, object]:
+        """section(), as the manifest's JSON says it."""
+        return self.section().to_json()
 
     def with_disk(self, base: str | None, fmt: str = "raw") -> "Guest":
         """This guest with its one disk replaced (None: without a disk)."""
@@ -194,14 +195,31 @@ class Guest:
         return dataclasses.replace(self, nics=(Nic(model=model, mac=mac),))
 
 
-def analyses_given(names: list[str]) -> list[str]:
-    """The --analysis names, each once and in order; an unknown name, or an analysis whose
-    kernel or image is not built, is a one-line error now rather than after the native
-    has started."""
-    names = list(dict.fromkeys(names))
-    if not names:
+def _missing(where: str) -> BundleError:
+    return BundleError(f"manifest {where}: missing (a replay needs it)")
+
+
+def replay_args(machine: MachineSection) -> list[str]:
+    """What libvirt added to QEMU's command line that the guest sees, for a replay outside
+    libvirt of a run recorded in a domain (the manifest's machine.libvirt): the SMBIOS
+    system UUID (-uuid) and the firmware's boot order (-boot strict=on puts HALT in
+    fw_cfg's bootorder). Without them such a replay diverges during boot. None for a run
+    that was in no domain."""
+    if machine.libvirt is None or not machine.libvirt.to_json():
+        return []
+    uuid = machine.libvirt.uuid or ""
+    if not UUID.fullmatch(uuid):
+        raise TandemError(f"manifest machine.libvirt.uuid {uuid!r}: not a UUID")
+    return ["-uuid", uuid, "-boot", "strict=on"]
+
+
+def analyses_given(analyses: list[catalog.Analysis]) -> list[catalog.Analysis]:
+    """The analyses asked for, each once and in order; none, or one whose kernel or image
+    is not built, is a one-line error now rather than after the native has started."""
+    analyses = list(dict.fromkeys(analyses))
+    if not analyses:
         raise TandemError("no --analysis given")
-    for name in names:
-        if catalog.get(name).kernel.image is None:     # a kernel the user brought was checked when given
-            Guest.for_analysis(name)
-    return names
+    for a in analyses:
+        if a.kernel.image is None:     # a kernel the user brought was checked when given
+            Guest.for_analysis(a)
+    return analyses

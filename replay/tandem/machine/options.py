@@ -4,7 +4,7 @@ A value that reaches QEMU's command line may come from outside: a bundle's manif
 MAC, stop time, RTC base, lookahead, disk format), a libvirt domain's definition (its NIC
 model and MAC), a path the user chose (a bundle named `a,romfile=x.tdm`). In QEMU's
 `key=value,key=value` syntax a comma in a value starts a new key: a manifest `mac` of
-`52:54:00:12:34:56,romfile=/etc/shadow` became a second `romfile=` on the NIC (issue 19).
+`52:54:00:12:34:56,romfile=/etc/shadow` would be a second `romfile=` on the NIC.
 So every option is built here from a dict of typed values:
 
 - `-device`, `-object` and `-netdev` in QEMU's JSON form (QEMU 10 parses an argument that
@@ -34,6 +34,7 @@ MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")     # QEMU's id_wellformed, bounded
 _KEY = re.compile(r"[a-z][a-z0-9_.-]*")
 RTC_BASE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")   # -rtc base=, a time of day
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")    # -uuid (SMBIOS)
 
 # The NIC models tandem's QEMU build has (qemu-patches/0003 is its device set), keyed by
 # libvirt's <model type>. A domain's model outside this table is refused by name.

@@ -121,3 +121,13 @@ class Run:
     def rr_mode(self) -> str | None:
         """record, replay or None: whether and how QEMU's record/replay runs."""
         return self.rr.mode if self.rr else None
+
+
+def overlay_path(first: Path, disk_id: str) -> Path:
+    """A run's qcow2 overlay over a disk's base: `first` (the run's overlay) for disk0,
+    the same name with the drive id added for the others (disk-overlay.disk1.qcow2). The
+    one naming: QEMU's command line (qemu/argv.py), the overlays made (qemu/image.py) and
+    a bundle's files (formats/bundle.py) all come from here."""
+    if disk_id == "disk0":
+        return first
+    return first.with_name(f"{first.stem}.{disk_id}{first.suffix}")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TandemError
-from ..formats.bundle import unencodable
+from ..formats.bundle import Manifest, unencodable
 
 BASE = "native"             # the null analysis: the native kernel, replayed as the analyses are
 
@@ -22,7 +22,7 @@ class Slowdown:
     base: str = ""
 
 
-def slowdowns_from(workdir: Path, manifest: dict, analysis: str | None) -> list[Slowdown]:
+def slowdowns_from(workdir: Path, manifest: Manifest, analysis: str | None) -> list[Slowdown]:
     """F for each analysis of a finished semantic replay (`tandem replay --analysis`),
     from WORKDIR/summary.json. Only runs that reached the end count.
 
@@ -71,7 +71,7 @@ def slowdowns_from(workdir: Path, manifest: dict, analysis: str | None) -> list[
     if base and analysis != BASE:
         base_wall, how = base["wall_s"], f"the native kernel's replay took {base['wall_s']:.2f}s"
     else:
-        base_wall = manifest.get("wall_time_s")
+        base_wall = manifest.wall_time_s
         if not base_wall:
             raise TandemError("the native bundle's manifest has no wall time (an unfinished recording?)")
         how = (f"the native recorded in {base_wall:.2f}s, idle included (replay --analysis "

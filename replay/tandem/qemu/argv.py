@@ -20,6 +20,7 @@ from ..machine import (
     Value,
     json_option,
     keyval_option,
+    overlay_path,
 )
 
 GUEST_PORT = 7000          # the demo service inside the guest
@@ -27,7 +28,7 @@ GUEST_PORT = 7000          # the demo service inside the guest
 
 def qemu_argv(guest: Guest, run: Run) -> list[str]:
     """QEMU's command line for (guest, run), every option built from typed values by
-    machine.py: -device/-object/-netdev as JSON, the rest as key=value lists with their
+    machine/options.py: -device/-object/-netdev as JSON, the rest as key=value lists with their
     values escaped, so no value (a bundle's MAC, a path with a comma) can add a key."""
     q = run.host.qemu or artifacts.qemu()
     if run.mode != Mode.PLAIN and guest.accel != "tcg":
@@ -83,16 +84,6 @@ def _boot_options(guest: Guest) -> list[str]:
     if guest.kernel is None:
         return []
     return ["-kernel", guest.kernel, *(["-initrd", guest.initrd] if guest.initrd else []), "-append", guest.cmdline]
-
-
-def overlay_path(first: Path, disk_id: str) -> Path:
-    """A run's qcow2 overlay over a disk's base: `first` (the run's overlay) for disk0,
-    the same name with the drive id added for the others (disk-overlay.disk1.qcow2). The
-    one naming: QEMU's command line, the overlays made (qemu/image.py) and the bundle's
-    files (record/recording.py) all come from here."""
-    if disk_id == "disk0":
-        return first
-    return first.with_name(f"{first.stem}.{disk_id}{first.suffix}")
 
 
 def qmp_chardev(rundir: Path) -> str:

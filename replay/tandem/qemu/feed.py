@@ -9,6 +9,9 @@ tandem may also send release rules (RULE, qemu-patches/0023): frames QEMU delive
 itself once the guest's TCP output has reached given sequence numbers; QEMU says
 FIRED, with the acknowledgements the frames carried, for each in order.
 QEMU connects to tandem's unix socket at start.
+
+`FeedConnection` is what a driver (semantic/driving/driver.AnalysisDriver) asks of the
+feed: FeedServer below, or a scripted stand-in (tests/unit/scripted_feed.ScriptedFeed).
 """
 from __future__ import annotations
 
@@ -16,9 +19,11 @@ import socket
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .. import private
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
+from ..lifecycle import Lifecycle
 
 HEADER = struct.Struct("<IHHQ")
 INPUT, HORIZON, END, RULE, UNRULE, OUTPUT, WAIT, SHUTDOWN, FIRED = 1, 2, 3, 4, 5, 16, 17, 18, 19
@@ -43,32 +48,70 @@ class Message:
     data: bytes
 
 
-class FeedServer:
-    """Listens for one QEMU; sends inputs, receives outputs and waits."""
+class FeedConnection(Protocol):
+    """The feed as a driver uses it: what it queues (inputs, horizons, release rules) goes
+    to QEMU at flush(); receive(timeout) gives QEMU's messages ([] when none came within
+    timeout s), None once QEMU has closed the feed."""
+
+    def input(self, channel: int, vm_ns: int, data: bytes) -> None: ...
+
+    def horizon(self, vm_ns: int, warp_ns: int | None = None) -> None: ...
+
+    def rule(self, not_before_ns: int, conds: list[tuple[bytes, int, bool]], acks: tuple[bytes, int],
+             frames: list[bytes]) -> None: ...
+
+    def unrule(self) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def receive(self, timeout: float) -> list[Message] | None: ...
+
+
+class FeedServer(Lifecycle):
+    """Listens for one QEMU (start(): the socket at `path`, which QEMU connects to as it
+    starts); accept() waits for it; then sends inputs, receives outputs and waits."""
 
     def __init__(self, path: Path):
         self.path = path
         private.require_private_dir(Path(path).parent, f"feed socket {path}")
-        self.listener = socket.socket(socket.AF_UNIX)
-        self.listener.bind(str(path))
-        self.listener.listen(1)
+        self.listener: socket.socket | None = None
         self.conn: socket.socket | None = None
         self.buf = bytearray()
         self.out = bytearray()
         self._rx: bytearray | None = None
+        self._closed = False
+
+    @property
+    def started(self) -> bool:
+        return self.listener is not None
+
+    def start(self) -> FeedServer:
+        """Listen at `path`, before QEMU starts: it connects as it starts."""
+        listener = socket.socket(socket.AF_UNIX)
+        try:
+            listener.bind(str(self.path))
+            listener.listen(1)
+        except OSError as e:        # the path is taken, or too long for a unix socket
+            listener.close()
+            raise TandemError(f"feed socket {self.path}: {e.strerror or e}") from None
+        self.listener = listener
+        return self
 
     def accept(self, timeout: float) -> None:
+        """Wait up to `timeout` s for QEMU to connect."""
+        if self.listener is None:
+            raise TandemError(f"{self.path}: the feed is not listening (not started)")
         self.listener.settimeout(timeout)
         try:
             self.conn, _ = self.listener.accept()
         except socket.timeout:
-            raise TandemError(f"analysis QEMU did not connect to {self.path} within {timeout:.0f}s") from None
+            raise InfraError(f"analysis QEMU did not connect to {self.path} within {timeout:.0f}s") from None
         self.conn.settimeout(None)
 
     def _connection(self) -> socket.socket:
         """QEMU's connection, once accept() has it."""
         if self.conn is None:
-            raise TandemError(f"{self.path}: no analysis QEMU connected yet")
+            raise InfraError(f"{self.path}: no analysis QEMU connected yet")
         return self.conn
 
     def input(self, channel: int, vm_ns: int, data: bytes) -> None:
@@ -133,7 +176,7 @@ class FeedServer:
         while len(buf) - at >= HEADER.size:
             ln, typ, ch, ns = HEADER.unpack_from(buf, at)
             if ln > MAX_PAYLOAD:
-                raise TandemError(f"feed {self.path}: message of {ln} bytes, stream out of sync")
+                raise InfraError(f"feed {self.path}: message of {ln} bytes, stream out of sync")
             if len(buf) - at < HEADER.size + ln:
                 break
             msgs.append(Message(typ, ch, ns, bytes(buf[at + HEADER.size:at + HEADER.size + ln])))
@@ -142,7 +185,12 @@ class FeedServer:
         return msgs
 
     def close(self) -> None:
+        """Close QEMU's connection and the listener, and remove the socket file start() made."""
+        if self._closed:
+            return
+        self._closed = True
         for s in (self.conn, self.listener):
             if s:
                 s.close()
-        self.path.unlink(missing_ok=True)
+        if self.listener is not None:
+            self.path.unlink(missing_ok=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import artifacts, private
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..machine import DISK_FORMATS, Disk, Guest
 from .argv import overlay_path
 
@@ -92,7 +92,7 @@ def make_overlay(base: str, overlay: Path, fmt: str = "raw") -> None:
     if r.returncode:
         why = r.stderr.strip() or r.stdout.strip() or (f"killed by signal {-r.returncode}" if r.returncode < 0
                                                         else "no message")
-        raise TandemError(f"{overlay}: qemu-img create failed (status {r.returncode}): {why}")
+        raise InfraError(f"{overlay}: qemu-img create failed (status {r.returncode}): {why}")
 
 
 def make_overlays(guest: Guest, first: Path) -> None:

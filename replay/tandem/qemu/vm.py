@@ -1,5 +1,11 @@
 """One QEMU process: launch the patched QEMU for a Guest and a Run (machine/) with the
-command line qemu/argv.py composes, and talk to it (QMP, serial console, procfs)."""
+command line qemu/argv.py composes, and talk to it (QMP, serial console, procfs).
+
+Its seams, declared as Protocols so that mypy holds each side to them: `Launcher` (who
+starts the QEMU when tandem does not: libvirt/launcher.Launcher), the `Process` a
+launcher hands back, and `AnalysisVM` (what an analysis run's driver asks of its QEMU,
+semantic/driving/driver.py; tests/unit/scripted_feed.py's ScriptedVM stands in for it).
+A VM follows tandem's lifecycle (lifecycle.py): start(), close(), `with`."""
 from __future__ import annotations
 
 import asyncio
@@ -10,14 +16,15 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable, Protocol
 
 from qemu.qmp import ConnectError, QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from .. import private
-from ..errors import TandemError
-from ..machine import Guest, Run
+from ..errors import BootError, InfraError
+from ..lifecycle import Lifecycle
+from ..machine import Guest, LibvirtSection, Run
 from .argv import qemu_argv
 
 log = logging.getLogger(__name__)
@@ -99,8 +106,8 @@ class Serial:
                 left = deadline - time.monotonic()
                 if left <= 0 or self.closed:
                     tail = bytes(self.buf[-300:]).decode(errors="replace")
-                    raise TandemError(f"guest console: no {text.decode()!r} within {timeout:.0f}s"
-                                      f"{' (console closed)' if self.closed else ''}; last output: {tail!r}")
+                    raise BootError(f"guest console: no {text.decode()!r} within {timeout:.0f}s"
+                                    f"{' (console closed)' if self.closed else ''}; last output: {tail!r}")
                 self.cond.wait(left)
 
     def type(self, line: str) -> None:
@@ -131,7 +138,7 @@ class Serial:
             pass
 
 
-class QMPUnavailable(TandemError):
+class QMPUnavailable(InfraError):
     """QEMU's QMP socket did not answer in time, or QEMU went away while tandem waited."""
 
 
@@ -161,18 +168,72 @@ def qmp_connect(path: Path, timeout: float, *, alive: Callable[[], bool] = lambd
         time.sleep(poll_s)
 
 
-class VM:
+class Process(Protocol):
+    """A VM's QEMU process: what VM uses of subprocess.Popen (a launcher's handle offers
+    the same: libvirt/launcher.DomainProcess). wait(timeout) raises
+    subprocess.TimeoutExpired when the process is still running after timeout."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+class Launcher(Protocol):
+    """Starts a VM's QEMU some other way than as tandem's child process
+    (libvirt/launcher.Launcher: as a libvirt domain). tandem's QMP and serial sockets are
+    in vm.argv, so once started the VM talks to its QEMU as to a child's."""
+
+    def section(self) -> LibvirtSection:
+        """What the launcher adds that the guest sees, for the manifest's machine section."""
+        ...
+
+    def start(self, vm: VM, log: BinaryIO) -> Process:
+        """Run vm.argv; QEMU's output is in `log` by the time it has exited."""
+        ...
+
+    def release(self) -> None:
+        """Drop what start() made (the domain), the QEMU ended first if it still runs;
+        called by VM.close(), also after a failed start or none."""
+        ...
+
+
+class AnalysisVM(Protocol):
+    """What an analysis run's driver (semantic/driving/driver.AnalysisDriver) asks of its
+    QEMU: VM below, or a scripted stand-in (tests/unit/scripted_feed.ScriptedVM)."""
+
+    def kill(self) -> None: ...
+
+    def quit(self) -> None: ...
+
+    def powerdown(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def log_tail(self, n: int = 400) -> str: ...
+
+    def status(self) -> str: ...
+
+    def feed_counters(self) -> str: ...
+
+    def cpu_seconds(self) -> float | None: ...
+
+
+class VM(Lifecycle):
     """A running QEMU: process, QMP connection, optional serial console.
 
-    launcher: start the QEMU some other way than as tandem's child process (virt.Launcher:
-    as a libvirt domain). Its start(vm, log) runs vm.argv and returns a handle with what
-    VM uses of subprocess.Popen: pid, returncode, poll(), wait(timeout) (raising
-    subprocess.TimeoutExpired) and kill(); QEMU's output goes to `log` by the time it has
-    exited. release(handle), called by close(), drops what the launcher made (the domain).
-    tandem's QMP and serial sockets are in the argv, so everything else is the same.
+    launcher: start the QEMU some other way than as tandem's child process (a Launcher:
+    as a libvirt domain); close() has it release what it made.
     """
 
-    def __init__(self, guest: Guest, run: Run, launcher=None, name: str | None = None):
+    def __init__(self, guest: Guest, run: Run, launcher: Launcher | None = None, name: str | None = None):
         self.guest, self.run, self.launcher = guest, run, launcher
         self.name = name or run.mode        # for messages: "native", an analysis, "replay"
         # The guest's console so far, for a failure's report: the serial socket's when
@@ -183,18 +244,26 @@ class VM:
         os.chmod(run.rundir, private.DIR_MODE)
         self.argv = qemu_argv(guest, run)
         self.log_path = run.rundir / "qemu.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Process | None = None
         self.qmp: QEMUMonitorProtocol | None = None
         self.serial: Serial | None = None
         self.shutdown_reason: str | None = None   # from QEMU's SHUTDOWN event
+        self._log: BinaryIO | None = None         # QEMU's output (log_path), from start() on
+        self._closed = False
 
-    def start(self, timeout: float = 30.0) -> "VM":
+    @property
+    def started(self) -> bool:
+        return self._log is not None
+
+    def start(self, timeout: float = 30.0) -> VM:
+        """Launch QEMU and connect QMP (and the serial console, but for replay and
+        analysis runs); a QEMU that exits or stays silent for `timeout` s is an error."""
         for stale in ("qmp.sock", "serial.sock"):
             (self.run.rundir / stale).unlink(missing_ok=True)
         self._log = open(self.log_path, "wb", opener=private.opener)
         if self.launcher is not None:
             if self.run.host.pass_fds:       # libvirt starts the QEMU: it cannot inherit our files
-                raise TandemError("a QEMU started by libvirt cannot be given open files (pass_fds)")
+                raise InfraError("a QEMU started by libvirt cannot be given open files (pass_fds)")
             try:
                 self.proc = self.launcher.start(self, self._log)
             except BaseException:
@@ -220,9 +289,9 @@ class VM:
             self.qmp = qmp_connect(self.run.rundir / "qmp.sock", timeout, alive=lambda: proc.poll() is None)
         except QMPUnavailable as e:
             if proc.poll() is not None:
-                raise TandemError(f"QEMU exited at start (status {proc.returncode}): {self.log_tail()}") from None
+                raise InfraError(f"QEMU exited at start (status {proc.returncode}): {self.log_tail()}") from None
             self.kill()
-            raise TandemError(f"QEMU did not open QMP within {timeout:.0f}s: {self.log_tail()}") from e
+            raise InfraError(f"QEMU did not open QMP within {timeout:.0f}s: {self.log_tail()}") from e
         if self.run.mode not in ("replay", "analysis"):
             self.serial = Serial(self.run.rundir / "serial.sock")
         return self
@@ -230,13 +299,13 @@ class VM:
     def _monitor(self) -> QEMUMonitorProtocol:
         """QMP, once start() has connected it."""
         if self.qmp is None:
-            raise TandemError(f"{self.name}: QEMU's QMP is not connected (the VM was not started)")
+            raise InfraError(f"{self.name}: QEMU's QMP is not connected (the VM was not started)")
         return self.qmp
 
-    def process(self) -> subprocess.Popen[bytes]:
+    def process(self) -> Process:
         """The QEMU process, once start() has started it."""
         if self.proc is None:
-            raise TandemError(f"{self.name}: QEMU was not started")
+            raise InfraError(f"{self.name}: QEMU was not started")
         return self.proc
 
     def log_tail(self, n: int = 400) -> str:
@@ -273,7 +342,7 @@ class VM:
             log.debug("query-status: QEMU gone (%s: %s)", type(e).__name__, e)
             return "gone"
         if not isinstance(reply, dict) or not isinstance(reply.get("status"), str):
-            raise TandemError(f"{self.name}: query-status answered {str(reply)[:80]!r}, not a status")
+            raise InfraError(f"{self.name}: query-status answered {str(reply)[:80]!r}, not a status")
         return reply["status"]
 
     def cpu_seconds(self) -> float | None:
@@ -312,7 +381,7 @@ class VM:
         try:
             return self.process().wait(timeout)
         except subprocess.TimeoutExpired:
-            raise TandemError(f"QEMU still running after {timeout:.0f}s") from None
+            raise BootError(f"QEMU still running after {timeout:.0f}s") from None
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -320,6 +389,11 @@ class VM:
             self.proc.wait()
 
     def close(self) -> None:
+        """End QEMU (killed if it still runs) and release its sockets, its log and what a
+        launcher made; what was read stays readable (console(), log_tail())."""
+        if self._closed:
+            return
+        self._closed = True
         if self.serial:
             self.serial.close()
         if self.qmp:
@@ -328,14 +402,8 @@ class VM:
             except QMP_GONE as e:
                 log.debug("QMP close: %s: %s", type(e).__name__, e)
         self.kill()
-        if self.launcher is not None and self.proc is not None:
-            self.launcher.release(self.proc)
-        if hasattr(self, "_log"):
+        if self.launcher is not None:
+            self.launcher.release()
+        if self._log is not None:
             self._log.close()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.close()
 

@@ -6,7 +6,7 @@ across the host's CPUs (QEMU's vCPU thread to tandem, tandem to QEMU's main loop
 main loop to the vCPU). A CPU that has gone idle in a halt takes long to wake on a host
 that is itself a VM: on this machine (a KVM guest with cpuidle's haltpoll driver and
 guest_halt_poll_ns=0) a unix-socket ping-pong between two threads on its two CPUs took
-121-124 us per round trip, median, and 30-33 us with this held (2026-11-28, four runs).
+121-124 us per round trip, median, and 30-33 us with this held (four runs each).
 In the heavy KASAN replay that was 100-104 s of wall time against 75-78 s, alternating.
 
 The kernel's PM QoS interface holds the request while the file stays open

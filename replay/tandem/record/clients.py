@@ -1,6 +1,6 @@
 """Debian's own clients against a guest's services through its forwards: what a user
-drives their VM with, used by `tandem demo --guest debian`, the tests and the benchmarks
-(issue 23). Each run is bounded in requests or time, checks what came back, and returns
+drives their VM with, used by `tandem demo --guest debian`, the tests and the benchmarks.
+Each run is bounded in requests or time, checks what came back, and returns
 the client's own figures (requests, requests a second, p99 latency).
 
 - curl fetches files and their hashes are checked (a body the guest served wrong is an
@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import TandemError
+from ..errors import BootError
 from ..setup import programs
 
 HOST = "127.0.0.1"
@@ -47,10 +47,10 @@ def _run(argv: list[str], timeout: float) -> str:
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise TandemError(f"{argv[0]}: no result within {timeout:.0f}s") from None
+        raise BootError(f"{argv[0]}: no result within {timeout:.0f}s") from None
     if r.returncode:
         why = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or [f"status {r.returncode}"]
-        raise TandemError(f"{' '.join(argv[:3])}...: failed ({why[0]})")
+        raise BootError(f"{' '.join(argv[:3])}...: failed ({why[0]})")
     return r.stdout
 
 
@@ -89,10 +89,10 @@ def wait_for(up: Callable[[], bool], what: str, timeout: float, alive: Callable[
     t0 = time.monotonic()
     while not up():
         if not alive():
-            raise TandemError(f"{what}: the guest stopped before it answered")
+            raise BootError(f"{what}: the guest stopped before it answered")
         waited = time.monotonic() - t0
         if waited > timeout:
-            raise TandemError(f"{what}: no answer within {timeout:.0f}s")
+            raise BootError(f"{what}: no answer within {timeout:.0f}s")
         if progress:
             progress(f"waiting for {what} ({waited:.0f}s)")
         time.sleep(0.5)
@@ -106,10 +106,10 @@ def fetch_files(port: int, files: dict[str, str]) -> int:
         body = subprocess.run([programs.require("curl"), "-sf", "--max-time", "120", f"http://{HOST}:{port}{path}"],
                               capture_output=True, timeout=180)
         if body.returncode:
-            raise TandemError(f"curl http://{HOST}:{port}{path}: failed (status {body.returncode})")
+            raise BootError(f"curl http://{HOST}:{port}{path}: failed (status {body.returncode})")
         if hashlib.sha256(body.stdout).hexdigest() != digest:
-            raise TandemError(f"http://{HOST}:{port}{path}: {len(body.stdout)} bytes, not the file served "
-                              f"(sha256 differs)")
+            raise BootError(f"http://{HOST}:{port}{path}: {len(body.stdout)} bytes, not the file served "
+                            f"(sha256 differs)")
         total += len(body.stdout)
     return total
 
@@ -147,7 +147,7 @@ def redis_benchmark(port: int, requests: int = 2000, clients: int = 4, tests: st
         loads.append(Load(f"redis-benchmark {row['test']}", requests, float(row["rps"]),
                           float(row["p99_latency_ms"]) if row.get("p99_latency_ms") else None))
     if not loads:
-        raise TandemError(f"redis-benchmark: no figures in its output ({out.strip()[:80]!r})")
+        raise BootError(f"redis-benchmark: no figures in its output ({out.strip()[:80]!r})")
     return loads
 
 
@@ -157,4 +157,4 @@ def _field(text: str, pattern: str, default: str | None = None) -> str:
         return m.group(1)
     if default is not None:
         return default
-    raise TandemError(f"client output: no {pattern!r} in it ({text.strip()[-120:]!r})")
+    raise BootError(f"client output: no {pattern!r} in it ({text.strip()[-120:]!r})")

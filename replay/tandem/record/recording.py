@@ -6,6 +6,7 @@ complete segment at any time, and finished with a manifest at the end.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import socket
@@ -15,39 +16,19 @@ import threading
 import time
 from pathlib import Path
 
-from .. import artifacts, private
-from ..errors import TandemError
-from ..formats import bundle, pcapng
+from .. import private
+from ..errors import BootError, InfraError, TandemError
+from ..formats import bundle, sealing
+from ..formats.bundle import OVERLAY, Manifest
+from ..formats.manifest import DeclaredPack
 from . import forwards as forward_watch
 from .console import ConsoleServer
-from ..machine import RR, Forward, Gate, Guest, Run, UserNet, disk_input
-from ..qemu.argv import GUEST_PORT, overlay_path
-from ..qemu.vm import VM, Serial, free_port
+from ..machine import RR, Forward, Gate, Guest, MachineSection, NetSection, Run, UserNet, overlay_path
+from ..qemu.argv import GUEST_PORT
+from ..qemu.vm import VM, Launcher, Serial, free_port
 from ..qemu.image import make_overlays
 
 log = logging.getLogger(__name__)
-
-OVERLAY = "disk-overlay.qcow2"
-
-
-def channel_stats(devlog: pcapng.Devlog) -> dict[str, dict[str, object]]:
-    """Per channel: kind, events/bytes per direction, and the pcapng records they took
-    (what Wireshark counts: a long event is several in format 2), from the device log."""
-    traffic: dict[tuple[str, str], dict[str, int]] = {}     # (channel, direction) -> events, bytes
-    for i in devlog.interfaces:
-        for direction in ("in", "out"):
-            traffic[(i.name, direction)] = {"events": 0, "bytes": 0}
-    for e in devlog.events:
-        d = traffic[(e.channel, e.direction or "out")]
-        d["events"] += 1
-        d["bytes"] += len(e.data)
-    return {i.name: {"kind": i.kind, "records": devlog.records[i.id], "in": traffic[(i.name, "in")],
-                     "out": traffic[(i.name, "out")]} for i in devlog.interfaces}
-
-
-def qemu_identity() -> dict:
-    q = artifacts.qemu()
-    return {k: q[k] for k in ("binary", "build_id", "patch_series", "version")}
 
 
 def overlay_name(disk_id: str) -> str:
@@ -55,56 +36,10 @@ def overlay_name(disk_id: str) -> str:
     return overlay_path(Path(OVERLAY), disk_id).name
 
 
-def start_manifest(path: Path, guest: Guest, machine: dict, assertions: dict | None = None) -> dict:
-    """A new bundle at path (with its disks' overlays) and its manifest in state
-    'recording'; assertions: the pack `tandem record --assertions` declared."""
-    for what, p in (("kernel", guest.kernel), ("initrd", guest.initrd), *((f"disk {d.id}", d.base) for d in guest.disks)):
-        if p and not Path(p).is_file():
-            raise TandemError(f"{what} {p}: not found")
-    bundle.refuse_existing(path)    # before hashing the inputs: a refusal should be quick
-    m = bundle.new_manifest()
-    m["qemu"] = qemu_identity()
-    m["inputs"] = {k: bundle.input_entry(p) for k, p in
-                   (("kernel", guest.kernel), ("initrd", guest.initrd),
-                    *((disk_input(d.id), d.base) for d in guest.disks)) if p}
-    m["machine"] = {**guest.machine_section(), **machine}
-    if assertions:
-        m["assertions"] = assertions
-    bundle.new_bundle(path, m)      # the manifest first: it claims the directory
-    try:
-        make_overlays(guest, path / OVERLAY)
-    except TandemError:
-        m["state"] = "interrupted"
-        bundle.write_manifest(path, m)
-        raise
-    return m
-
-
-def overlay_names(m: dict) -> list[str]:
-    """The overlays a bundle's manifest says it has (one per disk)."""
-    disks = (m.get("machine") or {}).get("disks")
-    if disks is None:   # before issue 23: one disk or none
-        return [OVERLAY] if (m.get("inputs") or {}).get("disk_base") else []
-    return [overlay_name(d["id"]) for d in disks]
-
-
-def seal(path: Path, m: dict, *, status: int, wall_s: float, stop_reason: str, power_button: bool = False) -> dict:
-    """Finish a bundle whose QEMU has exited: channel stats, stop, file hashes, state.
-    power_button: the guest's ACPI power button was pressed (the analyses press theirs)."""
-    dl = pcapng.read_devlog(path / bundle.DEVLOG)
-    m["channels"] = channel_stats(dl)
-    m["devlog_format"] = dl.format
-    end = next((s for s in dl.stats if s), None)
-    m["stop"] = {"reason": stop_reason, "exit_status": status,
-                 "vm_ns": end.end_vm_ns if end else None,
-                 "icount": end.icount if end else None, "power_button": power_button}
-    m["wall_time_s"] = round(wall_s, 3)
-    m["state"] = "complete" if status == 0 and dl.closed_cleanly else "interrupted"
-    m["files"] = {name: bundle.file_entry(path / name)
-                  for name in (bundle.STREAM, bundle.DEVLOG, *overlay_names(m), "qemu.log")
-                  if (path / name).exists()}
-    bundle.write_manifest(path, m)
-    return m
+def start_bundle(path: Path, guest: Guest, machine: MachineSection, assertions: DeclaredPack | None = None) -> Manifest:
+    """A new bundle at path with its disks' overlays, and its manifest in state
+    'recording' (formats.sealing.start)."""
+    return sealing.start(path, guest, machine, assertions, then=lambda: make_overlays(guest, path / OVERLAY))
 
 
 def check_host_ports(forwards: tuple[Forward, ...]) -> None:
@@ -129,19 +64,22 @@ POWERDOWN_WAIT_S = 60.0
 
 
 class Recording:
-    """One recording in progress. Use as a context manager, or start()/finish()."""
+    """One recording in progress, with tandem's lifecycle (lifecycle.py): start(), close(),
+    `with`. finish() waits for the guest's own end and seals the bundle (its manifest is
+    the result); a `with` block that ends without an error finishes it so, and close()
+    stops and seals one still running."""
 
     def __init__(self, path: str | Path, guest: Guest | None = None, *,
                  duration_ns: int = 0, port: int | None = None, forwards: tuple[Forward, ...] | None = None,
                  gate_socket: Path | None = None, gate_outputs: bool = True, gate_overflow: str = "block",
-                 assertions: dict | None = None, launcher=None, stop: str = "powerdown",
+                 assertions: DeclaredPack | None = None, launcher: Launcher | None = None, stop: str = "powerdown",
                  powerdown_wait_s: float | None = None):
         """port: the demo guest's service forward (host port to its port 7000); without
         forwards, a free port is chosen for it. forwards: the host ports forwarded to the
         guest (`tandem record --forward`); given (even empty), no demo port is added unless
-        port is given too. assertions: a declared assertion pack ({path, sha256, ...}) for
+        port is given too. assertions: a declared assertion pack (path, sha256, names) for
         the manifest; it changes nothing in the recorded run (the checking happens on
-        replay). launcher: run the QEMU as a libvirt domain (virt.Launcher, see vm.VM);
+        replay). launcher: run the QEMU as a libvirt domain (qemu.vm.Launcher);
         what libvirt adds that the guest sees goes into the manifest's machine.libvirt.
         stop: what a stop request (Ctrl-C) does, as `virsh shutdown` and `virsh destroy`:
         "powerdown" presses the power button and waits powerdown_wait_s for the guest to
@@ -168,22 +106,23 @@ class Recording:
         self.button_pressed = False             # by powerdown(), for whatever reason
         self._tmp: str | None = None       # the sockets' directory, while recording
         self.console: ConsoleServer | None = None   # the serial console served to users
+        self._ended = False                 # finish() has begun, or start() failed: nothing to seal
 
     def started(self) -> VM:
         """The recording's VM, once start() has made it."""
         if self.vm is None:
-            raise TandemError(f"{self.path}: the recording was not started")
+            raise InfraError(f"{self.path}: the recording was not started")
         return self.vm
 
     def start(self) -> "Recording":
         g = self.guest
         net = UserNet(self.port, self.forwards)
         check_host_ports(net.all_forwards(GUEST_PORT))
-        m = self.manifest = start_manifest(self.path, g, {
-            "stop_after_ns": self.duration_ns,
-            "net": {"backend": "user", "forwards": [str(f) for f in self.all_forwards()],
-                    **({"hostfwd_port": self.port, "guest_port": GUEST_PORT} if self.port else {})},
-            **(self.launcher.machine() if self.launcher else {})}, self.assertions)
+        self.manifest = start_bundle(self.path, g, dataclasses.replace(
+            g.section(), stop_after_ns=self.duration_ns,
+            net=NetSection(backend="user", forwards=tuple(str(f) for f in self.all_forwards()),
+                           hostfwd_port=self.port or None, guest_port=GUEST_PORT if self.port else None),
+            libvirt=self.launcher.section() if self.launcher else None), self.assertions)
         # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).
         tmp = self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
         gate = Gate(self.gate_socket, self.gate_outputs, self.gate_overflow) if self.gate_socket else None
@@ -196,8 +135,10 @@ class Recording:
             vm.start()
         except TandemError:
             # Keep the bundle honest: it exists, holds what QEMU wrote, and says so.
-            m["state"] = "interrupted"
-            bundle.write_manifest(self.path, m)
+            self._ended = True
+            vm.close()
+            self.manifest = sealing.interrupted(self.manifest)
+            bundle.write_manifest(self.path, self.manifest)
             private.copy_file(vm.log_path, self.path / "qemu.log")
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -223,7 +164,7 @@ class Recording:
     def serial(self) -> Serial:
         serial = self.started().serial
         if serial is None:      # a recording's VM always has one (vm.VM.start)
-            raise TandemError(f"{self.path}: the recording's serial console is not connected")
+            raise InfraError(f"{self.path}: the recording's serial console is not connected")
         return serial
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -231,7 +172,8 @@ class Recording:
         self.serial.wait_for(b"TANDEM-READY", timeout)
 
     def stop(self) -> None:
-        """End the recording now (recorded as a host shutdown, so replay stops there too)."""
+        """Quit the guest now (recorded as a host shutdown, so replay stops there too):
+        what a stop request does; finish() or close() then seals the bundle."""
         if self.stop_reason is None:
             self.stop_reason = "interrupt"
         self.started().quit()
@@ -286,15 +228,18 @@ class Recording:
             if progress:
                 progress(vm.vm_status())
             if deadline and time.monotonic() > deadline:
-                raise TandemError(f"{self.path}: guest still running after {timeout:.0f}s")
+                raise BootError(f"{self.path}: guest still running after {timeout:.0f}s")
             try:    # returns as soon as QEMU exits, so the recording's end is not delayed
                 proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 pass
 
-    def finish(self, timeout: float = 60.0) -> dict:
-        """Wait for QEMU to exit, then seal the bundle with its manifest."""
+    def finish(self, timeout: float = 60.0) -> Manifest:
+        """Wait for QEMU to exit (killed after `timeout` s), release the VM, its console
+        server and sockets, and seal the bundle: its manifest. An 'interrupted' bundle
+        is an error (once sealed)."""
         vm = self.started()
+        self._ended = True
         try:
             status = vm.wait(timeout)
         except TandemError:
@@ -318,22 +263,38 @@ class Recording:
                 self.stop_reason = "duration" if self.duration_ns else "qemu-exit"
             else:
                 self.stop_reason = {"guest-shutdown": "poweroff", "host-qmp-quit": "duration"}.get(reason, reason)
-        m = seal(self.path, self.manifest, status=status, wall_s=wall, stop_reason=self.stop_reason,
-                 power_button=self.button_pressed)
-        if m["state"] != "complete":
-            raise TandemError(f"{self.path}: QEMU exited with status {status} during recording "
-                              f"(bundle kept as 'interrupted'; replay it with --partial)")
+        m = self.manifest = sealing.seal(self.path, self.manifest, status=status, wall_s=wall,
+                                           stop_reason=self.stop_reason, power_button=self.button_pressed)
+        if m.state != "complete":
+            raise InfraError(f"{self.path}: QEMU exited with status {status} during recording "
+                             f"(bundle kept as 'interrupted'; replay it with --partial)")
         return m
 
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, exc_type, *_):
-        if self.vm and self.vm.proc and self.vm.proc.poll() is None and exc_type is not None:
-            self.stop()
-        if self.vm:
+    def close(self) -> None:
+        """End the recording and release it: one still running is quit (stop()) and
+        sealed as finish() seals it; an 'interrupted' bundle is logged here, not raised.
+        Nothing to do once finish() has run, after a failed start, or a second time."""
+        if self.vm is None or self._ended:
+            return
+        if self.running():
             try:
-                self.finish()
-            except TandemError:
-                if exc_type is None:
-                    raise
+                self.stop()
+            except TandemError:     # QMP not connected yet (a start cut short): no quit to ask
+                self.vm.kill()
+        try:
+            self.finish()
+        except TandemError as e:
+            log.debug("%s: closed: %s", self.path, e)
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, exc_type, *_) -> None:
+        if exc_type is None and self.vm is not None and not self._ended:
+            self.finish()       # the block's result: the guest's own end, sealed (an error if interrupted)
+        else:
+            self.close()

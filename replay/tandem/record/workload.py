@@ -11,7 +11,7 @@ import socket
 import subprocess
 import threading
 
-from ..errors import TandemError
+from ..errors import BootError, TandemError
 
 log = logging.getLogger(__name__)
 
@@ -23,14 +23,14 @@ class KV:
         try:
             self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         except OSError as e:
-            raise TandemError(f"guest service 127.0.0.1:{port}: {e}") from None
+            raise BootError(f"guest service 127.0.0.1:{port}: {e}") from None
         self.rfile = self.sock.makefile("rb")
 
     def request(self, line: str) -> str:
         self.sock.sendall(line.encode() + b"\n")
         reply = self.rfile.readline()
         if not reply:
-            raise TandemError(f"guest service closed the connection after {line[:40]!r}")
+            raise BootError(f"guest service closed the connection after {line[:40]!r}")
         return reply.decode(errors="replace").rstrip("\n")
 
     def requests(self, lines: list[str]) -> list[str]:
@@ -40,7 +40,7 @@ class KV:
         for line in lines:
             reply = self.rfile.readline()
             if not reply:
-                raise TandemError(f"guest service closed the connection after {line[:40]!r}")
+                raise BootError(f"guest service closed the connection after {line[:40]!r}")
             replies.append(reply.decode(errors="replace").rstrip("\n"))
         return replies
 
@@ -62,8 +62,8 @@ class KV:
 class Hammer:
     """One client sending SET after SET, each waiting for its reply, until stop is set or
     the guest's service goes away under it (the recording ended or was killed): the heavy
-    load of issue 23's torn and followed replays (51,000 requests in a 15 s recording, two
-    device events each). `replies` counts as it goes, for whoever waits on the load."""
+    load of the torn and followed replays (51,000 requests in a 15 s recording, two device
+    events each). `replies` counts as it goes, for whoever waits on the load."""
 
     def __init__(self, port: int, keys: int = 1000):
         self.port, self.keys = port, keys
@@ -83,7 +83,7 @@ class Hammer:
                 except (TandemError, OSError) as e:     # the service is gone: the load ends
                     return self._gone(e)
                 if reply != "OK":
-                    raise TandemError(f"guest service: expected OK to {line!r}, got {reply!r}")
+                    raise BootError(f"guest service: expected OK to {line!r}, got {reply!r}")
                 self.replies += 1
         return self.replies
 
@@ -100,7 +100,7 @@ def nc_session(port: int, lines: list[str], timeout: float = 30.0) -> list[str]:
                        input="".join(l + "\n" for l in lines + ["QUIT"]).encode(),
                        capture_output=True, timeout=timeout + 5)
     if r.returncode not in (0, 1):
-        raise TandemError(f"nc 127.0.0.1:{port}: exit {r.returncode}: {r.stderr.decode().strip()}")
+        raise BootError(f"nc 127.0.0.1:{port}: exit {r.returncode}: {r.stderr.decode().strip()}")
     return r.stdout.decode(errors="replace").splitlines()
 
 
@@ -112,15 +112,15 @@ def demo_traffic(port: int, rounds: int = 20) -> dict:
             for reply, want in ((a.request(f"SET key{i} value-{i}-{'x' * (i % 7)}"), "OK"),
                                 (b.request(f"GET key{i}"), "VALUE")):
                 if not reply.startswith(want):
-                    raise TandemError(f"guest service: expected {want}, got {reply!r}")
+                    raise BootError(f"guest service: expected {want}, got {reply!r}")
                 replies += 1
         if a.request("SYNC") != "OK":
-            raise TandemError("guest service: SYNC failed")
+            raise BootError("guest service: SYNC failed")
         replies += 1
     out = nc_session(port, ["GET key1", "DEL key2", "GET key2", "STATS", "SYNC"])
     replies += len(out)
     if not out or not out[0].startswith("VALUE"):
-        raise TandemError(f"nc client: unexpected replies {out!r}")
+        raise BootError(f"nc client: unexpected replies {out!r}")
     return {"requests": replies}
 
 
@@ -165,5 +165,5 @@ def bad_requests(port: int, kinds: list[str] | None = None, *, check: bool = Tru
                 replies.update({k: None for k in want if k not in replies})
                 break
             if check and reply != native:
-                raise TandemError(f"guest service: {kind} ({line[:30]!r}): expected {native}, got {reply!r}")
+                raise BootError(f"guest service: {kind} ({line[:30]!r}): expected {native}, got {reply!r}")
     return replies

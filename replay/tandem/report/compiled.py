@@ -28,7 +28,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from ..errors import TandemError
+from ..errors import InfraError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def build(source: Path = HERE, modules: tuple[str, ...] = COMPILED, into: Path |
     build cut short leaves nothing that counts."""
     key = source_key(source)
     if key is None:
-        raise TandemError("mypy is not installed in this Python: it is in replay/requirements.txt (./tandem setup)")
+        raise InfraError("mypy is not installed in this Python: it is in replay/requirements.txt (./tandem setup)")
     root = into or builds_dir()
     dest = root / key
     if (dest / MANIFEST).is_file():
@@ -93,7 +93,7 @@ def build(source: Path = HERE, modules: tuple[str, ...] = COMPILED, into: Path |
         if r.returncode != 0:     # the first type error (mypyc compiles none), else its last word
             said = (r.stdout + r.stderr).strip().splitlines() or ["no output"]
             first = next((line for line in said if ": error: " in line), said[-1])
-            raise TandemError(f"mypyc could not compile the console parser ({source}): {first}")
+            raise InfraError(f"mypyc could not compile the console parser ({source}): {first}")
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
         out = Path(tmp) / "out"
         out.mkdir()
@@ -140,13 +140,13 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def _files(build_dir: Path) -> dict[str, Path] | None:
     try:
-        manifest = json.loads((build_dir / MANIFEST).read_text())
+        built = json.loads((build_dir / MANIFEST).read_text())     # the build's index, not a bundle's
     except (OSError, ValueError):
         return None
-    if manifest.get("suffix") != sysconfig.get_config_var("EXT_SUFFIX"):
+    if built.get("suffix") != sysconfig.get_config_var("EXT_SUFFIX"):
         return None
-    files = {f"{PACKAGE}.{m}": build_dir / f"{m}{manifest['suffix']}" for m in manifest["modules"]}
-    files.update({name: build_dir / file for name, file in manifest["libs"].items()})
+    files = {f"{PACKAGE}.{m}": build_dir / f"{m}{built['suffix']}" for m in built["modules"]}
+    files.update({name: build_dir / file for name, file in built["libs"].items()})
     return files if all(f.is_file() for f in files.values()) else None
 
 

@@ -39,7 +39,7 @@ def readable(text: str) -> str:
 
 
 # A Line without NamedTuple's Python-level __new__: make_line() runs once per console line
-# inside a report, and its cost there was a third of the parser's per-line time.
+# inside a report, and NamedTuple's would take a third of the parser's per-line time.
 _new_line = tuple.__new__
 
 

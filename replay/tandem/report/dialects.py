@@ -5,7 +5,11 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-from . import freebsd, linux, netbsd, openbsd, userland
+from .freebsd import FREEBSD
+from .linux import LINUX
+from .netbsd import NETBSD
+from .openbsd import OPENBSD
+from .userland import USERLAND
 from .model import OSES
 
 _DIALECTS: dict[str, SimpleNamespace] = {}
@@ -52,15 +56,15 @@ def dialect(os: str) -> SimpleNamespace:
 
 
 def _dialect(os: str) -> SimpleNamespace:
-    tables = {"linux": [linux, userland], "freebsd": [freebsd, userland], "openbsd": [openbsd],
-              "netbsd": [netbsd], "userland": [userland]}
+    tables = {"linux": [LINUX, USERLAND], "freebsd": [FREEBSD, USERLAND], "openbsd": [OPENBSD],
+              "netbsd": [NETBSD], "userland": [USERLAND]}
     if os not in tables:
         raise ValueError(f"unknown OS {os!r}: expected one of {', '.join(OSES)}")
 
-    # Every start pattern holds one of its table's TOKENS: one search of them all says
+    # Every start pattern holds one of its table's tokens: one search of them all says
     # that a line starts no report (most lines), before each table's patterns in turn;
     # the Scanner searches raw console text for them (may_start) to pass over such lines.
-    texts = _fewer(t for table in tables[os] for t in table.TOKENS)
+    texts = _fewer(t for table in tables[os] for t in table.tokens)
     tokens = "|".join(re.escape(t) for t in texts)
     any_token = re.compile(tokens)
 
@@ -77,4 +81,4 @@ def _dialect(os: str) -> SimpleNamespace:
     # _line(), which finds nothing there.
     tails = "|".join(re.escape(rare_tail(t)) for t in texts)
     return SimpleNamespace(start=start, may_start=re.compile(tails + r"|\r[^\r\n]"), texts=tuple(texts),
-                           longest=max(2, *(len(t) for table in tables[os] for t in table.TOKENS)))
+                           longest=max(2, *(len(t) for table in tables[os] for t in table.tokens)))

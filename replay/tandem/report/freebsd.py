@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from .frames import bsd_frame, sanitize_title, useful
-from .kind import Description, Kind, matched
+from .kind import Description, Kind, Table, matched
 
 # Frames of the debugger, panic, trap and sanitizer machinery, above the code that failed.
 _MACHINERY = re.compile(r"^(?:db_trace_self|db_trace_thread|kdb_|vpanic$|panic$|kassert_panic$|trap$|"
@@ -256,3 +256,6 @@ def start(text: str) -> Kind | None:
         if kind.start.search(text):
             return kind
     return None
+
+
+FREEBSD = Table(TOKENS, start)

@@ -45,3 +45,11 @@ class Kind:
     # report's title reads on to the next report, as syzkaller's does (its text ends there).
     reread: frozenset[str] = frozenset()
     with_context: bool = False  # describe(lines, ctx): the printk context of the report's lines
+
+
+class Table(NamedTuple):
+    """One OS module's report kinds, as report/dialects.py combines them: texts one of
+    which every line starting one of its kinds holds, and the search that says which kind
+    a line starts (None: none of these)."""
+    tokens: tuple[str, ...]
+    start: Callable[[str], Kind | None]

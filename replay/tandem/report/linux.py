@@ -14,10 +14,10 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from . import oops
-from .kind import Description, Kind
+from .kind import Description, Kind, Table
 from .needles import lines_holding
-from .oops import PARSE, Format, Stack, StackParams, Step, compile
+from .oops import (CORRUPTED_NO_FRAMES, FORMAT_CORRUPTED, MAX_FRAMES, NO_REPORT_MATCH, PARSE, WIDTH, Format, Marks,
+                   Stack, StackParams, Step, compile, extract_description, stable_title)
 
 # --- stacks -------------------------------------------------------------------------
 
@@ -489,9 +489,9 @@ def _report_lines(lines: list[str], caller: bool) -> tuple[list[str], list[str]]
     """syzkaller's findReport on a report's lines (other contexts already left out): the
     lines its title comes from (up to a message with a stack of its own, unless the lines
     carry a printk caller id) and all of them. Only the lines holding one of the texts
-    it looks for are looked at one by one (found with str.find in the lines joined: the
-    checks of every line were a fifth of describing)."""
-    cut = [text[:oops.WIDTH] for text in lines]
+    it looks for are looked at one by one (found with str.find in the lines joined:
+    checking every line would be a fifth of describing)."""
+    cut = [text[:WIDTH] for text in lines]
     marked = _marked_lines(cut)
     if not marked:
         return cut, cut
@@ -575,10 +575,10 @@ _ENDS = [
 def _describer(o: Oops):
     def describe(lines: list[str], ctx: str = "") -> Description:
         title_lines, all_lines = _report_lines(lines, ctx not in ("", "kernel"))
-        marks = oops.Marks(PARAMS, all_lines)
-        res = oops.describe(o.header, o.formats, title_lines, PARAMS,
-                            marks if title_lines is all_lines else None)
-        text = oops.title(res.title)
+        marks = Marks(PARAMS, all_lines)
+        res = extract_description(o.header, o.formats, title_lines, PARAMS,
+                                  marks if title_lines is all_lines else None)
+        text = stable_title(res.title)
         corrupted = res.corrupted or _corrupted(res.title, all_lines, res.format, marks)
         return Description(title_type(text), text, _frames(text, res.frames, all_lines), corrupted)
     return describe
@@ -598,12 +598,12 @@ def _frames(title: str, frames: list[str], lines: list[str]) -> list[str]:
             f = PARAMS.frame_res[0].search(text)
             if f and not skipped(f.group(1)):
                 frames.append(PARAMS.strip(f.group(1)))
-                if len(frames) >= oops.MAX_FRAMES:
+                if len(frames) >= MAX_FRAMES:
                     break
     return named + [f for f in frames if f not in named]
 
 
-def _corrupted(title: str, lines: list[str], f: Format | None, marks: oops.Marks) -> str | None:
+def _corrupted(title: str, lines: list[str], f: Format | None, marks: Marks) -> str | None:
     """syzkaller's isCorrupted: a timestamp in the (raw) title, or a stack that has no frame.
     A report with stack frames is whole though no "Call Trace:" line says so (KFENCE
     prints its stacks under its own headers; syzkaller calls that corrupted)."""
@@ -647,7 +647,7 @@ def _has_frames(lines: list[str], n: int) -> bool:
 
 # A title these leave "in corrupted" may find its frames after the report's end marker
 # (interleaved output): syzkaller reads to the next report.
-_INCOMPLETE = frozenset({oops.CORRUPTED_NO_FRAMES, oops.NO_REPORT_MATCH, oops.FORMAT_CORRUPTED})
+_INCOMPLETE = frozenset({CORRUPTED_NO_FRAMES, NO_REPORT_MATCH, FORMAT_CORRUPTED})
 
 
 # Reports named by their first line alone (no format reads a stack): they end there, and
@@ -707,3 +707,6 @@ def start(text: str) -> Kind | None:
             i = next((i for i, (when, _, _) in enumerate(_ENDS) if when.search(probe)), len(_ENDS))
             return kinds[i + (n if inside else 0)]
     return None
+
+
+LINUX = Table(TOKENS, start)

@@ -1,6 +1,6 @@
 """What a crash report is: the closed set of report types, the OSes whose consoles have a
 dialect, and the Report itself. The package's modules import it; it imports none of them
-(the Scanner used to reach back into the package for these, a cycle)."""
+(so a module that needs these never needs the package's __init__: no cycle)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

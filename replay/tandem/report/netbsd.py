@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from .frames import base_name, sanitize_title, useful
-from .kind import Description, Kind
+from .kind import Description, Kind, Table
 
 # "name() at netbsd:name+0x12 [file:line]"
 _FRAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)\(\) at (?:netbsd:)?[A-Za-z_]")
@@ -133,3 +133,6 @@ def start(text: str) -> Kind | None:
         if kind.start.search(text):
             return kind
     return None
+
+
+NETBSD = Table(TOKENS, start)

@@ -142,8 +142,8 @@ NO_REPORT_MATCH = "matched title but not report regexp"
 FORMAT_CORRUPTED = "report format is marked as corrupted"
 
 
-def describe(header: str, formats: tuple[Format, ...], lines: list[str], params: StackParams,
-             marks: Marks | None = None) -> Result:
+def extract_description(header: str, formats: tuple[Format, ...], lines: list[str], params: StackParams,
+                        marks: Marks | None = None) -> Result:
     """syzkaller's extractDescription over a report's lines (its first line holds `header`);
     `marks`: those lines' Marks, when the caller has them."""
     best: Result | None = None
@@ -434,7 +434,7 @@ _SPACES = re.compile(r"  +")
 _PASSES = 8   # a replacement is repeated until nothing changes (overlaps: "0,1,2"); bounded
 
 
-def title(raw: str) -> str:
+def stable_title(raw: str) -> str:
     """A title stable across runs: no executor numbers, addresses, IPs, line numbers,
     offsets, CPU or other numbers; printable, single-spaced, at most 120 characters."""
     text = raw[:WIDTH]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from .frames import sanitize_title
-from .kind import Description, Kind, matched
+from .kind import Description, Kind, Table, matched
 
 # A ddb frame: "name(args) at name+0x12" (possibly followed by a source location).
 # One that "names nothing" ("fffffd80...(..) at 0xfffffd80...") is not a frame.
@@ -276,3 +276,6 @@ def start(text: str) -> Kind | None:
                 continue
             return kind
     return None
+
+
+OPENBSD = Table(TOKENS, start)

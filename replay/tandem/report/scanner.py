@@ -286,8 +286,8 @@ class Scanner:
             return i
         run = buf[i:to]
         room = MAX_REPORT_LINES - 1 - len(cur.texts)     # then _line() closes the report
-        # (lines counted only when there may be more than room: a count per run was 2% of
-        # the parser's CPU on the corpus)
+        # (lines counted only when there may be more than room: a count per run would be 2%
+        # of the parser's CPU on the corpus)
         lines = run.count("\n") if len(run) > room else 0
         if lines > room or len(run) >= MAX_LINE:
             # a run takes no line _line() would cut, nor the line that ends the report at

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 from .frames import sanitize_title, user_frame, useful
-from .kind import Description, Kind, matched
+from .kind import Description, Kind, Table, matched
 
 # Runtime and libc frames: the allocator, interceptors and process start-up.
 _SKIP = re.compile(r"^(?:malloc|calloc|realloc|free|operator new|operator delete|strdup|strndup|"
@@ -92,3 +92,6 @@ def start(text: str) -> Kind | None:
         if kind.start.search(text):
             return kind
     return None
+
+
+USERLAND = Table(TOKENS, start)

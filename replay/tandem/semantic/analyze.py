@@ -2,12 +2,12 @@
 parallel, then report their findings and their divergences from the native.
 
 The bundle's device log is read as the analyses advance (read_paced: inputs.InputExtractor
-into a recording that fills in, as a live native's does) -> replay_semantic.run per analysis
+into a recording that fills in, as a live native's does) -> driving.replay.run per analysis
 (feed + TCP peer), trailing it (trail.Trail) -> compared as it goes (live_compare, under the
 equivalence spec; noise from a replay into the native kernel) + findings (console reports,
-as they complete) -> this summary. Memory follows what is in flight: a 20 s heavy recording
-(203k device events) held 100,000 inputs and detached every analysis when it was loaded
-whole; now no bound applies and the reading waits for the slowest analysis.
+as they complete) -> this summary. Memory follows what is in flight, not the recording's
+length (a 20 s heavy recording has 203k device events): no bound detaches an analysis, the
+reading waits for the slowest.
 """
 from __future__ import annotations
 
@@ -17,27 +17,28 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import private
-from ..errors import TandemError
+from .. import catalog, private
+from ..errors import EXIT_CLEAN, EXIT_FOUND, EXIT_INCOMPLETE, TandemError
 from ..formats import bundle, pcapng
 from ..machine import analyses_given
 from .comparison import compare, equivalence
 from . import inputs, model
-from . import findings as findings_mod
-from . import guests as guests_mod
+from .findings import Finding, did_not_boot, distinct
+from .guests import analysis_guest, with_files_swapped
 from .comparison.live_compare import OFFLINE_STUCK_MAX
+from .driving.replay import RunOptions
 from .trail import Trail
 
 log = logging.getLogger(__name__)
 
-NOISE = "native"
+NOISE = catalog.NATIVE.name
 
 
 @dataclass
 class AnalysisResult:
     analysis: str
     run: model.AnalysisRun
-    findings: list[findings_mod.Finding]
+    findings: list[Finding]
     divergences: list[compare.Divergence]
     noise: int                      # differences also seen between two runs of the native kernel
     spec: list[str]
@@ -49,10 +50,6 @@ class AnalysisResult:
     @property
     def complete(self) -> bool:
         return self.failure is None and not self.not_analysed
-
-
-# `tandem replay --analysis`, `tandem shadow`, `tandem attach`: how they exit.
-EXIT_CLEAN, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 @dataclass
@@ -80,9 +77,9 @@ class Summary:
         return EXIT_FOUND if not self.ok else EXIT_INCOMPLETE if not self.complete else EXIT_CLEAN
 
 
-def check_request(bundle_dir: Path, analyses: list[str], spec_path: str | None) -> dict:
+def check_request(bundle_dir: Path, analyses: list[catalog.Analysis], spec_path: str | None) -> bundle.Manifest:
     """Fail early, with one line, on anything wrong with the request."""
-    for a in analyses_given(analyses):          # unknown name, missing kernel or image
+    for a in analyses_given(analyses):          # none, missing kernel or image
         equivalence.load(a, spec_path)          # malformed spec
     m = bundle.load_manifest(bundle_dir)
     problems = bundle.verify_files(bundle_dir, m)
@@ -102,7 +99,7 @@ PACE_EVERY = 512            # events read between two looks at the analyses
 PACE_SLEEP_S = 0.02
 
 
-def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | None = None,
+def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_path: str | None = None,
             workdir: Path | None = None, noise: bool = True, jobs: int = 2,
             lookahead_ns: int = model.LOOKAHEAD_NS, progress=None,
             record: bool = True, guests: dict | None = None, root: str | None = None,
@@ -110,10 +107,10 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     """Replay a finished recording into analysis VMs, `jobs` at a time, each batch
     trailing one reading of the bundle's device log (trail.Trail): tandem's memory
     follows what is in flight, not the recording's length, and no bound stops an
-    analysis; the reading waits for the slowest instead. guests: analysis -> the
+    analysis; the reading waits for the slowest instead. guests: analysis name -> the
     machine.Guest it boots (default: guests.analysis_guest's: a user's VM on its own
     disks, its root device `root` or the recorded one). cpu_idle: let the host's CPUs idle
-    while the analyses run (semantic.replay.run). noise_from: an earlier analyze() of this
+    while the analyses run (driving.replay.run). noise_from: an earlier analyze() of this
     bundle whose noise run is used again rather than run once more (the demo analyses in
     turns, as their kernels are built)."""
     bundle_dir = Path(bundle_dir)
@@ -122,12 +119,14 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
     workdir = workdir or bundle_dir / "analysis"
     private.make_dir(workdir)
     earlier = noise_from.noise if noise and noise_from is not None else None
-    runs_wanted = analyses + ([NOISE] if noise and earlier is None and NOISE not in analyses else [])
-    users = guests_mod.is_users_guest(manifest)
-    specs = {a: equivalence.load(a, spec_path, users) for a in runs_wanted}
-    guests = guests or {a: guests_mod.analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
+    noise_run = noise and earlier is None and catalog.NATIVE not in analyses
+    runs_wanted = analyses + ([catalog.NATIVE] if noise_run else [])
+    users = manifest.users_guest
+    specs = {a.name: equivalence.load(a, spec_path, users) for a in runs_wanted}
+    guests = guests or {a.name: analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
     if users:
-        guests = {a: guests_mod.with_files_swapped(g, a, workdir, bundle_dir) for a, g in guests.items()}
+        guests = {a.name: with_files_swapped(guests[a.name], a, workdir, bundle_dir)
+                  for a in runs_wanted if a.name in guests}
     runs: dict[str, model.AnalysisRun] = {}
     found: dict[str, tuple[list, list, list]] = {}
     if earlier is not None:
@@ -136,30 +135,29 @@ def analyze(bundle_dir: str | Path, analyses: list[str], *, spec_path: str | Non
         for at in range(0, len(runs_wanted), max(1, jobs)):
             batch = runs_wanted[at:at + max(1, jobs)]
             rec = _unread(bundle_dir, manifest, users)
-            trail = Trail(rec, batch, specs, {a: model.Buffer.unbounded() for a in batch}, workdir,
-                          run_options=lambda a: {"record": record, "lookahead_ns": lookahead_ns,
-                                                 "guest": guests.get(a), "line_deps": not users,
-                                                 "cpu_idle": cpu_idle},
+            trail = Trail(rec, batch, specs, {a.name: model.Buffer.unbounded() for a in batch},
+                          run_options=lambda a: RunOptions(a, guests.get(a.name), workdir, record=record,
+                                                           lookahead_ns=lookahead_ns, line_deps=not users,
+                                                           cpu_idle=cpu_idle),
                           findings_file=findings_file, stuck_max=OFFLINE_STUCK_MAX, progress=progress)
-            trail.start()
-            read_paced(trail, bundle_dir)
-            trail.join()
+            with trail:         # started; its analyses stopped if reading fails
+                read_paced(trail, bundle_dir)
+                trail.join()
             r, f = trail.results()
             runs.update(r)
             found.update(f)
-    return summarize(bundle_dir, rec, analyses, runs, spec_path, noise, workdir, found, specs)
+    return summarize(bundle_dir, rec, analyses, runs, specs, noise, workdir, found)
 
 
-def _unread(bundle_dir: Path, manifest: dict, users_guest: bool) -> inputs.RecordedInputs:
+def _unread(bundle_dir: Path, manifest: bundle.Manifest, users_guest: bool) -> inputs.RecordedInputs:
     """A recording's inputs before its device log is read (filled in by read_paced)."""
     rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(bundle_dir))
-    created = manifest.get("created")
-    if isinstance(created, str) and len(created) >= 19:
-        rec.created = created[:19]
-    stop = manifest.get("stop") or {}
+    if manifest.started_at is not None:
+        rec.created = manifest.started_at
+    stop = manifest.stop
     # A user's VM that powered off may have had its button pressed by a tool of the
     # user's; tandem's own guest powers off from its console unless the button was.
-    rec.power_button = stop.get("reason") == "poweroff" and (users_guest or stop.get("power_button") is True)
+    rec.power_button = stop.reason == "poweroff" and (users_guest or stop.power_button is True)
     return rec
 
 
@@ -190,25 +188,24 @@ def read_paced(trail: Trail, bundle_dir: Path) -> None:
     rec.finished = True
 
 
-def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[str],
-              runs: dict[str, model.AnalysisRun], spec_path: str | None, noise: bool,
-              workdir: Path, found: dict[str, tuple], specs: dict | None = None) -> Summary:
+def summarize(bundle_dir, rec: inputs.RecordedInputs, analyses: list[catalog.Analysis],
+              runs: dict[str, model.AnalysisRun], specs: dict[str, equivalence.Spec], noise: bool,
+              workdir: Path, found: dict[str, tuple]) -> Summary:
     """The summary of finished analysis runs; writes summary.json and findings.jsonl into
-    workdir. found: analysis -> (findings, divergences, not analysed), as each run found
-    them while it went (trail.Trail.results). specs: analysis -> the spec it was compared
-    under (default: loaded again from spec_path)."""
+    workdir. By analysis name: runs, specs (the spec each was compared under) and found
+    ((findings, divergences, not analysed), as each run found them while it went:
+    trail.Trail.results)."""
     summary = Summary(str(bundle_dir), limits=list(rec.limits),
                       noise=(runs[NOISE], found[NOISE]) if NOISE in runs and NOISE in found else None)
-    for name in analyses:
-        run = runs[name]
-        spec = (specs or {}).get(name) or equivalence.load(name, spec_path)
+    for name in (a.name for a in analyses):
+        run, spec = runs[name], specs[name]
         findings, divs, unreached = found[name]
         n_noise = 0
         if noise and name != NOISE and NOISE in runs:
             divs, n_noise = compare.split_noise(divs, found[NOISE][1])
-        failure, findings = findings_mod.did_not_boot(run, findings)
+        failure, findings = did_not_boot(run, findings)
         summary.results.append(AnalysisResult(name, run, findings, divs, n_noise, spec.sources, failure, unreached))
-        unknown = run.peer.unknown[:5] if run.peer else []
+        unknown = run.net.unknown[:5] if run.net else []
         summary.limits += [f"{name}: {x}" for x in run.limits + unknown]
     write_summary(workdir, summary)
     return summary
@@ -231,7 +228,7 @@ def write_summary(workdir: Path, s: Summary) -> None:
          "recording": str(r.run.bundle) if r.run.bundle else None,
          "findings": [asdict(x) for x in r.findings],
          "distinct": [{"title": f.title, "type": f.type, "count": n, "first_vm_ns": f.vm_ns}
-                      for f, n in findings_mod.distinct(r.findings)],
+                      for f, n in distinct(r.findings)],
          "noise": r.noise, "spec": r.spec,
          "divergences": [{"channel": d.channel, "kind": d.kind, "native_vm_ns": d.native_ns,
                           "analysis_vm_ns": d.analysis_ns, "after_input": d.after_input,

@@ -76,33 +76,26 @@ def distinct(found: list[Finding]) -> list[tuple[Finding, int]]:
     return [(f, count[t]) for t, f in first.items()]
 
 
-def symbolizer(analysis: str):
+def symbolizer(analysis: catalog.Analysis):
     """rep -> rep with source locations from the analysis kernel's vmlinux and modules
     (rep unchanged when they are not there)."""
-    known = catalog.ANALYSES.get(analysis)
-    if known is not None and known.kernel.image:        # a kernel the user brought, with its vmlinux or none
-        brought = known.kernel.vmlinux
+    if analysis.kernel.image:        # a kernel the user brought, with its vmlinux or none
+        brought = analysis.kernel.vmlinux
         return lambda rep: report.symbolize(rep, brought) if brought and rep.os == "linux" else rep
-    flavor = known.flavor if known else analysis
     try:
-        vmlinux = artifacts.kernel(flavor)["vmlinux"]
-        modules: list[Path | str] = list(artifacts.modules(flavor).get("modules", []))
+        vmlinux = artifacts.kernel(analysis.flavor)["vmlinux"]
+        modules: list[Path | str] = list(artifacts.modules(analysis.flavor).get("modules", []))
     except (TandemError, KeyError) as e:   # not built (./tandem build), or a build record without a vmlinux
-        log.info("findings of %s are not symbolized: %s", analysis, e)
+        log.info("findings of %s are not symbolized: %s", analysis.name, e)
         return lambda rep: rep
     return lambda rep: report.symbolize(rep, vmlinux, modules) if vmlinux and rep.os == "linux" else rep
 
 
-def findings(run: AnalysisRun, symbolize: bool = True) -> list[Finding]:
-    sym = symbolizer(run.analysis) if symbolize else (lambda rep: rep)
-    return [of_report(run, sym(rep)) for rep in report.parse(bytes(run.console), guest_os(run.analysis))] + outcome(run)
-
-
-def guest_os(analysis: str) -> str:
-    """The guest OS an analysis runs (its console dialect), from the catalogue; Linux for a
-    name the catalogue does not know (a findings file of an older tandem)."""
-    known = catalog.ANALYSES.get(analysis)
-    return known.os if known else "linux"
+def findings(run: AnalysisRun, analysis: catalog.Analysis, symbolize: bool = True) -> list[Finding]:
+    """Every finding of a finished run (of `analysis`): its console's reports, in its guest
+    OS's dialect, and its end."""
+    sym = symbolizer(analysis) if symbolize else (lambda rep: rep)
+    return [of_report(run, sym(rep)) for rep in report.parse(bytes(run.console), analysis.os)] + outcome(run)
 
 
 def booted(run: AnalysisRun) -> bool:

@@ -24,8 +24,8 @@ from pathlib import Path
 from .. import artifacts, catalog, private
 from ..errors import TandemError
 from ..formats import bundle, pcapng
+from ..formats.bundle import Manifest
 from ..machine import Guest
-from ..qemu import kernel_image
 from ..qemu.image import root_device
 from . import overlay
 
@@ -42,17 +42,10 @@ KERNEL_VERSION = re.compile(rb"Linux version (\S+)")
 ROOT_ARG = re.compile(r"(?:^|\s)root=(\S+)")
 
 
-def is_users_guest(manifest: dict) -> bool:
-    """Was the recording of a user's VM (tandem record --disk), not of the demo guest
-    (whose service port forward the manifest's net section names)?"""
-    machine = manifest.get("machine") or {}
-    return "guest_port" not in (machine.get("net") or {}) and bool(machine.get("disks"))
-
-
-def recorded_root(bundle_dir: Path, manifest: dict) -> str | None:
+def recorded_root(bundle_dir: Path, manifest: Manifest) -> str | None:
     """The root= the native booted with: a direct boot's command line, else the one its
     kernel printed on the console."""
-    m = ROOT_ARG.search(str((manifest.get("machine") or {}).get("cmdline") or ""))
+    m = ROOT_ARG.search(manifest.machine.cmdline or "")
     if m:
         return m.group(1)
     line = console_line(bundle_dir, COMMAND_LINE)
@@ -82,19 +75,18 @@ def console_line(bundle_dir: Path, pattern: re.Pattern[bytes]) -> bytes | None:
     return None
 
 
-def analysis_guest(bundle_dir: Path, manifest: dict, analysis: str, root: str | None = None) -> Guest:
-    """The machine `analysis` boots for the recording in bundle_dir (manifest: its
+def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, root: str | None = None) -> Guest:
+    """The machine analysis `a` boots for the recording in bundle_dir (manifest: its
     manifest): the catalogue's guest for the demo guest's recordings; for a user's VM its
     own disks with the analysis's kernel booted directly on its root."""
-    a = catalog.get(analysis)
-    if not is_users_guest(manifest):
+    if not manifest.users_guest:
         if a.kernel.image or a.overlay:
-            raise TandemError(f"analysis {analysis}: {'a kernel you bring' if a.kernel.image else 'an overlay'} "
+            raise TandemError(f"analysis {a.name}: {'a kernel you bring' if a.kernel.image else 'an overlay'} "
                               f"analyses a recording of your own VM (tandem record --disk); {bundle_dir} is of "
                               "the demo guest")
-        return Guest.for_analysis(analysis)
+        return Guest.for_analysis(a)
     if a.userland.name != "native":
-        raise TandemError(f"analysis {analysis}: it swaps the demo guest's userland; a user's VM keeps its own "
+        raise TandemError(f"analysis {a.name}: it swaps the demo guest's userland; a user's VM keeps its own "
                           "(its files can be swapped through an overlay instead: --overlay)")
     recorded = Guest.from_manifest(manifest)
     given = root or recorded_root(bundle_dir, manifest)
@@ -108,14 +100,13 @@ def analysis_guest(bundle_dir: Path, manifest: dict, analysis: str, root: str | 
                                memory_mb=max(recorded.memory_mb, a.kernel.memory_mb), nics=recorded.nics[:1])
 
 
-def with_files_swapped(guest: Guest, analysis: str, workdir: Path, bundle_dir: Path | None = None) -> Guest:
+def with_files_swapped(guest: Guest, a: catalog.Analysis, workdir: Path, bundle_dir: Path | None = None) -> Guest:
     """guest, or the same guest booting disks with files written into them (overlay.prepare:
     a preparation boot): the analysis's --overlay tree, and, where the native ran one of
     tandem's own kernels as its distro kernel (the same release as the analysis's flavor,
     read from the recording in bundle_dir), that flavor's own builds of tandem's modules
     over the native's (a KASAN kernel needs KASAN-built modules: a module built for another
     flavor is not instrumented, and a lockdep kernel's locks have another layout)."""
-    a = catalog.get(analysis)
     trees = [a.overlay] if a.overlay else []
     modules = flavor_modules(a, bundle_dir, workdir) if bundle_dir is not None else None
     if modules:
@@ -124,8 +115,8 @@ def with_files_swapped(guest: Guest, analysis: str, workdir: Path, bundle_dir: P
         return guest
     root = ROOT_ARG.search(guest.cmdline)
     if guest.kernel is None or root is None:
-        raise TandemError(f"--overlay {analysis}: its guest boots no kernel tandem gives a root= to")
-    return overlay.prepare(guest, trees, root.group(1), workdir, analysis)
+        raise TandemError(f"--overlay {a.name}: its guest boots no kernel tandem gives a root= to")
+    return overlay.prepare(guest, trees, root.group(1), workdir, a.name)
 
 
 def flavor_modules(a: catalog.Analysis, bundle_dir: Path, workdir: Path) -> str | None:
@@ -149,33 +140,3 @@ def flavor_modules(a: catalog.Analysis, bundle_dir: Path, workdir: Path) -> str 
     log.info("%s: the native ran tandem's kernel %s; the analysis gets its own %s modules (%s)", a.name, release,
              a.flavor, ", ".join(Path(ko).name for ko in mods.get("modules", [])))
     return str(tree)
-
-
-def bring_kernel(spec: str) -> str:
-    """--analysis-kernel NAME=BZIMAGE[,VMLINUX]: the analysis NAME, which boots that kernel,
-    made known (catalog.add); its files checked now, a one-line error naming the culprit."""
-    name, sep, files = spec.partition("=")
-    image, _, vmlinux = files.partition(",")
-    if not sep or not name or not image:
-        raise TandemError(f"--analysis-kernel {spec!r}: give NAME=BZIMAGE or NAME=BZIMAGE,VMLINUX")
-    catalog.check_name(name)
-    version = kernel_image.bzimage_version(image, f"--analysis-kernel {name}:")
-    if vmlinux:
-        kernel_image.check_vmlinux(vmlinux, f"--analysis-kernel {name}: vmlinux")
-    log.info("analysis %s boots %s (Linux %s)", name, image, version)
-    catalog.add(catalog.brought_kernel(name, str(Path(image).resolve()),
-                                       str(Path(vmlinux).resolve()) if vmlinux else None))
-    return name
-
-
-def swap_files(spec: str) -> str:
-    """--overlay NAME=DIR[,ANALYSIS]: the analysis NAME, which is ANALYSIS (default native)
-    with DIR's files copied over the guest's root before it boots, made known."""
-    name, sep, rest = spec.partition("=")
-    directory, _, base = rest.partition(",")
-    if not sep or not name or not directory:
-        raise TandemError(f"--overlay {spec!r}: give NAME=DIR or NAME=DIR,ANALYSIS")
-    catalog.check_name(name)
-    overlay.check_tree(directory, f"--overlay {name}:")
-    catalog.add(catalog.with_overlay(name, catalog.get(base or "native"), str(Path(directory).resolve())))
-    return name

@@ -29,6 +29,7 @@ import time
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from ..formats import bundle, netpkt, pcapng
@@ -41,9 +42,20 @@ CLOSED_GRACE_NS = 10_000_000_000    # a closed flow's last ACKs and retransmissi
 GIST_BYTES = 80                     # of an input's first line, in what it is described by
 
 
+class InputKind(StrEnum):
+    """What an input is (Input.kind); its value is what findings and descriptions print."""
+    TCP_OPEN = "tcp-open"       # the remote side opens a connection to the guest
+    TCP_DATA = "tcp-data"       # its bytes on one
+    TCP_FIN = "tcp-fin"         # it closes one
+    TCP_RST = "tcp-rst"         # it resets one
+    FRAME = "frame"             # a datagram (UDP, ICMP), re-sent as it came
+    SERIAL = "serial"           # bytes typed on the console
+    RNG = "rng"                 # entropy, drawn by the guest in order
+
+
 @dataclass
 class Input:
-    kind: str                   # tcp-open | tcp-data | tcp-fin | tcp-rst | frame | serial | rng
+    kind: InputKind
     vm_ns: int                  # when the native received it
     data: bytes = b""
     flow: int | None = None     # index into RecordedInputs.flows
@@ -56,7 +68,7 @@ class Input:
         """What a finding or divergence came after, for a person: the input, where it is in
         the recording, and what it said (a request's first line, a datagram's addresses)."""
         where = f"flow {self.flow} offset {self.offset}" if self.flow is not None else \
-            f"serial offset {self.offset}" if self.kind == "serial" else self.kind
+            f"serial offset {self.offset}" if self.kind == InputKind.SERIAL else self.kind
         said = self.gist()
         return f"{self.kind} at VM {self.vm_ns / 1e9:.6f}s ({where}, devlog event {self.seq})" + \
             (f" {said}" if said else "")
@@ -65,12 +77,12 @@ class Input:
         """The input's content in brief: the first line of bytes on a connection or the
         console (escaped: it is the client's, or hostile), a frame's protocol, addresses
         and size."""
-        if self.kind in ("tcp-data", "serial") and self.data:
+        if self.kind in (InputKind.TCP_DATA, InputKind.SERIAL) and self.data:
             line = self.data.split(b"\n", 1)[0].rstrip(b"\r")[:GIST_BYTES]
             more = "..." if len(line) < len(self.data.rstrip(b"\r\n")) else ""
             return '"' + line.decode("latin-1").encode("unicode_escape").decode("ascii") \
                 .replace('"', '\\"') + more + '"'
-        if self.kind == "frame" and self.data:
+        if self.kind == InputKind.FRAME and self.data:
             f = netpkt.parse(self.data)
             if f is not None and f.proto in (netpkt.PROTO_UDP, netpkt.PROTO_TCP):
                 kind = "udp" if f.proto == netpkt.PROTO_UDP else "tcp"
@@ -200,7 +212,7 @@ class Flow:
     # "accepted" (SYN-ACK) or "refused" (RST: nothing listened yet, the client retried
     # on a new connection). A refused connection is not opened in an analysis: one
     # whose service already listens would accept it, print what the native never did
-    # and number its later connections one higher (a live attach under load, 2026-11-25).
+    # and number its later connections one higher (as in a live attach under load).
     # Of a guest-opened flow: how the remote server answered the guest's SYN; the peer
     # answers the analysis guest's the same way.
     answer: str | None = None
@@ -259,6 +271,11 @@ class RecordedInputs:
     # answer to an analysis guest's router solicitation, as it answers ARP (peer.py).
     router_advert: bytes | None = None
 
+    def made(self) -> int:
+        """Inputs made so far, counted from the first (those dropped too; any thread)."""
+        with self.lock:
+            return len(self.inputs) + self.inputs_dropped
+
 
 class SerialLines:
     """Userland lines of a console, counted per text: the native's to record line
@@ -296,9 +313,9 @@ def load(bundle_dir: str | Path) -> RecordedInputs:
     rec = from_events(reader)       # streamed: the events are not kept
     rec.end_ns = next((s.end_vm_ns for s in reader.stats if s and s.end_vm_ns), None)
     rec.path = str(Path(bundle_dir))
-    created = bundle.load_manifest(bundle_dir).get("created")
-    if isinstance(created, str) and len(created) >= 19:
-        rec.created = created[:19]
+    started = bundle.load_manifest(bundle_dir).started_at
+    if started is not None:
+        rec.created = started
     return rec
 
 
@@ -373,7 +390,7 @@ class InputExtractor:
             elif kind == "serial":
                 self._serial(e)
             elif kind == "rng" and direction == "in":
-                rec.inputs.append(Input("rng", vm_ns, data, seq=e.seq))
+                rec.inputs.append(Input(InputKind.RNG, vm_ns, data, seq=e.seq))
             if len(limits) != len(rec.limits):
                 rec.limits = list(limits)
             rec.known_ns = max(rec.known_ns, vm_ns)
@@ -389,7 +406,7 @@ class InputExtractor:
         # for the guest to say it is ready), not data on open connections: kernel
         # messages can split a userland line mid-way, and a connection refused
         # because the service is not listening yet is retried by the peer anyway.
-        inp.needs_line = self.serial.last if inp.kind in ("serial", "tcp-open") else None
+        inp.needs_line = self.serial.last if inp.kind in (InputKind.SERIAL, InputKind.TCP_OPEN) else None
         return inp
 
     def _serial(self, e: pcapng.Event) -> None:
@@ -397,7 +414,7 @@ class InputExtractor:
             self.serial.feed(e.data)
             self.rec.serial_out.append((e.vm_ns, e.data))
         elif e.direction == "in":
-            self.rec.inputs.append(self._deps(Input("serial", e.vm_ns, e.data, offset=self.serial_in, seq=e.seq)))
+            self.rec.inputs.append(self._deps(Input(InputKind.SERIAL, e.vm_ns, e.data, offset=self.serial_in, seq=e.seq)))
             self.serial_in += len(e.data)
 
     def _fin(self, fl: Flow, side: int, vm_ns: int) -> None:
@@ -479,7 +496,7 @@ class InputExtractor:
             return
         inputs = self.rec.inputs
         if flags & RST:
-            inputs.append(self._deps(Input("tcp-rst", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
+            inputs.append(self._deps(Input(InputKind.TCP_RST, e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
             fl.client_reset = True
             del self.by_tuple[key]
             self._fin(fl, FIN_BOTH, e.vm_ns)
@@ -493,12 +510,12 @@ class InputExtractor:
         if new and fl.protocol == "resp" and not fl.asks_time and not fl.guest_opened:
             self._asks_time(fl, new)
         if new:
-            inputs.append(self._deps(Input("tcp-data", e.vm_ns, new, flow=fl.index, offset=fl.client_bytes,
+            inputs.append(self._deps(Input(InputKind.TCP_DATA, e.vm_ns, new, flow=fl.index, offset=fl.client_bytes,
                                            seq=e.seq)))
             fl.client_bytes += len(new)
             nxt = (nxt + len(new)) & 0xFFFFFFFF
         if flags & FIN and ((seq + len(payload)) & 0xFFFFFFFF) == nxt:
-            inputs.append(self._deps(Input("tcp-fin", e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
+            inputs.append(self._deps(Input(InputKind.TCP_FIN, e.vm_ns, flow=fl.index, offset=fl.client_bytes, seq=e.seq)))
             nxt = (nxt + 1) & 0xFFFFFFFF
             self._fin(fl, FIN_CLIENT, e.vm_ns)
         self.client_next[fl.index] = nxt
@@ -525,7 +542,7 @@ class InputExtractor:
         flows.append(fl)
         self.by_tuple[(ip_src, sport, ip_dst, dport)] = fl
         self.client_next[fl.index] = (seq + 1) & 0xFFFFFFFF
-        self.rec.inputs.append(self._deps(Input("tcp-open", e.vm_ns, flow=fl.index, seq=e.seq)))
+        self.rec.inputs.append(self._deps(Input(InputKind.TCP_OPEN, e.vm_ns, flow=fl.index, seq=e.seq)))
 
     def _parsed_segment(self, e: pcapng.Event) -> Segment | None:
         """A frame tcp4() did not take: its segment if it is an unfragmented TCP one
@@ -562,7 +579,7 @@ class InputExtractor:
             # UDP the remote side started, ICMP, ICMPv6 but the answers to the guest's own
             # solicitations (a router's periodic advertisement, the network's neighbour
             # solicitations): re-sent as datagrams at their recorded time.
-            self.rec.inputs.append(self._deps(Input("frame", e.vm_ns, e.data, seq=e.seq)))
+            self.rec.inputs.append(self._deps(Input(InputKind.FRAME, e.vm_ns, e.data, seq=e.seq)))
         elif e.direction == "in" and f.eth_type not in (netpkt.ETH_ARP,):
             self.limits[f"frames of ethertype 0x{f.eth_type:04x}"] = None
         # ARP from the network is not replayed: the replayer answers the guest's own.

@@ -5,19 +5,19 @@ Both ways of analysing a recording use this: `tandem shadow` reads a live native
 device log as its QEMU writes it (live/shadow.py), `tandem replay --analysis` reads a
 finished bundle's no further ahead than its slowest analysis needs (analyze.py). Either
 way the log is turned into inputs in place (inputs.InputExtractor into `rec`, which
-stays unfinished until the log's end), each analysis VM runs semantic.replay.run on it
+stays unfinished until the log's end), each analysis VM runs driving.replay.run on it
 in a thread of its own, compares its outputs with the native's as it goes
 (live_compare.LiveCompare) and reports findings the moment their report completes;
 `trim()`, called by the reading thread, drops the inputs every analysis has taken, the
 output every analysis has matched, and the connections every analysis has compared.
 
 Measured (docs/benchmarks.md, shadow memory): a live run's Python heap grows by under
-a byte per request over 60,000 requests; before this (a finished recording loaded
-whole) a 20 s heavy recording of 203k events detached every analysis at the live
-bound of 100,000 inputs, and a longer one would have held every input and every frame.
+a byte per request over 60,000 requests. Loaded whole, a 20 s heavy recording (203k
+events) would pass 100,000 inputs held, and a longer one would hold every input and frame.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -25,34 +25,42 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .. import report
+from .. import catalog, report
 from ..errors import TandemError
+from ..lifecycle import Lifecycle
 from .comparison import compare
 from . import inputs, model
-from . import findings as findings_mod
-from .driving import replay as replay_semantic
+from . import findings
+from .driving import replay
+from .driving.replay import RunOptions
 from .comparison.equivalence import Spec
 from .comparison.live_compare import LiveCompare
 
 log = logging.getLogger(__name__)
 
+# close(): an analysis told to stop ends at its driver's next pass (a second at most) and
+# seals its bundle; this is what each may take before close() stops waiting for it.
+CLOSE_WAIT_S = 30.0
+
 
 @dataclass
 class Follower:
     """One analysis VM trailing the recording, and what it has shown so far."""
-    analysis: str
+    of: catalog.Analysis                            # the analysis it runs
     buffer: model.Buffer
     cmp: LiveCompare
+    analysis: str = field(init=False)               # its name, as outputs say it
     run: model.AnalysisRun | None = None
     console_seen: int = 0
     scanner: report.Scanner = field(init=False)     # its guest OS's console dialect (catalogue)
     thread: threading.Thread | None = None
-    live_findings: list[findings_mod.Finding] = field(default_factory=list)
-    # findings_mod.symbolizer, made at the first report
+    live_findings: list[findings.Finding] = field(default_factory=list)
+    # findings.symbolizer, made at the first report
     symbolize: Callable[[report.Report], report.Report] | None = None
 
     def __post_init__(self) -> None:
-        self.scanner = report.Scanner(findings_mod.guest_os(self.analysis))
+        self.analysis = self.of.name
+        self.scanner = report.Scanner(self.of.os)
 
     def ran(self) -> model.AnalysisRun:
         """Its run; one that never started (its thread failed, or is stuck, before the
@@ -66,32 +74,49 @@ class Follower:
         return not self.cmp.finished
 
 
-class Trail:
-    """Analysis VMs trailing `rec` (filled in by the caller's reading thread)."""
+class Trail(Lifecycle):
+    """Analysis VMs trailing `rec` (filled in by the caller's reading thread), each in a
+    thread of its own from start() on; join() waits for them to end by themselves (the
+    recording's end), close() stops those still running."""
 
-    def __init__(self, rec: inputs.RecordedInputs, analyses: list[str], specs: dict[str, Spec],
-                 buffers: dict[str, model.Buffer], workdir, *, run_options: Callable[[str], dict],
+    def __init__(self, rec: inputs.RecordedInputs, analyses: list[catalog.Analysis], specs: dict[str, Spec],
+                 buffers: dict[str, model.Buffer], *, run_options: Callable[[catalog.Analysis], RunOptions],
                  findings_file: TextIO | None = None, on_finding=None, stuck_max: int | None = None,
                  progress: Callable | None = None):
-        """run_options(analysis): keyword arguments for semantic.replay.run (record,
-        guest, launcher, idle, cpus, hang_wall_s, stop). findings_file: findings.jsonl,
-        a line written the moment each finding is reported; on_finding(finding) is
-        called then too, from the analysis's thread. progress(analysis, run, delivered,
-        taken): at each stop of an analysis VM."""
-        self.rec, self.workdir, self.run_options, self.progress = rec, workdir, run_options, progress
-        self.followers = [Follower(a, buffers[a], LiveCompare(rec, specs[a], stuck_max=stuck_max))
+        """specs, buffers: by analysis name. run_options(analysis): how its VM runs
+        (driving.replay.RunOptions: its guest, workdir, launcher, ...), made in the
+        analysis's own thread as it starts. findings_file: findings.jsonl, a line written
+        the moment each finding is reported; on_finding(finding) is called then too, from
+        the analysis's thread. progress(analysis, run, delivered, taken): at each stop of
+        an analysis VM."""
+        self.rec, self.run_options, self.progress = rec, run_options, progress
+        self.followers = [Follower(a, buffers[a.name], LiveCompare(rec, specs[a.name], stuck_max=stuck_max))
                           for a in analyses]
         self.findings_file, self.on_finding = findings_file, on_finding
         self.on_retire: Callable[[inputs.Flow], None] | None = None   # a flow every analysis is done with
         self._open_flows: set[int] = set()      # the recording's flows not retired yet
         self._flows_seen = 0
         self._lock = threading.Lock()           # findings_file
+        self._started = False
+        self._closing = False                   # close(): every analysis's stop() is true
 
-    def start(self) -> None:
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def start(self) -> Trail:
+        self._started = True
         for f in self.followers:
             f.thread = threading.Thread(target=self._analyse, args=(f,), name=f"tandem-{f.analysis}",
                                         daemon=True)
             f.thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the analyses still running (their runs end "detached": what they found so
+        far stays) and wait for them, CLOSE_WAIT_S each at most."""
+        self._closing = True
+        self.join(CLOSE_WAIT_S * len(self.followers))
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for every analysis to end (at most `timeout` seconds in all); True if they have."""
@@ -156,7 +181,7 @@ class Trail:
         """Inputs read and not delivered yet by the analysis furthest behind (None: no
         analysis is running)."""
         read = len(self.rec.inputs) + self.rec.inputs_dropped
-        pend = [f.buffer.pending() if f.buffer.pending else read - (f.run.taken if f.run else 0)
+        pend = [p if (p := f.buffer.pending(read)) is not None else read - (f.run.taken if f.run else 0)
                 for f in self.followers if f.running()]
         return min(pend) if pend else None
 
@@ -168,25 +193,31 @@ class Trail:
             if self.progress:
                 self.progress(f.analysis, run, done, total)
 
-        def tick(run):
+        def tick(run: model.AnalysisRun) -> set[int]:
             f.run = run
             self._emit_findings(f, run)
-            f.cmp.tick(run)
+            return f.cmp.tick(run)
         f.cmp.keep_console_from = lambda: min(f.console_seen, f.scanner.pending_start)
         try:
-            f.run = replay_semantic.run(self.rec, f.analysis, self.workdir, buffer=f.buffer,
-                                        progress=progress, tick=tick, **self.run_options(f.analysis))
+            f.run = replay.run(self.rec, self._options(f.of), buffer=f.buffer, progress=progress,
+                               tick=tick)
         except TandemError as e:        # its machine could not be made (a live user VM's root, an overlay)
             log.warning("%s: %s", f.analysis, e)
             f.run = model.AnalysisRun(f.analysis)
             f.run.outcome, f.run.detail = model.Outcome.ERROR, str(e)
         finally:
             f.buffer.release()          # ended: it holds the native no longer
-            f.buffer.pending = None
+            f.buffer.delivered = None
             if f.run is not None:
                 self._emit_findings(f, f.run)
                 f.cmp.finish(f.run)
             f.cmp.finished = True
+
+    def _options(self, analysis: catalog.Analysis) -> RunOptions:
+        """run_options(analysis), its stop() also true once close() is called."""
+        options = self.run_options(analysis)
+        stop = options.stop
+        return dataclasses.replace(options, stop=lambda: self._closing or bool(stop and stop()))
 
     def _emit_findings(self, f: Follower, run: model.AnalysisRun) -> None:
         """Findings as they happen: appended to findings.jsonl the moment a report completes."""
@@ -197,8 +228,8 @@ class Trail:
             reps += f.scanner.flush()
         for rep in reps:
             if f.symbolize is None:
-                f.symbolize = findings_mod.symbolizer(f.analysis)
-            x = findings_mod.of_report(run, f.symbolize(rep))
+                f.symbolize = findings.symbolizer(f.of)
+            x = findings.of_report(run, f.symbolize(rep))
             f.live_findings.append(x)
             with self._lock:
                 if self.findings_file is not None:
@@ -211,7 +242,7 @@ class Trail:
         """Every analysis's run, and its (findings, divergences, output not analysed) as
         found while it ran."""
         runs = {f.analysis: f.ran() for f in self.followers}
-        found = {f.analysis: (f.live_findings + findings_mod.outcome(runs[f.analysis]), f.cmp.divergences,
+        found = {f.analysis: (f.live_findings + findings.outcome(runs[f.analysis]), f.cmp.divergences,
                               f.cmp.not_analysed)
                  for f in self.followers}
         return runs, found

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..artifacts import REPO, build_dir, cache_dir
 from ..catalog import FLAVORS
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..report import compiled as compiled_parser
 from . import state
 from .lock import SetupLock
@@ -102,7 +102,7 @@ def meson() -> str:
     from the venv does not), else PATH's; a one-line error when there is none."""
     found = shutil.which("meson", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if found is None:
-        raise TandemError("meson not found (it is in replay/requirements.txt: ./tandem setup)")
+        raise InfraError("meson not found (it is in replay/requirements.txt: ./tandem setup)")
     return found
 
 
@@ -111,17 +111,17 @@ def _meson_setup() -> None:
     if (b / "build.ninja").is_file():
         # Regenerated if meson.build or a file it reads changed (guest-kernel/linux/FLAVORS:
         # a new kernel flavor's targets): `meson compile TARGET` looks a target up before
-        # ninja would regenerate, so a flavor added since the last setup was "not found".
+        # ninja would regenerate, so a flavor added since the last setup would be "not found".
         r = subprocess.run(["ninja", "-C", str(b), "build.ninja"], capture_output=True, text=True)
         if r.returncode != 0:
-            raise TandemError(f"meson regenerate {b} failed: {(r.stderr or r.stdout).strip().splitlines()[-1]}")
+            raise InfraError(f"meson regenerate {b} failed: {(r.stderr or r.stdout).strip().splitlines()[-1]}")
         return
     if b.exists():      # a setup cut short: meson refuses a half-made build directory
         log.info("redoing the meson setup of %s (left half-made)", b)
         shutil.rmtree(b)
     r = subprocess.run([meson(), "setup", str(b), str(REPO)], capture_output=True, text=True)
     if r.returncode != 0:
-        raise TandemError(f"meson setup {b} failed: {(r.stderr or r.stdout).strip().splitlines()[-1]}")
+        raise InfraError(f"meson setup {b} failed: {(r.stderr or r.stdout).strip().splitlines()[-1]}")
 
 
 def _show(line: str, tty: bool, last: list) -> None:
@@ -170,8 +170,8 @@ def build(targets: list[str], command: str = "tandem", compile_parser: bool = Tr
             tail = logfile.read_text(errors="replace").splitlines()[-40:]
             sys.stderr.write("\n".join(tail) + "\n")
             failed = [l.split("FAILED: ", 1)[1].strip() for l in tail if "FAILED: " in l]
-            raise TandemError(f"build of {failed[0] if failed else ', '.join(targets)} failed "
-                              f"(whole log: {logfile})")
+            raise InfraError(f"build of {failed[0] if failed else ', '.join(targets)} failed "
+                             f"(whole log: {logfile})")
         state.record_times(targets, log_offset)
         log.info("built %s in %s", ", ".join(targets), _duration(time.monotonic() - t0))
 
@@ -221,7 +221,7 @@ class Background:
             time.sleep(1.0)
         if self.proc.returncode != 0:
             last = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise TandemError(f"building {', '.join(self.targets)} failed: {last[0]} (log: {self.log})")
+            raise InfraError(f"building {', '.join(self.targets)} failed: {last[0]} (log: {self.log})")
 
     def stop(self) -> None:
         """End the build and everything it started (meson, ninja, make): a build cut short
@@ -245,7 +245,7 @@ def ensure(targets: list[str], why: str, command: str = "tandem", parser: bool =
         return
     from .doctor import preflight
     for c in preflight()[:1]:
-        raise TandemError(f"{c.name}: {c.found}; fix: {c.fix}")
+        raise InfraError(f"{c.name}: {c.found}; fix: {c.fix}")
     log.info("building %s for %s: %s, once (then cached in %s)", ", ".join(todo), why,
              state.estimate_text(todo), cache_dir())
     build(todo, command=command, compile_parser=False)

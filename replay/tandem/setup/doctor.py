@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifacts import REPO, build_dir, cache_dir
+from ..errors import EXIT_CLEAN, EXIT_FOUND
 from . import lock, programs
 from .state import KEYED, UNKEYED, current_key, gone
 
@@ -220,13 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.preflight:
         for c in preflight()[:1]:
             print(f"tandem: error: {c.name}: {c.found}; fix: {c.fix}", file=sys.stderr)
-            return 1
-        return 0
+            return EXIT_FOUND
+        return EXIT_CLEAN
     failed = False
     for c in run_all(not args.no_kvm_boot):
         print(c.line(), flush=True)
         failed |= c.status == "FAIL"
-    return 1 if failed else 0
+    return EXIT_FOUND if failed else EXIT_CLEAN
 
 
 if __name__ == "__main__":

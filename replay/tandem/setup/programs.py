@@ -19,7 +19,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 
 VENV = "venv"          # a program the launcher's venv provides (replay/requirements.txt)
 # Programs root-only tools live in: a non-root PATH often lacks the sbin directories.
@@ -129,5 +129,5 @@ def require(name: str) -> str:
     path = which(name)
     if path is None:
         p = PROGRAMS[name]
-        raise TandemError(f"{name}: not installed (Debian package {p.package}; run ./tandem setup)")
+        raise InfraError(f"{name}: not installed (Debian package {p.package}; run ./tandem setup)")
     return path

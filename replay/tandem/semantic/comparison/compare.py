@@ -25,12 +25,12 @@ from typing import Final
 
 from ...formats import netpkt
 from . import http_messages
-from .. import inputs as inputs_mod
+from .. import inputs
 from ..network.exchanges import without_ids
 from .equivalence import MAX_RULED_LINE, ChannelRules, Spec
 from ..model import AnalysisRun
 
-KERNEL_LINE = inputs_mod.KERNEL_LINE
+KERNEL_LINE = inputs.KERNEL_LINE
 MASKED = b"<*>"
 
 
@@ -76,21 +76,21 @@ class _Stream:
     Chunks it was cut from, or a list of writes), only when a line's time is needed."""
     __slots__ = ("_chunks", "_writes", "origin", "text")
 
-    def __init__(self, text: bytes, chunks: inputs_mod.Chunks | list[tuple[int, bytes]] | None = None,
+    def __init__(self, text: bytes, chunks: inputs.Chunks | list[tuple[int, bytes]] | None = None,
                  writes: tuple[list[tuple[int, int]], int] | None = None, origin: int = 0):
         """Timed by `chunks`, whose stream offset `origin` is text[0], or by `writes`:
         ([(offset, VM time)], offset of text[0]) of a buffer text was cut from. `origin`:
         the stream offset of text[0] (a live comparison starts where the matched part ends)."""
         self.text = text
-        if chunks is not None and not isinstance(chunks, inputs_mod.Chunks):
-            chunks = inputs_mod.Chunks(chunks)      # a plain (VM ns, bytes) list
+        if chunks is not None and not isinstance(chunks, inputs.Chunks):
+            chunks = inputs.Chunks(chunks)      # a plain (VM ns, bytes) list
         self._chunks, self._writes, self.origin = chunks, writes, origin
 
     @classmethod
-    def of_chunks(cls, chunks: inputs_mod.Chunks | list[tuple[int, bytes]], start: int | None = None) -> _Stream:
+    def of_chunks(cls, chunks: inputs.Chunks | list[tuple[int, bytes]], start: int | None = None) -> _Stream:
         """The stream of a chunk list (inputs.Chunks, or a plain list), from stream
         offset `start` (default: its first byte kept): one copy of its buffer."""
-        whole = chunks if isinstance(chunks, inputs_mod.Chunks) else inputs_mod.Chunks(chunks)
+        whole = chunks if isinstance(chunks, inputs.Chunks) else inputs.Chunks(chunks)
         origin = whole.base if start is None else max(start, whole.base)
         return cls(whole.bytes_from(origin), chunks=whole, origin=origin)
 
@@ -357,12 +357,12 @@ def _div(channel, kind, na, nb, run: AnalysisRun, diff) -> Divergence:
                       before.input.describe() if before else "none (before the first input)", diff)
 
 
-def channel(fl: inputs_mod.Flow) -> str:
+def channel(fl: inputs.Flow) -> str:
     """A TCP flow's channel name."""
     return f"tcp flow {fl.index} ({fl.name()})"
 
 
-def streams_native(rec: inputs_mod.RecordedInputs, at: dict | None = None,
+def streams_native(rec: inputs.RecordedInputs, at: dict | None = None,
                    only: set | None = None) -> dict[str, _Stream]:
     """The native's output streams (from what `at` says was matched: channel ->
     (native offset, analysis offset); only the channels in `only`, if given, where
@@ -385,7 +385,7 @@ def _datagram_streams(datagrams) -> dict[str, _Stream]:
     datagram that repeats the one before it to the same destination is a retransmission
     (a DHCP client's DISCOVER again, a DNS question again): how often a guest retransmits
     follows its timing, not what it does, and is compared once (a KASAN shadow booting
-    under load sent three DISCOVERs more than its native, 2026-11-28)."""
+    under load may send three DISCOVERs more than its native)."""
     udp: dict[str, list[tuple[int, bytes]]] = {}
     for ns, (ip, port), payload in datagrams:
         line = without_ids(port, payload) + b"\n"
@@ -395,7 +395,7 @@ def _datagram_streams(datagrams) -> dict[str, _Stream]:
     return {k: _Stream.of_chunks(v) for k, v in udp.items()}
 
 
-def streams_analysis(run: AnalysisRun, rec: inputs_mod.RecordedInputs, at: dict | None = None,
+def streams_analysis(run: AnalysisRun, rec: inputs.RecordedInputs, at: dict | None = None,
                      only: set | None = None) -> dict[str, _Stream]:
     at = at or {}
     s = {}
@@ -409,13 +409,13 @@ def streams_analysis(run: AnalysisRun, rec: inputs_mod.RecordedInputs, at: dict 
         if fl is None or (only is not None and channel(fl) not in only):
             continue
         name = channel(fl)
-        pf = run.peer.flows.get(fl.index) if run.peer else None
-        s[name] = _Stream.of_chunks(pf.guest_data if pf else [], at.get(name, (0, None))[1])
+        out = run.net.flows.get(fl.index) if run.net else None
+        s[name] = _Stream.of_chunks(out.data if out else [], at.get(name, (0, None))[1])
     if only is not None and "udp" not in only:
         return s
     # The guest's UDP datagrams: the replayer's peer kept them as it parsed each frame.
-    if run.peer is not None:
-        datagrams = run.peer.udp_out
+    if run.net is not None:
+        datagrams = run.net.udp_out
     else:                           # a run that stopped before replaying: parse what it has
         datagrams = []
         for ns, frame in run.net_out or ():
@@ -426,7 +426,7 @@ def streams_analysis(run: AnalysisRun, rec: inputs_mod.RecordedInputs, at: dict 
     return s
 
 
-def compare(rec: inputs_mod.RecordedInputs, run: AnalysisRun, spec: Spec, at: dict | None = None,
+def compare(rec: inputs.RecordedInputs, run: AnalysisRun, spec: Spec, at: dict | None = None,
             only: set | None = None, unreached: list[NotAnalysed] | None = None,
             as_lines: set[str] | frozenset[str] = frozenset()) -> list[Divergence]:
     """Every difference between the native's outputs and the analysis run's (from
@@ -448,7 +448,7 @@ def compare(rec: inputs_mod.RecordedInputs, run: AnalysisRun, spec: Spec, at: di
     return out
 
 
-def flow_of(name: str, rec: inputs_mod.RecordedInputs) -> inputs_mod.Flow | None:
+def flow_of(name: str, rec: inputs.RecordedInputs) -> inputs.Flow | None:
     """The recorded flow a channel is (None: not a connection, or retired)."""
     if not name.startswith("tcp flow "):
         return None
@@ -456,7 +456,7 @@ def flow_of(name: str, rec: inputs_mod.RecordedInputs) -> inputs_mod.Flow | None
     return rec.flows[index] if index < len(rec.flows) else None
 
 
-def spec_of(name: str, rec: inputs_mod.RecordedInputs, spec: Spec) -> Spec:
+def spec_of(name: str, rec: inputs.RecordedInputs, spec: Spec) -> Spec:
     """The spec a channel is compared under: a connection's with its protocol's rules."""
     fl = flow_of(name, rec)
     return spec.for_protocol(fl.protocol) if fl is not None else spec

@@ -24,7 +24,8 @@ A spec is a TOML file (docs/equivalence.md); every key is optional:
     [resp]                             # added to [tcp] on connections that carry RESP (redis)
     mask = []
 
-Built-in defaults per analysis are applied first (BUILTIN below); a user spec
+Built-in defaults are applied first (EVERY_ANALYSIS below, then the analysis's own from
+the catalogue: Analysis.equivalence); a user spec
 adds to them. The built-in protocol rules (PROTOCOL_RULES) allow what differs between two
 servers answering the same requests at different times: docs/equivalence.md says why
 each is there.
@@ -49,7 +50,7 @@ from ...errors import TandemError
 CHANNELS = ("serial", "tcp", "udp")
 PROTOCOLS = ("http", "resp")        # rule sets added to [tcp] by what a connection carries
 
-# A spec is input from outside (issue 19): every value is checked by type and range, so no
+# A spec is input from outside: every value is checked by type and range, so no
 # value reaches int()/re.compile() in a shape that raises anything but TandemError.
 MAX_LAG_MS = 10**12             # 31 years of VM time; the bound in ns stays within int64
 MAX_REORDER_WINDOW = 1 << 20    # lines; the comparator looks this far on both sides
@@ -98,10 +99,8 @@ PROTOCOL_RULES: dict[str, Mapping[str, object]] = {
                       r"(?<=^config_file:).*", r"(?<=^io_threads_).*", r"(?<=^errorstat_).*"]},
 }
 
-BUILTIN: dict[str, Mapping[str, object]] = {
-    "*": {"serial": {"ignore_kernel_lines": True, "reorder_window": 8}, **PROTOCOL_RULES},
-    **{a.name: a.equivalence for a in catalog.ALL if a.equivalence},
-}
+EVERY_ANALYSIS: Mapping[str, object] = {"serial": {"ignore_kernel_lines": True, "reorder_window": 8},
+                                         **PROTOCOL_RULES}
 
 
 @dataclass
@@ -223,7 +222,7 @@ def _regex(text: str, where: str, fail: Callable[[str], NoReturn]) -> re.Pattern
     the OverflowError (a{4294967296}) and RecursionError (1,000 nested groups) that
     sre_parse raises instead. A FutureWarning (`[[a]`, `[a--b]`: set syntax whose meaning
     a later Python changes) is refused too: the pattern is ambiguous, and the warning
-    was a multi-line message on stderr (an exception under -W error)."""
+    would be a multi-line message on stderr (an exception under -W error)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)
@@ -399,7 +398,7 @@ def check(data: Mapping[str, object], where: str = "<spec>") -> Spec:
     return spec
 
 
-def load(analysis: str, path: str | Path | None = None, users_guest: bool = False) -> Spec:
+def load(analysis: catalog.Analysis, path: str | Path | None = None, users_guest: bool = False) -> Spec:
     """The built-in defaults for this analysis, plus the user's spec file if given
     (else, for the demo guest, the demo service's, agent/kvd.equiv.toml).
 
@@ -407,9 +406,9 @@ def load(analysis: str, path: str | Path | None = None, users_guest: bool = Fals
     chatter (systemd's, its services'): scanned for reports, compared only when the
     user's spec asks for it with a [serial] table."""
     spec = Spec()
-    for key in ("*", analysis):
-        if key in BUILTIN:
-            _merge(spec, BUILTIN[key], f"built-in spec {key!r}")
+    for key, rules in (("*", EVERY_ANALYSIS), (analysis.name, analysis.equivalence)):
+        if rules:
+            _merge(spec, rules, f"built-in spec {key!r}")
             spec.sources.append(f"built-in:{key}")
     if path is None and DEMO_SPEC.is_file() and not users_guest:
         path = DEMO_SPEC

@@ -33,7 +33,7 @@ from . import compare, http_messages
 from .. import inputs
 from .compare import Divergence, NotAnalysed, _Stream
 from .equivalence import Spec
-from ..model import AnalysisRun
+from ..model import AnalysisRun, Outcome
 
 CACHE_LINES = 10_000    # lines whose rewrite under the spec is remembered, at most
 STUCK_MAX = 1 << 20     # bytes a stuck channel keeps, per side, before it is compared and left
@@ -66,27 +66,29 @@ class LiveCompare:
         """Where the native's side of a channel is still needed from, for this analysis."""
         return self.at.get(name, (0, 0))[0]
 
-    def tick(self, run: AnalysisRun) -> None:
-        """Match what is new, compare closed connections, drop this analysis's side."""
+    def tick(self, run: AnalysisRun) -> set[int]:
+        """Match what is new, compare closed connections, drop this analysis's side. The
+        connections done with (compared to their end, or never opened here): the run
+        forgets them."""
         self._match("serial", self.rec.serial_out, run)
-        peer = run.peer
-        if peer is None:
-            return
-        for index in peer.not_opened:          # nothing to compare: retired by the shadow's _trim
-            self.done.add(index)
-            run.last_input_of.pop(index, None)
-        peer.not_opened.clear()
-        for index, pf in list(peer.flows.items()):
+        net = run.net
+        if net is None:
+            return set()
+        done = set(net.not_opened)              # nothing to compare: retired by the shadow's _trim
+        self.done |= done
+        for index, out in net.flows.items():
             fl = self.rec.flows[index]
             if fl is None or index in self.done:
                 continue
             name = compare.channel(fl)
-            self._match(name, fl.guest_data, run, pf.guest_data)
-            if fl.closed and (pf.state == "done" or pf.reset) and not (run.pending_of_flow and run.pending_of_flow(index)):
+            self._match(name, fl.guest_data, run, out.data)
+            if fl.closed and out.over and not run.waits_on(index, self.rec):
                 self._compare_flow(name, fl, run)
                 self.done.add(index)
-                peer.forget(index)
-                run.last_input_of.pop(index, None)
+                done.add(index)
+        for index in done:
+            run.last_input_of.pop(index, None)
+        return done
 
     def _match(self, name: str, native: inputs.Chunks, run: AnalysisRun, theirs: inputs.Chunks | None = None):
         n_at, a_at = self.at.get(name, (native.base, 0))
@@ -194,15 +196,15 @@ class LiveCompare:
         not compared yet), against what the native has produced so far. One that ended
         early (crashed, hung, lagging, detached) never reached the native's output after
         its last input: that is not analysed (not_analysed), not a divergence."""
-        early = run.outcome not in ("poweroff", "finished")
+        early = run.outcome not in (Outcome.POWEROFF, Outcome.FINISHED)
         unreached = self.not_analysed if early else None
-        peer = run.peer.flows if run.peer else {}
+        seen = run.net.flows if run.net else {}
         with self.rec.lock:
             names = {"serial"} - self.left
             for fl in self.rec.flows:
                 if fl is None or fl.index in self.done:
                     continue
-                if early and fl.index not in peer:
+                if early and fl.index not in seen:
                     first = fl.guest_data.head(GIST_LINE)
                     lines = fl.guest_data.buf.count(b"\n")
                     self.not_analysed.append(NotAnalysed(compare.channel(fl), fl.opened_ns, lines,

@@ -101,7 +101,7 @@ def without_ids(dport: int, payload: bytes) -> bytes:
     elapsed, DNS's query ID), which two guests asking the same never agree on; and a DHCP
     client identifier's value (option 61): systemd-networkd makes its IAID from the
     interface's name, which a kernel without the PCI slot information Debian's has names
-    enp0s3, not ens3 (the reference VM, 2026-11-27)."""
+    enp0s3, not ens3 (on the reference VM)."""
     if dport in (DHCP_SERVER, DHCP_CLIENT) and len(payload) >= 12 and dhcp_type(payload) is not None:
         out = bytearray(payload[:4] + bytes(6) + payload[10:])
         i = 240

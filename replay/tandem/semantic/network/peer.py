@@ -7,12 +7,12 @@ it speaks with the analysis guest's own sequence numbers), carries the recorded
 client payload, respects the guest's window and MSS, acknowledges what the
 guest sends (again if the guest retransmits), retransmits its own data when
 unacknowledged, and closes as the client did (FIN or RST). It answers ARP for
-the network's addresses, and hands the guest's own UDP requests to the driver, which
+the network's addresses, and hands the guest's own UDP requests to remote.Remote, which
 answers them from the recording (exchanges.py). Everything happens at VM times the
 caller gives.
 
 It plays the remote server of a connection the guest opens (a backend nginx proxies
-to) too: the driver matches the guest's SYN to a recorded connection (connections.py)
+to) too: remote.Remote matches the guest's SYN to a recorded connection (connections.py)
 and the peer answers it as the recorded server did (answer_syn: SYN-ACK, RST, or
 nothing); from there the server's bytes and its FIN or RST are sent like a client's.
 A SYN that may be one of several recorded connections open at once is accepted
@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from ...formats import netpkt
 from ...formats.netpkt import ACK, FIN, PSH, RST, SYN
-from ..inputs import REQUEST_KEPT, Chunks
+from ..inputs import REQUEST_KEPT
+from ..model import FlowOutput, NetOutput
 
 UNKNOWN_KEPT = 100
 PEER_WINDOW = 65535
@@ -42,6 +44,17 @@ SYN_RETRY_FOR_NS = 60_000_000_000   # ... for this long, like a patient client
 ACCEPT_ISN = 0x8000_0000    # the first initial sequence number of a connection the guest opens
 
 
+class TcpState(StrEnum):
+    """Where a connection the peer plays stands (PeerFlow.state)."""
+    CLOSED = "closed"               # not opened yet
+    SYN_SENT = "syn-sent"           # the peer opened it: its SYN is not answered yet
+    REFUSED = "refused"             # the guest refused it (not listening yet): retried every SYN_RETRY_NS
+    SYN_RECEIVED = "syn-received"   # the guest opened it: the peer's SYN-ACK is not acknowledged yet
+    ESTABLISHED = "established"
+    DONE = "done"                   # closed both ways, or reset either way
+    SILENT = "silent"               # the guest opened it and the recorded server never answered: nor does the peer
+
+
 @dataclass
 class PeerFlow:
     index: int
@@ -50,10 +63,9 @@ class PeerFlow:
     client_mac: bytes
     guest_mac: bytes
     isn: int
-    # closed | syn-sent | refused | established | done; a connection the guest opened:
-    # syn-received (SYN-ACK sent) | established | done, or silent (the recorded server
-    # never answered its SYN: neither does the peer)
-    state: str = "closed"
+    # One the peer opened: CLOSED, SYN_SENT (or REFUSED, and SYN_SENT again), ESTABLISHED,
+    # DONE; one the guest opened: SYN_RECEIVED, ESTABLISHED, DONE, or SILENT.
+    state: TcpState = TcpState.CLOSED
     snd_una: int = 0            # offsets into our stream (0 = SYN)
     snd_nxt: int = 0
     sendbuf: bytearray = field(default_factory=bytearray)   # client bytes not acknowledged yet,
@@ -65,15 +77,15 @@ class PeerFlow:
     guest_window: int = 0
     guest_mss: int = 536
     guest_bytes: int = 0        # payload received from the guest, in order
-    guest_data: Chunks = field(default_factory=Chunks)  # (VM ns, in-order payload)
-    guest_fin: bool = False
+    # What the guest sent, in order, its FIN and a reset, as plain values the run keeps
+    # (model.FlowOutput in AnalysisRun.net) for the comparators.
+    out: FlowOutput = field(default_factory=FlowOutput)
     ack_owed_ns: int | None = None  # VM time of the first guest bytes not acknowledged yet
     unacked: int = 0                # guest bytes in order since the last ACK sent
     last_send_ns: int = 0
     opened_ns: int = 0
     refusals: int = 0
     syns_unanswered: int = 0    # SYNs sent again because the guest did not answer (no RST either)
-    reset: str | None = None    # why the guest reset the connection
 
     def seq(self, off: int) -> int:
         return (self.isn + off) & 0xFFFFFFFF
@@ -92,19 +104,23 @@ class PeerFlow:
         """Bytes (or a FIN) wait for the guest's window."""
         return self.snd_nxt < self.sendbase + len(self.sendbuf) or (self.fin_queued and not self.fin_sent)
 
+    def end(self) -> None:
+        """Done with: closed both ways, or reset either way."""
+        self.state = TcpState.DONE
+        self.out.over = True
+
 
 def _reset_while_starting(fl: PeerFlow) -> bool:
     """A connection that was refused first, or whose SYN the guest did not answer at first
     (its network not up yet), and then reset by the guest before it answered a byte, with
     all the client's bytes still at hand: its service was still starting (a listening
-    socket that took the connection, then closed: seen with nginx under a KASAN kernel,
-    its probe accepted 50 ms before nginx's workers were up). Retried like a refused one:
-    the native's service had answered it. The unanswered SYN counts since a CI run
-    (2026-11-28) in which a KASAN guest on a user's disk left the first request
-    unanswered, a false "missing": its network comes up some 14 s of VM time after the
-    native's first request, so the SYN goes unanswered rather than refused (inferred
-    from the code; the run kept only its diff)."""
-    return fl.state == "established" and (fl.refusals > 0 or fl.syns_unanswered > 0) \
+    socket that took the connection, then closed: nginx under a KASAN kernel accepts a
+    probe 50 ms before its workers are up). Retried like a refused one: the native's
+    service had answered it. An unanswered SYN counts as much as a refusal: a KASAN
+    guest on a user's disk brings its network up some 14 s of VM time after the native's
+    first request, so that SYN goes unanswered, and not retrying it would report the
+    request "missing"."""
+    return fl.state == TcpState.ESTABLISHED and (fl.refusals > 0 or fl.syns_unanswered > 0) \
         and fl.guest_bytes == 0 and fl.sendbase == 1
 
 
@@ -116,23 +132,20 @@ class Peer:
         self.flows: dict[int, PeerFlow] = {}
         self.by_tuple: dict[tuple, PeerFlow] = {}
         self.ident = 0
-        self.unknown: list[str] = []    # guest frames the peer could not place (the first UNKNOWN_KEPT)
-        # The guest's UDP datagrams, (VM ns, (dst ip, port), payload): kept for the
-        # comparator, since every guest frame is parsed here anyway.
-        self.udp_out: list[tuple[int, tuple[bytes, int], bytes]] = []
-        # Connections the native refused, not opened here (driver.release_input): done
-        # with as soon as their time has come (semantic/comparison/live_compare.py retires them).
-        self.not_opened: set[int] = set()
+        # What the guest sent, as plain values for the run (AnalysisRun.net): each
+        # connection's bytes, its datagrams, frames placed nowhere (the first
+        # UNKNOWN_KEPT), connections not opened here.
+        self.out = NetOutput()
         # UDP the remote side started, (guest port, remote ip, remote port): the guest's
-        # datagrams back are answers, not requests (driver.release_input notes them).
+        # datagrams back are answers, not requests (remote.Remote.release notes them).
         self.served: set[tuple[int, bytes, int]] = set()
-        # The guest's UDP requests since the driver last took them (exchanges.Answers answers them).
+        # The guest's UDP requests since remote.Remote last took them (exchanges.Answers answers them).
         self.requests: list[netpkt.Frame] = []
-        # The guest's SYNs opening connections since the driver last took them: it matches
+        # The guest's SYNs opening connections since remote.Remote last took them: it matches
         # each to a recorded connection (connections.py) and calls answer_syn.
         self.connects: list[netpkt.Frame] = []
         # Connections accepted before it was known which recorded one they are (index -1),
-        # and those of them whose first bytes have come: the driver binds each (bind).
+        # and those of them whose first bytes have come: remote.Remote binds each (bind).
         self.unbound: list[PeerFlow] = []
         self.ready: list[PeerFlow] = []
         self.accepted = 0
@@ -144,9 +157,9 @@ class Peer:
     def open(self, index: int, client, server, client_mac, guest_mac, now: int) -> list[bytes]:
         fl = PeerFlow(index, client, server, client_mac, guest_mac,
                       isn=(0x1000_0000 + index * 0x0100_0000) & 0xFFFFFFFF)
-        self.flows[index] = fl
+        self._index(fl, index)
         self.by_tuple[(server[0], server[1], client[0], client[1])] = fl
-        fl.state = "syn-sent"
+        fl.state = TcpState.SYN_SENT
         fl.snd_nxt = 1
         fl.last_send_ns = fl.opened_ns = now
         return [self._seg(fl, 0, SYN, mss=PEER_MSS)]
@@ -163,9 +176,9 @@ class Peer:
 
     def reset(self, index: int, now: int) -> list[bytes]:
         fl = self.flows[index]
-        if fl.state in ("closed", "done"):
+        if fl.state in (TcpState.CLOSED, TcpState.DONE):
             return []
-        fl.state = "done"
+        fl.end()
         return [self._seg(fl, fl.snd_nxt, RST | ACK)]
 
     # -- the remote server of a connection the guest opened ------------------------
@@ -176,7 +189,7 @@ class Peer:
         recorded connection by its first bytes (ready, bind)."""
         if answer == "refused":
             if index is not None:
-                self.not_opened.add(index)     # nothing to compare: done with at once
+                self.not_opening(index)
             return [self._refusal(syn)]
         self.accepted += 1
         fl = PeerFlow(-1 if index is None else index, (syn.ip_dst, syn.dport), (syn.ip_src, syn.sport), syn.dst,
@@ -185,12 +198,12 @@ class Peer:
         if index is None:
             self.unbound.append(fl)
         else:
-            self.flows[index] = fl
+            self._index(fl, index)
         fl.last_send_ns = fl.opened_ns = now
         if answer is None:
-            fl.state = "silent"
+            fl.state = TcpState.SILENT
             return []
-        fl.state, fl.snd_nxt = "syn-received", 1
+        fl.state, fl.snd_nxt = TcpState.SYN_RECEIVED, 1
         fl.guest_isn, fl.rcv_nxt = syn.seq, (syn.seq + 1) & 0xFFFFFFFF
         fl.guest_mss, fl.guest_window = syn.mss or 536, syn.window
         return [self._seg(fl, 0, SYN | ACK, mss=PEER_MSS)]
@@ -198,25 +211,35 @@ class Peer:
     def bind(self, fl: PeerFlow, index: int) -> None:
         """An unbound connection is recorded connection `index` (its bytes so far count)."""
         self._unbind(fl)
-        fl.index = index
-        self.flows[index] = fl
+        self._index(fl, index)
 
     def reset_unbound(self, fl: PeerFlow) -> list[bytes]:
         """An unbound connection no recorded one is left for: reset."""
         self._unbind(fl)
-        if fl.state == "done":
+        if fl.state == TcpState.DONE:
             return []
-        fl.state = "done"
+        fl.end()
         return [self._seg(fl, fl.snd_nxt, RST | ACK)]
 
     def first_bytes(self, fl: PeerFlow) -> bytes:
         """The guest's first bytes on a connection, as many as a recorded request keeps."""
-        return fl.guest_data.head(REQUEST_KEPT)
+        return fl.out.data.head(REQUEST_KEPT)
+
+    def not_opening(self, index: int) -> None:
+        """Recorded connection `index` is not opened here (the native refused it, or never
+        answered its SYN): nothing of it to compare, done with at once."""
+        self.out.not_opened.add(index)
 
     def _refusal(self, syn: netpkt.Frame) -> bytes:
         self.ident += 1
         return netpkt.tcp(syn.dst, syn.src, syn.ip_dst, syn.ip_src, syn.dport, syn.sport, 0,
                           (syn.seq + 1) & 0xFFFFFFFF, RST | ACK, 0, ident=self.ident)
+
+    def _index(self, fl: PeerFlow, index: int) -> None:
+        """fl is recorded connection `index`: the guest's side of it goes in the run's record."""
+        fl.index = index
+        self.flows[index] = fl
+        self.out.flows[index] = fl.out
 
     def _unbind(self, fl: PeerFlow) -> None:
         # By identity: a PeerFlow compares equal by value.
@@ -243,17 +266,17 @@ class Peer:
             return self._discovery(f)
         if f.eth_type not in (netpkt.ETH_IP, netpkt.ETH_IP6) or f.proto != netpkt.PROTO_TCP:
             if f.eth_type in (netpkt.ETH_IP, netpkt.ETH_IP6) and f.proto == netpkt.PROTO_UDP and not f.fragment:
-                self.udp_out.append((now, (f.ip_dst, f.dport), f.payload))
+                self.out.udp_out.append((now, (f.ip_dst, f.dport), f.payload))
                 if (f.sport, f.ip_dst, f.dport) not in self.served:
                     self.requests.append(f)
             return []
         fl = self.by_tuple.get((f.ip_src, f.sport, f.ip_dst, f.dport))
-        if f.flags & SYN and not f.flags & ACK and (fl is None or fl.state == "done"):
+        if f.flags & SYN and not f.flags & ACK and (fl is None or fl.state == TcpState.DONE):
             self.connects.append(f)         # a new connection (on a closed one's ports, too)
             return []
         if fl is None:
-            if len(self.unknown) < UNKNOWN_KEPT:
-                self.unknown.append(f"TCP from the guest on an unknown connection "
+            if len(self.out.unknown) < UNKNOWN_KEPT:
+                self.out.unknown.append(f"TCP from the guest on an unknown connection "
                                     f"{netpkt.ip_str(f.ip_src)}:{f.sport}->{netpkt.ip_str(f.ip_dst)}:{f.dport}")
             return []
         out = self._on_segment(fl, f, now)
@@ -274,76 +297,96 @@ class Peer:
         advert = self.router_advert()
         return [advert] if advert else []
 
-    def _on_segment(self, fl: PeerFlow, f, now: int) -> list[bytes]:
-        out: list[bytes] = []
+    def _on_segment(self, fl: PeerFlow, f: netpkt.Frame, now: int) -> list[bytes]:
+        """A segment of the guest's on a connection the peer plays: what to send back."""
         if f.flags & RST:
-            if (fl.state == "syn-sent" or _reset_while_starting(fl)) and now - fl.opened_ns < SYN_RETRY_FOR_NS:
-                fl.state = "refused"            # not listening yet: retry (retransmit())
-                fl.refusals += 1
-                fl.last_send_ns = now
-                fl.snd_una, fl.snd_nxt = 0, 1   # from the SYN again, with everything sent so far
-                fl.fin_sent = fl.guest_fin = False
-                return out
-            if fl.state != "done":
-                fl.reset = "refused" if fl.state == "syn-sent" else "reset by the guest"
-            fl.state = "done"
-            return out
-        if fl.state == "syn-received":
+            self._on_reset(fl, now)
+            return []
+        if fl.state == TcpState.SYN_RECEIVED:
             if f.flags & SYN:                           # the guest's SYN again: our SYN-ACK once more
                 return [self._seg(fl, 0, SYN | ACK, mss=PEER_MSS)]
             if not (f.flags & ACK and f.ack == fl.seq(1)):
-                return out
-            fl.state, fl.snd_una = "established", 1     # and what the ACK carries, below
-        if fl.state == "syn-sent":
-            if f.flags & SYN and f.flags & ACK and f.ack == fl.seq(1):
-                fl.guest_isn = f.seq
-                fl.rcv_nxt = (f.seq + 1) & 0xFFFFFFFF
-                fl.guest_mss = f.mss or 536
-                fl.guest_window = f.window
-                fl.snd_una = 1
-                fl.state = "established"
-                out.append(self._seg(fl, fl.snd_nxt, ACK))
-                out += self._transmit(fl, now)
-            return out
-        if fl.state != "established":
-            return out
+                return []
+            fl.state, fl.snd_una = TcpState.ESTABLISHED, 1     # and what the ACK carries, below
+        if fl.state == TcpState.SYN_SENT:
+            return self._on_syn_ack(fl, f, now)
+        if fl.state != TcpState.ESTABLISHED:
+            return []
         if f.flags & SYN:                               # our ACK of its SYN was lost
             return [self._seg(fl, fl.snd_nxt, ACK)]
         if f.flags & ACK:
-            acked = (f.ack - fl.isn) & 0xFFFFFFFF
-            if fl.snd_una < acked <= fl.snd_nxt:
-                fl.snd_una = acked
-                if acked - fl.sendbase >= 4096:         # acknowledged: never sent again
-                    n = min(acked - fl.sendbase, len(fl.sendbuf))
-                    del fl.sendbuf[:n]
-                    fl.sendbase += n
-            fl.guest_window = f.window
-        need_ack = False
-        if f.payload:
-            if f.seq == fl.rcv_nxt:
-                fl.rcv_nxt = (fl.rcv_nxt + len(f.payload)) & 0xFFFFFFFF
-                fl.guest_bytes += len(f.payload)
-                fl.guest_data.append((now, f.payload))
-                fl.unacked += len(f.payload)
-                if fl.ack_owed_ns is None:
-                    fl.ack_owed_ns = now
-                    self.owing[id(fl)] = fl
-                need_ack = fl.unacked > PEER_MSS        # more than a full segment: at once
-            else:
-                need_ack = True                         # retransmitted or early: at once
-        if f.flags & FIN and ((f.seq + len(f.payload)) & 0xFFFFFFFF) == fl.rcv_nxt and not fl.guest_fin:
-            fl.guest_fin = True
-            fl.rcv_nxt = (fl.rcv_nxt + 1) & 0xFFFFFFFF
-            need_ack = True
-        elif f.flags & FIN:
-            need_ack = True
+            self._on_ack(fl, f)
+        need_ack = self._on_payload(fl, f, now) if f.payload else False
+        need_ack = self._on_fin(fl, f) or need_ack
         sent = self._transmit(fl, now)
-        if need_ack and not sent:
-            out.append(self._seg(fl, fl.snd_nxt, ACK))
+        out = [self._seg(fl, fl.snd_nxt, ACK)] if need_ack and not sent else []
         out += sent
-        if fl.fin_sent and fl.snd_una == fl.snd_nxt and fl.guest_fin:
-            fl.state = "done"
+        if fl.fin_sent and fl.snd_una == fl.snd_nxt and fl.out.fin:
+            fl.end()
         return out
+
+    def _on_reset(self, fl: PeerFlow, now: int) -> None:
+        """The guest reset the connection: refused while it was still starting (retried,
+        for SYN_RETRY_FOR_NS), or done with."""
+        starting = fl.state == TcpState.SYN_SENT or _reset_while_starting(fl)
+        if starting and now - fl.opened_ns < SYN_RETRY_FOR_NS:
+            fl.state = TcpState.REFUSED     # not listening yet: retry (retransmit())
+            fl.refusals += 1
+            fl.last_send_ns = now
+            fl.snd_una, fl.snd_nxt = 0, 1   # from the SYN again, with everything sent so far
+            fl.fin_sent = fl.out.fin = False
+            return
+        if fl.state != TcpState.DONE:
+            fl.out.reset = "refused" if fl.state == TcpState.SYN_SENT else "reset by the guest"
+        fl.end()
+
+    def _on_syn_ack(self, fl: PeerFlow, f: netpkt.Frame, now: int) -> list[bytes]:
+        """The guest's answer to the peer's SYN: established once it acknowledges it."""
+        if not (f.flags & SYN and f.flags & ACK and f.ack == fl.seq(1)):
+            return []
+        fl.guest_isn = f.seq
+        fl.rcv_nxt = (f.seq + 1) & 0xFFFFFFFF
+        fl.guest_mss = f.mss or 536
+        fl.guest_window = f.window
+        fl.snd_una = 1
+        fl.state = TcpState.ESTABLISHED
+        return [self._seg(fl, fl.snd_nxt, ACK)] + self._transmit(fl, now)
+
+    def _on_ack(self, fl: PeerFlow, f: netpkt.Frame) -> None:
+        """What the guest acknowledges of the peer's bytes, and its window."""
+        acked = (f.ack - fl.isn) & 0xFFFFFFFF
+        if fl.snd_una < acked <= fl.snd_nxt:
+            fl.snd_una = acked
+            if acked - fl.sendbase >= 4096:         # acknowledged: never sent again
+                n = min(acked - fl.sendbase, len(fl.sendbuf))
+                del fl.sendbuf[:n]
+                fl.sendbase += n
+        fl.guest_window = f.window
+
+    def _on_payload(self, fl: PeerFlow, f: netpkt.Frame, now: int) -> bool:
+        """The guest's bytes, taken in order; True if they are to be acknowledged at once
+        (more than a full segment unacknowledged, or out of order), else the ACK waits
+        DELACK_NS for bytes to carry it."""
+        if f.seq != fl.rcv_nxt:
+            return True                             # retransmitted or early: at once
+        fl.rcv_nxt = (fl.rcv_nxt + len(f.payload)) & 0xFFFFFFFF
+        fl.guest_bytes += len(f.payload)
+        fl.out.data.append((now, f.payload))
+        fl.unacked += len(f.payload)
+        if fl.ack_owed_ns is None:
+            fl.ack_owed_ns = now
+            self.owing[id(fl)] = fl
+        return fl.unacked > PEER_MSS
+
+    def _on_fin(self, fl: PeerFlow, f: netpkt.Frame) -> bool:
+        """The guest's FIN, taken when it comes in order; True if the segment carries one
+        (acknowledged at once, again if it came before)."""
+        if not f.flags & FIN:
+            return False
+        if ((f.seq + len(f.payload)) & 0xFFFFFFFF) == fl.rcv_nxt and not fl.out.fin:
+            fl.out.fin = True
+            fl.rcv_nxt = (fl.rcv_nxt + 1) & 0xFFFFFFFF
+        return True
 
     # -- segments a release rule sends (semantic/network/rules.py) ------------------------
     def prebuilt(self, fl: PeerFlow, data: bytes, queued: int) -> bytes | None:
@@ -351,7 +394,7 @@ class Peer:
         rules not fired yet) have gone, as _transmit would send it then: None if it
         would not go as one segment (the guest's MSS or window)."""
         off = fl.snd_nxt + queued
-        if fl.state != "established" or fl.unsent() or not data or len(data) > min(fl.guest_mss, PEER_MSS) \
+        if fl.state != TcpState.ESTABLISHED or fl.unsent() or not data or len(data) > min(fl.guest_mss, PEER_MSS) \
                 or off + len(data) > fl.snd_una + fl.guest_window:
             return None
         return self._frame(fl, off, ACK | PSH, data)
@@ -367,7 +410,7 @@ class Peer:
     # -- sending ----------------------------------------------------------------
     def _transmit(self, fl: PeerFlow, now: int) -> list[bytes]:
         """Send what the guest's window allows."""
-        if fl.state != "established":
+        if fl.state != TcpState.ESTABLISHED:
             return []
         out = []
         end = fl.sendbase + len(fl.sendbuf)
@@ -392,13 +435,13 @@ class Peer:
         """Resend unacknowledged data older than the retransmission timeout."""
         out = []
         for fl in self.flows.values():
-            if (fl.state == "syn-sent" and now - fl.last_send_ns >= RTO_NS) or \
-                    (fl.state == "refused" and now - fl.last_send_ns >= SYN_RETRY_NS):
-                fl.syns_unanswered += fl.state == "syn-sent"
-                fl.state = "syn-sent"
+            if (fl.state == TcpState.SYN_SENT and now - fl.last_send_ns >= RTO_NS) or \
+                    (fl.state == TcpState.REFUSED and now - fl.last_send_ns >= SYN_RETRY_NS):
+                fl.syns_unanswered += fl.state == TcpState.SYN_SENT
+                fl.state = TcpState.SYN_SENT
                 fl.last_send_ns = now
                 out.append(self._seg(fl, 0, SYN, mss=PEER_MSS))
-            elif fl.state == "established" and fl.snd_una < fl.snd_nxt and now - fl.last_send_ns >= RTO_NS:
+            elif fl.state == TcpState.ESTABLISHED and fl.snd_una < fl.snd_nxt and now - fl.last_send_ns >= RTO_NS:
                 fl.snd_nxt = fl.snd_una
                 if fl.fin_sent and fl.snd_una == fl.sendbase + len(fl.sendbuf):
                     fl.fin_sent = False
@@ -409,7 +452,7 @@ class Peer:
         """The ACKs that waited DELACK_NS for bytes to carry them and got none."""
         out = []
         for fl in [fl for fl in self.owing.values() if fl.ack_owed_ns is not None and fl.ack_owed_ns + DELACK_NS <= now]:
-            if fl.state == "established":
+            if fl.state == TcpState.ESTABLISHED:
                 out.append(self._seg(fl, fl.snd_nxt, ACK))     # _seg takes it off self.owing
             else:                               # closed or reset meanwhile: nothing to acknowledge
                 del self.owing[id(fl)]
@@ -419,10 +462,13 @@ class Peer:
         """This peer is still opening connection `index`: its SYN unanswered, or refused
         and retried (a guest still starting its network or its service)."""
         fl = self.flows.get(index)
-        return fl is not None and fl.state in ("syn-sent", "refused")
+        return fl is not None and fl.state in (TcpState.SYN_SENT, TcpState.REFUSED)
 
     def forget(self, index: int) -> None:
-        """A connection compared to its end (live_compare): its state is no longer needed."""
+        """A connection compared to its end (live_compare), or never opened here: its
+        state, and the run's record of it, are no longer needed."""
+        self.out.flows.pop(index, None)
+        self.out.not_opened.discard(index)
         fl = self.flows.pop(index, None)
         if fl is not None:
             self.owing.pop(id(fl), None)
@@ -433,11 +479,11 @@ class Peer:
     def next_timer(self) -> int | None:
         """VM time of the next retransmission, connection retry or delayed ACK, if any."""
         t = [fl.ack_owed_ns + DELACK_NS for fl in self.owing.values()
-             if fl.ack_owed_ns is not None and fl.state == "established"]
+             if fl.ack_owed_ns is not None and fl.state == TcpState.ESTABLISHED]
         for fl in self.flows.values():
-            if fl.state == "refused":
+            if fl.state == TcpState.REFUSED:
                 t.append(fl.last_send_ns + SYN_RETRY_NS)
-            elif fl.state == "syn-sent" or (fl.state == "established" and fl.snd_una < fl.snd_nxt):
+            elif fl.state == TcpState.SYN_SENT or (fl.state == TcpState.ESTABLISHED and fl.snd_una < fl.snd_nxt):
                 t.append(fl.last_send_ns + RTO_NS)
         return min(t) if t else None
 
