@@ -3,6 +3,7 @@ real SQLite database, read back as its reports say it; a night killed half-way a
 again finishes only what was missing."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -127,3 +128,75 @@ def test_a_night_killed_half_way_finishes_what_was_missing(corpus, tmp_path):
     after = rows(db, "select id, status, finished_at from tasks where kernel != 'confirm'")
     assert len(after) == 6 and all(s in ("pass", "finding") for _, s, _ in after)
     assert all(dict((i, f) for i, _, f in after)[i] == f for i, f in done.items())    # not done again
+
+
+def _proc(pid: int) -> tuple[int, str] | None:
+    """(parent pid, command line) of a process, None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1]), cmd
+
+
+def replays_under(workers: dict[int, str]) -> dict[int, int]:
+    """The farm's replays running now (`tandem replay` started by a task): pid -> its worker's pid."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        p = _proc(int(pid))
+        if p and p[0] in workers and " replay " in p[1] and "tandem" in p[1]:
+            out[int(pid)] = p[0]
+    return out
+
+
+def dask_process(module: str, *args: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", f"distributed.cli.{module}", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def worker_addresses(scheduler: str) -> dict[str, str]:
+    """name -> address of the workers the scheduler has."""
+    from distributed import Client
+    with Client(scheduler, timeout="30s") as c:
+        return {w["name"]: addr for addr, w in c.scheduler_info()["workers"].items()}
+
+
+def test_a_worker_killed_mid_task_and_its_task_done_by_the_other(corpus, tmp_path):
+    """A real scheduler and two workers, each a process of its own on loopback; the worker
+    running the task is killed: the task is done by the other, stored once, and the killed
+    worker's VMs are gone with it."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    sched_file = tmp_path / "scheduler.json"
+    procs = [dask_process("dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+                          "--scheduler-file", str(sched_file), env=env)]
+    try:
+        wait_until(lambda: sched_file.exists() and sched_file.stat().st_size > 0, 60, "the scheduler's file")
+        address = json.loads(sched_file.read_text())["address"]
+        for name in ("w1", "w2"):
+            procs.append(dask_process("dask_worker", "--scheduler-file", str(sched_file), "--no-nanny",
+                                      "--nthreads", "2", "--resources", "vm=2", "--name", name, env=env))
+        names = {p.pid: n for p, n in zip(procs[1:], ("w1", "w2"))}
+        wait_until(lambda: len(worker_addresses(address)) == 2, 60, "two workers", poll=1.0)
+        addresses = worker_addresses(address)
+        night = subprocess.Popen([sys.executable, "-m", "tandem", "farm", "run", "--bundle", str(corpus[0]),
+                                  "--analysis", "kasan", "--no-exact", "--repeats", "0", "--db",
+                                  str(tmp_path / "farm.sqlite"), "--out", str(tmp_path / "out"), "--night", "n1",
+                                  "--scheduler", address], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        (replay_pid, worker_pid), = wait_until(lambda: replays_under(names), 300, "a task's replay").items()
+        os.kill(worker_pid, signal.SIGKILL)
+        wait_until(lambda: _proc(replay_pid) is None, 30, "the killed worker's replay gone with it")
+        out, err = night.communicate(timeout=900)
+        assert night.returncode == 1, out + err
+        db = tmp_path / "farm.sqlite"
+        survivor = addresses["w2" if names[worker_pid] == "w1" else "w1"]
+        assert rows(db, "select status, attempts, worker from tasks where kernel != 'confirm'") == [
+            ("finding", 1, survivor)]
+        titles = [t for (t,) in rows(db, "select signature from findings f join tasks t on f.task_id = t.id "
+                                         "where t.kernel != 'confirm'")]
+        assert titles and len(titles) == len(set(titles)), titles        # stored once
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
