@@ -84,6 +84,7 @@ class Text(HTMLParser):
             self.tables[self._in].append(data.strip())
 
 
+@pytest.mark.timeout(900)
 def test_a_night_over_three_recordings_and_two_analyses(corpus, tmp_path):
     r = farm(tmp_path, corpus, "--vms", "2")
     assert r.returncode == 1, r.stderr          # new findings
@@ -109,6 +110,7 @@ def test_a_night_over_three_recordings_and_two_analyses(corpus, tmp_path):
     assert len(cases) == 9 and sum(res == ["Failure"] for *_, res in cases) == 3
 
 
+@pytest.mark.timeout(1500)
 def test_a_night_killed_half_way_finishes_what_was_missing(corpus, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
     args = [sys.executable, "-m", "tandem", "farm", "run", *[a for b in corpus for a in ("--bundle", str(b))],
@@ -162,6 +164,7 @@ def worker_addresses(scheduler: str) -> dict[str, str]:
         return {w["name"]: addr for addr, w in c.scheduler_info()["workers"].items()}
 
 
+@pytest.mark.timeout(900)
 def test_a_worker_killed_mid_task_and_its_task_done_by_the_other(corpus, tmp_path):
     """A real scheduler and two workers, each a process of its own on loopback; the worker
     running the task is killed: the task is done by the other, stored once, and the killed

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from distributed import Client, Future, KilledWorker, LocalCluster, as_completed
 
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from . import task
 from .spec import Settings
 from .store import HEARTBEAT_S, Result, Store, TaskKey
@@ -63,6 +63,21 @@ def vms_of(key: TaskKey, noise: bool) -> int:
     return 1 if key.analysis == task.EXACT else 2 if noise else 1
 
 
+def vm_capacity(client: Client, wait_s: float = 60) -> int:
+    """The most VMs one worker may run (its `vm` resource): a task asks for no more, so a
+    worker started with vm=1 runs an analysis and its noise run in turn rather than never."""
+    try:
+        client.wait_for_workers(1, timeout=wait_s)
+    except TimeoutError:
+        raise InfraError(f"Dask scheduler {client.scheduler.address}: no worker joined in {wait_s:.0f} s") from None
+    workers = client.scheduler_info()["workers"].values()
+    most = max((int(w.get("resources", {}).get("vm", 0)) for w in workers), default=0)
+    if most < 1:
+        raise InfraError(f"Dask scheduler {client.scheduler.address}: no worker has the 'vm' resource "
+                         "(start workers with: dask worker ... --resources vm=N)")
+    return most
+
+
 def cluster(settings: Settings) -> Client:
     """The scheduler the night runs on: the one settings name, or a LocalCluster of one
     worker on this host with as many VMs as it has cores (TCG runs a VM on a core)."""
@@ -84,6 +99,7 @@ class Night:
         self.on_result = on_result or (lambda key, result: None)
         self.tally: Counter[str] = Counter()
         self._stop = threading.Event()
+        self.vm_max = vm_capacity(client)
 
     def run(self) -> Counter[str]:
         """Do every open task of the night, and the repeats and confirmations they call for."""
@@ -121,7 +137,7 @@ class Night:
                 continue
             job = self._job(task_id, key)
             fut = self.client.submit(task.work, job, key=f"tandem-farm-{self.store.run_id[:8]}-{task_id}",
-                                     resources={"vm": vms_of(key, self.settings.noise)}, pure=False)
+                                     resources={"vm": job.jobs}, pure=False)
             held[fut] = (task_id, key)
             futures.add(fut)
 
@@ -129,7 +145,7 @@ class Night:
         workdir = self.out / f"task-{task_id}-{key.analysis}-r{key.repeat}"
         target = self.targets.get(key.analysis)
         return task.Job(key.bundle, key.analysis, str(workdir), kernel_spec=target.kernel_spec if target else None,
-                        noise=self.settings.noise)
+                        noise=self.settings.noise, jobs=min(vms_of(key, self.settings.noise), self.vm_max))
 
     @staticmethod
     def _result_of(fut: Future) -> Result:

@@ -35,12 +35,13 @@ class Job:
     workdir: str
     kernel_spec: str | None = None      # NAME=BZIMAGE[,VMLINUX] for a user kernel
     noise: bool = True
+    jobs: int = 2                       # VMs at once: the analysis and its noise run side by side, or in turn
     tandem: tuple[str, ...] = (sys.executable, "-m", "tandem")
 
     def argv(self) -> list[str]:
         if self.analysis == EXACT:
             return [*self.tandem, "replay", self.bundle, "--json"]
-        out = [*self.tandem, "replay", self.bundle, "--workdir", self.workdir, "--jobs", "2"]
+        out = [*self.tandem, "replay", self.bundle, "--workdir", self.workdir, "--jobs", str(self.jobs)]
         out += ["--analysis-kernel", self.kernel_spec] if self.kernel_spec else ["--analysis", self.analysis]
         return out + ([] if self.noise else ["--no-noise"])
 
