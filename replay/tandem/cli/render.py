@@ -21,16 +21,13 @@ def print_live_finding(f, out=console) -> None:
 
 def print_summary(s, out=console) -> None:
     """Findings first (what the analyses found, each title once), then divergences, then the verdict."""
-    from ..semantic.findings import (
-        distinct,  # findings imports the semantic driver: not at --help time
-    )
     for r in s.results:
         run = r.run
         head = (f"[bold]{r.analysis}[/]: {run.outcome}, VM time {run.end_ns / 1e9:.2f}s, "
                 f"wall {run.wall_s:.1f}s, {len(r.findings)} finding(s), "
                 f"{len(r.divergences)} divergence(s)" + (f" ({r.noise} noise)" if r.noise else ""))
         out.print(head)
-        for f, n in distinct(r.findings):
+        for f, n in r.distinct:
             # The guilty frame's own source line, when it could be found.
             at = [x for x in f.locations if f.frames and x[0] == f.frames[0]]
             loc = f" at {at[0][1]}:{at[0][2]}" if at else ""

@@ -24,7 +24,7 @@ from ..machine import analyses_given
 from .comparison import compare, equivalence
 from . import inputs, model
 from .findings import Finding, did_not_boot, distinct
-from .guests import analysis_guest, with_files_swapped
+from .guests import analysis_guest
 from .comparison.live_compare import OFFLINE_STUCK_MAX
 from .driving.replay import RunOptions
 from .trail import Trail
@@ -46,6 +46,12 @@ class AnalysisResult:
     # (findings.failure), and the native's output it never reached.
     failure: str | None = None
     not_analysed: list[compare.NotAnalysed] = field(default_factory=list)
+    # Each title once, with its first finding and how often (findings.distinct): what a
+    # summary shows, as data its readers (summary.json, the CLI) print without recomputing.
+    distinct: list[tuple[Finding, int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.distinct = distinct(self.findings)
 
     @property
     def complete(self) -> bool:
@@ -124,9 +130,6 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
     users = manifest.users_guest
     specs = {a.name: equivalence.load(a, spec_path, users) for a in runs_wanted}
     guests = guests or {a.name: analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}
-    if users:
-        guests = {a.name: with_files_swapped(guests[a.name], a, workdir, bundle_dir)
-                  for a in runs_wanted if a.name in guests}
     runs: dict[str, model.AnalysisRun] = {}
     found: dict[str, tuple[list, list, list]] = {}
     if earlier is not None:
@@ -138,7 +141,7 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
             trail = Trail(rec, batch, specs, {a.name: model.Buffer.unbounded() for a in batch},
                           run_options=lambda a: RunOptions(a, guests.get(a.name), workdir, record=record,
                                                            lookahead_ns=lookahead_ns, line_deps=not users,
-                                                           cpu_idle=cpu_idle),
+                                                           cpu_idle=cpu_idle, swap_from=bundle_dir if users else None),
                           findings_file=findings_file, stuck_max=OFFLINE_STUCK_MAX, progress=progress)
             with trail:         # started; its analyses stopped if reading fails
                 read_paced(trail, bundle_dir)
@@ -228,7 +231,7 @@ def write_summary(workdir: Path, s: Summary) -> None:
          "recording": str(r.run.bundle) if r.run.bundle else None,
          "findings": [asdict(x) for x in r.findings],
          "distinct": [{"title": f.title, "type": f.type, "count": n, "first_vm_ns": f.vm_ns}
-                      for f, n in distinct(r.findings)],
+                      for f, n in r.distinct],
          "noise": r.noise, "spec": r.spec,
          "divergences": [{"channel": d.channel, "kind": d.kind, "native_vm_ns": d.native_ns,
                           "analysis_vm_ns": d.analysis_ns, "after_input": d.after_input,

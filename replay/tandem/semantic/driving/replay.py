@@ -36,6 +36,7 @@ from ...qemu import wake_latency
 from ...qemu.vm import VM
 from ...qemu.image import make_overlays
 from .. import inputs
+from ..guests import with_files_swapped
 from .driver import AnalysisDriver, DriveOptions
 from ...qemu.feed import FeedServer
 from ..model import DELIVERED_KEPT, HANG_WALL_S, LOOKAHEAD_NS, MAX_LAG_NS, AnalysisRun, Buffer, Outcome
@@ -57,7 +58,10 @@ class RunOptions:
     default they are held awake, so that each stop of the VM is not a CPU's wake-up
     longer: qemu/wake_latency.py). idle, cpus: the VM's QEMU at idle CPU priority, on
     these CPUs. launcher: run the analysis VM as a libvirt domain (libvirt/launcher.py,
-    see qemu/vm.VM). stop(): True ends the run early (outcome "detached")."""
+    see qemu/vm.VM). stop(): True ends the run early (outcome "detached"). swap_from: a
+    user's VM's recording, whose guest gets its files swapped in first (guests.
+    with_files_swapped: a preparation boot), here in the run's own thread: analyses
+    prepare side by side, and one whose preparation fails is that analysis's error."""
     analysis: catalog.Analysis
     guest: Guest | None                 # None: tandem's guest image with the analysis's kernel and userland
     workdir: Path
@@ -71,6 +75,7 @@ class RunOptions:
     cpus: str | None = None
     launcher: Launcher | None = None
     stop: Callable[[], bool] | None = None
+    swap_from: Path | None = None
 
 
 def run(rec: inputs.RecordedInputs, o: RunOptions, *, buffer: Buffer | None = None,
@@ -90,6 +95,8 @@ def run(rec: inputs.RecordedInputs, o: RunOptions, *, buffer: Buffer | None = No
     memory does not grow with its length.
     """
     guest = o.guest or Guest.for_analysis(o.analysis)
+    if o.swap_from is not None:
+        guest = with_files_swapped(guest, o.analysis, o.workdir, o.swap_from)
     res = AnalysisRun(o.analysis.name)
     if not rec.finished:
         res.delivered, res.net_out = deque(maxlen=DELIVERED_KEPT), None
