@@ -3,11 +3,11 @@ one farm only, taken back from a farm gone silent, results and findings written 
 from __future__ import annotations
 
 import datetime
-import threading
 
 import pytest
 import sqlalchemy as sa
 
+from helpers import start_client
 from tandem.farm import store
 from tandem.farm.store import Finding, Result, Store, StoreError, TaskKey
 
@@ -37,9 +37,7 @@ def test_of_two_farms_one_takes_each_task(tmp_path):
             if farms[i].claim(task_id):
                 won[i].append(task_id)
 
-    threads = [threading.Thread(target=take, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
+    threads = [start_client(lambda i=i: take(i), f"farm-{i}") for i in (0, 1)]
     for t in threads:
         t.join()
     with farms[0].engine.connect() as c:
