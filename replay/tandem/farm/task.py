@@ -9,11 +9,13 @@ QEMU behind to hold the host's cores), and what the farm stores is what
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,8 +59,11 @@ def work(job: Job) -> Result:
 
 
 def run(job: Job, worker: str = "") -> Result:
-    """Run the job's replay to its end and read what it gave."""
+    """Run the job's replay to its end and read what it gave. Each attempt has a directory
+    of its own under the task's (run-*): Dask runs a task again when its worker dies, and
+    the dead attempt's VMs may still be writing for the watchdog's second; its files stay."""
     Path(job.workdir).mkdir(parents=True, exist_ok=True)
+    job = dataclasses.replace(job, workdir=tempfile.mkdtemp(prefix="run-", dir=job.workdir))
     log = Path(job.workdir) / "tandem.log"
     started = time.monotonic()
     with open(log, "wb") as err:
