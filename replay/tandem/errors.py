@@ -12,12 +12,14 @@ not come up) and InfraError (the VMM's own failure), beside the user's input:
         MissingMember         (formats/bundle.py) a bundle member that is not there
       OptionError             (machine/options.py) a value that cannot be part of a QEMU option
       AssertionLangError      (assertions/lang.py) a malformed assertion file: FILE:LINE:COL
+      FarmSpecError           (farm/spec.py) a farm file or farm flag that cannot be used
       BootError               the guest's: its kernel did not boot, it never answered (a
                               console line, a service), it did not shut down, it answered wrong
       InfraError              tandem's own machinery: QEMU crashed, refused to start or stopped
                               answering; libvirt refused; the host lacks a tool; a build failed
         QMPUnavailable        (qemu/vm.py) QEMU's QMP did not answer, or QEMU went away meanwhile
         TraceError            (assertions/trace.py) the assertion plugin's events missing or damaged
+        StoreError            (farm/store.py) the farm's database cannot be opened or used
 
 A class that lives in another module (the layers let this one import nothing of tandem)
 subclasses one of these and is listed above. Which one to raise: would the same command
@@ -33,7 +35,8 @@ Exit statuses, of `tandem` and of every module's own main():
                           verify or whose analyses did not finish
     EXIT_ERROR        2   a TandemError, of every class above: the message says whose
     EXIT_INCOMPLETE   3   nothing found, but tandem could not analyse the whole recording
-                          (its own limit, never a finding: replay --analysis, shadow, attach)
+                          (its own limit, never a finding: replay --analysis, shadow, attach;
+                          a farm night whose only news is the harness's errors)
     EXIT_INTERRUPTED  130 interrupted (Ctrl-C): 128 + SIGINT, as a shell reports it
 """
 

@@ -29,7 +29,7 @@ LAYERS = {
     "tandem.record": 4,
     "tandem.exact": 5,
     "tandem.semantic": 6,
-    "tandem.assertions": 7, "tandem.live": 7, "tandem.plan": 7,
+    "tandem.assertions": 7, "tandem.live": 7, "tandem.plan": 7, "tandem.farm": 7,
     "tandem.cli": 8, "tandem.__main__": 9,
 }
 # What drives processes or talks to people.

@@ -1,0 +1,178 @@
+"""One night of the farm: every recording replayed exactly on this QEMU build and into every
+analysis, as tasks on Dask distributed, each result stored as it comes.
+
+The farm's own process plans the night, takes tasks in the database, hands them to Dask
+and stores what they give; workers only run replays (task.py). A task asks for the VMs it
+boots as a worker resource `vm` (an analysis with its noise run boots two), so no worker
+runs more VMs than it was started with (`dask worker --resources vm=N`), and Dask runs a
+task again elsewhere when its worker dies. A finding whose title the database has never
+seen is replayed `repeats` times more before it is called new (flaky if it does not show
+every time), and the analysis run's own recording is replayed exactly to confirm it
+reproduces.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import CancelledError
+from dataclasses import dataclass
+from pathlib import Path
+
+from distributed import Client, Future, KilledWorker, LocalCluster, as_completed
+
+from ..errors import InfraError, TandemError
+from . import task
+from .spec import Settings
+from .store import HEARTBEAT_S, Result, Store, TaskKey
+
+CONFIRM = "confirm"         # the kernel column of a task that replays an analysis's recording
+
+
+@dataclass(frozen=True)
+class Target:
+    """An analysis as the farm schedules it: its name, the key of the kernel build it boots
+    (tonight's build: a new build is a new task), and a user kernel's --analysis-kernel."""
+    name: str
+    kernel: str
+    kernel_spec: str | None = None
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A recording of the night: its path and its identity (the device log's sha256,
+    stable when the bundle moves)."""
+    bundle: str
+    recording: str
+
+
+def plan(corpus: Iterable[Corpus], targets: Iterable[Target], exact_build: str | None) -> list[TaskKey]:
+    """The night's first tasks: each recording exactly (if exact_build), and into each target."""
+    targets = list(targets)
+    out = []
+    for c in corpus:
+        if exact_build is not None:
+            out.append(TaskKey(c.bundle, c.recording, task.EXACT, exact_build))
+        out += [TaskKey(c.bundle, c.recording, t.name, t.kernel) for t in targets]
+    return out
+
+
+def vms_of(key: TaskKey, noise: bool) -> int:
+    """The VMs a task boots at once: an exact replay one; an analysis one, and its noise run."""
+    return 1 if key.analysis == task.EXACT else 2 if noise else 1
+
+
+def vm_capacity(client: Client, wait_s: float = 60) -> int:
+    """The most VMs one worker may run (its `vm` resource): a task asks for no more, so a
+    worker started with vm=1 runs an analysis and its noise run in turn rather than never."""
+    try:
+        client.wait_for_workers(1, timeout=wait_s)
+    except TimeoutError:
+        raise InfraError(f"Dask scheduler {client.scheduler.address}: no worker joined in {wait_s:.0f} s") from None
+    workers = client.scheduler_info()["workers"].values()
+    most = max((int(w.get("resources", {}).get("vm", 0)) for w in workers), default=0)
+    if most < 1:
+        raise InfraError(f"Dask scheduler {client.scheduler.address}: no worker has the 'vm' resource "
+                         "(start workers with: dask worker ... --resources vm=N)")
+    return most
+
+
+def cluster(settings: Settings) -> Client:
+    """The scheduler the night runs on: the one settings name, or a LocalCluster of one
+    worker on this host with as many VMs as it has cores (TCG runs a VM on a core)."""
+    if settings.scheduler:
+        return Client(settings.scheduler, timeout="30s")
+    vms = settings.vms or os.cpu_count() or 1
+    local = LocalCluster(n_workers=1, threads_per_worker=vms, resources={"vm": vms}, processes=True,
+                         dashboard_address=":0", silence_logs=40)
+    return Client(local)
+
+
+class Night:
+    """A night's run against a store, on a Dask client."""
+
+    def __init__(self, store: Store, client: Client, targets: list[Target], settings: Settings, out: Path,
+                 on_result: Callable[[TaskKey, Result], None] | None = None):
+        self.store, self.client, self.settings, self.out = store, client, settings, out
+        self.targets = {t.name: t for t in targets}
+        self.on_result = on_result or (lambda key, result: None)
+        self.tally: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self.vm_max = vm_capacity(client)
+
+    def run(self) -> Counter[str]:
+        """Do every open task of the night, and the repeats and confirmations they call for."""
+        beat = threading.Thread(target=self._heartbeat, name="farm-heartbeat", daemon=True)
+        beat.start()
+        try:
+            while True:
+                self._drain()
+                if not self.store.held_elsewhere():
+                    break
+                self._stop.wait(HEARTBEAT_S)    # another farm's tasks: done by it, or taken back
+        finally:
+            self._stop.set()
+            beat.join()
+        return self.tally
+
+    def _drain(self) -> None:
+        """Submit what is open, store each result as it comes, until nothing is open."""
+        futures = as_completed([])
+        held: dict[Future, tuple[int, TaskKey]] = {}
+        self._submit_open(futures, held)
+        for fut in futures:
+            task_id, key = held.pop(fut)
+            result = self._result_of(fut)
+            if self.store.finish(task_id, result):
+                self.tally[result.status] += 1
+                self.on_result(key, result)
+                self._follow_up(key, result)
+            self._submit_open(futures, held)
+
+    def _submit_open(self, futures: as_completed, held: dict) -> None:
+        busy = {t for t, _ in held.values()}
+        for task_id, key in self.store.open_tasks():
+            if task_id in busy or not self.store.claim(task_id):
+                continue
+            job = self._job(task_id, key)
+            fut = self.client.submit(task.work, job, key=f"tandem-farm-{self.store.run_id[:8]}-{task_id}",
+                                     resources={"vm": job.jobs}, pure=False)
+            held[fut] = (task_id, key)
+            futures.add(fut)
+
+    def _job(self, task_id: int, key: TaskKey) -> task.Job:
+        workdir = self.out / f"task-{task_id}-{key.analysis}-r{key.repeat}"
+        target = self.targets.get(key.analysis)
+        return task.Job(key.bundle, key.analysis, str(workdir), kernel_spec=target.kernel_spec if target else None,
+                        noise=self.settings.noise, jobs=min(vms_of(key, self.settings.noise), self.vm_max))
+
+    @staticmethod
+    def _result_of(fut: Future) -> Result:
+        try:
+            return fut.result()
+        except (KilledWorker, CancelledError, OSError, TandemError) as e:
+            # its worker died too often, it was cancelled, the host or tandem failed it:
+            # the harness's failure, stored as the task's error (a bug in tandem still raises)
+            return Result("error", reason=f"{type(e).__name__}: {e}"[:2000])
+
+    def _follow_up(self, key: TaskKey, result: Result) -> None:
+        """Repeats of a task that found something never seen before, and an exact replay of
+        the analysis run's recording that shows it."""
+        if key.kernel == CONFIRM:
+            self.store.confirm(key.bundle, result.status == "pass")
+            return
+        if key.repeat != 0 or self.store.night_id is None:
+            return
+        new = [f for f in result.findings if f.kind == "finding"
+               and not self.store.seen_before(f.signature, self.store.night_id)]
+        if not new:
+            return
+        self.store.add_tasks(TaskKey(key.bundle, key.recording, key.analysis, key.kernel, r)
+                             for r in range(1, self.settings.repeats + 1))
+        self.store.add_tasks(TaskKey(rec, rec, task.EXACT, CONFIRM)
+                             for rec in dict.fromkeys(f.recording for f in new if f.recording))
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            self.store.heartbeat()

@@ -1,0 +1,205 @@
+"""The replay farm on real VMs and a real Dask: a night over recordings x analyses into a
+real SQLite database, read back as its reports say it; a night killed half-way and run
+again finishes only what was missing."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import junitparser
+import pytest
+
+from helpers import ROOT, run_cli, wait_until
+
+ANALYSES = ("kasan", "lockdep")
+# What each recording's traffic reaches of the planted bugs (record/workload.PLANTED_BUGS).
+BUGS = ((["kasan-oob"]), (["kasan-uaf", "lockdep-ab", "lockdep-ba"]), ())
+
+
+def record_with(path: Path, bugs) -> Path:
+    from tandem.record.recording import Recording
+    from tandem.record.workload import bad_requests, demo_traffic
+    with Recording(path) as rec:
+        rec.wait_ready()
+        demo_traffic(rec.port, rounds=4)
+        if bugs:
+            bad_requests(rec.port, list(bugs))
+        rec.serial.type("poweroff")
+        rec.wait(timeout=120)
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(built, tmp_path_factory) -> list[Path]:
+    """Three recordings of the demo guest: one reaches a KASAN bug, one a KASAN and a
+    lockdep bug, one none."""
+    base = tmp_path_factory.mktemp("corpus")
+    return [record_with(base / f"rec{i}.tdm", bugs) for i, bugs in enumerate(BUGS)]
+
+
+def farm(tmp: Path, corpus: list[Path], *extra: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    args = ["farm", "run", *[a for b in corpus for a in ("--bundle", str(b))], "--analysis", ",".join(ANALYSES),
+            "--db", str(tmp / "farm.sqlite"), "--out", str(tmp / "out"), "--night", "n1", "--repeats", "0", *extra]
+    return run_cli(*args, timeout=timeout)
+
+
+def rows(db: Path, query: str) -> list[tuple]:
+    with sqlite3.connect(db) as c:
+        return c.execute(query).fetchall()
+
+
+def finished(db: Path) -> int:
+    """Tasks of the night done (not the confirming replays); 0 before the farm made its tables."""
+    try:
+        return rows(db, "select count(*) from tasks where status in ('pass', 'finding') and kernel != 'confirm'")[0][0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+class Text(HTMLParser):
+    """The text of an HTML page by the id of the table it is in."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables: dict[str, list[str]] = {}
+        self._in: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self._in = dict(attrs).get("id")
+            self.tables.setdefault(self._in or "", [])
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self._in = None
+
+    def handle_data(self, data):
+        if self._in is not None and data.strip():
+            self.tables[self._in].append(data.strip())
+
+
+@pytest.mark.timeout(900)
+def test_a_night_over_three_recordings_and_two_analyses(corpus, tmp_path):
+    r = farm(tmp_path, corpus, "--vms", "2")
+    assert r.returncode == 1, r.stderr          # new findings
+    db = tmp_path / "farm.sqlite"
+    tasks = rows(db, "select substr(bundle, -8), analysis, status, attempts from tasks where kernel != 'confirm'")
+    assert sorted(tasks) == sorted([(f"rec{i}.tdm", "exact", "pass", 1) for i in range(3)] + [
+        ("rec0.tdm", "kasan", "finding", 1), ("rec0.tdm", "lockdep", "pass", 1),
+        ("rec1.tdm", "kasan", "finding", 1), ("rec1.tdm", "lockdep", "finding", 1),
+        ("rec2.tdm", "kasan", "pass", 1), ("rec2.tdm", "lockdep", "pass", 1)])
+    # each finding's analysis recording replayed exactly: it reproduces
+    assert sorted(rows(db, "select status from tasks where kernel = 'confirm'")) == [("pass",)] * 3
+    assert rows(db, "select count(*) from findings where reproduced is not 1") == [(0,)]
+    titles = {t for (t,) in rows(db, "select distinct signature from findings")}
+    assert "KASAN: slab-out-of-bounds Write in tb_note_store" in titles
+    assert any(t.startswith("possible deadlock in ") for t in titles), titles
+    page = Text()
+    page.feed((tmp_path / "out" / "n1" / "night.html").read_text())
+    assert "KASAN: slab-out-of-bounds Write in tb_note_store" in page.tables["findings"]
+    assert page.tables["findings"].count("new") == len(titles)
+    assert {"rec0.tdm", "rec1.tdm", "rec2.tdm", "finding", "pass"} <= set(page.tables["matrix"])
+    xml = junitparser.JUnitXml.fromfile(str(tmp_path / "out" / "n1" / "junit.xml"))
+    cases = [(s.name, c.name, [type(x).__name__ for x in c.result]) for s in xml for c in s]
+    assert len(cases) == 9 and sum(res == ["Failure"] for *_, res in cases) == 3
+
+
+@pytest.mark.timeout(1500)
+def test_a_night_killed_half_way_finishes_what_was_missing(corpus, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    args = [sys.executable, "-m", "tandem", "farm", "run", *[a for b in corpus for a in ("--bundle", str(b))],
+            "--analysis", "kasan", "--db", str(tmp_path / "farm.sqlite"), "--out", str(tmp_path / "out"),
+            "--night", "n1", "--repeats", "0", "--vms", "1"]
+    first = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    db = tmp_path / "farm.sqlite"
+    wait_until(lambda: finished(db) >= 2, 600, "two tasks done")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    done = dict(rows(db, "select id, finished_at from tasks where status in ('pass', 'finding') "
+                         "and kernel != 'confirm'"))
+    assert 2 <= len(done) < 6
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 1, r.stderr
+    after = rows(db, "select id, status, finished_at from tasks where kernel != 'confirm'")
+    assert len(after) == 6 and all(s in ("pass", "finding") for _, s, _ in after)
+    assert all(dict((i, f) for i, _, f in after)[i] == f for i, f in done.items())    # not done again
+
+
+def _proc(pid: int) -> tuple[int, str] | None:
+    """(parent pid, command line) of a process, None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1]), cmd
+
+
+def replays_under(workers: dict[int, str]) -> dict[int, int]:
+    """The farm's replays running now (`tandem replay` started by a task): pid -> its worker's pid."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        p = _proc(int(pid))
+        if p and p[0] in workers and " replay " in p[1] and "tandem" in p[1]:
+            out[int(pid)] = p[0]
+    return out
+
+
+def dask_process(module: str, *args: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", f"distributed.cli.{module}", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def worker_addresses(scheduler: str) -> dict[str, str]:
+    """name -> address of the workers the scheduler has."""
+    from distributed import Client
+    with Client(scheduler, timeout="30s") as c:
+        return {w["name"]: addr for addr, w in c.scheduler_info()["workers"].items()}
+
+
+@pytest.mark.timeout(900)
+def test_a_worker_killed_mid_task_and_its_task_done_by_the_other(corpus, tmp_path):
+    """A real scheduler and two workers, each a process of its own on loopback; the worker
+    running the task is killed: the task is done by the other, stored once, and the killed
+    worker's VMs are gone with it."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    sched_file = tmp_path / "scheduler.json"
+    procs = [dask_process("dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+                          "--scheduler-file", str(sched_file), env=env)]
+    try:
+        wait_until(lambda: sched_file.exists() and sched_file.stat().st_size > 0, 60, "the scheduler's file")
+        address = json.loads(sched_file.read_text())["address"]
+        for name in ("w1", "w2"):
+            procs.append(dask_process("dask_worker", "--scheduler-file", str(sched_file), "--no-nanny",
+                                      "--nthreads", "2", "--resources", "vm=2", "--name", name, env=env))
+        names = {p.pid: n for p, n in zip(procs[1:], ("w1", "w2"))}
+        wait_until(lambda: len(worker_addresses(address)) == 2, 60, "two workers", poll=1.0)
+        addresses = worker_addresses(address)
+        night = subprocess.Popen([sys.executable, "-m", "tandem", "farm", "run", "--bundle", str(corpus[0]),
+                                  "--analysis", "kasan", "--no-exact", "--repeats", "0", "--db",
+                                  str(tmp_path / "farm.sqlite"), "--out", str(tmp_path / "out"), "--night", "n1",
+                                  "--scheduler", address], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        (replay_pid, worker_pid), = wait_until(lambda: replays_under(names), 300, "a task's replay").items()
+        os.kill(worker_pid, signal.SIGKILL)
+        wait_until(lambda: _proc(replay_pid) is None, 30, "the killed worker's replay gone with it")
+        out, err = night.communicate(timeout=900)
+        assert night.returncode == 1, out + err
+        db = tmp_path / "farm.sqlite"
+        survivor = addresses["w2" if names[worker_pid] == "w1" else "w1"]
+        assert rows(db, "select status, attempts, worker from tasks where kernel != 'confirm'") == [
+            ("finding", 1, survivor)]
+        titles = [t for (t,) in rows(db, "select signature from findings f join tasks t on f.task_id = t.id "
+                                         "where t.kernel != 'confirm'")]
+        assert titles and len(titles) == len(set(titles)), titles        # stored once
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
