@@ -249,7 +249,7 @@ class ShadowRun(Lifecycle):
                           record=self.record_analyses, stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
                           cpu_idle=self.options.cpu_idle, idle=self.idle_analyses,
                           cpus=_cpu_list(self.analysis_cpus), launcher=lv.analysis_launcher(analysis) if lv else None,
-                          line_deps=not self.users_guest)
+                          line_deps=not self.users_guest, swap_from=self.path if self.users_guest else None)
 
     def _users_analysis_guest(self, analysis: catalog.Analysis) -> Guest | None:
         """For the user's VM: the machine the analysis boots, once its root device is known
@@ -270,8 +270,7 @@ class ShadowRun(Lifecycle):
         if root is None:
             raise TandemError(f"{self.path}: the native's kernel printed no root= within {ROOT_WAIT_S:.0f}s of "
                               "wall time; give it with --root (e.g. /dev/vda1)")
-        guest = guests.analysis_guest(self.path, self.native.manifest, analysis, root)
-        return guests.with_files_swapped(guest, analysis, self.workdir, self.path)
+        return guests.analysis_guest(self.path, self.native.manifest, analysis, root)
 
     # --- the native's side ---
 
