@@ -77,9 +77,8 @@ def targets(names: tuple[str, ...], kernels: tuple[str, ...]):
     for a in dict.fromkeys(catalog.get(name) for name in names):
         out.append(Target(a.name, f"{a.flavor}:{artifacts.kernel(a.flavor)['bzImage_sha256'][:16]}:{a.userland.name}"))
     for item in kernels:
-        a = bring_kernel(item)
+        a = bring_kernel(item)          # its files and name checked: a one-line error naming them
         assert a.kernel.image is not None
-        catalog.check_name(a.name)
         digest = hashlib.sha256(Path(a.kernel.image).read_bytes()).hexdigest()[:16]
         out.append(Target(a.name, f"user:{digest}", kernel_spec=item))
     return out
@@ -152,7 +151,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise TandemError(f"--since {args.since!r}: give a number of days, hours or weeks (7d, 12h, 2w)")
         unit = {"d": "days", "h": "hours", "w": "weeks"}[m.group(2)]
         since = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(**{unit: int(m.group(1))})
-    v = report.view(store.engine(store.url_of(args.db)), args.night, since, args.fixed_after)
+    url = store.url_of(args.db)
+    if url.startswith("sqlite:") and not Path(args.db).is_file():
+        raise TandemError(f"{args.db}: no such farm database (tandem farm run --db makes one)")
+    v = report.view(store.engine(url), args.night, since, args.fixed_after)
     if not v.night:
         raise TandemError(f"{args.db}: no night{' called ' + repr(args.night) if args.night else ''} in it")
     paths = report.write(v, Path(args.out) / v.night)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import CancelledError
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,9 +26,8 @@ from distributed import Client, Future, KilledWorker, LocalCluster, as_completed
 from ..errors import InfraError, TandemError
 from . import task
 from .spec import Settings
-from .store import HEARTBEAT_S, Result, Store, TaskKey
+from .store import CONFIRM, HEARTBEAT_S, Result, Store, TaskKey
 
-CONFIRM = "confirm"         # the kernel column of a task that replays an analysis's recording
 
 
 @dataclass(frozen=True)
@@ -78,15 +78,23 @@ def vm_capacity(client: Client, wait_s: float = 60) -> int:
     return most
 
 
-def cluster(settings: Settings) -> Client:
-    """The scheduler the night runs on: the one settings name, or a LocalCluster of one
-    worker on this host with as many VMs as it has cores (TCG runs a VM on a core)."""
+@contextmanager
+def cluster(settings: Settings) -> Iterator[Client]:
+    """The scheduler the night runs on, closed at the end: the one settings name, or a
+    LocalCluster of one worker on this host with as many VMs as it has cores (TCG runs a
+    VM on a core). A scheduler that cannot be reached is a one-line error naming it."""
     if settings.scheduler:
-        return Client(settings.scheduler, timeout="30s")
+        try:
+            client = Client(settings.scheduler, timeout="30s")
+        except (OSError, TimeoutError) as e:
+            raise InfraError(f"Dask scheduler {settings.scheduler}: cannot connect ({e})") from None
+        with client:
+            yield client
+        return
     vms = settings.vms or os.cpu_count() or 1
-    local = LocalCluster(n_workers=1, threads_per_worker=vms, resources={"vm": vms}, processes=True,
-                         dashboard_address=":0", silence_logs=40)
-    return Client(local)
+    with LocalCluster(n_workers=1, threads_per_worker=vms, resources={"vm": vms}, processes=True,
+                      dashboard_address=":0", silence_logs=40) as local, Client(local) as client:
+        yield client
 
 
 class Night:

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from . import triage
-from .store import aware, findings, nights, tasks
+from .store import CONFIRM, aware, findings, nights, tasks
 
 ORDER = {"new": 0, "flaky": 1, "known": 2, "gone": 3, "fixed": 4}
 
@@ -98,21 +98,16 @@ def _night_row(n, rows, found, by_task) -> dict[str, Any]:
 def _matrix(rows) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = defaultdict(dict)
     for t in rows:
-        if t.repeat == 0 and t.kernel != "confirm":
+        if t.repeat == 0 and t.kernel != CONFIRM:
             out[t.bundle][t.analysis] = t.status
     return dict(out)
 
 
 def _signature(sig, fs, by_task, order, all_nights, fixed_after) -> Signature:
     groups = {(by_task[f.task_id].recording, by_task[f.task_id].analysis) for f in fs}
-    seen_in = defaultdict(set)
-    for f in fs:
-        seen_in[f.task_id].add(sig)
-    obs = []
-    for t in by_task.values():
-        if (t.recording, t.analysis) in groups and t.kernel != "confirm":
-            obs.append(triage.Observation(order[t.night_id], (t.recording, t.analysis, "-"), 1,
-                                          int(t.id in seen_in)))
+    seen_in = {f.task_id for f in fs}
+    obs = [triage.Observation(order[t.night_id], (t.recording, t.analysis, "-"), 1, int(t.id in seen_in))
+           for t in by_task.values() if (t.recording, t.analysis) in groups and t.kernel != CONFIRM]
     tonight = len(all_nights) - 1
     st = triage.state(_merge(obs), tonight, fixed_after)
     nights_seen = sorted({order[by_task[f.task_id].night_id] for f in fs})

@@ -32,7 +32,9 @@ STALE_S = 60
 # What a task ends as, worst first (KCIDB's order: a failure of the thing tested over a
 # failure of the harness over a result missing over a pass).
 STATUSES = ("finding", "divergence", "error", "skipped", "pass")
-OPEN = ("pending", "running")
+# The kernel column of a task that replays an analysis run's own recording exactly, to
+# confirm that a new finding reproduces: not an analysis of the corpus.
+CONFIRM = "confirm"
 
 meta = sa.MetaData()
 nights = sa.Table(
