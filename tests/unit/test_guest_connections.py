@@ -81,24 +81,28 @@ def proxy_recording() -> RecordedInputs:
     return native.recording(8 * MS)
 
 
+def proxy_script(web: GuestEnd, back: GuestEnd) -> list:
+    """What QEMU says as a proxy guest serves one request: it answers the client on `web`,
+    then opens its backend connection `back` earlier than the native did (from another
+    port, with an ISN that wraps), sends REQ_A, and answers the client once done."""
+    def guest_answers_the_client(feed):
+        return [web.segment(feed, 1 * MS + 10, SYN | ACK), wait(2 * MS)]
+    return [[wait(0)], [wait(1 * MS)], guest_answers_the_client,
+            at(2 * MS + 500, seg(back, 2 * MS + 500, SYN)),
+            at(2 * MS + 600, seg(back, 2 * MS + 550, ACK), seg(back, 2 * MS + 600, ACK | PSH, REQ_A)),
+            [wait(5 * MS)], [wait(5 * MS + 1)],
+            at(7 * MS, seg(web, 5 * MS + 500, ACK | PSH, b"HTTP/1.1 200 OK\r\n\r\nfrom a\n"),
+               seg(back, 5 * MS + 600, ACK | FIN)),
+            at(7 * MS + 100, seg(web, 7 * MS + 50, ACK | FIN))]
+
+
 def test_a_proxied_request_is_answered_by_the_recorded_backend_on_the_guests_own_port_and_isn():
     rec = proxy_recording()
     assert [(i.kind, i.flow) for i in rec.inputs] == [("tcp-open", 0), ("tcp-data", 0), ("tcp-data", 1),
                                                       ("tcp-fin", 1), ("tcp-fin", 0)]
     web, back = GuestEnd(WEB, remote=(HOST_IP, 40000), isn=0x1234_5678), GuestEnd(45000, isn=0xFFFF_FFF0)
 
-    def guest_answers_the_client(feed):
-        return [web.segment(feed, 1 * MS + 10, SYN | ACK), wait(2 * MS)]
-    script = [[wait(0)], [wait(1 * MS)], guest_answers_the_client,
-              # the analysis guest opens its backend connection earlier than the native did,
-              # from another port, with an ISN that wraps
-              at(2 * MS + 500, seg(back, 2 * MS + 500, SYN)),
-              at(2 * MS + 600, seg(back, 2 * MS + 550, ACK), seg(back, 2 * MS + 600, ACK | PSH, REQ_A)),
-              [wait(5 * MS)], [wait(5 * MS + 1)],
-              at(7 * MS, seg(web, 5 * MS + 500, ACK | PSH, b"HTTP/1.1 200 OK\r\n\r\nfrom a\n"),
-                 seg(back, 5 * MS + 600, ACK | FIN)),
-              at(7 * MS + 100, seg(web, 7 * MS + 50, ACK | FIN))]
-    res, feed, peer = drive_peer(rec, script)
+    res, feed, peer = drive_peer(rec, proxy_script(web, back))
 
     synack, *rest = to_port(feed, 45000)
     assert synack.flags == SYN | ACK and synack.ack == 0xFFFF_FFF1 and synack.mss == 1460
@@ -511,16 +515,7 @@ def test_connections_over_ipv6_are_answered_and_compared_as_over_ipv4():
     web = GuestEnd(WEB, remote=(host6, 40000), isn=0x1234_5678, ip=guest6)
     back_end = GuestEnd(45000, remote=(host6, 8081), isn=0xFFFF_FFF0, ip=guest6)
 
-    def guest_answers_the_client(feed):
-        return [web.segment(feed, 1 * MS + 10, SYN | ACK), wait(2 * MS)]
-    script = [[wait(0)], [wait(1 * MS)], guest_answers_the_client,
-              at(2 * MS + 500, seg(back_end, 2 * MS + 500, SYN)),
-              at(2 * MS + 600, seg(back_end, 2 * MS + 550, ACK), seg(back_end, 2 * MS + 600, ACK | PSH, REQ_A)),
-              [wait(5 * MS)], [wait(5 * MS + 1)],
-              at(7 * MS, seg(web, 5 * MS + 500, ACK | PSH, b"HTTP/1.1 200 OK\r\n\r\nfrom a\n"),
-                 seg(back_end, 5 * MS + 600, ACK | FIN)),
-              at(7 * MS + 100, seg(web, 7 * MS + 50, ACK | FIN))]
-    res, feed = drive(rec, script, rules=True)
+    res, feed = drive(rec, proxy_script(web, back_end), rules=True)
     assert feed.rules == []         # QEMU's release rules patch IPv4 segments alone: stops here
     synack, *_ = to_port(feed, 45000)
     assert synack.eth_type == netpkt.ETH_IP6 and (synack.ip_src, synack.ip_dst, synack.sport) == (host6, guest6, 8081)
