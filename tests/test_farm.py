@@ -1,10 +1,12 @@
 """The replay farm on real VMs and a real Dask: a night over recordings x analyses into a
 real SQLite database, read back as its reports say it; a night killed half-way and run
-again finishes only what was missing."""
+again finishes only what was missing; nights that remember a finding until a build fixes
+it, and call one that comes and goes flaky."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -16,6 +18,7 @@ import junitparser
 import pytest
 
 from helpers import ROOT, run_cli, wait_until
+from tandem import artifacts
 
 ANALYSES = ("kasan", "lockdep")
 # What each recording's traffic reaches of the planted bugs (record/workload.PLANTED_BUGS).
@@ -47,6 +50,58 @@ def farm(tmp: Path, corpus: list[Path], *extra: str, timeout: float = 900) -> su
     args = ["farm", "run", *[a for b in corpus for a in ("--bundle", str(b))], "--analysis", ",".join(ANALYSES),
             "--db", str(tmp / "farm.sqlite"), "--out", str(tmp / "out"), "--night", "n1", "--repeats", "0", *extra]
     return run_cli(*args, timeout=timeout)
+
+
+def farm_file(tmp: Path, corpus: list[Path], **settings) -> Path:
+    """A farm file of the recordings into kasan alone, one VM a task: what a night of these
+    tests needs, written as users write it."""
+    lines = ["[corpus]", f"bundles = {json.dumps([str(b) for b in corpus])}", "[analyses]", 'names = ["kasan"]',
+             "[settings]", 'db = "farm.sqlite"', 'out = "out"', "exact = false", "noise = false", "vms = 1"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
+    path = tmp / "farm.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def farm_env(build: Path | None = None) -> dict[str, str]:
+    """The environment of a farm run; `build`: the build directory it takes tonight's builds from."""
+    return dict(os.environ, PYTHONPATH=str(ROOT / "replay"), **({"TANDEM_BUILD_DIR": str(build)} if build else {}))
+
+
+def states(db: Path, night: str) -> dict[str, str]:
+    """signature -> its state on the night, as `tandem farm report --json` gives it."""
+    r = run_cli("farm", "report", "--db", str(db), "--night", night, "--out", str(db.parent / "report"),
+                "--fixed-after", "1")
+    assert r.returncode == 0, r.stderr
+    view = json.loads((db.parent / "report" / night / "night.json").read_text())
+    return {s["signature"]: s["state"] for s in view["signatures"]}
+
+
+@pytest.fixture(scope="module")
+def fixed_build(built, tmp_path_factory) -> Path:
+    """A build directory as it is after tonight's build with the out-of-bounds bug fixed:
+    tandem's module source with the off-by-one allocation fixed (one byte more for the
+    NUL; the answer stays OK), built for the kasan kernel by tandem's own module build
+    from a copy of the checkout, beside the other builds as they are."""
+    base = tmp_path_factory.mktemp("fixed")
+    checkout = base / "checkout"
+    for part in ("scripts", "guest-kernel"):
+        shutil.copytree(ROOT / part, checkout / part)
+    src = checkout / "guest-kernel" / "modules" / "tandem_bugs.c"
+    text = src.read_text()
+    bug = "note = kmalloc(sizeof(*note), GFP_KERNEL);"
+    assert text.count(bug) == 1, "tandem_bugs.c no longer allocates a note this way: update the fix"
+    src.write_text(text.replace(bug, "note = kmalloc(sizeof(*note) + 1, GFP_KERNEL);"))
+    build = base / "build"
+    build.mkdir()
+    for j in artifacts.build_dir().glob("*.json"):
+        shutil.copyfile(j, build / j.name)
+    r = subprocess.run(["bash", str(checkout / "scripts" / "build-modules.sh"), "kasan",
+                        str(build / "modules-kasan.json")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    fixed = json.loads((build / "modules-kasan.json").read_text())
+    assert fixed["key"] != artifacts.modules("kasan")["key"]        # a new build
+    return build
 
 
 def rows(db: Path, query: str) -> list[tuple]:
@@ -203,3 +258,54 @@ def test_a_worker_killed_mid_task_and_its_task_done_by_the_other(corpus, tmp_pat
         for p in procs:
             p.kill()
             p.wait()
+
+
+KASAN_OOB = "KASAN: slab-out-of-bounds Write in tb_note_store"
+
+
+@pytest.mark.timeout(1800)
+def test_a_finding_known_the_next_night_and_fixed_after_tonights_build_fixes_it(corpus, fixed_build, tmp_path):
+    """Night 1 finds the out-of-bounds write (new); night 2, the same builds, knows it;
+    night 3 runs tonight's build with the bug fixed: a new task, the finding is fixed."""
+    spec = farm_file(tmp_path, corpus[:1], repeats=0, fixed_after=1)
+    db = tmp_path / "farm.sqlite"
+
+    def night(name: str, build: Path | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tandem", "farm", "run", str(spec), "--night", name],
+                              env=farm_env(build), capture_output=True, text=True, timeout=900)
+
+    r = night("n1")
+    assert r.returncode == 1, r.stdout + r.stderr                 # new
+    assert states(db, "n1") == {KASAN_OOB: "new"}
+    r = night("n2")
+    assert r.returncode == 0, r.stdout + r.stderr                 # nothing new
+    assert states(db, "n2") == {KASAN_OOB: "known"}
+    r = night("n3", fixed_build)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert states(db, "n3") == {KASAN_OOB: "fixed"}
+    kernels = rows(db, "select n.name, t.kernel, t.status from tasks t join nights n on t.night_id = n.id "
+                       "where t.kernel != 'confirm' order by n.name")
+    assert [(n, s) for n, _, s in kernels] == [("n1", "finding"), ("n2", "finding"), ("n3", "pass")]
+    assert kernels[0][1] == kernels[1][1] != kernels[2][1]        # tonight's build: a task of its own
+
+
+@pytest.mark.timeout(1800)
+def test_a_finding_that_comes_and_goes_in_one_night_is_flaky_not_new(corpus, fixed_build, tmp_path):
+    """A finding never seen before is replayed twice more; between the first replay and the
+    others the build under the night changes to the fixed one (as a race's bug shows in
+    some replays and not others): it is flaky, not new, and the night says nothing new."""
+    spec = farm_file(tmp_path, corpus[:1], repeats=2)
+    build = tmp_path / "build"
+    shutil.copytree(artifacts.build_dir(), build, ignore=lambda d, names: [n for n in names if not n.endswith(".json")])
+    staged = build / "modules-kasan.json.fixed"
+    shutil.copyfile(fixed_build / "modules-kasan.json", staged)
+    db = tmp_path / "farm.sqlite"
+    night = subprocess.Popen([sys.executable, "-m", "tandem", "farm", "run", str(spec), "--night", "n1"],
+                             env=farm_env(build), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: finished(db) >= 1, 900, "the first replay done")
+    os.replace(staged, build / "modules-kasan.json")
+    out, err = night.communicate(timeout=1200)
+    assert night.returncode == 0, out + err                         # nothing new
+    runs = rows(db, "select repeat, status from tasks where kernel != 'confirm' order by repeat")
+    assert [r for r, _ in runs] == [0, 1, 2] and runs[0][1] == "finding" and runs[2][1] == "pass", runs
+    assert states(db, "n1") == {KASAN_OOB: "flaky"}

@@ -27,6 +27,8 @@ def add_parsers(sub) -> None:
     r.add_argument("--analysis-kernel", action="append", default=[], metavar="NAME=BZIMAGE[,VMLINUX]",
                    help="also replay into this kernel of yours, as analysis NAME (repeatable)")
     r.add_argument("--no-exact", action="store_true", help="do not replay each recording exactly on this QEMU")
+    r.add_argument("--no-noise", action="store_true", help="each analysis alone, without its replay into the native "
+                   "kernel (one VM a task, not two; what the native's kernel also does is then not told apart)")
     r.add_argument("--db", help="the farm's database: a file (SQLite) or an SQLAlchemy URL (default farm.sqlite)")
     r.add_argument("--out", help="where reports and each task's logs go (default farm-out)")
     r.add_argument("--night", help="the night's name (default: today's date, UTC); the same name continues it")
@@ -35,6 +37,8 @@ def add_parsers(sub) -> None:
     r.add_argument("--vms", type=int, help="VMs at once on this host's LocalCluster (default: its cores)")
     r.add_argument("--repeats", type=int, help="replays of a task more before a never-seen finding is called new "
                    "(default 2)")
+    r.add_argument("--fixed-after", type=int, metavar="N", help="nights without a finding before it is fixed "
+                   "(default 3)")
     r.set_defaults(func=cmd_run)
     p = fs.add_parser("report", help="render the farm's nights as HTML, JUnit XML and JSON")
     p.add_argument("--db", default="farm.sqlite", help="the farm's database (default farm.sqlite)")
@@ -51,10 +55,13 @@ def farm_spec(args: argparse.Namespace):
     from ..farm import spec
     given = spec.load(args.farm_file) if args.farm_file else spec.FarmSpec(base=Path.cwd())
     flags = {k: v for k, v in (("db", args.db), ("out", args.out), ("night", args.night),
-                                 ("scheduler", args.scheduler), ("vms", args.vms), ("repeats", args.repeats))
+                                 ("scheduler", args.scheduler), ("vms", args.vms), ("repeats", args.repeats),
+                                 ("fixed_after", args.fixed_after))
              if v is not None}
     if args.no_exact:
         flags["exact"] = False
+    if args.no_noise:
+        flags["noise"] = False
     settings = spec.settings({**_fields(given.settings), **flags}, where="flag")
     return spec.check(spec.FarmSpec(bundles=given.bundles + tuple(args.bundle),
                                     analyses=given.analyses + tuple(analysis_names(args.analysis)),
@@ -70,12 +77,14 @@ def _fields(settings) -> dict:
 
 def targets(names: tuple[str, ...], kernels: tuple[str, ...]):
     """The night's analyses as the farm schedules them, each with the key of the kernel
-    build it boots (its bzImage's sha256: tonight's build is a new task); a user kernel
-    checked now, a one-line error naming it."""
+    build it boots (tonight's build is a new task): a catalogue kernel's bzImage and the
+    build of tandem's modules it loads (a module fixed and rebuilt is a new build), a user
+    kernel's bzImage; a user kernel checked now, a one-line error naming it."""
     from ..farm.night import Target
     out = []
     for a in dict.fromkeys(catalog.get(name) for name in names):
-        out.append(Target(a.name, f"{a.flavor}:{artifacts.kernel(a.flavor)['bzImage_sha256'][:16]}:{a.userland.name}"))
+        image = artifacts.kernel(a.flavor)["bzImage_sha256"][:16]
+        out.append(Target(a.name, f"{a.flavor}:{image}:{artifacts.modules(a.flavor)['key']}:{a.userland.name}"))
     for item in kernels:
         a = bring_kernel(item)          # its files and name checked: a one-line error naming them
         assert a.kernel.image is not None

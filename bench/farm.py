@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Benchmark: the replay farm.
+
+1. throughput: replays per hour of one night (clean recordings of the demo guest, each
+   replayed exactly and into kasan, no noise run) on a real Dask scheduler with one
+   worker and then with two, each worker a process of its own started as docs/farm.md
+   says (`dask worker --resources vm=1 --nthreads 1`), in one run (target: two workers
+   at least 1.8x one, on 2 cores where each VM takes a core).
+2. overhead: the farm's own time per task against the replay's, from those nights'
+   databases: a task's time from its claim to its result stored (the farm process)
+   less the replay's wall time on its worker (scheduling, moving the job and its
+   result, the database), plus the night's report, spread over its tasks (target: under
+   2% of the replay).
+3. report: the time to build a night's report (view, HTML with its plots, JUnit, JSON)
+   as the database grows in nights and findings, rows written through the farm's own
+   Store (the same code a night writes with).
+
+Usage: ./tandem bench farm [--recordings N] [--only PART]
+   (or: python bench/farm.py --out docs/benchmarks.md)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "replay"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from record_replay import replace_part  # noqa: E402
+from tandem.farm import report, store  # noqa: E402
+from tandem.record.recording import Recording  # noqa: E402
+from tandem.record.workload import demo_traffic  # noqa: E402
+
+SECTION = "farm"
+TITLE = """## The replay farm
+
+One night's replays on Dask with one worker and with two, the farm's own time per task
+against the replays', and the time to build a night's report as the database grows."""
+PARTS = ("throughput", "overhead", "report")
+TARGET_SPEEDUP = 1.8
+TARGET_OVERHEAD = 0.02
+GROWTH = ((10, 10), (100, 10), (365, 10), (100, 100), (365, 100))    # nights, findings a night
+
+
+def env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+
+
+def record(base: Path, n: int) -> list[Path]:
+    """n clean recordings of the demo guest (client traffic, then poweroff)."""
+    out = []
+    for i in range(n):
+        path = base / f"rec{i}.tdm"
+        with Recording(path) as rec:
+            rec.wait_ready(300)
+            demo_traffic(rec.port, rounds=4)
+            rec.serial.type("poweroff")
+            rec.wait(timeout=120)
+        out.append(path)
+    return out
+
+
+def dask(module: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", f"distributed.cli.{module}", *args], env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def night(base: Path, corpus: list[Path], workers: int) -> dict:
+    """One night on a scheduler with `workers` workers of one VM each: its wall time, the
+    replays' and the farm's per-task figures from its database."""
+    work = base / f"w{workers}"
+    work.mkdir()
+    sched_file = work / "scheduler.json"
+    procs = [dask("dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+                  "--scheduler-file", str(sched_file))]
+    try:
+        while not (sched_file.exists() and sched_file.stat().st_size):
+            time.sleep(0.2)
+        address = json.loads(sched_file.read_text())["address"]
+        for i in range(workers):
+            procs.append(dask("dask_worker", "--scheduler-file", str(sched_file), "--no-nanny", "--nthreads", "1",
+                              "--resources", "vm=1", "--name", f"w{i}"))
+        db = work / "farm.sqlite"
+        argv = [sys.executable, "-m", "tandem", "farm", "run", *[a for b in corpus for a in ("--bundle", str(b))],
+                "--analysis", "kasan", "--no-noise", "--repeats", "0", "--db", str(db), "--out", str(work / "out"),
+                "--night", "bench", "--scheduler", address]
+        started = time.monotonic()
+        r = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=7200)
+        wall = time.monotonic() - started
+        if r.returncode != 0:
+            raise SystemExit(f"bench/farm.py: the {workers}-worker night ended {r.returncode}: {r.stderr[-2000:]}")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    with sqlite3.connect(db) as c:
+        tasks = c.execute("select status, replay_s, (julianday(finished_at) - julianday(started_at)) * 86400 "
+                          "from tasks").fetchall()
+    t0 = time.monotonic()
+    report.write(report.view(store.engine(store.url_of(str(db)))), work / "report")
+    report_s = time.monotonic() - t0
+    return {"workers": workers, "wall": wall, "tasks": len(tasks), "statuses": sorted({s for s, *_ in tasks}),
+            "replay": sum(r for _, r, _ in tasks), "held": sum(h for *_, h in tasks), "report": report_s}
+
+
+def throughput(args, base: Path) -> tuple[str, list[dict]]:
+    corpus = record(base, args.recordings)
+    nights = [night(base, corpus, w) for w in (1, 2)]
+    one, two = nights
+    rate = [n["tasks"] / n["wall"] * 3600 for n in nights]
+    lines = [f"{args.recordings} clean recordings of the demo guest, each replayed exactly and into kasan (no noise "
+             f"run): {one['tasks']} replays a night; a real `dask scheduler` and workers of `--resources vm=1 "
+             "--nthreads 1` on loopback, one night with one worker, then one with two, in one run.", "",
+             "| workers | night wall (s) | replays per hour | statuses |", "|---|---|---|---|"]
+    lines += [f"| {n['workers']} | {n['wall']:.0f} | {r:.0f} | {', '.join(n['statuses'])} |" for n, r in zip(nights, rate)]
+    ok = rate[1] / rate[0] >= TARGET_SPEEDUP
+    lines += ["", f"Two workers: **{rate[1] / rate[0]:.2f}x** one (target at least {TARGET_SPEEDUP}x: "
+              f"{'met' if ok else 'NOT met'})."]
+    return "\n".join(lines), nights
+
+
+def overhead(nights: list[dict]) -> str:
+    lines = ["From the throughput part's nights: a task's time from its claim to its result stored, less the "
+             "replay's wall time on its worker, and the night's report spread over its tasks.", "",
+             "| workers | replays' time (s) | farm per task (s) | report (s) | farm's share |", "|---|---|---|---|---|"]
+    worst = 0.0
+    for n in nights:
+        farm = n["held"] - n["replay"] + n["report"]
+        share = farm / n["replay"]
+        worst = max(worst, share)
+        lines.append(f"| {n['workers']} | {n['replay']:.0f} | {(n['held'] - n['replay']) / n['tasks']:.2f} | "
+                     f"{n['report']:.2f} | {share:.2%} |")
+    lines += ["", f"Worst share: **{worst:.2%}** (target under {TARGET_OVERHEAD:.0%}: "
+              f"{'met' if worst < TARGET_OVERHEAD else 'NOT met'})."]
+    return "\n".join(lines)
+
+
+def fill(db: Path, nights: int, per_night: int) -> None:
+    """A database of `nights` nights, each with `per_night` findings over 10 recordings x 2
+    analyses (a third of the titles recurring, the rest new that night), through Store."""
+    s = None
+    for n in range(nights):
+        s = store.Store(store.engine(store.url_of(str(db))))
+        s.begin_night(f"night-{n:04d}")
+        keys = [store.TaskKey(f"/srv/rec{r}.tdm", f"{r:064x}", a, "k") for r in range(10) for a in ("kasan", "lockdep")]
+        s.add_tasks(keys)
+        for i, (task_id, key) in enumerate(s.open_tasks()):
+            assert s.claim(task_id)
+            mine = [j for j in range(per_night) if j % len(keys) == i]
+            found = tuple(store.Finding(f"KASAN: use-after-free in f{j if j % 3 == 0 else f'{n}_{j}'}", "finding",
+                                        "title", report="BUG: KASAN\n" * 20, input="GET /") for j in mine)
+            s.finish(task_id, store.Result("finding" if found else "pass", replay_s=60.0, findings=found))
+        s.end_night()
+        s.engine.dispose()
+
+
+def report_growth(base: Path) -> str:
+    lines = ["A database written through the farm's Store: 20 tasks a night (10 recordings x 2 analyses), findings "
+             "spread over them, a third of the titles recurring each night; the time to build the last night's "
+             "report (view, HTML with its two plots, JUnit, JSON), best of 3.", "",
+             "| nights | findings a night | findings in all | report (s) | HTML (KiB) |", "|---|---|---|---|---|"]
+    for nights, per in GROWTH:
+        db = base / f"r{nights}-{per}.sqlite"
+        fill(db, nights, per)
+        eng = store.engine(store.url_of(str(db)))
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.monotonic()
+            paths = report.write(report.view(eng), base / f"r{nights}-{per}")
+            best = min(best, time.monotonic() - t0)
+        lines.append(f"| {nights} | {per} | {nights * per} | {best:.2f} | {paths['html'].stat().st_size / 1024:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--recordings", type=int, default=4, help="recordings in the throughput nights (default 4)")
+    ap.add_argument("--out", type=Path, help="put the results in this markdown file's farm section")
+    ap.add_argument("--only", action="append", choices=PARTS)
+    args = ap.parse_args()
+    only = args.only or list(PARTS)
+    base = Path(tempfile.mkdtemp(prefix="bench-farm-"))
+    stamp = f"Measured {time.strftime('%Y-%m-%d')} on a 2-core Debian 12 machine (TCG), nothing else running: " \
+            f"`python bench/farm.py {' '.join(sys.argv[1:])}`."
+    try:
+        texts = {}
+        if "throughput" in only or "overhead" in only:
+            text, nights = throughput(args, base)
+            texts["throughput"] = text
+            texts["overhead"] = overhead(nights)
+        if "report" in only:
+            texts["report"] = report_growth(base)
+        for part in PARTS:
+            if part in texts and (part in only or part == "overhead"):
+                body = f"### {part.capitalize()}\n\n{stamp}\n\n{texts[part]}"
+                print(body + "\n")
+                if args.out:
+                    replace_part(args.out, SECTION, TITLE, PARTS, part, body)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
