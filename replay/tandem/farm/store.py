@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import urllib.parse
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -124,9 +125,9 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 
 
 def _safe(url: str) -> str:
-    """A URL for a message: its password hidden."""
+    """A URL for a message: its password hidden, its query as given (host=/run/x, not %2F)."""
     try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
+        return urllib.parse.unquote(sa.engine.make_url(url).render_as_string(hide_password=True))
     except sa.exc.ArgumentError:
         return repr(url[:60])
 
