@@ -1,6 +1,7 @@
 """The farm's database on a real SQLite file and a real PostgreSQL (a private cluster,
 READ COMMITTED as it ships): tasks stored by their parameters, taken by one farm only,
-taken back from a farm gone silent, results and findings written together."""
+taken back from a farm gone silent, results and findings written together, the tables
+made once by farms that open a new database at the same moment."""
 from __future__ import annotations
 
 import datetime
@@ -81,6 +82,24 @@ def test_a_rerun_of_the_night_finds_what_is_done(url):
     for task_id, _ in first.open_tasks()[:4]:
         assert first.claim(task_id) and first.finish(task_id, Result("pass"))
     assert len(farm(url).open_tasks()) == len(KEYS) - 4
+
+
+def test_farms_opening_a_new_database_at_once_make_its_tables_once(url):
+    """Without a lock around looking for the tables and making them, the second of two
+    farms started together fails making one that the first just made."""
+    errors: list[BaseException] = []
+    made: list[Store] = []
+
+    def open_it() -> None:
+        try:
+            made.append(farm(url))
+        except StoreError as e:
+            errors.append(e)
+
+    threads = [start_client(open_it, f"farm-{i}") for i in range(4)]
+    for t in threads:
+        t.join()
+    assert not errors and len({s.night_id for s in made}) == 1
 
 
 def test_a_database_that_cannot_be_opened_is_one_line(tmp_path):

@@ -111,10 +111,30 @@ def engine(url: str) -> Engine:
             sa.event.listen(e, "connect", _sqlite_pragmas)
         else:
             e = sa.create_engine(url, pool_pre_ping=True)
-        meta.create_all(e)
+        _create_tables(e)
     except (sa.exc.SQLAlchemyError, ImportError, ValueError) as err:
         raise StoreError(f"farm database {_safe(url)}: {_first_line(err)}") from None
     return e
+
+
+# The PostgreSQL advisory lock a farm holds while it makes the tables ("tandem" in ASCII).
+SCHEMA_LOCK = 0x74616E64656D
+
+
+def _create_tables(e: Engine) -> None:
+    """The tables, made once however many farms open a new database at the same moment.
+    create_all looks for each table and then makes it; two farms started together on a
+    new database both find none and the second fails making one ("table nights already
+    exists", or PostgreSQL's duplicate pg_type row). So the looking and the making are
+    one transaction under a lock the other farm waits for: SQLite's write lock (BEGIN
+    IMMEDIATE), PostgreSQL's advisory lock; the second then finds the tables."""
+    with e.connect() as c:
+        if e.dialect.name == "sqlite":
+            c.exec_driver_sql("BEGIN IMMEDIATE")
+        elif e.dialect.name == "postgresql":
+            c.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK})
+        meta.create_all(c)
+        c.commit()
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
