@@ -1,6 +1,7 @@
 """The replay farm on real VMs and a real Dask: a night over recordings x analyses into a
-real SQLite database, read back as its reports say it; a night killed half-way and run
-again finishes only what was missing."""
+real SQLite database, read back as its reports say it and as headless Chromium shows its
+page; a night killed half-way and run again finishes only what was missing; two farms at
+once on one night in a real PostgreSQL, each task done once."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ import junitparser
 import pytest
 
 from helpers import ROOT, run_cli, wait_until
+from tandem.setup import programs
 
 ANALYSES = ("kasan", "lockdep")
 # What each recording's traffic reaches of the planted bugs (record/workload.PLANTED_BUGS).
@@ -108,6 +110,43 @@ def test_a_night_over_three_recordings_and_two_analyses(corpus, tmp_path):
     xml = junitparser.JUnitXml.fromfile(str(tmp_path / "out" / "n1" / "junit.xml"))
     cases = [(s.name, c.name, [type(x).__name__ for x in c.result]) for s in xml for c in s]
     assert len(cases) == 9 and sum(res == ["Failure"] for *_, res in cases) == 3
+    shown_in_chromium(tmp_path / "out" / "n1" / "night.html", len(titles))
+
+
+def shown_in_chromium(page: Path, new: int) -> None:
+    """The night's page as a reader sees it in Debian's headless Chromium: what is
+    rendered visible (element.text), not what the HTML holds."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    options = webdriver.ChromeOptions()
+    options.binary_location = programs.require("chromium")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,2000"):
+        options.add_argument(flag)      # --no-sandbox: the suite runs as root, which the sandbox refuses
+    # the driver given: selenium-manager never looks for (or downloads) one
+    browser = webdriver.Chrome(service=Service(executable_path=programs.require("chromedriver")), options=options)
+    try:
+        browser.get(page.as_uri())
+        summary = browser.find_element(By.CSS_SELECTOR, "p.summary").text
+        assert summary.startswith(f"{new} new,"), summary
+        rows = browser.find_elements(By.CSS_SELECTOR, "#findings tr")[1:]
+        first = [r.find_elements(By.TAG_NAME, "td")[0].text for r in rows[:new]]
+        assert first == ["new"] * new, first
+        kasan = next(r for r in rows if "KASAN: slab-out-of-bounds Write in tb_note_store" in r.text)
+        report = kasan.find_element(By.CSS_SELECTOR, "details pre")
+        assert not report.is_displayed() and report.text == ""       # closed: the report not shown
+        kasan.find_element(By.CSS_SELECTOR, "details summary").click()
+        assert report.is_displayed() and "tb_note_store" in report.text
+        matrix = [r.find_elements(By.TAG_NAME, "td")[0].text
+                  for r in browser.find_elements(By.CSS_SELECTOR, "#matrix tr")[1:]]
+        assert matrix == ["rec0.tdm", "rec1.tdm", "rec2.tdm"], matrix
+        plots = browser.find_elements(By.CSS_SELECTOR, "body > svg")
+        assert len(plots) == 1 and plots[0].size["width"] > 0 and plots[0].size["height"] > 0
+        axes = browser.find_elements(By.CSS_SELECTOR, "body > svg g[id^='axes_']")
+        assert len(axes) == 2 and all(a.size["width"] > 0 and a.size["height"] > 0 for a in axes)
+        assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
+    finally:
+        browser.quit()
 
 
 @pytest.mark.timeout(1500)
@@ -203,3 +242,4 @@ def test_a_worker_killed_mid_task_and_its_task_done_by_the_other(corpus, tmp_pat
         for p in procs:
             p.kill()
             p.wait()
+

@@ -110,6 +110,8 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
         "qemu-img"),
     *_p("stress-ng", "scripts/ci-under-load.sh loads the machine while CI runs", "stress-ng"),
     # The tests' own (scripts/host-deps.sh --test: `./tandem test` and `./tandem bench` install them).
+    *_p("chromium", "the farm's HTML report opened as a reader sees it (tests)", "chromium"),
+    *_p("chromium-driver", "drives that headless Chromium (tests, through selenium)", "chromedriver"),
     *_p("postgresql-15", "a private PostgreSQL cluster the farm's tests share a night in",
         "initdb", "pg_ctl", where="/usr/lib/postgresql/*/bin"),
     *_p("util-linux", "runs that PostgreSQL server as nobody: it refuses root (tests)", "setpriv"),
