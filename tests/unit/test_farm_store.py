@@ -84,6 +84,15 @@ def test_a_rerun_of_the_night_finds_what_is_done(url):
     assert len(farm(url).open_tasks()) == len(KEYS) - 4
 
 
+def test_a_confirming_replay_is_stored_by_its_recording_s_path_however_long(url):
+    """A confirming replay's recording is a path under the night's output (PostgreSQL
+    refuses a value longer than its column, where SQLite stores it anyway)."""
+    s = farm(url)
+    path = "/srv/farm/farm-out/n1/" + "task-12-kasan-r0/" * 20 + "kasan.tdm"
+    s.add_tasks([TaskKey(path, path, "exact", store.CONFIRM)])
+    assert [k for _, k in s.open_tasks() if k.kernel == store.CONFIRM] == [TaskKey(path, path, "exact", store.CONFIRM)]
+
+
 def test_farms_opening_a_new_database_at_once_make_its_tables_once(url):
     """Without a lock around looking for the tables and making them, the second of two
     farms started together fails making one that the first just made."""

@@ -61,7 +61,9 @@ tasks = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True),
     sa.Column("night_id", sa.ForeignKey("nights.id"), nullable=False),
     sa.Column("bundle", sa.Text, nullable=False),            # its path, as this night found it
-    sa.Column("recording", sa.String(64), nullable=False),   # its identity: the device log's sha256
+    # its identity: the device log's sha256; a confirming replay's, the analysis run's
+    # recording's path (unbounded: PostgreSQL, unlike SQLite, refuses a longer value)
+    sa.Column("recording", sa.Text, nullable=False),
     sa.Column("analysis", sa.String(64), nullable=False),    # "exact" for the exact replay
     sa.Column("kernel", sa.String(80), nullable=False),      # the analysis kernel build's key ("-": none)
     sa.Column("repeat", sa.Integer, nullable=False),         # 0, then the confirming replays
