@@ -15,6 +15,7 @@ from pathlib import Path
 
 import junitparser
 import pytest
+import sqlalchemy as sa
 
 from helpers import ROOT, run_cli, wait_until
 from tandem.setup import programs
@@ -243,3 +244,43 @@ def test_a_worker_killed_mid_task_and_its_task_done_by_the_other(corpus, tmp_pat
             p.kill()
             p.wait()
 
+
+@pytest.mark.timeout(1500)
+def test_two_farms_at_once_share_one_night_in_postgresql(corpus, tmp_path, postgres_url):
+    """Two `tandem farm run` processes started together on the same night in one
+    PostgreSQL database (a private cluster, READ COMMITTED): one night, each task stored
+    once and done once by one of them, both doing some, each finding stored once."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    spec = tmp_path / "farm.toml"
+    spec.write_text(f"[corpus]\nbundles = {json.dumps([str(b) for b in corpus])}\n"
+                    "[settings]\nnoise = false\n")        # an analysis alone: one VM a task
+    farms = [subprocess.Popen([sys.executable, "-m", "tandem", "farm", "run", str(spec), "--analysis", "kasan",
+                               "--no-exact", "--repeats", "0", "--vms", "1", "--db", postgres_url,
+                               "--out", str(tmp_path / f"out{i}"), "--night", "n1"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in (0, 1)]
+    said = [f.communicate(timeout=1400) for f in farms]
+    assert [f.returncode for f in farms] == [1, 1], said        # new findings, for both
+    engine = sa.create_engine(postgres_url)
+    try:
+        with engine.connect() as c:
+            nights = c.execute(sa.text("select id, name, finished_at from nights")).all()
+            tasks = c.execute(sa.text("select id, night_id, bundle, recording, analysis, kernel, repeat, status, "
+                                      "attempts, run_id from tasks")).all()
+            found = c.execute(sa.text("select task_id, signature from findings")).all()
+            runs = c.execute(sa.text("select count(*) from runs")).scalar()
+    finally:
+        engine.dispose()
+    assert len(nights) == 1 and nights[0].name == "n1" and nights[0].finished_at is not None, (nights, said)
+    keys = [(t.recording, t.analysis, t.kernel, t.repeat) for t in tasks]
+    assert len(keys) == len(set(keys)) and all(t.attempts == 1 for t in tasks), tasks
+    # each farm takes only what its one VM can run, so both do some: three analyses take
+    # minutes, and the second farm starts within seconds of the first
+    assert len({t.run_id for t in tasks}) == 2 and all(t.run_id for t in tasks), tasks
+    assert runs == 0                    # both ended their run
+    analysed = sorted((Path(t.bundle).name, t.status) for t in tasks if t.kernel != "confirm")
+    assert analysed == [("rec0.tdm", "finding"), ("rec1.tdm", "finding"), ("rec2.tdm", "pass")], tasks
+    confirms = [t for t in tasks if t.kernel == "confirm"]
+    assert len(confirms) == 2 and all(t.status == "pass" for t in confirms), confirms
+    assert found and len(found) == len(set(found)), found      # no finding stored twice
+    assert {t.night_id for t in tasks} == {nights[0].id}
