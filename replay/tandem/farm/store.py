@@ -13,6 +13,8 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sqlite3
+import time
 import urllib.parse
 import uuid
 from collections.abc import Iterable, Iterator
@@ -141,7 +143,18 @@ def _create_tables(e: Engine) -> None:
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    # Turning a new file to WAL takes an exclusive lock that SQLite does not always wait
+    # for: a farm opening the new file while another does got "database is locked" (one
+    # opening in a few hundred, eight at once). Tried again for as long as the timeout.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
 
