@@ -153,7 +153,7 @@ def fill(db: Path, nights: int, per_night: int) -> None:
         s.begin_night(f"night-{n:04d}")
         keys = [store.TaskKey(f"/srv/rec{r}.tdm", f"{r:064x}", a, "k") for r in range(10) for a in ("kasan", "lockdep")]
         s.add_tasks(keys)
-        for i, (task_id, key) in enumerate(s.open_tasks()):
+        for i, (task_id, _key) in enumerate(s.open_tasks()):
             assert s.claim(task_id)
             mine = [j for j in range(per_night) if j % len(keys) == i]
             found = tuple(store.Finding(f"KASAN: use-after-free in f{j if j % 3 == 0 else f'{n}_{j}'}", "finding",

@@ -3,8 +3,10 @@
 #
 #   scripts/host-deps.sh           install what is missing (as root, or through sudo)
 #   scripts/host-deps.sh --dev     also the developer scripts' (git: fresh-check.sh, stress-ng: ci-under-load.sh)
-#   scripts/host-deps.sh --list    print the packages, one a line (--dev: with the dev ones)
+#   scripts/host-deps.sh --test    also the test suite's own (./tandem test and ./tandem bench pass it)
+#   scripts/host-deps.sh --list    print the packages, one a line (with --dev, --test: those too)
 #   scripts/host-deps.sh --check   exit 0 if nothing is missing, 1 otherwise; installs nothing
+# --dev and --test go with each other and with --list and --check.
 #
 # Every program tandem calls is declared with its package in
 # replay/tandem/setup/programs.py; tests/unit/test_host_programs.py checks that each
@@ -45,16 +47,29 @@ DEV_PKGS=(
   # scripts/ci-under-load.sh: CI while the machine is loaded
   stress-ng
 )
+# Only the tests call these: a newcomer's ./tandem demo does not wait for a browser and a
+# database server (about 300 MB) it never uses.
+TEST_PKGS=(
+  # the farm's HTML report opened in a headless browser, as a reader sees it
+  chromium chromium-driver
+  # a private PostgreSQL cluster two farms share a night in (Debian 12's server; the
+  # metapackage postgresql is only this)
+  postgresql-15
+)
 
-dev= check=
-case "${1:-}" in
-  --dev) dev=1 ;;
-  --check) check=1 ;;
-  --list) [ "${2:-}" = --dev ] && PKGS+=("${DEV_PKGS[@]}"); printf '%s\n' "${PKGS[@]}"; exit 0 ;;
-  "") ;;
-  *) echo "usage: $0 [--dev | --check | --list [--dev]]" >&2; exit 2 ;;
-esac
+dev=''; test=''; check=''; list=''
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1 ;;
+    --test) test=1 ;;
+    --check) check=1 ;;
+    --list) list=1 ;;
+    *) echo "usage: $0 [--dev] [--test] [--check | --list]" >&2; exit 2 ;;
+  esac
+done
 [ -z "$dev" ] || PKGS+=("${DEV_PKGS[@]}")
+[ -z "$test" ] || PKGS+=("${TEST_PKGS[@]}")
+if [ -n "$list" ]; then printf '%s\n' "${PKGS[@]}"; exit 0; fi
 
 src=/etc/apt/sources.list.d/tandem.sources
 want=$(cat <<'SRC'

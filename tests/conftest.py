@@ -16,6 +16,7 @@ Guards around every test:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -26,7 +27,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from helpers import MARK, ROOT, check_devlogs_readable, in_shared_block, record_demo  # noqa: F401  (ROOT: sys.path)
+from helpers import (MARK, ROOT, check_devlogs_readable, in_shared_block, record_demo,  # noqa: F401  (ROOT: sys.path)
+                     shared_across_tests)
 from tandem import artifacts
 from tandem.qemu.vm import VM
 
@@ -185,6 +187,25 @@ def bundle_copy(demo_bundle, tmp_path) -> Path:
     dst = tmp_path / "copy.tdm"
     shutil.copytree(demo_bundle, dst)
     return dst
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """A private PostgreSQL cluster on a unix socket (tests/helpers/postgres.py), one a
+    session: started outside any test's mark, so the test that first asks for it does
+    not kill it at its end."""
+    from helpers.postgres import private_cluster
+    stack = contextlib.ExitStack()
+    with shared_across_tests():
+        cluster = stack.enter_context(private_cluster())
+    with stack:
+        yield cluster
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster) -> str:
+    """A new empty database of the session's cluster, as an SQLAlchemy URL."""
+    return postgres_cluster.create_database()
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """The replay farm on real VMs and a real Dask: a night over recordings x analyses into a
-real SQLite database, read back as its reports say it; a night killed half-way and run
-again finishes only what was missing; nights that remember a finding until a build fixes
-it, and call one that comes and goes flaky."""
+real SQLite database, read back as its reports say it and as headless Chromium shows its
+page; a night killed half-way and run again finishes only what was missing; nights that
+remember a finding until a build fixes it, and call one that comes and goes flaky; two
+farms at once on one night in a real PostgreSQL, each task done once."""
 from __future__ import annotations
 
 import json
@@ -16,9 +17,11 @@ from pathlib import Path
 
 import junitparser
 import pytest
+import sqlalchemy as sa
 
 from helpers import ROOT, run_cli, wait_until
 from tandem import artifacts
+from tandem.setup import programs
 
 ANALYSES = ("kasan", "lockdep")
 # What each recording's traffic reaches of the planted bugs (record/workload.PLANTED_BUGS).
@@ -163,6 +166,43 @@ def test_a_night_over_three_recordings_and_two_analyses(corpus, tmp_path):
     xml = junitparser.JUnitXml.fromfile(str(tmp_path / "out" / "n1" / "junit.xml"))
     cases = [(s.name, c.name, [type(x).__name__ for x in c.result]) for s in xml for c in s]
     assert len(cases) == 9 and sum(res == ["Failure"] for *_, res in cases) == 3
+    shown_in_chromium(tmp_path / "out" / "n1" / "night.html", len(titles))
+
+
+def shown_in_chromium(page: Path, new: int) -> None:
+    """The night's page as a reader sees it in Debian's headless Chromium: what is
+    rendered visible (element.text), not what the HTML holds."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    options = webdriver.ChromeOptions()
+    options.binary_location = programs.require("chromium")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,2000"):
+        options.add_argument(flag)      # --no-sandbox: the suite runs as root, which the sandbox refuses
+    # the driver given: selenium-manager never looks for (or downloads) one
+    browser = webdriver.Chrome(service=Service(executable_path=programs.require("chromedriver")), options=options)
+    try:
+        browser.get(page.as_uri())
+        summary = browser.find_element(By.CSS_SELECTOR, "p.summary").text
+        assert summary.startswith(f"{new} new,"), summary
+        rows = browser.find_elements(By.CSS_SELECTOR, "#findings tr")[1:]
+        first = [r.find_elements(By.TAG_NAME, "td")[0].text for r in rows[:new]]
+        assert first == ["new"] * new, first
+        kasan = next(r for r in rows if "KASAN: slab-out-of-bounds Write in tb_note_store" in r.text)
+        report = kasan.find_element(By.CSS_SELECTOR, "details pre")
+        assert not report.is_displayed() and report.text == ""       # closed: the report not shown
+        kasan.find_element(By.CSS_SELECTOR, "details summary").click()
+        assert report.is_displayed() and "tb_note_store" in report.text
+        matrix = [r.find_elements(By.TAG_NAME, "td")[0].text
+                  for r in browser.find_elements(By.CSS_SELECTOR, "#matrix tr")[1:]]
+        assert matrix == ["rec0.tdm", "rec1.tdm", "rec2.tdm"], matrix
+        plots = browser.find_elements(By.CSS_SELECTOR, "body > svg")
+        assert len(plots) == 1 and plots[0].size["width"] > 0 and plots[0].size["height"] > 0
+        axes = browser.find_elements(By.CSS_SELECTOR, "body > svg g[id^='axes_']")
+        assert len(axes) == 2 and all(a.size["width"] > 0 and a.size["height"] > 0 for a in axes)
+        assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
+    finally:
+        browser.quit()
 
 
 @pytest.mark.timeout(1500)
@@ -309,3 +349,44 @@ def test_a_finding_that_comes_and_goes_in_one_night_is_flaky_not_new(corpus, fix
     runs = rows(db, "select repeat, status from tasks where kernel != 'confirm' order by repeat")
     assert [r for r, _ in runs] == [0, 1, 2] and runs[0][1] == "finding" and runs[2][1] == "pass", runs
     assert states(db, "n1") == {KASAN_OOB: "flaky"}
+
+
+@pytest.mark.timeout(1500)
+def test_two_farms_at_once_share_one_night_in_postgresql(corpus, tmp_path, postgres_url):
+    """Two `tandem farm run` processes started together on the same night in one
+    PostgreSQL database (a private cluster, READ COMMITTED): one night, each task stored
+    once and done once by one of them, both doing some, each finding stored once."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    spec = tmp_path / "farm.toml"
+    spec.write_text(f"[corpus]\nbundles = {json.dumps([str(b) for b in corpus])}\n"
+                    "[settings]\nnoise = false\n")        # an analysis alone: one VM a task
+    farms = [subprocess.Popen([sys.executable, "-m", "tandem", "farm", "run", str(spec), "--analysis", "kasan",
+                               "--no-exact", "--repeats", "0", "--vms", "1", "--db", postgres_url,
+                               "--out", str(tmp_path / f"out{i}"), "--night", "n1"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in (0, 1)]
+    said = [f.communicate(timeout=1400) for f in farms]
+    assert [f.returncode for f in farms] == [1, 1], said        # new findings, for both
+    engine = sa.create_engine(postgres_url)
+    try:
+        with engine.connect() as c:
+            nights = c.execute(sa.text("select id, name, finished_at from nights")).all()
+            tasks = c.execute(sa.text("select id, night_id, bundle, recording, analysis, kernel, repeat, status, "
+                                      "attempts, run_id from tasks")).all()
+            found = c.execute(sa.text("select task_id, signature from findings")).all()
+            runs = c.execute(sa.text("select count(*) from runs")).scalar()
+    finally:
+        engine.dispose()
+    assert len(nights) == 1 and nights[0].name == "n1" and nights[0].finished_at is not None, (nights, said)
+    keys = [(t.recording, t.analysis, t.kernel, t.repeat) for t in tasks]
+    assert len(keys) == len(set(keys)) and all(t.attempts == 1 for t in tasks), tasks
+    # each farm takes only what its one VM can run, so both do some: three analyses take
+    # minutes, and the second farm starts within seconds of the first
+    assert len({t.run_id for t in tasks}) == 2 and all(t.run_id for t in tasks), tasks
+    assert runs == 0                    # both ended their run
+    analysed = sorted((Path(t.bundle).name, t.status) for t in tasks if t.kernel != "confirm")
+    assert analysed == [("rec0.tdm", "finding"), ("rec1.tdm", "finding"), ("rec2.tdm", "pass")], tasks
+    confirms = [t for t in tasks if t.kernel == "confirm"]
+    assert len(confirms) == 2 and all(t.status == "pass" for t in confirms), confirms
+    assert found and len(found) == len(set(found)), found      # no finding stored twice
+    assert {t.night_id for t in tasks} == {nights[0].id}

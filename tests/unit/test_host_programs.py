@@ -31,8 +31,9 @@ def all_calls() -> list[program_calls.Calls]:
 
 
 @functools.cache
-def host_deps_packages(dev: bool = True) -> frozenset[str]:
-    out = subprocess.run(["bash", str(ROOT / "scripts/host-deps.sh"), "--list", *(["--dev"] if dev else [])],
+def host_deps_packages(groups: bool = True) -> frozenset[str]:
+    """host-deps.sh's packages; groups: with the developer scripts' and the tests' too."""
+    out = subprocess.run(["bash", str(ROOT / "scripts/host-deps.sh"), "--list", *(["--dev", "--test"] if groups else [])],
                          capture_output=True, text=True, check=True).stdout
     return frozenset(line.split("/")[0] for line in out.split())
 
@@ -95,12 +96,14 @@ def test_program_comes_from_an_installed_package(name):
         f"{name}: its package {p.package} is neither installed by scripts/host-deps.sh nor in "
         f"Debian's required/important set (priority {priority(p.package) or 'unknown'})")
     path = subprocess.run(["bash", "-c", f"command -v {name}"], capture_output=True, text=True,
-                          env={"PATH": DEBIAN_PATH}).stdout.strip()
+                          env={"PATH": DEBIAN_PATH}).stdout.strip() or programs.off_path(p)
     if not path:
-        dev_only = p.package not in host_deps_packages(dev=False)
-        if p.optional or dev_only and not priority(p.package):
-            pytest.skip(f"{name} ({p.package}) not installed here: optional, or only for scripts/fresh-check.sh")
-        pytest.fail(f"{name}: not found on {DEBIAN_PATH} although scripts/host-deps.sh ran: "
+        grouped = p.package not in host_deps_packages(groups=False)
+        if p.optional or grouped and not priority(p.package):
+            pytest.skip(f"{name} ({p.package}) not installed here: optional, or only for scripts/fresh-check.sh "
+                        f"or the tests (host-deps.sh --dev, --test)")
+        pytest.fail(f"{name}: not found on {DEBIAN_PATH}{' or ' + p.where if p.where else ''} although "
+                    f"scripts/host-deps.sh ran: "
                     f"its package {p.package} does not ship it")
     assert shipped_by(path) == p.package, f"{name} ({path}) is shipped by {shipped_by(path)}, " \
                                           f"not {p.package} as declared"

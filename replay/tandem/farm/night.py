@@ -78,6 +78,11 @@ def vm_capacity(client: Client, wait_s: float = 60) -> int:
     return most
 
 
+def vm_total(client: Client) -> int:
+    """The VMs the cluster's workers may run at once, together (workers come and go)."""
+    return sum(int(w.get("resources", {}).get("vm", 0)) for w in client.scheduler_info()["workers"].values())
+
+
 @contextmanager
 def cluster(settings: Settings) -> Iterator[Client]:
     """The scheduler the night runs on, closed at the end: the one settings name, or a
@@ -127,10 +132,10 @@ class Night:
     def _drain(self) -> None:
         """Submit what is open, store each result as it comes, until nothing is open."""
         futures = as_completed([])
-        held: dict[Future, tuple[int, TaskKey]] = {}
+        held: dict[Future, tuple[int, TaskKey, int]] = {}
         self._submit_open(futures, held)
         for fut in futures:
-            task_id, key = held.pop(fut)
+            task_id, key, _ = held.pop(fut)
             result = self._result_of(fut)
             if self.store.finish(task_id, result):
                 self.tally[result.status] += 1
@@ -139,15 +144,20 @@ class Night:
             self._submit_open(futures, held)
 
     def _submit_open(self, futures: as_completed, held: dict) -> None:
-        busy = {t for t, _ in held.values()}
+        """Take open tasks while the cluster has VMs free for them, and submit them. A farm
+        takes only what it can run now: taking every open task at once, the first of two
+        farms on one night would hold all of them while the other stood idle."""
+        busy = {t for t, _, _ in held.values()}
+        free = max(vm_total(self.client), self.vm_max) - sum(vms for _, _, vms in held.values())
         for task_id, key in self.store.open_tasks():
-            if task_id in busy or not self.store.claim(task_id):
-                continue
             job = self._job(task_id, key)
+            if task_id in busy or job.jobs > free or not self.store.claim(task_id):
+                continue
             fut = self.client.submit(task.work, job, key=f"tandem-farm-{self.store.run_id[:8]}-{task_id}",
                                      resources={"vm": job.jobs}, pure=False)
-            held[fut] = (task_id, key)
+            held[fut] = (task_id, key, job.jobs)
             futures.add(fut)
+            free -= job.jobs
 
     def _job(self, task_id: int, key: TaskKey) -> task.Job:
         workdir = self.out / f"task-{task_id}-{key.analysis}-r{key.repeat}"

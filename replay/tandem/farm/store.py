@@ -13,6 +13,9 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sqlite3
+import time
+import urllib.parse
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -60,7 +63,9 @@ tasks = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True),
     sa.Column("night_id", sa.ForeignKey("nights.id"), nullable=False),
     sa.Column("bundle", sa.Text, nullable=False),            # its path, as this night found it
-    sa.Column("recording", sa.String(64), nullable=False),   # its identity: the device log's sha256
+    # its identity: the device log's sha256; a confirming replay's, the analysis run's
+    # recording's path (unbounded: PostgreSQL, unlike SQLite, refuses a longer value)
+    sa.Column("recording", sa.Text, nullable=False),
     sa.Column("analysis", sa.String(64), nullable=False),    # "exact" for the exact replay
     sa.Column("kernel", sa.String(80), nullable=False),      # the analysis kernel build's key ("-": none)
     sa.Column("repeat", sa.Integer, nullable=False),         # 0, then the confirming replays
@@ -110,23 +115,54 @@ def engine(url: str) -> Engine:
             sa.event.listen(e, "connect", _sqlite_pragmas)
         else:
             e = sa.create_engine(url, pool_pre_ping=True)
-        meta.create_all(e)
+        _create_tables(e)
     except (sa.exc.SQLAlchemyError, ImportError, ValueError) as err:
         raise StoreError(f"farm database {_safe(url)}: {_first_line(err)}") from None
     return e
 
 
+# The PostgreSQL advisory lock a farm holds while it makes the tables ("tandem" in ASCII).
+SCHEMA_LOCK = 0x74616E64656D
+
+
+def _create_tables(e: Engine) -> None:
+    """The tables, made once however many farms open a new database at the same moment.
+    create_all looks for each table and then makes it; two farms started together on a
+    new database both find none and the second fails making one ("table nights already
+    exists", or PostgreSQL's duplicate pg_type row). So the looking and the making are
+    one transaction under a lock the other farm waits for: SQLite's write lock (BEGIN
+    IMMEDIATE), PostgreSQL's advisory lock; the second then finds the tables."""
+    with e.connect() as c:
+        if e.dialect.name == "sqlite":
+            c.exec_driver_sql("BEGIN IMMEDIATE")
+        elif e.dialect.name == "postgresql":
+            c.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK})
+        meta.create_all(c)
+        c.commit()
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    # Turning a new file to WAL takes an exclusive lock that SQLite does not always wait
+    # for: a farm opening the new file while another does got "database is locked" (one
+    # opening in a few hundred, eight at once). Tried again for as long as the timeout.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
 
 
 def _safe(url: str) -> str:
-    """A URL for a message: its password hidden."""
+    """A URL for a message: its password hidden, its query as given (host=/run/x, not %2F)."""
     try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
+        return urllib.parse.unquote(sa.engine.make_url(url).render_as_string(hide_password=True))
     except sa.exc.ArgumentError:
         return repr(url[:60])
 

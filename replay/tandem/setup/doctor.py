@@ -48,9 +48,10 @@ class Check:
         return f"{self.status:<5} {self.name}: {self.found}" + (f"; fix: {self.fix}" if self.fix else "")
 
 
-def host_packages(dev: bool = False) -> list[str]:
-    """scripts/host-deps.sh's packages (dev: with those only scripts/fresh-check.sh needs)."""
-    out = subprocess.run(["bash", str(REPO / "scripts/host-deps.sh"), "--list", *(["--dev"] if dev else [])],
+def host_packages(groups: bool = False) -> list[str]:
+    """scripts/host-deps.sh's packages (groups: with those only the developer scripts and
+    the tests need, which a user's commands never call)."""
+    out = subprocess.run(["bash", str(REPO / "scripts/host-deps.sh"), "--list", *(["--dev", "--test"] if groups else [])],
                          capture_output=True, text=True, check=True).stdout
     return [p.split("/")[0] for p in out.split()]
 
@@ -87,9 +88,9 @@ def check_packages() -> Check:
 
 
 def check_programs() -> Check:
-    dev_only = set(host_packages(dev=True)) - set(host_packages())
+    grouped = set(host_packages(groups=True)) - set(host_packages())
     missing = [p for p in programs.PROGRAMS.values()
-               if p.package != programs.VENV and p.package not in dev_only and not p.optional
+               if p.package != programs.VENV and p.package not in grouped and not p.optional
                and not programs.which(p.name)]
     if missing:
         return Check("FAIL", "programs", "not found: " + ", ".join(f"{p.name} ({p.package})" for p in missing),

@@ -15,7 +15,9 @@ Debian's python3 before the venv exists.
 """
 from __future__ import annotations
 
+import glob
 import os
+import re
 import shutil
 from dataclasses import dataclass
 
@@ -33,6 +35,9 @@ class Program:
     why: str
     optional: bool = False   # every use is behind a check with a fallback
     implicit: bool = False   # called by a tool tandem runs (make, tar), not by tandem's code
+    # A directory off PATH it is found in, as a glob of versioned directories (Debian puts
+    # PostgreSQL's server programs in /usr/lib/postgresql/VERSION/bin): the newest is used.
+    where: str = ""
 
 
 def _p(package: str, why: str, *names: str, **kw) -> list[Program]:
@@ -104,6 +109,12 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("qemu-utils", "the reference VM's raw disk converted to qcow2 (not tandem's: this build does not wait for QEMU's)",
         "qemu-img"),
     *_p("stress-ng", "scripts/ci-under-load.sh loads the machine while CI runs", "stress-ng"),
+    # The tests' own (scripts/host-deps.sh --test: `./tandem test` and `./tandem bench` install them).
+    *_p("chromium", "the farm's HTML report opened as a reader sees it (tests)", "chromium"),
+    *_p("chromium-driver", "drives that headless Chromium (tests, through selenium)", "chromedriver"),
+    *_p("postgresql-15", "a private PostgreSQL cluster the farm's tests share a night in",
+        "initdb", "pg_ctl", where="/usr/lib/postgresql/*/bin"),
+    *_p("util-linux", "runs that PostgreSQL server as nobody: it refuses root (tests)", "setpriv"),
     # The launcher's venv.
     *_p(VENV, "runs the meson build", "meson"),
     *_p(VENV, "the venv's interpreter", "python"),
@@ -119,9 +130,19 @@ def declared(name: str) -> Program:
 
 
 def which(name: str) -> str | None:
-    """The path of a declared program, looking in the sbin directories too; None if absent."""
-    declared(name)
-    return shutil.which(name) or shutil.which(name, path=SEARCH_PATH)
+    """The path of a declared program, looking in the sbin directories too, and in its
+    versioned directory off PATH if it has one; None if absent."""
+    p = declared(name)
+    return shutil.which(name) or shutil.which(name, path=SEARCH_PATH) or off_path(p)
+
+
+def off_path(p: Program) -> str | None:
+    """A program in its versioned directory off PATH: the newest version's."""
+    found = [d for d in glob.glob(p.where) if os.access(os.path.join(d, p.name), os.X_OK)] if p.where else []
+    if not found:
+        return None
+    newest = max(found, key=lambda d: [int(n) for n in re.findall(r"\d+", d)])
+    return os.path.join(newest, p.name)
 
 
 def require(name: str) -> str:
