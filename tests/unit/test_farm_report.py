@@ -1,0 +1,78 @@
+"""The farm's report over nights in a real SQLite file written through the farm's Store:
+the nights `--since` keeps, the states the last night gives, and `farm report`'s flags as
+a user gives them."""
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from helpers import assert_one_line_error, run_cli
+from tandem.farm import report, store
+from tandem.farm.store import Finding, Result, Store, TaskKey
+
+KEY = TaskKey("/r/a.tdm", "sha-a", "kasan", "k1")
+UAF = Finding("KASAN: use-after-free Read in f", "finding", "KASAN: use-after-free Read in f", "report")
+
+
+def night(url: str, name: str, days_ago: int, found: bool) -> None:
+    """A night of one task, started days_ago, that found UAF or passed."""
+    s = Store(store.engine(url))
+    s.begin_night(name)
+    s.add_tasks([KEY])
+    (task_id, _), = s.open_tasks()
+    assert s.claim(task_id)
+    s.finish(task_id, Result("finding" if found else "pass", replay_s=10.0, findings=(UAF,) if found else ()))
+    s.end_night()
+    with s.engine.begin() as c:
+        c.execute(store.nights.update().where(store.nights.c.name == name).values(
+            started_at=store.now() - datetime.timedelta(days=days_ago)))
+    s.engine.dispose()
+
+
+@pytest.fixture
+def db(tmp_path):
+    url = store.url_of("farm.sqlite", tmp_path)
+    for name, days, found in (("d10", 10, True), ("d5", 5, True), ("d2", 2, False), ("d1", 1, False)):
+        night(url, name, days, found)
+    return tmp_path / "farm.sqlite"
+
+
+def test_since_keeps_the_nights_started_within_it_and_triage_reads_them_all(db):
+    eng = store.engine(store.url_of(str(db)))
+    week = store.now() - datetime.timedelta(days=7)
+    v = report.view(eng, since=week, fixed_after=2)
+    assert [n["name"] for n in v.nights] == ["d5", "d2", "d1"]
+    # the night before the week still counts for the finding's history
+    (sig,) = v.signatures
+    assert (sig.state, sig.first_seen, sig.last_seen) == ("fixed", "d10", "d5")
+    assert report.view(eng, fixed_after=3).signatures[0].state == "gone"
+    assert report.view(eng, night="d5").signatures[0].state == "known"
+
+
+def test_farm_report_since_as_a_user_gives_it(db, tmp_path):
+    r = run_cli("farm", "report", "--db", str(db), "--out", str(tmp_path / "out"), "--since", "3d")
+    assert r.returncode == 0, r.stderr
+    view = json.loads((tmp_path / "out" / "d1" / "night.json").read_text())
+    assert [n["name"] for n in view["nights"]] == ["d2", "d1"]
+
+
+@pytest.mark.parametrize("since", ["7", "7y", "-1d", "99999d", "d"])
+def test_a_since_that_is_not_a_duration_is_one_line(db, tmp_path, since):
+    assert_one_line_error(run_cli("farm", "report", "--db", str(db), "--out", str(tmp_path), f"--since={since}"),
+                          "--since", repr(since))
+
+
+def test_a_report_of_a_missing_database_makes_none(tmp_path):
+    missing = tmp_path / "none.sqlite"
+    assert_one_line_error(run_cli("farm", "report", "--db", str(missing)), str(missing), "no such farm database")
+    assert not missing.exists()
+
+
+def test_nights_are_read_back_in_the_order_they_started(db):
+    with sa.create_engine(f"sqlite:///{db}").connect() as c:
+        names = [n for (n,) in c.execute(sa.text("select name from nights order by started_at"))]
+    assert names == ["d10", "d5", "d2", "d1"]
+    assert report.view(store.engine(store.url_of(str(db)))).night == "d1"
