@@ -6,11 +6,13 @@ from __future__ import annotations
 import datetime
 import json
 
+import junitparser
 import pytest
 import sqlalchemy as sa
 
 from helpers import assert_one_line_error, run_cli
 from tandem.farm import report, store
+from tandem.farm.night import Corpus, Target, plan
 from tandem.farm.store import Finding, Result, Store, TaskKey
 
 KEY = TaskKey("/r/a.tdm", "sha-a", "kasan", "k1")
@@ -76,3 +78,25 @@ def test_nights_are_read_back_in_the_order_they_started(db):
         names = [n for (n,) in c.execute(sa.text("select name from nights order by started_at"))]
     assert names == ["d10", "d5", "d2", "d1"]
     assert report.view(store.engine(store.url_of(str(db)))).night == "d1"
+
+
+def test_an_analysis_that_does_not_apply_is_skipped_with_its_reason_never_run(tmp_path):
+    """A kernel the user brings on a recording of the demo guest, an analysis that swaps the
+    demo guest's userland on a recording of a user's VM: skipped tasks, shown as JUnit
+    skips with the reason, never open to a farm."""
+    demo, users = Corpus("/r/demo.tdm", "sha-d"), Corpus("/r/web.tdm", "sha-w", users_guest=True)
+    targets = [Target("kasan", "k"), Target("mine", "user:1", "mine=/b/bzImage", guests="users"),
+               Target("asan", "a", guests="demo")]
+    planned = plan([demo, users], targets, exact_build="q1")
+    skipped = {(k.bundle, k.analysis): why for k, why in planned if why}
+    assert set(skipped) == {("/r/demo.tdm", "mine"), ("/r/web.tdm", "asan")}
+    assert "recordings of your own VMs" in skipped["/r/demo.tdm", "mine"]
+    s = Store(store.engine(store.url_of("farm.sqlite", tmp_path)))
+    s.begin_night("n1")
+    s.add_tasks([k for k, _ in planned], {k: why for k, why in planned if why})
+    assert {(k.bundle, k.analysis) for _, k in s.open_tasks()} == \
+        {(b, a) for b in ("/r/demo.tdm", "/r/web.tdm") for a in ("exact", "kasan", "mine", "asan")} - set(skipped)
+    path = report.write(report.view(s.engine), tmp_path / "out")["junit"]
+    cases = {(c.classname, c.name): c.result for suite in junitparser.JUnitXml.fromfile(str(path)) for c in suite}
+    (skip,) = cases["demo.tdm", "mine"]
+    assert isinstance(skip, junitparser.Skipped) and "your own VMs" in skip.message

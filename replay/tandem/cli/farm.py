@@ -84,12 +84,13 @@ def targets(names: tuple[str, ...], kernels: tuple[str, ...]):
     out = []
     for a in dict.fromkeys(catalog.get(name) for name in names):
         image = artifacts.kernel(a.flavor)["bzImage_sha256"][:16]
-        out.append(Target(a.name, f"{a.flavor}:{image}:{artifacts.modules(a.flavor)['key']}:{a.userland.name}"))
+        out.append(Target(a.name, f"{a.flavor}:{image}:{artifacts.modules(a.flavor)['key']}:{a.userland.name}",
+                          guests="any" if a.userland.name == "native" else "demo"))
     for item in kernels:
         a = bring_kernel(item)          # its files and name checked: a one-line error naming them
         assert a.kernel.image is not None
         digest = hashlib.sha256(Path(a.kernel.image).read_bytes()).hexdigest()[:16]
-        out.append(Target(a.name, f"user:{digest}", kernel_spec=item))
+        out.append(Target(a.name, f"user:{digest}", kernel_spec=item, guests="users"))
     return out
 
 
@@ -98,10 +99,11 @@ def corpus(spec):
     from ..formats import bundle
     out = []
     for d in spec.bundle_dirs():
-        entry = bundle.load_manifest(d).files.get(bundle.DEVLOG)
+        manifest = bundle.load_manifest(d)
+        entry = manifest.files.get(bundle.DEVLOG)
         if entry is None or entry.sha256 is None:
             raise TandemError(f"{d}: no device log in its manifest (a recording that never started?)")
-        out.append(Corpus(str(d), entry.sha256))
+        out.append(Corpus(str(d), entry.sha256, users_guest=manifest.users_guest))
     return out
 
 
@@ -128,10 +130,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     db = store.Store(store.engine(store.url_of(s.db, spec.base)))
     qemu_build = artifacts.qemu()["build_id"]
     db.begin_night(name, qemu_build=qemu_build, version=__version__)
-    keys = farm_night.plan(recordings, plan_targets, qemu_build if s.exact else None)
-    db.add_tasks(keys)
+    planned = farm_night.plan(recordings, plan_targets, qemu_build if s.exact else None)
+    skipped = {k: why for k, why in planned if why is not None}
+    db.add_tasks([k for k, _ in planned], skipped)
     console.print(f"farm night {name}: {len(recordings)} recording(s) x {len(plan_targets)} analysis(es)"
-                  f"{' + exact' if s.exact else ''}: {len(keys)} task(s); database {store.url_of(s.db, spec.base)}")
+                  f"{' + exact' if s.exact else ''}: {len(planned)} task(s)"
+                  f"{f' ({len(skipped)} skipped: an analysis that does not apply)' if skipped else ''}; "
+                  f"database {store.url_of(s.db, spec.base)}")
     with farm_night.cluster(s) as client:
         console.print(f"Dask dashboard: {client.dashboard_link}")
         with console.status("farm: starting") as status:

@@ -33,28 +33,47 @@ from .store import CONFIRM, HEARTBEAT_S, Result, Store, TaskKey
 @dataclass(frozen=True)
 class Target:
     """An analysis as the farm schedules it: its name, the key of the kernel build it boots
-    (tonight's build: a new build is a new task), and a user kernel's --analysis-kernel."""
+    (tonight's build: a new build is a new task), a user kernel's --analysis-kernel, and
+    the recordings it can analyse (GUESTS)."""
     name: str
     kernel: str
     kernel_spec: str | None = None
+    guests: str = "any"
+
+
+# What recordings an analysis can analyse: a kernel of the user's boots on a user's VM's
+# own disk; an analysis that swaps the demo guest's userland needs the demo guest.
+GUESTS = {"any": None, "users": "a kernel you bring analyses recordings of your own VMs",
+          "demo": "it swaps the demo guest's userland, which a recording of your own VM does not have"}
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """A recording of the night: its path and its identity (the device log's sha256,
-    stable when the bundle moves)."""
+    """A recording of the night: its path, its identity (the device log's sha256, stable
+    when the bundle moves) and whether it is of a user's own VM."""
     bundle: str
     recording: str
+    users_guest: bool = False
 
 
-def plan(corpus: Iterable[Corpus], targets: Iterable[Target], exact_build: str | None) -> list[TaskKey]:
-    """The night's first tasks: each recording exactly (if exact_build), and into each target."""
+def skipped_because(c: Corpus, t: Target) -> str | None:
+    """Why target t cannot analyse recording c (a task stored as skipped, with this
+    reason, never run and never an error), or None."""
+    if t.guests == "users" and not c.users_guest or t.guests == "demo" and c.users_guest:
+        return f"{t.name}: {GUESTS[t.guests]}"
+    return None
+
+
+def plan(corpus: Iterable[Corpus], targets: Iterable[Target],
+         exact_build: str | None) -> list[tuple[TaskKey, str | None]]:
+    """The night's first tasks, each with why it is skipped (None: it runs): each
+    recording exactly (if exact_build), and into each target."""
     targets = list(targets)
-    out = []
+    out: list[tuple[TaskKey, str | None]] = []
     for c in corpus:
         if exact_build is not None:
-            out.append(TaskKey(c.bundle, c.recording, task.EXACT, exact_build))
-        out += [TaskKey(c.bundle, c.recording, t.name, t.kernel) for t in targets]
+            out.append((TaskKey(c.bundle, c.recording, task.EXACT, exact_build), None))
+        out += [(TaskKey(c.bundle, c.recording, t.name, t.kernel), skipped_because(c, t)) for t in targets]
     return out
 
 

@@ -52,6 +52,7 @@ class View:
     matrix: dict[str, dict[str, str]] = field(default_factory=dict)     # bundle -> analysis -> status
     signatures: list[Signature] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)          # the harness's, apart
+    skipped: list[dict[str, str]] = field(default_factory=list)         # analyses that do not apply, and why
     new: int = 0
 
 
@@ -78,8 +79,9 @@ def view(engine: Engine, night: str | None = None, since: datetime.datetime | No
             hits[f.signature].append(f)
     v.nights = [_night_row(n, rows, found, by_task) for n in shown]
     v.matrix = _matrix(t for t in rows if t.night_id == last.id)
-    v.errors = [{"bundle": t.bundle, "analysis": t.analysis, "reason": t.reason or ""}
-                for t in rows if t.night_id == last.id and t.status == "error"]
+    v.errors, v.skipped = ([{"bundle": t.bundle, "analysis": t.analysis, "reason": t.reason or ""}
+                            for t in rows if t.night_id == last.id and t.status == status]
+                           for status in ("error", "skipped"))
     v.signatures = sorted((_signature(sig, fs, by_task, order, all_nights, fixed_after)
                            for sig, fs in hits.items()), key=lambda s: (ORDER[s.state], s.kind, s.signature))
     v.new = sum(s.state == "new" for s in v.signatures)
@@ -145,17 +147,21 @@ def to_junit(v: View) -> str:
     for bundle, row in sorted(v.matrix.items()):
         suite = ET.SubElement(suites, "testsuite", name=bundle, tests=str(len(row)),
                               failures=str(sum(s in ("finding", "divergence") for s in row.values())),
-                              errors=str(sum(s == "error" for s in row.values())))
+                              errors=str(sum(s == "error" for s in row.values())),
+                              skipped=str(sum(s == "skipped" for s in row.values())))
         for analysis, status in sorted(row.items()):
             case = ET.SubElement(suite, "testcase", classname=Path(bundle).name, name=analysis)
             if status in ("finding", "divergence"):
                 ET.SubElement(case, "failure", message=status, type=status)
             elif status == "error":
-                reason = next((e["reason"] for e in v.errors if e["bundle"] == bundle and e["analysis"] == analysis), "")
-                ET.SubElement(case, "error", message=reason[:500], type="harness")
+                ET.SubElement(case, "error", message=_reason(v.errors, bundle, analysis), type="harness")
             elif status == "skipped":
-                ET.SubElement(case, "skipped")
+                ET.SubElement(case, "skipped", message=_reason(v.skipped, bundle, analysis))
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _reason(entries: list[dict[str, str]], bundle: str, analysis: str) -> str:
+    return next((e["reason"] for e in entries if e["bundle"] == bundle and e["analysis"] == analysis), "")[:500]
 
 
 def to_html(v: View) -> str:

@@ -17,7 +17,7 @@ import sqlite3
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,14 +262,19 @@ class Store:
         with self._tx() as c:
             c.execute(runs.update().where(runs.c.id == self.run_id).values(heartbeat_at=now()))
 
-    def add_tasks(self, keys: Iterable[TaskKey]) -> None:
-        """Tasks of this night, each once however many farms add it."""
+    def add_tasks(self, keys: Iterable[TaskKey], skipped: Mapping[TaskKey, str] | None = None) -> None:
+        """Tasks of this night, each once however many farms add it; those in `skipped`
+        stored done as skipped with its reason (an analysis that cannot analyse that
+        recording), never run."""
+        skipped = skipped or {}
         for k in keys:
+            why = skipped.get(k)
             try:
                 with self._tx() as c:
                     c.execute(tasks.insert().values(night_id=self.night_id, bundle=k.bundle, recording=k.recording,
                                                     analysis=k.analysis, kernel=k.kernel, repeat=k.repeat,
-                                                    status="pending", attempts=0))
+                                                    status="pending" if why is None else "skipped", reason=why,
+                                                    attempts=0, finished_at=None if why is None else now()))
             except sa.exc.IntegrityError:
                 continue
 
