@@ -390,3 +390,50 @@ def test_two_farms_at_once_share_one_night_in_postgresql(corpus, tmp_path, postg
     assert len(confirms) == 2 and all(t.status == "pass" for t in confirms), confirms
     assert found and len(found) == len(set(found)), found      # no finding stored twice
     assert {t.night_id for t in tasks} == {nights[0].id}
+
+
+@pytest.fixture(scope="module")
+def users_vm_recording(built, tmp_path_factory) -> Path:
+    """The reference VM (Debian 12 on its own disk, GRUB, systemd, nginx) from power-on
+    under a few curl fetches, powered off by its ACPI button: a user's VM as the farm
+    meets one."""
+    from tandem.machine import Forward, Guest
+    from tandem.qemu.vm import free_port
+    from tandem.record import clients
+    from tandem.record.recording import Recording
+    ref = artifacts.refvm()
+    tmp = tmp_path_factory.mktemp("users-vm")
+    disk = tmp / "web.qcow2"
+    shutil.copyfile(ref["disk"], disk)
+    http = free_port()
+    with Recording(tmp / "web.tdm", Guest.of_disks([(str(disk), "qcow2")]), forwards=(Forward("tcp", http, 80),)) as rec:
+        wait_until(lambda: rec.running() and clients.http_up(http), 600, "nginx on the reference VM", poll=1.0)
+        clients.fetch_files(http, {f["path"]: f["sha256"] for f in ref["site"][:3]})
+        rec.powerdown()
+        rec.wait(timeout=300)
+    return tmp / "web.tdm"
+
+
+@pytest.mark.timeout(2400)
+def test_a_night_over_a_users_vm_and_the_demo_guest_with_a_kernel_of_the_users(corpus, users_vm_recording,
+                                                                                 tmp_path):
+    """One night over a user's VM and the demo guest, into kasan and into a kernel the user
+    brings: the user's VM replayed exactly and into both, clean; the demo guest exactly and
+    into kasan, and skipped (with the reason) for the brought kernel, which boots a user's
+    VM's disk."""
+    k = artifacts.kernel("native")
+    mine = tmp_path / "bzImage"
+    shutil.copyfile(k["bzImage"], mine)
+    r = run_cli("farm", "run", "--bundle", str(users_vm_recording), "--bundle", str(corpus[2]), "--analysis", "kasan",
+                "--analysis-kernel", f"mine={mine},{k['vmlinux']}", "--no-noise", "--vms", "2",
+                "--db", str(tmp_path / "farm.sqlite"), "--out", str(tmp_path / "out"), "--night", "n1", timeout=2300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = rows(tmp_path / "farm.sqlite", "select bundle, analysis, status, reason from tasks")
+    assert sorted((Path(b).name, a, s) for b, a, s, _ in got) == [
+        ("rec2.tdm", "exact", "pass"), ("rec2.tdm", "kasan", "pass"), ("rec2.tdm", "mine", "skipped"),
+        ("web.tdm", "exact", "pass"), ("web.tdm", "kasan", "pass"), ("web.tdm", "mine", "pass")], got
+    (why,) = [w for b, a, _, w in got if a == "mine" and b.endswith("rec2.tdm")]
+    assert "recordings of your own VMs" in why
+    xml = junitparser.JUnitXml.fromfile(str(tmp_path / "out" / "n1" / "junit.xml"))
+    skips = [(c.classname, c.name) for s in xml for c in s if any(isinstance(x, junitparser.Skipped) for x in c.result)]
+    assert skips == [("rec2.tdm", "mine")]

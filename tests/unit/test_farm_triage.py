@@ -5,8 +5,8 @@ import pytest
 
 from tandem.farm.triage import Observation, State, needs_repeats, state
 
-G = ("rec-a", "kasan", "k1")
-H = ("rec-b", "kasan", "k1")
+G = ("rec-a", "kasan")
+H = ("rec-b", "kasan")
 
 
 def seen(night: int, runs: int = 1, hits: int = 1, group=G) -> Observation:

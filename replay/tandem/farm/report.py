@@ -73,26 +73,31 @@ def view(engine: Engine, night: str | None = None, since: datetime.datetime | No
     shown = [n for n in all_nights if since is None or aware(n.started_at) >= since]
     v = View(last.name)
     by_task = {t.id: t for t in rows if t.night_id in order}
-    hits = defaultdict(list)
+    # indexes, so that the report grows with the rows it reads, not with their product
+    by_night, by_group = defaultdict(list), defaultdict(list)
+    for t in by_task.values():
+        by_night[t.night_id].append(t)
+        if t.kernel != CONFIRM:
+            by_group[t.recording, t.analysis].append(t)
+    hits, of_task = defaultdict(list), defaultdict(list)
     for f in found:
         if f.task_id in by_task:
             hits[f.signature].append(f)
-    v.nights = [_night_row(n, rows, found, by_task) for n in shown]
-    v.matrix = _matrix(t for t in rows if t.night_id == last.id)
+            of_task[f.task_id].append(f)
+    v.nights = [_night_row(n, by_night[n.id], of_task) for n in shown]
+    v.matrix = _matrix(by_night[last.id])
     v.errors, v.skipped = ([{"bundle": t.bundle, "analysis": t.analysis, "reason": t.reason or ""}
-                            for t in rows if t.night_id == last.id and t.status == status]
+                            for t in by_night[last.id] if t.status == status]
                            for status in ("error", "skipped"))
-    v.signatures = sorted((_signature(sig, fs, by_task, order, all_nights, fixed_after)
+    v.signatures = sorted((_signature(sig, fs, by_task, by_group, order, all_nights, fixed_after)
                            for sig, fs in hits.items()), key=lambda s: (ORDER[s.state], s.kind, s.signature))
     v.new = sum(s.state == "new" for s in v.signatures)
     return v
 
 
-def _night_row(n, rows, found, by_task) -> dict[str, Any]:
-    mine = [t for t in rows if t.night_id == n.id]
-    ids = {t.id for t in mine}
+def _night_row(n, mine, of_task) -> dict[str, Any]:
     return {"name": n.name, "started": aware(n.started_at).isoformat(timespec="seconds"), "tasks": len(mine),
-            "findings": len({f.signature for f in found if f.task_id in ids and f.kind == "finding"}),
+            "findings": len({f.signature for t in mine for f in of_task[t.id] if f.kind == "finding"}),
             "errors": sum(t.status == "error" for t in mine),
             "replay_s": round(sum(t.replay_s or 0 for t in mine), 1)}
 
@@ -105,11 +110,10 @@ def _matrix(rows) -> dict[str, dict[str, str]]:
     return dict(out)
 
 
-def _signature(sig, fs, by_task, order, all_nights, fixed_after) -> Signature:
+def _signature(sig, fs, by_task, by_group, order, all_nights, fixed_after) -> Signature:
     groups = {(by_task[f.task_id].recording, by_task[f.task_id].analysis) for f in fs}
     seen_in = {f.task_id for f in fs}
-    obs = [triage.Observation(order[t.night_id], (t.recording, t.analysis, "-"), 1, int(t.id in seen_in))
-           for t in by_task.values() if (t.recording, t.analysis) in groups and t.kernel != CONFIRM]
+    obs = [triage.Observation(order[t.night_id], g, 1, int(t.id in seen_in)) for g in groups for t in by_group[g]]
     tonight = len(all_nights) - 1
     st = triage.state(_merge(obs), tonight, fixed_after)
     nights_seen = sorted({order[by_task[f.task_id].night_id] for f in fs})

@@ -27,10 +27,11 @@ class State(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Observation:
-    """One task group (a recording into one analysis kernel) on one night, as far as one
-    signature goes: how many replays of it ran, and in how many the signature was seen."""
+    """One task group (a recording into one analysis, whichever build of its kernel: a fix
+    is a new build in the same group) on one night, as far as one signature goes: how
+    many replays of it ran, and in how many the signature was seen."""
     night: int          # the night's place in time: larger is later
-    group: tuple[str, str, str]     # recording, analysis, kernel
+    group: tuple[str, str]          # recording, analysis
     runs: int
     seen: int
 
