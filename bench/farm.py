@@ -55,14 +55,20 @@ def env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
 
 
-def record(base: Path, n: int) -> list[Path]:
-    """n clean recordings of the demo guest (client traffic, then poweroff)."""
+def record(base: Path, n: int, seconds: float) -> list[Path]:
+    """n clean recordings of the demo guest, each client traffic without a pause for
+    `seconds`, then poweroff. Without a pause, because a replay skips the guest's idle
+    time: traffic in bursts 10 s apart for 60 s replayed in 5 s, where the farm's fixed
+    costs (a replay process's start, the scheduler) weigh as they never do on a night of
+    real recordings."""
     out = []
     for i in range(n):
         path = base / f"rec{i}.tdm"
         with Recording(path) as rec:
             rec.wait_ready(300)
-            demo_traffic(rec.port, rounds=4)
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                demo_traffic(rec.port, rounds=20)
             rec.serial.type("poweroff")
             rec.wait(timeout=120)
         out.append(path)
@@ -105,26 +111,35 @@ def night(base: Path, corpus: list[Path], workers: int) -> dict:
     with sqlite3.connect(db) as c:
         tasks = c.execute("select status, replay_s, (julianday(finished_at) - julianday(started_at)) * 86400 "
                           "from tasks").fetchall()
+        span = c.execute("select (julianday(max(finished_at)) - julianday(min(started_at))) * 86400 "
+                         "from tasks").fetchone()[0]
     t0 = time.monotonic()
     report.write(report.view(store.engine(store.url_of(str(db)))), work / "report")
     report_s = time.monotonic() - t0
-    return {"workers": workers, "wall": wall, "tasks": len(tasks), "statuses": sorted({s for s, *_ in tasks}),
+    return {"workers": workers, "wall": wall, "span": span, "tasks": len(tasks),
+            "statuses": sorted({s for s, *_ in tasks}),
             "replay": sum(r for _, r, _ in tasks), "held": sum(h for *_, h in tasks), "report": report_s}
 
 
 def throughput(args, base: Path) -> tuple[str, list[dict]]:
-    corpus = record(base, args.recordings)
+    corpus = record(base, args.recordings, args.seconds)
     nights = [night(base, corpus, w) for w in (1, 2)]
-    one, two = nights
+    one = nights[0]
     rate = [n["tasks"] / n["wall"] * 3600 for n in nights]
-    lines = [f"{args.recordings} clean recordings of the demo guest, each replayed exactly and into kasan (no noise "
-             f"run): {one['tasks']} replays a night; a real `dask scheduler` and workers of `--resources vm=1 "
-             "--nthreads 1` on loopback, one night with one worker, then one with two, in one run.", "",
-             "| workers | night wall (s) | replays per hour | statuses |", "|---|---|---|---|"]
-    lines += [f"| {n['workers']} | {n['wall']:.0f} | {r:.0f} | {', '.join(n['statuses'])} |" for n, r in zip(nights, rate)]
+    steady = [n["tasks"] / n["span"] * 3600 for n in nights]
+    lines = [f"{args.recordings} clean recordings of the demo guest ({args.seconds:.0f} s of traffic without a pause each), each "
+             f"replayed exactly and into kasan (no noise run): {one['tasks']} replays a night, "
+             f"{one['replay'] / one['tasks']:.0f} s a replay on average; a real `dask scheduler` and workers of "
+             "`--resources vm=1 --nthreads 1` on loopback, one night with one worker, then one with two, in one "
+             "run. Night wall: `tandem farm run` start to exit (its build checks, the report); tasks: first "
+             "claimed to last stored.", "",
+             "| workers | night wall (s) | replays per hour (night) | tasks' span (s) | replays per hour (tasks) "
+             "| statuses |", "|---|---|---|---|---|---|"]
+    lines += [f"| {n['workers']} | {n['wall']:.0f} | {r:.0f} | {n['span']:.0f} | {t:.0f} | {', '.join(n['statuses'])} |"
+              for n, r, t in zip(nights, rate, steady)]
     ok = rate[1] / rate[0] >= TARGET_SPEEDUP
-    lines += ["", f"Two workers: **{rate[1] / rate[0]:.2f}x** one (target at least {TARGET_SPEEDUP}x: "
-              f"{'met' if ok else 'NOT met'})."]
+    lines += ["", f"Two workers: **{rate[1] / rate[0]:.2f}x** one over the night, {steady[1] / steady[0]:.2f}x over "
+              f"its tasks (target at least {TARGET_SPEEDUP}x: {'met' if ok else 'NOT met'})."]
     return "\n".join(lines), nights
 
 
@@ -190,6 +205,7 @@ def report_growth(base: Path) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--recordings", type=int, default=4, help="recordings in the throughput nights (default 4)")
+    ap.add_argument("--seconds", type=float, default=30, help="traffic in each recording (default 30 s)")
     ap.add_argument("--out", type=Path, help="put the results in this markdown file's farm section")
     ap.add_argument("--only", action="append", choices=PARTS)
     args = ap.parse_args()

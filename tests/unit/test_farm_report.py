@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from helpers import assert_one_line_error, run_cli
 from tandem.farm import report, store
-from tandem.farm.night import Corpus, Target, plan
+from tandem.farm.night import Corpus, Guests, Target, plan
 from tandem.farm.store import Finding, Result, Store, TaskKey
 
 KEY = TaskKey("/r/a.tdm", "sha-a", "kasan", "k1")
@@ -85,8 +85,8 @@ def test_an_analysis_that_does_not_apply_is_skipped_with_its_reason_never_run(tm
     demo guest's userland on a recording of a user's VM: skipped tasks, shown as JUnit
     skips with the reason, never open to a farm."""
     demo, users = Corpus("/r/demo.tdm", "sha-d"), Corpus("/r/web.tdm", "sha-w", users_guest=True)
-    targets = [Target("kasan", "k"), Target("mine", "user:1", "mine=/b/bzImage", guests="users"),
-               Target("asan", "a", guests="demo")]
+    targets = [Target("kasan", "k"), Target("mine", "user:1", "mine=/b/bzImage", guests=Guests.USERS),
+               Target("asan", "a", guests=Guests.DEMO)]
     planned = plan([demo, users], targets, exact_build="q1")
     skipped = {(k.bundle, k.analysis): why for k, why in planned if why}
     assert set(skipped) == {("/r/demo.tdm", "mine"), ("/r/web.tdm", "asan")}

@@ -80,17 +80,17 @@ def targets(names: tuple[str, ...], kernels: tuple[str, ...]):
     build it boots (tonight's build is a new task): a catalogue kernel's bzImage and the
     build of tandem's modules it loads (a module fixed and rebuilt is a new build), a user
     kernel's bzImage; a user kernel checked now, a one-line error naming it."""
-    from ..farm.night import Target
+    from ..farm.night import Guests, Target
     out = []
     for a in dict.fromkeys(catalog.get(name) for name in names):
         image = artifacts.kernel(a.flavor)["bzImage_sha256"][:16]
         out.append(Target(a.name, f"{a.flavor}:{image}:{artifacts.modules(a.flavor)['key']}:{a.userland.name}",
-                          guests="any" if a.userland.name == "native" else "demo"))
+                          guests=Guests.ANY if a.userland.name == "native" else Guests.DEMO))
     for item in kernels:
         a = bring_kernel(item)          # its files and name checked: a one-line error naming them
         assert a.kernel.image is not None
         digest = hashlib.sha256(Path(a.kernel.image).read_bytes()).hexdigest()[:16]
-        out.append(Target(a.name, f"user:{digest}", kernel_spec=item, guests="users"))
+        out.append(Target(a.name, f"user:{digest}", kernel_spec=item, guests=Guests.USERS))
     return out
 
 

@@ -12,6 +12,7 @@ reproduces.
 """
 from __future__ import annotations
 
+import enum
 import os
 import threading
 from collections import Counter
@@ -30,21 +31,24 @@ from .store import CONFIRM, HEARTBEAT_S, Result, Store, TaskKey
 
 
 
+class Guests(enum.Enum):
+    """The recordings an analysis can analyse, and why not the others: a kernel of the
+    user's boots on a user's VM's own disk; an analysis that swaps the demo guest's
+    userland needs the demo guest."""
+    ANY = None
+    USERS = "a kernel you bring analyses recordings of your own VMs"
+    DEMO = "it swaps the demo guest's userland, which a recording of your own VM does not have"
+
+
 @dataclass(frozen=True)
 class Target:
     """An analysis as the farm schedules it: its name, the key of the kernel build it boots
     (tonight's build: a new build is a new task), a user kernel's --analysis-kernel, and
-    the recordings it can analyse (GUESTS)."""
+    the recordings it can analyse."""
     name: str
     kernel: str
     kernel_spec: str | None = None
-    guests: str = "any"
-
-
-# What recordings an analysis can analyse: a kernel of the user's boots on a user's VM's
-# own disk; an analysis that swaps the demo guest's userland needs the demo guest.
-GUESTS = {"any": None, "users": "a kernel you bring analyses recordings of your own VMs",
-          "demo": "it swaps the demo guest's userland, which a recording of your own VM does not have"}
+    guests: Guests = Guests.ANY
 
 
 @dataclass(frozen=True)
@@ -59,8 +63,8 @@ class Corpus:
 def skipped_because(c: Corpus, t: Target) -> str | None:
     """Why target t cannot analyse recording c (a task stored as skipped, with this
     reason, never run and never an error), or None."""
-    if t.guests == "users" and not c.users_guest or t.guests == "demo" and c.users_guest:
-        return f"{t.name}: {GUESTS[t.guests]}"
+    if t.guests is Guests.USERS and not c.users_guest or t.guests is Guests.DEMO and c.users_guest:
+        return f"{t.name}: {t.guests.value}"
     return None
 
 
