@@ -71,6 +71,15 @@ def farm_env(build: Path | None = None) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT / "replay"), **({"TANDEM_BUILD_DIR": str(build)} if build else {}))
 
 
+def builds_copied(build: Path) -> Path:
+    """A build directory of its own holding the descriptions of this checkout's builds (the
+    builds stay in the cache): one of them can be swapped for tonight's."""
+    build.mkdir()
+    for j in artifacts.build_dir().glob("*.json"):
+        shutil.copyfile(j, build / j.name)
+    return build
+
+
 def states(db: Path, night: str) -> dict[str, str]:
     """signature -> its state on the night, as `tandem farm report --json` gives it."""
     r = run_cli("farm", "report", "--db", str(db), "--night", night, "--out", str(db.parent / "report"),
@@ -95,10 +104,7 @@ def fixed_build(built, tmp_path_factory) -> Path:
     bug = "note = kmalloc(sizeof(*note), GFP_KERNEL);"
     assert text.count(bug) == 1, "tandem_bugs.c no longer allocates a note this way: update the fix"
     src.write_text(text.replace(bug, "note = kmalloc(sizeof(*note) + 1, GFP_KERNEL);"))
-    build = base / "build"
-    build.mkdir()
-    for j in artifacts.build_dir().glob("*.json"):
-        shutil.copyfile(j, build / j.name)
+    build = builds_copied(base / "build")
     r = subprocess.run(["bash", str(checkout / "scripts" / "build-modules.sh"), "kasan",
                         str(build / "modules-kasan.json")], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -207,7 +213,7 @@ def shown_in_chromium(page: Path, new: int) -> None:
 
 @pytest.mark.timeout(1500)
 def test_a_night_killed_half_way_finishes_what_was_missing(corpus, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    env = farm_env()
     args = [sys.executable, "-m", "tandem", "farm", "run", *[a for b in corpus for a in ("--bundle", str(b))],
             "--analysis", "kasan", "--db", str(tmp_path / "farm.sqlite"), "--out", str(tmp_path / "out"),
             "--night", "n1", "--repeats", "0", "--vms", "1"]
@@ -264,7 +270,7 @@ def test_a_worker_killed_mid_task_and_its_task_done_by_the_other(corpus, tmp_pat
     """A real scheduler and two workers, each a process of its own on loopback; the worker
     running the task is killed: the task is done by the other, stored once, and the killed
     worker's VMs are gone with it."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    env = farm_env()
     sched_file = tmp_path / "scheduler.json"
     procs = [dask_process("dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
                           "--scheduler-file", str(sched_file), env=env)]
@@ -335,8 +341,7 @@ def test_a_finding_that_comes_and_goes_in_one_night_is_flaky_not_new(corpus, fix
     others the build under the night changes to the fixed one (as a race's bug shows in
     some replays and not others): it is flaky, not new, and the night says nothing new."""
     spec = farm_file(tmp_path, corpus[:1], repeats=2)
-    build = tmp_path / "build"
-    shutil.copytree(artifacts.build_dir(), build, ignore=lambda d, names: [n for n in names if not n.endswith(".json")])
+    build = builds_copied(tmp_path / "build")
     staged = build / "modules-kasan.json.fixed"
     shutil.copyfile(fixed_build / "modules-kasan.json", staged)
     db = tmp_path / "farm.sqlite"
@@ -356,7 +361,7 @@ def test_two_farms_at_once_share_one_night_in_postgresql(corpus, tmp_path, postg
     """Two `tandem farm run` processes started together on the same night in one
     PostgreSQL database (a private cluster, READ COMMITTED): one night, each task stored
     once and done once by one of them, both doing some, each finding stored once."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    env = farm_env()
     spec = tmp_path / "farm.toml"
     spec.write_text(f"[corpus]\nbundles = {json.dumps([str(b) for b in corpus])}\n"
                     "[settings]\nnoise = false\n")        # an analysis alone: one VM a task
