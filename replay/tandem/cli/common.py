@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .. import catalog
@@ -142,10 +142,20 @@ def build_for(targets: list[str], why: str, parser: bool = False) -> None:
     ensure(targets, why, command=f"tandem ({why})", parser=parser)
 
 
-def build_for_analyses(analyses: list[catalog.Analysis], noise: bool = True) -> None:
-    """What these analyses run on (and the native kernel, the noise run, unless noise is off)."""
-    build_for(catalog.build_targets([*analyses, *([catalog.NATIVE] if noise else [])]),
-              "--analysis " + ",".join(a.name for a in analyses), parser=True)
+def build_for_analyses(analyses: list[catalog.Analysis], noise: bool = True, bundles: Iterable[str | Path] = ()) -> None:
+    """What these analyses run on, and unless noise is off the kernels of the noise runs of
+    these recordings (each the kernel it was recorded on: semantic.guests.noise_analysis; a
+    bundle that does not load is left to the replay, which says why)."""
+    from ..formats.bundle import load_manifest
+    from ..semantic.guests import noise_analysis
+    noises = []
+    for b in bundles if noise else ():
+        try:
+            noises.append(noise_analysis(load_manifest(Path(b))))
+        except TandemError:
+            continue
+    build_for(catalog.build_targets([*analyses, *noises]), "--analysis " + ",".join(a.name for a in analyses),
+              parser=True)
 
 
 def record_targets(args: argparse.Namespace) -> list[str]:

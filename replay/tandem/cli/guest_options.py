@@ -44,8 +44,9 @@ def add_guest_options(p: argparse.ArgumentParser) -> None:
                         "each is logged as its own interface")
     g.add_argument("--forward", action="append", type=parse_forward, metavar="tcp:HOSTPORT:GUESTPORT", default=[],
                    help="forward a host port (on 127.0.0.1) to the guest, tcp or udp, to the first NIC (repeatable)")
-    g.add_argument("--kernel", default="native", choices=list(catalog.KERNELS),
-                   help="demo guest: its kernel flavor (default native)")
+    g.add_argument("--kernel", default=catalog.DEFAULT_KERNEL, choices=list(catalog.KERNELS),
+                   help=f"demo guest: its kernel flavor (default {catalog.DEFAULT_KERNEL}: Debian's own; "
+                        "native: tandem's build, which the assertions read)")
     g.add_argument("--userland", default="native", choices=list(catalog.USERLANDS),
                    help="demo guest: its userland (default native; asan: its services built with ASan)")
 
