@@ -34,12 +34,15 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")
 SELF="$HERE/$(basename "${BASH_SOURCE[0]}")"
 SPEC="$ROOT/guest-kernel/linux/$FLAVOR.debian"
+COMPAT="$ROOT/guest-kernel/linux/$FLAVOR-lkdtm-compat.c"
+TARBALL=${TANDEM_LINUX_TARBALL:-/usr/src/linux-source-6.12.tar.xz}
 MODSRC="$ROOT/guest-kernel/modules"
 CACHE=${TANDEM_CACHE:-$HOME/.cache/tandem}
 KDIR="$CACHE/kernel" MDIR="$CACHE/modules" DL="$CACHE/dl/kernel-$FLAVOR"
 [ -f "$SPEC" ] || die "flavor '$FLAVOR' has no $SPEC"
 spec() { sed -n "s/^$1=//p" "$SPEC" | tail -n1; }
 VARIANT=$(spec variant)
+LKDTM=$(spec lkdtm)
 read -r -a WANT <<<"$(spec modules)"
 [ -n "$VARIANT" ] || die "$SPEC: no variant= line"
 
@@ -66,7 +69,8 @@ KFINAL="$KDIR/$FLAVOR-$KKEY"
 if [ "$MODE" = modules ]; then
   mapfile -t SOURCES < <(cd "$MODSRC" && find . -type f \( -name '*.c' -o -name '*.h' -o -name Kbuild \) | LC_ALL=C sort)
   KEY=$({ echo "$KKEY"; for f in "${SOURCES[@]}"; do echo "$f"; sha256sum <"$MODSRC/$f"; done
-          gcc --version | head -n1; } | sha256sum | cut -c1-16)
+          gcc --version | head -n1; echo "lkdtm=$LKDTM"; [ "$LKDTM" != yes ] || sha256sum <"$COMPAT"
+        } | sha256sum | cut -c1-16)
   FINAL="$MDIR/$FLAVOR-$KEY"
 else
   KEY=$KKEY FINAL=$KFINAL
@@ -160,11 +164,25 @@ build_modules() {   # FINAL: tandem's modules against the headers, Debian's the 
     done
     loaded+="${m//-/_} $m "
   done
+  if [ "$LKDTM" = yes ]; then
+    # drivers/misc/lkdtm of the same source (linux-source-6.12 is this kernel's version),
+    # with the one symbol such a kernel does not export (FLAVOR-lkdtm-compat.c).
+    [ -f "$TARBALL" ] || die "kernel source $TARBALL missing (run scripts/host-deps.sh)"
+    mkdir -p "$t/lkdtm"
+    tar -xJf "$TARBALL" -C "$t/lkdtm" --wildcards --strip-components=4 '*/drivers/misc/lkdtm/*' \
+      || die "no drivers/misc/lkdtm in $TARBALL"
+    cp "$COMPAT" "$t/lkdtm/tandem_compat.c"
+    echo 'lkdtm-m += tandem_compat.o' >>"$t/lkdtm/Makefile"
+    make -C "$H" M="$t/lkdtm" CONFIG_LKDTM=m CONFIG_DEBUG_INFO_BTF_MODULES= CC=gcc modules >>"$t/build.log" 2>&1 \
+      || { tail -n 30 "$t/build.log" >&2; die "LKDTM against $release failed (log above)"; }
+    n=$((n + 1))
+    strip --strip-debug -o "$t/root/lib/modules/$release/boot/$(printf '%02d' $n)-lkdtm.ko" "$t/lkdtm/lkdtm.ko"
+  fi
   cp "$KFINAL/root/lib/modules/$release"/modules.builtin{,.modinfo} "$t/"
   find "$t/root" -exec touch -h -d @0 {} +
   (cd "$t/root" && find . -mindepth 1 -printf '%P\n' | LC_ALL=C sort |
      cpio -o -H newc --reproducible -R 0:0 --quiet) | gzip -n -9 >"$t/modules.cpio.gz"
-  rm -rf "$t/root" "$t/src"
+  rm -rf "$t/root" "$t/src" "$t/lkdtm"
   echo "$release" >"$t/version"
   rm -rf "$FINAL"; mv -T "$t" "$FINAL"
   trap - EXIT

@@ -163,4 +163,6 @@ def record_targets(args: argparse.Namespace) -> list[str]:
     the demo guest's image and its kernel flavor for the demo guest."""
     if args.disk:
         return ["qemu"]
-    return ["qemu", "guest", f"kernel-{args.kernel}", f"modules-{args.kernel}"]
+    from .guest_options import kernel_flavor
+    flavor = kernel_flavor(args)
+    return ["qemu", "guest", f"kernel-{flavor}", f"modules-{flavor}"]
