@@ -98,6 +98,10 @@ KERNELS = {k.flavor: k for k in (
 # distribution's, as the production VMs tandem records run; the analyses run sanitizer
 # builds of the same source.
 DEFAULT_KERNEL = "stock"
+# ... and when the recording declares temporal assertions: `tandem assert` reads this
+# kernel's vmlinux at its link addresses (no KASLR, one CPU, full DWARF), which Debian's
+# kernel has not beside it.
+ASSERTIONS_KERNEL = "native"
 USERLANDS = {u.name: u for u in (Userland("native"), Userland("asan", cmdline_extra="tandem.asan=1"))}
 
 ALL = (

@@ -143,19 +143,21 @@ def build_for(targets: list[str], why: str, parser: bool = False) -> None:
 
 
 def build_for_analyses(analyses: list[catalog.Analysis], noise: bool = True, bundles: Iterable[str | Path] = ()) -> None:
-    """What these analyses run on, and unless noise is off the kernels of the noise runs of
-    these recordings (each the kernel it was recorded on: semantic.guests.noise_analysis; a
-    bundle that does not load is left to the replay, which says why)."""
+    """What these analyses run on for these recordings (the native booting the kernel each
+    was made on: semantic.guests.as_recorded), and unless noise is off the kernels of their
+    noise runs (the same); a bundle that does not load is left to the replay, which says why."""
     from ..formats.bundle import load_manifest
-    from ..semantic.guests import noise_analysis
-    noises = []
-    for b in bundles if noise else ():
+    from ..semantic.guests import as_recorded, noise_analysis
+    bundles = list(bundles)
+    runs = [] if bundles else list(analyses)
+    for b in bundles:
         try:
-            noises.append(noise_analysis(load_manifest(Path(b))))
+            manifest = load_manifest(Path(b))
         except TandemError:
+            runs += analyses
             continue
-    build_for(catalog.build_targets([*analyses, *noises]), "--analysis " + ",".join(a.name for a in analyses),
-              parser=True)
+        runs += as_recorded(list(analyses), manifest) + ([noise_analysis(manifest)] if noise else [])
+    build_for(catalog.build_targets(runs), "--analysis " + ",".join(a.name for a in analyses), parser=True)
 
 
 def record_targets(args: argparse.Namespace) -> list[str]:

@@ -57,7 +57,7 @@ def kernel_flavor(args: argparse.Namespace) -> str:
     KASLR and SMP), else the catalogue's default."""
     if args.kernel:
         return args.kernel
-    return "native" if getattr(args, "assertions", None) else catalog.DEFAULT_KERNEL
+    return catalog.ASSERTIONS_KERNEL if getattr(args, "assertions", None) else catalog.DEFAULT_KERNEL
 
 
 def guest_from_args(args: argparse.Namespace) -> Guest:

@@ -100,6 +100,12 @@ def noise_analysis(manifest: Manifest) -> catalog.Analysis:
     return catalog.native_on(catalog.kernel(flavor)) if flavor else catalog.NATIVE
 
 
+def as_recorded(analyses: list[catalog.Analysis], manifest: Manifest) -> list[catalog.Analysis]:
+    """analyses, the native among them booting the kernel the recording was made on
+    (noise_analysis): `--analysis native` names the native's own kernel on the semantic path."""
+    return [noise_analysis(manifest) if a == catalog.NATIVE else a for a in analyses]
+
+
 def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, root: str | None = None) -> Guest:
     """The machine analysis `a` boots for the recording in bundle_dir (manifest: its
     manifest): the catalogue's guest for the demo guest's recordings; for a user's VM its
