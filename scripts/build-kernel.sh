@@ -33,6 +33,8 @@ TARBALL=${TANDEM_LINUX_TARBALL:-/usr/src/linux-source-6.12.tar.xz}
 CACHE=${TANDEM_CACHE:-$HOME/.cache/tandem}
 KDIR="$CACHE/kernel"
 
+# A flavor Debian builds (FLAVOR.debian) is fetched, not compiled.
+[ ! -f "$CFGDIR/$FLAVOR.debian" ] || exec bash "$HERE/debian-kernel.sh" kernel "$FLAVOR" "$OUT_JSON"
 [ "$FLAVOR" != base ] && [ -f "$FLAVOR_CFG" ] || die "unknown flavor '$FLAVOR' (no $FLAVOR_CFG)"
 [ -f "$TARBALL" ] || die "kernel source $TARBALL missing (run scripts/host-deps.sh)"
 mkdir -p "$KDIR"

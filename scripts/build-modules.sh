@@ -35,6 +35,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")
 SELF="$HERE/$(basename "${BASH_SOURCE[0]}")"
 MODSRC="$ROOT/guest-kernel/modules"
+# A kernel Debian builds (guest-kernel/linux/FLAVOR.debian): its modules are built there.
+[ ! -f "$ROOT/guest-kernel/linux/$FLAVOR.debian" ] || exec bash "$HERE/debian-kernel.sh" modules "$FLAVOR" "$OUT_JSON"
 CACHE=${TANDEM_CACHE:-$HOME/.cache/tandem}
 KDIR="$CACHE/kernel"
 MDIR="$CACHE/modules"

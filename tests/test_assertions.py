@@ -13,7 +13,8 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, run_cli
+from helpers import assert_one_line_error, record_demo, run_cli
+from tandem import catalog
 from tandem.formats import bundle
 from tandem.assertions import check, trace
 from tandem.assertions.events import Event
@@ -150,11 +151,13 @@ def test_event_stream_cut_short_is_detected(traced, tmp_path):
     assert len(events) == end["events"] == len(t.events)
 
 
-def test_linux_packs_hold_on_clean_traffic(demo_bundle, tmp_path):
-    """The Linux pack and the LSM pack (the kernels have CONFIG_SECURITY=y) on one replay."""
+def test_linux_packs_hold_on_clean_traffic(built, tmp_path):
+    """The Linux pack and the LSM pack (the kernels have CONFIG_SECURITY=y) on one replay
+    of clean traffic, recorded on tandem's native kernel (the assertions read its vmlinux)."""
+    clean = record_demo(tmp_path / "clean.tdm", flavor=catalog.ASSERTIONS_KERNEL)
     both = tmp_path / "both.tesla"
     both.write_text(LINUX_PACK.read_text() + "\n" + LSM_PACK.read_text())
-    res = check.check(demo_bundle, both)
+    res = check.check(clean, both)
     assert len(res.aset) == len(check.parse_file(LINUX_PACK)) + len(check.parse_file(LSM_PACK))
     assert res.trace.verdict.ok
     assert [str(r.violation) for r in res.reports] == []

@@ -35,7 +35,8 @@ GUEST_OSES = ("linux", "freebsd", "openbsd", "netbsd")
 
 @dataclass(frozen=True)
 class Kernel:
-    """A guest kernel the build makes (guest-kernel/linux/FLAVOR.config over the base)."""
+    """A guest kernel the build makes (guest-kernel/linux/FLAVOR.config over the base) or
+    takes from Debian (FLAVOR.debian: scripts/debian-kernel.sh)."""
     flavor: str
     cmdline_extra: str = ""     # appended to the guest's kernel command line
     memory_mb: int = 256        # the guest needs at least this much memory under it
@@ -65,10 +66,11 @@ class Analysis:
     # Files swapped into the guest's userland (tandem replay --overlay): a directory whose
     # tree is copied over the guest's root before the analysis boots (semantic/overlay.py).
     overlay: str | None = None
-    # In `tandem demo`'s replay: a kernel sanitizer on memory (kasan), one on locking
-    # (lockdep) and a sanitized userland. Each kernel more is 700-1,000 s of CPU on a
-    # cold 2-core machine, about 6-8 minutes of the demo (docs/benchmarks.md, cold setup):
-    # ubsan and kcsan are one `tandem replay BUNDLE --analysis` away, built then.
+    # In `tandem demo`'s replay: the kernel sanitizers on memory and locking (kasan, whose
+    # kernel has lockdep too, as syzbot's do) and a sanitized userland. Each kernel more is
+    # 700-1,000 s of CPU on a cold 2-core machine, about 6-8 minutes of the demo
+    # (docs/benchmarks.md, cold setup): lockdep alone, ubsan and kcsan are one `tandem
+    # replay BUNDLE --analysis` away, built then.
     demo: bool = True
 
     @property
@@ -88,17 +90,30 @@ KERNELS = {k.flavor: k for k in (
     Kernel("ubsan"),
     Kernel("lockdep"),
     Kernel("kcsan"),
+    # Debian's own 6.12 kernel (linux-image-cloud-amd64), fetched in seconds where a kernel
+    # compiled here costs 600-700 s of CPU on 2 cores: what the demo guest runs unless told.
+    Kernel("stock"),
 )}
+# The demo guest's kernel when none is named (tandem record, shadow, the demo): a
+# distribution's, as the production VMs tandem records run; the analyses run sanitizer
+# builds of the same source.
+DEFAULT_KERNEL = "stock"
+# ... and when the recording declares temporal assertions: `tandem assert` reads this
+# kernel's vmlinux at its link addresses (no KASLR, one CPU, full DWARF), which Debian's
+# kernel has not beside it.
+ASSERTIONS_KERNEL = "native"
 USERLANDS = {u.name: u for u in (Userland("native"), Userland("asan", cmdline_extra="tandem.asan=1"))}
 
 ALL = (
     Analysis("native", KERNELS["native"], "the native kernel on the semantic path, the noise baseline"),
-    Analysis("kasan", KERNELS["kasan"], "KASAN: out-of-bounds and use-after-free in the kernel"),
+    Analysis("kasan", KERNELS["kasan"], "KASAN with lockdep, as syzbot's kernels: out-of-bounds, "
+             "use-after-free and lock-order bugs in the kernel"),
     Analysis("ubsan", KERNELS["ubsan"], "UBSAN: undefined behaviour in the kernel", demo=False),
-    Analysis("lockdep", KERNELS["lockdep"], "lockdep: lock-order and lock-usage bugs in the kernel"),
+    Analysis("lockdep", KERNELS["lockdep"], "lockdep: lock-order and lock-usage bugs in the kernel",
+             demo=False),
     Analysis("kcsan", KERNELS["kcsan"], "KCSAN: data races in the kernel (task against interrupt, one CPU)",
              demo=False),
-    Analysis("asan-userland", KERNELS["native"], "ASan-built guest services: memory errors in userland",
+    Analysis("asan-userland", KERNELS[DEFAULT_KERNEL], "ASan-built guest services: memory errors in userland",
              userland=USERLANDS["asan"], equivalence={"serial": {"ignore": list(SANITIZER_LINES)}}),
 )
 # The built-in analyses by name, read only: the CLI resolves the names it is given here
@@ -109,6 +124,14 @@ ANALYSES: Mapping[str, Analysis] = MappingProxyType({a.name: a for a in ALL})
 NATIVE = ANALYSES["native"]
 # Kernel flavors the build makes (guest-kernel/linux/FLAVORS says the same, for meson).
 FLAVORS = tuple(KERNELS)
+
+
+def native_on(kernel: Kernel) -> Analysis:
+    """The native on the semantic path, booting `kernel`: the noise run of a recording of the
+    demo guest made on that kernel (tandem record --kernel), so that what differs from the
+    recording is what the analyses' kernels change, not the kernel it was recorded on."""
+    return NATIVE if kernel == NATIVE.kernel else dataclasses.replace(
+        NATIVE, kernel=kernel, summary=f"the {kernel.flavor} kernel on the semantic path, the noise baseline")
 
 
 def get(name: str, known: Mapping[str, Analysis] = ANALYSES) -> Analysis:
@@ -181,4 +204,4 @@ def build_targets(analyses: Iterable[Analysis]) -> list[str]:
 def demo_build_targets() -> list[str]:
     """The build targets the demo's analyses need beyond recording (their kernels)."""
     flavors = dict.fromkeys(a.flavor for a in demo_analyses())
-    return [t for f in flavors if f != "native" for t in (f"kernel-{f}", f"modules-{f}")]
+    return [t for f in flavors if f != DEFAULT_KERNEL for t in (f"kernel-{f}", f"modules-{f}")]

@@ -33,6 +33,6 @@ def test_progress_files_half_written_or_gone_are_skipped(tmp_path, monkeypatch):
 
 
 def test_groups_expand_in_order_without_repeats():
-    assert build.expand(["record", "kernel-native", "plugin-calls"]) == \
-        ["qemu", "kernel-native", "modules-native", "guest", "plugin-calls"]
+    assert build.expand(["record", "kernel-stock", "plugin-calls"]) == \
+        ["qemu", "kernel-stock", "modules-stock", "guest", "plugin-calls"]
     assert set(build.expand([])) == set(build.GROUPS["all"])

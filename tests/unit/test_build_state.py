@@ -77,7 +77,8 @@ def test_before_anything_was_built_here_the_estimate_names_the_reference_machine
 
 @pytest.mark.parametrize("names, wanted", [
     (["kasan"], ["qemu", "guest", "kernel-kasan", "modules-kasan"]),
-    (["asan-userland", "native"], ["qemu", "guest", "kernel-native", "modules-native"]),
+    (["asan-userland", "native"], ["qemu", "guest", "kernel-stock", "modules-stock", "kernel-native",
+                                   "modules-native"]),
     (["kasan", "lockdep"], ["qemu", "guest", "kernel-kasan", "modules-kasan", "kernel-lockdep", "modules-lockdep"]),
 ])
 def test_an_analysis_builds_its_own_kernel_and_nothing_else(names, wanted):

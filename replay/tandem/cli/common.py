@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .. import catalog
@@ -142,10 +142,22 @@ def build_for(targets: list[str], why: str, parser: bool = False) -> None:
     ensure(targets, why, command=f"tandem ({why})", parser=parser)
 
 
-def build_for_analyses(analyses: list[catalog.Analysis], noise: bool = True) -> None:
-    """What these analyses run on (and the native kernel, the noise run, unless noise is off)."""
-    build_for(catalog.build_targets([*analyses, *([catalog.NATIVE] if noise else [])]),
-              "--analysis " + ",".join(a.name for a in analyses), parser=True)
+def build_for_analyses(analyses: list[catalog.Analysis], noise: bool = True, bundles: Iterable[str | Path] = ()) -> None:
+    """What these analyses run on for these recordings (the native booting the kernel each
+    was made on: semantic.guests.as_recorded), and unless noise is off the kernels of their
+    noise runs (the same); a bundle that does not load is left to the replay, which says why."""
+    from ..formats.bundle import load_manifest
+    from ..semantic.guests import as_recorded, noise_analysis
+    bundles = list(bundles)
+    runs = [] if bundles else list(analyses)
+    for b in bundles:
+        try:
+            manifest = load_manifest(Path(b))
+        except TandemError:
+            runs += analyses
+            continue
+        runs += as_recorded(list(analyses), manifest) + ([noise_analysis(manifest)] if noise else [])
+    build_for(catalog.build_targets(runs), "--analysis " + ",".join(a.name for a in analyses), parser=True)
 
 
 def record_targets(args: argparse.Namespace) -> list[str]:
@@ -153,4 +165,6 @@ def record_targets(args: argparse.Namespace) -> list[str]:
     the demo guest's image and its kernel flavor for the demo guest."""
     if args.disk:
         return ["qemu"]
-    return ["qemu", "guest", f"kernel-{args.kernel}", f"modules-{args.kernel}"]
+    from .guest_options import kernel_flavor
+    flavor = kernel_flavor(args)
+    return ["qemu", "guest", f"kernel-{flavor}", f"modules-{flavor}"]

@@ -61,7 +61,7 @@ def run_demo(console, workdir: Path | None = None) -> int:
     try:
         console.rule("[bold]1. record")
         with Recording(path) as rec:
-            with console.status("booting the demo guest (native kernel, kvd service)"):
+            with console.status("booting the demo guest (Debian's kernel, kvd service)"):
                 rec.wait_ready()
             console.print(f"guest ready; service forwarded to 127.0.0.1:{rec.port}")
             with console.status("driving client traffic (python sockets + nc)"):

@@ -121,10 +121,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = farm_spec(args)
     s = spec.settings
     build_for(["qemu"], "the farm's replays")
-    if spec.analyses:
-        build_for_analyses([catalog.get(n) for n in spec.analyses], noise=s.noise)
-    plan_targets = targets(spec.analyses, spec.kernels)
     recordings = corpus(spec)
+    if spec.analyses:
+        build_for_analyses([catalog.get(n) for n in spec.analyses], noise=s.noise,
+                           bundles=[r.bundle for r in recordings])
+    plan_targets = targets(spec.analyses, spec.kernels)
     name = s.night or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     out = spec.path(s.out) / name
     db = store.Store(store.engine(store.url_of(s.db, spec.base)))

@@ -44,10 +44,20 @@ def add_guest_options(p: argparse.ArgumentParser) -> None:
                         "each is logged as its own interface")
     g.add_argument("--forward", action="append", type=parse_forward, metavar="tcp:HOSTPORT:GUESTPORT", default=[],
                    help="forward a host port (on 127.0.0.1) to the guest, tcp or udp, to the first NIC (repeatable)")
-    g.add_argument("--kernel", default="native", choices=list(catalog.KERNELS),
-                   help="demo guest: its kernel flavor (default native)")
+    g.add_argument("--kernel", choices=list(catalog.KERNELS),
+                   help=f"demo guest: its kernel flavor (default {catalog.DEFAULT_KERNEL}: Debian's own, or native "
+                        "with --assertions: tandem's build, whose DWARF and fixed addresses the assertions read)")
     g.add_argument("--userland", default="native", choices=list(catalog.USERLANDS),
                    help="demo guest: its userland (default native; asan: its services built with ASan)")
+
+
+def kernel_flavor(args: argparse.Namespace) -> str:
+    """The demo guest's kernel flavor: --kernel, else native when the recording declares
+    assertions (tandem assert reads that kernel's vmlinux; Debian's has no DWARF beside it,
+    KASLR and SMP), else the catalogue's default."""
+    if args.kernel:
+        return args.kernel
+    return catalog.ASSERTIONS_KERNEL if getattr(args, "assertions", None) else catalog.DEFAULT_KERNEL
 
 
 def guest_from_args(args: argparse.Namespace) -> Guest:
@@ -56,7 +66,7 @@ def guest_from_args(args: argparse.Namespace) -> Guest:
     if not args.disk:
         if args.initrd or args.append:
             raise OptionError("--initrd and --append go with --disk (the demo guest has its own)")
-        guest = Guest.default(args.kernel, args.userland)
+        guest = Guest.default(kernel_flavor(args), args.userland)
         if args.kernel_image:
             guest.kernel = args.kernel_image
         if args.memory:

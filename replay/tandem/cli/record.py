@@ -6,7 +6,7 @@ import argparse
 import signal
 
 from .common import add_stop_option, build_for, parse_duration, progress, record_targets
-from .guest_options import add_guest_options, guest_from_args
+from .guest_options import add_guest_options, guest_from_args, kernel_flavor
 from .render import console
 
 FORWARD_WATCH_JOIN_S = 10.0    # wall seconds to let the forward watcher read the log's end
@@ -45,7 +45,7 @@ def cmd_record(args) -> int:
     declared = None
     if args.assertions:     # checked now, so a broken pack is found before the recording
         from ..assertions.check import declare_pack
-        declared = declare_pack(args.assertions, args.kernel)
+        declared = declare_pack(args.assertions, kernel_flavor(args))
     port = args.port
     if not args.disk and port is None:    # the demo guest's service is always forwarded
         port = free_port()

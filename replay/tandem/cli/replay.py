@@ -57,7 +57,7 @@ def cmd_analyze(args) -> int:
     if args.follow or args.partial:
         raise TandemError("--follow and --partial are for exact replay; not with --analysis")
     analyses = users_analyses(args)
-    build_for_analyses(analyses, noise=not args.no_noise)
+    build_for_analyses(analyses, noise=not args.no_noise, bundles=[args.bundle])
     state: dict[str, str] = {}
     with console.status("replaying into analysis VMs") as status:
         def progress(name, run, done, total):

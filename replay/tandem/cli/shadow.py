@@ -8,7 +8,7 @@ from pathlib import Path
 from .. import catalog
 from .common import (add_cpu_idle_option, add_stop_option, add_users_analysis_options, build_for, build_for_analyses,
                      parse_duration, record_targets, users_analyses)
-from .guest_options import add_guest_options, guest_from_args
+from .guest_options import add_guest_options, guest_from_args, kernel_flavor
 from .render import console, print_live_finding, print_summary
 
 
@@ -110,11 +110,14 @@ def cmd_shadow(args) -> int:
     analyses = users_analyses(args)
     if not analyses:
         raise TandemError("no analysis given (--analysis, --analysis-kernel or --overlay)")
+    users = bool(args.disk)         # your VM, booted as `tandem record --disk` boots it
+    if not users:                   # the native analysis: the demo guest's own kernel
+        native = catalog.native_on(catalog.kernel(kernel_flavor(args)))
+        analyses = [native if a == catalog.NATIVE else a for a in analyses]
     domains = None
     if args.libvirt is not None:    # --libvirt [URI]: the native and the analyses as libvirt domains
         from ..live.attach import LiveDomains
         domains = LiveDomains.for_bundle(args.libvirt or None, args.bundle, analyses)
-    users = bool(args.disk)         # your VM, booted as `tandem record --disk` boots it
     if not users and (args.forward or args.root or args.analysis_kernel or args.overlay):
         raise TandemError("--forward, --root, --analysis-kernel and --overlay go with --disk (your own VM)")
     if users and args.port is not None:

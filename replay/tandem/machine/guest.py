@@ -108,7 +108,7 @@ class Guest:
         return self.nics[0]
 
     @classmethod
-    def default(cls, flavor: str = "native", userland: str = "native") -> "Guest":
+    def default(cls, flavor: str = catalog.DEFAULT_KERNEL, userland: str = "native") -> "Guest":
         """tandem's guest image with a built kernel flavor and userland, by their names
         (`tandem record --kernel --userland`; an unknown name: one-line error)."""
         return cls.of_image(catalog.kernel(flavor), catalog.userland(userland))

@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import private
+from .. import catalog, private
 from ..errors import BootError, InfraError, TandemError
 from ..formats import bundle, sealing
 from ..formats.bundle import OVERLAY, Manifest
@@ -92,7 +92,7 @@ class Recording:
         self.launcher = launcher
         self.path = Path(path)
         self.assertions = assertions
-        self.guest = guest or Guest.default()
+        self.guest = guest or Guest.default(catalog.ASSERTIONS_KERNEL if assertions else catalog.DEFAULT_KERNEL)
         self.duration_ns = duration_ns
         self.forwards = forwards or ()
         self.port = port or (free_port() if forwards is None else None)

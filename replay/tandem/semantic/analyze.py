@@ -24,7 +24,7 @@ from ..machine import analyses_given
 from .comparison import compare, equivalence
 from . import inputs, model
 from .findings import Finding, did_not_boot, distinct
-from .guests import analysis_guest
+from .guests import analysis_guest, as_recorded, noise_analysis
 from .comparison.live_compare import OFFLINE_STUCK_MAX
 from .driving.replay import RunOptions
 from .trail import Trail
@@ -122,11 +122,12 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
     bundle_dir = Path(bundle_dir)
     analyses = list(dict.fromkeys(analyses))
     manifest = check_request(bundle_dir, analyses, spec_path)
+    analyses = as_recorded(analyses, manifest)
     workdir = workdir or bundle_dir / "analysis"
     private.make_dir(workdir)
     earlier = noise_from.noise if noise and noise_from is not None else None
-    noise_run = noise and earlier is None and catalog.NATIVE not in analyses
-    runs_wanted = analyses + ([catalog.NATIVE] if noise_run else [])
+    noise_run = noise and earlier is None and NOISE not in {a.name for a in analyses}
+    runs_wanted = analyses + ([noise_analysis(manifest)] if noise_run else [])
     users = manifest.users_guest
     specs = {a.name: equivalence.load(a, spec_path, users) for a in runs_wanted}
     guests = guests or {a.name: analysis_guest(bundle_dir, manifest, a, root) for a in runs_wanted}

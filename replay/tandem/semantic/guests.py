@@ -75,6 +75,37 @@ def console_line(bundle_dir: Path, pattern: re.Pattern[bytes]) -> bytes | None:
     return None
 
 
+def recorded_flavor(manifest: Manifest) -> str | None:
+    """The catalogue kernel a recording of the demo guest booted: the flavor whose build its
+    kernel is (built here now, or under the cache's kernel/FLAVOR-KEY/ it was built in); None
+    for a user's VM or a kernel from elsewhere."""
+    kernel = manifest.input_paths.get("kernel")
+    if manifest.users_guest or kernel is None:
+        return None
+    for flavor in catalog.FLAVORS:
+        try:
+            if artifacts.kernel(flavor)["bzImage"] == kernel:
+                return flavor
+        except TandemError:         # not built
+            continue
+    where = Path(kernel).parent
+    flavor = where.name.rpartition("-")[0]
+    return flavor if where.parent == artifacts.cache_dir() / "kernel" and flavor in catalog.FLAVORS else None
+
+
+def noise_analysis(manifest: Manifest) -> catalog.Analysis:
+    """The noise run of a recording: the native on the semantic path, booting the kernel the
+    demo guest was recorded on (catalog.native_on); tandem's native kernel for a user's VM."""
+    flavor = recorded_flavor(manifest)
+    return catalog.native_on(catalog.kernel(flavor)) if flavor else catalog.NATIVE
+
+
+def as_recorded(analyses: list[catalog.Analysis], manifest: Manifest) -> list[catalog.Analysis]:
+    """analyses, the native among them booting the kernel the recording was made on
+    (noise_analysis): `--analysis native` names the native's own kernel on the semantic path."""
+    return [noise_analysis(manifest) if a == catalog.NATIVE else a for a in analyses]
+
+
 def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, root: str | None = None) -> Guest:
     """The machine analysis `a` boots for the recording in bundle_dir (manifest: its
     manifest): the catalogue's guest for the demo guest's recordings; for a user's VM its

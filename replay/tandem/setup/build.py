@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifacts import REPO, build_dir, cache_dir
-from ..catalog import FLAVORS
+from ..catalog import DEFAULT_KERNEL, FLAVORS
 from ..errors import InfraError, TandemError
 from ..report import compiled as compiled_parser
 from . import state
@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 # assertions need; the ordinary guests that stand for a user's own VM (tests, benchmarks,
 # `tandem demo --guest debian`; the CLI itself never needs them).
 GROUPS = {
-    "record": ["qemu", "kernel-native", "modules-native", "guest"],
-    "analyses": [t for f in FLAVORS[1:] for t in (f"kernel-{f}", f"modules-{f}")] + ["plugin-calls"],
+    "record": ["qemu", f"kernel-{DEFAULT_KERNEL}", f"modules-{DEFAULT_KERNEL}", "guest"],
+    "analyses": [t for f in FLAVORS if f != DEFAULT_KERNEL for t in (f"kernel-{f}", f"modules-{f}")]
+    + ["plugin-calls"],
     "guests": ["refvm", "refvm-tandem", "asan-redis"],
 }
 GROUPS["all"] = GROUPS["record"] + GROUPS["analyses"] + GROUPS["guests"]

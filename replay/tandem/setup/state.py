@@ -48,7 +48,7 @@ ARTIFACTS = ("binary", "bzImage", "vmlinux", "disk_base", "initramfs_native", "c
 # asan-redis from its run at fdf6fed, kcsan built alone at load 2-4 (482 s).
 REFERENCE_S = {"qemu": 278, "guest": 7, "kernel-native": 379, "kernel-kasan": 563, "kernel-ubsan": 482,
                "kernel-lockdep": 270, "kernel-kcsan": 482, "plugin-calls": 5, "refvm": 374,
-               "refvm-tandem": 249, "asan-redis": 171, "qemu-stock": 278,
+               "refvm-tandem": 249, "asan-redis": 171, "qemu-stock": 278, "kernel-stock": 5,
                **{f"modules-{f}": 4 for f in FLAVORS}}
 REFERENCE_KERNEL_S = REFERENCE_S["kernel-native"]
 TIMES = "build-times.json"
