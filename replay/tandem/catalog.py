@@ -66,11 +66,11 @@ class Analysis:
     # Files swapped into the guest's userland (tandem replay --overlay): a directory whose
     # tree is copied over the guest's root before the analysis boots (semantic/overlay.py).
     overlay: str | None = None
-    # In `tandem demo`'s replay: the kernel sanitizers on memory and locking (kasan, whose
-    # kernel has lockdep too, as syzbot's do) and a sanitized userland. Each kernel more is
-    # 700-1,000 s of CPU on a cold 2-core machine, about 6-8 minutes of the demo
-    # (docs/benchmarks.md, cold setup): lockdep alone, ubsan and kcsan are one `tandem
-    # replay BUNDLE --analysis` away, built then.
+    # In `tandem demo`'s replay: the kernel sanitizers on memory and locking in one kernel
+    # (debug: KASAN and lockdep, as syzbot's kernels) and a sanitized userland. Each kernel
+    # more is 700-1,000 s of CPU on a cold 2-core machine, about 6-8 minutes of the demo
+    # (docs/benchmarks.md, cold setup): kasan and lockdep apart, ubsan and kcsan are one
+    # `tandem replay BUNDLE --analysis` away, built then.
     demo: bool = True
 
     @property
@@ -90,6 +90,7 @@ KERNELS = {k.flavor: k for k in (
     Kernel("ubsan"),
     Kernel("lockdep"),
     Kernel("kcsan"),
+    Kernel("debug", cmdline_extra="kasan_multi_shot", memory_mb=512),
     # Debian's own 6.12 kernel (linux-image-cloud-amd64), fetched in seconds where a kernel
     # compiled here costs 600-700 s of CPU on 2 cores: what the demo guest runs unless told.
     Kernel("stock"),
@@ -106,13 +107,16 @@ USERLANDS = {u.name: u for u in (Userland("native"), Userland("asan", cmdline_ex
 
 ALL = (
     Analysis("native", KERNELS["native"], "the native kernel on the semantic path, the noise baseline"),
-    Analysis("kasan", KERNELS["kasan"], "KASAN with lockdep, as syzbot's kernels: out-of-bounds, "
-             "use-after-free and lock-order bugs in the kernel"),
+    Analysis("kasan", KERNELS["kasan"], "KASAN: out-of-bounds and use-after-free in the kernel", demo=False),
     Analysis("ubsan", KERNELS["ubsan"], "UBSAN: undefined behaviour in the kernel", demo=False),
     Analysis("lockdep", KERNELS["lockdep"], "lockdep: lock-order and lock-usage bugs in the kernel",
              demo=False),
     Analysis("kcsan", KERNELS["kcsan"], "KCSAN: data races in the kernel (task against interrupt, one CPU)",
              demo=False),
+    # kasan and lockdep in one kernel, as syzbot's: one compile for the demo, where the two
+    # apart are two; a replay into it takes 1.5x kasan's (docs/benchmarks.md, cold setup).
+    Analysis("debug", KERNELS["debug"], "KASAN and lockdep in one kernel, as syzbot's: memory errors "
+             "and lock-order bugs in the kernel"),
     Analysis("asan-userland", KERNELS[DEFAULT_KERNEL], "ASan-built guest services: memory errors in userland",
              userland=USERLANDS["asan"], equivalence={"serial": {"ignore": list(SANITIZER_LINES)}}),
 )

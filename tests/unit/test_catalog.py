@@ -59,9 +59,10 @@ def test_cli_offers_what_the_catalogue_has():
 def test_demo_runs_every_analysis_the_catalogue_puts_in_it():
     names = {a.name for a in DEMO_ANALYSES}
     assert names | {"native"} == {a.name for a in catalog.ALL if a.demo}
-    assert {"kasan", "asan-userland"} <= names
-    # its one sanitizer kernel has lockdep too (guest-kernel/linux/kasan.config)
-    assert "CONFIG_PROVE_LOCKING=y" in (KERNEL_DIR / "kasan.config").read_text().split()
+    assert {"debug", "asan-userland"} <= names
+    # its one sanitizer kernel has KASAN and lockdep (guest-kernel/linux/debug.config)
+    debug = (KERNEL_DIR / "debug.config").read_text().split()
+    assert {"CONFIG_KASAN=y", "CONFIG_PROVE_LOCKING=y"} <= set(debug)
 
 
 def test_demo_builds_the_kernels_of_its_analyses_only():

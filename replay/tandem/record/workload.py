@@ -126,9 +126,9 @@ def demo_traffic(port: int, rounds: int = 20) -> dict:
 
 # The planted bugs (docs/planted-bugs.md): each is one request to kvd, and a native guest
 # answers it like any other request. Which analysis reports it, and what the native
-# guest answers. The lock-order pair comes first: the kasan kernel has lockdep too, and a
-# KASAN report taints the kernel, which turns lockdep off ("Disabling lock debugging due
-# to kernel taint"), as in syzbot's kernels:
+# guest answers. The lock-order pair comes first: the debug kernel has KASAN and lockdep,
+# and a KASAN report taints the kernel, which turns lockdep off ("Disabling lock debugging
+# due to kernel taint"), as in syzbot's kernels:
 #   kind                 request                        reported by                 native reply
 PLANTED_BUGS = {
     "lockdep-ab":         ("BUG lock-ab",                "(the order lock-ba breaks)", "OK"),

@@ -45,10 +45,11 @@ ARTIFACTS = ("binary", "bzImage", "vmlinux", "disk_base", "initramfs_native", "c
 
 # Wall seconds of each cold build in scripts/fresh-check.sh's unloaded run at b4efb6d
 # (docs/benchmarks.md, "cold setup"), two targets at a time; refvm, refvm-tandem and
-# asan-redis from its run at fdf6fed, kcsan built alone at load 2-4 (482 s).
+# asan-redis from its run at fdf6fed, kcsan built alone at load 2-4 (482 s); debug (KASAN
+# and lockdep) and stock (Debian's, fetched) from the run at 3ec99a7.
 REFERENCE_S = {"qemu": 278, "guest": 7, "kernel-native": 379, "kernel-kasan": 563, "kernel-ubsan": 482,
-               "kernel-lockdep": 270, "kernel-kcsan": 482, "plugin-calls": 5, "refvm": 374,
-               "refvm-tandem": 249, "asan-redis": 171, "qemu-stock": 278, "kernel-stock": 5,
+               "kernel-lockdep": 270, "kernel-kcsan": 482, "kernel-debug": 395, "kernel-stock": 5,
+               "plugin-calls": 5, "refvm": 374, "refvm-tandem": 249, "asan-redis": 171, "qemu-stock": 278,
                **{f"modules-{f}": 4 for f in FLAVORS}}
 REFERENCE_KERNEL_S = REFERENCE_S["kernel-native"]
 TIMES = "build-times.json"
