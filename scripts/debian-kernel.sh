@@ -50,16 +50,18 @@ read -r -a WANT <<<"$(spec modules)"
 # version (linux-image-6.12.95+deb12-cloud-amd64-unsigned for 6.12.95-1~bpo12+1).
 VERSION=$(dpkg-query -W -f='${Version}' linux-source-6.12 2>/dev/null) \
   || die "linux-source-6.12 is not installed (run scripts/host-deps.sh)"
+# Downloaded before: the packages in the cache say it (no apt query: every tandem command
+# asks this script for its key). Else the apt lists, by name prefix (apt-cache pkgnames, a
+# tenth of a second where a regex search takes seconds).
 ABI=
-for p in $(apt-cache search --names-only "^linux-image-6\.12\.[0-9]+\+.*-$VARIANT-unsigned\$" 2>/dev/null | awk '{print $1}'); do
-  if apt-cache madison "$p" 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print $2}' | grep -qxF "$VERSION"; then
-    ABI=${p#linux-image-}; ABI=${ABI%-"$VARIANT"-unsigned}
-  fi
-done
-# Downloaded before (the lists may have moved on since): the packages in the cache say it.
+deb=$(ls "$DL"/linux-image-*-"$VARIANT"-unsigned_{"$VERSION","${VERSION//\~/%7e}"}_amd64.deb 2>/dev/null | head -n1 || true)
+[ -z "$deb" ] || { ABI=$(basename "$deb"); ABI=${ABI#linux-image-}; ABI=${ABI%%-"$VARIANT"-unsigned_*}; }
 if [ -z "$ABI" ]; then
-  deb=$(ls "$DL"/linux-image-*-"$VARIANT"-unsigned_"${VERSION//\~/%7e}"_amd64.deb 2>/dev/null | head -n1 || true)
-  [ -z "$deb" ] || { ABI=$(basename "$deb"); ABI=${ABI#linux-image-}; ABI=${ABI%%-"$VARIANT"-unsigned_*}; }
+  for p in $(apt-cache pkgnames linux-image-6.12. 2>/dev/null | grep -E "^linux-image-6\.12\.[0-9]+\+.*-$VARIANT-unsigned\$"); do
+    if apt-cache madison "$p" 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print $2}' | grep -qxF "$VERSION"; then
+      ABI=${p#linux-image-}; ABI=${ABI%-"$VARIANT"-unsigned}
+    fi
+  done
 fi
 [ -n "$ABI" ] || die "no linux-image-6.12.*-$VARIANT-unsigned of version $VERSION (linux-source-6.12's) in the apt lists; run scripts/host-deps.sh"
 PKGS=("linux-image-$ABI-$VARIANT-unsigned" "linux-headers-$ABI-$VARIANT" "linux-headers-$ABI-common" "linux-kbuild-$ABI")
