@@ -29,7 +29,8 @@ DEMO_ANALYSES = catalog.demo_analyses()
 def _progress(console, status, every_s: float = 30.0):
     """Show a build's progress lines: on the status line in a terminal; elsewhere (CI, a
     log) as plain lines, one every `every_s` at most, since a status line prints nothing
-    there and a cold demo waits about 11 minutes for the analyses' kernels."""
+    there and a cold demo waits about 6 minutes for its analysis kernel (380 s after the exact
+    replay on a fresh root, docs/benchmarks.md)."""
     last = -every_s
 
     def show(line: str) -> None:
