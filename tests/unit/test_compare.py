@@ -62,6 +62,17 @@ def test_a_different_line_is_reported_with_both_times():
     assert "-VALUE 1" in d.diff and "+VALUE 2" in d.diff
 
 
+def test_lines_the_analysis_lacks_follow_the_request_it_answered_there():
+    """A missing run of lines has no analysis line of its own: it is placed after the
+    input the analysis had taken at the line before the gap (a page of another length
+    diffs as a changed part and a missing part, each after the request)."""
+    rec = recording([(10, b"HEAD\nA\nB\nTAIL\n")], [])
+    run = analysis([(11, b"HEAD\nTAIL\n")], [])
+    (d,) = compare.compare(rec, run, spec())
+    assert d.kind == "missing" and d.analysis_ns is None
+    assert d.after_input.startswith("tcp-data") and "GET a" in d.after_input, d.after_input
+
+
 def test_console_line_times_follow_the_writes():
     rec = recording([], [(1, b"a\n"), (2, b"b\n")])
     run = analysis([], [(7, b"a\nb"), (9, b"x\n"), (12, b"c\n")])

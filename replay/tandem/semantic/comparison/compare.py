@@ -327,8 +327,16 @@ def _diff_stream(channel: str, a: _Side, b: _Side, spec: Spec, run: AnalysisRun,
         diff = "\n".join(difflib.unified_diff([l.text.decode(errors="replace") for l in na],
                                               [l.text.decode(errors="replace") for l in nb],
                                               "native", "analysis", lineterm="", n=0))
-        out.append(_div(channel, kind, na, nb, run, diff))
+        out.append(_div(channel, kind, na, nb, run, diff, _where(b, j1) if not nb else None))
     return out
+
+
+def _where(b: _Side, j: int) -> int | None:
+    """The analysis's VM time where lines it lacks belong (just before kept line j):
+    the line before the gap, which answers the same request, else the one after it."""
+    if j:
+        return b.vm_ns(j - 1)
+    return b.vm_ns(j) if j < len(b.texts) else None
 
 
 def _cut_short(a: _Side, b: _Side, last: tuple[str, int, int, int, int]) -> bool:
@@ -349,10 +357,13 @@ def _raw(side: _Side, i: int) -> bytes:
     return text[start:end if end >= 0 else len(text)].rstrip(b"\r")
 
 
-def _div(channel, kind, na, nb, run: AnalysisRun, diff) -> Divergence:
+def _div(channel, kind, na, nb, run: AnalysisRun, diff, where: int | None = None) -> Divergence:
+    """A divergence, after the input the analysis had last taken where it is: at its
+    first line, or for lines it lacks at `where` (its time next to the gap)."""
     ans = nb[0].vm_ns if nb else None
     flow = int(channel.split()[2]) if channel.startswith("tcp flow ") else None
-    before = run.input_before(ans, flow) if ans is not None else None
+    at = ans if ans is not None else where
+    before = run.input_before(at, flow) if at is not None else None
     return Divergence(channel, kind, na, nb, na[0].vm_ns if na else None, ans,
                       before.input.describe() if before else "none (before the first input)", diff)
 
