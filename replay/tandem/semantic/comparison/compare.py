@@ -19,6 +19,7 @@ import bisect
 import difflib
 import enum
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Final
@@ -370,7 +371,17 @@ def _div(channel, kind, na, nb, run: AnalysisRun, diff, where: int | None = None
 
 def channel(fl: inputs.Flow) -> str:
     """A TCP flow's channel name."""
-    return f"tcp flow {fl.index} ({fl.name()})"
+    return fl.channel
+
+
+def _flows(rec: inputs.RecordedInputs, only: set | None) -> Iterable[inputs.Flow]:
+    """The flows of the recording not retired, or only those named in `only` (looked up
+    by index: a connection compared as it closes is one of thousands)."""
+    if only is None:
+        return (fl for fl in rec.flows if fl is not None)
+    picked = (rec.flows[i] for i in sorted({int(n.split()[2]) for n in only if n.startswith("tcp flow ")})
+              if i < len(rec.flows))
+    return (fl for fl in picked if fl is not None and fl.channel in only)
 
 
 def streams_native(rec: inputs.RecordedInputs, at: dict | None = None,
@@ -382,10 +393,9 @@ def streams_native(rec: inputs.RecordedInputs, at: dict | None = None,
     s = {}
     if only is None or "serial" in only:
         s["serial"] = _Stream.of_chunks(rec.serial_out, at.get("serial", (None,))[0])
-    for fl in rec.flows:
-        if fl is not None and (only is None or channel(fl) in only):
-            name = channel(fl)
-            s[name] = _Stream.of_chunks(fl.guest_data, at.get(name, (None,))[0])
+    for fl in _flows(rec, only):
+        name = fl.channel
+        s[name] = _Stream.of_chunks(fl.guest_data, at.get(name, (None,))[0])
     s.update(_datagram_streams(rec.udp_out if only is None or "udp" in only else ()))
     return s
 
@@ -416,10 +426,8 @@ def streams_analysis(run: AnalysisRun, rec: inputs.RecordedInputs, at: dict | No
             run.console_times[0][0] if run.console_times else run.console_base + len(run.console)
         s["serial"] = _Stream(bytes(run.console[start - run.console_base:]),
                               writes=(run.console_times, start), origin=start)
-    for fl in rec.flows:
-        if fl is None or (only is not None and channel(fl) not in only):
-            continue
-        name = channel(fl)
+    for fl in _flows(rec, only):
+        name = fl.channel
         out = run.net.flows.get(fl.index) if run.net else None
         s[name] = _Stream.of_chunks(out.data if out else [], at.get(name, (0, None))[1])
     if only is not None and "udp" not in only:
