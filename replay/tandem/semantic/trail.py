@@ -28,7 +28,6 @@ from typing import TextIO
 from .. import catalog, report
 from ..errors import TandemError
 from ..lifecycle import Lifecycle
-from .comparison import compare
 from . import inputs, model
 from . import findings
 from .driving import replay
@@ -41,6 +40,12 @@ log = logging.getLogger(__name__)
 # close(): an analysis told to stop ends at its driver's next pass (a second at most) and
 # seals its bundle; this is what each may take before close() stops waiting for it.
 CLOSE_WAIT_S = 30.0
+# trim(): how often, in wall seconds, it goes through the open connections. A bundle's
+# reader runs ahead of its analyses by up to analyze.READ_AHEAD_INPUTS, 1,200 connections
+# open on a 30 s recording of ab and redis-benchmark, 2.5 ms a pass: at every call (each
+# 512 events, and every 20 ms while the reader waits) it was 4 of the replayer's 9 s of CPU
+# time beside a KASAN replay's 45.
+FLOWS_TRIM_S = 0.25
 
 
 @dataclass
@@ -96,6 +101,7 @@ class Trail(Lifecycle):
         self.on_retire: Callable[[inputs.Flow], None] | None = None   # a flow every analysis is done with
         self._open_flows: set[int] = set()      # the recording's flows not retired yet
         self._flows_seen = 0
+        self._flows_trimmed_at = float("-inf")  # monotonic time of trim()'s last pass through them
         self._lock = threading.Lock()           # findings_file
         self._started = False
         self._closing = False                   # close(): every analysis's stop() is true
@@ -131,8 +137,9 @@ class Trail(Lifecycle):
     def trim(self) -> None:
         """Drop the recording's inputs every analysis has taken, its output every analysis
         has matched, and retire connections every analysis has compared to their end (an
-        analysis that has ended and been compared needs nothing more). Called from the
-        thread that appends to them."""
+        analysis that has ended and been compared needs nothing more; the connections at
+        most every FLOWS_TRIM_S while an analysis runs). Called from the thread that
+        appends to them."""
         rec = self.rec
         live = [f for f in self.followers if f.running()]
         self._open_flows.update(range(self._flows_seen, len(rec.flows)))
@@ -149,6 +156,9 @@ class Trail(Lifecycle):
                 del rec.exchanges[:k]
                 rec.exchanges_dropped += k
             rec.serial_out.drop_to(min((f.cmp.native_at("serial") for f in live), default=rec.serial_out.end))
+            if (now := time.monotonic()) - self._flows_trimmed_at < FLOWS_TRIM_S and live:
+                return
+            self._flows_trimmed_at = now
             for i in list(self._open_flows):
                 fl = rec.flows[i]
                 if fl is None:          # retired already (_open_flows holds those that are not)
@@ -163,8 +173,7 @@ class Trail(Lifecycle):
                     if self.on_retire:
                         self.on_retire(fl)
                     continue
-                name = compare.channel(fl)
-                fl.guest_data.drop_to(min((f.cmp.native_at(name) for f in need), default=fl.guest_data.end))
+                fl.guest_data.drop_to(min((f.cmp.native_at(fl.channel) for f in need), default=fl.guest_data.end))
 
     def kept_bytes(self) -> int:
         """Bytes of the recording held now: inputs not taken by every analysis, and output
