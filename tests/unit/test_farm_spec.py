@@ -21,10 +21,10 @@ def test_a_farm_file_reads_into_its_parts(tmp_path):
     (tmp_path / "recs" / "b.tdm").mkdir()
     s = spec.load(write(tmp_path, '[corpus]\nbundles = ["recs/*.tdm", "recs/a.tdm"]\n'
                                   '[analyses]\nnames = ["kasan"]\nkernels = ["mine=/k/bzImage"]\n'
-                                  '[settings]\ndb = "night.sqlite"\nrepeats = 1\nnight = "n1"\n'))
+                                  '[settings]\ndb = "night.sqlite"\nrepeats = 1\nnight = "n1"\npin = false\n'))
     assert s.analyses == ("kasan",) and s.kernels == ("mine=/k/bzImage",)
     assert [p.name for p in s.bundle_dirs()] == ["a.tdm", "b.tdm"]      # each once, in order
-    assert s.settings.repeats == 1 and s.path(s.settings.db) == tmp_path / "night.sqlite"
+    assert s.settings.repeats == 1 and not s.settings.pin and s.path(s.settings.db) == tmp_path / "night.sqlite"
 
 
 BAD = [
@@ -35,6 +35,7 @@ BAD = [
     ('[corpus]\nbundles = ["x"]\n[settings]\nrepeats = "2"\n', "settings.repeats: '2' is not a whole number"),
     ('[corpus]\nbundles = ["x"]\n[settings]\nrepeats = 11\n', "settings.repeats: 11 is not 0 to 10"),
     ('[corpus]\nbundles = ["x"]\n[settings]\nexact = 1\n', "settings.exact: 1 is not true or false"),
+    ('[corpus]\nbundles = ["x"]\n[settings]\npin = "yes"\n', "settings.pin: 'yes' is not true or false"),
     ('[corpus]\nbundles = ["x"]\n[settings]\nnight = "../x"\n', "settings.night: '../x' is not a night's name"),
     ('[corpus]\nbundles = ["x"]\n[settings]\nscheduler = "h:8786"\n', "is not a Dask scheduler address"),
     ('[corpus]\nbundles = []\n', "corpus.bundles: no recordings named"),

@@ -35,6 +35,8 @@ def add_parsers(sub) -> None:
     r.add_argument("--scheduler", metavar="tcp://HOST:8786", help="a running Dask scheduler (default: a "
                    "LocalCluster on this host)")
     r.add_argument("--vms", type=int, help="VMs at once on this host's LocalCluster (default: its cores)")
+    r.add_argument("--no-pin", action="store_true", help="let each task's VMs run on any CPU (default: a CPU of "
+                   "their own each, when the worker's host has them free)")
     r.add_argument("--repeats", type=int, help="replays of a task more before a never-seen finding is called new "
                    "(default 2)")
     r.add_argument("--fixed-after", type=int, metavar="N", help="nights without a finding before it is fixed "
@@ -62,6 +64,8 @@ def farm_spec(args: argparse.Namespace):
         flags["exact"] = False
     if args.no_noise:
         flags["noise"] = False
+    if args.no_pin:
+        flags["pin"] = False
     settings = spec.settings({**_fields(given.settings), **flags}, where="flag")
     return spec.check(spec.FarmSpec(bundles=given.bundles + tuple(args.bundle),
                                     analyses=given.analyses + tuple(analysis_names(args.analysis)),

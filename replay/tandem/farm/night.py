@@ -172,7 +172,9 @@ class Night:
         farms on one night would hold all of them while the other stood idle."""
         busy = {t for t, _, _ in held.values()}
         free = max(vm_total(self.client), self.vm_max) - sum(vms for _, _, vms in held.values())
-        for task_id, key in self.store.open_tasks():
+        # Analyses before exact replays, which take about half as long: the night's last
+        # minutes are then short tasks spread over the workers, not one long one.
+        for task_id, key in sorted(self.store.open_tasks(), key=lambda t: t[1].analysis == task.EXACT):
             job = self._job(task_id, key)
             if task_id in busy or job.jobs > free or not self.store.claim(task_id):
                 continue
@@ -186,7 +188,8 @@ class Night:
         workdir = self.out / f"task-{task_id}-{key.analysis}-r{key.repeat}"
         target = self.targets.get(key.analysis)
         return task.Job(key.bundle, key.analysis, str(workdir), kernel_spec=target.kernel_spec if target else None,
-                        noise=self.settings.noise, jobs=min(vms_of(key, self.settings.noise), self.vm_max))
+                        noise=self.settings.noise, jobs=min(vms_of(key, self.settings.noise), self.vm_max),
+                        pin=self.settings.pin)
 
     @staticmethod
     def _result_of(fut: Future) -> Result:

@@ -54,6 +54,7 @@ class Settings:
     fixed_after: int = 3
     scheduler: str | None = None     # tcp://HOST:8786; None: a LocalCluster on this host
     vms: int | None = None           # VMs at once on this host (LocalCluster); None: from its cores
+    pin: bool = True                 # each task's VMs on CPUs of their own (task.cpus_for)
     night: str | None = None         # the night's name; None: today's date
 
 
