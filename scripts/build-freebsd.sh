@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Build a FreeBSD kernel (and the boot pieces) from a FreeBSD source tree on Debian 12.
+# Rough: issue 44's experiment. The tree comes from --freebsd-src DIR or TANDEM_FREEBSD_SRC;
+# everything is written under ${TANDEM_FREEBSD_CACHE:-~/.cache/tandem/freebsd}/.
+#
+#   scripts/build-freebsd.sh [--freebsd-src DIR] toolchain|kernel|stand|all [KERNCONF]
+#
+# Needs (Debian 12): clang-19 lld-19 llvm-19 libarchive-dev libbz2-dev
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+src=${TANDEM_FREEBSD_SRC:-}
+if [ "${1:-}" = --freebsd-src ]; then src=$2; shift 2; fi
+[ -n "$src" ] && [ -f "$src/tools/build/make.py" ] || { echo "need --freebsd-src DIR or TANDEM_FREEBSD_SRC (a FreeBSD source tree)" >&2; exit 2; }
+src=$(cd "$src" && pwd)
+cache=${TANDEM_FREEBSD_CACHE:-$HOME/.cache/tandem/freebsd}
+obj=$cache/obj
+conf=${2:-TANDEM-NATIVE}
+jobs=${JOBS:-2}
+mkdir -p "$obj" "$cache/logs"
+export MAKEOBJDIRPREFIX=$obj
+knobs=(-DWITHOUT_CLANG -DWITHOUT_LLD -DWITHOUT_LLDB -DWITHOUT_LLVM_BINUTILS
+       -DWITHOUT_CLANG_BOOTSTRAP -DWITHOUT_LLD_BOOTSTRAP -DWITH_DISK_IMAGE_TOOLS_BOOTSTRAP)
+mk() {
+  # bmake's bootstrap runs its unit tests, two of which send SIGINT: a job started in the
+  # background inherits SIGINT ignored, so they fail; put it back to default first.
+  (cd "$src" && nice -n 10 python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
+     python3 tools/build/make.py --cross-bindir=/usr/lib/llvm-19/bin \
+     TARGET=amd64 TARGET_ARCH=amd64 -j"$jobs" "${knobs[@]}" "$@")
+}
+step() { local t0=$SECONDS; echo "== $1 start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"; shift; "$@"; echo "== done in $((SECONDS-t0)) s, load $(cut -d' ' -f1-3 /proc/loadavg)"; }
+case ${1:-all} in
+  toolchain) step kernel-toolchain mk kernel-toolchain ;;
+  kernel)
+    # our configs live in guest-kernel/freebsd/; the build wants them in sys/amd64/conf,
+    # so it is given their directory through KERNCONFDIR.
+    step "buildkernel $conf" mk buildkernel NO_MODULES=yes KERNCONF="$conf" KERNCONFDIR="$here/guest-kernel/freebsd" ;;
+  *) echo "usage: $0 [--freebsd-src DIR] toolchain|kernel [KERNCONF]" >&2; exit 2 ;;
+esac
