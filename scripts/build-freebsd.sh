@@ -3,7 +3,12 @@
 # Rough: issue 44's experiment. The tree comes from --freebsd-src DIR or TANDEM_FREEBSD_SRC;
 # everything is written under ${TANDEM_FREEBSD_CACHE:-~/.cache/tandem/freebsd}/.
 #
-#   scripts/build-freebsd.sh [--freebsd-src DIR] toolchain|kernel|stand|all [KERNCONF]
+#   scripts/build-freebsd.sh [--freebsd-src DIR] toolchain|kernel|rootfs|all [KERNCONF]
+#
+#   toolchain  kernel-toolchain (bmake, the bootstrap tools incl. makefs/mkimg); Debian's clang
+#   kernel     buildkernel NO_MODULES=yes of guest-kernel/freebsd/KERNCONF (default TANDEM-NATIVE)
+#   rootfs     our libc-less /sbin/init (guest-kernel/freebsd/init/init.c) on an 8 MiB UFS2
+#              image made by the bootstrap makefs: $cache/work/root.img
 #
 # Needs (Debian 12): clang-19 lld-19 llvm-19 libarchive-dev libbz2-dev
 set -euo pipefail
@@ -11,7 +16,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 src=${TANDEM_FREEBSD_SRC:-}
 if [ "${1:-}" = --freebsd-src ]; then src=$2; shift 2; fi
 [ -n "$src" ] && [ -f "$src/tools/build/make.py" ] || { echo "need --freebsd-src DIR or TANDEM_FREEBSD_SRC (a FreeBSD source tree)" >&2; exit 2; }
-src=$(cd "$src" && pwd)
+src=$(cd "$src" && pwd); export TANDEM_FREEBSD_SRC=$src
 cache=${TANDEM_FREEBSD_CACHE:-$HOME/.cache/tandem/freebsd}
 obj=$cache/obj
 conf=${2:-TANDEM-NATIVE}
@@ -34,5 +39,13 @@ case ${1:-all} in
     # our configs live in guest-kernel/freebsd/; the build wants them in sys/amd64/conf,
     # so it is given their directory through KERNCONFDIR.
     step "buildkernel $conf" mk buildkernel NO_MODULES=yes KERNCONF="$conf" KERNCONFDIR="$here/guest-kernel/freebsd" ;;
-  *) echo "usage: $0 [--freebsd-src DIR] toolchain|kernel [KERNCONF]" >&2; exit 2 ;;
+  rootfs)
+    legacy=$(find "$obj" -path '*/tmp/legacy/bin/makefs' -print -quit | xargs -r dirname)
+    [ -x "$legacy/makefs" ] || { echo "no makefs: run '$0 toolchain' first" >&2; exit 1; }
+    w=$cache/work; rm -rf "$w/root"; mkdir -p "$w/root/sbin" "$w/root/dev"
+    /usr/lib/llvm-19/bin/clang --target=x86_64-unknown-freebsd15.1 -O2 -nostdlib -static -ffreestanding \
+      -fno-stack-protector -fuse-ld=lld -o "$w/root/sbin/init" "$here/guest-kernel/freebsd/init/init.c"
+    "$legacy/makefs" -t ffs -o version=2 -s 8m "$w/root.img" "$w/root" ;;
+  all) "$0" toolchain && "$0" kernel "$conf" && "$0" rootfs ;;
+  *) echo "usage: $0 [--freebsd-src DIR] toolchain|kernel|rootfs|all [KERNCONF]" >&2; exit 2 ;;
 esac
