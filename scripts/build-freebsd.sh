@@ -10,7 +10,8 @@
 #   rootfs     our libc-less /sbin/init (guest-kernel/freebsd/init/init.c) on an 8 MiB UFS2
 #              image made by the bootstrap makefs: $cache/work/root.img
 #
-# Needs (Debian 12): clang-19 lld-19 llvm-19 libarchive-dev libbz2-dev
+# Needs (Debian 12): clang-19 lld-19 llvm-19 (make.py --cross-bindir=/usr/lib/llvm-19/bin),
+# libarchive-dev libbz2-dev (the bootstrap tools), python3, a host cc and make.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 src=${TANDEM_FREEBSD_SRC:-}
@@ -28,22 +29,23 @@ knobs=(-DWITHOUT_CLANG -DWITHOUT_LLD -DWITHOUT_LLDB -DWITHOUT_LLVM_BINUTILS
 mk() {
   # bmake's bootstrap runs its unit tests, two of which send SIGINT: a job started in the
   # background inherits SIGINT ignored, so they fail; put it back to default first.
-  (cd "$src" && nice -n 10 python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
+  (cd "$src" && nice -n10 python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
      python3 tools/build/make.py --cross-bindir=/usr/lib/llvm-19/bin \
      TARGET=amd64 TARGET_ARCH=amd64 -j"$jobs" "${knobs[@]}" "$@")
 }
-step() { local t0=$SECONDS; echo "== $1 start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"; shift; "$@"; echo "== done in $((SECONDS-t0)) s, load $(cut -d' ' -f1-3 /proc/loadavg)"; }
+# step CMD...: run it, with its wall time and the machine's load before and after
+step() { local t0=$SECONDS; echo "== $* start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"; "$@"; echo "== done in $((SECONDS-t0)) s, load $(cut -d' ' -f1-3 /proc/loadavg)"; }
 case ${1:-all} in
-  toolchain) step kernel-toolchain mk kernel-toolchain ;;
+  toolchain) step mk kernel-toolchain ;;
   kernel)
     # our configs live in guest-kernel/freebsd/; the build wants them in sys/amd64/conf,
     # so it is given their directory through KERNCONFDIR.
-    step "buildkernel $conf" mk buildkernel NO_MODULES=yes KERNCONF="$conf" KERNCONFDIR="$here/guest-kernel/freebsd" ;;
+    step mk buildkernel NO_MODULES=yes KERNCONF="$conf" KERNCONFDIR="$here/guest-kernel/freebsd" ;;
   rootfs)
     legacy=$(find "$obj" -path '*/tmp/legacy/bin/makefs' -print -quit | xargs -r dirname)
     [ -x "$legacy/makefs" ] || { echo "no makefs: run '$0 toolchain' first" >&2; exit 1; }
     w=$cache/work; rm -rf "$w/root"; mkdir -p "$w/root/sbin" "$w/root/dev"
-    /usr/lib/llvm-19/bin/clang --target=x86_64-unknown-freebsd15.1 -O2 -nostdlib -static -ffreestanding \
+    clang-19 --target=x86_64-unknown-freebsd15.1 -O2 -nostdlib -static -ffreestanding \
       -fno-stack-protector -fuse-ld=lld -o "$w/root/sbin/init" "$here/guest-kernel/freebsd/init/init.c"
     "$legacy/makefs" -t ffs -o version=2 -s 8m "$w/root.img" "$w/root" ;;
   all) "$0" toolchain && "$0" kernel "$conf" && "$0" rootfs ;;

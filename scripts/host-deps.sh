@@ -28,6 +28,9 @@ PKGS=(
   linux-source-6.12/bookworm-backports
   # guest image
   busybox-static e2fsprogs
+  # the FreeBSD guest (issue 44; scripts/build-freebsd.sh): Debian's LLVM 19 as FreeBSD's
+  # cross toolchain, and what its bootstrap tools (makefs, mkimg, ...) link against
+  clang-19 lld-19 llvm-19 libarchive-dev libbz2-dev
   # the reference VM (scripts/build-refvm.sh): a Debian root made into a disk image
   mmdebstrap fdisk qemu-utils
   # the reference VM's redis built with ASan (scripts/build-asan-redis.sh: an overlay's service)

@@ -25,7 +25,8 @@ case ${RR:-} in
   "") ;;
   record|replay)
     : "${RRFILE:?RRFILE=the record/replay log}"
-    copy=$cache/work/root-$RR.img; cp "$root" "$copy"
+    copy="$cache/work/root-${RR}.img"
+    cp "$root" "$copy"
     disk=(-drive file="$copy",format=raw,if=none,id=img0 -drive driver=blkreplay,if=none,image=img0,id=d0)
     skip=; [ "$RR" = replay ] && skip=,rrskipidle=on
     clock=(-icount "shift=2,sleep=on,rr=$RR,rrfile=$RRFILE$skip") ;;
