@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Experiment (issue 44), not part of tandem's build: how much of FreeBSD's world it takes to
+# get /rescue (a crunched sh, init, ifconfig, dhclient, route, mount, ...), built on Debian 12.
+#
+#   scripts/freebsd-world-rescue-experiment.sh [--freebsd-src DIR]
+#
+# The shared tree lacks two things a world build needs, so this works on a copy of it
+# (hard links, $cache/src-world) with:
+#   - lib/Makefile without libsqlite3 (contrib/sqlite3/sqlite3.c is not in the tree), and
+#     without libc++ and libc++experimental (their header lists do not match LLVM 19.1.7's);
+#   - contrib/llvm-project/{compiler-rt,libunwind} (libcompiler_rt, libgcc_eh, libgcc_s) taken
+#     from Debian's llvm-toolchain-19 19.1.7 source (apt-get source: the same LLVM release as
+#     FreeBSD's own, llvmorg-19.1.7).
+# Stages: `toolchain` (bootstrap and cross tools, includes, libraries), then only rescue
+# (SUBDIR_OVERRIDE=rescue skips the bootstrap tools, and on Linux fails without them).
+set -euo pipefail
+src=${TANDEM_FREEBSD_SRC:-}
+if [ "${1:-}" = --freebsd-src ]; then src=$2; shift 2; fi
+[ -n "$src" ] && [ -f "$src/tools/build/make.py" ] || { echo "need --freebsd-src DIR or TANDEM_FREEBSD_SRC" >&2; exit 2; }
+src=$(cd "$src" && pwd)
+cache=${TANDEM_FREEBSD_CACHE:-$HOME/.cache/tandem/freebsd}
+world=$cache/src-world
+if [ ! -d "$world" ]; then
+  cp -al "$src" "$world"
+  # sed -i writes a new file: the shared tree's copy (a hard link) is left as it was
+  sed -i '/^\tlibsqlite3 \\$/d; /^\tlibc++ \\$/d; /^\tlibc++experimental \\$/d' "$world/lib/Makefile"
+fi
+if [ ! -e "$world/contrib/llvm-project/compiler-rt" ]; then
+  mkdir -p "$cache/llvm-src"
+  (cd "$cache/llvm-src" && apt-get source --download-only llvm-toolchain-19 || true)   # the .debian.tar.xz may 404: only the orig is used
+  tar -C "$cache/llvm-src" -xJf "$cache"/llvm-src/llvm-toolchain-19_19.1.7.orig.tar.xz \
+    llvm-toolchain-19_19.1.7/compiler-rt llvm-toolchain-19_19.1.7/libunwind
+  mkdir -p "$world/contrib/llvm-project"
+  for d in compiler-rt libunwind; do ln -sfn "$cache/llvm-src/llvm-toolchain-19_19.1.7/$d" "$world/contrib/llvm-project/$d"; done
+fi
+export MAKEOBJDIRPREFIX=$cache/obj-world
+mkdir -p "$MAKEOBJDIRPREFIX"
+knobs=(-DWITHOUT_CLANG -DWITHOUT_LLD -DWITHOUT_LLDB -DWITHOUT_LLVM_BINUTILS -DWITHOUT_CLANG_BOOTSTRAP -DWITHOUT_LLD_BOOTSTRAP
+  -DWITHOUT_KERBEROS -DWITHOUT_TESTS -DWITHOUT_SOUND -DWITHOUT_LOCALES -DWITHOUT_LIB32 -DWITHOUT_ZFS
+  -DWITHOUT_OFED -DWITHOUT_CXX -DWITHOUT_LIBCPLUSPLUS -DWITHOUT_DEBUG_FILES -DWITHOUT_MAN -DWITHOUT_NLS -DWITHOUT_PROFILE
+  -DWITHOUT_BLUETOOTH -DWITHOUT_BSNMP -DWITHOUT_LDNS -DWITHOUT_UNBOUND -DWITHOUT_NTP -DWITHOUT_GAMES
+  -DWITHOUT_BHYVE -DWITHOUT_PMC -DWITHOUT_OPENSSH -DWITHOUT_SENDMAIL -DWITHOUT_MAIL -DWITHOUT_DICT
+  -DWITHOUT_SHAREDOCS -DWITHOUT_EXAMPLES -DWITHOUT_HTML -DWITHOUT_INFO -DWITHOUT_GOOGLETEST)
+mk() {
+  # SIGINT back to default: bmake's bootstrap tests send it (see build-freebsd.sh)
+  (cd "$world" && nice -n19 python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
+     python3 tools/build/make.py --cross-bindir=/usr/lib/llvm-19/bin TARGET=amd64 TARGET_ARCH=amd64 -j2 "${knobs[@]}" "$@")
+}
+echo "== start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
+mk toolchain
+echo "== toolchain (bootstrap, includes, libraries) done $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
+mk -DWORLDFAST -DNO_LIBS SUBDIR_OVERRIDE=rescue buildworld
+echo "== rescue done $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
