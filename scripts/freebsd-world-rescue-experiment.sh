@@ -7,7 +7,8 @@
 # The shared tree lacks two things a world build needs, so this works on a copy of it
 # (hard links, $cache/src-world) with:
 #   - lib/Makefile without libsqlite3 (contrib/sqlite3/sqlite3.c is not in the tree), and
-#     without libc++ and libc++experimental (their header lists do not match LLVM 19.1.7's);
+#     lib/Makefile and Makefile.inc1 (_prebuild_libs) without libc++ and libc++experimental
+#     (FreeBSD's list of libc++ headers does not match Debian's LLVM 19.1.7 libcxx);
 #   - contrib/llvm-project/{compiler-rt,libunwind} (libcompiler_rt, libgcc_eh, libgcc_s) taken
 #     from Debian's llvm-toolchain-19 19.1.7 source (apt-get source: the same LLVM release as
 #     FreeBSD's own, llvmorg-19.1.7).
@@ -24,6 +25,7 @@ if [ ! -d "$world" ]; then
   cp -al "$src" "$world"
   # sed -i writes a new file: the shared tree's copy (a hard link) is left as it was
   sed -i '/^\tlibsqlite3 \\$/d; /^\tlibc++ \\$/d; /^\tlibc++experimental \\$/d' "$world/lib/Makefile"
+  sed -i '/^\t\tlib\/libc++ \\$/d' "$world/Makefile.inc1"
 fi
 if [ ! -e "$world/contrib/llvm-project/compiler-rt" ]; then
   mkdir -p "$cache/llvm-src"
@@ -47,7 +49,7 @@ mk() {
      python3 tools/build/make.py --cross-bindir=/usr/lib/llvm-19/bin TARGET=amd64 TARGET_ARCH=amd64 -j2 "${knobs[@]}" "$@")
 }
 echo "== start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
-mk toolchain
+mk -DWITHOUT_CLEAN toolchain   # WITHOUT_CLEAN: a rerun keeps what was built
 echo "== toolchain (bootstrap, includes, libraries) done $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
 mk -DWORLDFAST -DNO_LIBS SUBDIR_OVERRIDE=rescue buildworld
 echo "== rescue done $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
