@@ -53,3 +53,20 @@ mk -DWITHOUT_CLEAN toolchain   # WITHOUT_CLEAN: a rerun keeps what was built
 echo "== toolchain (bootstrap, includes, libraries) done $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
 mk -DWORLDFAST -DNO_LIBS SUBDIR_OVERRIDE=rescue buildworld
 echo "== rescue done $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# A root for it: /rescue/rescue with the names it answers to, /sbin/init and /bin/sh among
+# them, and guest-kernel/freebsd/rescue/rc as /etc/rc. Boot: ROOT_IMG=$cache/work/rescue-root.img
+# scripts/run-freebsd.sh TANDEM-NATIVE -netdev user,id=n0 -device virtio-net-pci,netdev=n0,romfile=
+here=$(cd "$(dirname "$0")/.." && pwd)
+rescue=$(find "$MAKEOBJDIRPREFIX" -path '*/rescue/rescue/rescue' -type f -print -quit)
+legacy=$(find "$cache/obj" -path '*/tmp/legacy/bin/makefs' -print -quit | xargs -r dirname)
+r=$cache/work/rescue-root
+rm -rf "$r"; mkdir -p "$r/rescue" "$r/sbin" "$r/bin" "$r/etc" "$r/dev" "$r/tmp" "$r/var/run" "$r/var/db"
+cp "$rescue" "$r/rescue/rescue"
+for n in sh init ifconfig route ping reboot echo ls mount dhclient sysctl dmesg kenv ps; do
+  ln "$r/rescue/rescue" "$r/rescue/$n"
+done
+ln "$r/rescue/rescue" "$r/sbin/init"
+ln "$r/rescue/rescue" "$r/bin/sh"
+install -m 755 "$here/guest-kernel/freebsd/rescue/rc" "$r/etc/rc"
+"$legacy/makefs" -t ffs -o version=2 -s 32m "$cache/work/rescue-root.img" "$r"
