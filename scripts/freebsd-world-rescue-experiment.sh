@@ -8,7 +8,8 @@
 # (hard links, $cache/src-world) with:
 #   - lib/Makefile without libsqlite3 (contrib/sqlite3/sqlite3.c is not in the tree), and
 #     lib/Makefile and Makefile.inc1 (_prebuild_libs) without libc++ and libc++experimental
-#     (FreeBSD's list of libc++ headers does not match Debian's LLVM 19.1.7 libcxx);
+#     (FreeBSD's list of libc++ headers does not match Debian's LLVM 19.1.7 libcxx), and
+#     lib/Makefile without libdevdctl and libutil++ (C++, built even WITHOUT_CXX: no libc++ here);
 #   - contrib/llvm-project/{compiler-rt,libunwind} (libcompiler_rt, libgcc_eh, libgcc_s) taken
 #     from Debian's llvm-toolchain-19 19.1.7 source (apt-get source: the same LLVM release as
 #     FreeBSD's own, llvmorg-19.1.7).
@@ -24,7 +25,7 @@ world=$cache/src-world
 if [ ! -d "$world" ]; then
   cp -al "$src" "$world"
   # sed -i writes a new file: the shared tree's copy (a hard link) is left as it was
-  sed -i '/^\tlibsqlite3 \\$/d; /^\tlibc++ \\$/d; /^\tlibc++experimental \\$/d' "$world/lib/Makefile"
+  sed -i '/^\tlibsqlite3 \\$/d; /^\tlibc++ \\$/d; /^\tlibc++experimental \\$/d; /^\tlibdevdctl \\$/d; /^\tlibutil++ \\$/d' "$world/lib/Makefile"
   sed -i '/^\t\tlib\/libc++ \\$/d' "$world/Makefile.inc1"
 fi
 if [ ! -e "$world/contrib/llvm-project/compiler-rt" ]; then
@@ -39,7 +40,7 @@ export MAKEOBJDIRPREFIX=$cache/obj-world
 mkdir -p "$MAKEOBJDIRPREFIX"
 knobs=(-DWITHOUT_CLANG -DWITHOUT_LLD -DWITHOUT_LLDB -DWITHOUT_LLVM_BINUTILS -DWITHOUT_CLANG_BOOTSTRAP -DWITHOUT_LLD_BOOTSTRAP
   -DWITHOUT_KERBEROS -DWITHOUT_TESTS -DWITHOUT_SOUND -DWITHOUT_LOCALES -DWITHOUT_LIB32 -DWITHOUT_ZFS
-  -DWITHOUT_OFED -DWITHOUT_CXX -DWITHOUT_LIBCPLUSPLUS -DWITHOUT_DEBUG_FILES -DWITHOUT_MAN -DWITHOUT_NLS -DWITHOUT_PROFILE
+  -DWITHOUT_OFED -DWITHOUT_CXX -DWITHOUT_LIBCPLUSPLUS -DWITHOUT_OPENMP -DWITHOUT_DEBUG_FILES -DWITHOUT_MAN -DWITHOUT_NLS -DWITHOUT_PROFILE
   -DWITHOUT_BLUETOOTH -DWITHOUT_BSNMP -DWITHOUT_LDNS -DWITHOUT_UNBOUND -DWITHOUT_NTP -DWITHOUT_GAMES
   -DWITHOUT_BHYVE -DWITHOUT_PMC -DWITHOUT_OPENSSH -DWITHOUT_SENDMAIL -DWITHOUT_MAIL -DWITHOUT_DICT
   -DWITHOUT_SHAREDOCS -DWITHOUT_EXAMPLES -DWITHOUT_HTML -DWITHOUT_INFO -DWITHOUT_GOOGLETEST)
