@@ -7,7 +7,7 @@
 #
 #   toolchain  kernel-toolchain (bmake, the bootstrap tools incl. makefs/mkimg); Debian's clang
 #   kernel     buildkernel NO_MODULES=yes of guest-kernel/freebsd/KERNCONF (default TANDEM-NATIVE)
-#   rootfs     our libc-less /sbin/init (guest-kernel/freebsd/init/init.c) on an 8 MiB UFS2
+#   rootfs     the demo guest: its libc-less /sbin/init, kvd on port 7000 (guest-kernel/freebsd/init/kvd-init.c), on an 8 MiB UFS2
 #              image made by the bootstrap makefs: $cache/work/root.img
 #
 # Needs (Debian 12): clang-19 lld-19 llvm-19 (make.py --cross-bindir=/usr/lib/llvm-19/bin),
@@ -45,8 +45,8 @@ case ${1:-all} in
     legacy=$(find "$obj" -path '*/tmp/legacy/bin/makefs' -print -quit | xargs -r dirname)
     [ -x "$legacy/makefs" ] || { echo "no makefs: run '$0 toolchain' first" >&2; exit 1; }
     w=$cache/work; rm -rf "$w/root"; mkdir -p "$w/root/sbin" "$w/root/dev"
-    clang-19 --target=x86_64-unknown-freebsd15.1 -O2 -nostdlib -static -ffreestanding \
-      -fno-stack-protector -fuse-ld=lld -o "$w/root/sbin/init" "$here/guest-kernel/freebsd/init/init.c"
+    clang-19 --target=x86_64-unknown-freebsd14.0 -O2 -Wall -Werror -nostdlib -static -ffreestanding \
+      -fno-stack-protector -fuse-ld=lld -o "$w/root/sbin/init" "$here/guest-kernel/freebsd/init/kvd-init.c"
     "$legacy/makefs" -t ffs -o version=2 -s 8m "$w/root.img" "$w/root" ;;
   all) "$0" toolchain && "$0" kernel "$conf" && "$0" rootfs ;;
   *) echo "usage: $0 [--freebsd-src DIR] toolchain|kernel|rootfs|all [KERNCONF]" >&2; exit 2 ;;
