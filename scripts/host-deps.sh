@@ -4,9 +4,10 @@
 #   scripts/host-deps.sh           install what is missing (as root, or through sudo)
 #   scripts/host-deps.sh --dev     also the developer scripts' (git: fresh-check.sh, stress-ng: ci-under-load.sh)
 #   scripts/host-deps.sh --test    also the test suite's own (./tandem test and ./tandem bench pass it)
+#   scripts/host-deps.sh --freebsd also what building FreeBSD guests takes (Debian's LLVM 19)
 #   scripts/host-deps.sh --list    print the packages, one a line (with --dev, --test: those too)
 #   scripts/host-deps.sh --check   exit 0 if nothing is missing, 1 otherwise; installs nothing
-# --dev and --test go with each other and with --list and --check.
+# --dev, --test and --freebsd go with each other and with --list and --check.
 #
 # Every program tandem calls is declared with its package in
 # replay/tandem/setup/programs.py; tests/unit/test_host_programs.py checks that each
@@ -56,19 +57,28 @@ TEST_PKGS=(
   # metapackage postgresql is only this)
   postgresql-15
 )
+# FreeBSD guests (scripts/build-freebsd.sh): Debian's LLVM 19 as FreeBSD's cross toolchain
+# (FreeBSD 14.x and 15.x are built with LLVM 18 and 19), and what its bootstrap tools
+# (makefs, mkimg, ...) link against. Installed when a FreeBSD target is built: a Linux
+# user's ./tandem demo does not wait for them (about 250 MB).
+FREEBSD_PKGS=(
+  clang-19 lld-19 llvm-19 libarchive-dev libbz2-dev
+)
 
-dev=''; test=''; check=''; list=''
+dev=''; test=''; freebsd=''; check=''; list=''
 for arg in "$@"; do
   case "$arg" in
     --dev) dev=1 ;;
     --test) test=1 ;;
+    --freebsd) freebsd=1 ;;
     --check) check=1 ;;
     --list) list=1 ;;
-    *) echo "usage: $0 [--dev] [--test] [--check | --list]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--dev] [--test] [--freebsd] [--check | --list]" >&2; exit 2 ;;
   esac
 done
 [ -z "$dev" ] || PKGS+=("${DEV_PKGS[@]}")
 [ -z "$test" ] || PKGS+=("${TEST_PKGS[@]}")
+[ -z "$freebsd" ] || PKGS+=("${FREEBSD_PKGS[@]}")
 if [ -n "$list" ]; then printf '%s\n' "${PKGS[@]}"; exit 0; fi
 
 src=/etc/apt/sources.list.d/tandem.sources

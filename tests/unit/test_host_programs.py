@@ -33,7 +33,7 @@ def all_calls() -> list[program_calls.Calls]:
 @functools.cache
 def host_deps_packages(groups: bool = True) -> frozenset[str]:
     """host-deps.sh's packages; groups: with the developer scripts' and the tests' too."""
-    out = subprocess.run(["bash", str(ROOT / "scripts/host-deps.sh"), "--list", *(["--dev", "--test"] if groups else [])],
+    out = subprocess.run(["bash", str(ROOT / "scripts/host-deps.sh"), "--list", *(["--dev", "--test", "--freebsd"] if groups else [])],
                          capture_output=True, text=True, check=True).stdout
     return frozenset(line.split("/")[0] for line in out.split())
 
@@ -100,8 +100,8 @@ def test_program_comes_from_an_installed_package(name):
     if not path:
         grouped = p.package not in host_deps_packages(groups=False)
         if p.optional or grouped and not priority(p.package):
-            pytest.skip(f"{name} ({p.package}) not installed here: optional, or only for scripts/fresh-check.sh "
-                        f"or the tests (host-deps.sh --dev, --test)")
+            pytest.skip(f"{name} ({p.package}) not installed here: optional, or only for scripts/fresh-check.sh, "
+                        f"the tests or FreeBSD guests (host-deps.sh --dev, --test, --freebsd)")
         pytest.fail(f"{name}: not found on {DEBIAN_PATH}{' or ' + p.where if p.where else ''} although "
                     f"scripts/host-deps.sh ran: "
                     f"its package {p.package} does not ship it")

@@ -275,10 +275,12 @@ CRAFTED = [   # (where, value): each manifest field that reaches QEMU's command 
     ("inputs.kernel", {"path": "/k/bzImage,romfile=/etc/shadow", "size": 1, "sha256": "0" * 64}),
     ("inputs.initrd", {"path": "/k/a,b=c", "size": 1, "sha256": "0" * 64}),
     ("machine.mode", "analysis,x=y"),
+    ("machine.cpu", "tcg-intel,x=y"),
+    ("machine.cpu", "host"),
 ]
 
 
-@pytest.mark.parametrize("where,value", CRAFTED, ids=[w for w, _ in CRAFTED])
+@pytest.mark.parametrize("where,value", CRAFTED, ids=[f"{w}={v}" for w, v in CRAFTED])
 def test_crafted_manifest_refused_or_inert(where, value):
     """Each field refused with a one-line error naming it, or inert: the command line has
     exactly the options and keys of an honest manifest's."""
@@ -293,6 +295,22 @@ def test_crafted_manifest_refused_or_inert(where, value):
     honest = options(replay_argv(crafted_manifest()))
     assert [(o, sorted(v) if isinstance(v, dict) else None) for o, v in options(argv)] == \
            [(o, sorted(v) if isinstance(v, dict) else None) for o, v in honest]
+
+
+def test_a_freebsd_guest_gets_its_cpu_and_keeps_it_through_the_manifest():
+    """A FreeBSD guest booted directly: the Intel CPU with a brand-string frequency its PVH
+    boot times itself by, no console= added to its command line (its kenv), both kept in
+    the manifest and given again to its replay."""
+    g = Guest.of_disks([("/k/root.img", "raw")], kernel="/k/kernel", append="vfs.root.mountfrom=ufs:/dev/vtbd0",
+                       os="freebsd")
+    assert (g.os, g.cpu, g.cmdline) == ("freebsd", "tcg-intel", "vfs.root.mountfrom=ufs:/dev/vtbd0")
+    argv = qemu_argv(g, Run(R, net=UserNet(5555), overlay=R / "o.qcow2", host=H))
+    assert argv[argv.index("-cpu") + 1] == "qemu64,vendor=GenuineIntel,model-id=tandem TCG CPU @ 1.00GHz"
+    entry = {"path": "", "size": 0, "sha256": "0" * 64}
+    m = {"inputs": {k: {**entry, "path": p} for k, p in (("kernel", "/k/kernel"), ("disk_base", "/k/root.img"))},
+         "machine": g.machine_section()}
+    assert m["machine"]["cpu"] == "tcg-intel" and Guest.from_manifest(m) == g
+    assert "-cpu" not in qemu_argv(G, Run(R, net=UserNet(5555), overlay=R / "o.qcow2", host=H))      # a Linux guest: QEMU's default
 
 
 def test_device_lists_past_what_the_modes_take_are_refused():

@@ -37,6 +37,10 @@ def add_guest_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--append", metavar="CMDLINE",
                    help="the command line for --kernel-image (e.g. 'root=/dev/vda1'; console=ttyS0 is added "
                         "unless it names a console)")
+    g.add_argument("--os", choices=("linux", "freebsd"), default="linux",
+                   help="with --disk: your VM's OS, whose console dialect its reports are in (default linux; "
+                        "freebsd: booted directly with --kernel-image, a kernel with a PVH entry, "
+                        "and a CPU it can time early: docs/freebsd-boot-notes.md)")
     g.add_argument("--memory", type=parse_memory, metavar="SIZE", help="guest memory (1G, 512M; default "
                                                                         "1G with --disk, the flavor's otherwise)")
     g.add_argument("--nic", action="append", metavar="MODEL", default=[], choices=sorted(NIC_MODELS),
@@ -64,8 +68,8 @@ def guest_from_args(args: argparse.Namespace) -> Guest:
     """The guest the options describe; a disk that is not one is a one-line error naming it."""
     nics = tuple(NIC_MODELS[m] for m in args.nic) or None
     if not args.disk:
-        if args.initrd or args.append:
-            raise OptionError("--initrd and --append go with --disk (the demo guest has its own)")
+        if args.initrd or args.append or args.os != "linux":
+            raise OptionError("--initrd, --append and --os go with --disk (the demo guest has its own)")
         guest = Guest.default(kernel_flavor(args), args.userland)
         if args.kernel_image:
             guest.kernel = args.kernel_image
@@ -79,4 +83,5 @@ def guest_from_args(args: argparse.Namespace) -> Guest:
     if args.kernel_image is None:
         check_bootable(images[0])
     return Guest.of_disks([(i.path, i.format) for i in images], kernel=args.kernel_image, initrd=args.initrd,
-                          append=args.append, memory_mb=args.memory or 1024, nic_models=nics or (VIRTIO_NET,))
+                          append=args.append, memory_mb=args.memory or 1024, nic_models=nics or (VIRTIO_NET,),
+                          os=args.os)

@@ -138,6 +138,7 @@ def _machine(manifest: Manifest) -> dict[str, Any]:
             [{"netdev": "net0", "model": machine.nic_model or "virtio-net-pci", "mac": machine.mac}])
     return {"boot": boot, "kernel": manifest.input_paths.get("kernel") if boot == "direct" else None,
             "cmdline": machine.cmdline if boot == "direct" else None, "memory_mb": machine.memory_mb,
+            "os": machine.os or "linux", "cpu": machine.cpu,
             "disks": disks, "nics": nics, "forwards": list(forwards or ())}
 
 
@@ -167,7 +168,8 @@ def _machine_lines(machine: dict[str, Any], channels: dict[str, Any]) -> list[st
     each drive), NICs and forwards."""
     boot = (f"boot: direct, kernel {machine['kernel']}, command line {machine['cmdline']!r}" if machine["boot"] == "direct"
             else "boot: firmware (SeaBIOS, the first disk's own bootloader)")
-    lines = [bundle.printable(boot) + f"; memory {machine.get('memory_mb')} MiB"]
+    cpu = f", CPU {machine['cpu']}" if machine.get("cpu") else ""
+    lines = [bundle.printable(f"guest OS {machine['os']}{cpu}; {boot}") + f"; memory {machine.get('memory_mb')} MiB"]
     if machine["disks"]:
         rows = [[d["id"], d["format"], d["base"], (d["sha256"] or "")[:16], d["size"],
                  (channels.get(d["id"]) or {}).get("out", {}).get("bytes")] for d in machine["disks"]]

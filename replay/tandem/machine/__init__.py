@@ -6,6 +6,7 @@ line, libvirt/domain.py the domain, formats/bundle.py checks the manifest with i
 from .devices import DISK_FORMATS, Disk, Forward, Nic
 from .guest import (
                       ACCEL,
+                      CPUS,
                       DEFAULT_CMDLINE,
                       ICOUNT_SHIFT,
                       MACHINE_TYPE,
@@ -33,7 +34,7 @@ from .options import (
 from .run import RR, Feed, Gate, Host, Mode, RRMode, Run, UserNet, overlay_path
 from .section import DiskEntry, LibvirtSection, MachineSection, NetSection, NicEntry, Recorded
 
-__all__ = ["ACCEL", "DEFAULT_CMDLINE", "DISK_FORMATS", "Disk", "Feed", "Forward", "Gate", "Guest", "Host", "ICOUNT_SHIFT",
+__all__ = ["ACCEL", "CPUS", "DEFAULT_CMDLINE", "DISK_FORMATS", "Disk", "Feed", "Forward", "Gate", "Guest", "Host", "ICOUNT_SHIFT",
            "LOOKAHEAD_NS", "MAC", "MACHINE_TYPE", "Mode", "NIC_DEVICES", "NIC_MODELS", "Nic", "OptionError", "RR", "RRMode",
            "RTC_BASE", "Run", "UserNet", "VCPUS", "VIRTIO_NET", "Value", "analyses_given", "check_id", "disk_input", "check_mac",
            "escape", "json_option", "keyval_option", "overlay_path", "replay_args",

@@ -29,6 +29,16 @@ VCPUS = 1
 
 
 BOOTS = ("direct", "firmware")    # the kernel given to QEMU, or the disk's own bootloader
+# The CPU models a guest may have besides QEMU's default for the board (qemu64), by the
+# name the manifest's machine section keeps. tcg-intel: a FreeBSD kernel booted directly
+# (PVH) under TCG calls DELAY() before any timecounter works, which goes through the TSC
+# only when its frequency is known early: with an Intel vendor, FreeBSD reads it from the
+# brand string (docs/freebsd-boot-notes.md); under -icount the TSC then ticks at 1 GHz.
+CPUS: dict[str, tuple[str, dict[str, str]]] = {
+    "tcg-intel": ("qemu64", {"vendor": "GenuineIntel", "model-id": "tandem TCG CPU @ 1.00GHz"}),
+}
+# Each guest OS's CPU when none is given.
+OS_CPU = {"freebsd": "tcg-intel"}
 MAX_DISKS, MAX_NICS = 16, 8
 
 
@@ -58,8 +68,11 @@ class Guest:
     machine_type: str = MACHINE_TYPE
     accel: str = ACCEL
     vcpus: int = VCPUS
+    cpu: str | None = None                  # a name in CPUS; None: QEMU's default for the board
 
     def __post_init__(self) -> None:
+        if self.cpu is not None and self.cpu not in CPUS:
+            raise OptionError(f"cpu {self.cpu!r}: not a CPU model tandem knows ({', '.join(CPUS)})")
         if self.kernel is None and not self.disks:
             raise OptionError("no kernel and no disk: nothing to boot")
         if self.kernel is None and self.initrd:
@@ -87,11 +100,11 @@ class Guest:
         cmdline = ""
         if kernel is not None:
             cmdline = append if append is not None else ""
-            if "console=" not in cmdline:
+            if "console=" not in cmdline and os == "linux":
                 cmdline = " ".join(filter(None, ("console=ttyS0", cmdline)))
         elif append is not None:
             raise OptionError("--append without --kernel-image: the disk's bootloader has its own command line")
-        return cls(kernel=kernel, initrd=initrd, memory_mb=memory_mb, cmdline=cmdline, os=os,
+        return cls(kernel=kernel, initrd=initrd, memory_mb=memory_mb, cmdline=cmdline, os=os, cpu=OS_CPU.get(os),
                    disks=tuple(Disk(path, fmt, id=f"disk{i}") for i, (path, fmt) in enumerate(disks)),
                    nics=tuple(Nic(netdev=f"net{i}", model=m) for i, m in enumerate(nic_models)))
 
@@ -152,7 +165,7 @@ class Guest:
             return cls(kernel=paths.get("kernel") if boot == "direct" else None, initrd=paths.get("initrd"),
                        disks=disks, memory_mb=machine.memory_mb, cmdline=machine.cmdline, nics=nics,
                        os=machine.os or "linux", machine_type=machine.machine_type or MACHINE_TYPE,
-                       accel=machine.accel or ACCEL, vcpus=machine.smp or VCPUS)
+                       accel=machine.accel or ACCEL, vcpus=machine.smp or VCPUS, cpu=machine.cpu)
         except OptionError as e:
             raise BundleError(f"manifest machine: {e}") from None
 
@@ -176,7 +189,7 @@ class Guest:
             disks=tuple(DiskEntry(id=d.id, format=d.format) for d in self.disks) or None,
             nics=tuple(NicEntry(netdev=n.netdev or None, model=n.model or None, mac=n.mac or None)
                        for n in self.nics),
-            os=None if self.os == "linux" else self.os)
+            os=None if self.os == "linux" else self.os, cpu=self.cpu)
 
     def machine_section(self) -> dict[str, object]:
         """section(), as the manifest's JSON says it."""

@@ -65,6 +65,7 @@ class MachineSection(Table):
     disks: tuple[DiskEntry, ...] | None = listed(DiskEntry)
     nics: tuple[NicEntry, ...] | None = listed(NicEntry)
     os: str | None = None                   # absent: linux
+    cpu: str | None = None                  # absent: QEMU's default (machine.guest.CPUS)
     disk_format: str | None = None          # the one-disk form
     nic_model: str | None = None            # the one-NIC form
     mac: str | None = None                  # the one-NIC form

@@ -9,6 +9,7 @@ from pathlib import Path
 from .. import artifacts
 from ..artifacts import QemuBuild
 from ..machine import (
+    CPUS,
     ICOUNT_SHIFT,
     Disk,
     Feed,
@@ -38,7 +39,7 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         raise OptionError(f"{len(guest.nics)} NICs: tandem's analysis feed takes one (for now)")
     argv = [q["binary"], "-L", q["firmware_dir"], "-M", guest.machine_type, "-m", str(int(guest.memory_mb)),
             "-smp", str(int(guest.vcpus)), "-nodefaults", "-no-user-config", "-display", "none",
-            "-no-reboot", "-accel", guest.accel, *_boot_options(guest),
+            "-no-reboot", "-accel", guest.accel, *_cpu_options(guest), *_boot_options(guest),
             # QMP on a keyed chardev: -qmp unix:PATH reads a PATH with '=' before its
             # first ',' as a key (QEMU's implied first option).
             "-chardev", qmp_chardev(run.rundir),
@@ -77,6 +78,14 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
             argv += ["-object", json_option({"qom-type": "filter-devlog", "id": f"devlog-{other.netdev}",
                                              "netdev": other.netdev, "devlog": "devlog", "position": "tail"})]
     return argv + list(run.extra)
+
+
+def _cpu_options(guest: Guest) -> list[str]:
+    """-cpu for a guest given a CPU model (machine.guest.CPUS), else none: QEMU's default."""
+    if guest.cpu is None:
+        return []
+    model, props = CPUS[guest.cpu]
+    return ["-cpu", keyval_option(model, props)]
 
 
 def _boot_options(guest: Guest) -> list[str]:

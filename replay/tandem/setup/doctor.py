@@ -50,9 +50,9 @@ class Check:
 
 
 def host_packages(groups: bool = False) -> list[str]:
-    """scripts/host-deps.sh's packages (groups: with those only the developer scripts and
-    the tests need, which a user's commands never call)."""
-    out = subprocess.run(["bash", str(REPO / "scripts/host-deps.sh"), "--list", *(["--dev", "--test"] if groups else [])],
+    """scripts/host-deps.sh's packages (groups: with those only the developer scripts, the
+    tests and FreeBSD guests need, which a Linux user's commands never call)."""
+    out = subprocess.run(["bash", str(REPO / "scripts/host-deps.sh"), "--list", *(["--dev", "--test", "--freebsd"] if groups else [])],
                          capture_output=True, text=True, check=True).stdout
     return [p.split("/")[0] for p in out.split()]
 
