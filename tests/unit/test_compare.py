@@ -71,6 +71,10 @@ def test_lines_the_analysis_lacks_follow_the_request_it_answered_there():
     (d,) = compare.compare(rec, run, spec())
     assert d.kind == "missing" and d.analysis_ns is None
     assert d.after_input.startswith("tcp-data") and "GET a" in d.after_input, d.after_input
+    # an analysis that wrote nothing on the connection: after the request it had taken by
+    # the time the native answered
+    (d,) = compare.compare(rec, analysis([], []), spec())
+    assert d.kind == "missing" and "GET a" in d.after_input, d.after_input
 
 
 def test_console_line_times_follow_the_writes():

@@ -328,16 +328,18 @@ def _diff_stream(channel: str, a: _Side, b: _Side, spec: Spec, run: AnalysisRun,
         diff = "\n".join(difflib.unified_diff([l.text.decode(errors="replace") for l in na],
                                               [l.text.decode(errors="replace") for l in nb],
                                               "native", "analysis", lineterm="", n=0))
-        out.append(_div(channel, kind, na, nb, run, diff, _where(b, j1) if not nb else None))
+        out.append(_div(channel, kind, na, nb, run, diff, _where(b, j1, na[0].vm_ns) if not nb else None))
     return out
 
 
-def _where(b: _Side, j: int) -> int | None:
+def _where(b: _Side, j: int, native_ns: int) -> int:
     """The analysis's VM time where lines it lacks belong (just before kept line j):
-    the line before the gap, which answers the same request, else the one after it."""
+    the line before the gap, which answers the same request, else the one after it; on
+    a channel it wrote nothing on, the native's time (inputs reach an analysis no earlier
+    than they reached the native)."""
     if j:
         return b.vm_ns(j - 1)
-    return b.vm_ns(j) if j < len(b.texts) else None
+    return b.vm_ns(j) if j < len(b.texts) else native_ns
 
 
 def _cut_short(a: _Side, b: _Side, last: tuple[str, int, int, int, int]) -> bool:
