@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build a FreeBSD kernel (and the boot pieces) from a FreeBSD source tree on Debian 12.
-# Rough: issue 44's experiment. The tree comes from --freebsd-src DIR or TANDEM_FREEBSD_SRC;
+# Not yet one of tandem's meson targets. The tree comes from --freebsd-src DIR or TANDEM_FREEBSD_SRC;
 # everything is written under ${TANDEM_FREEBSD_CACHE:-~/.cache/tandem/freebsd}/.
 #
 #   scripts/build-freebsd.sh [--freebsd-src DIR] toolchain|kernel|rootfs|all [KERNCONF]

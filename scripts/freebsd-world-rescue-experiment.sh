@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Experiment (issue 44), not part of tandem's build: how much of FreeBSD's world it takes to
+# An experiment, not part of tandem's build: how much of FreeBSD's world it takes to
 # get /rescue (a crunched sh, init, ifconfig, dhclient, route, mount, ...), built on Debian 12.
 #
 #   scripts/freebsd-world-rescue-experiment.sh [--freebsd-src DIR]

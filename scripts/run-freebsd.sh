@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Boot a FreeBSD kernel built by scripts/build-freebsd.sh under the project's QEMU (TCG),
 # directly (PVH: -kernel), with the UFS root of `build-freebsd.sh rootfs` on virtio-blk.
-# Rough (issue 44); the serial console goes to stdout.
+# Not yet through tandem's machine model; the serial console goes to stdout.
 #   scripts/run-freebsd.sh [KERNCONF] [extra qemu args...]
 # Env: QEMU (qemu-system-x86_64), QEMU_FW (its firmware dir), TIMEOUT (s, default 120),
 #      ROOT_IMG, KERNEL, CPU (the -cpu value),
