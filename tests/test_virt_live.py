@@ -53,7 +53,8 @@ def test_shadow_runs_native_and_analysis_as_domains(libvirtd, tmp_path):
     assert seen["get"].startswith("VALUE value-1")
     (r,) = s.results
     assert r.run.outcome == "poweroff", r.run.detail
-    assert len(r.run.delivered) > 0 and not r.divergences, [d.diff for d in r.divergences]
+    assert len(r.run.delivered) > 0 and not r.divergences, ([d.diff for d in r.divergences], r.run.limits,
+                                                            r.run.first_input_ns)
     assert names(uri, "--all") == set() and libvirtd.others() == []
     m = bundle.load_manifest(path)
     assert m.machine.libvirt.domain == "web" and m.state == "complete"

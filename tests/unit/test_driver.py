@@ -220,3 +220,26 @@ def test_a_live_open_waits_for_the_natives_answer_to_its_syn():
 
     res, feed, _ = drive(rec, [[wait(1 * MS)], native_answers], stop_when=lambda feed: len(feed.inputs) >= 1)
     assert [ns for _, ns, _ in feed.inputs] == [1 * MS + LIVE_SLICE_NS]
+
+
+def test_a_live_open_does_not_run_ahead_of_the_native_while_its_answer_is_unknown():
+    """Waiting on the native's answer to a SYN is waiting on the native, not on this
+    guest: an idle analysis VM is held at the native's clock, not run DEP_TIMEOUT_NS ahead
+    of it to give the connection up (seen under load: an idle guest's 5 s of VM time took
+    less wall time than the native's log took to show its SYN-ACK, and every request of
+    the run went after a dependency timeout)."""
+    rec = RecordedInputs([Input("tcp-open", 1 * MS, flow=0)], [flow(0, None)], None, [],
+                         known_ns=1 * MS, finished=False)
+
+    def idle_at_horizon(feed):
+        return [wait(feed.horizons[-1][0] if feed.horizons else 1 * MS, idle=True)]
+
+    def native_answers(feed):
+        rec.flows[0].answer = "accepted"
+        rec.known_ns = 2 * MS
+        return idle_at_horizon(feed)
+
+    res, feed, _ = drive(rec, [idle_at_horizon] * 200 + [native_answers] + [idle_at_horizon] * 3,
+                         stop_when=lambda feed: len(feed.inputs) >= 1 or not feed.script)
+    assert max(h for h, _ in feed.horizons) <= 2 * MS + LIVE_SLICE_NS
+    assert res.limits == [] and feed.inputs and feed.inputs[0][1] < 2 * MS + LIVE_SLICE_NS
