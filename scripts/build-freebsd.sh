@@ -1,53 +1,202 @@
 #!/usr/bin/env bash
-# Build a FreeBSD kernel (and the boot pieces) from a FreeBSD source tree on Debian 12.
-# Not yet one of tandem's meson targets. The tree comes from --freebsd-src DIR or TANDEM_FREEBSD_SRC;
-# everything is written under ${TANDEM_FREEBSD_CACHE:-~/.cache/tandem/freebsd}/.
+# Build what a FreeBSD guest runs, from a FreeBSD source tree, into tandem's content-addressed
+# cache; one meson target a call (meson.build, group "freebsd" of tandem/setup/build.py).
 #
-#   scripts/build-freebsd.sh [--freebsd-src DIR] toolchain|kernel|rootfs|all [KERNCONF]
+#   scripts/build-freebsd.sh TARGET OUT_JSON
+#   TANDEM_KEY_ONLY=1 scripts/build-freebsd.sh TARGET x      # print the key, build nothing
 #
-#   toolchain  kernel-toolchain (bmake, the bootstrap tools incl. makefs/mkimg); Debian's clang
-#   kernel     buildkernel NO_MODULES=yes of guest-kernel/freebsd/KERNCONF (default TANDEM-NATIVE)
-#   rootfs     the demo guest: its libc-less /sbin/init, kvd on port 7000 (guest-kernel/freebsd/init/kvd-init.c), on an 8 MiB UFS2
-#              image made by the bootstrap makefs: $cache/work/root.img
+#   freebsd-toolchain     make.py kernel-toolchain with Debian's LLVM 19 (bmake, the bootstrap
+#                         tools, makefs); ~3.5 min on 2 cores
+#   kernel-freebsd-FLAVOR buildkernel NO_MODULES=yes of guest-kernel/freebsd/TANDEM-FLAVOR (native,
+#                         debug: INVARIANTS + WITNESS, kasan: debug + KASAN); ~4 min each
+#   freebsd-guest         the demo guest's root: a libc-less /sbin/init serving kvd on port 7000
+#                         (guest-kernel/freebsd/init/kvd-init.c) on an 8 MiB UFS2 image (makefs)
 #
-# Needs (Debian 12): clang-19 lld-19 llvm-19 (make.py --cross-bindir=/usr/lib/llvm-19/bin),
-# libarchive-dev libbz2-dev (the bootstrap tools), python3, a host cc and make.
+# The tree: TANDEM_FREEBSD_SRC, a checkout (FreeBSD's git, 14.x or 15.x) or a release's source
+# archive (src.txz, .tar.xz, .tar.zst, .tar.gz: unpacked once into the cache, keyed by its
+# hash). A checkout's key is its files' names, sizes and times (1 s for 80,000 files).
+# Everything lands in ${TANDEM_CACHE:-~/.cache/tandem}/freebsd/NAME-KEY, published by an
+# atomic rename; KEY = sha256 of what it is built from and this script, [:16].
+# Needs (Debian 12): scripts/host-deps.sh --freebsd (clang-19 lld-19 llvm-19 libarchive-dev
+# libbz2-dev); it is run when clang-19 is missing.
 set -euo pipefail
-here=$(cd "$(dirname "$0")/.." && pwd)
-src=${TANDEM_FREEBSD_SRC:-}
-if [ "${1:-}" = --freebsd-src ]; then src=$2; shift 2; fi
-[ -n "$src" ] && [ -f "$src/tools/build/make.py" ] || { echo "need --freebsd-src DIR or TANDEM_FREEBSD_SRC (a FreeBSD source tree)" >&2; exit 2; }
-src=$(cd "$src" && pwd); export TANDEM_FREEBSD_SRC=$src
-cache=${TANDEM_FREEBSD_CACHE:-$HOME/.cache/tandem/freebsd}
-obj=$cache/obj
-conf=${2:-TANDEM-NATIVE}
-jobs=${JOBS:-2}
-mkdir -p "$obj" "$cache/logs"
-export MAKEOBJDIRPREFIX=$obj
+# One function, parsed whole before it runs: editing this file cannot corrupt a build.
+main() {
+die() { echo "tandem: error: $*" >&2; exit 1; }
+log() { echo "tandem: $*" >&2; }
+. "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
+[ $# -eq 2 ] || die "usage: $0 freebsd-toolchain|kernel-freebsd-FLAVOR|freebsd-guest OUT_JSON"
+TARGET=$1 OUT_JSON=$2
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+SELF="$HERE/$(basename "${BASH_SOURCE[0]}")"
+CONFDIR="$ROOT/guest-kernel/freebsd"
+FB="${TANDEM_CACHE:-$HOME/.cache/tandem}/freebsd"
+JOBS=${JOBS:-$(nproc)}
+case $TARGET in
+  freebsd-toolchain|freebsd-guest) ;;
+  kernel-freebsd-*) FLAVOR=${TARGET#kernel-freebsd-}
+    KERNCONF=TANDEM-$(echo "$FLAVOR" | tr a-z A-Z)
+    case $FLAVOR in *[!a-z0-9]*|"") die "bad flavor '$FLAVOR'";; esac
+    [ -f "$CONFDIR/$KERNCONF" ] || die "unknown FreeBSD flavor '$FLAVOR' (no guest-kernel/freebsd/$KERNCONF)" ;;
+  *) die "unknown target '$TARGET' (freebsd-toolchain, kernel-freebsd-FLAVOR, freebsd-guest)" ;;
+esac
+sha() { sha256sum "$@" | cut -d' ' -f1; }
+key() { { printf '%s\n' "$@"; sha "$SELF"; } | sha256sum | cut -c1-16; }
+conf_chain() {    # a kernel config and the configs it includes (guest-kernel/freebsd/)
+  echo "$1"
+  local i; for i in $(awk '$1 == "include" { print $2 }' "$CONFDIR/$1"); do conf_chain "$i"; done
+}
+
+# -- the source tree -------------------------------------------------------------------
+SRC=${TANDEM_FREEBSD_SRC:-}
+if [ -z "$SRC" ]; then
+  [ -z "${TANDEM_KEY_ONLY:-}" ] || exit 0     # no key: the target is stale until a tree is given
+  die "no FreeBSD source tree: set TANDEM_FREEBSD_SRC (or --freebsd-src) to a checkout or a release's src.txz (docs/freebsd.md)"
+fi
+[ -e "$SRC" ] || die "TANDEM_FREEBSD_SRC=$SRC: no such file or directory"
+mkdir -p "$FB"
+if [ -f "$SRC" ]; then
+  # A source archive: its hash (memoized by path, size and time; 155 MB hash in ~1 s) names
+  # the tree unpacked from it.
+  stamp=$(stat -c '%s-%Y' "$SRC")
+  memo="$FB/.archive-sha256-$(printf '%s' "$(readlink -f "$SRC"):$stamp" | sha256sum | cut -c1-16)"
+  if [ -s "$memo" ]; then TREE_KEY=$(cat "$memo"); else
+    TREE_KEY=$(sha "$SRC"); echo "$TREE_KEY" >"$memo.$$" && mv -f "$memo.$$" "$memo"; fi
+  TREE="$FB/src-${TREE_KEY:0:16}"
+  if [ -z "${TANDEM_KEY_ONLY:-}" ] && [ ! -d "$TREE" ]; then
+    log "unpacking $SRC into $TREE"
+    tmp="$TREE.tmp$$"; rm -rf "$tmp"; mkdir -p "$tmp"
+    trap 'rm -rf "$tmp"' EXIT
+    tar -xf "$SRC" -C "$tmp" --no-same-owner || die "$SRC: not a source archive tar can read"
+    top=$(find "$tmp" -mindepth 1 -maxdepth 2 -name Makefile.inc1 -printf '%h\n' -quit)
+    [ -n "$top" ] || die "$SRC: no FreeBSD source tree in it (no Makefile.inc1 at its top)"
+    mv "$top" "$TREE.new$$" && rm -rf "$tmp" && mv -T "$TREE.new$$" "$TREE" || die "unpacking $SRC failed"
+    trap - EXIT
+  fi
+elif [ -d "$SRC" ]; then
+  TREE=$(cd "$SRC" && pwd)
+  TREE_KEY=$(cd "$TREE" && find . -path ./.git -prune -o -type f -printf '%P %s %T@\n' | LC_ALL=C sort | sha256sum | cut -d' ' -f1)
+else
+  die "TANDEM_FREEBSD_SRC=$SRC: neither a directory nor an archive"
+fi
+if [ -z "${TANDEM_KEY_ONLY:-}" ]; then
+  [ -f "$TREE/tools/build/make.py" ] && [ -f "$TREE/sys/conf/newvers.sh" ] \
+    || die "$SRC: not a FreeBSD source tree (no tools/build/make.py or sys/conf/newvers.sh)"
+fi
+
 knobs=(-DWITHOUT_CLANG -DWITHOUT_LLD -DWITHOUT_LLDB -DWITHOUT_LLVM_BINUTILS
        -DWITHOUT_CLANG_BOOTSTRAP -DWITHOUT_LLD_BOOTSTRAP -DWITH_DISK_IMAGE_TOOLS_BOOTSTRAP)
-mk() {
+# The toolchain's key is the tree's and these knobs', not this script's: an edit of the
+# kernel or guest steps below does not cost a 3.5-minute toolchain build.
+TC_KEY=$(printf '%s\n' "$TREE_KEY" "${knobs[*]}" "kernel-toolchain, Debian LLVM 19" | sha256sum | cut -c1-16)
+OBJ="$FB/obj-$TC_KEY"         # MAKEOBJDIRPREFIX: the toolchain, and the kernels built with it
+case $TARGET in
+  freebsd-toolchain) KEY=$TC_KEY ;;
+  kernel-freebsd-*) KEY=$(key "$TC_KEY" "$KERNCONF" $(for f in $(conf_chain "$KERNCONF"); do sha "$CONFDIR/$f"; done)) ;;
+  freebsd-guest) KEY=$(key "$TC_KEY" "$(sha "$CONFDIR/init/kvd-init.c")" guest) ;;
+esac
+[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
+
+write_json() {    # KEY=VALUE... into OUT_JSON (atomically), with key and target
+  python3 - "$OUT_JSON" "target=$TARGET" "key=$KEY" "tree=$TREE" "$@" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+j = dict(a.split("=", 1) for a in sys.argv[2:])
+tmp = out + ".tmp%d" % os.getpid()
+with open(tmp, "w") as f:
+    json.dump(j, f, indent=2)
+os.replace(tmp, out)
+PY
+}
+
+# -- the host's LLVM 19 ------------------------------------------------------------------
+if ! command -v clang-19 >/dev/null || ! command -v ld.lld-19 >/dev/null; then
+  log "installing Debian's LLVM 19 for FreeBSD builds (scripts/host-deps.sh --freebsd)"
+  bash "$HERE/host-deps.sh" --freebsd >&2 || die "scripts/host-deps.sh --freebsd failed"
+fi
+
+mk() {   # make.py in the tree with Debian's LLVM; its output to $LOG
   # bmake's bootstrap runs its unit tests, two of which send SIGINT: a job started in the
   # background inherits SIGINT ignored, so they fail; put it back to default first.
-  (cd "$src" && nice -n10 python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
+  (cd "$TREE" && MAKEOBJDIRPREFIX="$OBJ" python3 -c \
+     'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
      python3 tools/build/make.py --cross-bindir=/usr/lib/llvm-19/bin \
-     TARGET=amd64 TARGET_ARCH=amd64 -j"$jobs" "${knobs[@]}" "$@")
+     TARGET=amd64 TARGET_ARCH=amd64 -j"$JOBS" "${knobs[@]}" "$@") >>"$LOG" 2>&1
 }
-# step CMD...: run it, with its wall time and the machine's load before and after
-step() { local t0=$SECONDS; echo "== $* start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"; "$@"; echo "== done in $((SECONDS-t0)) s, load $(cut -d' ' -f1-3 /proc/loadavg)"; }
-case ${1:-all} in
-  toolchain) step mk kernel-toolchain ;;
-  kernel)
-    # our configs live in guest-kernel/freebsd/; the build wants them in sys/amd64/conf,
-    # so it is given their directory through KERNCONFDIR.
-    step mk buildkernel NO_MODULES=yes KERNCONF="$conf" KERNCONFDIR="$here/guest-kernel/freebsd" ;;
-  rootfs)
-    legacy=$(find "$obj" -path '*/tmp/legacy/bin/makefs' -print -quit | xargs -r dirname)
-    [ -x "$legacy/makefs" ] || { echo "no makefs: run '$0 toolchain' first" >&2; exit 1; }
-    w=$cache/work; rm -rf "$w/root"; mkdir -p "$w/root/sbin" "$w/root/dev"
+# watch NAME TOTAL PID: the progress line (compiled files) until PID ends
+watch() {
+  local start; start=$(date +%s)
+  while kill -0 "$3" 2>/dev/null; do
+    progress "$TARGET" "$start" "$(grep -c -E '^(/usr/bin/cc|/usr/bin/c\+\+|cc |c\+\+ |/usr/lib/llvm-19/bin/clang)' "$LOG" || true)" "$2" files
+    sleep 2
+  done
+  progress_end "$TARGET"
+}
+run_logged() {    # CMD...: CMD in the background with its progress (of TOTAL files), failing with the log's tail
+  "$@" & local pid=$!
+  watch "$TARGET" "$TOTAL" "$pid"
+  wait "$pid" || { tail -n 30 "$LOG" >&2; die "$TARGET: ${*:1:2} failed (log: $LOG)"; }
+}
+mkdir -p "$FB/logs"
+exec 9>"$FB/.lock-$TARGET"
+flock 9
+
+# -- freebsd-toolchain ---------------------------------------------------------------------
+toolchain() {
+  [ -f "$OBJ/.toolchain-done" ] && return 0
+  exec 8>"$FB/.lock-obj-$TC_KEY"; flock 8
+  [ -f "$OBJ/.toolchain-done" ] && return 0
+  LOG="$FB/logs/freebsd-toolchain.log"; : >"$LOG"
+  log "building FreeBSD's kernel toolchain from $TREE (log $LOG)"
+  rm -rf "$OBJ"; mkdir -p "$OBJ"
+  TOTAL=954 run_logged mk kernel-toolchain       # its compiler calls at 15.1
+  touch "$OBJ/.toolchain-done"
+}
+legacy_bin() { find "$OBJ" -path '*/tmp/legacy/bin/makefs' -printf '%h\n' -quit; }
+
+case $TARGET in
+freebsd-toolchain)
+  toolchain
+  write_json "obj=$OBJ" "makefs=$(legacy_bin)/makefs" ;;
+kernel-freebsd-*)
+  FINAL="$FB/kernel-$FLAVOR-$KEY"
+  if [ ! -f "$FINAL/kernel" ]; then
+    toolchain
+    LOG="$FB/logs/kernel-freebsd-$FLAVOR.log"; : >"$LOG"
+    log "building FreeBSD kernel $KERNCONF from $TREE (log $LOG)"
+    # Our configs live in guest-kernel/freebsd/; the build takes them from there
+    # (KERNCONFDIR, also the include path of TANDEM-DEBUG's `include TANDEM-NATIVE`).
+    TOTAL=835 run_logged mk buildkernel NO_MODULES=yes KERNCONF="$KERNCONF" KERNCONFDIR="$CONFDIR"
+    kobj=$(find "$OBJ" -type d -path "*/sys/$KERNCONF" -print -quit)
+    [ -f "$kobj/kernel" ] || die "$TARGET: no kernel in $kobj"
+    tmp="$FINAL.tmp$$"; rm -rf "$tmp"; mkdir -p "$tmp"
+    cp "$kobj/kernel" "$tmp/kernel"
+    [ ! -f "$kobj/kernel.debug" ] || cp "$kobj/kernel.debug" "$tmp/kernel.debug"
+    cp "$CONFDIR/$KERNCONF" "$tmp/config"
+    grep -a -o -m1 -E 'FreeBSD [0-9]+\.[0-9]+-[A-Za-z0-9-]+ [A-Z0-9-]+' "$kobj/kernel" | head -n1 >"$tmp/version" || true
+    rm -rf "$FINAL"; mv -T "$tmp" "$FINAL"
+  fi
+  # The keys a Linux kernel's JSON has (tandem.artifacts.KernelBuild): bzImage is what QEMU's
+  # -kernel boots (here the ELF kernel, through its PVH note), vmlinux what reports are
+  # symbolized with (kernel.debug, its DWARF and symbols).
+  syms="$FINAL/kernel"; [ -f "$FINAL/kernel.debug" ] && syms="$FINAL/kernel.debug"
+  write_json "flavor=freebsd-$FLAVOR" "os=freebsd" "bzImage=$FINAL/kernel" "vmlinux=$syms" "system_map=" \
+    "config=$FINAL/config" "version=$(cat "$FINAL/version")" "bzImage_sha256=$(sha "$FINAL/kernel")" ;;
+freebsd-guest)
+  FINAL="$FB/guest-$KEY"
+  if [ ! -f "$FINAL/root.img" ]; then
+    toolchain
+    makefs="$(legacy_bin)/makefs"
+    [ -x "$makefs" ] || die "no makefs among the bootstrap tools in $OBJ"
+    tmp="$FINAL.tmp$$"; rm -rf "$tmp"; mkdir -p "$tmp/root/sbin" "$tmp/root/dev"
     clang-19 --target=x86_64-unknown-freebsd14.0 -O2 -Wall -Werror -nostdlib -static -ffreestanding \
-      -fno-stack-protector -fuse-ld=lld -o "$w/root/sbin/init" "$here/guest-kernel/freebsd/init/kvd-init.c"
-    "$legacy/makefs" -t ffs -o version=2 -s 8m "$w/root.img" "$w/root" ;;
-  all) "$0" toolchain && "$0" kernel "$conf" && "$0" rootfs ;;
-  *) echo "usage: $0 [--freebsd-src DIR] toolchain|kernel|rootfs|all [KERNCONF]" >&2; exit 2 ;;
+      -fno-stack-protector -fuse-ld=lld -o "$tmp/root/sbin/init" "$CONFDIR/init/kvd-init.c"
+    "$makefs" -t ffs -o version=2 -s 8m "$tmp/root.img" "$tmp/root" >/dev/null
+    cp "$tmp/root/sbin/init" "$tmp/init"; rm -rf "$tmp/root"
+    rm -rf "$FINAL"; mv -T "$tmp" "$FINAL"
+  fi
+  write_json "root_image=$FINAL/root.img" "init=$FINAL/init" ;;
 esac
+}
+main "$@"

@@ -78,6 +78,13 @@ class GuestBuild(TypedDict):
     disk_base_sha256: str
 
 
+class FreeBSDGuestBuild(TypedDict):
+    """The FreeBSD demo guest's root (scripts/build-freebsd.sh freebsd-guest)."""
+    key: str
+    root_image: str             # raw UFS2: use it as a base, never write it
+    init: str                   # its /sbin/init, kvd on port 7000
+
+
 class SiteFile(TypedDict):
     path: str                   # the URL path nginx serves it at ("/4m.bin")
     bytes: int
@@ -147,7 +154,8 @@ def qemu_stock() -> QemuBuild:
 
 def kernel(flavor: str = "native") -> KernelBuild:
     """{flavor, bzImage, vmlinux, system_map, config, bzImage_sha256, version}"""
-    return cast(KernelBuild, _load(f"kernel-{flavor}", KernelBuild.__required_keys__))
+    how = "./tandem build freebsd --freebsd-src PATH" if flavor.startswith("freebsd-") else "./tandem build"
+    return cast(KernelBuild, _load(f"kernel-{flavor}", KernelBuild.__required_keys__, build=how))
 
 
 def modules(flavor: str = "native") -> ModulesBuild:
@@ -163,6 +171,12 @@ def plugin_calls() -> PluginBuild:
 def guest() -> GuestBuild:
     """{initramfs_native, initramfs_asan, disk_base, and their _sha256}"""
     return cast(GuestBuild, _load("guest", GuestBuild.__required_keys__))
+
+
+def freebsd_guest() -> FreeBSDGuestBuild:
+    """The FreeBSD demo guest's root image and init."""
+    return cast(FreeBSDGuestBuild, _load("freebsd-guest", FreeBSDGuestBuild.__required_keys__,
+                                         build="./tandem build freebsd --freebsd-src PATH"))
 
 
 def refvm() -> RefvmBuild:

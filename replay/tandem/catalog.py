@@ -94,6 +94,14 @@ KERNELS = {k.flavor: k for k in (
     # Debian's own 6.12 kernel (linux-image-cloud-amd64), fetched in seconds where a kernel
     # compiled here costs 600-700 s of CPU on 2 cores: what the demo guest runs unless told.
     Kernel("stock"),
+    # FreeBSD kernels from the user's source tree (guest-kernel/freebsd/TANDEM-*,
+    # scripts/build-freebsd.sh): the production one, INVARIANTS and WITNESS on it, KASAN on
+    # that. They boot the FreeBSD demo guest (machine.Guest.of_image) or a FreeBSD VM of
+    # the user's. KASAN's shadow is an eighth of memory, and the debug kernel's zones are
+    # split (MALLOC_DEBUG_MAXZONES): 512 MiB under each.
+    Kernel("freebsd-native", memory_mb=512, os="freebsd"),
+    Kernel("freebsd-debug", memory_mb=512, os="freebsd"),
+    Kernel("freebsd-kasan", memory_mb=512, os="freebsd"),
 )}
 # The demo guest's kernel when none is named (tandem record, shadow, the demo): a
 # distribution's, as the production VMs tandem records run; the analyses run sanitizer
@@ -119,6 +127,13 @@ ALL = (
              "and lock-order bugs in the kernel"),
     Analysis("asan-userland", KERNELS[DEFAULT_KERNEL], "ASan-built guest services: memory errors in userland",
              userland=USERLANDS["asan"], equivalence={"serial": {"ignore": list(SANITIZER_LINES)}}),
+    # A FreeBSD guest's: its native (the noise run) and the kernel's own checks.
+    Analysis("freebsd-native", KERNELS["freebsd-native"], "FreeBSD's production kernel on the semantic path, "
+             "a FreeBSD guest's noise baseline", demo=False),
+    Analysis("freebsd-debug", KERNELS["freebsd-debug"], "FreeBSD INVARIANTS and WITNESS: the kernel's own "
+             "assertions and lock-order checking", demo=False),
+    Analysis("freebsd-kasan", KERNELS["freebsd-kasan"], "FreeBSD KASAN (with INVARIANTS and WITNESS): "
+             "out-of-bounds and use-after-free in the kernel", demo=False),
 )
 # The built-in analyses by name, read only: the CLI resolves the names it is given here
 # (get) and hands the stages Analysis values; an analysis of the user's (brought_kernel,
@@ -126,8 +141,13 @@ ALL = (
 ANALYSES: Mapping[str, Analysis] = MappingProxyType({a.name: a for a in ALL})
 # The native kernel on the semantic path: the noise run every analysis is split by.
 NATIVE = ANALYSES["native"]
-# Kernel flavors the build makes (guest-kernel/linux/FLAVORS says the same, for meson).
-FLAVORS = tuple(KERNELS)
+# Linux kernel flavors the build makes (guest-kernel/linux/FLAVORS says the same, for
+# meson), and FreeBSD's (meson.build's kernel-freebsd-* targets).
+FLAVORS = tuple(f for f, k in KERNELS.items() if k.os == "linux")
+FREEBSD_FLAVORS = tuple(f for f, k in KERNELS.items() if k.os == "freebsd")
+# Each guest OS's native kernel: the noise run of a recording of its demo guest when the
+# kernel it was recorded on is not known, and of a user's VM.
+OS_NATIVE = {"linux": "native", "freebsd": "freebsd-native"}
 
 
 def native_on(kernel: Kernel) -> Analysis:
@@ -198,11 +218,21 @@ def demo_analyses() -> list[Analysis]:
 def build_targets(analyses: Iterable[Analysis]) -> list[str]:
     """The build targets these analyses run on (QEMU, the demo guest's image, and each
     catalogue kernel with its modules; a kernel the user brought needs no build)."""
-    out = ["qemu", "guest"]
+    out = ["qemu"]
     for a in analyses:
+        if a.os == "linux" and "guest" not in out:
+            out.append("guest")
         if a.kernel.image is None:
-            out += [t for t in (f"kernel-{a.flavor}", f"modules-{a.flavor}") if t not in out]
+            out += [t for t in kernel_targets(a.kernel) if t not in out]
     return out
+
+
+def kernel_targets(k: Kernel) -> list[str]:
+    """The build targets a catalogue kernel is: a Linux kernel and its modules; a FreeBSD
+    kernel and the FreeBSD demo guest's root (built in seconds once the toolchain is)."""
+    if k.os == "freebsd":
+        return [f"kernel-{k.flavor}", "freebsd-guest"]
+    return [f"kernel-{k.flavor}", f"modules-{k.flavor}"]
 
 
 def demo_build_targets() -> list[str]:

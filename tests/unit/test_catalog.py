@@ -3,6 +3,7 @@ equivalence defaults and the report dialects all agree with it."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,21 @@ def test_every_flavor_has_a_config_fragment_or_a_debian_package_and_each_a_flavo
     debian = {p.stem for p in KERNEL_DIR.glob("*.debian")}
     assert fragments | debian == set(catalog.FLAVORS) and not fragments & debian
     assert catalog.DEFAULT_KERNEL in debian        # the demo guest's kernel is fetched, not compiled
+
+
+def test_each_freebsd_flavor_is_a_meson_target_with_its_config():
+    """meson.build's kernel-freebsd-* targets, guest-kernel/freebsd/TANDEM-*, the catalogue."""
+    meson = (ROOT / "meson.build").read_text()
+    m = re.search(r"foreach flavor : \[([^\]]*)\]\n  custom_target\('kernel-freebsd-'", meson)
+    assert m, "meson.build: no foreach over the FreeBSD flavors"
+    listed = tuple(f.strip().strip("'") for f in m.group(1).split(","))
+    assert tuple(f"freebsd-{f}" for f in listed) == catalog.FREEBSD_FLAVORS
+    configs = {p.name for p in (ROOT / "guest-kernel" / "freebsd").glob("TANDEM-*")}
+    assert configs == {f"TANDEM-{f.removeprefix('freebsd-').upper()}" for f in catalog.FREEBSD_FLAVORS}
+    assert build.GROUPS["freebsd"] == ["freebsd-toolchain", *(f"kernel-{f}" for f in catalog.FREEBSD_FLAVORS),
+                                       "freebsd-guest"]
+    assert not set(build.GROUPS["freebsd"]) & set(build.GROUPS["all"])     # a Linux user builds none
+    assert all(catalog.KERNELS[f].os == "freebsd" for f in catalog.FREEBSD_FLAVORS)
 
 
 def test_build_groups_follow_the_catalogue():

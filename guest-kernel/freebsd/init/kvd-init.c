@@ -7,7 +7,8 @@
  *   - listens on TCP port 7000 and answers, per connection, line by line:
  *       SET key value -> OK     GET key -> VALUE value | NOTFOUND
  *       DEL key -> OK | NOTFOUND     SYNC -> OK     QUIT -> (closes)     else ERR
- *   - prints "kvd-init: listening on port 7000" on the console when it is ready
+ *   - prints "kvd-init: listening on port 7000" on the console when it is ready, then
+ *     TANDEM-READY, the line tandem waits for on every demo guest (Linux's agent prints it too)
  *   - powers off when "poweroff" is typed on the console
  *
  * FreeBSD's system call ABI: number in rax, arguments in rdi rsi rdx r10 r8 r9; on error
@@ -400,7 +401,7 @@ _start(void)
 	}
 	for (int i = 0; i < MAXCONN; i++)
 		conns[i].fd = -1;
-	say("kvd-init: listening on port 7000\n");
+	say("kvd-init: listening on port 7000\nTANDEM-READY\n");
 	for (;;) {
 		int n = 0;
 

@@ -167,4 +167,5 @@ def record_targets(args: argparse.Namespace) -> list[str]:
         return ["qemu"]
     from .guest_options import kernel_flavor
     flavor = kernel_flavor(args)
-    return ["qemu", "guest", f"kernel-{flavor}", f"modules-{flavor}"]
+    kernel = catalog.kernel(flavor)
+    return ["qemu", *(["guest"] if kernel.os == "linux" else []), *catalog.kernel_targets(kernel)]

@@ -18,6 +18,9 @@ ICOUNT_SHIFT = 2           # fixed: record and replay must use the same shift
 # The demo guest's: IPv6 off (the kernels have it for ordinary guests' services; the demo
 # service speaks IPv4 and its recordings carry no IPv6 chatter).
 DEFAULT_CMDLINE = "console=ttyS0 panic=-1 oops=panic ipv6.disable=1"
+# The FreeBSD demo guest's: its root is the first virtio disk (its console is COM1 by the
+# kernel's compiled-in hints, guest-kernel/freebsd/TANDEM-NATIVE).
+FREEBSD_CMDLINE = "vfs.root.mountfrom=ufs:/dev/vtbd0"
 
 
 # What the machine is, whatever the mode: record and replay must agree on every one of
@@ -133,12 +136,27 @@ class Guest:
 
     @classmethod
     def of_image(cls, kernel: catalog.Kernel, land: catalog.Userland) -> "Guest":
-        """tandem's guest image with a built kernel and userland (its kernel not built: one-line error)."""
+        """tandem's guest image with a built kernel and userland (its kernel not built: one-line error);
+        a FreeBSD kernel boots the FreeBSD demo guest (of_freebsd)."""
+        if kernel.os == "freebsd":
+            return cls.of_freebsd(kernel, land)
         k, g = artifacts.kernel(kernel.flavor), artifacts.guest()
         cmdline = " ".join(filter(None, (DEFAULT_CMDLINE, land.cmdline_extra, kernel.cmdline_extra)))
         initrd = artifacts.initrd_with_modules(*artifacts.initramfs(g, land.name), artifacts.modules(kernel.flavor))
         return cls(kernel=k["bzImage"], initrd=initrd, disks=(Disk(g["disk_base"]),), cmdline=cmdline,
                    memory_mb=kernel.memory_mb, os=kernel.os)
+
+    @classmethod
+    def of_freebsd(cls, kernel: catalog.Kernel, land: catalog.Userland) -> "Guest":
+        """The FreeBSD demo guest (scripts/build-freebsd.sh freebsd-guest): a FreeBSD kernel
+        booted directly (PVH) on the UFS root whose init serves kvd on port 7000, with
+        tandem's TCG CPU (CPUS). It has one userland."""
+        if land.name != "native":
+            raise TandemError(f"userland {land.name}: the FreeBSD demo guest has only its native one")
+        k, root = artifacts.kernel(kernel.flavor), artifacts.freebsd_guest()
+        return cls(kernel=k["bzImage"], initrd=None, disks=(Disk(root["root_image"]),),
+                   cmdline=" ".join(filter(None, (FREEBSD_CMDLINE, kernel.cmdline_extra))),
+                   memory_mb=kernel.memory_mb, os="freebsd", cpu=OS_CPU["freebsd"])
 
     @classmethod
     def from_manifest(cls, manifest: Recorded | Mapping[str, Any]) -> "Guest":

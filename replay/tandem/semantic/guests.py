@@ -82,7 +82,7 @@ def recorded_flavor(manifest: Manifest) -> str | None:
     kernel = manifest.input_paths.get("kernel")
     if manifest.users_guest or kernel is None:
         return None
-    for flavor in catalog.FLAVORS:
+    for flavor in catalog.FLAVORS + catalog.FREEBSD_FLAVORS:
         try:
             if artifacts.kernel(flavor)["bzImage"] == kernel:
                 return flavor
@@ -90,14 +90,18 @@ def recorded_flavor(manifest: Manifest) -> str | None:
             continue
     where = Path(kernel).parent
     flavor = where.name.rpartition("-")[0]
+    if where.parent == artifacts.cache_dir() / "freebsd" and flavor.startswith("kernel-"):
+        flavor = "freebsd-" + flavor[len("kernel-"):]       # freebsd/kernel-FLAVOR-KEY/kernel
+        return flavor if flavor in catalog.FREEBSD_FLAVORS else None
     return flavor if where.parent == artifacts.cache_dir() / "kernel" and flavor in catalog.FLAVORS else None
 
 
 def noise_analysis(manifest: Manifest) -> catalog.Analysis:
     """The noise run of a recording: the native on the semantic path, booting the kernel the
-    demo guest was recorded on (catalog.native_on); tandem's native kernel for a user's VM."""
-    flavor = recorded_flavor(manifest)
-    return catalog.native_on(catalog.kernel(flavor)) if flavor else catalog.NATIVE
+    demo guest was recorded on (catalog.native_on); tandem's native kernel of the guest's
+    OS for a user's VM."""
+    flavor = recorded_flavor(manifest) or catalog.OS_NATIVE.get(manifest.machine.os or "linux", "native")
+    return catalog.native_on(catalog.kernel(flavor))
 
 
 def as_recorded(analyses: list[catalog.Analysis], manifest: Manifest) -> list[catalog.Analysis]:
@@ -110,6 +114,10 @@ def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, ro
     """The machine analysis `a` boots for the recording in bundle_dir (manifest: its
     manifest): the catalogue's guest for the demo guest's recordings; for a user's VM its
     own disks with the analysis's kernel booted directly on its root."""
+    recorded_os = manifest.machine.os or "linux"
+    if a.kernel.image is None and a.os != recorded_os:
+        raise TandemError(f"analysis {a.name}: its kernel is {a.os}'s; {bundle_dir} is of a {recorded_os} guest "
+                          f"(its analyses: {', '.join(x.name for x in catalog.ALL if x.os == recorded_os)})")
     if not manifest.users_guest:
         if a.kernel.image or a.overlay:
             raise TandemError(f"analysis {a.name}: {'a kernel you bring' if a.kernel.image else 'an overlay'} "
@@ -120,12 +128,32 @@ def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, ro
         raise TandemError(f"analysis {a.name}: it swaps the demo guest's userland; a user's VM keeps its own "
                           "(its files can be swapped through an overlay instead: --overlay)")
     recorded = Guest.from_manifest(manifest)
+    if recorded.os == "freebsd":
+        return freebsd_guest(bundle_dir, recorded, a, root)
     given = root or recorded_root(bundle_dir, manifest)
     if given is None:
         raise TandemError(f"{bundle_dir}: the guest's root device is not in the recording (no root= on a kernel "
                           "command line it shows); give it with --root (e.g. /dev/vda1)")
     device = root_device(recorded.disks, given)
     cmdline = " ".join(filter(None, (f"root={device} ro console=ttyS0 panic=-1", a.kernel.cmdline_extra)))
+    image = a.kernel.image or artifacts.kernel(a.flavor)["bzImage"]
+    return dataclasses.replace(recorded, kernel=image, initrd=None, cmdline=cmdline,
+                               memory_mb=max(recorded.memory_mb, a.kernel.memory_mb), nics=recorded.nics[:1])
+
+
+FREEBSD_ROOT_ARG = re.compile(r"(?:^|\s)vfs\.root\.mountfrom=(\S+)")
+
+
+def freebsd_guest(bundle_dir: Path, recorded: Guest, a: catalog.Analysis, root: str | None) -> Guest:
+    """A user's FreeBSD VM booting the analysis's kernel directly (PVH) on its own disks: its
+    root from --root or the recorded command line's vfs.root.mountfrom (a loader's boot
+    does not show it)."""
+    given = root or (m.group(1) if (m := FREEBSD_ROOT_ARG.search(recorded.cmdline)) else None)
+    if given is None:
+        raise TandemError(f"{bundle_dir}: the FreeBSD guest's root is not in the recording (no "
+                          "vfs.root.mountfrom= on its command line); give it with --root (e.g. ufs:/dev/vtbd0p2)")
+    rest = " ".join(w for w in recorded.cmdline.split() if not w.startswith("vfs.root.mountfrom="))
+    cmdline = " ".join(filter(None, (f"vfs.root.mountfrom={given}", rest, a.kernel.cmdline_extra)))
     image = a.kernel.image or artifacts.kernel(a.flavor)["bzImage"]
     return dataclasses.replace(recorded, kernel=image, initrd=None, cmdline=cmdline,
                                memory_mb=max(recorded.memory_mb, a.kernel.memory_mb), nics=recorded.nics[:1])

@@ -44,6 +44,8 @@ GROUPS = {
     "analyses": [t for f in FLAVORS if f != DEFAULT_KERNEL for t in (f"kernel-{f}", f"modules-{f}")]
     + ["plugin-calls"],
     "guests": ["refvm", "refvm-tandem", "asan-redis"],
+    # FreeBSD guests, from the tree TANDEM_FREEBSD_SRC names; not in "all" (a Linux user has none)
+    "freebsd": list(state.FREEBSD_TARGETS),
 }
 GROUPS["all"] = GROUPS["record"] + GROUPS["analyses"] + GROUPS["guests"]
 PLAIN_EVERY = 30.0      # seconds between progress lines when not on a terminal
@@ -140,6 +142,8 @@ def _show(line: str, tty: bool, last: list) -> None:
 def build(targets: list[str], command: str = "tandem", compile_parser: bool = True) -> None:
     """Build these targets (groups expanded) under the setup lock; raise on failure."""
     targets = expand(targets)
+    if any(t in state.FREEBSD_TARGETS for t in targets):
+        freebsd_source()
     with SetupLock(f"building {', '.join(targets)}", command):
         if compile_parser:
             # The console parser compiled by mypyc (report/compiled.py): 1.3x faster on
@@ -175,6 +179,18 @@ def build(targets: list[str], command: str = "tandem", compile_parser: bool = Tr
                              f"(whole log: {logfile})")
         state.record_times(targets, log_offset)
         log.info("built %s in %s", ", ".join(targets), _duration(time.monotonic() - t0))
+
+
+def freebsd_source() -> Path:
+    """The FreeBSD source tree or archive FreeBSD targets build from (TANDEM_FREEBSD_SRC:
+    a setting, never a path in the code); a one-line error when it is not there."""
+    src = os.environ.get("TANDEM_FREEBSD_SRC", "")
+    if not src:
+        raise TandemError("FreeBSD targets need a FreeBSD source tree: --freebsd-src PATH or TANDEM_FREEBSD_SRC "
+                          "(a checkout, or a release's src.txz: docs/freebsd.md)")
+    if not Path(src).exists():
+        raise TandemError(f"TANDEM_FREEBSD_SRC={src}: no such file or directory")
+    return Path(src)
 
 
 class Background:
@@ -262,7 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--debug", action="store_true")
     p.add_argument("--no-parser", action="store_true",
                    help="do not compile the console parser (the .py modules run without it)")
+    p.add_argument("--freebsd-src", metavar="PATH",
+                   help="the FreeBSD source tree (a checkout or a release's src.txz) FreeBSD targets build from "
+                        "(default: $TANDEM_FREEBSD_SRC)")
     args = p.parse_args(argv)
+    if args.freebsd_src:
+        os.environ["TANDEM_FREEBSD_SRC"] = os.path.abspath(args.freebsd_src)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, format="tandem: %(message)s")
     try:
         build(args.targets, command=os.environ.get("TANDEM_COMMAND", "tandem build"), compile_parser=not args.no_parser)

@@ -50,7 +50,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
         "basename", "cat", "chmod", "chroot", "cp", "cut", "date", "dd", "dirname", "env", "head", "id",
         "install", "ln", "ls", "mkdir", "mknod", "mv", "nproc", "readlink", "realpath", "rm", "sha256sum",
         "seq", "sleep", "sort", "stat", "sync", "tail", "tee", "touch", "tr", "truncate"),
-    *_p("coreutils", "FreeBSD guest scripts (scripts/build-freebsd.sh, run-freebsd.sh)", "nice", "timeout"),
+    *_p("coreutils", "FreeBSD guest scripts (scripts/build-freebsd.sh, run-freebsd.sh)", "nice", "timeout", "mktemp"),
     *_p("bash", "the launcher and build scripts", "bash"),
     *_p("dash", "/bin/sh: the private libvirtd's launch script", "sh"),
     *_p("util-linux", "locks (flock), namespaces (unshare), CPU placement of VMs (chrt, taskset), sessions (setsid)",

@@ -26,8 +26,10 @@ import subprocess
 from pathlib import Path
 
 from ..artifacts import REPO, build_dir, cache_dir
-from ..catalog import FLAVORS
+from ..catalog import FLAVORS, FREEBSD_FLAVORS
 
+# FreeBSD guests' builds (scripts/build-freebsd.sh), from the tree TANDEM_FREEBSD_SRC names.
+FREEBSD_TARGETS = ("freebsd-toolchain", *(f"kernel-{f}" for f in FREEBSD_FLAVORS), "freebsd-guest")
 # Build scripts that can print the key their sources give now (TANDEM_KEY_ONLY=1); BUILD/
 # is the build directory. refvm-tandem's key covers kernel-native's and modules-native's
 # keys as their JSONs say now: stale when either was rebuilt since.
@@ -35,13 +37,14 @@ KEYED = {"qemu": ["build-qemu.sh", "OUT"], "guest": ["build-guest.sh", "OUT"], "
          "refvm-tandem": ["build-refvm.sh", "--tandem-kernel", "BUILD/kernel-native.json",
                           "BUILD/modules-native.json", "OUT"],
          "asan-redis": ["build-asan-redis.sh", "OUT"],
-         **{f"kernel-{f}": ["build-kernel.sh", f, "OUT"] for f in FLAVORS}}
+         **{f"kernel-{f}": ["build-kernel.sh", f, "OUT"] for f in FLAVORS},
+         **{t: ["build-freebsd.sh", t, "OUT"] for t in FREEBSD_TARGETS}}
 # Builds whose key comes from another build's output (a module from its kernel's image,
 # the plugin from QEMU's header).
 UNKEYED = [*(f"modules-{f}" for f in FLAVORS), "plugin-calls"]
 # The fields of a build's JSON that name the files it made.
 ARTIFACTS = ("binary", "bzImage", "vmlinux", "disk_base", "initramfs_native", "cpio", "plugin", "disk", "kernel", "initrd",
-             "deb")
+             "deb", "obj", "root_image")
 
 # Wall seconds of each cold build in scripts/fresh-check.sh's unloaded run at b4efb6d
 # (docs/benchmarks.md, "cold setup"), two targets at a time; refvm, refvm-tandem and
@@ -50,7 +53,10 @@ ARTIFACTS = ("binary", "bzImage", "vmlinux", "disk_base", "initramfs_native", "c
 REFERENCE_S = {"qemu": 278, "guest": 7, "kernel-native": 379, "kernel-kasan": 563, "kernel-ubsan": 482,
                "kernel-lockdep": 270, "kernel-kcsan": 482, "kernel-debug": 395, "kernel-stock": 5,
                "plugin-calls": 5, "refvm": 374, "refvm-tandem": 249, "asan-redis": 171, "qemu-stock": 278,
-               **{f"modules-{f}": 4 for f in FLAVORS}}
+               **{f"modules-{f}": 4 for f in FLAVORS},
+               # FreeBSD 15.1 on this project's machine kind (docs/freebsd-boot-notes.md)
+               "freebsd-toolchain": 206, "kernel-freebsd-native": 232, "kernel-freebsd-debug": 240,
+               "kernel-freebsd-kasan": 260, "freebsd-guest": 2}
 REFERENCE_KERNEL_S = REFERENCE_S["kernel-native"]
 TIMES = "build-times.json"
 
@@ -87,6 +93,8 @@ def why_stale(target: str) -> str | None:
         return "not built"
     if lost := gone(built):
         return f"{lost} is gone from the cache"
+    if target in FREEBSD_TARGETS and not os.environ.get("TANDEM_FREEBSD_SRC"):
+        return None     # built from the tree its JSON names; no tree given to check it against
     if target in KEYED:
         now = current_key(target)
         return None if now is not None and now == built.get("key") else "stale"

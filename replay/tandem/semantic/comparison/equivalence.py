@@ -375,6 +375,8 @@ def _anchored(items: Parsed) -> bool:
 
 # The embedded default guest's own spec, used when the user gives none.
 DEMO_SPEC = artifacts.REPO / "agent" / "kvd.equiv.toml"
+# Each guest OS's demo guest's spec, by the analysis kernel's OS.
+DEMO_SPECS = {"linux": DEMO_SPEC, "freebsd": artifacts.REPO / "guest-kernel" / "freebsd" / "init" / "kvd-init.equiv.toml"}
 
 
 def parse_toml(text: bytes, where: str) -> dict[str, object]:
@@ -400,7 +402,7 @@ def check(data: Mapping[str, object], where: str = "<spec>") -> Spec:
 
 def load(analysis: catalog.Analysis, path: str | Path | None = None, users_guest: bool = False) -> Spec:
     """The built-in defaults for this analysis, plus the user's spec file if given
-    (else, for the demo guest, the demo service's, agent/kvd.equiv.toml).
+    (else, for a demo guest, its service's: DEMO_SPECS by the analysis's OS).
 
     users_guest: a recording of the user's own VM, whose console carries its boot's
     chatter (systemd's, its services'): scanned for reports, compared only when the
@@ -410,8 +412,9 @@ def load(analysis: catalog.Analysis, path: str | Path | None = None, users_guest
         if rules:
             _merge(spec, rules, f"built-in spec {key!r}")
             spec.sources.append(f"built-in:{key}")
-    if path is None and DEMO_SPEC.is_file() and not users_guest:
-        path = DEMO_SPEC
+    demo_spec = DEMO_SPECS.get(analysis.os, DEMO_SPEC)
+    if path is None and demo_spec.is_file() and not users_guest:
+        path = demo_spec
     data: dict[str, object] = {}
     if path is not None:
         p = Path(path)
