@@ -84,6 +84,28 @@ if [ -z "${TANDEM_KEY_ONLY:-}" ]; then
   [ -f "$TREE/tools/build/make.py" ] && [ -f "$TREE/sys/conf/newvers.sh" ] \
     || die "$SRC: not a FreeBSD source tree (no tools/build/make.py or sys/conf/newvers.sh)"
 fi
+# tandem's patches (guest-kernel/freebsd/patches/, each saying why) are applied to a copy of
+# the tree made of hard links (a plain copy across file systems), never to the tree itself:
+# every kernel is built from that copy, so the toolchain is built once.
+PATCHES=("$CONFDIR"/patches/*.patch)
+[ -f "${PATCHES[0]}" ] || PATCHES=()
+TREE_KEY=$(printf '%s\n' "$TREE_KEY" ${PATCHES[@]+$(sha "${PATCHES[@]}")} | sha256sum | cut -c1-16)
+patched_tree() {
+  local dst="$FB/tree-$TREE_KEY" tmp p f
+  if [ ! -d "$dst" ]; then
+    tmp="$dst.tmp$$"; rm -rf "$tmp"
+    log "copying $TREE to $dst with tandem's patches (guest-kernel/freebsd/patches)"
+    cp -al "$TREE" "$tmp" 2>/dev/null || { rm -rf "$tmp"; cp -a "$TREE" "$tmp"; }
+    for p in ${PATCHES[@]+"${PATCHES[@]}"}; do
+      for f in $(sed -n 's#^+++ b/\([^\t ]*\).*#\1#p' "$p"); do    # its own copy of each file patched
+        [ ! -e "$tmp/$f" ] || cp --remove-destination "$TREE/$f" "$tmp/$f"
+      done
+      patch -s -p1 -d "$tmp" <"$p" >&2 || { rm -rf "$tmp"; die "$p does not apply to $TREE"; }
+    done
+    mv -T "$tmp" "$dst"
+  fi
+  TREE=$dst
+}
 
 knobs=(-DWITHOUT_CLANG -DWITHOUT_LLD -DWITHOUT_LLDB -DWITHOUT_LLVM_BINUTILS
        -DWITHOUT_CLANG_BOOTSTRAP -DWITHOUT_LLD_BOOTSTRAP -DWITH_DISK_IMAGE_TOOLS_BOOTSTRAP)
@@ -141,6 +163,7 @@ run_logged() {    # CMD...: CMD in the background with its progress (of TOTAL fi
 mkdir -p "$FB/logs"
 exec 9>"$FB/.lock-$TARGET"
 flock 9
+exec 7>"$FB/.lock-tree"; flock 7; patched_tree; flock -u 7
 
 # -- freebsd-toolchain ---------------------------------------------------------------------
 toolchain() {

@@ -21,9 +21,7 @@ from tandem.semantic.analyze import analyze
 
 pytestmark = pytest.mark.skipif(not os.environ.get("TANDEM_FREEBSD_SRC"),
                                 reason="no FreeBSD source tree: TANDEM_FREEBSD_SRC (docs/freebsd.md)")
-# freebsd-kasan builds but does not boot yet (a #GP in spinlock_enter before the per-CPU
-# area is set up, on the PVH entry path: docs/freebsd.md).
-FREEBSD = [catalog.ANALYSES["freebsd-debug"]]
+FREEBSD = [catalog.ANALYSES[n] for n in ("freebsd-debug", "freebsd-kasan")]
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +48,10 @@ def test_the_freebsd_demo_guest_is_recorded_and_replays_exactly(freebsd_bundle):
 
 
 def test_freebsd_kernels_replay_the_traffic_with_no_divergence(freebsd_bundle, tmp_path):
-    """The native on the semantic path (the noise run) and the debug kernel serve the
-    recorded requests as the native did: no divergence, no finding, powered off."""
+    """The native on the semantic path (the noise run) and the debug and KASAN kernels serve
+    the recorded requests as the native did: no divergence, no finding, powered off."""
     s = analyze(freebsd_bundle, [catalog.NATIVE, *FREEBSD], workdir=tmp_path)
-    assert [r.analysis for r in s.results] == ["native", "freebsd-debug"]
+    assert [r.analysis for r in s.results] == ["native", "freebsd-debug", "freebsd-kasan"]
     for r in s.results:
         assert r.run.outcome == "poweroff", (r.analysis, r.run.detail)
         assert not r.divergences, (r.analysis, [d.diff for d in r.divergences])
@@ -64,6 +62,7 @@ def test_freebsd_kernels_replay_the_traffic_with_no_divergence(freebsd_bundle, t
     consoles = {r.analysis: console(tmp_path / f"{r.analysis}.tdm") for r in s.results}
     assert b"TANDEM-NATIVE" in consoles["native"]
     assert b"TANDEM-DEBUG" in consoles["freebsd-debug"] and b"WITNESS" in consoles["freebsd-debug"]
+    assert b"TANDEM-KASAN" in consoles["freebsd-kasan"]
 
 
 def console(path: Path) -> bytes:

@@ -147,7 +147,7 @@ def build_for_analyses(analyses: list[catalog.Analysis], noise: bool = True, bun
     was made on: semantic.guests.as_recorded), and unless noise is off the kernels of their
     noise runs (the same); a bundle that does not load is left to the replay, which says why."""
     from ..formats.bundle import load_manifest
-    from ..semantic.guests import as_recorded, noise_analysis
+    from ..semantic.guests import as_recorded, check_os, noise_analysis
     bundles = list(bundles)
     runs = [] if bundles else list(analyses)
     for b in bundles:
@@ -156,6 +156,8 @@ def build_for_analyses(analyses: list[catalog.Analysis], noise: bool = True, bun
         except TandemError:
             runs += analyses
             continue
+        for a in analyses:          # before building anything for it
+            check_os(Path(b), manifest, a)
         runs += as_recorded(list(analyses), manifest) + ([noise_analysis(manifest)] if noise else [])
     build_for(catalog.build_targets(runs), "--analysis " + ",".join(a.name for a in analyses), parser=True)
 

@@ -110,14 +110,20 @@ def as_recorded(analyses: list[catalog.Analysis], manifest: Manifest) -> list[ca
     return [noise_analysis(manifest) if a == catalog.NATIVE else a for a in analyses]
 
 
-def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, root: str | None = None) -> Guest:
-    """The machine analysis `a` boots for the recording in bundle_dir (manifest: its
-    manifest): the catalogue's guest for the demo guest's recordings; for a user's VM its
-    own disks with the analysis's kernel booted directly on its root."""
+def check_os(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis) -> None:
+    """A one-line error when analysis `a`'s catalogue kernel is another OS's than the guest
+    the recording is of (a kernel the user brought is taken as the guest's)."""
     recorded_os = manifest.machine.os or "linux"
     if a.kernel.image is None and a.os != recorded_os:
         raise TandemError(f"analysis {a.name}: its kernel is {a.os}'s; {bundle_dir} is of a {recorded_os} guest "
                           f"(its analyses: {', '.join(x.name for x in catalog.ALL if x.os == recorded_os)})")
+
+
+def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, root: str | None = None) -> Guest:
+    """The machine analysis `a` boots for the recording in bundle_dir (manifest: its
+    manifest): the catalogue's guest for the demo guest's recordings; for a user's VM its
+    own disks with the analysis's kernel booted directly on its root."""
+    check_os(bundle_dir, manifest, a)
     if not manifest.users_guest:
         if a.kernel.image or a.overlay:
             raise TandemError(f"analysis {a.name}: {'a kernel you bring' if a.kernel.image else 'an overlay'} "

@@ -30,7 +30,7 @@ from ..artifacts import REPO, build_dir, cache_dir
 from ..catalog import DEFAULT_KERNEL
 from ..errors import EXIT_CLEAN, EXIT_FOUND
 from . import lock, programs
-from .state import KEYED, UNKEYED, current_key, gone
+from .state import FREEBSD_TARGETS, KEYED, UNKEYED, current_key, gone
 
 # Measured (scripts/fresh-check.sh): a cold build fills the cache with 4.8 GiB (the
 # four kernel object trees 2.4, the kernel source 1.6, QEMU 0.5, the venv 0.3); 10 GiB
@@ -102,7 +102,7 @@ def check_programs() -> Check:
 
 
 def _builds_missing() -> bool:
-    return not all((build_dir() / f"{t}.json").is_file() for t in KEYED)
+    return not all((build_dir() / f"{t}.json").is_file() for t in KEYED if t not in FREEBSD_TARGETS)
 
 
 def check_disk() -> Check:
@@ -130,12 +130,19 @@ def check_venv() -> Check:
 
 def check_builds() -> list[Check]:
     checks = []
+    freebsd = [t for t in FREEBSD_TARGETS if (build_dir() / f"{t}.json").is_file()]
+    if not freebsd:
+        checks.append(Check("ok", "freebsd", "none built (FreeBSD guests only: ./tandem build freebsd "
+                                             "--freebsd-src PATH)"))
     for target in [*KEYED, *UNKEYED]:
         path = build_dir() / f"{target}.json"
+        build = "./tandem build freebsd" if target in FREEBSD_TARGETS else "./tandem build"
+        if target in FREEBSD_TARGETS and target not in freebsd:
+            continue
         try:
             built = json.loads(path.read_text())
         except FileNotFoundError:
-            checks.append(Check("warn", target, "not built", "./tandem build"))
+            checks.append(Check("warn", target, "not built", build))
             continue
         except json.JSONDecodeError:
             checks.append(Check("FAIL", target, f"{path} unreadable", f"rm {path}; ./tandem build"))
@@ -143,13 +150,16 @@ def check_builds() -> list[Check]:
         lost = gone(built)
         now = current_key(target) if target in KEYED else built.get("key")
         if lost:
-            checks.append(Check("FAIL", target, f"{lost} is gone from the cache", "./tandem build"))
+            checks.append(Check("FAIL", target, f"{lost} is gone from the cache", build))
+        elif target in FREEBSD_TARGETS and not os.environ.get("TANDEM_FREEBSD_SRC"):
+            checks.append(Check("ok", target, f"key {built.get('key')}, built from {built.get('tree')} "
+                                "(no TANDEM_FREEBSD_SRC to check it against)"))
         elif now is None:
             checks.append(Check("warn", target, f"built with key {built.get('key')}; its current key "
                                 "cannot be computed (sources not downloaded yet?)", "./tandem build"))
         elif now != built.get("key"):
             checks.append(Check("warn", target, f"built with key {built.get('key')}, its sources now give "
-                                f"{now}: stale", "./tandem build"))
+                                f"{now}: stale", build))
         else:
             checks.append(Check("ok", target, f"key {now}, up to date" if target in KEYED else
                                 f"key {now}, built (its inputs' keys are checked above)"))
