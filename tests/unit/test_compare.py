@@ -75,6 +75,13 @@ def test_lines_the_analysis_lacks_follow_the_request_it_answered_there():
     # the time the native answered
     (d,) = compare.compare(rec, analysis([], []), spec())
     assert d.kind == "missing" and "GET a" in d.after_input, d.after_input
+    # ... taken later on its own clock than the native answered it: still after that
+    # request (the native's time is the recorded inputs' clock), not the connection's open
+    late = analysis([], [])
+    late.delivered[:] = [Delivered(3, inputs.Input("tcp-open", 3, b"", flow=0)),
+                         Delivered(40, inputs.Input("tcp-data", 5, b"GET a\n", flow=0))]
+    (d,) = compare.compare(rec, late, spec())
+    assert d.kind == "missing" and "GET a" in d.after_input, d.after_input
 
 
 def test_console_line_times_follow_the_writes():

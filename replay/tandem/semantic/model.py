@@ -154,15 +154,16 @@ class AnalysisRun:
         if i > 0:       # the write that `offset` is in stays: it times what follows
             del self.console_times[:i]
 
-    def input_before(self, vm_ns: int, flow: int | None = None) -> Delivered | None:
+    def input_before(self, vm_ns: int, flow: int | None = None, recorded: bool = False) -> Delivered | None:
         """The last input delivered at or before vm_ns: what a finding is attributed to;
         with flow, the last request bytes on that connection (what a reply on it answers:
         with other clients' inputs between, the last input of all is some other client's;
         a client's FIN after its request is no request), else its last input, else the
-        last of all."""
+        last of all. recorded: vm_ns is the native's time, and inputs are taken by the
+        time they were recorded at (they are delivered in that order)."""
         last = last_on_flow = last_data = None
         for d in self.delivered:
-            if d.vm_ns > vm_ns:
+            if (d.input.vm_ns if recorded else d.vm_ns) > vm_ns:
                 break
             if d.input.kind != InputKind.RNG:
                 last = d

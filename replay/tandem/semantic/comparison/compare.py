@@ -332,14 +332,15 @@ def _diff_stream(channel: str, a: _Side, b: _Side, spec: Spec, run: AnalysisRun,
     return out
 
 
-def _where(b: _Side, j: int, native_ns: int) -> int:
-    """The analysis's VM time where lines it lacks belong (just before kept line j):
-    the line before the gap, which answers the same request, else the one after it; on
-    a channel it wrote nothing on, the native's time (inputs reach an analysis no earlier
-    than they reached the native)."""
+def _where(b: _Side, j: int, native_ns: int) -> tuple[int, bool]:
+    """Where lines the analysis lacks belong (just before its kept line j), and whether that
+    is a native time: the analysis's line before the gap, which answers the same request,
+    else the one after it; on a channel it wrote nothing on, the native's time of its first
+    line, which the inputs the native had then were recorded before (the analysis may have
+    taken them later than that time on its own clock)."""
     if j:
-        return b.vm_ns(j - 1)
-    return b.vm_ns(j) if j < len(b.texts) else native_ns
+        return b.vm_ns(j - 1), False
+    return (b.vm_ns(j), False) if j < len(b.texts) else (native_ns, True)
 
 
 def _cut_short(a: _Side, b: _Side, last: tuple[str, int, int, int, int]) -> bool:
@@ -360,13 +361,13 @@ def _raw(side: _Side, i: int) -> bytes:
     return text[start:end if end >= 0 else len(text)].rstrip(b"\r")
 
 
-def _div(channel, kind, na, nb, run: AnalysisRun, diff, where: int | None = None) -> Divergence:
+def _div(channel, kind, na, nb, run: AnalysisRun, diff, where: tuple[int, bool] | None = None) -> Divergence:
     """A divergence, after the input the analysis had last taken where it is: at its
-    first line, or for lines it lacks at `where` (its time next to the gap)."""
+    first line, or for lines it lacks at `where` (_where)."""
     ans = nb[0].vm_ns if nb else None
     flow = int(channel.split()[2]) if channel.startswith("tcp flow ") else None
-    at = ans if ans is not None else where
-    before = run.input_before(at, flow) if at is not None else None
+    at, native_time = (ans, False) if ans is not None else where if where is not None else (None, False)
+    before = run.input_before(at, flow, recorded=native_time) if at is not None else None
     return Divergence(channel, kind, na, nb, na[0].vm_ns if na else None, ans,
                       before.input.describe() if before else "none (before the first input)", diff)
 
