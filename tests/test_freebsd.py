@@ -53,13 +53,16 @@ def test_freebsd_kernels_replay_the_traffic_with_no_divergence(freebsd_bundle, t
     s = analyze(freebsd_bundle, [catalog.NATIVE, *FREEBSD], workdir=tmp_path)
     assert [r.analysis for r in s.results] == ["native", "freebsd-debug", "freebsd-kasan"]
     for r in s.results:
-        assert r.run.outcome == "poweroff", (r.analysis, r.run.detail)
+        # a KASAN kernel under TCG takes longer to sync and halt than the native's end
+        # and the settling second after it: quit then, "finished"
+        assert r.run.outcome in ("poweroff", "finished"), (r.analysis, r.run.detail)
         assert not r.divergences, (r.analysis, [d.diff for d in r.divergences])
         assert not r.findings, (r.analysis, [f.title for f in r.findings])
         assert r.run.n_delivered > 0 and not r.run.limits, (r.analysis, r.run.limits)
     # what each booted: its own kernel, on the FreeBSD demo guest's root (the console its
     # own recording keeps: the run's is dropped as it is compared)
     consoles = {r.analysis: console(tmp_path / f"{r.analysis}.tdm") for r in s.results}
+    assert all(b"kvd-init: powering off" in c for c in consoles.values()), consoles
     assert b"TANDEM-NATIVE" in consoles["native"]
     assert b"TANDEM-DEBUG" in consoles["freebsd-debug"] and b"WITNESS" in consoles["freebsd-debug"]
     assert b"TANDEM-KASAN" in consoles["freebsd-kasan"]
