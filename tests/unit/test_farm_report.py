@@ -100,3 +100,17 @@ def test_an_analysis_that_does_not_apply_is_skipped_with_its_reason_never_run(tm
     cases = {(c.classname, c.name): c.result for suite in junitparser.JUnitXml.fromfile(str(path)) for c in suite}
     (skip,) = cases["demo.tdm", "mine"]
     assert isinstance(skip, junitparser.Skipped) and "your own VMs" in skip.message
+
+
+def test_an_analysis_of_another_guest_os_is_skipped():
+    """A FreeBSD kernel on a Linux recording and a Linux kernel on a FreeBSD one are skipped
+    tasks; a kernel the user brings is taken as the guest's OS's (on the FreeBSD demo
+    guest it is skipped as on Linux's)."""
+    linux, fb = Corpus("/r/demo.tdm", "sha-d", users_guest=True), Corpus("/r/fb.tdm", "sha-f", os="freebsd")
+    targets = [Target("kasan", "k"), Target("freebsd-kasan", "fk", os="freebsd"),
+               Target("mine", "user:1", "mine=/b/bzImage", guests=Guests.USERS)]
+    skipped = {(k.bundle, k.analysis): why for k, why in plan([linux, fb], targets, None) if why}
+    assert skipped == {("/r/demo.tdm", "freebsd-kasan"): "freebsd-kasan: a freebsd kernel, and the recording is of a "
+                                                          "linux guest",
+                       ("/r/fb.tdm", "kasan"): "kasan: a linux kernel, and the recording is of a freebsd guest",
+                       ("/r/fb.tdm", "mine"): f"mine: {Guests.USERS.value}"}

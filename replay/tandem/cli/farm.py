@@ -88,8 +88,9 @@ def targets(names: tuple[str, ...], kernels: tuple[str, ...]):
     out = []
     for a in dict.fromkeys(catalog.get(name) for name in names):
         image = artifacts.kernel(a.flavor)["bzImage_sha256"][:16]
-        out.append(Target(a.name, f"{a.flavor}:{image}:{artifacts.modules(a.flavor)['key']}:{a.userland.name}",
-                          guests=Guests.ANY if a.userland.name == "native" else Guests.DEMO))
+        modules = f":{artifacts.modules(a.flavor)['key']}" if a.os == "linux" else ""     # FreeBSD's are built in
+        out.append(Target(a.name, f"{a.flavor}:{image}{modules}:{a.userland.name}",
+                          guests=Guests.ANY if a.userland.name == "native" else Guests.DEMO, os=a.os))
     for item in kernels:
         a = bring_kernel(item)          # its files and name checked: a one-line error naming them
         assert a.kernel.image is not None
@@ -107,7 +108,7 @@ def corpus(spec):
         entry = manifest.files.get(bundle.DEVLOG)
         if entry is None or entry.sha256 is None:
             raise TandemError(f"{d}: no device log in its manifest (a recording that never started?)")
-        out.append(Corpus(str(d), entry.sha256, users_guest=manifest.users_guest))
+        out.append(Corpus(str(d), entry.sha256, users_guest=manifest.users_guest, os=manifest.machine.os or "linux"))
     return out
 
 

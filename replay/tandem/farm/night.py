@@ -49,15 +49,17 @@ class Target:
     kernel: str
     kernel_spec: str | None = None
     guests: Guests = Guests.ANY
+    os: str = "linux"                   # the guest OS its kernel is (a user kernel: any)
 
 
 @dataclass(frozen=True)
 class Corpus:
     """A recording of the night: its path, its identity (the device log's sha256, stable
-    when the bundle moves) and whether it is of a user's own VM."""
+    when the bundle moves), whether it is of a user's own VM, and its guest's OS."""
     bundle: str
     recording: str
     users_guest: bool = False
+    os: str = "linux"                   # the recorded guest's OS
 
 
 def skipped_because(c: Corpus, t: Target) -> str | None:
@@ -65,6 +67,8 @@ def skipped_because(c: Corpus, t: Target) -> str | None:
     reason, never run and never an error), or None."""
     if t.guests is Guests.USERS and not c.users_guest or t.guests is Guests.DEMO and c.users_guest:
         return f"{t.name}: {t.guests.value}"
+    if t.kernel_spec is None and t.os != c.os:
+        return f"{t.name}: a {t.os} kernel, and the recording is of a {c.os} guest"
     return None
 
 
