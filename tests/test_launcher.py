@@ -19,6 +19,7 @@ from pathlib import Path
 from helpers import ROOT, wait_until
 from tandem import artifacts, catalog
 from tandem.cli.main import build_parser
+from tandem.setup.state import FREEBSD_TARGETS
 
 LINE = re.compile(r"^(ok|warn|FAIL) +[\w-]+: .+")
 
@@ -96,9 +97,15 @@ def test_doctor_on_this_host_finds_nothing_to_fix(built):
     assert {"packages", "programs", "disk", "venv", "qemu", "kernel-native", "guest", "lock", "kvm"} <= names
     assert all("fix: " in l for l in lines if not l.startswith("ok")), r.stdout
     # ./tandem test built everything just now: every build's key is its sources' key.
-    builds = [l for l in lines if l.split()[1].rstrip(":").startswith(("qemu", "kernel-", "modules-", "guest", "plugin"))]
+    target = {l: l.split()[1].rstrip(":") for l in lines}
+    builds = [l for l, t in target.items() if t.startswith(("qemu", "kernel-", "modules-", "guest", "plugin"))
+              and t not in FREEBSD_TARGETS]
     # qemu, guest, the plugin, and a kernel and its modules per flavor of the catalogue
     assert len(builds) == 3 + 2 * len(catalog.FLAVORS) and all(l.startswith("ok") for l in builds), r.stdout
+    # and the FreeBSD guests' builds when the suite has a FreeBSD tree (.ci/run)
+    freebsd = [l for l, t in target.items() if t in FREEBSD_TARGETS]
+    if os.environ.get("TANDEM_FREEBSD_SRC"):
+        assert len(freebsd) == len(FREEBSD_TARGETS) and all(l.startswith("ok") for l in freebsd), r.stdout
 
 
 def test_doctor_names_what_is_broken_and_the_fix(tmp_path):
