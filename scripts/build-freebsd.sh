@@ -87,9 +87,12 @@ fi
 # tandem's patches (guest-kernel/freebsd/patches/, each saying why) are applied to a copy of
 # the tree made of hard links (a plain copy across file systems), never to the tree itself:
 # every kernel is built from that copy, so the toolchain is built once.
+# Files of tandem's own added to it (guest-kernel/freebsd/sys/: the planted bugs) too.
 PATCHES=("$CONFDIR"/patches/*.patch)
 [ -f "${PATCHES[0]}" ] || PATCHES=()
-TREE_KEY=$(printf '%s\n' "$TREE_KEY" ${PATCHES[@]+$(sha "${PATCHES[@]}")} | sha256sum | cut -c1-16)
+ADDED=$(cd "$CONFDIR/sys" && find . -type f | LC_ALL=C sort)
+TREE_KEY=$({ printf '%s\n' "$TREE_KEY" ${PATCHES[@]+$(sha "${PATCHES[@]}")}
+             (cd "$CONFDIR/sys" && sha256sum $ADDED); } | sha256sum | cut -c1-16)
 patched_tree() {
   local dst="$FB/tree-$TREE_KEY" tmp p f
   if [ ! -d "$dst" ]; then
@@ -101,6 +104,10 @@ patched_tree() {
         [ ! -e "$tmp/$f" ] || cp --remove-destination "$TREE/$f" "$tmp/$f"
       done
       patch -s -p1 -d "$tmp" <"$p" >&2 || { rm -rf "$tmp"; die "$p does not apply to $TREE"; }
+    done
+    for f in $ADDED; do
+      [ ! -e "$tmp/sys/$f" ] || die "guest-kernel/freebsd/sys/$f: the tree has a file of that name"
+      mkdir -p "$(dirname "$tmp/sys/$f")" && cp "$CONFDIR/sys/$f" "$tmp/sys/$f"
     done
     mv -T "$tmp" "$dst"
   fi

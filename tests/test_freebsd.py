@@ -76,3 +76,42 @@ def console(path: Path) -> bytes:
 def test_a_linux_analysis_of_a_freebsd_recording_is_a_one_line_error(freebsd_bundle):
     assert_one_line_error(run_cli("replay", str(freebsd_bundle), "--analysis", "kasan"),
                           "analysis kasan: its kernel is linux's", "of a freebsd guest")
+
+
+# The planted bugs of the FreeBSD demo guest's kernel (guest-kernel/freebsd/sys/dev/tandem/):
+# request -> what reports it, by analysis. The lock-order pair comes first: one order, then
+# the other, which WITNESS reports.
+BUGS = ["BUG lock-ab", "BUG lock-ba", "BUG oob", "BUG uaf"]
+LOR = "WITNESS: lock order reversal: tandem_b -> tandem_a in tb_stats_reset"
+EXPECTED = {
+    "native": {},
+    "freebsd-debug": {LOR: "BUG lock-ba"},
+    "freebsd-kasan": {LOR: "BUG lock-ba", "ASan: Invalid access, NUM-byte write in tb_note_store": "BUG oob",
+                      "ASan: Invalid access, NUM-byte read in tb_session_account": "BUG uaf"},
+}
+
+
+@pytest.fixture(scope="module")
+def freebsd_bugs_bundle(tmp_path_factory) -> Path:
+    """Clean traffic, then each planted-bug request (the production kernel answers OK)."""
+    path = tmp_path_factory.mktemp("freebsd-bugs") / "bugs.tdm"
+    with Recording(path, guest=Guest.default("freebsd-native")) as rec:
+        rec.wait_ready()
+        demo_traffic(rec.port, rounds=3)
+        with KV(rec.port) as kv:
+            assert [kv.request(b) for b in BUGS] == ["OK"] * len(BUGS)
+            assert kv.request("BUG nosuch") == "ERR"
+        rec.serial.type("poweroff")
+        rec.wait(timeout=120)
+    return path
+
+
+def test_each_planted_freebsd_bug_is_found_by_its_analyses_and_attributed(freebsd_bugs_bundle, tmp_path):
+    s = analyze(freebsd_bugs_bundle, [catalog.NATIVE, *FREEBSD], workdir=tmp_path)
+    for r in s.results:
+        found = {f.title: f.after_input for f in r.findings}
+        want = EXPECTED[r.analysis]
+        assert set(found) == set(want), (r.analysis, sorted(found))
+        for title, request in want.items():
+            assert f'"{request}"' in found[title], (r.analysis, title, found[title])
+        assert not r.divergences, (r.analysis, [d.diff for d in r.divergences])

@@ -7,6 +7,7 @@
  *   - listens on TCP port 7000 and answers, per connection, line by line:
  *       SET key value -> OK     GET key -> VALUE value | NOTFOUND
  *       DEL key -> OK | NOTFOUND     SYNC -> OK     QUIT -> (closes)     else ERR
+ *       BUG kind -> OK | ERR: the kernel's planted bug `kind` (sysctl debug.tandem_bug)
  *   - prints "kvd-init: listening on port 7000" on the console when it is ready, then
  *     TANDEM-READY, the line tandem waits for on every demo guest (Linux's agent prints it too)
  *   - powers off when "poweroff" is typed on the console
@@ -28,6 +29,7 @@
 #define SYS_setsockopt	105
 #define SYS_listen	106
 #define SYS_poll	209
+#define SYS___sysctlbyname	570
 
 #define O_RDWR		0x0002
 #define RB_HALT		0x008
@@ -107,6 +109,20 @@ sc5(long n, long a, long b, long c, long d, long e)
 
 	__asm__ volatile("syscall" : "=a"(ret), "=@ccc"(cf), "+D"(a), "+S"(b), "+d"(c), "+r"(r10), "+r"(r8)
 	    : "a"(n) : "rcx", "r9", "r11", "memory");
+	return cf ? -ret : ret;
+}
+
+static long
+sc6(long n, long a, long b, long c, long d, long e, long f)
+{
+	long ret;
+	unsigned char cf;
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+
+	__asm__ volatile("syscall" : "=a"(ret), "=@ccc"(cf), "+D"(a), "+S"(b), "+d"(c), "+r"(r10), "+r"(r8),
+	    "+r"(r9) : "a"(n) : "rcx", "r11", "memory");
 	return cf ? -ret : ret;
 }
 
@@ -336,6 +352,11 @@ handle(struct conn *c, char *line)
 		reply(c, e ? "OK" : "NOTFOUND", 0);
 	} else if (seq(cmd, "SYNC") && !arg) {
 		reply(c, "OK", 0);
+	} else if (seq(cmd, "BUG") && arg && *arg && !val) {
+		/* one of the kernel's planted bugs (sys/dev/tandem/tandem_bugs.c) */
+		static const char name[] = "debug.tandem_bug";
+		long r = sc6(SYS___sysctlbyname, (long)name, sizeof(name) - 1, 0, 0, (long)arg, (long)slen(arg));
+		reply(c, r < 0 ? "ERR" : "OK", 0);
 	} else if (seq(cmd, "QUIT") && !arg) {
 		return 1;
 	} else {

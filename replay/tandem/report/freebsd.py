@@ -143,6 +143,25 @@ def kassert_warning(lines: list[str]) -> Description:
     return Description("KASSERT", sanitize_title(f"KASSERT failed: {msg}"), _guilty(_frames(lines)), None)
 
 
+# --- KASAN that reports and goes on -----------------------------------------------------------
+
+_ASAN_REPORT = re.compile(r"^(ASan: Invalid access, \d+-byte (?:read|write)) at ")
+
+
+def asan_report(lines: list[str]) -> Description:
+    """A KASAN violation on a kernel with debug.kasan.panic_on_violation=0: the message
+    kasan_report() would have panicked with, then stack_print_ddb()'s "#N 0x.. at f+0x.."
+    frames, and the kernel runs on. Titled as syzkaller titles the panic, without "panic: "
+    (there was none): "ASan: Invalid access, N-byte write in F", F the first frame past the
+    sanitizer's own."""
+    what = matched(_ASAN_REPORT.match(lines[0])).group(1)
+    frames = [f for t in lines[1:] if (f := bsd_frame(t))]
+    below = _after(frames, re.compile(r"^(?:__asan_|kasan_)")) or _guilty(frames)
+    if not below:
+        return Description("KASAN", what, [], "no frame to name the report by")
+    return Description("KASAN", sanitize_title(f"{what} in {below[0]}"), below, None)
+
+
 # --- WITNESS --------------------------------------------------------------------------------
 
 _LOCK = re.compile(r"^\s*(?:1st|2nd|3rd) 0x[0-9a-f]+ (.*) @ ")
@@ -245,10 +264,11 @@ KINDS = [
     Kind("locks-held", _HELD, locks_held, absorbs=frozenset({"panic"}),
          continues=lambda text: bool(_HELD_LINE.match(text))),
     Kind("kassert-warning", _KASSERT_WARNING, kassert_warning, continues=lambda text: bool(_TRACE_LINE.match(text))),
+    Kind("kasan-report", _ASAN_REPORT, asan_report, continues=lambda text: bool(_TRACE_LINE.match(text))),
     Kind("panic", _PANIC, panic, end=_END),
 ]
 # Text every line that starts a report holds (the scanner skips lines with none of it).
-TOKENS = ("Fatal trap ", "lock order reversal:", "locks held:", "KASSERT failed: ", "panic: ")
+TOKENS = ("Fatal trap ", "lock order reversal:", "locks held:", "KASSERT failed: ", "panic: ", "ASan: Invalid access")
 
 
 def start(text: str) -> Kind | None:

@@ -1,0 +1,117 @@
+/*
+ * tandem's planted kernel bugs for FreeBSD guests: each is one request to the demo
+ * guest's service ("BUG KIND", which its init hands to the sysctl debug.tandem_bug), and
+ * a production kernel serves it without noticing; the debug and KASAN kernels report it
+ * (docs/planted-bugs.md, "FreeBSD"):
+ *
+ *   oob      a 53-byte store into a 52-byte malloc(9) object    KASAN (MallocRedZone)
+ *   uaf      a read of a malloc(9) object after its free         KASAN (MallocUseAfterFree)
+ *   lock-ab  tandem_a, then tandem_b                              (the order lock-ba breaks)
+ *   lock-ba  tandem_b, then tandem_a                              WITNESS lock order reversal
+ *
+ * Built into the kernel (guest-kernel/freebsd/TANDEM-NATIVE: device tandem_bugs); the
+ * build copies this directory into its copy of the FreeBSD tree (scripts/build-freebsd.sh).
+ */
+#include <sys/param.h>
+#include <sys/systm.h>
+#include <sys/kernel.h>
+#include <sys/lock.h>
+#include <sys/malloc.h>
+#include <sys/mutex.h>
+#include <sys/sysctl.h>
+
+static MALLOC_DEFINE(M_TANDEM_BUGS, "tandem_bugs", "tandem's planted bugs");
+
+static struct mtx tb_a, tb_b;
+MTX_SYSINIT(tandem_a, &tb_a, "tandem_a", MTX_DEF);
+MTX_SYSINIT(tandem_b, &tb_b, "tandem_b", MTX_DEF);
+
+#define	TB_NOTE	52
+
+struct tb_session {
+	int	id;
+	int	requests;
+};
+
+static volatile int tb_sink;
+
+/*
+ * Not static: a kernel booted directly (PVH, no loader) knows only its global symbols
+ * (the dynamic symbol table the kernel linker uses), and its backtraces name a static
+ * function after the global before it. Reports then name these as they are.
+ */
+void	tb_note_store(void);
+void	tb_session_account(void);
+void	tb_lock_ab(void);
+void	tb_stats_reset(void);
+
+/* A note of TB_NOTE bytes, stored with one byte more than it holds. */
+void __noinline
+tb_note_store(void)
+{
+	char text[TB_NOTE + 1];
+	char *note;
+
+	memset(text, 'n', sizeof(text));
+	note = malloc(TB_NOTE, M_TANDEM_BUGS, M_WAITOK | M_ZERO);
+	memcpy(note, text, sizeof(text));
+	tb_sink = note[0];
+	free(note, M_TANDEM_BUGS);
+}
+
+/* A session's count read back after the session is freed. */
+void __noinline
+tb_session_account(void)
+{
+	struct tb_session *s;
+
+	s = malloc(sizeof(*s), M_TANDEM_BUGS, M_WAITOK | M_ZERO);
+	s->requests = 1;
+	free(s, M_TANDEM_BUGS);
+	tb_sink = *(volatile int *)&s->requests;	/* not the value stored above */
+}
+
+void __noinline
+tb_lock_ab(void)
+{
+	mtx_lock(&tb_a);
+	mtx_lock(&tb_b);
+	tb_sink++;
+	mtx_unlock(&tb_b);
+	mtx_unlock(&tb_a);
+}
+
+void __noinline
+tb_stats_reset(void)
+{
+	mtx_lock(&tb_b);
+	mtx_lock(&tb_a);
+	tb_sink = 0;
+	mtx_unlock(&tb_a);
+	mtx_unlock(&tb_b);
+}
+
+static int
+tb_sysctl(SYSCTL_HANDLER_ARGS)
+{
+	char kind[16];
+	int error;
+
+	kind[0] = '\0';
+	error = sysctl_handle_string(oidp, kind, sizeof(kind), req);
+	if (error != 0 || req->newptr == NULL)
+		return (error);
+	if (strcmp(kind, "oob") == 0)
+		tb_note_store();
+	else if (strcmp(kind, "uaf") == 0)
+		tb_session_account();
+	else if (strcmp(kind, "lock-ab") == 0)
+		tb_lock_ab();
+	else if (strcmp(kind, "lock-ba") == 0)
+		tb_stats_reset();
+	else
+		return (EINVAL);
+	return (0);
+}
+SYSCTL_PROC(_debug, OID_AUTO, tandem_bug, CTLTYPE_STRING | CTLFLAG_RW | CTLFLAG_MPSAFE, NULL, 0,
+    tb_sysctl, "A", "run one of tandem's planted bugs: oob, uaf, lock-ab, lock-ba");
