@@ -225,11 +225,11 @@ def test_a_live_open_waits_for_the_natives_answer_to_its_syn():
 def test_a_live_open_does_not_run_ahead_of_the_native_while_its_answer_is_unknown():
     """Waiting on the native's answer to a SYN is waiting on the native, not on this
     guest: an idle analysis VM is held at the native's clock, not run DEP_TIMEOUT_NS ahead
-    of it to give the connection up (seen under load: an idle guest's 5 s of VM time took
-    less wall time than the native's log took to show its SYN-ACK, and every request of
-    the run went after a dependency timeout)."""
+    of it to give the connection up (an idle guest's 5 s of VM time can take less wall
+    time than the native's log takes to show its SYN-ACK; every request of the run then
+    goes after a dependency timeout)."""
     rec = RecordedInputs([Input("tcp-open", 1 * MS, flow=0)], [flow(0, None)], None, [],
-                         known_ns=1 * MS, finished=False)
+                         known_ns=1 * MS, finished=False, native_live=True)
 
     def idle_at_horizon(feed):
         return [wait(feed.horizons[-1][0] if feed.horizons else 1 * MS, idle=True)]

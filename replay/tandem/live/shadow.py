@@ -155,7 +155,7 @@ class ShadowRun(Lifecycle):
                                 gate_overflow=overflow,
                                 launcher=libvirt.native_launcher() if libvirt else None, stop=o.stop,
                                 powerdown_wait_s=o.shutdown_timeout_s)
-        self.rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(self.path))
+        self.rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(self.path), native_live=True)
         per = o.buffer_events_of or {}
         buffers = {a.name: model.Buffer(per.get(a.name, o.buffer_events), o.buffer_bytes, overflow, o.block_budget_s)
                    for a in self.analyses}

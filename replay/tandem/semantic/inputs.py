@@ -262,6 +262,9 @@ class RecordedInputs:
     # known_ns is in `inputs`; finished once the native's device log is complete.
     known_ns: int = 0
     finished: bool = True
+    # The native is running now (a live shadow): what it did may not be in its log yet
+    # (an answer to a SYN), so an analysis waiting on that waits on the native's clock.
+    native_live: bool = False
     serial_out: Chunks = field(default_factory=Chunks)  # the native's console
     udp_out: list[tuple[int, tuple, bytes]] = field(default_factory=list)  # (ns, (dst ip, port), payload)
     # UDP exchanges the guest started (DHCP, DNS, ...): each request with its replies,

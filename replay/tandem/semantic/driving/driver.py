@@ -238,10 +238,10 @@ class AnalysisDriver:
         """Say the horizon to QEMU (live: within the native's clock; past the last input:
         the power button, or quit)."""
         if not self.rec.finished:
-            # Behind: an input is due and waits on this guest (not on the native's answer
-            # to a SYN, which only the native's clock brings).
+            # Behind: an input is due and waits on this guest (not, when the native runs
+            # now, on its answer to a SYN, which only the native's clock brings).
             due = self.inbox.next()
-            behind = due is not None and due.vm_ns <= now and not self.deps.answer_unknown(due)
+            behind = due is not None and due.vm_ns <= now and not (self.rec.native_live and self.deps.answer_unknown(due))
             g = live_grant(now, horizon, self.rec.known_ns, self.warp_granted_ns, behind=behind, idle=idle, sent=sent)
             if g is None:
                 return False

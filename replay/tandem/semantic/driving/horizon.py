@@ -40,9 +40,9 @@ def live_grant(now: int, horizon: int | None, known_ns: int, warp_granted_ns: in
 
     The native's clock (known_ns) bounds how far this VM may skip ahead idle (the native's
     next input may come before), not how far it may work ahead. Nor does it while an input
-    is due and waits on this guest's outputs (`behind`; not one that waits on the native's
-    answer to a SYN, which an idle guest would otherwise give up on in 5 s of VM time
-    taking less wall time than the native's log takes to show it): the VM is behind the point the
+    is due and waits on this guest's outputs (`behind`; not one that waits on a running
+    native's answer to a SYN, which an idle guest would otherwise give up on in 5 s of VM
+    time taking less wall time than the native's log takes to show it): the VM is behind the point the
     native was at then, and idle time it skips (a KASAN kernel's boot waits out timers in
     some 10 s of VM time, the native's in 1.6 s) is the way there; what arrives meanwhile
     is late in VM time, as in an offline semantic replay. Past the native, it stops every
