@@ -53,9 +53,8 @@ def test_freebsd_kernels_replay_the_traffic_with_no_divergence(freebsd_bundle, t
     s = analyze(freebsd_bundle, [catalog.NATIVE, *FREEBSD], workdir=tmp_path)
     assert [r.analysis for r in s.results] == ["native", "freebsd-debug", "freebsd-kasan"]
     for r in s.results:
-        # a KASAN kernel under TCG takes longer to sync and halt than the native's end
-        # and the settling second after it: quit then, "finished"
-        assert r.run.outcome in ("poweroff", "finished"), (r.analysis, r.run.detail)
+        # each powers off as the native did, slower ones given the time (driver.py)
+        assert r.run.outcome == "poweroff", (r.analysis, r.run.detail)
         assert not r.divergences, (r.analysis, [d.diff for d in r.divergences])
         assert not r.findings, (r.analysis, [f.title for f in r.findings])
         assert r.run.n_delivered > 0 and not r.run.limits, (r.analysis, r.run.limits)

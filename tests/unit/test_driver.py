@@ -50,7 +50,7 @@ def test_a_native_powered_off_by_its_button_has_the_analysis_pressed_too():
     # A user's VM ended by its ACPI power button: after the last input and the settling
     # time the analysis guest's button is pressed, and it may take POWEROFF_WAIT_NS to
     # power off (its shutdown, a DHCP RELEASE among it, is compared as the native's was).
-    rec = RecordedInputs(serial_inputs(1 * MS), [], 1 * MS, [], power_button=True)
+    rec = RecordedInputs(serial_inputs(1 * MS), [], 1 * MS, [], powered_off=True, power_button=True)
     end = 1 * MS + SETTLE_NS
     res, feed, vm = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(end)], [wait(end + 5 * MS)],
                                 [shutdown(end + 7 * MS, "guest-shutdown")], None])
@@ -60,6 +60,20 @@ def test_a_native_powered_off_by_its_button_has_the_analysis_pressed_too():
     # one that never powers off is quit at the bound
     res, feed, vm = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(end)], [wait(end + POWEROFF_WAIT_NS)]])
     assert vm.pressed and vm.quit_asked and res.outcome == "finished"
+
+
+def test_a_native_that_powered_off_gives_a_slower_analysis_time_to_power_off():
+    # The native powered off on a typed command: a slower guest (an ASan userland) may
+    # power off past the settling second; it is not quit there, nor pressed.
+    rec = RecordedInputs(serial_inputs(1 * MS), [], 1 * MS, [], powered_off=True)
+    end = 1 * MS + SETTLE_NS
+    res, feed, vm = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(end)], [wait(end + 300 * MS)],
+                                [shutdown(end + 400 * MS, "guest-shutdown")], None])
+    assert not vm.pressed and not vm.quit_asked and res.outcome == "poweroff"
+    assert [h for h, _ in feed.horizons][-2:] == [end + POWEROFF_WAIT_NS] * 2
+    # one that never powers off is quit at the bound
+    res, feed, vm = drive(rec, [[wait(0)], [wait(1 * MS)], [wait(end)], [wait(end + POWEROFF_WAIT_NS)]])
+    assert not vm.pressed and vm.quit_asked and res.outcome == "finished"
 
 
 def test_entropy_goes_into_the_feed_at_once():

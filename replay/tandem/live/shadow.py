@@ -316,8 +316,8 @@ class ShadowRun(Lifecycle):
         # recording is finished. Tandem's own guest powers off from its console unless
         # its button was pressed (a Ctrl-C).
         self._native_sealed.wait(STOP_REASON_WAIT_S)
-        self.rec.power_button = self.native.stop_reason == "poweroff" and (
-            self.users_guest or self.native.button_pressed)
+        self.rec.powered_off = self.native.stop_reason == "poweroff"
+        self.rec.power_button = self.rec.powered_off and (self.users_guest or self.native.button_pressed)
         self.rec.finished = True
 
     def sample(self) -> None:

@@ -161,7 +161,8 @@ def _unread(bundle_dir: Path, manifest: bundle.Manifest, users_guest: bool) -> i
     stop = manifest.stop
     # A user's VM that powered off may have had its button pressed by a tool of the
     # user's; tandem's own guest powers off from its console unless the button was.
-    rec.power_button = stop.reason == "poweroff" and (users_guest or stop.power_button is True)
+    rec.powered_off = stop.reason == "poweroff"
+    rec.power_button = rec.powered_off and (users_guest or stop.power_button is True)
     return rec
 
 

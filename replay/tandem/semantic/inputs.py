@@ -276,6 +276,9 @@ class RecordedInputs:
     # Dropping, and reading across threads what may be dropped, hold `lock`.
     inputs_dropped: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # The native powered off (its stop reason; by itself or by its button): an analysis
+    # may take POWEROFF_WAIT_NS after its last input to do so too, not just SETTLE_NS.
+    powered_off: bool = False
     # The native ended by its ACPI power button (a user's VM powered off by
     # Recording.powerdown): an analysis gets the press too, after its last input.
     power_button: bool = False
@@ -325,9 +328,10 @@ def load(bundle_dir: str | Path) -> RecordedInputs:
     rec = from_events(reader)       # streamed: the events are not kept
     rec.end_ns = next((s.end_vm_ns for s in reader.stats if s and s.end_vm_ns), None)
     rec.path = str(Path(bundle_dir))
-    started = bundle.load_manifest(bundle_dir).started_at
-    if started is not None:
-        rec.created = started
+    manifest = bundle.load_manifest(bundle_dir)
+    if manifest.started_at is not None:
+        rec.created = manifest.started_at
+    rec.powered_off = manifest.stop.reason == "poweroff"
     return rec
 
 
