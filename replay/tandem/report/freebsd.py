@@ -239,7 +239,7 @@ def _stack(lines: list[str], start: int) -> list[str]:
 # backtrace; "userret: returning" and a thread exiting with locks held panic after it.
 _HELD = re.compile(r"^(.*) with the following (non-sleepable )?locks held:")
 _HELD_LINE = re.compile(r"^\s*(?:(?:exclusive|shared) |(?:KDB: )?stack backtrace:|#\d+ |[\w.]+\(\) at |--- |"
-                        r"panic: |cpuid = |time = |KDB: |\[ thread pid |$)")
+                        r"panic: witness_warn\b|cpuid = |time = |KDB: |\[ thread pid |$)")
 # The sleep and allocation calls that check for held locks: the caller holds them.
 _SLEEPS = re.compile(r"^(?:_sleep$|msleep|sbwait$|_?sleepq_|_cv_|cv_|pause|tsleep|uma_zalloc|malloc|kmem_|_?vm_wait|"
                      r"userret$|thread_exit$|exit1$)")
@@ -261,10 +261,13 @@ KINDS = [
     Kind("fatal-trap", re.compile(r"Fatal trap \d+: "), fatal_trap, end=_END, absorbs=frozenset({"panic"})),
     Kind("lock-order-reversal", re.compile(r"^(?:witness: )?lock order reversal:"), lor,
          continues=lambda text: bool(_LOR_LINE.match(text))),
-    Kind("locks-held", _HELD, locks_held, absorbs=frozenset({"panic"}),
+    # The panic witness_warn() raises after a warning of WARN_PANIC (userret, a process
+    # exiting) is the warning's; any other panic after one is a report of its own.
+    Kind("locks-held", _HELD, locks_held, absorbs=frozenset({"witness-warn-panic"}),
          continues=lambda text: bool(_HELD_LINE.match(text))),
     Kind("kassert-warning", _KASSERT_WARNING, kassert_warning, continues=lambda text: bool(_TRACE_LINE.match(text))),
     Kind("kasan-report", _ASAN_REPORT, asan_report, continues=lambda text: bool(_TRACE_LINE.match(text))),
+    Kind("witness-warn-panic", re.compile(r"(?<![\w.])panic: witness_warn\b"), panic, end=_END),
     Kind("panic", _PANIC, panic, end=_END),
 ]
 # Text every line that starts a report holds (the scanner skips lines with none of it).
