@@ -17,9 +17,13 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 # " func+0x12/0x40", "[<ffffffff81234567>] func+0x12/0x40", "RIP: 0010:func+0x12/0x40",
-# FreeBSD "at func+0x12", and a bare "[<ffffffff81234567>]".
+# and a bare "[<ffffffff81234567>]".
 _FRAME = re.compile(r"(?P<rip>^(?:RIP|IP): (?:[0-9a-f]{4}:)?)?(?:\[<(?P<addr>[0-9a-f]+)>\]\s*)?"
                     r"(?:(?P<name>[A-Za-z_][\w.]*)\+0x(?P<off>[0-9a-f]+)(?:/0x(?P<size>[0-9a-f]+))?)?")
+# FreeBSD's stack(9): "#2 0xffffffff809fd643 at tb_note_store+0xd3". Its address is what is
+# symbolized: a kernel booted without its loader names a static function after the global
+# symbol before it (tb_sysctl as "tb_stats_reset+0x194"), its DWARF by its own name.
+_BSD_FRAME = re.compile(r"^#\d+ 0x(?P<addr>[0-9a-f]+) at (?P<name>[A-Za-z_][\w.]*)\+0x[0-9a-f]+")
 
 
 class _Symbols:
@@ -101,6 +105,8 @@ def _load(path: Path) -> _Symbols | None:
 
 def short_path(path: str) -> str:
     """Kernel sources relative to the kernel tree, module sources to this repository."""
+    if path.startswith("/usr/src/sys/"):     # FreeBSD's kernels name their sources there
+        return path.removeprefix("/usr/src/")
     for marker in ("guest-kernel/", "/linux-src/"):
         if marker in path:
             rest = path.split(marker, 1)[1]
@@ -125,10 +131,14 @@ def symbolize(report, vmlinux: Path | str, modules: Sequence[Path | str] = ()):
         return report
     mods = [m for m in (_load(Path(p)) for p in modules) if m is not None]
     wanted = set(report.frames)
-    pcs: list[int] = []
+    pcs: list[tuple[str | None, int]] = []      # (the frame's printed name, pc)
     # (symbols, section, pc) for frames found in a module
     in_mods: list[tuple[_Symbols, str, int]] = []
     for text in report.text.splitlines():
+        if b := _BSD_FRAME.match(text.strip()):
+            if b.group("name") in wanted:           # a return address: the call is before it
+                pcs.append((b.group("name"), int(b.group("addr"), 16) - 1))
+            continue
         m = _FRAME.search(text.strip())
         if not m or not (m.group("name") or m.group("addr")):
             continue
@@ -146,24 +156,26 @@ def symbolize(report, vmlinux: Path | str, modules: Sequence[Path | str] = ()):
                 continue
         else:
             pc = int(m.group("addr"), 16)
-        if pc is None:
-            continue
         # Stack frames hold return addresses: the call is the instruction before.
-        pcs.append(pc if m.group("rip") else pc - 1)
-    found = syms.lines(pcs)
-    locations: list[tuple[str, str, int]] = []
-    for pc in pcs:
-        for loc in found[pc]:
-            if loc not in locations:
-                locations.append(loc)
+        pcs.append((m.group("name"), pc if m.group("rip") else pc - 1))
+    found = syms.lines([pc for _, pc in pcs])
+    located: list[tuple[tuple[str, str, int], str | None]] = []
+    for printed, pc in pcs:
+        located += [(loc, printed) for loc in found[pc]]
     for mod, section, pc in in_mods:
-        for loc in mod.lines([pc], section)[pc]:
-            if loc not in locations:
-                locations.append(loc)
-    report.locations = _guilty_first(locations, report.frames)
+        located += [(loc, None) for loc in mod.lines([pc], section)[pc]]
+    report.locations = _guilty_first(located, report.frames)
     return report
 
 
-def _guilty_first(locations: list[tuple[str, str, int]], frames: list[str]) -> list[tuple[str, str, int]]:
+def _guilty_first(located: list[tuple[tuple[str, str, int], str | None]],
+                  frames: list[str]) -> list[tuple[str, str, int]]:
+    """Each location once, in the order of the report's frames: by its function's name, or
+    else by the frame it was found under (an inlined function, a misnamed static one)."""
     order = {name: i for i, name in reversed(list(enumerate(frames)))}
-    return sorted(locations, key=lambda loc: order.get(loc[0], len(frames)))
+
+    def rank(lp: tuple[tuple[str, str, int], str | None]) -> float:
+        (func, _, _), printed = lp
+        return order[func] if func in order else order.get(printed or "", len(frames)) + 0.5
+    ranked = sorted(located, key=rank)
+    return list(dict.fromkeys(loc for loc, _ in ranked))

@@ -77,18 +77,20 @@ def distinct(found: list[Finding]) -> list[tuple[Finding, int]]:
 
 
 def symbolizer(analysis: catalog.Analysis):
-    """rep -> rep with source locations from the analysis kernel's vmlinux and modules
-    (rep unchanged when they are not there)."""
+    """rep -> rep with source locations from the analysis kernel's vmlinux (FreeBSD's
+    kernel.debug) and modules (rep unchanged when they are not there)."""
     if analysis.kernel.image:        # a kernel the user brought, with its vmlinux or none
         brought = analysis.kernel.vmlinux
-        return lambda rep: report.symbolize(rep, brought) if brought and rep.os == "linux" else rep
+        return lambda rep: report.symbolize(rep, brought) if brought else rep
     try:
         vmlinux = artifacts.kernel(analysis.flavor)["vmlinux"]
-        modules: list[Path | str] = list(artifacts.modules(analysis.flavor).get("modules", []))
+        # FreeBSD's planted bugs are built into its kernels (guest-kernel/freebsd/sys)
+        modules: list[Path | str] = (list(artifacts.modules(analysis.flavor).get("modules", []))
+                                     if analysis.kernel.os == "linux" else [])
     except (TandemError, KeyError) as e:   # not built (./tandem build), or a build record without a vmlinux
         log.info("findings of %s are not symbolized: %s", analysis.name, e)
         return lambda rep: rep
-    return lambda rep: report.symbolize(rep, vmlinux, modules) if vmlinux and rep.os == "linux" else rep
+    return lambda rep: report.symbolize(rep, vmlinux, modules) if vmlinux else rep
 
 
 def findings(run: AnalysisRun, analysis: catalog.Analysis, symbolize: bool = True) -> list[Finding]:
