@@ -87,12 +87,9 @@ fi
 # tandem's patches (guest-kernel/freebsd/patches/, each saying why) are applied to a copy of
 # the tree made of hard links (a plain copy across file systems), never to the tree itself:
 # every kernel is built from that copy, so the toolchain is built once.
-# Files of tandem's own added to it (guest-kernel/freebsd/sys/: the planted bugs) too.
 PATCHES=("$CONFDIR"/patches/*.patch)
 [ -f "${PATCHES[0]}" ] || PATCHES=()
-ADDED=$(cd "$CONFDIR/sys" && find . -type f | LC_ALL=C sort)
-TREE_KEY=$({ printf '%s\n' "$TREE_KEY" ${PATCHES[@]+$(sha "${PATCHES[@]}")}
-             (cd "$CONFDIR/sys" && sha256sum $ADDED); } | sha256sum | cut -c1-16)
+TREE_KEY=$(printf '%s\n' "$TREE_KEY" ${PATCHES[@]+$(sha "${PATCHES[@]}")} | sha256sum | cut -c1-16)
 patched_tree() {
   local dst="$FB/tree-$TREE_KEY" tmp p f
   if [ ! -d "$dst" ]; then
@@ -105,13 +102,45 @@ patched_tree() {
       done
       patch -s -p1 -d "$tmp" <"$p" >&2 || { rm -rf "$tmp"; die "$p does not apply to $TREE"; }
     done
-    for f in $ADDED; do
-      [ ! -e "$tmp/sys/$f" ] || die "guest-kernel/freebsd/sys/$f: the tree has a file of that name"
-      mkdir -p "$(dirname "$tmp/sys/$f")" && cp "$CONFDIR/sys/$f" "$tmp/sys/$f"
-    done
     mv -T "$tmp" "$dst"
   fi
   TREE=$dst
+}
+# tandem's own kernel sources (guest-kernel/freebsd/sys/: the planted bugs) stay out of the
+# tree: a kernel takes them from a copy keyed by their content, as config(8)'s `local` files
+# (their paths absolute, their rule said: `compile-with "${NORMAL_C} ..."`, with the copy
+# mapped to /usr/src/sys as the tree is, for __FILE__ and DWARF), named by its
+# configs' `files "../../X"` lines made absolute there. A change to them rebuilds the
+# kernels (tandem_bugs.o alone, make.py keeps its objects), not the tree or the toolchain.
+ADDED=$(cd "$CONFDIR/sys" && find . -type f | LC_ALL=C sort)
+ADDED_KEY=$( (cd "$CONFDIR/sys" && sha256sum $ADDED; sha "$SELF") | sha256sum | cut -c1-16)
+added_sources() {    # -> ADDED_DIR: the copy, its files lists rewritten
+  ADDED_DIR="$FB/added-$ADDED_KEY"
+  [ ! -d "$ADDED_DIR" ] || return 0
+  local tmp="$ADDED_DIR.tmp$$" f
+  # copied new (not cp -a): a copy younger than the objects, so make compiles it again
+  rm -rf "$tmp"; cp -r "$CONFDIR/sys" "$tmp"
+  for f in $(cd "$tmp" && find . -type f -name 'files.*'); do
+    awk -v dir="$ADDED_DIR" -v tmp="$tmp" '
+      /^[ \t]*(#|$)/ { print; next }
+      { f = $1; if (system("test -f \"" tmp "/" f "\"") == 0) { sub(/^[^ \t]+/, dir "/" f); $0 = $0 " local compile-with \"${NORMAL_C} -ffile-prefix-map=" dir "=/usr/src/sys\"" } print }
+    ' "$tmp/$f" >"$tmp/$f.new" && mv "$tmp/$f.new" "$tmp/$f"
+  done
+  mv -T "$tmp" "$ADDED_DIR" 2>/dev/null || rm -rf "$tmp"    # another build published it first
+}
+kernel_confs() {    # -> CONF_DIR: the configs, their `files` lines of tandem's sources absolute
+  CONF_DIR="$FB/conf-$KEY"
+  [ ! -d "$CONF_DIR" ] || return 0
+  local tmp="$CONF_DIR.tmp$$" f
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  for f in $(cd "$CONFDIR" && ls TANDEM-*); do
+    awk -v dir="$ADDED_DIR" '
+      $1 == "files" { p = $2; gsub(/"/, "", p); sub(/^(\.\.\/)+/, "", p)
+                      if (system("test -f \"" dir "/" p "\"") == 0) { print "files\t\t\"" dir "/" p "\""; next } }
+      { print }
+    ' "$CONFDIR/$f" >"$tmp/$f"
+  done
+  mv -T "$tmp" "$CONF_DIR" 2>/dev/null || rm -rf "$tmp"
 }
 
 knobs=(-DWITHOUT_CLANG -DWITHOUT_LLD -DWITHOUT_LLDB -DWITHOUT_LLVM_BINUTILS
@@ -122,7 +151,7 @@ TC_KEY=$(printf '%s\n' "$TREE_KEY" "${knobs[*]}" "kernel-toolchain, Debian LLVM 
 OBJ="$FB/obj-$TC_KEY"         # MAKEOBJDIRPREFIX: the toolchain, and the kernels built with it
 case $TARGET in
   freebsd-toolchain) KEY=$TC_KEY ;;
-  kernel-freebsd-*) KEY=$(key "$TC_KEY" "$KERNCONF" $(for f in $(conf_chain "$KERNCONF"); do sha "$CONFDIR/$f"; done)) ;;
+  kernel-freebsd-*) KEY=$(key "$TC_KEY" "$KERNCONF" "$ADDED_KEY" $(for f in $(conf_chain "$KERNCONF"); do sha "$CONFDIR/$f"; done)) ;;
   freebsd-guest) KEY=$(key "$TC_KEY" "$(sha "$CONFDIR/init/kvd-init.c")" guest) ;;
 esac
 [ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
@@ -195,14 +224,18 @@ kernel-freebsd-*)
     toolchain
     LOG="$FB/logs/kernel-freebsd-$FLAVOR.log"; : >"$LOG"
     log "building FreeBSD kernel $KERNCONF from $TREE (log $LOG)"
-    # Our configs live in guest-kernel/freebsd/; the build takes them from there
-    # (KERNCONFDIR, also the include path of TANDEM-DEBUG's `include TANDEM-NATIVE`).
-    TOTAL=835 run_logged mk buildkernel NO_MODULES=yes KERNCONF="$KERNCONF" KERNCONFDIR="$CONFDIR"
+    # Our configs (guest-kernel/freebsd/, rewritten by kernel_confs) are taken from their
+    # directory (KERNCONFDIR, also the include path of TANDEM-DEBUG's `include TANDEM-NATIVE`).
+    added_sources; kernel_confs
+    TOTAL=835 run_logged mk buildkernel NO_MODULES=yes KERNCONF="$KERNCONF" KERNCONFDIR="$CONF_DIR"
     kobj=$(find "$OBJ" -type d -path "*/sys/$KERNCONF" -print -quit)
     [ -f "$kobj/kernel" ] || die "$TARGET: no kernel in $kobj"
     tmp="$FINAL.tmp$$"; rm -rf "$tmp"; mkdir -p "$tmp"
     cp "$kobj/kernel" "$tmp/kernel"
     [ ! -f "$kobj/kernel.debug" ] || cp "$kobj/kernel.debug" "$tmp/kernel.debug"
+    # Its symbols as a System.map ("address type name", nm's format), for tandem assert
+    nm -n "$tmp/kernel.debug" >"$tmp/System.map" 2>/dev/null || nm -n "$tmp/kernel" >"$tmp/System.map" \
+      || die "$TARGET: nm cannot read $tmp/kernel"
     cp "$CONFDIR/$KERNCONF" "$tmp/config"
     grep -a -o -m1 -E 'FreeBSD [0-9]+\.[0-9]+-[A-Za-z0-9-]+ [A-Z0-9-]+' "$kobj/kernel" | head -n1 >"$tmp/version" || true
     rm -rf "$FINAL"; mv -T "$tmp" "$FINAL"
@@ -211,7 +244,7 @@ kernel-freebsd-*)
   # -kernel boots (here the ELF kernel, through its PVH note), vmlinux what reports are
   # symbolized with (kernel.debug, its DWARF and symbols).
   syms="$FINAL/kernel"; [ -f "$FINAL/kernel.debug" ] && syms="$FINAL/kernel.debug"
-  write_json "flavor=freebsd-$FLAVOR" "os=freebsd" "bzImage=$FINAL/kernel" "vmlinux=$syms" "system_map=" \
+  write_json "flavor=freebsd-$FLAVOR" "os=freebsd" "bzImage=$FINAL/kernel" "vmlinux=$syms" "system_map=$FINAL/System.map" \
     "config=$FINAL/config" "version=$(cat "$FINAL/version")" "bzImage_sha256=$(sha "$FINAL/kernel")" ;;
 freebsd-guest)
   FINAL="$FB/guest-$KEY"

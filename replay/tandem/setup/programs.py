@@ -75,8 +75,8 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("ccache", "QEMU, kernel and module builds: a rebuild under a new key reuses objects", "ccache"),
     *_p("gcc", "the guest userland, the TCG plugin, the kernel (through make)", "gcc"),
     *_p("make", "QEMU and kernel builds", "make"),
-    *_p("binutils", "guest binaries (strip, readelf), report source lines (addr2line)",
-        "strip", "readelf"),
+    *_p("binutils", "guest binaries (strip, readelf), FreeBSD kernels' System.map (nm), report source "
+        "lines (addr2line)", "strip", "readelf", "nm"),
     *_p("binutils", "source lines of kernel report frames", "addr2line", optional=True),
     *_p("patch", "tandem's QEMU patches", "patch"),
     *_p("dpkg-dev", "unpacking Debian's QEMU source", "dpkg-source"),
