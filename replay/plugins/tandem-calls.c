@@ -3,7 +3,7 @@
  * function call / return / site events for tandem's temporal assertions
  * (docs/assertions-running.md).
  *
- *   -plugin tandem-calls.so,watch=FILE,out=FILE,task=ADDR[,comm=OFF][,scan=N]
+ *   -plugin tandem-calls.so,watch=FILE,out=FILE,task=ADDR|gs:OFF[,comm=OFF][,scan=N]
  *
  * watch: one line per watched instruction, "ADDR FLAGS ID" (hex address, flags a
  *   subset of "crsxa", decimal id):
@@ -19,8 +19,11 @@
  *   An address may appear on several lines (a function entry that is also a site).
  * out: the binary event stream (format below); written through a large buffer,
  *   flushed at exit with an END record. A stream without END was cut short.
- * task: guest address of the current-task pointer (UP kernel: pcpu_hot).
- * comm: offset of task_struct.comm (0: not read).
+ * task: where the current thread's pointer is: a guest address (Linux UP kernel:
+ *   pcpu_hot), or gs:OFF, OFF bytes into the CPU's per-CPU area (FreeBSD: gs:0, struct
+ *   pcpu's pc_curthread; the kernel's GS base is that CPU's struct pcpu).
+ * comm: offset of the thread's name in it (Linux task_struct.comm, FreeBSD
+ *   thread.td_name; 0: not read).
  * scan: stack words read from rsp at each event (at most MAX_SCAN; fewer where the
  *   stack's page ends), for the decoder's ORC unwinder (assertions/kernel.py).
  *
@@ -100,6 +103,7 @@ struct task_stack {
 static GHashTable *watches;         /* uint64 addr -> struct watch * */
 static GHashTable *stacks;          /* uint64 task -> struct task_stack * */
 static uint64_t task_addr, comm_off;
+static bool task_set, task_in_gs;        /* task= given; its address is GS-relative */
 static unsigned scan_words = 128;
 static FILE *out;
 static uint64_t n_events, n_abandoned, n_readfail, n_overflow;
@@ -118,12 +122,13 @@ static inline uint32_t *sp_slot(uint64_t sp)
     return &sp_filter[((sp >> 3) ^ (sp >> 15)) & (SP_FILTER - 1)];
 }
 
-/* Registers: rdi rsi rdx rcx r8 r9 (arguments), rax, rsp, rbp. */
-static const char *reg_names[] = { "rdi", "rsi", "rdx", "rcx", "r8", "r9", "rax", "rsp", "rbp" };
-#define N_REGS 9
+/* Registers: rdi rsi rdx rcx r8 r9 (arguments), rax, rsp, rbp, the GS base. */
+static const char *reg_names[] = { "rdi", "rsi", "rdx", "rcx", "r8", "r9", "rax", "rsp", "rbp", "gs_base" };
+#define N_REGS 10
 #define R_RAX 6
 #define R_RSP 7
 #define R_RBP 8
+#define R_GS_BASE 9
 static struct qemu_plugin_register *regs[N_REGS];
 static GByteArray *regbuf, *membuf;
 
@@ -155,7 +160,7 @@ static uint64_t current_task(void)
 {
     uint64_t t = 0;
 
-    read_mem(task_addr, &t, sizeof(t));
+    read_mem(task_in_gs ? read_reg(R_GS_BASE) + task_addr : task_addr, &t, sizeof(t));
     return t;
 }
 
@@ -449,7 +454,9 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
         } else if (!strcmp(k, "out")) {
             out_path = v;
         } else if (!strcmp(k, "task")) {
-            task_addr = strtoull(v, NULL, 0);
+            task_in_gs = !strncmp(v, "gs:", 3);
+            task_addr = strtoull(task_in_gs ? v + 3 : v, NULL, 0);
+            task_set = task_in_gs || task_addr;
         } else if (!strcmp(k, "comm")) {
             comm_off = strtoull(v, NULL, 0);
         } else if (!strcmp(k, "scan")) {
@@ -462,7 +469,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
             return -1;
         }
     }
-    if (!watch_path || !out_path || !task_addr) {
+    if (!watch_path || !out_path || !task_set) {
         fprintf(stderr, "tandem-calls: watch=, out= and task= are required\n");
         return -1;
     }

@@ -47,12 +47,12 @@ def declare_pack(path: str | Path, flavor: str = "native") -> DeclaredPack:
     """What `tandem record --assertions` puts in the manifest: the pack's path, hash and
     assertion names, after parsing it against the kernel flavor's symbols and its
     modules' functions (their load addresses are only known once the guest boots)."""
-    from .. import artifacts
+    from .. import artifacts, catalog
     from .kernel import module_functions
     k = artifacts.kernel(flavor)
     mods = set()
-    for ko in artifacts.modules(flavor).get("modules", []):
-        mods |= module_functions(ko)
+    for ko in artifacts.modules(flavor).get("modules", []) if catalog.kernel(flavor).os == "linux" else ():
+        mods |= module_functions(ko)     # FreeBSD's planted bugs are in its kernel
     aset = parse_file(path, symbols=[k["system_map"], mods])
     return dataclasses.replace(pack_identity(path), names=tuple(aset.names()))
 

@@ -87,14 +87,24 @@ class _Image:
         self.orc = [e for _, e in entries]
 
 
-def _load_vmlinux(path: Path, system_map: Path) -> _Image:
+def _exec_sections(elf: ELFFile) -> list[tuple[int, bytes]]:
+    return [(sec["sh_addr"], sec.data()) for sec in elf.iter_sections()
+            if sec["sh_flags"] & 0x4 and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_addr"]]
+
+
+def _load_vmlinux(path: Path, system_map: Path, code: Path | None = None) -> _Image:
+    """`code`: the image whose executable sections to read instead, when `path` has its
+    symbols and DWARF but not its code (FreeBSD's kernel.debug, made by objcopy
+    --only-keep-debug: its sections are NOBITS; the code is in `kernel`)."""
     img = _Image("vmlinux", path)
     try:
+        if code is not None:
+            with open(code, "rb") as f:
+                img.code = _exec_sections(ELFFile(f))
         with open(path, "rb") as f:
             elf = ELFFile(f)
-            for sec in elf.iter_sections():
-                if sec["sh_flags"] & 0x4 and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_addr"]:
-                    img.code.append((sec["sh_addr"], sec.data()))
+            if code is None:
+                img.code = _exec_sections(elf)
             symtab = elf.get_section_by_name(".symtab")
             for sym in symtab.iter_symbols() if symtab else ():
                 if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"] and sym["st_size"]:
@@ -189,9 +199,9 @@ class Kernel:
     """vmlinux plus loaded modules: symbols, code bytes, exits, disassembly, lines."""
 
     def __init__(self, vmlinux: str | Path, system_map: str | Path,
-                 modules: dict[str, tuple[Path, dict[str, int]]] | None = None):
+                 modules: dict[str, tuple[Path, dict[str, int]]] | None = None, code: str | Path | None = None):
         self.vmlinux, self.system_map = Path(vmlinux), Path(system_map)
-        k = _load_vmlinux(self.vmlinux, Path(system_map))
+        k = _load_vmlinux(self.vmlinux, Path(system_map), Path(code) if code else None)
         self.images = [k]
         for name, (path, bases) in (modules or {}).items():
             self.images.append(_load_module(name, Path(path), bases, k.objects))
@@ -502,38 +512,58 @@ def module_functions(ko: str | Path) -> set[str]:
         raise TandemError(f"{ko}: cannot read the module ({e})") from None
 
 
+# (a function of the compilation unit that defines the thread structure, that unit's
+# source, the structure, its name member): Linux's task_struct.comm, FreeBSD's
+# thread.td_name
+_THREAD_NAMES = (("__get_task_comm", b"fs/exec.c", b"task_struct", b"comm"),
+                 ("thread_alloc", b"kern/kern_thread.c", b"thread", b"td_name"))
+
+
 def comm_offset(vmlinux: str | Path) -> int | None:
-    """Offset of task_struct.comm, from the DWARF of the compilation unit that holds
-    __get_task_comm (fs/exec.c; found through .debug_aranges, so only that unit is
-    read). None without debug info."""
+    """Offset of the thread's name in the kernel's thread structure (_THREAD_NAMES), from
+    the DWARF of the compilation unit that holds the function named with it (found
+    through .debug_aranges, so only that unit is read; else by the unit's source name, as
+    clang leaves .debug_aranges out: 1.2 s to reach kern_thread.c, unit 433 of FreeBSD
+    15.1's 843). None without debug info."""
     try:
         with open(vmlinux, "rb") as f:
             elf = ELFFile(f)
             if not elf.has_dwarf_info():
                 return None
             symtab = elf.get_section_by_name(".symtab")
-            syms = symtab.get_symbol_by_name("__get_task_comm") if symtab else None
-            if not syms:
-                return None
-            dwarf = elf.get_dwarf_info()
-            aranges = dwarf.get_aranges()
-            off = aranges.cu_offset_at_addr(syms[0]["st_value"]) if aranges else None
-            if off is None:
-                return None
-            for die in dwarf.get_CU_at(off).get_top_DIE().iter_children():
-                name = die.attributes.get("DW_AT_name")
-                if (die.tag == "DW_TAG_structure_type" and name and name.value == b"task_struct"
-                        and "DW_AT_byte_size" in die.attributes):
-                    for m in die.iter_children():
-                        mname = m.attributes.get("DW_AT_name")
-                        if mname and mname.value == b"comm":
-                            return m.attributes["DW_AT_data_member_location"].value
+            for func, source, struct_name, member in _THREAD_NAMES:
+                syms = symtab.get_symbol_by_name(func) if symtab else None
+                if syms:
+                    return _member_offset(elf, syms[0]["st_value"], source, struct_name, member)
     except (OSError, ELFError, KeyError):
         return None
     return None
 
 
+def _member_offset(elf: ELFFile, addr: int, source: bytes, struct_name: bytes, member: bytes) -> int | None:
+    dwarf = elf.get_dwarf_info()
+    aranges = dwarf.get_aranges()
+    off = aranges.cu_offset_at_addr(addr) if aranges else None
+    if off is not None:
+        cu = dwarf.get_CU_at(off)
+    else:
+        cu = next((u for u in dwarf.iter_CUs()
+                   if (n := u.get_top_DIE().attributes.get("DW_AT_name")) and n.value.endswith(source)), None)
+        if cu is None:
+            return None
+    for die in cu.get_top_DIE().iter_children():
+        name = die.attributes.get("DW_AT_name")
+        if (die.tag == "DW_TAG_structure_type" and name and name.value == struct_name
+                and "DW_AT_byte_size" in die.attributes):
+            for m in die.iter_children():
+                mname = m.attributes.get("DW_AT_name")
+                if mname and mname.value == member:
+                    return m.attributes["DW_AT_data_member_location"].value
+    return None
+
+
 @lru_cache(maxsize=4)
-def load(vmlinux: str, system_map: str, modules: tuple = ()) -> Kernel:
-    """A cached Kernel; modules: ((name, ko path, ((section, address), ...)), ...)."""
-    return Kernel(vmlinux, system_map, {n: (Path(p), dict(b)) for n, p, b in modules})
+def load(vmlinux: str, system_map: str, modules: tuple = (), code: str | None = None) -> Kernel:
+    """A cached Kernel; modules: ((name, ko path, ((section, address), ...)), ...); code: the
+    image holding vmlinux's code when it holds none (_load_vmlinux)."""
+    return Kernel(vmlinux, system_map, {n: (Path(p), dict(b)) for n, p, b in modules}, code)

@@ -120,10 +120,13 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
     d = Path(bundle_dir)
     m = bundle.load_manifest(d)
     kpath = Path(m.input_paths.get("kernel", ""))
-    vmlinux, smap, config = kpath.parent / "vmlinux", kpath.parent / "System.map", kpath.parent / "config"
+    # Linux's vmlinux, or FreeBSD's kernel.debug (scripts/build-freebsd.sh)
+    vmlinux = next((p for p in (kpath.parent / "vmlinux", kpath.parent / "kernel.debug") if p.is_file()),
+                   kpath.parent / "vmlinux")
+    smap, config = kpath.parent / "System.map", kpath.parent / "config"
     if not vmlinux.is_file() or not smap.is_file():
-        raise TandemError(f"{d}: its kernel {kpath} has no vmlinux and System.map next to it "
-                          f"(assertions need the kernel's symbols: record a built kernel flavor)")
+        raise TandemError(f"{d}: its kernel {kpath} has no vmlinux (or kernel.debug) and System.map "
+                          f"next to it (assertions need the kernel's symbols: record a built kernel flavor)")
     if config.is_file() and "\nCONFIG_SMP=y" in config.read_text():
         raise TandemError(f"{config}: an SMP kernel (the current task is per CPU): "
                           f"assertions support uniprocessor kernels only")
@@ -140,7 +143,8 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
                 raise TandemError(f"{d}: module {name} was loaded but no module build in "
                                   f"{artifacts.cache_dir() / 'modules'} matches its initrd {initrd}")
             mods.append((name, str(ko), tuple(sorted(secs.items()))))
-    return kernel.load(str(vmlinux), str(smap), tuple(mods))
+    # FreeBSD's kernel.debug has no code: the recorded kernel has it
+    return kernel.load(str(vmlinux), str(smap), tuple(mods), str(kpath) if vmlinux.name == "kernel.debug" else None)
 
 
 def _module_build(initrd: Path) -> dict[str, Path]:
@@ -171,13 +175,22 @@ class Trace:
 
 
 def plugin_args(kern: Kernel, p: Plan, watch: Path, out: Path, scan: int = STACK_SCAN_WORDS) -> str:
-    syms = kern.symbols()
-    task = syms.get("pcpu_hot")
-    if task is None:
-        raise TandemError(f"{kern.vmlinux}: no pcpu_hot (its current_task is the current thread)")
-    comm = kernel.comm_offset(kern.vmlinux) or 0
     return ",".join([artifacts.plugin_calls()["plugin"], f"watch={watch}", f"out={out}",
-                     f"task={task:#x}", f"comm={comm}", f"scan={scan}"])
+                     f"task={current_thread(kern)}", f"comm={kernel.comm_offset(kern.vmlinux) or 0}",
+                     f"scan={scan}"])
+
+
+def current_thread(kern: Kernel) -> str:
+    """Where the plugin reads the current thread's pointer: Linux's pcpu_hot (a UP
+    kernel's current_task, its first word), FreeBSD's gs:0 (the CPU's struct pcpu, whose
+    first member is pc_curthread; __pcpu names the array of them)."""
+    syms = kern.symbols()
+    if "pcpu_hot" in syms:
+        return f"{syms['pcpu_hot']:#x}"
+    if "__pcpu" in syms:
+        return "gs:0"
+    raise TandemError(f"{kern.vmlinux}: neither pcpu_hot (Linux) nor __pcpu (FreeBSD): "
+                      f"where its current thread is is unknown")
 
 
 def run(bundle_dir: str | Path, kern: Kernel, p: Plan, *, progress=None,
