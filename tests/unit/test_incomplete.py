@@ -30,6 +30,20 @@ def test_a_crash_after_the_first_input_is_a_finding_about_the_guest():
     assert findings.failure(r) is None
 
 
+@pytest.mark.parametrize("said", ["panic: tb_session_close: session already closed\ncpuid = 0\n",
+                                  "[   12.5] Kernel panic - not syncing: Fatal exception\n"])
+def test_a_crash_its_kernel_said_is_its_panic_finding_alone(said):
+    """A report that is the kernel's panic (FreeBSD's failed KASSERT, Linux's oops=panic) is
+    that crash already: no VM-CRASH finding beside it. One that is not says nothing of it."""
+    r = run("crashed")
+    panic = findings.Finding("kasan", "KASSERT", "panic", 7, "x", None, None, None,
+                             text="some lines\n" + said, frames=[], locations=[])
+    assert findings.outcome(r, [panic]) == []
+    lor = findings.Finding("kasan", "WITNESS_LOR", "lor", 7, "x", None, None, None,
+                           text="lock order reversal:\n 1st 0x1 a (a) @ x.c:1\n", frames=[], locations=[])
+    assert [f.type for f in findings.outcome(r, [lor])] == ["VM-CRASH"]
+
+
 def test_a_crash_before_the_first_input_is_a_vm_that_did_not_boot():
     r = run("crashed", booted=False)
     r.deliver(0, inputs.Input("rng", 0, b"x"))      # entropy is no input the guest reached
@@ -61,6 +75,23 @@ def test_exit_status_says_found_incomplete_or_clean():
 def finding(title: str) -> findings.Finding:
     return findings.Finding("kasan", "BUG", title, 3, "none (before the first input)", None, None, None,
                             text="", frames=[], locations=[])
+
+
+def test_a_vm_that_panicked_before_its_first_input_and_ran_on_did_not_boot():
+    """A kernel whose early panic faults again as it reboots, over and over (a FreeBSD kernel
+    booted directly, before its TSC delays work): lagging or hung in the end, but the panic
+    it printed first is why it did not boot, not a finding."""
+    r = run("lagging", booted=False)
+    panic = findings.Finding("kasan", "PANIC", "panic: page fault", 3, "none (before the first input)", None,
+                             None, None, text="Fatal trap 12: page fault\npanic: page fault\n", frames=[],
+                             locations=[])
+    why, found = findings.did_not_boot(r, [panic])
+    assert found == [] and why == ("did not boot (its kernel panicked before its first input, then lagging: "
+                                   "timed out): why; its console: panic: page fault"), why
+    # lagging before the first input without a panic: tandem's limit as it is
+    lor = findings.Finding("kasan", "WITNESS_LOR", "lor", 3, "x", None, None, None, text="lock order reversal:\n",
+                           frames=[], locations=[])
+    assert findings.did_not_boot(r, [lor]) == (findings.failure(r), [lor])
 
 
 def test_what_a_vm_that_did_not_boot_printed_is_its_failure_not_a_finding():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -97,7 +99,8 @@ def findings(run: AnalysisRun, analysis: catalog.Analysis, symbolize: bool = Tru
     """Every finding of a finished run (of `analysis`): its console's reports, in its guest
     OS's dialect, and its end."""
     sym = symbolizer(analysis) if symbolize else (lambda rep: rep)
-    return [of_report(run, sym(rep)) for rep in report.parse(bytes(run.console), analysis.os)] + outcome(run)
+    found = [of_report(run, sym(rep)) for rep in report.parse(bytes(run.console), analysis.os)]
+    return found + outcome(run, found)
 
 
 def booted(run: AnalysisRun) -> bool:
@@ -105,10 +108,17 @@ def booted(run: AnalysisRun) -> bool:
     return run.first_input_ns is not None
 
 
-def outcome(run: AnalysisRun) -> list[Finding]:
+# A kernel's own word that it is going down: Linux's panic() ("Kernel panic - not syncing:",
+# after its printk time), FreeBSD's ("panic: ").
+_PANICKED = re.compile(r"^(?:\[[ \d.]+\] )?(?:Kernel panic - not syncing: |panic: )", re.M)
+
+
+def outcome(run: AnalysisRun, found: Sequence[Finding] = ()) -> list[Finding]:
     """The run's end as a finding about the guest: a crash (panic, reset, QEMU gone)
-    after its first input. Other ends that are not clean are tandem's own (failure())."""
-    if run.outcome != Outcome.CRASHED or not booted(run):
+    after its first input, unless one of its reports (`found`) is the kernel's panic, which
+    is that crash already said (a FreeBSD debug kernel's failed KASSERT). Other ends that
+    are not clean are tandem's own (failure())."""
+    if run.outcome != Outcome.CRASHED or not booted(run) or any(_PANICKED.search(f.text) for f in found):
         return []
     return [Finding(run.analysis, "VM-CRASH", f"analysis VM crashed: {run.detail}",
                     run.end_ns, text=run.qemu_log, frames=[], locations=[],
@@ -124,10 +134,17 @@ def did_not_boot(run: AnalysisRun, found: list[Finding]) -> tuple[str | None, li
     """(failure, findings) of a run: for a VM that crashed before its first input, what
     its console reported (a panic at the root mount, say) is why the analysis did not
     boot, part of its failure and not a finding about the guest (who gave it a kernel
-    that cannot boot its disk is no bug of the guest's); otherwise failure(run) and
-    the findings as they are."""
+    that cannot boot its disk is no bug of the guest's); so for one that panicked before
+    its first input and never stopped (a FreeBSD kernel whose early panic faults again
+    as it reboots, over and over), whatever tandem's limit then ended it; otherwise
+    failure(run) and the findings as they are."""
     why = failure(run)
-    if why is None or run.outcome != Outcome.CRASHED or booted(run) or not found:
+    if why is None or booted(run) or not found:
+        return why, found
+    if run.outcome in (Outcome.LAGGING, Outcome.HUNG) and any(_PANICKED.search(f.text) for f in found):
+        why = (f"did not boot (its kernel panicked before its first input, then {run.outcome}: "
+               f"{TANDEM_OUTCOMES[Outcome(run.outcome)]}){why.split(')', 1)[1]}")
+    elif run.outcome != Outcome.CRASHED:
         return why, found
     titles = list(dict.fromkeys(f.title for f in found))
     return f"{why}; its console: {'; '.join(titles[:3])}", []

@@ -251,7 +251,7 @@ class Trail(Lifecycle):
         """Every analysis's run, and its (findings, divergences, output not analysed) as
         found while it ran."""
         runs = {f.analysis: f.ran() for f in self.followers}
-        found = {f.analysis: (f.live_findings + findings.outcome(runs[f.analysis]), f.cmp.divergences,
+        found = {f.analysis: (f.live_findings + findings.outcome(runs[f.analysis], f.live_findings), f.cmp.divergences,
                               f.cmp.not_analysed)
                  for f in self.followers}
         return runs, found
