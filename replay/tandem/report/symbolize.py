@@ -24,6 +24,9 @@ _FRAME = re.compile(r"(?P<rip>^(?:RIP|IP): (?:[0-9a-f]{4}:)?)?(?:\[<(?P<addr>[0-
 # symbolized: a kernel booted without its loader names a static function after the global
 # symbol before it (tb_sysctl as "tb_stats_reset+0x194"), its DWARF by its own name.
 _BSD_FRAME = re.compile(r"^#\d+ 0x(?P<addr>[0-9a-f]+) at (?P<name>[A-Za-z_][\w.]*)\+0x[0-9a-f]+")
+# FreeBSD's ddb backtrace (a panic's, with DDB): "tb_session_close() at tb_session_close+0x4f/frame 0x...",
+# no address: the printed symbol's address plus the offset is the return address all the same.
+_DDB_FRAME = re.compile(r"^(?P<name>[A-Za-z_][\w.]*)\(\) at (?P=name)\+0x(?P<off>[0-9a-f]+)/frame ")
 
 
 class _Symbols:
@@ -57,6 +60,10 @@ class _Symbols:
         # Static functions share names: the size printed with the frame picks one.
         start = next((a for a, s in cands if size is not None and s == size), cands[0][0])
         return start + off
+
+    def start_of(self, name: str, pc: int) -> int | None:
+        """The start of the function `name` that holds `pc` (statics share names)."""
+        return next((a for a, size in self.by_name.get(name, ()) if a <= pc < a + size), None)
 
     def lines(self, pcs: list[int], section: str = "") -> dict[int, list[tuple[str, str, int]]]:
         todo = sorted({pc for pc in pcs if (section, pc) not in self._cache})
@@ -125,21 +132,28 @@ def source_lines(path: Path | str, pcs: list[int], section: str = "") -> dict[in
 
 def symbolize(report, vmlinux: Path | str, modules: Sequence[Path | str] = ()):
     """Fill report.locations for its frames (guilty first); returns the report.
-    Frames of out-of-tree modules are found in `modules` (their .ko files)."""
+    Frames of out-of-tree modules are found in `modules` (their .ko files). A FreeBSD
+    report is first read again with its frames named by the kernel's DWARF (_real_names)."""
     syms = _load(Path(vmlinux))
     if syms is None:
         return report
+    text = _real_names(report, syms) if report.os == "freebsd" else report.text
     mods = [m for m in (_load(Path(p)) for p in modules) if m is not None]
     wanted = set(report.frames)
     pcs: list[tuple[str | None, int]] = []      # (the frame's printed name, pc)
     # (symbols, section, pc) for frames found in a module
     in_mods: list[tuple[_Symbols, str, int]] = []
-    for text in report.text.splitlines():
-        if b := _BSD_FRAME.match(text.strip()):
+    for line in text.splitlines():
+        if b := _BSD_FRAME.match(line.strip()):
             if b.group("name") in wanted:           # a return address: the call is before it
                 pcs.append((b.group("name"), int(b.group("addr"), 16) - 1))
             continue
-        m = _FRAME.search(text.strip())
+        if d := _DDB_FRAME.match(line.strip()):
+            ret = syms.address(d.group("name"), int(d.group("off"), 16), None) if d.group("name") in wanted else None
+            if ret is not None:
+                pcs.append((d.group("name"), ret - 1))
+            continue
+        m = _FRAME.search(line.strip())
         if not m or not (m.group("name") or m.group("addr")):
             continue
         if m.group("name"):
@@ -166,6 +180,47 @@ def symbolize(report, vmlinux: Path | str, modules: Sequence[Path | str] = ()):
         located += [(loc, None) for loc in mod.lines([pc], section)[pc]]
     report.locations = _guilty_first(located, report.frames)
     return report
+
+
+def _bsd_frames(text: str, syms: _Symbols) -> list[tuple[int, str, int]]:
+    """(line index, printed name, return address) of each stack(9) or ddb frame line."""
+    out = []
+    for i, line in enumerate(text.splitlines()):
+        if b := _BSD_FRAME.match(line.strip()):
+            out.append((i, b.group("name"), int(b.group("addr"), 16)))
+        elif (d := _DDB_FRAME.match(line.strip())) and (
+                a := syms.address(d.group("name"), int(d.group("off"), 16), None)) is not None:
+            out.append((i, d.group("name"), a))
+    return out
+
+
+def _real_names(report, syms: _Symbols) -> str:
+    """A FreeBSD kernel booted without its loader names each static function in its own
+    backtraces after the global symbol before it (db_trace_self_wrapper as
+    "db_fetch_ksymtab+0x215", tb_sysctl as "tb_stats_reset+0x194"): so its machinery is not
+    known as such and its guilty frame may be another function. Each frame is named again
+    by the DWARF function holding its call, and the report's type, title and frames are
+    read again from those lines; they are returned (the report's text stays as the
+    console had it)."""
+    from .scanner import Scanner
+    frames = _bsd_frames(report.text, syms)
+    found = syms.lines([ret - 1 for _, _, ret in frames])
+    lines = report.text.splitlines()
+    renamed = False
+    for i, printed, ret in frames:
+        real = found[ret - 1][-1][0] if found[ret - 1] else printed      # the outermost: not inlined
+        start = syms.start_of(real, ret - 1)
+        if real != printed and start is not None:
+            p, at = re.escape(printed), f"at {real}+{ret - start:#x}"
+            lines[i] = re.sub(rf"\b{p}\(\) at {p}\+0x[0-9a-f]+", f"{real}() {at}", lines[i])     # ddb
+            lines[i] = re.sub(rf"\bat {p}\+0x[0-9a-f]+", at, lines[i])                          # stack(9)
+            renamed = True
+    text = "\n".join(lines) + "\n"
+    scanner = Scanner(report.os)
+    again = scanner.feed(text) + scanner.flush() if renamed else []
+    if again:
+        report.type, report.title, report.frames = again[0].type, again[0].title, again[0].frames
+    return text
 
 
 def _guilty_first(located: list[tuple[tuple[str, str, int], str | None]],
