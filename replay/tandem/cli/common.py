@@ -142,12 +142,15 @@ def build_for(targets: list[str], why: str, parser: bool = False) -> None:
     ensure(targets, why, command=f"tandem ({why})", parser=parser)
 
 
-def build_for_analyses(analyses: list[catalog.Analysis], noise: bool = True, bundles: Iterable[str | Path] = ()) -> None:
+def build_for_analyses(analyses: list[catalog.Analysis], noise: bool = True, bundles: Iterable[str | Path] = (),
+                       mixed: bool = False) -> None:
     """What these analyses run on for these recordings (the native booting the kernel each
     was made on: semantic.guests.as_recorded), and unless noise is off the kernels of their
-    noise runs (the same); a bundle that does not load is left to the replay, which says why."""
+    noise runs (the same); a bundle that does not load is left to the replay, which says why.
+    An analysis of another OS than a recording's is a one-line error, or with `mixed` (a
+    farm's corpus of several OSes) left out for that recording: its task is skipped."""
     from ..formats.bundle import load_manifest
-    from ..semantic.guests import as_recorded, check_os, noise_analysis
+    from ..semantic.guests import as_recorded, check_os, noise_analysis, recorded_os
     bundles = list(bundles)
     runs = [] if bundles else list(analyses)
     for b in bundles:
@@ -156,9 +159,10 @@ def build_for_analyses(analyses: list[catalog.Analysis], noise: bool = True, bun
         except TandemError:
             runs += analyses
             continue
-        for a in analyses:          # before building anything for it
+        mine = [a for a in analyses if not mixed or a.kernel.image or a.os == recorded_os(manifest)]
+        for a in mine:              # before building anything for it
             check_os(Path(b), manifest, a)
-        runs += as_recorded(list(analyses), manifest) + ([noise_analysis(manifest)] if noise else [])
+        runs += as_recorded(mine, manifest) + ([noise_analysis(manifest)] if noise else [])
     build_for(catalog.build_targets(runs), "--analysis " + ",".join(a.name for a in analyses), parser=True)
 
 

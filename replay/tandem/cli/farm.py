@@ -102,13 +102,14 @@ def targets(names: tuple[str, ...], kernels: tuple[str, ...]):
 def corpus(spec):
     from ..farm.night import Corpus
     from ..formats import bundle
+    from ..semantic.guests import recorded_os
     out = []
     for d in spec.bundle_dirs():
         manifest = bundle.load_manifest(d)
         entry = manifest.files.get(bundle.DEVLOG)
         if entry is None or entry.sha256 is None:
             raise TandemError(f"{d}: no device log in its manifest (a recording that never started?)")
-        out.append(Corpus(str(d), entry.sha256, users_guest=manifest.users_guest, os=manifest.machine.os or "linux"))
+        out.append(Corpus(str(d), entry.sha256, users_guest=manifest.users_guest, os=recorded_os(manifest)))
     return out
 
 
@@ -129,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     recordings = corpus(spec)
     if spec.analyses:
         build_for_analyses([catalog.get(n) for n in spec.analyses], noise=s.noise,
-                           bundles=[r.bundle for r in recordings])
+                           bundles=[r.bundle for r in recordings], mixed=True)
     plan_targets = targets(spec.analyses, spec.kernels)
     name = s.night or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     out = spec.path(s.out) / name

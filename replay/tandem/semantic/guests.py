@@ -100,7 +100,7 @@ def noise_analysis(manifest: Manifest) -> catalog.Analysis:
     """The noise run of a recording: the native on the semantic path, booting the kernel the
     demo guest was recorded on (catalog.native_on); tandem's native kernel of the guest's
     OS for a user's VM."""
-    flavor = recorded_flavor(manifest) or catalog.OS_NATIVE.get(manifest.machine.os or "linux", "native")
+    flavor = recorded_flavor(manifest) or catalog.OS_NATIVE.get(recorded_os(manifest), "native")
     return catalog.native_on(catalog.kernel(flavor))
 
 
@@ -110,13 +110,18 @@ def as_recorded(analyses: list[catalog.Analysis], manifest: Manifest) -> list[ca
     return [noise_analysis(manifest) if a == catalog.NATIVE else a for a in analyses]
 
 
+def recorded_os(manifest: Manifest) -> str:
+    """The OS of the guest a recording is of (recordings before FreeBSD guests say none)."""
+    return manifest.machine.os or "linux"
+
+
 def check_os(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis) -> None:
     """A one-line error when analysis `a`'s catalogue kernel is another OS's than the guest
     the recording is of (a kernel the user brought is taken as the guest's)."""
-    recorded_os = manifest.machine.os or "linux"
-    if a.kernel.image is None and a.os != recorded_os:
-        raise TandemError(f"analysis {a.name}: its kernel is {a.os}'s; {bundle_dir} is of a {recorded_os} guest "
-                          f"(its analyses: {', '.join(x.name for x in catalog.ALL if x.os == recorded_os)})")
+    recorded = recorded_os(manifest)
+    if a.kernel.image is None and a.os != recorded:
+        raise TandemError(f"analysis {a.name}: its kernel is {a.os}'s; {bundle_dir} is of a {recorded} guest "
+                          f"(its analyses: {', '.join(x.name for x in catalog.ALL if x.os == recorded)})")
 
 
 def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, root: str | None = None) -> Guest:
