@@ -5,19 +5,28 @@ recorded under client traffic, replayed exactly, and replayed into FreeBSD's nat
 there (.ci/run gives it the FreeBSD source archive beside the clone)."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from helpers import assert_one_line_error, run_cli
+from helpers.live import analyses_caught_up, drive, run_until_native_stops
 from tandem import artifacts, catalog
 from tandem.exact.replay import replay as exact_replay
 from tandem.formats import bundle, pcapng
+from tandem.live.shadow import ShadowOptions, ShadowRun
 from tandem.machine import Guest
 from tandem.record.recording import Recording
 from tandem.record.workload import KV, demo_traffic
+from tandem.semantic import inputs
 from tandem.semantic.analyze import analyze
+from tandem.semantic.driving import replay
+from tandem.semantic.driving.replay import RunOptions
+from tandem.semantic.findings import did_not_boot, findings
 
 pytestmark = pytest.mark.skipif(not os.environ.get("TANDEM_FREEBSD_SRC"),
                                 reason="no FreeBSD source tree: TANDEM_FREEBSD_SRC (docs/freebsd.md)")
@@ -79,15 +88,21 @@ def test_a_linux_analysis_of_a_freebsd_recording_is_a_one_line_error(freebsd_bun
 
 # The planted bugs of the FreeBSD demo guest's kernel (guest-kernel/freebsd/sys/dev/tandem/):
 # request -> what reports it, by analysis. The lock-order pair comes first: one order, then
-# the other, which WITNESS reports.
-BUGS = ["BUG lock-ab", "BUG lock-ba", "BUG oob", "BUG uaf"]
+# the other, which WITNESS reports; the failed KASSERT last, as it panics the debug kernels.
+# mac-skip is no kernel report: tandem assert finds it (below).
+BUGS = ["BUG lock-ab", "BUG lock-ba", "BUG sleep", "BUG mac-skip", "BUG oob", "BUG uaf", "BUG kassert"]
 LOR = "WITNESS: lock order reversal: tandem_b -> tandem_a in tb_stats_reset"
+SLEEP = 'WITNESS: Sleeping on "tbflush" with non-sleepable locks held in tb_cache_flush'
+KASSERT = "panic: tb_session_close: session already closed"
 EXPECTED = {
     "native": {},
-    "freebsd-debug": {LOR: "BUG lock-ba"},
-    "freebsd-kasan": {LOR: "BUG lock-ba", "ASan: Invalid access, NUM-byte write in tb_note_store": "BUG oob",
-                      "ASan: Invalid access, NUM-byte read in tb_session_account": "BUG uaf"},
+    "freebsd-debug": {LOR: "BUG lock-ba", SLEEP: "BUG sleep", KASSERT: "BUG kassert"},
+    "freebsd-kasan": {LOR: "BUG lock-ba", SLEEP: "BUG sleep",
+                      "ASan: Invalid access, NUM-byte write in tb_note_store": "BUG oob",
+                      "ASan: Invalid access, NUM-byte read in tb_session_account": "BUG uaf",
+                      KASSERT: "BUG kassert"},
 }
+FREEBSD_PACK = Path(__file__).parent.parent / "guest-kernel" / "assertions" / "freebsd-15.tesla"
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +123,97 @@ def freebsd_bugs_bundle(tmp_path_factory) -> Path:
 def test_each_planted_freebsd_bug_is_found_by_its_analyses_and_attributed(freebsd_bugs_bundle, tmp_path):
     s = analyze(freebsd_bugs_bundle, [catalog.NATIVE, *FREEBSD], workdir=tmp_path)
     for r in s.results:
-        found = {f.title: f.after_input for f in r.findings}
+        found = {f.title: f for f in r.findings}
         want = EXPECTED[r.analysis]
         assert set(found) == set(want), (r.analysis, sorted(found))
         for title, request in want.items():
-            assert f'"{request}"' in found[title], (r.analysis, title, found[title])
+            f = found[title]
+            assert f'"{request}"' in f.after_input, (r.analysis, title, f.after_input)
+            # symbolized from the kernel's kernel.debug: the guilty function's own line first
+            func, path, line = f.locations[0]
+            assert (path, title.endswith(f" in {func}") or f.frames[0] == func) == (
+                "sys/dev/tandem/tandem_bugs.c", True) and line > 0, (r.analysis, title, f.locations[:3])
+        # the KASSERT panics a debug kernel (and QEMU stops): what the native did after it
+        # is not analysed, never a divergence
+        assert r.run.outcome == ("poweroff" if r.analysis == "native" else "crashed"), (r.analysis, r.run.detail)
         assert not r.divergences, (r.analysis, [d.diff for d in r.divergences])
+
+
+def test_the_freebsd_assertion_pack_holds_but_for_the_planted_mac_skip(freebsd_bugs_bundle):
+    """tandem assert on an exact replay of the FreeBSD native: the FreeBSD 15 pack, loaded
+    against this kernel's own symbols (its System.map, from kernel.debug), holds on the demo
+    guest's traffic; the planted send without its MAC check breaks the pack's
+    mac-socket-send-syscall, reported with the request that led there."""
+    r = run_cli("assert", str(freebsd_bugs_bundle), "--assertions", str(FREEBSD_PACK), "--json")
+    assert r.returncode == 1, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["replay"]["ok"], out["replay"]
+    (v,) = out["violations"]
+    assert v["assertion"] == "mac-socket-send-syscall", v
+    assert v["request"]["text"] == "BUG mac-skip", v["request"]
+    assert v["comm"] == "init", v["comm"]             # the demo guest's init, as td_name has it
+    assert any(f["symbol"].startswith("tb_notify_send+") for f in v["stack"]), [f["symbol"] for f in v["stack"]]
+    assert "VIOLATION mac-socket-send-syscall" in r.stderr
+
+
+def test_a_freebsd_native_is_shadowed_live_by_its_debug_kernel(tmp_path):
+    """tandem shadow with a FreeBSD native: the debug kernel trails it live, reports the
+    lock order reversal the native's traffic causes as it happens, and serves the rest as
+    the native did."""
+    live = []
+    sh = ShadowRun(tmp_path / "native.tdm", [catalog.ANALYSES["freebsd-debug"]], ShadowOptions(),
+                   workdir=tmp_path / "an", guest=Guest.default("freebsd-native"),
+                   on_finding=lambda f: live.append(f))
+    sh.start()
+
+    def work():
+        demo_traffic(sh.port, rounds=3)
+        with KV(sh.port) as kv:
+            assert [kv.request(b) for b in ("BUG lock-ab", "BUG lock-ba")] == ["OK", "OK"]
+    t = drive(sh, work)
+    run_until_native_stops(sh, client=t)
+    analyses_caught_up(sh)
+    t.join(10)
+    s = sh.finish()
+    (r,) = s.results
+    assert r.run.outcome == "poweroff", r.run.detail
+    assert [f.title for f in live] == [LOR], [f.title for f in live]
+    assert '"BUG lock-ba"' in live[0].after_input, live[0].after_input
+    assert not r.divergences, [d.diff for d in r.divergences]
+    v = exact_replay(tmp_path / "native.tdm")      # the native's recording, made alongside
+    assert v.ok, v.summary()
+
+
+def test_a_farm_night_over_a_freebsd_and_a_linux_recording(freebsd_bugs_bundle, demo_bundle, tmp_path):
+    """One farm file with a FreeBSD and a Linux recording and an analysis of each OS: each
+    recording is replayed exactly and into its own OS's analysis, which finds what it
+    finds offline; the other OS's analysis is a skipped task, never an error."""
+    spec = tmp_path / "farm.toml"
+    spec.write_text("\n".join([
+        "[corpus]", f"bundles = {json.dumps([str(freebsd_bugs_bundle), str(demo_bundle)])}",
+        "[analyses]", 'names = ["freebsd-debug", "lockdep"]',
+        "[settings]", 'db = "farm.sqlite"', 'out = "out"', "noise = false", "vms = 2", "repeats = 0"]) + "\n")
+    r = run_cli("farm", "run", str(spec), "--night", "n1", timeout=900)
+    assert r.returncode == 1, r.stderr[-3000:]          # new findings: the FreeBSD guest's
+    with sqlite3.connect(tmp_path / "farm.sqlite") as c:
+        tasks = c.execute("select bundle, analysis, status from tasks where kernel != 'confirm'").fetchall()
+        titles = {t for (t,) in c.execute("select distinct signature from findings")}
+    fb, linux = str(freebsd_bugs_bundle), str(demo_bundle)
+    assert sorted(tasks) == sorted([
+        (fb, "exact", "pass"), (fb, "freebsd-debug", "finding"), (fb, "lockdep", "skipped"),
+        (linux, "exact", "pass"), (linux, "freebsd-debug", "skipped"), (linux, "lockdep", "pass")]), tasks
+    assert titles == {LOR, SLEEP, KASSERT}, titles
+
+
+def test_a_freebsd_kernel_that_panics_at_boot_did_not_boot_and_is_no_finding(freebsd_bundle, tmp_path):
+    """An analysis kernel that panics while it boots (the debug kernel given the planted
+    KASSERT at boot, debug.tandem_bug_at_boot=kassert: after the SYSINITs, before init):
+    it prints its panic and stops, and the analysis did not boot, with that panic as why;
+    not a finding about the guest."""
+    a = catalog.ANALYSES["freebsd-debug"]
+    g = Guest.default("freebsd-debug")
+    g = dataclasses.replace(g, cmdline=g.cmdline + " debug.tandem_bug_at_boot=kassert")
+    r = replay.run(inputs.load(freebsd_bundle), RunOptions(a, g, tmp_path))
+    assert r.outcome == "crashed", r.detail
+    why, found = did_not_boot(r, findings(r, a))
+    assert found == [] and why.startswith("did not boot") and KASSERT in why, why

@@ -10,6 +10,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from helpers import ROOT, analyses, assert_one_line_error, quiet, run_cli, wait_for_service, wait_until
 from helpers.libvirt import names, native_xml, virsh
 from helpers.live import drive, run_until_native_stops
@@ -19,6 +21,7 @@ from tandem.libvirt import shadows
 from tandem.live import attach
 from tandem.errors import BundleError
 from tandem.live.shadow import ShadowRun
+from tandem.machine import Guest
 from tandem.qemu.vm import free_port
 from tandem.record.workload import KV, demo_traffic
 
@@ -61,6 +64,39 @@ def test_shadow_runs_native_and_analysis_as_domains(libvirtd, tmp_path):
     v = replay(path)
     assert v.ok, v.summary()
     v = replay(tmp_path / "an" / "native.tdm")
+    assert v.ok, v.summary()
+
+
+@pytest.mark.skipif(not os.environ.get("TANDEM_FREEBSD_SRC"),
+                    reason="no FreeBSD source tree: TANDEM_FREEBSD_SRC (docs/freebsd.md)")
+def test_a_freebsd_native_and_its_shadow_run_as_domains(libvirtd, tmp_path):
+    """tandem shadow --libvirt with the FreeBSD demo guest: both domains carry tandem's TCG
+    CPU model (FreeBSD's early delay loop needs its TSC frequency, docs/freebsd.md) through
+    the domain's QEMU command line; the shadow serves what the native served; the
+    native's recording replays exactly outside libvirt."""
+    uri = libvirtd.uri
+    path = tmp_path / "fb.tdm"
+    an = analyses("freebsd-native")
+    sh = ShadowRun(path, an, workdir=tmp_path / "an", guest=Guest.default("freebsd-native"),
+                   libvirt=attach.LiveDomains.for_bundle(uri, path, an))
+    sh.start()
+    seen = {}
+
+    def work():
+        wait_until(lambda: "fb-tandem-freebsd-native" in names(uri), 120, "the shadow domain")
+        seen["xml"] = {n: virsh(uri, "dumpxml", n) for n in ("fb", "fb-tandem-freebsd-native")}
+        demo_traffic(sh.port, rounds=3)
+    t = drive(sh, work)
+    run_until_native_stops(sh, client=t)
+    t.join(10)
+    s = sh.finish()
+    for name, xml in seen["xml"].items():
+        assert "vendor=GenuineIntel" in xml, (name, xml[-3000:])
+    (r,) = s.results
+    assert r.run.outcome == "poweroff", r.run.detail
+    assert len(r.run.delivered) > 0 and not r.divergences, [d.diff for d in r.divergences]
+    assert names(uri, "--all") == set()
+    v = replay(path)
     assert v.ok, v.summary()
 
 
