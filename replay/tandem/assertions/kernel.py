@@ -17,6 +17,10 @@ console; `module_sections` reads them back). With it:
 The kernel has no KASLR (base.config: CONFIG_RELOCATABLE off), so vmlinux's link
 addresses are its run-time addresses. Code the kernel patches at boot (alternatives,
 jump labels, static calls) is seen as it is in the file.
+
+A FreeBSD kernel is the same to it: its kernel.debug in vmlinux's place (symbols, DWARF;
+its code from the booted `kernel`, as kernel.debug's sections hold none), linked where
+it runs (amd64 has no KASLR), with no ORC tables (its stacks are the `?` words alone).
 """
 from __future__ import annotations
 
