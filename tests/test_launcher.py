@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import ROOT, wait_until
+from helpers import ROOT, assert_one_line_error, wait_until
 from tandem import artifacts, catalog
 from tandem.cli.main import build_parser
 from tandem.setup.state import FREEBSD_TARGETS
@@ -136,6 +136,20 @@ def test_preflight_stops_a_build_with_one_line_when_the_disk_is_full(tmp_path):
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tandem: error: disk:") and "fix:" in lines[0], r.stderr
+
+
+def test_a_freebsd_source_that_is_no_tree_is_one_line_before_any_build(tmp_path):
+    """`./tandem build freebsd --freebsd-src PATH` with PATH naming nothing, or a directory
+    that is not a FreeBSD tree: one line naming it, before meson or ninja say anything."""
+    (tmp_path / "notatree").mkdir()
+    (tmp_path / "notatree" / "README").write_text("not FreeBSD\n")
+    for src, words in ((tmp_path / "notatree", "not a FreeBSD source tree"), (tmp_path / "nosuch", "no such file")):
+        r = subprocess.run([sys.executable, "-m", "tandem.setup.build", "freebsd", "--freebsd-src", str(src)],
+                           env=env_with(tmp_path / "cache", PYTHONPATH=str(ROOT / "replay"),
+                                        TANDEM_BUILD_DIR=str(tmp_path / "build")),
+                           capture_output=True, text=True, timeout=60)
+        assert_one_line_error(r, str(src), words)
+        assert not (tmp_path / "build").exists() or not any((tmp_path / "build").glob("*freebsd*"))
 
 
 def test_help_lists_every_subcommand():

@@ -190,6 +190,11 @@ def freebsd_source() -> Path:
                           "(a checkout, or a release's src.txz: docs/freebsd.md)")
     if not Path(src).exists():
         raise TandemError(f"TANDEM_FREEBSD_SRC={src}: no such file or directory")
+    # as scripts/build-freebsd.sh checks it, but before meson and ninja say anything; an
+    # archive's tree is checked as it is unpacked
+    if Path(src).is_dir() and not all((Path(src) / f).is_file() for f in ("tools/build/make.py",
+                                                                          "sys/conf/newvers.sh")):
+        raise TandemError(f"{src}: not a FreeBSD source tree (no tools/build/make.py or sys/conf/newvers.sh)")
     return Path(src)
 
 
