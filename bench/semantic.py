@@ -47,7 +47,8 @@ from tandem.machine import Guest, Run, UserNet  # noqa: E402
 from tandem.record.workload import KV, demo_traffic  # noqa: E402
 
 SECTION = "semantic"
-PARTS = ("replay", "comparator", "protocols", "parallel")
+PARTS = ("replay", "comparator", "protocols", "parallel", "freebsd")
+DEFAULT_PARTS = PARTS[:-1]      # freebsd: with a FreeBSD tree (TANDEM_FREEBSD_SRC) and its builds
 TITLE = "## Semantic replay"
 
 # Comparator workloads: CLIENTS concurrent connections each.
@@ -111,10 +112,10 @@ def live(tmp: Path, flavor: str) -> float:
     return time.monotonic() - t0
 
 
-def record(tmp: Path, traffic=None) -> Path:
-    """Record the demo guest: the demo workload, or `traffic(port)` then poweroff."""
+def record(tmp: Path, traffic=None, guest: Guest | None = None) -> Path:
+    """Record the demo guest (or `guest`): the demo workload, or `traffic(port)` then poweroff."""
     path = Path(tempfile.mkdtemp(dir=tmp)) / "b.tdm"
-    with Recording(path) as rec:
+    with Recording(path, guest=guest) as rec:
         if traffic:
             rec.wait_ready(300)
             traffic(rec.port)
@@ -125,11 +126,12 @@ def record(tmp: Path, traffic=None) -> Path:
     return path
 
 
-def part_replay(tmp: Path, runs: int) -> list[str]:
-    flavors = ["kasan", "lockdep"]
-    res = {f: {"live": [], "replay": [], "norec": []} for f in flavors}
+def part_replay(tmp: Path, runs: int, flavors=("kasan", "lockdep"), native: str | None = None) -> list[str]:
+    """Each analysis kernel serving the workload live against the semantic replay into it
+    of the native's recording (`native`: the kernel flavor recorded, default the demo's)."""
+    res: dict[str, dict[str, list[float]]] = {f: {"live": [], "replay": [], "norec": []} for f in flavors}
     for i in range(runs):
-        b = record(tmp)
+        b = record(tmp, guest=Guest.default(native) if native else None)
         rec = inputs.load(b)
         for f in flavors:
             res[f]["live"].append(live(tmp, f))
@@ -142,8 +144,10 @@ def part_replay(tmp: Path, runs: int) -> list[str]:
                                               f"{res[f]['replay'][-1]:.2f}s (not recorded "
                                               f"{res[f]['norec'][-1]:.2f}s)" for f in flavors),
               file=sys.stderr)
-    lines = [(f"Command: `./tandem bench` (runs `bench/semantic.py --runs {runs}`). TCG on this 2-core "
-              "machine; medians of interleaved rounds."), "",
+    command = (f"`python bench/semantic.py --only freebsd --runs {runs} --out docs/benchmarks.md` (the FreeBSD "
+               f"demo guest, recorded on {native}: a FreeBSD tree set)" if native else
+               f"`./tandem bench` (runs `bench/semantic.py --runs {runs}`)")
+    lines = [(f"Command: {command}. TCG on this 2-core machine; medians of interleaved rounds."), "",
              ("Analysis replay vs the same kernel serving the same workload live (boot to "
               "TANDEM-READY, 20 rounds of SET/GET from two clients, a SYNC, an `nc` session, "
               "poweroff). Target: replay at most 1.1x live. The replay records itself (the default; "
@@ -398,7 +402,7 @@ def main() -> int:
     ap.add_argument("--only", action="append", choices=PARTS, help="run only this part (repeatable)")
     ap.add_argument("--out", type=Path, help="replace this benchmark's blocks in this markdown file")
     args = ap.parse_args()
-    only = args.only or list(PARTS)
+    only = args.only or list(DEFAULT_PARTS)
     tmp = Path(tempfile.mkdtemp(prefix="tandem-bench-sem-"))
     parts: dict[str, list[str]] = {}
     try:
@@ -410,6 +414,9 @@ def main() -> int:
             parts["protocols"] = part_protocols(tmp, args.reps)
         if "parallel" in only:
             parts["parallel"] = part_parallel(tmp)
+        if "freebsd" in only:
+            parts["freebsd"] = ["### The FreeBSD demo guest into its debug kernel", "",
+                                *part_replay(tmp, args.runs, ("freebsd-debug",), native="freebsd-native")]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("\n\n".join("\n".join(parts[p]) for p in PARTS if p in parts))
