@@ -78,12 +78,17 @@ def distinct(found: list[Finding]) -> list[tuple[Finding, int]]:
     return [(f, count[t]) for t, f in first.items()]
 
 
+# The dialects of the kernels tandem boots, whose reports its kernels' DWARF symbolizes
+# (a userland's, ASan's, symbolizes itself)
+KERNEL_OSES = frozenset({"linux", "freebsd"})
+
+
 def symbolizer(analysis: catalog.Analysis):
     """rep -> rep with source locations from the analysis kernel's vmlinux (FreeBSD's
     kernel.debug) and modules (rep unchanged when they are not there)."""
     if analysis.kernel.image:        # a kernel the user brought, with its vmlinux or none
         brought = analysis.kernel.vmlinux
-        return lambda rep: report.symbolize(rep, brought) if brought else rep
+        return lambda rep: report.symbolize(rep, brought) if brought and rep.os in KERNEL_OSES else rep
     try:
         vmlinux = artifacts.kernel(analysis.flavor)["vmlinux"]
         # FreeBSD's planted bugs are built into its kernels (guest-kernel/freebsd/sys)
@@ -92,7 +97,7 @@ def symbolizer(analysis: catalog.Analysis):
     except (TandemError, KeyError) as e:   # not built (./tandem build), or a build record without a vmlinux
         log.info("findings of %s are not symbolized: %s", analysis.name, e)
         return lambda rep: rep
-    return lambda rep: report.symbolize(rep, vmlinux, modules) if vmlinux else rep
+    return lambda rep: report.symbolize(rep, vmlinux, modules) if vmlinux and rep.os in KERNEL_OSES else rep
 
 
 def findings(run: AnalysisRun, analysis: catalog.Analysis, symbolize: bool = True) -> list[Finding]:
