@@ -160,3 +160,41 @@ def test_loader_reassembles_flows_and_dependencies(tmp_path):
         ("tcp-data", b"GET b\n", 6, {0: 8}, None),
         ("tcp-fin", b"", 12, {}, None)]        # flow 0's 8 bytes: needed by the input before
 
+
+
+def test_a_probe_the_native_reset_while_its_service_started_is_not_compared(tmp_path):
+    """The native's guest took a connection and reset it before answering a byte, while its
+    service had answered none on that port (nginx starting: a readiness probe); an analysis
+    booting on its own timing answers it. Not a divergence. A reset after the service had
+    answered another client is the guest's, and stays one."""
+    path = tmp_path / "devices.pcapng"
+    w = pcapng.PcapngWriter(path)
+    net = w.add_interface("net0", "net")
+
+    def seg(direction, ns, port, seq, ack, flags, payload=b""):
+        src, dst = ((CLIENT[0], port), GUEST) if direction == "in" else (GUEST, (CLIENT[0], port))
+        smac, dmac = (CMAC, GMAC) if direction == "in" else (GMAC, CMAC)
+        w.event(net, direction, ns, netpkt.tcp(smac, dmac, src[0], dst[0], src[1], dst[1], seq, ack, flags,
+                                               64240, payload), icount=ns)
+
+    def probe(t, port, answer=b""):
+        c, g = 1000, 5000
+        seg("in", t, port, c, 0, netpkt.SYN)
+        seg("out", t + 1, port, g, c + 1, netpkt.SYN | netpkt.ACK)
+        seg("in", t + 2, port, c + 1, g + 1, netpkt.ACK | netpkt.PSH | netpkt.FIN, b"GET a\n")
+        if answer:
+            seg("out", t + 3, port, g + 1, c + 8, netpkt.ACK | netpkt.PSH | netpkt.FIN, answer)
+        else:
+            seg("out", t + 3, port, g + 1, c + 8, netpkt.RST | netpkt.ACK)
+    probe(10, 40001)                     # reset while starting
+    probe(20, 40002, b"VALUE 1\n")       # the service answers
+    probe(30, 40003)                     # reset by a service that answered before
+    w.close(end_vm_ns=100)
+    rec = inputs.from_events(pcapng.iter_events(path))
+    assert [fl.reset_starting for fl in rec.flows] == [True, False, False]
+    run = AnalysisRun("native")
+    run.net = Peer().out
+    for i in range(3):
+        run.net.flows[i] = FlowOutput(inputs.Chunks([(50 + i, b"VALUE 1\n")]))
+    divs = compare.compare(rec, run, spec())
+    assert [d.channel.split(" (")[0] for d in divs] == ["tcp flow 2"], [(d.channel, d.kind) for d in divs]

@@ -234,6 +234,11 @@ class Flow:
     # A RESP connection whose client sent redis's TIME: its replies of TIME's shape are
     # the server's clock (compare.py masks them).
     asks_time: bool = False
+    # The native's guest accepted it and reset it before it answered a byte, while its
+    # service had answered no connection on that port yet (nginx starting: a probe taken
+    # by the listening socket, then reset). An analysis, on its own boot's timing, may
+    # answer it: that is not compared (compare.py), as a refused connection is not opened.
+    reset_starting: bool = False
 
     def name(self) -> str:
         """opener->acceptor, each as ip:port."""
@@ -371,6 +376,7 @@ class InputExtractor:
         self.closing: list[tuple[int, FlowKey, int]] = []
         self.fins: dict[int, int] = {}          # flow -> FIN_CLIENT | FIN_GUEST seen
         self.resp_tail: dict[int, bytes] = {}   # RESP flow -> its client's last bytes (_asks_time)
+        self.answered: set[tuple[bytes, int]] = set()  # the guest's (ip, port) that answered a client's bytes
         self.serial = SerialLines()             # the native's console, for line dependencies
         self.serial_in = 0                      # serial input bytes so far
         self.limits: dict[str, None] = dict.fromkeys(rec.limits)
@@ -461,6 +467,9 @@ class InputExtractor:
         i = fl.index
         if fl.answer is None and flags & (SYN | RST) and not fl.guest_opened:
             fl.answer = "refused" if flags & RST and i not in self.guest_next else "accepted"
+        elif flags & RST and fl.answer == "accepted" and not fl.closed and fl.guest_bytes == 0 \
+                and fl.server not in self.answered:
+            fl.reset_starting = True
         if flags & (FIN | RST):
             self._fin(fl, FIN_BOTH if flags & RST else FIN_GUEST, vm_ns)
         if flags & SYN:
@@ -471,6 +480,8 @@ class InputExtractor:
             if new:
                 if fl.guest_opened:
                     self._request(fl, new)
+                else:
+                    self.answered.add(fl.server)
                 fl.guest_bytes += len(new)
                 fl.guest_data.append((vm_ns, new))
                 self.guest_next[i] = (self.guest_next[i] + len(new)) & 0xFFFFFFFF
