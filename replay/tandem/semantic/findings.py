@@ -147,8 +147,8 @@ def did_not_boot(run: AnalysisRun, found: list[Finding]) -> tuple[str | None, li
     if why is None or booted(run) or not found:
         return why, found
     if run.outcome in (Outcome.LAGGING, Outcome.HUNG) and any(_PANICKED.search(f.text) for f in found):
-        why = (f"did not boot (its kernel panicked before its first input, then {run.outcome}: "
-               f"{TANDEM_OUTCOMES[Outcome(run.outcome)]}){why.split(')', 1)[1]}")
+        why = _why(f"did not boot (its kernel panicked before its first input, then {run.outcome}: "
+                   f"{TANDEM_OUTCOMES[Outcome(run.outcome)]})", run)
     elif run.outcome != Outcome.CRASHED:
         return why, found
     titles = list(dict.fromkeys(f.title for f in found))
@@ -166,5 +166,10 @@ def failure(run: AnalysisRun) -> str | None:
         what = "did not boot (crashed before its first input)"
     else:
         return None
+    return _why(what, run)
+
+
+def _why(what: str, run: AnalysisRun) -> str:
+    """A failure's line: what, the run's detail, and the input it stopped before."""
     stop = f"; stopped before {run.stopped_before}" if run.stopped_before else ""
     return f"{what}: {run.detail}{stop}"
