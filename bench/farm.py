@@ -77,7 +77,10 @@ def record(base: Path, n: int, seconds: float) -> list[Path]:
 
 
 def dask(module: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", f"distributed.cli.{module}", *args], env=env(),
+    """A scheduler or worker process, its workers started as docs/farm.md says (Dask's
+    profiler off)."""
+    return subprocess.Popen([sys.executable, "-m", f"distributed.cli.{module}", *args],
+                            env=dict(env(), DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED="False"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

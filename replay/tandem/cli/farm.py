@@ -109,7 +109,8 @@ def corpus(spec):
         entry = manifest.files.get(bundle.DEVLOG)
         if entry is None or entry.sha256 is None:
             raise TandemError(f"{d}: no device log in its manifest (a recording that never started?)")
-        out.append(Corpus(str(d), entry.sha256, users_guest=manifest.users_guest, os=recorded_os(manifest)))
+        out.append(Corpus(str(d), entry.sha256, users_guest=manifest.users_guest, os=recorded_os(manifest),
+                          icount=manifest.stop.icount or 0))
     return out
 
 
@@ -153,7 +154,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 done[0] += 1
                 status.update(f"farm night {name}: {done[0]} done; last: {Path(key.bundle).name} "
                               f"{key.analysis} r{key.repeat}: {result.status}")
-            tally = farm_night.Night(db, client, plan_targets, s, out, on_result=shown).run()
+            tally = farm_night.Night(db, client, plan_targets, s, out, on_result=shown,
+                                    corpus=recordings).run()
     db.end_night()
     v = report.view(db.engine, name, fixed_after=s.fixed_after)
     paths = report.write(v, out)
