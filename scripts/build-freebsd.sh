@@ -5,12 +5,17 @@
 #   scripts/build-freebsd.sh TARGET OUT_JSON
 #   TANDEM_KEY_ONLY=1 scripts/build-freebsd.sh TARGET x      # print the key, build nothing
 #
+# Exit status 1: the build failed; 3: the user's config (kernel-freebsd-config) is no config or does not build.
+#
 #   freebsd-toolchain     make.py kernel-toolchain with Debian's LLVM 19 (bmake, the bootstrap
 #                         tools, makefs); ~3.5 min on 2 cores
 #   kernel-freebsd-FLAVOR buildkernel NO_MODULES=yes of guest-kernel/freebsd/TANDEM-FLAVOR (native,
 #                         debug: INVARIANTS + WITNESS, kasan: debug + KASAN); ~4 min each
 #   freebsd-guest         the demo guest's root: a libc-less /sbin/init serving kvd on port 7000
 #                         (guest-kernel/freebsd/init/kvd-init.c) on an 8 MiB UFS2 image (makefs)
+#   kernel-freebsd-config a kernel config of the user's, TANDEM_FREEBSD_KERNCONF=FILE: buildkernel of
+#                         it, its includes found beside it, in the tree's sys/amd64/conf (GENERIC)
+#                         and among tandem's (TANDEM-NATIVE: what a tandem VM needs, the planted bugs)
 #
 # The tree: TANDEM_FREEBSD_SRC, a checkout (FreeBSD's git, 14.x or 15.x) or a release's source
 # archive (src.txz, .tar.xz, .tar.zst, .tar.gz: unpacked once into the cache, keyed by its
@@ -22,10 +27,10 @@
 set -euo pipefail
 # One function, parsed whole before it runs: editing this file cannot corrupt a build.
 main() {
-die() { echo "tandem: error: $*" >&2; exit 1; }
+die() { echo "tandem: error: $*" >&2; exit "${DIE_STATUS:-1}"; }
 log() { echo "tandem: $*" >&2; }
 . "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
-[ $# -eq 2 ] || die "usage: $0 freebsd-toolchain|kernel-freebsd-FLAVOR|freebsd-guest OUT_JSON"
+[ $# -eq 2 ] || die "usage: $0 freebsd-toolchain|kernel-freebsd-FLAVOR|kernel-freebsd-config|freebsd-guest OUT_JSON"
 TARGET=$1 OUT_JSON=$2
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")
@@ -35,6 +40,16 @@ FB="${TANDEM_CACHE:-$HOME/.cache/tandem}/freebsd"
 JOBS=${JOBS:-$(nproc)}
 case $TARGET in
   freebsd-toolchain|freebsd-guest) ;;
+  kernel-freebsd-config)
+    USERCONF=${TANDEM_FREEBSD_KERNCONF:-}
+    [ -n "$USERCONF" ] || { [ -z "${TANDEM_KEY_ONLY:-}" ] || exit 0; die "$TARGET: set TANDEM_FREEBSD_KERNCONF to your kernel config"; }
+    [ -f "$USERCONF" ] || DIE_STATUS=3 die "FreeBSD kernel config $USERCONF: no such file"
+    USERCONF=$(cd "$(dirname "$USERCONF")" && pwd)/$(basename "$USERCONF")
+    KERNCONF=$(basename "$USERCONF")
+    case $KERNCONF in
+      TANDEM-*) DIE_STATUS=3 die "FreeBSD kernel config $USERCONF: name it otherwise (TANDEM-* are tandem's own configs)" ;;
+      *[!A-Za-z0-9_.-]*|.*) DIE_STATUS=3 die "FreeBSD kernel config $USERCONF: a config's name is letters, digits, '_', '.' and '-' (make's KERNCONF)" ;;
+    esac ;;
   kernel-freebsd-*) FLAVOR=${TARGET#kernel-freebsd-}
     KERNCONF=TANDEM-$(echo "$FLAVOR" | tr a-z A-Z)
     case $FLAVOR in *[!a-z0-9]*|"") die "bad flavor '$FLAVOR'";; esac
@@ -46,6 +61,18 @@ key() { { printf '%s\n' "$@"; sha "$SELF"; } | sha256sum | cut -c1-16; }
 conf_chain() {    # a kernel config and the configs it includes (guest-kernel/freebsd/)
   echo "$1"
   local i; for i in $(awk '$1 == "include" { print $2 }' "$CONFDIR/$1"); do conf_chain "$i"; done
+}
+user_chain() {    # a user's config and the files beside it that it includes, each once (a cycle is config(8)'s to say)
+  local dir i seen=" "; dir=$(dirname "$1")
+  set -- "$1"
+  while [ $# -gt 0 ]; do
+    case $seen in *" $1 "*) shift; continue ;; esac
+    seen="$seen$1 "; echo "$1"
+    for i in $(awk '$1 == "include" { gsub(/"/, "", $2); print $2 }' "$1"); do
+      [ -f "$dir/$i" ] && set -- "$@" "$dir/$i"
+    done
+    shift
+  done
 }
 
 # -- the source tree -------------------------------------------------------------------
@@ -151,6 +178,8 @@ TC_KEY=$(printf '%s\n' "$TREE_KEY" "${knobs[*]}" "kernel-toolchain, Debian LLVM 
 OBJ="$FB/obj-$TC_KEY"         # MAKEOBJDIRPREFIX: the toolchain, and the kernels built with it
 case $TARGET in
   freebsd-toolchain) KEY=$TC_KEY ;;
+  kernel-freebsd-config) KEY=$(key "$TC_KEY" "$KERNCONF" "$ADDED_KEY" $(sha "$CONFDIR"/TANDEM-*) \
+                           $(for f in $(user_chain "$USERCONF"); do printf '%s:%s\n' "$(basename "$f")" "$(sha "$f")"; done)) ;;
   kernel-freebsd-*) KEY=$(key "$TC_KEY" "$KERNCONF" "$ADDED_KEY" $(for f in $(conf_chain "$KERNCONF"); do sha "$CONFDIR/$f"; done)) ;;
   freebsd-guest) KEY=$(key "$TC_KEY" "$(sha "$CONFDIR/init/kvd-init.c")" guest) ;;
 esac
@@ -194,7 +223,12 @@ watch() {
 run_logged() {    # CMD...: CMD in the background with its progress (of TOTAL files), failing with the log's tail
   "$@" & local pid=$!
   watch "$TARGET" "$TOTAL" "$pid"
-  wait "$pid" || { tail -n 30 "$LOG" >&2; die "$TARGET: ${*:1:2} failed (log: $LOG)"; }
+  wait "$pid" || { tail -n 30 "$LOG" >&2; DIE_STATUS=${FAILED:+3}
+                   die "${FAILED:-$TARGET: ${*:1:2} failed}${FAILED:+: $(first_error)} (log: $LOG)"; }
+}
+first_error() {   # the first line of $LOG that says what went wrong: config(8)'s, the compiler's or the linker's, else make's
+  { grep -m1 -E '^config: |: unknown option |:[0-9]+: syntax error|: (fatal )?error: |^ld(\.lld)?(-[0-9]+)?: error: ' "$LOG" \
+    || grep -m1 -E '\*\*\* Error code|^make(\[[0-9]+\])?: ' "$LOG" || echo "see the log"; } | cut -c1-300
 }
 mkdir -p "$FB/logs"
 exec 9>"$FB/.lock-$TARGET"
@@ -219,15 +253,24 @@ freebsd-toolchain)
   toolchain
   write_json "obj=$OBJ" "makefs=$(legacy_bin)/makefs" ;;
 kernel-freebsd-*)
+  if [ "$TARGET" = kernel-freebsd-config ]; then
+    FLAVOR="config-$KERNCONF"
+  fi
   FINAL="$FB/kernel-$FLAVOR-$KEY"
   if [ ! -f "$FINAL/kernel" ]; then
     toolchain
     LOG="$FB/logs/kernel-freebsd-$FLAVOR.log"; : >"$LOG"
     log "building FreeBSD kernel $KERNCONF from $TREE (log $LOG)"
     # Our configs (guest-kernel/freebsd/, rewritten by kernel_confs) are taken from their
-    # directory (KERNCONFDIR, also the include path of TANDEM-DEBUG's `include TANDEM-NATIVE`).
+    # directory (KERNCONFDIR, also the include path of TANDEM-DEBUG's `include TANDEM-NATIVE`);
+    # a user's from its own, with ours on config(8)'s include path.
     added_sources; kernel_confs
-    TOTAL=835 run_logged mk buildkernel NO_MODULES=yes KERNCONF="$KERNCONF" KERNCONFDIR="$CONF_DIR"
+    if [ "$TARGET" = kernel-freebsd-config ]; then
+      FAILED="FreeBSD kernel config $USERCONF does not build" TOTAL=835 run_logged mk buildkernel NO_MODULES=yes \
+        KERNCONF="$KERNCONF" KERNCONFDIR="$(dirname "$USERCONF")" CONFIGARGS="-I $CONF_DIR"
+    else
+      TOTAL=835 run_logged mk buildkernel NO_MODULES=yes KERNCONF="$KERNCONF" KERNCONFDIR="$CONF_DIR"
+    fi
     kobj=$(find "$OBJ" -type d -path "*/sys/$KERNCONF" -print -quit)
     [ -f "$kobj/kernel" ] || die "$TARGET: no kernel in $kobj"
     tmp="$FINAL.tmp$$"; rm -rf "$tmp"; mkdir -p "$tmp"
@@ -236,7 +279,7 @@ kernel-freebsd-*)
     # Its symbols as a System.map ("address type name", nm's format), for tandem assert
     nm -n "$tmp/kernel.debug" >"$tmp/System.map" 2>/dev/null || nm -n "$tmp/kernel" >"$tmp/System.map" \
       || die "$TARGET: nm cannot read $tmp/kernel"
-    cp "$CONFDIR/$KERNCONF" "$tmp/config"
+    cp "${USERCONF:-$CONFDIR/$KERNCONF}" "$tmp/config"
     grep -a -o -m1 -E 'FreeBSD [0-9]+\.[0-9]+-[A-Za-z0-9-]+ [A-Z0-9-]+' "$kobj/kernel" | head -n1 >"$tmp/version" || true
     rm -rf "$FINAL"; mv -T "$tmp" "$FINAL"
   fi

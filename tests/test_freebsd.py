@@ -8,7 +8,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,9 @@ from tandem import artifacts, catalog
 from tandem.exact.replay import replay as exact_replay
 from tandem.formats import bundle, pcapng
 from tandem.live.shadow import ShadowOptions, ShadowRun
-from tandem.machine import Guest
+from tandem.machine import Forward, Guest
+from tandem.machine.guest import FREEBSD_CMDLINE
+from tandem.qemu.vm import free_port
 from tandem.record.recording import Recording
 from tandem.record.workload import KV, demo_traffic
 from tandem.semantic import inputs
@@ -217,3 +222,54 @@ def test_a_freebsd_kernel_that_panics_at_boot_did_not_boot_and_is_no_finding(fre
     assert r.outcome == "crashed", r.detail
     why, found = did_not_boot(r, findings(r, a))
     assert found == [] and why.startswith("did not boot") and KASSERT in why, why
+
+
+def build_config(conf: Path) -> subprocess.CompletedProcess:
+    """`./tandem build --freebsd-config CONF` as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "tandem.setup.build", "--freebsd-config", str(conf)],
+                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent / "replay")),
+                          capture_output=True, text=True, timeout=1800)
+
+
+def test_a_kernel_config_that_does_not_build_is_one_line_naming_it_and_its_error(tmp_path):
+    conf = tmp_path / "BROKEN"
+    conf.write_text("include TANDEM-NATIVE\nident BROKEN\noptions TANDEM_NO_SUCH_OPTION\n")
+    assert_one_line_error(build_config(conf), f"FreeBSD kernel config {conf} does not build",
+                          'unknown option "TANDEM_NO_SUCH_OPTION"', "kernel-freebsd-config-BROKEN.log")
+    assert_one_line_error(build_config(tmp_path / "NOSUCH"), f"FreeBSD kernel config {tmp_path / 'NOSUCH'}: no such file")
+    (tmp_path / "TANDEM-MINE").write_text("include TANDEM-NATIVE\n")
+    assert_one_line_error(build_config(tmp_path / "TANDEM-MINE"), "TANDEM-MINE: name it otherwise")
+
+
+@pytest.mark.timeout(2400)
+def test_your_own_kernel_config_is_built_and_analyses_your_freebsd_vm(tmp_path):
+    """A FreeBSD developer's config (tandem's TANDEM-NATIVE, the devices a tandem VM has,
+    with INVARIANTS on) built by tandem from the same tree, then a recording of their own
+    VM (a FreeBSD disk, its kernel booted directly) replayed into it: clean, and the console
+    shows their kernel booted."""
+    conf = tmp_path / "MINE"
+    conf.write_text("include TANDEM-NATIVE\nident MINE\noptions INVARIANTS\noptions INVARIANT_SUPPORT\n")
+    r = build_config(conf)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (line,) = [ln for ln in r.stderr.splitlines() if "--analysis-kernel" in ln]
+    spec = line.split("--analysis-kernel ", 1)[1].strip()
+    assert spec.startswith("mine=") and spec.endswith("/kernel.debug"), line
+
+    disk = tmp_path / "root.img"
+    shutil.copyfile(artifacts.freebsd_guest()["root_image"], disk)
+    port = free_port()
+    guest = Guest.of_disks([(str(disk), "raw")], kernel=artifacts.kernel("freebsd-native")["bzImage"],
+                           append=FREEBSD_CMDLINE, memory_mb=512, os="freebsd")
+    rec_path = tmp_path / "myvm.tdm"
+    with Recording(rec_path, guest, forwards=(Forward("tcp", port, 7000),)) as rec:
+        rec.wait_ready()
+        demo_traffic(port, rounds=3)
+        rec.serial.type("poweroff")
+        rec.wait(timeout=120)
+    assert bundle.load_manifest(rec_path).users_guest
+
+    r = run_cli("replay", str(rec_path), "--analysis-kernel", spec, "--no-noise", "--workdir", str(tmp_path / "w"),
+                timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "mine: poweroff" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert b"FreeBSD 15" in console(tmp_path / "w" / "mine.tdm") and b" MINE" in console(tmp_path / "w" / "mine.tdm")

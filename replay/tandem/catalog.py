@@ -180,9 +180,12 @@ def check_name(name: str) -> None:
         raise TandemError(f"analysis name {name!r}: a built-in analysis has it; call yours otherwise")
 
 
-def brought_kernel(name: str, image: str, vmlinux: str | None = None) -> Analysis:
-    """An analysis that boots the user's own kernel (checked by the caller: qemu.kernel_image)."""
-    return Analysis(name, Kernel(name, image=image, vmlinux=vmlinux), f"your kernel {image}", demo=False)
+def brought_kernel(name: str, image: str, vmlinux: str | None = None, os: str = "linux") -> Analysis:
+    """An analysis that boots the user's own kernel of that OS (checked by the caller:
+    qemu.kernel_image), with at least the memory tandem's native kernel of a FreeBSD guest has."""
+    memory = KERNELS[OS_NATIVE[os]].memory_mb if os == "freebsd" else Kernel.memory_mb
+    return Analysis(name, Kernel(name, memory_mb=memory, os=os, image=image, vmlinux=vmlinux), f"your kernel {image}",
+                    demo=False)
 
 
 def with_overlay(name: str, base: Analysis, overlay: str) -> Analysis:

@@ -104,13 +104,19 @@ def test_an_analysis_that_does_not_apply_is_skipped_with_its_reason_never_run(tm
 
 def test_an_analysis_of_another_guest_os_is_skipped():
     """A FreeBSD kernel on a Linux recording and a Linux kernel on a FreeBSD one are skipped
-    tasks; a kernel the user brings is taken as the guest's OS's (on the FreeBSD demo
-    guest it is skipped as on Linux's)."""
+    tasks, a kernel the user brings of the OS its file says (on the FreeBSD demo guest
+    it is skipped as on Linux's)."""
     linux, fb = Corpus("/r/demo.tdm", "sha-d", users_guest=True), Corpus("/r/fb.tdm", "sha-f", os="freebsd")
+    users_fb = Corpus("/r/myvm.tdm", "sha-v", users_guest=True, os="freebsd")
     targets = [Target("kasan", "k"), Target("freebsd-kasan", "fk", os="freebsd"),
-               Target("mine", "user:1", "mine=/b/bzImage", guests=Guests.USERS)]
-    skipped = {(k.bundle, k.analysis): why for k, why in plan([linux, fb], targets, None) if why}
+               Target("mine", "user:1", "mine=/b/bzImage", guests=Guests.USERS),
+               Target("mybsd", "user:2", "mybsd=/b/kernel", guests=Guests.USERS, os="freebsd")]
+    skipped = {(k.bundle, k.analysis): why for k, why in plan([linux, fb, users_fb], targets, None) if why}
     assert skipped == {("/r/demo.tdm", "freebsd-kasan"): "freebsd-kasan: a freebsd kernel, and the recording is of a "
                                                           "linux guest",
+                       ("/r/demo.tdm", "mybsd"): "mybsd: a freebsd kernel, and the recording is of a linux guest",
                        ("/r/fb.tdm", "kasan"): "kasan: a linux kernel, and the recording is of a freebsd guest",
-                       ("/r/fb.tdm", "mine"): f"mine: {Guests.USERS.value}"}
+                       ("/r/fb.tdm", "mine"): f"mine: {Guests.USERS.value}",
+                       ("/r/fb.tdm", "mybsd"): f"mybsd: {Guests.USERS.value}",
+                       ("/r/myvm.tdm", "kasan"): "kasan: a linux kernel, and the recording is of a freebsd guest",
+                       ("/r/myvm.tdm", "mine"): "mine: a linux kernel, and the recording is of a freebsd guest"}

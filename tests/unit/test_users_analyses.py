@@ -53,6 +53,36 @@ def elf(path) -> str:
     return str(path)
 
 
+def freebsd_kernel(path, version: bytes = b"FreeBSD 15.1-RELEASE-p1 MINE", pvh: bool = True) -> str:
+    """An amd64 FreeBSD kernel as QEMU sees it: an ELF file of OS ABI 9 whose PT_NOTE has
+    the Xen PVH entry note (type 18, XEN_ELFNOTE_PHYS32_ENTRY), and its version string."""
+    note = struct.pack("<III", 4, 4, 18 if pvh else 6) + b"Xen\0" + struct.pack("<I", 0x1000)
+    header = struct.pack("<16sHHIQQQIHHHHHH", b"\x7fELF\x02\x01\x01\x09" + bytes(8), 2, 62, 1, 0, 64, 0, 0,
+                         64, 56, 1, 64, 0, 0)
+    phdr = struct.pack("<IIQQQQQQ", 4, 4, 120, 0, 0, len(note), len(note), 4)
+    path.write_bytes(header + phdr + note + bytes(64) + version + b"\0" + bytes(64))
+    return str(path)
+
+
+def test_a_freebsd_kernel_is_known_by_its_abi_and_pvh_note_and_says_its_version(tmp_path):
+    assert kernel_image.kernel_version(freebsd_kernel(tmp_path / "kernel")) == ("freebsd",
+                                                                                "FreeBSD 15.1-RELEASE-p1 MINE")
+    assert kernel_image.kernel_version(bzimage(tmp_path / "bz")) == ("linux", "6.12.0-mine (me@host) #1")
+    mine = common.bring_kernel(f"mine={freebsd_kernel(tmp_path / 'k')},{elf(tmp_path / 'kernel.debug')}")
+    assert (mine.os, mine.kernel.vmlinux, mine.kernel.memory_mb) == ("freebsd", str(tmp_path / "kernel.debug"), 512)
+    with pytest.raises(TandemError, match="without a PVH entry") as e:
+        common.bring_kernel(f"old={freebsd_kernel(tmp_path / 'k13', pvh=False)}")
+    assert str(tmp_path / "k13") in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_brought_kernel_of_another_os_than_the_recorded_guest_is_refused(tmp_path):
+    recorded = {"machine": {"net": {"guest_port": 7000}, "disks": [{"id": "disk0"}], "os": "linux"},
+                "users_guest": True}
+    mine = common.bring_kernel(f"mine={freebsd_kernel(tmp_path / 'k')}")
+    with pytest.raises(TandemError, match="analysis mine: your kernel is freebsd's; .* is of a linux guest"):
+        guests.analysis_guest(tmp_path, Manifest.from_json(recorded), mine)
+
+
 def test_a_bzimage_is_known_by_its_boot_header_and_says_its_version(tmp_path):
     assert kernel_image.bzimage_version(bzimage(tmp_path / "bz")) == "6.12.0-mine (me@host) #1"
 

@@ -107,19 +107,21 @@ def _define(known: dict[str, catalog.Analysis], a: catalog.Analysis) -> catalog.
 
 
 def bring_kernel(spec: str) -> catalog.Analysis:
-    """--analysis-kernel NAME=BZIMAGE[,VMLINUX]: the analysis NAME, which boots that kernel;
-    its files checked now, a one-line error naming the culprit."""
+    """--analysis-kernel NAME=BZIMAGE[,VMLINUX]: the analysis NAME, which boots that kernel
+    (a Linux bzImage, or a FreeBSD kernel with its kernel.debug); its files checked now, a
+    one-line error naming the culprit."""
     from ..qemu import kernel_image
     name, sep, files = spec.partition("=")
     image, _, vmlinux = files.partition(",")
     if not sep or not name or not image:
         raise TandemError(f"--analysis-kernel {spec!r}: give NAME=BZIMAGE or NAME=BZIMAGE,VMLINUX")
     catalog.check_name(name)
-    version = kernel_image.bzimage_version(image, f"--analysis-kernel {name}:")
+    os_name, version = kernel_image.kernel_version(image, f"--analysis-kernel {name}:")
     if vmlinux:
-        kernel_image.check_vmlinux(vmlinux, f"--analysis-kernel {name}: vmlinux")
-    log.info("analysis %s boots %s (Linux %s)", name, image, version)
-    return catalog.brought_kernel(name, str(Path(image).resolve()), str(Path(vmlinux).resolve()) if vmlinux else None)
+        kernel_image.check_vmlinux(vmlinux, f"--analysis-kernel {name}: {'vmlinux' if os_name == 'linux' else 'symbols'}")
+    log.info("analysis %s boots %s (%s)", name, image, version if os_name == "freebsd" else f"Linux {version}")
+    return catalog.brought_kernel(name, str(Path(image).resolve()), str(Path(vmlinux).resolve()) if vmlinux else None,
+                                  os=os_name)
 
 
 def swap_files(spec: str, known: Mapping[str, catalog.Analysis] = catalog.ANALYSES) -> catalog.Analysis:

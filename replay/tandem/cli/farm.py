@@ -95,7 +95,7 @@ def targets(names: tuple[str, ...], kernels: tuple[str, ...]):
         a = bring_kernel(item)          # its files and name checked: a one-line error naming them
         assert a.kernel.image is not None
         digest = hashlib.sha256(Path(a.kernel.image).read_bytes()).hexdigest()[:16]
-        out.append(Target(a.name, f"user:{digest}", kernel_spec=item, guests=Guests.USERS))
+        out.append(Target(a.name, f"user:{digest}", kernel_spec=item, guests=Guests.USERS, os=a.os))
     return out
 
 

@@ -6,15 +6,28 @@ A bzImage is recognised by the x86 boot protocol's header (Documentation/arch/x8
 the boot sector signature 55 AA at 0x1FE and "HdrS" at 0x202, protocol 2.00 or later at
 0x206; its version string is at 0x200 + the word at 0x20E. A vmlinux, for symbolizing
 reports, is a 64-bit ELF file.
+
+A FreeBSD kernel is an ELF file of OS ABI 9 (ELFOSABI_FREEBSD) that QEMU boots directly
+through its PVH entry, a Xen ELF note of type 18 (XEN_ELFNOTE_PHYS32_ENTRY, in amd64
+kernels since FreeBSD 14); its version string ("FreeBSD 15.1-RELEASE-p1 MYKERNEL") is
+its `version` variable's text, found in the file as uname -v prints it.
 """
 from __future__ import annotations
 
+import mmap
+import re
 import struct
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
 
 from ..errors import TandemError
 
 HEADER_BYTES = 0x10000     # the setup header and the setup code the version string is in
 ELF64 = b"\x7fELF\x02"
+ELFOSABI_FREEBSD = 9
+XEN_ELFNOTE_PHYS32_ENTRY = 18
+FREEBSD_VERSION = re.compile(rb"FreeBSD \d+\.\d+-[A-Za-z0-9.-]+ (?:#\d+ )?[A-Za-z0-9_.-]+")
 
 
 def _head(path: str, what: str) -> bytes:
@@ -27,6 +40,34 @@ def _head(path: str, what: str) -> bytes:
         raise TandemError(f"{what} {path}: a directory, not a kernel file") from None
     except OSError as e:
         raise TandemError(f"{what} {path}: cannot read it: {e.strerror}") from None
+
+
+def kernel_version(path: str, what: str = "kernel") -> tuple[str, str]:
+    """(its OS, its version string) of a kernel QEMU boots directly: a Linux bzImage or a
+    FreeBSD kernel with a PVH entry; anything else a one-line error naming the file."""
+    head = _head(path, what)
+    if head[:4] == ELF64[:4] and len(head) > 7 and head[7] == ELFOSABI_FREEBSD:
+        return "freebsd", freebsd_version(path, what)
+    return "linux", bzimage_version(path, what)
+
+
+def freebsd_version(path: str, what: str = "kernel") -> str:
+    """A FreeBSD kernel's version string, or a one-line error naming the file when QEMU
+    cannot boot it directly (no PVH entry: a 32-bit kernel, or one older than 14)."""
+    try:
+        with open(path, "rb") as f:
+            notes = [(n["n_name"], n["n_type"]) for seg in ELFFile(f).iter_segments()
+                     if seg["p_type"] == "PT_NOTE" for n in seg.iter_notes()]
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                found = FREEBSD_VERSION.search(m)
+                version = found.group().decode("ascii", "replace") if found else "(no version string)"
+    except (ELFError, ValueError, struct.error) as e:
+        raise TandemError(f"{what} {path}: a FreeBSD ELF file that cannot be read ({e})") from None
+    if ("Xen", XEN_ELFNOTE_PHYS32_ENTRY) not in notes:
+        raise TandemError(f"{what} {path}: a FreeBSD kernel without a PVH entry (Xen ELF note "
+                          "XEN_ELFNOTE_PHYS32_ENTRY), which QEMU boots directly: an amd64 kernel of FreeBSD 14 "
+                          "or later has one")
+    return version
 
 
 def bzimage_version(path: str, what: str = "kernel") -> str:

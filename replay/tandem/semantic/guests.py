@@ -116,12 +116,14 @@ def recorded_os(manifest: Manifest) -> str:
 
 
 def check_os(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis) -> None:
-    """A one-line error when analysis `a`'s catalogue kernel is another OS's than the guest
-    the recording is of (a kernel the user brought is taken as the guest's)."""
+    """A one-line error when analysis `a`'s kernel (the catalogue's, or one the user brought,
+    whose OS its file says: qemu.kernel_image) is another OS's than the guest the
+    recording is of."""
     recorded = recorded_os(manifest)
-    if a.kernel.image is None and a.os != recorded:
-        raise TandemError(f"analysis {a.name}: its kernel is {a.os}'s; {bundle_dir} is of a {recorded} guest "
-                          f"(its analyses: {', '.join(x.name for x in catalog.ALL if x.os == recorded)})")
+    if a.os != recorded:
+        raise TandemError(f"analysis {a.name}: {'your' if a.kernel.image else 'its'} kernel is {a.os}'s; {bundle_dir} "
+                          f"is of a {recorded} guest (its analyses: "
+                          f"{', '.join(x.name for x in catalog.ALL if x.os == recorded)})")
 
 
 def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, root: str | None = None) -> Guest:

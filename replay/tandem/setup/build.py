@@ -17,8 +17,10 @@ done. This module turns them into one updating line in a terminal, or a plain li
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -50,6 +52,8 @@ GROUPS = {
 GROUPS["all"] = GROUPS["record"] + GROUPS["analyses"] + GROUPS["guests"]
 PLAIN_EVERY = 30.0      # seconds between progress lines when not on a terminal
 JOBS = 2                # build targets at once (each script runs make -j$(nproc) itself)
+FREEBSD_CONFIG = "kernel-freebsd-config"    # scripts/build-freebsd.sh's target for a user's config
+CONFIG_DOES_NOT_BUILD = 3                   # its exit status when that config does not build
 
 
 def expand(names: list[str]) -> list[str]:
@@ -181,6 +185,49 @@ def build(targets: list[str], command: str = "tandem", compile_parser: bool = Tr
         log.info("built %s in %s", ", ".join(targets), _duration(time.monotonic() - t0))
 
 
+def build_freebsd_config(conf: str, command: str = "tandem build") -> dict[str, str]:
+    """Build a FreeBSD kernel config of the user's from the tree TANDEM_FREEBSD_SRC names
+    (scripts/build-freebsd.sh kernel-freebsd-config; cached by the config's content and
+    the files beside it that it includes) and return its build record: `bzImage` the
+    kernel, `vmlinux` its kernel.debug. Not a meson target: the config is the user's file,
+    not a piece of tandem. A config that does not build is a one-line error naming it and
+    its first error (config(8)'s, the compiler's or the linker's), with the log's path."""
+    freebsd_source()
+    path = Path(conf)
+    if not path.is_file():
+        raise TandemError(f"FreeBSD kernel config {conf}: no such file")
+    out_dir = cache_dir() / "freebsd"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out, err = out_dir / f".config-{os.getpid()}.json", out_dir / f".config-{os.getpid()}.err"
+    env = dict(os.environ, TANDEM_FREEBSD_KERNCONF=str(path.resolve()))
+    tty, last = sys.stderr.isatty(), ["", time.monotonic()]
+    try:
+        with SetupLock(f"building FreeBSD kernel config {path}", command), open(err, "wb") as errf:
+            t0 = time.monotonic()
+            proc = subprocess.Popen(["bash", str(REPO / "scripts" / "build-freebsd.sh"), FREEBSD_CONFIG, str(out)],
+                                    stdout=subprocess.DEVNULL, stderr=errf, stdin=subprocess.DEVNULL, env=env)
+            while proc.poll() is None:
+                if active := read_progress([FREEBSD_CONFIG]):
+                    _show("tandem: building " + "; ".join(p.text(time.time()) for p in active), tty, last)
+                time.sleep(1.0)
+            if tty:
+                sys.stderr.write("\r\033[K")
+            lines = err.read_text(errors="replace").splitlines()
+            if proc.returncode != 0:
+                said = [ln.removeprefix("tandem: error: ") for ln in lines if ln.startswith("tandem: error: ")]
+                why = said[-1] if said else f"building FreeBSD kernel config {path} failed: " + (
+                    lines[-1] if lines else f"exit status {proc.returncode}")
+                # 3: the config itself does not build (the user's input); else the build's own failure
+                raise (TandemError if proc.returncode == CONFIG_DOES_NOT_BUILD else InfraError)(why)
+            built = json.loads(out.read_text())
+            log.info("built FreeBSD kernel config %s (%s) in %s: %s", path, built.get("version", "?"),
+                     _duration(time.monotonic() - t0), built["bzImage"])
+            return built
+    finally:
+        out.unlink(missing_ok=True)
+        err.unlink(missing_ok=True)
+
+
 def freebsd_source() -> Path:
     """The FreeBSD source tree or archive FreeBSD targets build from (TANDEM_FREEBSD_SRC:
     a setting, never a path in the code); a one-line error when it is not there."""
@@ -286,12 +333,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--freebsd-src", metavar="PATH",
                    help="the FreeBSD source tree (a checkout or a release's src.txz) FreeBSD targets build from "
                         "(default: $TANDEM_FREEBSD_SRC)")
+    p.add_argument("--freebsd-config", metavar="FILE",
+                   help="build this FreeBSD kernel config of yours (from --freebsd-src's tree; it may include "
+                        "GENERIC or tandem's TANDEM-NATIVE) and say how to analyse with it (docs/freebsd.md)")
     args = p.parse_args(argv)
     if args.freebsd_src:
         os.environ["TANDEM_FREEBSD_SRC"] = os.path.abspath(args.freebsd_src)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, format="tandem: %(message)s")
+    command = os.environ.get("TANDEM_COMMAND", "tandem build")
     try:
-        build(args.targets, command=os.environ.get("TANDEM_COMMAND", "tandem build"), compile_parser=not args.no_parser)
+        if args.freebsd_config:
+            if args.targets:
+                build(args.targets, command=command, compile_parser=not args.no_parser)
+            built = build_freebsd_config(args.freebsd_config, command)
+            name = re.sub(r"[^a-z0-9._-]", "-", Path(args.freebsd_config).name.lower())
+            log.info("analyse a recording of your FreeBSD VM with it: tandem replay BUNDLE --analysis-kernel "
+                     "%s=%s,%s", name, built["bzImage"], built["vmlinux"])
+            return 0
+        build(args.targets, command=command, compile_parser=not args.no_parser)
     except TandemError as e:
         print(f"tandem: error: {e}", file=sys.stderr)
         return e.exit_code
