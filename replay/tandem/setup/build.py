@@ -220,8 +220,9 @@ def build_freebsd_config(conf: str, command: str = "tandem build") -> dict[str, 
                 # 3: the config itself does not build (the user's input); else the build's own failure
                 raise (TandemError if proc.returncode == CONFIG_DOES_NOT_BUILD else InfraError)(why)
             built = json.loads(out.read_text())
-            log.info("built FreeBSD kernel config %s (%s) in %s: %s", path, built.get("version", "?"),
-                     _duration(time.monotonic() - t0), built["bzImage"])
+            how = (f"built in {_duration(time.monotonic() - t0)}" if any("building FreeBSD kernel" in ln for ln in lines)
+                   else "cached")
+            log.info("FreeBSD kernel config %s (%s), %s: %s", path, built.get("version", "?"), how, built["bzImage"])
             return built
     finally:
         out.unlink(missing_ok=True)
