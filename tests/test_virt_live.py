@@ -205,6 +205,76 @@ def test_attach_follows_a_plain_domain_live(libvirtd, tmp_path):
     virsh(uri, "undefine", "web")
 
 
+FREEBSD_LOR = "WITNESS: lock order reversal: tandem_b -> tandem_a in tb_stats_reset"
+
+
+@pytest.mark.skipif(not os.environ.get("TANDEM_FREEBSD_SRC"),
+                    reason="no FreeBSD source tree: TANDEM_FREEBSD_SRC (docs/freebsd.md)")
+@pytest.mark.timeout(900)
+def test_attach_follows_a_freebsd_domain_live(libvirtd, tmp_path):
+    """tandem attach on a FreeBSD domain as a user defines it (its kernel booted directly,
+    its disk, user networking; no CPU model of tandem's): tandem knows the guest is FreeBSD
+    from its kernel file, records it with the CPU FreeBSD's early delays need under TCG,
+    and its debug-kernel shadow reports the lock order reversal the native's requests
+    made, live; the recording replays exactly and the domain's own definition is back."""
+    uri = libvirtd.uri
+    from tandem import artifacts
+    from tandem.machine.guest import FREEBSD_CMDLINE
+    disk = tmp_path / "fb.img"
+    disk.write_bytes(Path(artifacts.freebsd_guest()["root_image"]).read_bytes())
+    (tmp_path / "fb.xml").write_text(f"""<domain type='qemu'>
+  <name>fb</name>
+  <memory unit='MiB'>512</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type>
+    <kernel>{artifacts.kernel("freebsd-native")["bzImage"]}</kernel><cmdline>{FREEBSD_CMDLINE}</cmdline></os>
+  <devices>
+    <emulator>{artifacts.qemu()['binary']}</emulator>
+    <disk type='file' device='disk'><driver name='qemu' type='raw'/>
+      <source file='{disk}'/><target dev='vda' bus='virtio'/></disk>
+    <interface type='user'><mac address='52:54:00:7a:6e:02'/><model type='virtio'/></interface>
+  </devices>
+</domain>""")
+    virsh(uri, "define", str(tmp_path / "fb.xml"))
+    original = virsh(uri, "dumpxml", "--inactive", "fb")
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    proc = subprocess.Popen([sys.executable, "-m", "tandem", "attach", "fb", "--analysis", "freebsd-debug",
+                             "--uri", uri, "--bundle", str(tmp_path / "fb.tdm"), "--port", str(port),
+                             "--stop", "quit"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        wait_for_service(port, proc)
+        assert names(uri) == {"fb", "fb-tandem-freebsd-debug"}
+        assert "vendor=GenuineIntel" in virsh(uri, "dumpxml", "fb")
+        demo_traffic(port, rounds=2)
+        with KV(port) as kv:
+            assert [kv.request("BUG lock-ab"), kv.request("BUG lock-ba")] == ["OK", "OK"]
+        findings = tmp_path / "fb.tdm.analysis" / "findings.jsonl"
+        wait_until(lambda: findings.exists() and FREEBSD_LOR in findings.read_text(), 180,
+                   "the shadow to report the lock order reversal live")
+        wait_until(quiet(lambda: frames_taken(tmp_path / "fb.tdm")), 60,
+                   "the native's network to go quiet", poll=0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, err        # found something
+    assert "its own definition is back" in err, err
+    summary = json.loads((tmp_path / "fb.tdm.analysis" / "summary.json").read_text())
+    (a,) = summary["analyses"]
+    assert a["delivered"] > 0 and [f["title"] for f in a["findings"]] == [FREEBSD_LOR], a
+    assert names(uri, "--all") == {"fb"}
+    assert virsh(uri, "dumpxml", "--inactive", "fb") == original
+    m = bundle.load_manifest(tmp_path / "fb.tdm")
+    assert (m.machine.os, m.machine.cpu, m.machine.nics[0].mac) == ("freebsd", "tcg-intel", "52:54:00:7a:6e:02")
+    v = replay(tmp_path / "fb.tdm")
+    assert v.ok, v.summary()
+    virsh(uri, "undefine", "fb")
+
+
 def test_detach_after_attach_died(libvirtd, tmp_path):
     """tandem dies mid-run: the native goes on serving; detach stops it, puts its own
     definition back and removes the shadow, its run directories and sockets."""

@@ -16,6 +16,8 @@ from ..libvirt.daemon import binding, connect
 from ..libvirt.launcher import Launcher
 from ..libvirt.shadows import NS, NativeInfo, native_domain, read_native, shadow_name
 from ..machine import Forward, Guest, analyses_given
+from ..machine.guest import OS_CPU
+from ..qemu import kernel_image
 from ..qemu.image import check_bootable, probe_disk
 from .shadow import ShadowOptions, ShadowRun
 
@@ -122,21 +124,34 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
         original = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
     finally:
         conn.close()
+    guest_os = native_os(n)
     if users:
         _check_users_disks(n)
         guest = Guest.of_disks([(str(p), fmt) for p, fmt in n.disks], kernel=n.kernel, initrd=n.initrd,
-                               append=n.cmdline if n.kernel else None, memory_mb=n.memory_mib).with_nic(mac=n.mac)
+                               append=n.cmdline if n.kernel else None, memory_mb=n.memory_mib,
+                               os=guest_os).with_nic(mac=n.mac)
         domains = LiveDomains(uri, domain, analyses, native_uuid=n.uuid, original=original)
         return ShadowRun(bundle or f"{domain}.tdm", analyses, options, libvirt=domains, guest=guest,
                          forwards=forwards or (), root=root, **run_kw)
     if root is not None or users_options:
         raise TandemError(f"{domain}: --root, --analysis-kernel and --overlay are for a VM of your own "
                           f"(firmware boot, or --forward given); this one boots its kernel as tandem's guest")
-    guest = Guest(kernel=n.kernel, initrd=n.initrd, memory_mb=n.memory_mib, cmdline=n.cmdline)
+    guest = Guest(kernel=n.kernel, initrd=n.initrd, memory_mb=n.memory_mib, cmdline=n.cmdline, os=guest_os,
+                  cpu=OS_CPU.get(guest_os))
     guest = guest.with_disk(str(n.disk) if n.disk else None, n.disk_format or "raw").with_nic(mac=n.mac)
     domains = LiveDomains(uri, domain, analyses, native_guest=guest, native_uuid=n.uuid,
                           original=original, info=n)
     return ShadowRun(bundle or f"{domain}.tdm", analyses, options, libvirt=domains, **run_kw)
+
+
+def native_os(n: NativeInfo) -> str:
+    """The OS of the native domain's guest: what its directly booted kernel's file says
+    (qemu.kernel_image: a Linux bzImage, a FreeBSD kernel with a PVH entry; anything else
+    a one-line error naming the domain and the file); a firmware boot's, Linux (FreeBSD's
+    loader is not booted by tandem: docs/freebsd.md)."""
+    if n.kernel is None:
+        return "linux"
+    return kernel_image.kernel_version(n.kernel, f"{n.name}: its kernel")[0]
 
 
 def _check_users_disks(n: NativeInfo) -> None:

@@ -46,6 +46,24 @@ CLOSE_WAIT_S = 30.0
 # 512 events, and every 20 ms while the reader waits) it was 4 of the replayer's 9 s of CPU
 # time beside a KASAN replay's 45.
 FLOWS_TRIM_S = 0.25
+# A report open on a console that has written nothing for this long in the analysis VM's
+# own time is complete: a kernel prints a report in one go (a KASAN report, a FreeBSD
+# WITNESS lock order reversal with its two stacks: a few ms of VM time), and a report
+# that is the console's last words (a LOR nothing follows) has no line after it to end it.
+REPORT_QUIET_NS = 1_000_000_000
+
+
+def reports_of(scanner: report.Scanner, run: model.AnalysisRun, new: bytes, seen: int) -> list[report.Report]:
+    """The reports `new` console bytes complete (`seen`: the console's bytes the scanner has
+    had, these among them); every report left once the run has ended, or once the console
+    has been quiet for REPORT_QUIET_NS of the run's VM time (its last stop) with a report
+    or a line still open."""
+    reps = scanner.feed(new) if new else []
+    if run.outcome != "running":
+        reps += scanner.flush()
+    elif not new and scanner.pending_start < seen and run.end_ns - run.vm_time_at(seen - 1) >= REPORT_QUIET_NS:
+        reps += scanner.flush()
+    return reps
 
 
 @dataclass
@@ -229,13 +247,11 @@ class Trail(Lifecycle):
         return dataclasses.replace(options, stop=lambda: self._closing or bool(stop and stop()))
 
     def _emit_findings(self, f: Follower, run: model.AnalysisRun) -> None:
-        """Findings as they happen: appended to findings.jsonl the moment a report completes."""
+        """Findings as they happen: appended to findings.jsonl the moment a report completes
+        (reports_of)."""
         new = bytes(run.console[f.console_seen - run.console_base:])
         f.console_seen += len(new)
-        reps = f.scanner.feed(new) if new else []
-        if run.outcome != "running":
-            reps += f.scanner.flush()
-        for rep in reps:
+        for rep in reports_of(f.scanner, run, new, f.console_seen):
             if f.symbolize is None:
                 f.symbolize = findings.symbolizer(f.of)
             x = findings.of_report(run, f.symbolize(rep))
