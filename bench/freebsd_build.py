@@ -86,8 +86,8 @@ def main() -> int:
         f"| all | from the archive to a bootable FreeBSD guest and its three kernels | {total:.0f} |",
         f"| `kernel-freebsd-native` again | `tandem_bugs.c` changed: that file compiled, the kernel linked | {again:.0f} |",
         "",
-        "`./tandem build freebsd` runs two targets at a time (ninja): on 2 cores its wall time is less than the "
-        "sum above, which is what each costs alone.",
+        "Each target alone; `./tandem build freebsd` runs two at a time (ninja), each with `make -j` of the "
+        "host's cores.",
     ]
     return publish("\n".join(lines), args.out, SECTION)
 
