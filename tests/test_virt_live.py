@@ -153,6 +153,16 @@ def frames_taken(bundle_dir: Path) -> int:
         return 0
 
 
+def interrupt_when_quiet(proc: subprocess.Popen, native: Path, timeout: float) -> str:
+    """Ctrl-C to `tandem attach` once nothing is in flight (a host-side stop as a frame
+    arrives can leave it out of the replay log): no frame has reached the native, whose
+    bundle is `native`, for a poll's while. Its stderr."""
+    wait_until(quiet(lambda: frames_taken(native)), 60, "the native's network to go quiet", poll=0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=timeout)
+    return err
+
+
 def plain_web(uri: str, tmp_path: Path) -> str:
     (tmp_path / "web.xml").write_text(native_xml(tmp_path))
     virsh(uri, "define", str(tmp_path / "web.xml"))
@@ -177,12 +187,7 @@ def test_attach_follows_a_plain_domain_live(libvirtd, tmp_path):
         wait_until(lambda: frames_taken(tmp_path / "web.tdm.analysis" / "native.tdm") > 0, 60,
                  "the shadow to take the native's inputs")
         assert proc.poll() is None and "web" in names(uri)
-        # Nothing in flight when the native stops (a host-side stop as a frame arrives can
-        # leave it out of the replay log): no frame has reached the native for a poll's while.
-        wait_until(quiet(lambda: frames_taken(tmp_path / "web.tdm")), 60,
-                   "the native's network to go quiet", poll=0.5)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=180)
+        err = interrupt_when_quiet(proc, tmp_path / "web.tdm", 180)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -218,23 +223,7 @@ def test_attach_follows_a_freebsd_domain_live(libvirtd, tmp_path):
     and its debug-kernel shadow reports the lock order reversal the native's requests
     made, live; the recording replays exactly and the domain's own definition is back."""
     uri = libvirtd.uri
-    from tandem import artifacts
-    from tandem.machine.guest import FREEBSD_CMDLINE
-    disk = tmp_path / "fb.img"
-    disk.write_bytes(Path(artifacts.freebsd_guest()["root_image"]).read_bytes())
-    (tmp_path / "fb.xml").write_text(f"""<domain type='qemu'>
-  <name>fb</name>
-  <memory unit='MiB'>512</memory>
-  <vcpu>1</vcpu>
-  <os><type arch='x86_64' machine='pc'>hvm</type>
-    <kernel>{artifacts.kernel("freebsd-native")["bzImage"]}</kernel><cmdline>{FREEBSD_CMDLINE}</cmdline></os>
-  <devices>
-    <emulator>{artifacts.qemu()['binary']}</emulator>
-    <disk type='file' device='disk'><driver name='qemu' type='raw'/>
-      <source file='{disk}'/><target dev='vda' bus='virtio'/></disk>
-    <interface type='user'><mac address='52:54:00:7a:6e:02'/><model type='virtio'/></interface>
-  </devices>
-</domain>""")
+    (tmp_path / "fb.xml").write_text(native_xml(tmp_path, "fb", flavor="freebsd-native", mac="52:54:00:7a:6e:02"))
     virsh(uri, "define", str(tmp_path / "fb.xml"))
     original = virsh(uri, "dumpxml", "--inactive", "fb")
     port = free_port()
@@ -254,10 +243,7 @@ def test_attach_follows_a_freebsd_domain_live(libvirtd, tmp_path):
         findings = tmp_path / "fb.tdm.analysis" / "findings.jsonl"
         wait_until(lambda: findings.exists() and FREEBSD_LOR in findings.read_text(), 180,
                    "the shadow to report the lock order reversal live")
-        wait_until(quiet(lambda: frames_taken(tmp_path / "fb.tdm")), 60,
-                   "the native's network to go quiet", poll=0.5)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=300)
+        err = interrupt_when_quiet(proc, tmp_path / "fb.tdm", 300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

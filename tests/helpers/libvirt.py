@@ -22,22 +22,26 @@ def names(uri: str, *flags: str) -> set[str]:
     return {n for n in virsh(uri, "list", "--name", *flags).split() if n}
 
 
-def native_xml(tmp_path: Path, name: str = "web", nic: str = "virtio") -> str:
-    """A domain as a user writes it for libvirt: a disk, tandem's kernel, user networking."""
-    g = Guest.default()
+def native_xml(tmp_path: Path, name: str = "web", nic: str = "virtio", flavor: str | None = None,
+               mac: str = "52:54:00:7a:6e:01") -> str:
+    """A domain as a user writes it for libvirt: a disk, tandem's kernel (of `flavor`: the
+    demo guest's default, or a FreeBSD one, whose guest has no initramfs), user networking;
+    no CPU model of tandem's."""
+    g = Guest.default(flavor) if flavor else Guest.default()
     disk = tmp_path / f"{name}.qcow2"
     make_overlay(g.disk.base, disk)
+    initrd = f"<initrd>{g.initrd}</initrd>" if g.initrd else ""
     return f"""<domain type='qemu'>
   <name>{name}</name>
-  <memory unit='MiB'>256</memory>
+  <memory unit='MiB'>{g.memory_mb}</memory>
   <vcpu>1</vcpu>
   <os><type arch='x86_64' machine='pc'>hvm</type>
-    <kernel>{g.kernel}</kernel><initrd>{g.initrd}</initrd><cmdline>{g.cmdline}</cmdline></os>
+    <kernel>{g.kernel}</kernel>{initrd}<cmdline>{g.cmdline}</cmdline></os>
   <devices>
     <emulator>{artifacts.qemu()['binary']}</emulator>
     <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>
       <source file='{disk}'/><target dev='vda' bus='virtio'/></disk>
-    <interface type='user'><mac address='52:54:00:7a:6e:01'/><model type='{nic}'/></interface>
+    <interface type='user'><mac address='{mac}'/><model type='{nic}'/></interface>
   </devices>
 </domain>"""
 
