@@ -162,19 +162,10 @@ def build(targets: list[str], command: str = "tandem", compile_parser: bool = Tr
             (progress_dir() / t).unlink(missing_ok=True)
         log.info("building what is missing of %s (cached in %s; log %s)", ", ".join(targets), cache_dir(), logfile)
         t0 = time.monotonic()
-        tty = sys.stderr.isatty()
         with open(logfile, "w") as out:
             proc = subprocess.Popen([meson(), "compile", "-C", str(build_dir()), "-j", str(JOBS), *targets],
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            last = ["", time.monotonic()]
-            while proc.poll() is None:
-                active = read_progress(targets)
-                if active:
-                    now = time.time()
-                    _show("tandem: building " + "; ".join(p.text(now) for p in active), tty, last)
-                time.sleep(1.0)
-        if tty:
-            sys.stderr.write("\r\033[K")
+            _wait_showing_progress(proc, targets)
         if proc.returncode != 0:
             tail = logfile.read_text(errors="replace").splitlines()[-40:]
             sys.stderr.write("\n".join(tail) + "\n")
@@ -183,6 +174,18 @@ def build(targets: list[str], command: str = "tandem", compile_parser: bool = Tr
                              f"(whole log: {logfile})")
         state.record_times(targets, log_offset)
         log.info("built %s in %s", ", ".join(targets), _duration(time.monotonic() - t0))
+
+
+def _wait_showing_progress(proc: subprocess.Popen, targets: list[str]) -> None:
+    """Until proc ends, the progress of these targets as one line (module docstring)."""
+    tty, last = sys.stderr.isatty(), ["", time.monotonic()]
+    while proc.poll() is None:
+        if active := read_progress(targets):
+            now = time.time()
+            _show("tandem: building " + "; ".join(p.text(now) for p in active), tty, last)
+        time.sleep(1.0)
+    if tty:
+        sys.stderr.write("\r\033[K")
 
 
 def build_freebsd_config(conf: str, command: str = "tandem build") -> dict[str, str]:
@@ -200,18 +203,12 @@ def build_freebsd_config(conf: str, command: str = "tandem build") -> dict[str, 
     out_dir.mkdir(parents=True, exist_ok=True)
     out, err = out_dir / f".config-{os.getpid()}.json", out_dir / f".config-{os.getpid()}.err"
     env = dict(os.environ, TANDEM_FREEBSD_KERNCONF=str(path.resolve()))
-    tty, last = sys.stderr.isatty(), ["", time.monotonic()]
     try:
         with SetupLock(f"building FreeBSD kernel config {path}", command), open(err, "wb") as errf:
             t0 = time.monotonic()
             proc = subprocess.Popen(["bash", str(REPO / "scripts" / "build-freebsd.sh"), FREEBSD_CONFIG, str(out)],
                                     stdout=subprocess.DEVNULL, stderr=errf, stdin=subprocess.DEVNULL, env=env)
-            while proc.poll() is None:
-                if active := read_progress([FREEBSD_CONFIG]):
-                    _show("tandem: building " + "; ".join(p.text(time.time()) for p in active), tty, last)
-                time.sleep(1.0)
-            if tty:
-                sys.stderr.write("\r\033[K")
+            _wait_showing_progress(proc, [FREEBSD_CONFIG])
             lines = err.read_text(errors="replace").splitlines()
             if proc.returncode != 0:
                 said = [ln.removeprefix("tandem: error: ") for ln in lines if ln.startswith("tandem: error: ")]
