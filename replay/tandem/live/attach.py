@@ -145,13 +145,15 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
 
 
 def native_os(n: NativeInfo) -> str:
-    """The OS of the native domain's guest: what its directly booted kernel's file says
-    (qemu.kernel_image: a Linux bzImage, a FreeBSD kernel with a PVH entry; anything else
-    a one-line error naming the domain and the file); a firmware boot's, Linux (FreeBSD's
-    loader is not booted by tandem: docs/freebsd.md)."""
-    if n.kernel is None:
+    """The OS of the native domain's guest: FreeBSD when its directly booted kernel's file
+    is a FreeBSD kernel (one QEMU cannot boot directly, without a PVH entry, a one-line
+    error naming the domain and the file), else Linux, whose kernel files (a bzImage, a
+    vmlinux with a PVH note) QEMU takes as the domain gives them; a firmware boot's, Linux
+    (FreeBSD's loader is not booted by tandem: docs/freebsd.md)."""
+    if n.kernel is None or not kernel_image.is_freebsd(n.kernel, f"{n.name}: its kernel"):
         return "linux"
-    return kernel_image.kernel_version(n.kernel, f"{n.name}: its kernel")[0]
+    kernel_image.freebsd_version(n.kernel, f"{n.name}: its kernel")
+    return "freebsd"
 
 
 def _check_users_disks(n: NativeInfo) -> None:

@@ -45,10 +45,15 @@ def _head(path: str, what: str) -> bytes:
 def kernel_version(path: str, what: str = "kernel") -> tuple[str, str]:
     """(its OS, its version string) of a kernel QEMU boots directly: a Linux bzImage or a
     FreeBSD kernel with a PVH entry; anything else a one-line error naming the file."""
-    head = _head(path, what)
-    if head[:4] == ELF64[:4] and len(head) > 7 and head[7] == ELFOSABI_FREEBSD:
+    if is_freebsd(path, what):
         return "freebsd", freebsd_version(path, what)
     return "linux", bzimage_version(path, what)
+
+
+def is_freebsd(path: str, what: str = "kernel") -> bool:
+    """Is the file an ELF file of FreeBSD's OS ABI (a FreeBSD kernel, bootable or not)?"""
+    head = _head(path, what)
+    return head[:4] == ELF64[:4] and len(head) > 7 and head[7] == ELFOSABI_FREEBSD
 
 
 def freebsd_version(path: str, what: str = "kernel") -> str:
