@@ -124,8 +124,8 @@ patched_tree() {
     log "copying $TREE to $dst with tandem's patches (guest-kernel/freebsd/patches)"
     cp -al "$TREE" "$tmp" 2>/dev/null || { rm -rf "$tmp"; cp -a "$TREE" "$tmp"; }
     for p in ${PATCHES[@]+"${PATCHES[@]}"}; do
-      for f in $(sed -n 's#^+++ b/\([^\t ]*\).*#\1#p' "$p"); do    # its own copy of each file patched
-        [ ! -e "$tmp/$f" ] || cp --remove-destination "$TREE/$f" "$tmp/$f"
+      for f in $(sed -n 's#^+++ b/\([^\t ]*\).*#\1#p' "$p"); do    # its own copy of each file patched (once)
+        [ ! "$tmp/$f" -ef "$TREE/$f" ] || cp --remove-destination "$TREE/$f" "$tmp/$f"
       done
       patch -s -p1 -d "$tmp" <"$p" >&2 || { rm -rf "$tmp"; die "$p does not apply to $TREE"; }
     done

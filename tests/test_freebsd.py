@@ -61,6 +61,28 @@ def test_the_freebsd_demo_guest_is_recorded_and_replays_exactly(freebsd_bundle):
     assert v.ok, v.summary()
 
 
+def test_a_freebsd_kernel_without_tandems_tsc_settings_boots_on_qemus_default_cpu(tmp_path):
+    """A kernel as a FreeBSD developer configures one (GENERIC's TSC handling: calibrated
+    with DELAY(), not taken from the brand string), on QEMU's default CPU (qemu64, an AMD
+    vendor with no frequency in its brand): its early DELAY()s go through the i8254 the VM
+    has, not xen_delay() (guest-kernel/freebsd/patches/0002), so it boots, serves, and
+    replays exactly."""
+    g = Guest.default("freebsd-native")
+    g = dataclasses.replace(g, cpu=None, cmdline=g.cmdline + " kern.timecounter.invariant_tsc=0"
+                            " machdep.disable_tsc_calibration=0")
+    path = tmp_path / "generic-tsc.tdm"
+    with Recording(path, guest=g) as rec:
+        rec.wait_ready()
+        demo_traffic(rec.port, rounds=2)
+        rec.serial.type("poweroff")
+        rec.wait(timeout=120)
+    m = bundle.load_manifest(path)
+    assert (m.machine.cpu, m.state) == (None, "complete"), (m.machine, m.state)
+    assert b"kvd-init: powering off" in console(path) and b"panic" not in console(path)
+    v = exact_replay(path)
+    assert v.ok, v.summary()
+
+
 def test_freebsd_kernels_replay_the_traffic_with_no_divergence(freebsd_bundle, tmp_path):
     """The native on the semantic path (the noise run) and the debug and KASAN kernels serve
     the recorded requests as the native did: no divergence, no finding, powered off."""

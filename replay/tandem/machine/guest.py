@@ -34,9 +34,11 @@ VCPUS = 1
 BOOTS = ("direct", "firmware")    # the kernel given to QEMU, or the disk's own bootloader
 # The CPU models a guest may have besides QEMU's default for the board (qemu64), by the
 # name the manifest's machine section keeps. tcg-intel: a FreeBSD kernel booted directly
-# (PVH) under TCG calls DELAY() before any timecounter works, which goes through the TSC
-# only when its frequency is known early: with an Intel vendor, FreeBSD reads it from the
-# brand string (docs/freebsd-boot-notes.md); under -icount the TSC then ticks at 1 GHz.
+# (PVH) under TCG calls DELAY() before any timecounter works; with an Intel vendor and
+# tandem's kernels' tunables it reads the TSC's frequency from the brand string and delays
+# on the TSC from the start, with no 0.1 s calibration against the i8254 (any other CPU
+# works too, through the i8254: docs/freebsd-boot-notes.md); under -icount the TSC then
+# ticks at 1 GHz.
 CPUS: dict[str, tuple[str, dict[str, str]]] = {
     "tcg-intel": ("qemu64", {"vendor": "GenuineIntel", "model-id": "tandem TCG CPU @ 1.00GHz"}),
 }
