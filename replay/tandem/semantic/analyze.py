@@ -84,10 +84,12 @@ class Summary:
 
 
 def check_request(bundle_dir: Path, analyses: list[catalog.Analysis], spec_path: str | None) -> bundle.Manifest:
-    """Fail early, with one line, on anything wrong with the request."""
-    for a in analyses_given(analyses):          # none, missing kernel or image
-        equivalence.load(a, spec_path)          # malformed spec
+    """Fail early, with one line, on anything wrong with the request. `native` is checked
+    as the kernel the recording was made on (a FreeBSD recording's is freebsd-native, not
+    the Linux native, which need not be built)."""
     m = bundle.load_manifest(bundle_dir)
+    for a in analyses_given(as_recorded(analyses, m)):      # none, missing kernel or image
+        equivalence.load(a, spec_path)                      # malformed spec
     problems = bundle.verify_files(bundle_dir, m)
     devlog = [p for p in problems if p.file == bundle.DEVLOG]
     if devlog:
