@@ -9,13 +9,16 @@
 #
 #   freebsd-toolchain     make.py kernel-toolchain with Debian's LLVM 19 (bmake, the bootstrap
 #                         tools, makefs); ~3.5 min on 2 cores
-#   kernel-freebsd-FLAVOR buildkernel NO_MODULES=yes of guest-kernel/freebsd/TANDEM-FLAVOR (native,
-#                         debug: INVARIANTS + WITNESS, kasan: debug + KASAN); ~4 min each
+#   kernel-freebsd-FLAVOR buildkernel of guest-kernel/freebsd/TANDEM-FLAVOR (native, debug:
+#                         INVARIANTS + WITNESS, kasan: debug + KASAN) and, of the modules, only
+#                         tandem's KLDs (the planted bugs) built against it; ~1.5 min each
 #   freebsd-guest         the demo guest's root: a libc-less /sbin/init serving kvd on port 7000
-#                         (guest-kernel/freebsd/init/kvd-init.c) on an 8 MiB UFS2 image (makefs)
+#                         (guest-kernel/freebsd/init/kvd-init.c) and each kernel-freebsd-FLAVOR's
+#                         KLDs in /boot/kernel.TANDEM-FLAVOR/, on a UFS2 image (makefs)
 #   kernel-freebsd-config a kernel config of the user's, TANDEM_FREEBSD_KERNCONF=FILE: buildkernel of
-#                         it, its includes found beside it, in the tree's sys/amd64/conf (GENERIC)
-#                         and among tandem's (TANDEM-NATIVE: what a tandem VM needs, the planted bugs)
+#                         it and tandem's KLDs, its includes found beside it, in the tree's
+#                         sys/amd64/conf (GENERIC) and among tandem's (TANDEM-NATIVE: what a
+#                         tandem VM needs)
 #
 # The tree: TANDEM_FREEBSD_SRC, a checkout (FreeBSD's git, 14.x or 15.x) or a release's source
 # archive (src.txz, .tar.xz, .tar.zst, .tar.gz: unpacked once into the cache, keyed by its
@@ -38,6 +41,7 @@ SELF="$HERE/$(basename "${BASH_SOURCE[0]}")"
 CONFDIR="$ROOT/guest-kernel/freebsd"
 FB="${TANDEM_CACHE:-$HOME/.cache/tandem}/freebsd"
 JOBS=${JOBS:-$(nproc)}
+conf_of() { echo "TANDEM-$(echo "$1" | tr a-z A-Z)"; }    # a flavor's config: debug -> TANDEM-DEBUG
 case $TARGET in
   freebsd-toolchain|freebsd-guest) ;;
   kernel-freebsd-config)
@@ -51,7 +55,7 @@ case $TARGET in
       *[!A-Za-z0-9_.-]*|.*) DIE_STATUS=3 die "FreeBSD kernel config $USERCONF: a config's name is letters, digits, '_', '.' and '-' (make's KERNCONF)" ;;
     esac ;;
   kernel-freebsd-*) FLAVOR=${TARGET#kernel-freebsd-}
-    KERNCONF=TANDEM-$(echo "$FLAVOR" | tr a-z A-Z)
+    KERNCONF=$(conf_of "$FLAVOR")
     case $FLAVOR in *[!a-z0-9]*|"") die "bad flavor '$FLAVOR'";; esac
     [ -f "$CONFDIR/$KERNCONF" ] || die "unknown FreeBSD flavor '$FLAVOR' (no guest-kernel/freebsd/$KERNCONF)" ;;
   *) die "unknown target '$TARGET' (freebsd-toolchain, kernel-freebsd-FLAVOR, freebsd-guest)" ;;
@@ -133,63 +137,53 @@ patched_tree() {
   fi
   TREE=$dst
 }
-# tandem's own kernel sources (guest-kernel/freebsd/sys/: the planted bugs) stay out of the
-# tree: a kernel takes them from a copy keyed by their content, as config(8)'s `local` files
-# (their paths absolute, their rule said: `compile-with "${NORMAL_C} ..."`, with the copy
-# mapped to /usr/src/sys as the tree is, for __FILE__ and DWARF), named by its
-# configs' `files "../../X"` lines made absolute there. A change to them rebuilds the
-# kernels (tandem_bugs.o alone, make.py keeps its objects), not the tree or the toolchain.
+# tandem's own kernel sources (guest-kernel/freebsd/sys/: the planted bugs, a KLD) stay out
+# of the tree: a kernel build takes them from a copy keyed by their content, through
+# FreeBSD's LOCAL_MODULES (LOCAL_MODULES_DIR, the copy's modules/), which buildkernel builds
+# against the kernel it has just built, as it would a port's kernel module. A change to them
+# rebuilds the module (make.py keeps the kernel's objects), not the tree or the toolchain.
 ADDED=$(cd "$CONFDIR/sys" && find . -type f | LC_ALL=C sort)
 ADDED_KEY=$( (cd "$CONFDIR/sys" && sha256sum $ADDED; sha "$SELF") | sha256sum | cut -c1-16)
-added_sources() {    # -> ADDED_DIR: the copy, its files lists rewritten
+added_sources() {    # -> ADDED_DIR: the copy
   ADDED_DIR="$FB/added-$ADDED_KEY"
   [ ! -d "$ADDED_DIR" ] || return 0
-  local tmp="$ADDED_DIR.tmp$$" f
+  local tmp="$ADDED_DIR.tmp$$"
   # copied new (not cp -a): a copy younger than the objects, so make compiles it again
   rm -rf "$tmp"; cp -r "$CONFDIR/sys" "$tmp"
-  for f in $(cd "$tmp" && find . -type f -name 'files.*'); do
-    awk -v dir="$ADDED_DIR" -v tmp="$tmp" '
-      /^[ \t]*(#|$)/ { print; next }
-      { f = $1; if (system("test -f \"" tmp "/" f "\"") == 0) { sub(/^[^ \t]+/, dir "/" f); $0 = $0 " local compile-with \"${NORMAL_C} -ffile-prefix-map=" dir "=/usr/src/sys\"" } print }
-    ' "$tmp/$f" >"$tmp/$f.new" && mv "$tmp/$f.new" "$tmp/$f"
-  done
   mv -T "$tmp" "$ADDED_DIR" 2>/dev/null || rm -rf "$tmp"    # another build published it first
 }
-kernel_confs() {    # -> CONF_DIR: the configs, their `files` lines of tandem's sources absolute
-  CONF_DIR="$FB/conf-$KEY"
-  [ ! -d "$CONF_DIR" ] || return 0
-  local tmp="$CONF_DIR.tmp$$" f
-  rm -rf "$tmp"; mkdir -p "$tmp"
-  for f in $(cd "$CONFDIR" && ls TANDEM-*); do
-    awk -v dir="$ADDED_DIR" '
-      $1 == "files" { p = $2; gsub(/"/, "", p); sub(/^(\.\.\/)+/, "", p)
-                      if (system("test -f \"" dir "/" p "\"") == 0) { print "files\t\t\"" dir "/" p "\""; next } }
-      { print }
-    ' "$CONFDIR/$f" >"$tmp/$f"
-  done
-  mv -T "$tmp" "$CONF_DIR" 2>/dev/null || rm -rf "$tmp"
-}
+KLDS=(tandem_bugs)    # the KLDs each kernel gets (guest-kernel/freebsd/sys/modules/)
 
 knobs=(-DWITHOUT_CLANG -DWITHOUT_LLD -DWITHOUT_LLDB -DWITHOUT_LLVM_BINUTILS
        -DWITHOUT_CLANG_BOOTSTRAP -DWITHOUT_LLD_BOOTSTRAP -DWITH_DISK_IMAGE_TOOLS_BOOTSTRAP)
 # The toolchain's key is the tree's and these knobs', not this script's: an edit of the
 # kernel or guest steps below does not cost a 3.5-minute toolchain build.
 TC_KEY=$(printf '%s\n' "$TREE_KEY" "${knobs[*]}" "kernel-toolchain, Debian LLVM 19" | sha256sum | cut -c1-16)
+kernel_key() { key "$TC_KEY" "$1" "$ADDED_KEY" $(for f in $(conf_chain "$1"); do sha "$CONFDIR/$f"; done); }
+# The kernels whose KLDs the demo guest's root holds, each in /boot/kernel.IDENT/ as
+# `make installkernel INSTKERNNAME=kernel.IDENT` would put them
+GUEST_KERNELS=(native debug kasan)
 OBJ="$FB/obj-$TC_KEY"         # MAKEOBJDIRPREFIX: the toolchain, and the kernels built with it
 case $TARGET in
   freebsd-toolchain) KEY=$TC_KEY ;;
   kernel-freebsd-config) KEY=$(key "$TC_KEY" "$KERNCONF" "$ADDED_KEY" $(sha "$CONFDIR"/TANDEM-*) \
                            $(for f in $(user_chain "$USERCONF"); do printf '%s:%s\n' "$(basename "$f")" "$(sha "$f")"; done)) ;;
-  kernel-freebsd-*) KEY=$(key "$TC_KEY" "$KERNCONF" "$ADDED_KEY" $(for f in $(conf_chain "$KERNCONF"); do sha "$CONFDIR/$f"; done)) ;;
-  freebsd-guest) KEY=$(key "$TC_KEY" "$(sha "$CONFDIR/init/kvd-init.c")" guest) ;;
+  kernel-freebsd-*) KEY=$(kernel_key "$KERNCONF") ;;
+  freebsd-guest) KEY=$(key "$TC_KEY" "$(sha "$CONFDIR/init/kvd-init.c")" guest \
+                   $(for f in "${GUEST_KERNELS[@]}"; do kernel_key "$(conf_of "$f")"; done)) ;;
 esac
 [ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
 
-write_json() {    # KEY=VALUE... into OUT_JSON (atomically), with key and target
+write_json() {    # KEY=VALUE or KEY[]=VALUE (a list of each)... into OUT_JSON (atomically), with key and target
   python3 - "$OUT_JSON" "target=$TARGET" "key=$KEY" "tree=$TREE" "$@" <<'PY'
 import json, os, sys
 out = sys.argv[1]
-j = dict(a.split("=", 1) for a in sys.argv[2:])
+j = {}
+for k, v in (a.split("=", 1) for a in sys.argv[2:]):
+    if k.endswith("[]"):
+        j.setdefault(k[:-2], []).append(v)
+    else:
+        j[k] = v
 tmp = out + ".tmp%d" % os.getpid()
 with open(tmp, "w") as f:
     json.dump(j, f, indent=2)
@@ -261,15 +255,17 @@ kernel-freebsd-*)
     toolchain
     LOG="$FB/logs/kernel-freebsd-$FLAVOR.log"; : >"$LOG"
     log "building FreeBSD kernel $KERNCONF from $TREE (log $LOG)"
-    # Our configs (guest-kernel/freebsd/, rewritten by kernel_confs) are taken from their
-    # directory (KERNCONFDIR, also the include path of TANDEM-DEBUG's `include TANDEM-NATIVE`);
-    # a user's from its own, with ours on config(8)'s include path.
-    added_sources; kernel_confs
+    # Our configs are taken from their directory (KERNCONFDIR, also the include path of
+    # TANDEM-DEBUG's `include TANDEM-NATIVE`); a user's from its own, with ours on config(8)'s
+    # include path. No module of the tree's is built (MODULES_OVERRIDE empty), only tandem's
+    # KLDs (LOCAL_MODULES; WITH_LOCAL_MODULES: a cross build leaves them out otherwise).
+    added_sources
+    modules=(MODULES_OVERRIDE= WITH_LOCAL_MODULES=yes LOCAL_MODULES_DIR="$ADDED_DIR/modules" LOCAL_MODULES="${KLDS[*]}")
     if [ "$TARGET" = kernel-freebsd-config ]; then
-      FAILED="FreeBSD kernel config $USERCONF does not build" TOTAL=835 run_logged mk buildkernel NO_MODULES=yes \
-        KERNCONF="$KERNCONF" KERNCONFDIR="$(dirname "$USERCONF")" CONFIGARGS="-I $CONF_DIR"
+      FAILED="FreeBSD kernel config $USERCONF does not build" TOTAL=836 run_logged mk buildkernel "${modules[@]}" \
+        KERNCONF="$KERNCONF" KERNCONFDIR="$(dirname "$USERCONF")" CONFIGARGS="-I $CONFDIR"
     else
-      TOTAL=835 run_logged mk buildkernel NO_MODULES=yes KERNCONF="$KERNCONF" KERNCONFDIR="$CONF_DIR"
+      TOTAL=836 run_logged mk buildkernel "${modules[@]}" KERNCONF="$KERNCONF" KERNCONFDIR="$CONFDIR"
     fi
     kobj=$(find "$OBJ" -type d -path "*/sys/$KERNCONF" -print -quit)
     [ -f "$kobj/kernel" ] || die "$TARGET: no kernel in $kobj"
@@ -279,6 +275,13 @@ kernel-freebsd-*)
     # Its symbols as a System.map ("address type name", nm's format), for tandem assert
     nm -n "$tmp/kernel.debug" >"$tmp/System.map" 2>/dev/null || nm -n "$tmp/kernel" >"$tmp/System.map" \
       || die "$TARGET: nm cannot read $tmp/kernel"
+    # Each KLD as built, with its debug info: the file the guest loads is the one its
+    # frames are symbolized with (the kernel keeps only its sections with SHF_ALLOC).
+    for k in "${KLDS[@]}"; do
+      ko=$(find "$kobj/modules" -name "$k.ko.full" -print -quit); [ -n "$ko" ] || ko=$(find "$kobj/modules" -name "$k.ko" -print -quit)
+      [ -n "$ko" ] || die "$TARGET: the KLD $k was not built (log: $LOG)"
+      cp "$ko" "$tmp/$k.ko"
+    done
     cp "${USERCONF:-$CONFDIR/$KERNCONF}" "$tmp/config"
     grep -a -o -m1 -E 'FreeBSD [0-9]+\.[0-9]+-[A-Za-z0-9-]+ [A-Z0-9-]+' "$kobj/kernel" | head -n1 >"$tmp/version" || true
     rm -rf "$FINAL"; mv -T "$tmp" "$FINAL"
@@ -287,8 +290,10 @@ kernel-freebsd-*)
   # -kernel boots (here the ELF kernel, through its PVH note), vmlinux what reports are
   # symbolized with (kernel.debug, its DWARF and symbols).
   syms="$FINAL/kernel"; [ -f "$FINAL/kernel.debug" ] && syms="$FINAL/kernel.debug"
+  klds=(); for k in "${KLDS[@]}"; do klds+=("klds[]=$FINAL/$k.ko"); done
   write_json "flavor=freebsd-$FLAVOR" "os=freebsd" "bzImage=$FINAL/kernel" "vmlinux=$syms" "system_map=$FINAL/System.map" \
-    "config=$FINAL/config" "version=$(cat "$FINAL/version")" "bzImage_sha256=$(sha "$FINAL/kernel")" ;;
+    "config=$FINAL/config" "version=$(cat "$FINAL/version")" "bzImage_sha256=$(sha "$FINAL/kernel")" \
+    "${klds[@]}" ;;
 freebsd-guest)
   FINAL="$FB/guest-$KEY"
   if [ ! -f "$FINAL/root.img" ]; then
@@ -296,9 +301,19 @@ freebsd-guest)
     makefs="$(legacy_bin)/makefs"
     [ -x "$makefs" ] || die "no makefs among the bootstrap tools in $OBJ"
     tmp="$FINAL.tmp$$"; rm -rf "$tmp"; mkdir -p "$tmp/root/sbin" "$tmp/root/dev"
+    for f in "${GUEST_KERNELS[@]}"; do
+      ident=$(conf_of "$f")
+      kdir="$FB/kernel-$f-$(kernel_key "$ident")"
+      for k in "${KLDS[@]}"; do
+        [ -f "$kdir/$k.ko" ] || die "$TARGET: kernel-freebsd-$f is not built ($kdir/$k.ko: ./tandem build freebsd)"
+        mkdir -p "$tmp/root/boot/kernel.$ident"; cp "$kdir/$k.ko" "$tmp/root/boot/kernel.$ident/"
+      done
+    done
     clang-19 --target=x86_64-unknown-freebsd14.0 -O2 -Wall -Werror -nostdlib -static -ffreestanding \
       -fno-stack-protector -fuse-ld=lld -o "$tmp/root/sbin/init" "$CONFDIR/init/kvd-init.c"
-    "$makefs" -t ffs -o version=2 -s 8m "$tmp/root.img" "$tmp/root" >/dev/null
+    # its files and as much again free, at least 8 MiB
+    mb=$(( $(du -sm "$tmp/root" | cut -f1) * 2 )); [ "$mb" -ge 8 ] || mb=8
+    "$makefs" -t ffs -o version=2 -s "$mb"m "$tmp/root.img" "$tmp/root" >/dev/null
     cp "$tmp/root/sbin/init" "$tmp/init"; rm -rf "$tmp/root"
     rm -rf "$FINAL"; mv -T "$tmp" "$FINAL"
   fi

@@ -234,9 +234,9 @@ def test_a_farm_night_over_a_freebsd_and_a_linux_recording(freebsd_bugs_bundle, 
 
 def test_a_freebsd_kernel_that_panics_at_boot_did_not_boot_and_is_no_finding(freebsd_bundle, tmp_path):
     """An analysis kernel that panics while it boots (the debug kernel given the planted
-    KASSERT at boot, debug.tandem_bug_at_boot=kassert: after the SYSINITs, before init):
-    it prints its panic and stops, and the analysis did not boot, with that panic as why;
-    not a finding about the guest."""
+    KASSERT at boot, debug.tandem_bug_at_boot=kassert: as the init loads the KLD, before
+    it serves): it prints its panic and stops, and the analysis did not boot, with that
+    panic as why; not a finding about the guest."""
     a = catalog.ANALYSES["freebsd-debug"]
     g = Guest.default("freebsd-debug")
     g = dataclasses.replace(g, cmdline=g.cmdline + " debug.tandem_bug_at_boot=kassert")

@@ -27,6 +27,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
 
 
+def required(build: type) -> frozenset[str]:
+    """The keys a build record must have: its TypedDict's, but those marked NotRequired.
+    Under `from __future__ import annotations`, Python 3.11's TypedDict counts a
+    NotRequired key as required (the annotation is a string it does not read), and a
+    record without it (a Linux kernel's, which has no KLDs) would be refused."""
+    return frozenset(k for k, v in build.__annotations__.items()
+                     if not getattr(v, "__forward_arg__", str(v)).startswith("NotRequired["))
+
+
 # What each build/NAME.json holds (the scripts in scripts/ write them): paths and hashes
 # as strings. Only the keys tandem reads are listed; a file may carry more.
 class QemuBuild(TypedDict):
@@ -50,6 +59,7 @@ class KernelBuild(TypedDict):
     config: str
     bzImage_sha256: str
     version: str
+    klds: NotRequired[list[str]]    # FreeBSD: the KLDs built against this kernel (.ko, with their DWARF)
 
 
 class ModulesBuild(TypedDict):
@@ -144,44 +154,44 @@ def _load(name: str, keys: frozenset[str], build: str = "./tandem build") -> dic
 
 def qemu() -> QemuBuild:
     """{binary, img, firmware_dir, build_id, patch_series, version}"""
-    return cast(QemuBuild, _load("qemu", QemuBuild.__required_keys__))
+    return cast(QemuBuild, _load("qemu", required(QemuBuild)))
 
 
 def qemu_stock() -> QemuBuild:
     """The benchmarks' baseline: the same QEMU without tandem's code patches."""
-    return cast(QemuBuild, _load("qemu-stock", QemuBuild.__required_keys__))
+    return cast(QemuBuild, _load("qemu-stock", required(QemuBuild)))
 
 
 def kernel(flavor: str = "native") -> KernelBuild:
     """{flavor, bzImage, vmlinux, system_map, config, bzImage_sha256, version}"""
     how = "./tandem build freebsd --freebsd-src PATH" if flavor.startswith("freebsd-") else "./tandem build"
-    return cast(KernelBuild, _load(f"kernel-{flavor}", KernelBuild.__required_keys__, build=how))
+    return cast(KernelBuild, _load(f"kernel-{flavor}", required(KernelBuild), build=how))
 
 
 def modules(flavor: str = "native") -> ModulesBuild:
     """{flavor, modules (.ko paths), cpio, cpio_sha256}: the planted-bug module for a kernel"""
-    return cast(ModulesBuild, _load(f"modules-{flavor}", ModulesBuild.__required_keys__))
+    return cast(ModulesBuild, _load(f"modules-{flavor}", required(ModulesBuild)))
 
 
 def plugin_calls() -> PluginBuild:
     """{plugin (.so path), key}: the TCG plugin behind the temporal assertions"""
-    return cast(PluginBuild, _load("plugin-calls", PluginBuild.__required_keys__))
+    return cast(PluginBuild, _load("plugin-calls", required(PluginBuild)))
 
 
 def guest() -> GuestBuild:
     """{initramfs_native, initramfs_asan, disk_base, and their _sha256}"""
-    return cast(GuestBuild, _load("guest", GuestBuild.__required_keys__))
+    return cast(GuestBuild, _load("guest", required(GuestBuild)))
 
 
 def freebsd_guest() -> FreeBSDGuestBuild:
     """The FreeBSD demo guest's root image and init."""
-    return cast(FreeBSDGuestBuild, _load("freebsd-guest", FreeBSDGuestBuild.__required_keys__,
+    return cast(FreeBSDGuestBuild, _load("freebsd-guest", required(FreeBSDGuestBuild),
                                          build="./tandem build freebsd --freebsd-src PATH"))
 
 
 def refvm() -> RefvmBuild:
     """The reference ordinary VM's disk, kernel, initrd, services and site files."""
-    return cast(RefvmBuild, _load("refvm", RefvmBuild.__required_keys__, build="./tandem build refvm"))
+    return cast(RefvmBuild, _load("refvm", required(RefvmBuild), build="./tandem build refvm"))
 
 
 class RefvmTandemBuild(RefvmBuild):
@@ -198,7 +208,7 @@ class RefvmTandemBuild(RefvmBuild):
 
 def refvm_tandem() -> RefvmTandemBuild:
     """The reference VM booting tandem's native kernel, with the planted-bug module on UDP."""
-    return cast(RefvmTandemBuild, _load("refvm-tandem", RefvmTandemBuild.__required_keys__,
+    return cast(RefvmTandemBuild, _load("refvm-tandem", required(RefvmTandemBuild),
                                         build="./tandem build refvm-tandem"))
 
 
@@ -212,7 +222,7 @@ class AsanRedisBuild(TypedDict):
 
 
 def asan_redis() -> AsanRedisBuild:
-    return cast(AsanRedisBuild, _load("asan-redis", AsanRedisBuild.__required_keys__,
+    return cast(AsanRedisBuild, _load("asan-redis", required(AsanRedisBuild),
                                       build="./tandem build asan-redis"))
 
 

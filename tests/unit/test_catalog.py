@@ -36,7 +36,7 @@ def test_every_flavor_has_a_config_fragment_or_a_debian_package_and_each_a_flavo
 def test_each_freebsd_flavor_is_a_meson_target_with_its_config():
     """meson.build's kernel-freebsd-* targets, guest-kernel/freebsd/TANDEM-*, the catalogue."""
     meson = (ROOT / "meson.build").read_text()
-    m = re.search(r"foreach flavor : \[([^\]]*)\]\n  custom_target\('kernel-freebsd-'", meson)
+    m = re.search(r"foreach flavor : \[([^\]]*)\]\n  (?:\w+ \+= )?custom_target\('kernel-freebsd-'", meson)
     assert m, "meson.build: no foreach over the FreeBSD flavors"
     listed = tuple(f.strip().strip("'") for f in m.group(1).split(","))
     assert tuple(f"freebsd-{f}" for f in listed) == catalog.FREEBSD_FLAVORS

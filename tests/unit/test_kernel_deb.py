@@ -181,7 +181,7 @@ def test_refvm_tandem_json_shape(tmp_path, monkeypatch):
              "backend": {"path": "/backend/", "host_port": 18081}}
     extra = {"udp_port": 4444, "kernel_key": "1f6eb0a4b802af02", "modules_key": "08eac1a1917ba563",
              "deb": f"/c/linux-image-{RELEASE}_x_amd64.deb"}
-    assert artifacts.RefvmTandemBuild.__required_keys__ == artifacts.RefvmBuild.__required_keys__ | extra.keys()
+    assert artifacts.required(artifacts.RefvmTandemBuild) == artifacts.required(artifacts.RefvmBuild) | extra.keys()
     monkeypatch.setenv("TANDEM_BUILD_DIR", str(tmp_path))
     (tmp_path / "refvm-tandem.json").write_text(json.dumps({**refvm, **extra}))
     got = artifacts.refvm_tandem()

@@ -8,6 +8,7 @@
  *       SET key value -> OK     GET key -> VALUE value | NOTFOUND
  *       DEL key -> OK | NOTFOUND     SYNC -> OK     QUIT -> (closes)     else ERR
  *       BUG kind -> OK | ERR: the kernel's planted bug `kind` (sysctl debug.tandem_bug)
+ *   - first loads the planted bugs, the KLD tandem_bugs.ko built for the running kernel
  *   - prints "kvd-init: listening on port 7000" on the console when it is ready, then
  *     TANDEM-READY, the line tandem waits for on every demo guest (Linux's agent prints it too)
  *   - powers off when "poweroff" is typed on the console
@@ -29,6 +30,8 @@
 #define SYS_setsockopt	105
 #define SYS_listen	106
 #define SYS_poll	209
+#define SYS_kldload	304
+#define SYS_kldstat	308
 #define SYS___sysctlbyname	570
 
 #define O_RDWR		0x0002
@@ -38,6 +41,7 @@
 #define SOCK_STREAM	1
 #define SOL_SOCKET	0xffff
 #define SO_REUSEADDR	0x0004
+#define ENOENT		2
 #define POLLIN		0x0001
 #define POLLHUP		0x0010
 #define IFF_UP		0x1
@@ -72,6 +76,16 @@ struct ifreq {
 	char ifr_name[16];
 	short ifr_flags, ifr_flagshigh;
 	char pad[12];
+};
+
+/* sys/linker.h: what kldstat(2) says of a loaded file; version is its size */
+struct kld_file_stat {
+	int version;
+	char name[1024];
+	int refs, id;
+	unsigned long address;
+	size_t size;
+	char pathname[1024];
 };
 
 struct pollfd {
@@ -228,6 +242,61 @@ net_up(void)
 		return -1;
 	sc(SYS_close, s, 0, 0);
 	return 0;
+}
+
+/*
+ * The planted bugs, a KLD built against each kernel, from /boot/kernel.IDENT/ (IDENT: the
+ * running kernel's, kern.ident), where `make installkernel INSTKERNNAME=kernel.IDENT` puts
+ * a kernel's modules: no loader sets the module path of a kernel booted directly. One line
+ * either way: where it was loaded (tandem assert places its sections from that address as
+ * the kernel linker did), or why not; kvd-init.equiv.toml masks what follows the name.
+ * A kernel with none (a user's own) runs without them: BUG requests answer ERR.
+ */
+static void
+load_klds(void)
+{
+	static const char ident_name[] = "kern.ident", kld[] = "tandem_bugs.ko";
+	static const char hexd[] = "0123456789abcdef";
+	char ident[64], path[128], line[160];
+	size_t len = sizeof(ident) - 1, n;
+	struct kld_file_stat st;
+	long id;
+
+	if (sc6(SYS___sysctlbyname, (long)ident_name, sizeof(ident_name) - 1, (long)ident, (long)&len, 0, 0) < 0)
+		len = 0;
+	ident[len < sizeof(ident) ? len : sizeof(ident) - 1] = 0;
+	scpy(path, "/boot/kernel.", sizeof(path));
+	n = slen(path);
+	scpy(path + n, ident, sizeof(path) - n);
+	n = slen(path);
+	scpy(path + n, "/", sizeof(path) - n);
+	n = slen(path);
+	scpy(path + n, kld, sizeof(path) - n);
+	scpy(line, "kvd-init: kld tandem_bugs.ko", sizeof(line));
+	n = slen(line);
+	id = sc(SYS_kldload, (long)path, 0, 0);
+	memset(&st, 0, sizeof(st));
+	st.version = sizeof(st);
+	if (id == -ENOENT) {
+		scpy(line + n, ": none for this kernel\n", sizeof(line) - n);
+	} else if (id < 0 || sc(SYS_kldstat, id, (long)&st, 0) < 0) {
+		long e = id < 0 ? -id : 0;
+
+		scpy(line + n, ": kldload failed, error ", sizeof(line) - n);
+		n = slen(line);
+		line[n++] = (char)('0' + e / 10 % 10);
+		line[n++] = (char)('0' + e % 10);
+		line[n++] = '\n';
+		line[n] = 0;
+	} else {
+		scpy(line + n, " at 0x", sizeof(line) - n);
+		n = slen(line);
+		for (int sh = 60; sh >= 0; sh -= 4)
+			line[n++] = hexd[st.address >> sh & 0xf];
+		line[n++] = '\n';
+		line[n] = 0;
+	}
+	say(line);
 }
 
 static long
@@ -413,6 +482,7 @@ _start(void)
 	long lfd;
 
 	console = sc(SYS_open, (long)"/dev/console", O_RDWR, 0);
+	load_klds();
 	if (net_up() < 0)
 		say("kvd-init: vtnet0 could not be configured\n");
 	lfd = listen_on(PORT);

@@ -51,8 +51,10 @@ def declare_pack(path: str | Path, flavor: str = "native") -> DeclaredPack:
     from .kernel import module_functions
     k = artifacts.kernel(flavor)
     mods = set()
-    for ko in artifacts.modules(flavor).get("modules", []) if catalog.kernel(flavor).os == "linux" else ():
-        mods |= module_functions(ko)     # FreeBSD's planted bugs are in its kernel
+    # Linux's modules come in a build of their own; FreeBSD's KLDs with their kernel
+    kos = artifacts.modules(flavor).get("modules", []) if catalog.kernel(flavor).os == "linux" else k.get("klds", [])
+    for ko in kos:
+        mods |= module_functions(ko)
     aset = parse_file(path, symbols=[k["system_map"], mods])
     return dataclasses.replace(pack_identity(path), names=tuple(aset.names()))
 

@@ -3,7 +3,9 @@
 `Kernel` holds vmlinux (symbols from System.map and its ELF symbol table, bytes of
 its executable sections) and the modules a recording loaded, relocated to where
 /init loaded them (agent/init prints each module's section addresses on the
-console; `module_sections` reads them back). With it:
+console; `module_sections` reads them back; the FreeBSD demo guest's init prints the
+address of each KLD it loaded, `kld_bases`, and `kld_sections` lays its sections out
+from there as the kernel linker did). With it:
 
 - function entries and their exit instructions: every `ret` (or `jmp
   __x86_return_thunk` on a rethunk kernel) in the function's body and, through
@@ -65,6 +67,40 @@ def module_sections(console: bytes) -> dict[str, dict[str, int]]:
     for m in MODULE_LINE.finditer(console):
         out[m.group(1).decode()] = {s: int(a, 16) for s, a in _SECTION.findall(m.group(2).decode())}
     return out
+
+
+# The FreeBSD demo guest's init (guest-kernel/freebsd/init/kvd-init.c): "kvd-init: kld NAME.ko at 0x..."
+KLD_LINE = re.compile(rb"^kvd-init: kld (\w+)\.ko at 0x([0-9a-f]{1,16})\r?$", re.M)
+# sys/kern/link_elf_obj.c: the section types a KLD's memory holds
+_KLD_SECTION_TYPES = {"SHT_PROGBITS", "SHT_NOBITS", "SHT_X86_64_UNWIND", "SHT_INIT_ARRAY", "SHT_FINI_ARRAY"}
+
+
+def kld_bases(console: bytes) -> dict[str, int]:
+    """{KLD name: the address it was loaded at} from the FreeBSD init's `kvd-init: kld` lines."""
+    return {m.group(1).decode(): int(m.group(2), 16) for m in KLD_LINE.finditer(console)}
+
+
+def kld_sections(ko: Path, base: int) -> dict[str, int]:
+    """{section: address} of a FreeBSD KLD (a relocatable object on amd64) loaded at `base`:
+    link_elf_obj.c's link_elf_load_file puts each allocated section of the types above with
+    a size, in the file's order, at the next multiple of its alignment, from the base the
+    kernel reports (kldstat(2)'s address). Per-CPU and VNET sets, which it copies elsewhere,
+    are not code."""
+    try:
+        with open(ko, "rb") as f:
+            elf = ELFFile(f)
+            out: dict[str, int] = {}
+            at = base
+            for sec in elf.iter_sections():
+                if sec["sh_size"] == 0 or sec["sh_type"] not in _KLD_SECTION_TYPES or not sec["sh_flags"] & 0x2:
+                    continue
+                align = max(sec["sh_addralign"], 1)
+                at = (at + align - 1) & ~(align - 1)
+                out.setdefault(sec.name, at)
+                at += sec["sh_size"]
+            return out
+    except (OSError, ELFError) as e:
+        raise TandemError(f"{ko}: cannot read the KLD ({e})") from None
 
 
 class _Image:

@@ -116,7 +116,7 @@ def site_address(kern: Kernel, sym: str, off: int) -> int:
 def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
     """vmlinux next to the recorded bzImage, and the modules /init loaded (their
     addresses from the recorded console, their .ko from the module build whose
-    cpio the recorded initrd ends with)."""
+    cpio the recorded initrd ends with; a FreeBSD kernel's KLDs beside it)."""
     d = Path(bundle_dir)
     m = bundle.load_manifest(d)
     kpath = Path(m.input_paths.get("kernel", ""))
@@ -143,6 +143,11 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
                 raise TandemError(f"{d}: module {name} was loaded but no module build in "
                                   f"{artifacts.cache_dir() / 'modules'} matches its initrd {initrd}")
             mods.append((name, str(ko), tuple(sorted(secs.items()))))
+    for name, base in sorted(kernel.kld_bases(console).items()):     # FreeBSD: the KLDs built with the kernel
+        ko = kpath.parent / f"{name}.ko"
+        if not ko.is_file():
+            raise TandemError(f"{d}: KLD {name} was loaded but its kernel {kpath} has no {name}.ko beside it")
+        mods.append((name, str(ko), tuple(sorted(kernel.kld_sections(ko, base).items()))))
     # FreeBSD's kernel.debug has no code: the recorded kernel has it
     return kernel.load(str(vmlinux), str(smap), tuple(mods), str(kpath) if vmlinux.name == "kernel.debug" else None)
 

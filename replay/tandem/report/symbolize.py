@@ -23,7 +23,9 @@ _FRAME = re.compile(r"(?P<rip>^(?:RIP|IP): (?:[0-9a-f]{4}:)?)?(?:\[<(?P<addr>[0-
 # FreeBSD's stack(9): "#2 0xffffffff809fd643 at tb_note_store+0xd3". Its address is what is
 # symbolized: a kernel booted without its loader names a static function after the global
 # symbol before it (tb_sysctl as "tb_stats_reset+0x194"), its DWARF by its own name.
-_BSD_FRAME = re.compile(r"^#\d+ 0x(?P<addr>[0-9a-f]+) at (?P<name>[A-Za-z_][\w.]*)\+0x[0-9a-f]+")
+# A frame in a KLD (the planted bugs) is named right by the kernel linker, which has the
+# module's own symbols: its name and offset are symbolized in the module's .ko.
+_BSD_FRAME = re.compile(r"^#\d+ 0x(?P<addr>[0-9a-f]+) at (?P<name>[A-Za-z_][\w.]*)\+0x(?P<off>[0-9a-f]+)")
 # FreeBSD's ddb backtrace (a panic's, with DDB): "tb_session_close() at tb_session_close+0x4f/frame 0x...",
 # no address: the printed symbol's address plus the offset is the return address all the same.
 _DDB_FRAME = re.compile(r"^(?P<name>[A-Za-z_][\w.]*)\(\) at (?P=name)\+0x(?P<off>[0-9a-f]+)/frame ")
@@ -145,13 +147,25 @@ def symbolize(report, vmlinux: Path | str, modules: Sequence[Path | str] = ()):
     in_mods: list[tuple[_Symbols, str, int]] = []
     for line in text.splitlines():
         if b := _BSD_FRAME.match(line.strip()):
-            if b.group("name") in wanted:           # a return address: the call is before it
-                pcs.append((b.group("name"), int(b.group("addr"), 16) - 1))
+            name, back = b.group("name"), int(b.group("addr"), 16)
+            if name not in wanted:
+                continue
+            mod = next((x for x in mods if name in x.by_name), None)
+            if mod is not None and syms.start_of(name, back - 1) is None:        # not the kernel's
+                if (mpc := mod.address(name, int(b.group("off"), 16), None)) is not None:
+                    in_mods.append((mod, mod.section.get(name, ".text"), mpc - 1))
+            else:                                   # a return address: the call is before it
+                pcs.append((name, back - 1))
             continue
         if d := _DDB_FRAME.match(line.strip()):
-            ret = syms.address(d.group("name"), int(d.group("off"), 16), None) if d.group("name") in wanted else None
-            if ret is not None:
-                pcs.append((d.group("name"), ret - 1))
+            name, off = d.group("name"), int(d.group("off"), 16)
+            if name not in wanted:
+                continue
+            if (ret := syms.address(name, off, None)) is not None:
+                pcs.append((name, ret - 1))
+            elif (mod := next((x for x in mods if name in x.by_name), None)) is not None and (
+                    mret := mod.address(name, off, None)) is not None:      # a KLD's function
+                in_mods.append((mod, mod.section.get(name, ".text"), mret - 1))
             continue
         m = _FRAME.search(line.strip())
         if not m or not (m.group("name") or m.group("addr")):

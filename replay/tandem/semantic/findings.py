@@ -90,10 +90,11 @@ def symbolizer(analysis: catalog.Analysis):
         brought = analysis.kernel.vmlinux
         return lambda rep: report.symbolize(rep, brought) if brought and rep.os in KERNEL_OSES else rep
     try:
-        vmlinux = artifacts.kernel(analysis.flavor)["vmlinux"]
-        # FreeBSD's planted bugs are built into its kernels (guest-kernel/freebsd/sys)
+        built = artifacts.kernel(analysis.flavor)
+        vmlinux = built["vmlinux"]
+        # Linux's planted-bug module comes in a build of its own; FreeBSD's KLDs with their kernel
         modules: list[Path | str] = (list(artifacts.modules(analysis.flavor).get("modules", []))
-                                     if analysis.kernel.os == "linux" else [])
+                                     if analysis.kernel.os == "linux" else list(built.get("klds", [])))
     except (TandemError, KeyError) as e:   # not built (./tandem build), or a build record without a vmlinux
         log.info("findings of %s are not symbolized: %s", analysis.name, e)
         return lambda rep: rep

@@ -14,14 +14,16 @@
  *            no mac_socket_check_send() before it: a MAC policy   pack's mac-socket-send-syscall)
  *            is never asked (sent to 127.0.0.1, nothing leaves)
  *
- * Built into the kernel (guest-kernel/freebsd/TANDEM-NATIVE: device tandem_bugs); the
- * build copies this directory into its copy of the FreeBSD tree (scripts/build-freebsd.sh).
+ * A KLD, tandem_bugs.ko, built against each kernel (../../modules/tandem_bugs, FreeBSD's
+ * LOCAL_MODULES: scripts/build-freebsd.sh) and loaded by the demo guest's init from
+ * /boot/kernel.IDENT/ before it serves.
  */
 #include <sys/param.h>
 #include <sys/systm.h>
 #include <sys/kernel.h>
 #include <sys/lock.h>
 #include <sys/malloc.h>
+#include <sys/module.h>
 #include <sys/mutex.h>
 #include <sys/mbuf.h>
 #include <sys/proc.h>
@@ -47,9 +49,8 @@ struct tb_session {
 static volatile int tb_sink;
 
 /*
- * Not static: a kernel booted directly (PVH, no loader) knows only its global symbols
- * (the dynamic symbol table the kernel linker uses), and its backtraces name a static
- * function after the global before it. Reports then name these as they are.
+ * Not static, and never inlined: the reports' titles and frames name each bug's own
+ * function (the kernel linker has a KLD's symbols, static ones too).
  */
 void	tb_note_store(void);
 void	tb_session_account(void);
@@ -191,10 +192,10 @@ SYSCTL_PROC(_debug, OID_AUTO, tandem_bug, CTLTYPE_STRING | CTLFLAG_RW | CTLFLAG_
     tb_sysctl, "A", "run one of tandem's planted bugs: oob, uaf, lock-ab, lock-ba, sleep, kassert, mac-skip");
 
 /*
- * debug.tandem_bug_at_boot=KIND in the kernel's environment runs KIND once the kernel is
- * up, before init runs: `kassert` makes a debug kernel that panics at boot
- * (tests/test_freebsd.py). Not as a tunable of the sysctl above: that one runs while the
- * sysctls register, before malloc(9) works.
+ * debug.tandem_bug_at_boot=KIND in the kernel's environment runs KIND as the KLD loads,
+ * before the init serves: `kassert` makes a debug kernel that panics at boot
+ * (tests/test_freebsd.py). Not as a tunable of the sysctl above, which a kernel with the
+ * bugs built in would run while its sysctls register, before malloc(9) works.
  */
 static void
 tb_at_boot(void *arg __unused)
@@ -205,3 +206,4 @@ tb_at_boot(void *arg __unused)
 		(void)tb_run(kind);
 }
 SYSINIT(tandem_bug_at_boot, SI_SUB_LAST, SI_ORDER_ANY, tb_at_boot, NULL);
+MODULE_VERSION(tandem_bugs, 1);
