@@ -235,6 +235,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="put the results in this markdown file's farm section")
     ap.add_argument("--only", action="append", choices=PARTS)
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: at least 1 (a two-worker night between two one-worker ones)")
     only = args.only or list(PARTS)
     base = Path(tempfile.mkdtemp(prefix="bench-farm-"))
     stamp = f"Measured {time.strftime('%Y-%m-%d')} on a 2-core Debian 12 machine (TCG), nothing else running: " \
