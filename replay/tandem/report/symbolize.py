@@ -145,16 +145,22 @@ def symbolize(report, vmlinux: Path | str, modules: Sequence[Path | str] = ()):
     pcs: list[tuple[str | None, int]] = []      # (the frame's printed name, pc)
     # (symbols, section, pc) for frames found in a module
     in_mods: list[tuple[_Symbols, str, int]] = []
+
+    def in_module(name: str, off: int, size: int | None = None) -> tuple[_Symbols, str, int] | None:
+        """(module, section, name+off there) when one of the modules has the function `name`."""
+        mod = next((x for x in mods if name in x.by_name), None)
+        at = mod.address(name, off, size) if mod is not None else None
+        return None if mod is None or at is None else (mod, mod.section.get(name, ".text"), at)
+
     for line in text.splitlines():
         if b := _BSD_FRAME.match(line.strip()):
             name, back = b.group("name"), int(b.group("addr"), 16)
             if name not in wanted:
                 continue
-            mod = next((x for x in mods if name in x.by_name), None)
-            if mod is not None and syms.start_of(name, back - 1) is None:        # not the kernel's
-                if (mpc := mod.address(name, int(b.group("off"), 16), None)) is not None:
-                    in_mods.append((mod, mod.section.get(name, ".text"), mpc - 1))
-            else:                                   # a return address: the call is before it
+            # a return address: the call is before it
+            if syms.start_of(name, back - 1) is None and (hit := in_module(name, int(b.group("off"), 16))):
+                in_mods.append((hit[0], hit[1], hit[2] - 1))        # not the kernel's: a KLD's
+            else:
                 pcs.append((name, back - 1))
             continue
         if d := _DDB_FRAME.match(line.strip()):
@@ -163,9 +169,8 @@ def symbolize(report, vmlinux: Path | str, modules: Sequence[Path | str] = ()):
                 continue
             if (ret := syms.address(name, off, None)) is not None:
                 pcs.append((name, ret - 1))
-            elif (mod := next((x for x in mods if name in x.by_name), None)) is not None and (
-                    mret := mod.address(name, off, None)) is not None:      # a KLD's function
-                in_mods.append((mod, mod.section.get(name, ".text"), mret - 1))
+            elif hit := in_module(name, off):                           # a KLD's function
+                in_mods.append((hit[0], hit[1], hit[2] - 1))
             continue
         m = _FRAME.search(line.strip())
         if not m or not (m.group("name") or m.group("addr")):
@@ -176,11 +181,8 @@ def symbolize(report, vmlinux: Path | str, modules: Sequence[Path | str] = ()):
             size = int(m.group("size"), 16) if m.group("size") else None
             pc = syms.address(m.group("name"), int(m.group("off"), 16), size)
             if pc is None:
-                mod = next((x for x in mods if m.group("name") in x.by_name), None)
-                mpc = mod.address(m.group("name"), int(m.group("off"), 16), size) if mod is not None else None
-                if mod is not None and mpc is not None:
-                    in_mods.append((mod, mod.section.get(m.group("name"), ".text"),
-                                    mpc if m.group("rip") else mpc - 1))
+                if hit := in_module(m.group("name"), int(m.group("off"), 16), size):
+                    in_mods.append((hit[0], hit[1], hit[2] if m.group("rip") else hit[2] - 1))
                 continue
         else:
             pc = int(m.group("addr"), 16)

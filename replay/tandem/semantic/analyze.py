@@ -83,18 +83,21 @@ class Summary:
         return EXIT_FOUND if not self.ok else EXIT_INCOMPLETE if not self.complete else EXIT_CLEAN
 
 
-def check_request(bundle_dir: Path, analyses: list[catalog.Analysis], spec_path: str | None) -> bundle.Manifest:
+def check_request(bundle_dir: Path, analyses: list[catalog.Analysis],
+                  spec_path: str | None) -> tuple[bundle.Manifest, list[catalog.Analysis]]:
     """Fail early, with one line, on anything wrong with the request. `native` is checked
     as the kernel the recording was made on (a FreeBSD recording's is freebsd-native, not
-    the Linux native, which need not be built)."""
+    the Linux native, which need not be built). Returns the manifest and the analyses so
+    named."""
     m = bundle.load_manifest(bundle_dir)
-    for a in analyses_given(as_recorded(analyses, m)):      # none, missing kernel or image
+    analyses = analyses_given(as_recorded(analyses, m))     # none, missing kernel or image
+    for a in analyses:
         equivalence.load(a, spec_path)                      # malformed spec
     problems = bundle.verify_files(bundle_dir, m)
     devlog = [p for p in problems if p.file == bundle.DEVLOG]
     if devlog:
         raise TandemError(devlog[0].message)
-    return m
+    return m, analyses
 
 
 # Reading a finished bundle: how far ahead of its slowest analysis (inputs read and not
@@ -122,9 +125,7 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
     bundle whose noise run is used again rather than run once more (the demo analyses in
     turns, as their kernels are built)."""
     bundle_dir = Path(bundle_dir)
-    analyses = list(dict.fromkeys(analyses))
-    manifest = check_request(bundle_dir, analyses, spec_path)
-    analyses = as_recorded(analyses, manifest)
+    manifest, analyses = check_request(bundle_dir, analyses, spec_path)
     workdir = workdir or bundle_dir / "analysis"
     private.make_dir(workdir)
     earlier = noise_from.noise if noise and noise_from is not None else None
