@@ -37,10 +37,10 @@ def add_guest_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--append", metavar="CMDLINE",
                    help="the command line for --kernel-image (e.g. 'root=/dev/vda1'; console=ttyS0 is added "
                         "unless it names a console)")
-    g.add_argument("--os", choices=("linux", "freebsd"), default="linux",
-                   help="with --disk: your VM's OS, whose console dialect its reports are in (default linux; "
-                        "freebsd: booted directly with --kernel-image, a kernel with a PVH entry, "
-                        "and a CPU it can time early: docs/freebsd-boot-notes.md)")
+    g.add_argument("--os", choices=("linux", "freebsd"),
+                   help="with --disk: your VM's OS, whose console dialect its reports are in (default: "
+                        "what boots says, a FreeBSD kernel given to --kernel-image, or FreeBSD's partition "
+                        "types on the boot disk its loader boots from; else linux)")
     g.add_argument("--memory", type=parse_memory, metavar="SIZE", help="guest memory (1G, 512M; default "
                                                                         "1G with --disk, the flavor's otherwise)")
     g.add_argument("--nic", action="append", metavar="MODEL", default=[], choices=sorted(NIC_MODELS),
@@ -68,7 +68,7 @@ def guest_from_args(args: argparse.Namespace) -> Guest:
     """The guest the options describe; a disk that is not one is a one-line error naming it."""
     nics = tuple(NIC_MODELS[m] for m in args.nic) or None
     if not args.disk:
-        if args.initrd or args.append or args.os != "linux":
+        if args.initrd or args.append or args.os:
             raise OptionError("--initrd, --append and --os go with --disk (the demo guest has its own)")
         guest = Guest.default(kernel_flavor(args), args.userland)
         if args.kernel_image:
@@ -78,10 +78,14 @@ def guest_from_args(args: argparse.Namespace) -> Guest:
         if nics:
             guest = guest.with_nics(nics)
         return guest
-    from ..qemu.image import check_bootable, probe_disk
+    from ..qemu.image import check_bootable, disk_os, probe_disk
+    from ..qemu.kernel_image import is_freebsd
     images = [probe_disk(path) for path in args.disk]
     if args.kernel_image is None:
         check_bootable(images[0])
+        found = disk_os(images[0].path, images[0].format)
+    else:
+        found = "freebsd" if is_freebsd(args.kernel_image, f"--kernel-image {args.kernel_image}") else None
     return Guest.of_disks([(i.path, i.format) for i in images], kernel=args.kernel_image, initrd=args.initrd,
                           append=args.append, memory_mb=args.memory or 1024, nic_models=nics or (VIRTIO_NET,),
-                          os=args.os)
+                          os=args.os or found or "linux")

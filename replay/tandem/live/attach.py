@@ -18,7 +18,7 @@ from ..libvirt.shadows import NS, NativeInfo, native_domain, read_native, shadow
 from ..machine import Forward, Guest, analyses_given
 from ..machine.guest import OS_CPU
 from ..qemu import kernel_image
-from ..qemu.image import check_bootable, probe_disk
+from ..qemu.image import check_bootable, disk_os, probe_disk
 from .shadow import ShadowOptions, ShadowRun
 
 
@@ -147,10 +147,13 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
 def native_os(n: NativeInfo) -> str:
     """The OS of the native domain's guest: FreeBSD when its directly booted kernel's file
     is a FreeBSD kernel (one QEMU cannot boot directly, without a PVH entry, a one-line
-    error naming the domain and the file), else Linux, whose kernel files (a bzImage, a
-    vmlinux with a PVH note) QEMU takes as the domain gives them; a firmware boot's, Linux
-    (FreeBSD's loader is not booted by tandem: docs/freebsd.md)."""
-    if n.kernel is None or not kernel_image.is_freebsd(n.kernel, f"{n.name}: its kernel"):
+    error naming the domain and the file), or, booted by its firmware, when its first disk
+    has FreeBSD's partition types (qemu.image.disk_os: FreeBSD's loader boots it); else
+    Linux, whose kernel files (a bzImage, a vmlinux with a PVH note) QEMU takes as the
+    domain gives them."""
+    if n.kernel is None:
+        return (disk_os(str(n.disks[0][0]), n.disks[0][1]) if n.disks else None) or "linux"
+    if not kernel_image.is_freebsd(n.kernel, f"{n.name}: its kernel"):
         return "linux"
     kernel_image.freebsd_version(n.kernel, f"{n.name}: its kernel")
     return "freebsd"

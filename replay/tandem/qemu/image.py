@@ -8,6 +8,7 @@ import stat
 import struct
 import subprocess
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,10 +128,17 @@ class Partition:
     size: int
     fs_uuid: str | None = None  # the ext superblock's UUID, lower case
     fs_label: str | None = None
+    kind: str = ""              # a GPT entry's type GUID (lower case), an MBR entry's type (0x83)
 
 
 EXT_MAGIC = 0xEF53
 GPT_SIGNATURE = b"EFI PART"
+# The partition types FreeBSD's gpart(8) creates: freebsd (a BSD label), -boot, -swap, -ufs,
+# -vinum, -zfs; and an MBR slice of FreeBSD's.
+FREEBSD_KINDS = frozenset({"516e7cb4-6ecf-11d6-8ff8-00022d09712b", "83bd6b9d-7f41-11dc-be0b-001560b84f0f",
+                           "516e7cb5-6ecf-11d6-8ff8-00022d09712b", "516e7cb6-6ecf-11d6-8ff8-00022d09712b",
+                           "516e7cb8-6ecf-11d6-8ff8-00022d09712b", "516e7cba-6ecf-11d6-8ff8-00022d09712b", "0xa5"})
+FREEBSD_UFS = "516e7cb6-6ecf-11d6-8ff8-00022d09712b"
 
 
 def partitions(path: str, fmt: str) -> list[Partition]:
@@ -141,7 +149,7 @@ def partitions(path: str, fmt: str) -> list[Partition]:
     mbr = read_bytes(path, fmt, 0, 512)
     if len(mbr) < 512 or mbr[510:512] != b"\x55\xaa":
         return []
-    parts: list[tuple[int, int, int]] = []      # (number, first LBA, sectors)
+    parts: list[tuple[int, int, int, str]] = []     # (number, first LBA, sectors, kind)
     entries = [struct.unpack_from("<B3xB3xII", mbr, 446 + 16 * i) for i in range(4)]
     if any(e[1] == 0xEE for e in entries):
         head = read_bytes(path, fmt, 512, 92)
@@ -151,20 +159,39 @@ def partitions(path: str, fmt: str) -> list[Partition]:
             table = read_bytes(path, fmt, table_lba * 512, count * size)
             for i in range(len(table) // size):
                 first, last = struct.unpack_from("<QQ", table, i * size + 32)
-                if table[i * size:i * size + 16] != bytes(16) and last >= first:
-                    parts.append((i + 1, first, last - first + 1))
+                kind = table[i * size:i * size + 16]
+                if kind != bytes(16) and last >= first:
+                    parts.append((i + 1, first, last - first + 1, str(uuid.UUID(bytes_le=kind))))
     else:
-        parts = [(i + 1, lba, n) for i, (_, kind, lba, n) in enumerate(entries) if kind and n]
-    return [_with_fs(path, fmt, number, lba * 512, n * 512) for number, lba, n in parts]
+        parts = [(i + 1, lba, n, f"{kind:#04x}") for i, (_, kind, lba, n) in enumerate(entries) if kind and n]
+    return [_with_fs(path, fmt, number, lba * 512, n * 512, kind) for number, lba, n, kind in parts]
 
 
-def _with_fs(path: str, fmt: str, number: int, offset: int, size: int) -> Partition:
+def _with_fs(path: str, fmt: str, number: int, offset: int, size: int, kind: str) -> Partition:
     sb = read_bytes(path, fmt, offset + 1024, 256)
     if len(sb) < 0x88 or struct.unpack_from("<H", sb, 0x38)[0] != EXT_MAGIC:
-        return Partition(number, offset, size)
+        return Partition(number, offset, size, kind=kind)
     u = sb[0x68:0x78].hex()
     label = sb[0x78:0x88].split(b"\0")[0].decode("ascii", "replace") or None
-    return Partition(number, offset, size, f"{u[:8]}-{u[8:12]}-{u[12:16]}-{u[16:20]}-{u[20:]}", label)
+    return Partition(number, offset, size, f"{u[:8]}-{u[8:12]}-{u[12:16]}-{u[16:20]}-{u[20:]}", label, kind)
+
+
+def disk_os(path: str, fmt: str) -> str | None:
+    """The OS a firmware-booted disk is of, by its partitions' types: freebsd when any is
+    FreeBSD's (gpart's freebsd-boot, -ufs, -zfs..., or an MBR slice of type 0xa5), else
+    None (any other, Linux's among them: their types say nothing of the kernel)."""
+    return "freebsd" if any(p.kind in FREEBSD_KINDS for p in partitions(path, fmt)) else None
+
+
+def freebsd_root(disks: tuple[Disk, ...]) -> str | None:
+    """The root a FreeBSD loader would mount from the disks: the first freebsd-ufs GPT
+    partition, as vfs.root.mountfrom names it (ufs:/dev/vtbd0p2, virtio-blk disks in
+    order); None when none has one."""
+    for i, d in enumerate(disks):
+        for p in partitions(d.base, d.format):
+            if p.kind == FREEBSD_UFS:
+                return f"ufs:/dev/vtbd{i}p{p.number}"
+    return None
 
 
 def root_device(disks: tuple[Disk, ...], root: str) -> str:

@@ -26,7 +26,7 @@ from ..errors import TandemError
 from ..formats import bundle, pcapng
 from ..formats.bundle import Manifest
 from ..machine import Guest
-from ..qemu.image import root_device
+from ..qemu.image import freebsd_root, root_device
 from . import overlay
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, ro
                           "(its files can be swapped through an overlay instead: --overlay)")
     recorded = Guest.from_manifest(manifest)
     if recorded.os == "freebsd":
-        return freebsd_guest(bundle_dir, recorded, a, root)
+        return freebsd_guest(bundle_dir, recorded, a, root or freebsd_recorded_root(bundle_dir, recorded))
     given = root or recorded_root(bundle_dir, manifest)
     if given is None:
         raise TandemError(f"{bundle_dir}: the guest's root device is not in the recording (no root= on a kernel "
@@ -155,18 +155,29 @@ def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, ro
 
 
 FREEBSD_ROOT_ARG = re.compile(r"(?:^|\s)vfs\.root\.mountfrom=(\S+)")
+FREEBSD_MOUNTING = re.compile(rb"Trying to mount root from (\S+)")     # vfs_mountroot.c, before each try
+
+
+def freebsd_recorded_root(bundle_dir: Path, recorded: Guest) -> str | None:
+    """The root a recorded FreeBSD guest mounted: a direct boot's vfs.root.mountfrom, else
+    the one its kernel said it tried on the console (a loader's boot: from the loader's
+    variables or the root's /etc/fstab), else the first freebsd-ufs partition of its disks
+    (a console on the VGA screen, which is not recorded)."""
+    if m := FREEBSD_ROOT_ARG.search(recorded.cmdline):
+        return m.group(1)
+    line = console_line(bundle_dir, FREEBSD_MOUNTING)
+    return line.decode("ascii", "replace") if line is not None else freebsd_root(recorded.disks)
 
 
 def freebsd_guest(bundle_dir: Path, recorded: Guest, a: catalog.Analysis, root: str | None) -> Guest:
-    """A user's FreeBSD VM booting the analysis's kernel directly (PVH) on its own disks: its
-    root from --root or the recorded command line's vfs.root.mountfrom (a loader's boot
-    does not show it)."""
-    given = root or (m.group(1) if (m := FREEBSD_ROOT_ARG.search(recorded.cmdline)) else None)
-    if given is None:
+    """A user's FreeBSD VM booting the analysis's kernel directly (PVH) on its own disks, on
+    the root given (freebsd_recorded_root, or --root)."""
+    if root is None:
         raise TandemError(f"{bundle_dir}: the FreeBSD guest's root is not in the recording (no "
-                          "vfs.root.mountfrom= on its command line); give it with --root (e.g. ufs:/dev/vtbd0p2)")
+                          "vfs.root.mountfrom= on its command line or its console, no freebsd-ufs partition on "
+                          "its disks); give it with --root (e.g. ufs:/dev/vtbd0p2)")
     rest = " ".join(w for w in recorded.cmdline.split() if not w.startswith("vfs.root.mountfrom="))
-    cmdline = " ".join(filter(None, (f"vfs.root.mountfrom={given}", rest, a.kernel.cmdline_extra)))
+    cmdline = " ".join(filter(None, (f"vfs.root.mountfrom={root}", rest, a.kernel.cmdline_extra)))
     image = a.kernel.image or artifacts.kernel(a.flavor)["bzImage"]
     return dataclasses.replace(recorded, kernel=image, initrd=None, cmdline=cmdline,
                                memory_mb=max(recorded.memory_mb, a.kernel.memory_mb), nics=recorded.nics[:1])
