@@ -15,6 +15,11 @@
 #   freebsd-guest         the demo guest's root: a libc-less /sbin/init serving kvd on port 7000
 #                         (guest-kernel/freebsd/init/kvd-init.c) and each kernel-freebsd-FLAVOR's
 #                         KLDs in /boot/kernel.TANDEM-FLAVOR/, on a UFS2 image (makefs)
+#   freebsd-boot          FreeBSD's BIOS boot blocks and loader (stand/: pmbr, gptboot, the loader
+#                         with its simple interpreter), in an object tree of their own; ~1 min
+#                         after its own kernel-toolchain
+#   freebsd-disk          the demo guest on a GPT disk that FreeBSD's loader boots (pmbr, gptboot,
+#                         a UFS root with freebsd-guest's files, the native kernel in /boot/kernel)
 #   kernel-freebsd-config a kernel config of the user's, TANDEM_FREEBSD_KERNCONF=FILE: buildkernel of
 #                         it and tandem's KLDs, its includes found beside it, in the tree's
 #                         sys/amd64/conf (GENERIC) and among tandem's (TANDEM-NATIVE: what a
@@ -33,7 +38,7 @@ main() {
 die() { echo "tandem: error: $*" >&2; exit "${DIE_STATUS:-1}"; }
 log() { echo "tandem: $*" >&2; }
 . "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
-[ $# -eq 2 ] || die "usage: $0 freebsd-toolchain|kernel-freebsd-FLAVOR|kernel-freebsd-config|freebsd-guest OUT_JSON"
+[ $# -eq 2 ] || die "usage: $0 freebsd-toolchain|kernel-freebsd-FLAVOR|kernel-freebsd-config|freebsd-guest|freebsd-boot|freebsd-disk OUT_JSON"
 TARGET=$1 OUT_JSON=$2
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")
@@ -43,7 +48,7 @@ FB="${TANDEM_CACHE:-$HOME/.cache/tandem}/freebsd"
 JOBS=${JOBS:-$(nproc)}
 conf_of() { echo "TANDEM-$(echo "$1" | tr a-z A-Z)"; }    # a flavor's config: debug -> TANDEM-DEBUG
 case $TARGET in
-  freebsd-toolchain|freebsd-guest) ;;
+  freebsd-toolchain|freebsd-guest|freebsd-boot|freebsd-disk) ;;
   kernel-freebsd-config)
     USERCONF=${TANDEM_FREEBSD_KERNCONF:-}
     [ -n "$USERCONF" ] || { [ -z "${TANDEM_KEY_ONLY:-}" ] || exit 0; die "$TARGET: set TANDEM_FREEBSD_KERNCONF to your kernel config"; }
@@ -58,7 +63,7 @@ case $TARGET in
     KERNCONF=$(conf_of "$FLAVOR")
     case $FLAVOR in *[!a-z0-9]*|"") die "bad flavor '$FLAVOR'";; esac
     [ -f "$CONFDIR/$KERNCONF" ] || die "unknown FreeBSD flavor '$FLAVOR' (no guest-kernel/freebsd/$KERNCONF)" ;;
-  *) die "unknown target '$TARGET' (freebsd-toolchain, kernel-freebsd-FLAVOR, freebsd-guest)" ;;
+  *) die "unknown target '$TARGET' (freebsd-toolchain, kernel-freebsd-FLAVOR, freebsd-guest, freebsd-boot, freebsd-disk)" ;;
 esac
 sha() { sha256sum "$@" | cut -d' ' -f1; }
 key() { { printf '%s\n' "$@"; sha "$SELF"; } | sha256sum | cut -c1-16; }
@@ -164,13 +169,23 @@ kernel_key() { key "$TC_KEY" "$1" "$ADDED_KEY" $(for f in $(conf_chain "$1"); do
 # `make installkernel INSTKERNNAME=kernel.IDENT` would put them
 GUEST_KERNELS=(native debug kasan)
 OBJ="$FB/obj-$TC_KEY"         # MAKEOBJDIRPREFIX: the toolchain, and the kernels built with it
+guest_key() { key "$TC_KEY" "$(sha "$CONFDIR/init/kvd-init.c")" guest \
+                $(for f in "${GUEST_KERNELS[@]}"; do kernel_key "$(conf_of "$f")"; done); }
+# The boot blocks and loader: BIOS only (no EFI), the loader's simple interpreter (Lua's
+# and Forth's need their scripts in /boot and a flua), no ZFS, GELI, PXE or kboot. Built
+# by buildworld of stand/ in an object tree of its own: a world build's stages rewrite the
+# tree's temporary root, which the kernels' builds use at the same time.
+boot_knobs=(-DWITHOUT_LOADER_LUA -DWITHOUT_FORTH -DWITHOUT_ZFS -DWITHOUT_EFI -DWITHOUT_LOADER_PXEBOOT
+            -DWITHOUT_LOADER_GELI -DWITHOUT_LOADER_KBOOT)
+BOOT_KEY=$(printf '%s\n' "$TC_KEY" "${boot_knobs[*]}" "stand/libsa32 stand/i386" | sha256sum | cut -c1-16)
 case $TARGET in
   freebsd-toolchain) KEY=$TC_KEY ;;
   kernel-freebsd-config) KEY=$(key "$TC_KEY" "$KERNCONF" "$ADDED_KEY" $(sha "$CONFDIR"/TANDEM-*) \
                            $(for f in $(user_chain "$USERCONF"); do printf '%s:%s\n' "$(basename "$f")" "$(sha "$f")"; done)) ;;
   kernel-freebsd-*) KEY=$(kernel_key "$KERNCONF") ;;
-  freebsd-guest) KEY=$(key "$TC_KEY" "$(sha "$CONFDIR/init/kvd-init.c")" guest \
-                   $(for f in "${GUEST_KERNELS[@]}"; do kernel_key "$(conf_of "$f")"; done)) ;;
+  freebsd-guest) KEY=$(guest_key) ;;
+  freebsd-boot) KEY=$BOOT_KEY ;;
+  freebsd-disk) KEY=$(key "$BOOT_KEY" "$(guest_key)" disk) ;;
 esac
 [ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
 
@@ -197,7 +212,7 @@ if ! command -v clang-19 >/dev/null || ! command -v ld.lld-19 >/dev/null; then
   bash "$HERE/host-deps.sh" --freebsd >&2 || die "scripts/host-deps.sh --freebsd failed"
 fi
 
-mk() {   # make.py in the tree with Debian's LLVM; its output to $LOG
+mk() {   # make.py in the tree with Debian's LLVM, objects under $OBJ; its output to $LOG
   # bmake's bootstrap runs its unit tests, two of which send SIGINT: a job started in the
   # background inherits SIGINT ignored, so they fail; put it back to default first.
   (cd "$TREE" && MAKEOBJDIRPREFIX="$OBJ" python3 -c \
@@ -240,7 +255,63 @@ toolchain() {
   TOTAL=954 run_logged mk kernel-toolchain       # its compiler calls at 15.1
   touch "$OBJ/.toolchain-done"
 }
-legacy_bin() { find "$OBJ" -path '*/tmp/legacy/bin/makefs' -printf '%h\n' -quit; }
+legacy_bin() { find "${1:-$OBJ}" -path '*/tmp/legacy/bin/makefs' -printf '%h\n' -quit; }
+
+# compiler-rt's builtins, which libsa and boot2 compile (divdi3.c, ashldi3.c, ...): the
+# tree's own contrib/llvm-project, or, in a tree without LLVM's source (a trimmed archive),
+# those of Debian's llvm-toolchain-MAJOR source package of the tree's LLVM major release
+# (deb-src), linked into tandem's copy of the tree.
+compiler_rt() {
+  local rt="$TREE/contrib/llvm-project/compiler-rt" ver major dir orig
+  [ ! -d "$rt/lib/builtins" ] || return 0
+  ver=$(sed -n 's/.*LLVM_REVISION "llvmorg-\([0-9.]*\).*/\1/p' "$TREE/lib/clang/include/VCSVersion.inc" 2>/dev/null)
+  [ -n "$ver" ] || die "$TREE: neither LLVM's source (contrib/llvm-project/compiler-rt) nor its release (lib/clang/include/VCSVersion.inc)"
+  major=${ver%%.*}
+  dir="$FB/compiler-rt-$major"
+  if [ ! -d "$dir/lib/builtins" ]; then
+    mkdir -p "$FB/llvm-src"
+    log "the tree has no compiler-rt (LLVM $ver): taking its builtins from Debian's llvm-toolchain-$major source"
+    orig=$(ls "$FB"/llvm-src/llvm-toolchain-"$major"_*.orig.tar.xz 2>/dev/null | tail -n1)
+    if [ -z "$orig" ]; then
+      # only the upstream tarball is used; a .dsc or .debian.tar.xz that 404s does not matter
+      (cd "$FB/llvm-src" && apt-get source --download-only "llvm-toolchain-$major") >"$FB/logs/llvm-src.log" 2>&1 || true
+      orig=$(ls "$FB"/llvm-src/llvm-toolchain-"$major"_*.orig.tar.xz 2>/dev/null | tail -n1)
+      [ -n "$orig" ] || die "$TREE has no compiler-rt and Debian's llvm-toolchain-$major source could not be had (a deb-src line in apt's sources? log: $FB/logs/llvm-src.log)"
+    fi
+    rm -rf "$dir.tmp$$"; mkdir -p "$dir.tmp$$"
+    tar -C "$dir.tmp$$" -xJf "$orig" --strip-components=2 --wildcards '*/compiler-rt/lib/builtins' \
+      || die "$orig: no compiler-rt/lib/builtins in it"
+    mv -T "$dir.tmp$$" "$dir" 2>/dev/null || rm -rf "$dir.tmp$$"    # another build published it first
+  fi
+  mkdir -p "$TREE/contrib/llvm-project"
+  ln -sfn "$dir" "$rt"
+}
+
+# -- freebsd-boot: kernel-toolchain, then stand/'s 32-bit libsa and the BIOS boot programs
+boot_blocks() {    # -> BOOT_DIR
+  BOOT_DIR="$FB/boot-$BOOT_KEY"
+  [ ! -f "$BOOT_DIR/loader" ] || return 0
+  local obj="$FB/obj-boot-$BOOT_KEY" tmp stand
+  exec 6>"$FB/.lock-obj-boot-$BOOT_KEY"; flock 6
+  compiler_rt
+  LOG="$FB/logs/freebsd-boot.log"; : >"$LOG"
+  log "building FreeBSD's boot blocks and loader from $TREE (log $LOG)"
+  if [ ! -f "$obj/.toolchain-done" ]; then
+    rm -rf "$obj"; mkdir -p "$obj"
+    OBJ=$obj TOTAL=954 run_logged mk "${boot_knobs[@]}" kernel-toolchain
+    touch "$obj/.toolchain-done"
+  fi
+  # WORLDFAST: only the build itself (the stages before it would rebuild the toolchain's
+  # tools without the bootstrap ones); stand/userboot (bhyve's) is left out: it needs a
+  # world's headers.
+  OBJ=$obj TOTAL=150 run_logged mk "${boot_knobs[@]}" -DWORLDFAST -DNO_LIBS \
+    "SUBDIR_OVERRIDE=stand/libsa32 .WAIT stand/i386" buildworld
+  stand=$(find "$obj" -type d -path '*/stand/i386' -print -quit)
+  tmp="$BOOT_DIR.tmp$$"; rm -rf "$tmp"; mkdir -p "$tmp"
+  cp "$stand/pmbr/pmbr" "$stand/gptboot/gptboot" "$tmp/" && cp "$stand/loader_simp/loader_simp" "$tmp/loader" \
+    && cp "$(legacy_bin "$obj")/mkimg" "$(legacy_bin "$obj")/makefs" "$tmp/" || die "$TARGET: stand/ left no boot blocks (log: $LOG)"
+  rm -rf "$BOOT_DIR"; mv -T "$tmp" "$BOOT_DIR"
+}
 
 case $TARGET in
 freebsd-toolchain)
@@ -318,6 +389,38 @@ freebsd-guest)
     rm -rf "$FINAL"; mv -T "$tmp" "$FINAL"
   fi
   write_json "root_image=$FINAL/root.img" "init=$FINAL/init" ;;
+freebsd-boot)
+  boot_blocks
+  write_json "pmbr=$BOOT_DIR/pmbr" "gptboot=$BOOT_DIR/gptboot" "loader=$BOOT_DIR/loader" "mkimg=$BOOT_DIR/mkimg" ;;
+freebsd-disk)
+  FINAL="$FB/disk-$KEY"
+  if [ ! -f "$FINAL/disk.img" ]; then
+    boot_blocks
+    GUEST="$FB/guest-$(guest_key)"
+    [ -f "$GUEST/init" ] || die "$TARGET: freebsd-guest is not built ($GUEST: ./tandem build freebsd)"
+    tmp="$FINAL.tmp$$"; rm -rf "$tmp"; mkdir -p "$tmp/root/sbin" "$tmp/root/dev" "$tmp/root/etc" "$tmp/root/boot/kernel"
+    cp "$GUEST/init" "$tmp/root/sbin/init"
+    for f in "${GUEST_KERNELS[@]}"; do
+      ident=$(conf_of "$f"); kdir="$FB/kernel-$f-$(kernel_key "$ident")"
+      [ -f "$kdir/kernel" ] || die "$TARGET: kernel-freebsd-$f is not built ($kdir: ./tandem build freebsd)"
+      mkdir -p "$tmp/root/boot/kernel.$ident"; for k in "${KLDS[@]}"; do cp "$kdir/$k.ko" "$tmp/root/boot/kernel.$ident/"; done
+    done
+    cp "$FB/kernel-native-$(kernel_key TANDEM-NATIVE)/kernel" "$tmp/root/boot/kernel/kernel"
+    cp "$BOOT_DIR/loader" "$tmp/root/boot/loader"
+    # gptboot and the loader on the serial port (-h), as a VM without a screen needs; the
+    # loader's script loads and boots the kernel, which mounts the root /etc/fstab names
+    # (the loader reads it into vfs.root.mountfrom)
+    printf -- '-h\n' >"$tmp/root/boot.config"
+    printf 'load /boot/kernel/kernel\nboot\n' >"$tmp/root/boot/loader.rc"
+    printf '/dev/vtbd0p2\t/\tufs\trw\t1\t1\n' >"$tmp/root/etc/fstab"
+    mb=$(( $(du -sm "$tmp/root" | cut -f1) * 2 )); [ "$mb" -ge 8 ] || mb=8
+    "$BOOT_DIR/makefs" -t ffs -o version=2 -s "$mb"m "$tmp/root.img" "$tmp/root" >/dev/null
+    "$BOOT_DIR/mkimg" -s gpt -b "$BOOT_DIR/pmbr" -p freebsd-boot:="$BOOT_DIR/gptboot" -p freebsd-ufs:="$tmp/root.img" \
+      -o "$tmp/disk.img" || die "$TARGET: mkimg failed"
+    rm -rf "$tmp/root" "$tmp/root.img"
+    rm -rf "$FINAL"; mv -T "$tmp" "$FINAL"
+  fi
+  write_json "disk=$FINAL/disk.img" "root=ufs:/dev/vtbd0p2" ;;
 esac
 }
 main "$@"

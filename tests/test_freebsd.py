@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -16,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_one_line_error, run_cli
+from helpers import assert_one_line_error, console, run_cli, wait_for_service
 from helpers.live import analyses_caught_up, drive, run_until_native_stops
 from tandem import artifacts, catalog
 from tandem.exact.replay import replay as exact_replay
-from tandem.formats import bundle, pcapng
+from tandem.formats import bundle
 from tandem.live.shadow import ShadowOptions, ShadowRun
 from tandem.machine import Forward, Guest
 from tandem.machine.guest import FREEBSD_CMDLINE
@@ -101,11 +102,6 @@ def test_freebsd_kernels_replay_the_traffic_with_no_divergence(freebsd_bundle, t
     assert b"TANDEM-NATIVE" in consoles["native"]
     assert b"TANDEM-DEBUG" in consoles["freebsd-debug"] and b"WITNESS" in consoles["freebsd-debug"]
     assert b"TANDEM-KASAN" in consoles["freebsd-kasan"]
-
-
-def console(path: Path) -> bytes:
-    return b"".join(e.data for e in pcapng.DevlogReader(path / bundle.DEVLOG)
-                    if e.kind == "serial" and e.direction == "out")
 
 
 def test_a_linux_analysis_of_a_freebsd_recording_is_a_one_line_error(freebsd_bundle):
@@ -295,3 +291,46 @@ def test_your_own_kernel_config_is_built_and_analyses_your_freebsd_vm(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "mine: poweroff" in r.stdout + r.stderr, r.stdout + r.stderr
     assert b"FreeBSD 15" in console(tmp_path / "w" / "mine.tdm") and b" MINE" in console(tmp_path / "w" / "mine.tdm")
+
+
+@pytest.mark.timeout(1800)
+def test_a_freebsd_vm_its_own_loader_boots_is_recorded_replayed_and_analysed(tmp_path):
+    """A FreeBSD VM as users have them: a GPT disk (pmbr, gptboot, a UFS root with the
+    loader, the kernel in /boot/kernel and an /etc/fstab) that the firmware boots through
+    FreeBSD's own loader. `tandem record --disk` with nothing said of its OS knows it from
+    the partitions and records it with FreeBSD's CPU; it replays exactly; the debug
+    kernel, booted directly on its disk on the root the native's kernel said it mounted,
+    replays its traffic without a divergence and finds the planted lock order reversal
+    (its KLD loaded from the disk by the guest's init), attributed to its request."""
+    disk = tmp_path / "freebsd-gpt.img"
+    shutil.copyfile(artifacts.freebsd_disk()["disk"], disk)
+    port = free_port()
+    tdm = tmp_path / "gpt.tdm"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "replay")}
+    proc = subprocess.Popen([sys.executable, "-m", "tandem", "record", str(tdm), "--disk", str(disk), "--memory",
+                             "512M", "--forward", f"tcp:{port}:7000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_for_service(port, proc, timeout=300)
+        demo_traffic(port, rounds=3)
+        with KV(port) as kv:
+            assert [kv.request(b) for b in ("BUG lock-ab", "BUG lock-ba")] == ["OK", "OK"]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    m = bundle.load_manifest(tdm)
+    assert (m.machine.os, m.machine.cpu, m.machine.boot) == ("freebsd", "tcg-intel", "firmware"), m.machine
+    assert b"FreeBSD/x86 bootstrap loader" in console(tdm) and b"Trying to mount root from ufs:/dev/vtbd0p2" \
+        in console(tdm)
+    r = run_cli("replay", str(tdm))
+    assert r.returncode == 0 and "VERIFIED" in r.stderr, r.stdout + r.stderr
+
+    s = analyze(tdm, [catalog.ANALYSES["freebsd-debug"]], workdir=tmp_path / "w")
+    (res,) = s.results
+    assert not res.divergences, [d.diff for d in res.divergences]
+    assert [(f.title, '"BUG lock-ba"' in f.after_input) for f in res.findings] == [(LOR, True)], res.findings
+    shown = console(tmp_path / "w" / "freebsd-debug.tdm")
+    assert b"TANDEM-DEBUG" in shown and b"Trying to mount root from ufs:/dev/vtbd0p2" in shown

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, analyses, assert_one_line_error, quiet, run_cli, wait_for_service, wait_until
-from helpers.libvirt import names, native_xml, virsh
+from helpers import ROOT, analyses, assert_one_line_error, console, quiet, run_cli, wait_for_service, wait_until
+from helpers.libvirt import firmware_xml, names, native_xml, virsh
 from helpers.live import drive, run_until_native_stops
+from tandem import artifacts
 from tandem.formats import bundle, pcapng
 from tandem.exact.replay import replay
 from tandem.libvirt import shadows
@@ -216,25 +217,34 @@ FREEBSD_LOR = "WITNESS: lock order reversal: tandem_b -> tandem_a in tb_stats_re
 @pytest.mark.skipif(not os.environ.get("TANDEM_FREEBSD_SRC"),
                     reason="no FreeBSD source tree: TANDEM_FREEBSD_SRC (docs/freebsd.md)")
 @pytest.mark.timeout(900)
-def test_attach_follows_a_freebsd_domain_live(libvirtd, tmp_path):
+@pytest.mark.parametrize("boot", ["direct", "loader"])
+def test_attach_follows_a_freebsd_domain_live(libvirtd, tmp_path, boot):
     """tandem attach on a FreeBSD domain as a user defines it (its kernel booted directly,
-    its disk, user networking; no CPU model of tandem's): tandem knows the guest is FreeBSD
-    from its kernel file, records it with the CPU FreeBSD's early delays need under TCG,
-    and its debug-kernel shadow reports the lock order reversal the native's requests
-    made, live; the recording replays exactly and the domain's own definition is back."""
+    or its firmware booting its disk through FreeBSD's own loader; its disk, user
+    networking; no CPU model of tandem's): tandem knows the guest is FreeBSD from its
+    kernel file or its disk's partitions, records it with the CPU FreeBSD's early delays
+    need under TCG, and its debug-kernel shadow (booted on the root the native's kernel
+    said it mounted, for the loader's boot) reports the lock order reversal the native's
+    requests made, live; the recording replays exactly and the domain's own definition is
+    back."""
     uri = libvirtd.uri
-    (tmp_path / "fb.xml").write_text(native_xml(tmp_path, "fb", flavor="freebsd-native", mac="52:54:00:7a:6e:02"))
+    mac = "52:54:00:7a:6e:02"
+    port = free_port()
+    if boot == "direct":
+        xml, reach = native_xml(tmp_path, "fb", flavor="freebsd-native", mac=mac), ["--port", str(port)]
+    else:
+        xml, reach = firmware_xml(tmp_path, "fb", artifacts.freebsd_disk()["disk"], mac=mac), \
+            ["--forward", f"tcp:{port}:7000"]
+    (tmp_path / "fb.xml").write_text(xml)
     virsh(uri, "define", str(tmp_path / "fb.xml"))
     original = virsh(uri, "dumpxml", "--inactive", "fb")
-    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
     proc = subprocess.Popen([sys.executable, "-m", "tandem", "attach", "fb", "--analysis", "freebsd-debug",
-                             "--uri", uri, "--bundle", str(tmp_path / "fb.tdm"), "--port", str(port),
-                             "--stop", "quit"],
+                             "--uri", uri, "--bundle", str(tmp_path / "fb.tdm"), *reach, "--stop", "quit"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
-        wait_for_service(port, proc)
+        wait_for_service(port, proc, timeout=300)
         assert names(uri) == {"fb", "fb-tandem-freebsd-debug"}
         assert "vendor=GenuineIntel" in virsh(uri, "dumpxml", "fb")
         demo_traffic(port, rounds=2)
@@ -255,7 +265,10 @@ def test_attach_follows_a_freebsd_domain_live(libvirtd, tmp_path):
     assert names(uri, "--all") == {"fb"}
     assert virsh(uri, "dumpxml", "--inactive", "fb") == original
     m = bundle.load_manifest(tmp_path / "fb.tdm")
-    assert (m.machine.os, m.machine.cpu, m.machine.nics[0].mac) == ("freebsd", "tcg-intel", "52:54:00:7a:6e:02")
+    assert (m.machine.os, m.machine.cpu, m.machine.nics[0].mac) == ("freebsd", "tcg-intel", mac)
+    if boot == "loader":
+        assert m.machine.boot == "firmware" and b"Trying to mount root from ufs:/dev/vtbd0p2" in \
+            console(tmp_path / "fb.tdm.analysis" / "freebsd-debug.tdm")
     v = replay(tmp_path / "fb.tdm")
     assert v.ok, v.summary()
     virsh(uri, "undefine", "fb")

@@ -95,6 +95,23 @@ class FreeBSDGuestBuild(TypedDict):
     init: str                   # its /sbin/init, kvd on port 7000
 
 
+class FreeBSDBootBuild(TypedDict):
+    """FreeBSD's BIOS boot blocks and loader (scripts/build-freebsd.sh freebsd-boot)."""
+    key: str
+    pmbr: str                   # the protective MBR's boot code
+    gptboot: str                # the freebsd-boot partition's code, which finds the loader
+    loader: str                 # /boot/loader, its simple interpreter
+    mkimg: str                  # FreeBSD's mkimg(1), built for this host
+
+
+class FreeBSDDiskBuild(TypedDict):
+    """The FreeBSD demo guest on a GPT disk its loader boots (scripts/build-freebsd.sh
+    freebsd-disk)."""
+    key: str
+    disk: str                   # raw: use it as a base, never write it
+    root: str                   # the root it mounts, as vfs.root.mountfrom names it
+
+
 class SiteFile(TypedDict):
     path: str                   # the URL path nginx serves it at ("/4m.bin")
     bytes: int
@@ -187,6 +204,12 @@ def freebsd_guest() -> FreeBSDGuestBuild:
     """The FreeBSD demo guest's root image and init."""
     return cast(FreeBSDGuestBuild, _load("freebsd-guest", required(FreeBSDGuestBuild),
                                          build="./tandem build freebsd --freebsd-src PATH"))
+
+
+def freebsd_disk() -> FreeBSDDiskBuild:
+    """The FreeBSD demo guest on a disk its own loader boots (a firmware boot)."""
+    return cast(FreeBSDDiskBuild, _load("freebsd-disk", required(FreeBSDDiskBuild),
+                                        build="./tandem build freebsd --freebsd-src PATH"))
 
 
 def refvm() -> RefvmBuild:

@@ -219,3 +219,10 @@ def check_devlogs_readable(paths: list[Path]) -> None:
         if log.torn_at is not None:
             continue
         assert wireshark_counts(path) == (sum(log.records),) * 2, path
+
+
+def console(bundle_path: Path) -> bytes:
+    """What a recording's guest wrote on its serial console, from its device log."""
+    from tandem.formats import bundle, pcapng
+    return b"".join(e.data for e in pcapng.DevlogReader(Path(bundle_path) / bundle.DEVLOG)
+                    if e.kind == "serial" and e.direction == "out")

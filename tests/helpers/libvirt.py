@@ -46,5 +46,25 @@ def native_xml(tmp_path: Path, name: str = "web", nic: str = "virtio", flavor: s
 </domain>"""
 
 
+def firmware_xml(tmp_path: Path, name: str, base: str, base_format: str = "raw", memory_mb: int = 512,
+                 mac: str = "52:54:00:7a:6e:01") -> str:
+    """A domain its firmware boots from its own disk (a qcow2 over `base`, no <kernel>), as a
+    user defines a VM installed from an image; user networking."""
+    disk = tmp_path / f"{name}.qcow2"
+    make_overlay(base, disk, base_format)
+    return f"""<domain type='qemu'>
+  <name>{name}</name>
+  <memory unit='MiB'>{memory_mb}</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
+  <devices>
+    <emulator>{artifacts.qemu()['binary']}</emulator>
+    <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>
+      <source file='{disk}'/><target dev='vda' bus='virtio'/></disk>
+    <interface type='user'><mac address='{mac}'/><model type='virtio'/></interface>
+  </devices>
+</domain>"""
+
+
 def shadow_pid(d: daemon.Libvirtd, name: str) -> int:
     return int((d.dir / "run" / "libvirt" / "qemu" / f"{name}.pid").read_text())

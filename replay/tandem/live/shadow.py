@@ -254,13 +254,15 @@ class ShadowRun(Lifecycle):
     def _users_analysis_guest(self, analysis: catalog.Analysis) -> Guest | None:
         """For the user's VM: the machine the analysis boots, once its root device is known
         (given, on a direct boot's command line, or printed by the native's kernel as it
-        boots: waited for, up to ROOT_WAIT_S of wall time, while the native boots)."""
+        boots: waited for, up to ROOT_WAIT_S of wall time, while the native boots; then, for
+        FreeBSD, its disks' freebsd-ufs partition)."""
         if not self.users_guest:
             return None
         deadline = time.monotonic() + ROOT_WAIT_S
         while True:
             try:
-                root = self.root or guests.recorded_root(self.path, self.native.manifest)
+                root = self.root or guests.native_root(self.path, self.native.manifest,
+                                                       from_disks=time.monotonic() > deadline)
             except TandemError as e:        # the log's last block is still being written
                 log.debug("%s: reading the native's console for its root device: %s", analysis.name, e)
                 root = None
@@ -268,8 +270,9 @@ class ShadowRun(Lifecycle):
                 break
             time.sleep(0.5)
         if root is None:
-            raise TandemError(f"{self.path}: the native's kernel printed no root= within {ROOT_WAIT_S:.0f}s of "
-                              "wall time; give it with --root (e.g. /dev/vda1)")
+            raise TandemError(f"{self.path}: the native's kernel printed no root device (Linux's root=, FreeBSD's "
+                              f"'Trying to mount root from') within {ROOT_WAIT_S:.0f}s of wall time; give it with "
+                              "--root (e.g. /dev/vda1, ufs:/dev/vtbd0p2)")
         return guests.analysis_guest(self.path, self.native.manifest, analysis, root)
 
     # --- the native's side ---

@@ -141,9 +141,9 @@ def analysis_guest(bundle_dir: Path, manifest: Manifest, a: catalog.Analysis, ro
         raise TandemError(f"analysis {a.name}: it swaps the demo guest's userland; a user's VM keeps its own "
                           "(its files can be swapped through an overlay instead: --overlay)")
     recorded = Guest.from_manifest(manifest)
+    given = root or native_root(bundle_dir, manifest)
     if recorded.os == "freebsd":
-        return freebsd_guest(bundle_dir, recorded, a, root or freebsd_recorded_root(bundle_dir, recorded))
-    given = root or recorded_root(bundle_dir, manifest)
+        return freebsd_guest(bundle_dir, recorded, a, given)
     if given is None:
         raise TandemError(f"{bundle_dir}: the guest's root device is not in the recording (no root= on a kernel "
                           "command line it shows); give it with --root (e.g. /dev/vda1)")
@@ -158,15 +158,25 @@ FREEBSD_ROOT_ARG = re.compile(r"(?:^|\s)vfs\.root\.mountfrom=(\S+)")
 FREEBSD_MOUNTING = re.compile(rb"Trying to mount root from (\S+)")     # vfs_mountroot.c, before each try
 
 
-def freebsd_recorded_root(bundle_dir: Path, recorded: Guest) -> str | None:
+def native_root(bundle_dir: Path, manifest: Manifest, *, from_disks: bool = True) -> str | None:
+    """The root the native booted with, as the analysis kernels of its OS take it: Linux's
+    root= (recorded_root), FreeBSD's vfs.root.mountfrom (freebsd_recorded_root)."""
+    if recorded_os(manifest) == "freebsd":
+        return freebsd_recorded_root(bundle_dir, Guest.from_manifest(manifest), from_disks=from_disks)
+    return recorded_root(bundle_dir, manifest)
+
+
+def freebsd_recorded_root(bundle_dir: Path, recorded: Guest, *, from_disks: bool = True) -> str | None:
     """The root a recorded FreeBSD guest mounted: a direct boot's vfs.root.mountfrom, else
     the one its kernel said it tried on the console (a loader's boot: from the loader's
-    variables or the root's /etc/fstab), else the first freebsd-ufs partition of its disks
-    (a console on the VGA screen, which is not recorded)."""
+    variables or the root's /etc/fstab), else (from_disks) the first freebsd-ufs partition
+    of its disks (a kernel whose console is not the serial port)."""
     if m := FREEBSD_ROOT_ARG.search(recorded.cmdline):
         return m.group(1)
     line = console_line(bundle_dir, FREEBSD_MOUNTING)
-    return line.decode("ascii", "replace") if line is not None else freebsd_root(recorded.disks)
+    if line is not None:
+        return line.decode("ascii", "replace")
+    return freebsd_root(recorded.disks) if from_disks else None
 
 
 def freebsd_guest(bundle_dir: Path, recorded: Guest, a: catalog.Analysis, root: str | None) -> Guest:

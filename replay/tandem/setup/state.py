@@ -29,7 +29,8 @@ from ..artifacts import REPO, build_dir, cache_dir
 from ..catalog import FLAVORS, FREEBSD_FLAVORS
 
 # FreeBSD guests' builds (scripts/build-freebsd.sh), from the tree TANDEM_FREEBSD_SRC names.
-FREEBSD_TARGETS = ("freebsd-toolchain", *(f"kernel-{f}" for f in FREEBSD_FLAVORS), "freebsd-guest")
+FREEBSD_TARGETS = ("freebsd-toolchain", *(f"kernel-{f}" for f in FREEBSD_FLAVORS), "freebsd-guest", "freebsd-boot",
+                   "freebsd-disk")
 # Build scripts that can print the key their sources give now (TANDEM_KEY_ONLY=1); BUILD/
 # is the build directory. refvm-tandem's key covers kernel-native's and modules-native's
 # keys as their JSONs say now: stale when either was rebuilt since.
@@ -44,7 +45,7 @@ KEYED = {"qemu": ["build-qemu.sh", "OUT"], "guest": ["build-guest.sh", "OUT"], "
 UNKEYED = [*(f"modules-{f}" for f in FLAVORS), "plugin-calls"]
 # The fields of a build's JSON that name the files it made.
 ARTIFACTS = ("binary", "bzImage", "vmlinux", "disk_base", "initramfs_native", "cpio", "plugin", "disk", "kernel", "initrd",
-             "deb", "obj", "root_image")
+             "deb", "obj", "root_image", "loader", "pmbr", "gptboot", "mkimg")
 
 # Wall seconds of each cold build in scripts/fresh-check.sh's unloaded run at b4efb6d
 # (docs/benchmarks.md, "cold setup"), two targets at a time; refvm, refvm-tandem and
@@ -57,7 +58,9 @@ REFERENCE_S = {"qemu": 278, "guest": 7, "kernel-native": 379, "kernel-kasan": 56
                # FreeBSD 15.1, cold, two at a time beside a test loop (docs/freebsd.md); native
                # alone at its first build (docs/freebsd-boot-notes.md)
                "freebsd-toolchain": 257, "kernel-freebsd-native": 232, "kernel-freebsd-debug": 210,
-               "kernel-freebsd-kasan": 216, "freebsd-guest": 2}
+               "kernel-freebsd-kasan": 216, "freebsd-guest": 2,
+               # alone, cold, LLVM's source package already fetched (docs/freebsd.md)
+               "freebsd-boot": 141, "freebsd-disk": 2}
 REFERENCE_KERNEL_S = REFERENCE_S["kernel-native"]
 TIMES = "build-times.json"
 
