@@ -17,6 +17,10 @@
 3. report: the time to build a night's report (view, HTML with its plots, JUnit, JSON)
    as the database grows in nights and findings, rows written through the farm's own
    Store (the same code a night writes with).
+4. pairs: what this host gives two replays at once without the farm, the ceiling of the
+   throughput part's ratio: the replay a farm task runs (exact, then kasan, of one
+   recording), alone on CPU 0, alone on CPU 1, then one on each at once, and the CPU loop
+   of host_scaling the same way, in turn for --rounds + 1 rounds.
 
 Usage: ./tandem bench farm [--recordings N] [--rounds N] [--only PART]
    (or: python bench/farm.py --out docs/benchmarks.md)
@@ -39,7 +43,7 @@ sys.path.insert(0, str(ROOT / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_replay import replace_part  # noqa: E402
-from tandem.farm import report, store  # noqa: E402
+from tandem.farm import report, store, task  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 from tandem.record.workload import demo_traffic  # noqa: E402
 
@@ -48,7 +52,7 @@ TITLE = """## The replay farm
 
 One night's replays on Dask with one worker and with two, the farm's own time per task
 against the replays', and the time to build a night's report as the database grows."""
-PARTS = ("throughput", "overhead", "report")
+PARTS = ("throughput", "overhead", "report", "pairs")
 TARGET_SPEEDUP = 1.8
 TARGET_OVERHEAD = 0.02
 GROWTH = ((10, 10), (100, 10), (365, 10), (100, 100), (365, 100))    # nights, findings a night
@@ -87,8 +91,22 @@ def dask(module: str, *args: str) -> subprocess.Popen:
 
 
 # A fixed piece of pure CPU work (no memory to speak of), on one given CPU, printing its time
-_SPIN = ("import os, sys, time; os.sched_setaffinity(0, {int(sys.argv[1])}); t = time.perf_counter(); x = 0\n"
-         "for i in range(30_000_000): x += i * i\nprint(time.perf_counter() - t)")
+_LOOP = "x = 0\nfor i in range(30_000_000): x += i * i\n"
+_SPIN = ("import os, sys, time; os.sched_setaffinity(0, {int(sys.argv[1])}); t = time.perf_counter()\n"
+         + _LOOP + "print(time.perf_counter() - t)")
+
+
+def _side_by_side(argv: list[str]) -> tuple[float, float, float]:
+    """argv alone on CPU 0, alone on CPU 1, then on both at once: the three wall times (the
+    pair's, its slower one's)."""
+    def run(cpus: list[int]) -> float:
+        t = time.monotonic()
+        ps = [subprocess.Popen(["taskset", "--cpu-list", str(c), *argv], env=env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL) for c in cpus]
+        if any(p.wait() != 0 for p in ps):
+            raise SystemExit(f"bench/farm.py: {' '.join(argv)} failed")
+        return time.monotonic() - t
+    return run([0]), run([1]), run([0, 1])
 
 
 def host_scaling() -> float:
@@ -199,6 +217,37 @@ def throughput(args, base: Path) -> tuple[str, list[dict]]:
     return "\n".join(lines), [pairs[0][1], pairs[0][0]]
 
 
+def pairs(args, base: Path) -> str:
+    """Two replays side by side with nothing between them and the host: the most the
+    throughput part's two workers can gain on it. The same replays as a farm task's
+    (task.Job's command), each pinned to a CPU as the farm pins them, beside the CPU loop
+    whose scaling is the host's alone: measured here, two kasan replays scaled 1.91x in the
+    minute the loop scaled 1.68x, and two 4 MiB pointer chases 2.77x, then 1.04x, a minute
+    apart (the last level cache is shared with whatever else the machine under this one
+    runs)."""
+    (base / "pairs").mkdir()
+    bundle = record(base / "pairs", 1, args.seconds)[0]
+    work = base / "pairs-work"
+    work.mkdir()
+    runs = {"CPU loop": [sys.executable, "-c", _LOOP],
+            "exact replay": task.Job(str(bundle), task.EXACT, str(work)).argv(),
+            "kasan replay": task.Job(str(bundle), "kasan", str(work), noise=False, jobs=1).argv()}
+    lines = [f"One recording of the demo guest ({args.seconds:.0f} s of traffic without a pause), replayed as a farm "
+             "task replays it (`tandem replay`, exactly and into kasan without a noise run), each run alone on CPU 0, "
+             "alone on CPU 1, then one on each CPU at once; beside them the CPU loop of `host_scaling`. Rounds in "
+             "turn. Scaling: (alone on 0 + alone on 1) / the pair's wall; 2.0 is two whole cores.", "",
+             "| round | run | alone on CPU 0 (s) | alone on CPU 1 (s) | both at once (s) | scaling |", "|---|---|---|---|---|---|"]
+    got: dict[str, list[float]] = {name: [] for name in runs}
+    for r in range(args.rounds + 1):
+        for name, argv in runs.items():
+            a0, a1, both = _side_by_side(argv)
+            got[name].append((a0 + a1) / both)
+            lines.append(f"| {r + 1} | {name} | {a0:.1f} | {a1:.1f} | {both:.1f} | {got[name][-1]:.2f} |")
+    lines += ["", "Scaling, lowest to highest: " + "; ".join(
+        f"{name} {min(v):.2f}-{max(v):.2f}" for name, v in got.items()) + "."]
+    return "\n".join(lines)
+
+
 def overhead(nights: list[dict]) -> str:
     lines = ["From the throughput part's nights: a task's time from its claim to its result stored, less the "
              "replay's wall time on its worker, and the night's report spread over its tasks.", "",
@@ -280,6 +329,8 @@ def main() -> int:
             texts["overhead"] = overhead(nights)
         if "report" in only:
             texts["report"] = report_growth(base)
+        if "pairs" in only:
+            texts["pairs"] = pairs(args, base)
         for part in PARTS:
             if part in texts and (part in only or part == "overhead"):
                 body = f"### {part.capitalize()}\n\n{stamp}\n\n{texts[part]}"
