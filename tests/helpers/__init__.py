@@ -188,7 +188,9 @@ def service_answers(port: int) -> bool:
 def wait_for_service(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
     """Until the guest service behind `port` answers, while `proc` (tandem) runs."""
     def up() -> bool:
-        assert proc.poll() is None, f"tandem exited ({proc.returncode}) before its guest served"
+        if proc.poll() is not None:
+            said = proc.stderr.read()[-3000:] if proc.stderr else ""
+            raise AssertionError(f"tandem exited ({proc.returncode}) before its guest served: {said}")
         return service_answers(port)
     wait_until(up, timeout, f"the guest service on port {port}", poll=0.5)
 

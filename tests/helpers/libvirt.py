@@ -48,10 +48,11 @@ def native_xml(tmp_path: Path, name: str = "web", nic: str = "virtio", flavor: s
 
 def firmware_xml(tmp_path: Path, name: str, base: str, base_format: str = "raw", memory_mb: int = 512,
                  mac: str = "52:54:00:7a:6e:01") -> str:
-    """A domain its firmware boots from its own disk (a qcow2 over `base`, no <kernel>), as a
-    user defines a VM installed from an image; user networking."""
+    """A domain its firmware boots from its own disk (a standalone qcow2 made from `base`, no
+    <kernel>), as a user defines a VM installed from an image; user networking."""
     disk = tmp_path / f"{name}.qcow2"
-    make_overlay(base, disk, base_format)
+    subprocess.run([artifacts.qemu()["img"], "convert", "-f", base_format, "-O", "qcow2", base, str(disk)],
+                   check=True, capture_output=True)
     return f"""<domain type='qemu'>
   <name>{name}</name>
   <memory unit='MiB'>{memory_mb}</memory>
