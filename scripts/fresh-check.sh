@@ -14,6 +14,10 @@
 # a missing install step (ccache) this way; run this before resolving anything that
 # touches setup or builds.
 #
+# TANDEM_FREEBSD_SRC, when set (a FreeBSD tree or source archive), is seen read-only in the
+# root at /srv/freebsd/NAME and passed on under the same name, the one setting carried in
+# (-- ./tandem build freebsd: FreeBSD's install steps and builds on a fresh root).
+#
 # Output: DIR/run.log (every line with the seconds since the start), and a table of
 # where the time went (packages, venv, each build, the demo) in DIR/times.md.
 set -euo pipefail
@@ -65,6 +69,12 @@ if [ -n "$reuse" ]; then
 else
   make_root
 fi
+FREEBSD=()
+if [ -n "${TANDEM_FREEBSD_SRC:-}" ]; then
+  [ -e "$TANDEM_FREEBSD_SRC" ] || die "TANDEM_FREEBSD_SRC=$TANDEM_FREEBSD_SRC: no such file or directory"
+  FREEBSD=("$(readlink -f "$TANDEM_FREEBSD_SRC")" "/srv/freebsd/$(basename "$TANDEM_FREEBSD_SRC")")
+  say "the FreeBSD source $TANDEM_FREEBSD_SRC is ${FREEBSD[1]} in the root"
+fi
 say "running in $R: ${CMD[*]}"
 LOG=$DIR/run.log; [ -z "$reuse" ] || LOG=$DIR/run-again.log
 
@@ -72,7 +82,7 @@ start=$(date +%s)
 set +e
 unshare --mount --fork bash -c '
   set -e
-  R=$1; shift
+  R=$1 FB_HOST=$2 FB_ROOT=$3; shift 3
   mount --make-rprivate /
   # The root a mount point, as on a machine: unshare -m in the guest image build
   # changes the propagation of / and fails on a plain directory.
@@ -81,11 +91,18 @@ unshare --mount --fork bash -c '
   mount --rbind /sys "$R/sys"
   mount --rbind /dev "$R/dev"
   mount -t tmpfs tmpfs "$R/tmp"
+  fb=()
+  if [ -n "$FB_HOST" ]; then
+    mkdir -p "$R$(dirname "$FB_ROOT")"
+    if [ -d "$FB_HOST" ]; then mkdir -p "$R$FB_ROOT"; else touch "$R$FB_ROOT"; fi
+    mount --bind "$FB_HOST" "$R$FB_ROOT" && mount -o remount,bind,ro "$R$FB_ROOT"
+    fb=(TANDEM_FREEBSD_SRC="$FB_ROOT")
+  fi
   cd "$R/root/tandem"
-  exec chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
+  exec chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 "${fb[@]}" \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     /bin/bash -c "cd /root/tandem && exec \"\$@\"" bash "$@"
-' bash "$R" "${CMD[@]}" 2>&1 | while IFS= read -r line; do
+' bash "$R" "${FREEBSD[0]:-}" "${FREEBSD[1]:-}" "${CMD[@]}" 2>&1 | while IFS= read -r line; do
   printf '%5d %s\n' $(( $(date +%s) - start )) "$line"
 done | tee "$LOG"
 rc=${PIPESTATUS[0]}
