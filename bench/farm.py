@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "replay"))
@@ -96,15 +97,16 @@ _SPIN = ("import os, sys, time; os.sched_setaffinity(0, {int(sys.argv[1])}); t =
          + _LOOP + "print(time.perf_counter() - t)")
 
 
-def _side_by_side(argv: list[str]) -> tuple[float, float, float]:
-    """argv alone on CPU 0, alone on CPU 1, then on both at once: the three wall times (the
-    pair's, its slower one's)."""
+def _side_by_side(argv: Callable[[], list[str]]) -> tuple[float, float, float]:
+    """A command (argv(): each run's own) alone on CPU 0, alone on CPU 1, then on both at
+    once: the three wall times (the pair's, its slower one's)."""
     def run(cpus: list[int]) -> float:
         t = time.monotonic()
-        ps = [subprocess.Popen(["taskset", "--cpu-list", str(c), *argv], env=env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL) for c in cpus]
+        runs = [argv() for _ in cpus]
+        ps = [subprocess.Popen(["taskset", "--cpu-list", str(c), *a], env=env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL) for c, a in zip(cpus, runs)]
         if any(p.wait() != 0 for p in ps):
-            raise SystemExit(f"bench/farm.py: {' '.join(argv)} failed")
+            raise SystemExit(f"bench/farm.py: {' '.join(runs[0])} failed")
         return time.monotonic() - t
     return run([0]), run([1]), run([0, 1])
 
@@ -229,9 +231,10 @@ def pairs(args, base: Path) -> str:
     bundle = record(base / "pairs", 1, args.seconds)[0]
     work = base / "pairs-work"
     work.mkdir()
-    runs = {"CPU loop": [sys.executable, "-c", _LOOP],
-            "exact replay": task.Job(str(bundle), task.EXACT, str(work)).argv(),
-            "kasan replay": task.Job(str(bundle), "kasan", str(work), noise=False, jobs=1).argv()}
+    runs = {"CPU loop": lambda: [sys.executable, "-c", _LOOP],
+            "exact replay": lambda: task.Job(str(bundle), task.EXACT, str(work)).argv(),
+            "kasan replay": lambda: task.Job(str(bundle), "kasan", tempfile.mkdtemp(dir=work), noise=False,
+                                             jobs=1).argv()}
     lines = [f"One recording of the demo guest ({args.seconds:.0f} s of traffic without a pause), replayed as a farm "
              "task replays it (`tandem replay`, exactly and into kasan without a noise run), each run alone on CPU 0, "
              "alone on CPU 1, then one on each CPU at once; beside them the CPU loop of `host_scaling`. Rounds in "
