@@ -256,6 +256,20 @@ toolchain() {
   touch "$OBJ/.toolchain-done"
 }
 legacy_bin() { find "${1:-$OBJ}" -path '*/tmp/legacy/bin/makefs' -printf '%h\n' -quit; }
+guest_klds() {    # ROOT: each of GUEST_KERNELS' KLDs in ROOT/boot/kernel.IDENT/
+  local f ident kdir k
+  for f in "${GUEST_KERNELS[@]}"; do
+    ident=$(conf_of "$f"); kdir="$FB/kernel-$f-$(kernel_key "$ident")"
+    for k in "${KLDS[@]}"; do
+      [ -f "$kdir/$k.ko" ] || die "$TARGET: kernel-freebsd-$f is not built ($kdir/$k.ko: ./tandem build freebsd)"
+      mkdir -p "$1/boot/kernel.$ident"; cp "$kdir/$k.ko" "$1/boot/kernel.$ident/"
+    done
+  done
+}
+ufs_image() {     # MAKEFS DIR IMAGE: a UFS2 image of DIR, its files and as much again free, at least 8 MiB
+  local mb; mb=$(( $(du -sm "$2" | cut -f1) * 2 )); [ "$mb" -ge 8 ] || mb=8
+  "$1" -t ffs -o version=2 -s "$mb"m "$3" "$2" >/dev/null || die "$TARGET: makefs of $2 failed"
+}
 
 # compiler-rt's builtins, which libsa and boot2 compile (divdi3.c, ashldi3.c, ...): the
 # tree's own contrib/llvm-project, or, in a tree without LLVM's source (a trimmed archive),
@@ -372,19 +386,10 @@ freebsd-guest)
     makefs="$(legacy_bin)/makefs"
     [ -x "$makefs" ] || die "no makefs among the bootstrap tools in $OBJ"
     tmp="$FINAL.tmp$$"; rm -rf "$tmp"; mkdir -p "$tmp/root/sbin" "$tmp/root/dev"
-    for f in "${GUEST_KERNELS[@]}"; do
-      ident=$(conf_of "$f")
-      kdir="$FB/kernel-$f-$(kernel_key "$ident")"
-      for k in "${KLDS[@]}"; do
-        [ -f "$kdir/$k.ko" ] || die "$TARGET: kernel-freebsd-$f is not built ($kdir/$k.ko: ./tandem build freebsd)"
-        mkdir -p "$tmp/root/boot/kernel.$ident"; cp "$kdir/$k.ko" "$tmp/root/boot/kernel.$ident/"
-      done
-    done
+    guest_klds "$tmp/root"
     clang-19 --target=x86_64-unknown-freebsd14.0 -O2 -Wall -Werror -nostdlib -static -ffreestanding \
       -fno-stack-protector -fuse-ld=lld -o "$tmp/root/sbin/init" "$CONFDIR/init/kvd-init.c"
-    # its files and as much again free, at least 8 MiB
-    mb=$(( $(du -sm "$tmp/root" | cut -f1) * 2 )); [ "$mb" -ge 8 ] || mb=8
-    "$makefs" -t ffs -o version=2 -s "$mb"m "$tmp/root.img" "$tmp/root" >/dev/null
+    ufs_image "$makefs" "$tmp/root" "$tmp/root.img"
     cp "$tmp/root/sbin/init" "$tmp/init"; rm -rf "$tmp/root"
     rm -rf "$FINAL"; mv -T "$tmp" "$FINAL"
   fi
@@ -400,11 +405,7 @@ freebsd-disk)
     [ -f "$GUEST/init" ] || die "$TARGET: freebsd-guest is not built ($GUEST: ./tandem build freebsd)"
     tmp="$FINAL.tmp$$"; rm -rf "$tmp"; mkdir -p "$tmp/root/sbin" "$tmp/root/dev" "$tmp/root/etc" "$tmp/root/boot/kernel"
     cp "$GUEST/init" "$tmp/root/sbin/init"
-    for f in "${GUEST_KERNELS[@]}"; do
-      ident=$(conf_of "$f"); kdir="$FB/kernel-$f-$(kernel_key "$ident")"
-      [ -f "$kdir/kernel" ] || die "$TARGET: kernel-freebsd-$f is not built ($kdir: ./tandem build freebsd)"
-      mkdir -p "$tmp/root/boot/kernel.$ident"; for k in "${KLDS[@]}"; do cp "$kdir/$k.ko" "$tmp/root/boot/kernel.$ident/"; done
-    done
+    guest_klds "$tmp/root"
     cp "$FB/kernel-native-$(kernel_key TANDEM-NATIVE)/kernel" "$tmp/root/boot/kernel/kernel"
     cp "$BOOT_DIR/loader" "$tmp/root/boot/loader"
     # gptboot and the loader on the serial port (-h), as a VM without a screen needs; the
@@ -413,8 +414,7 @@ freebsd-disk)
     printf -- '-h\n' >"$tmp/root/boot.config"
     printf 'load /boot/kernel/kernel\nboot\n' >"$tmp/root/boot/loader.rc"
     printf '/dev/vtbd0p2\t/\tufs\trw\t1\t1\n' >"$tmp/root/etc/fstab"
-    mb=$(( $(du -sm "$tmp/root" | cut -f1) * 2 )); [ "$mb" -ge 8 ] || mb=8
-    "$BOOT_DIR/makefs" -t ffs -o version=2 -s "$mb"m "$tmp/root.img" "$tmp/root" >/dev/null
+    ufs_image "$BOOT_DIR/makefs" "$tmp/root" "$tmp/root.img"
     "$BOOT_DIR/mkimg" -s gpt -b "$BOOT_DIR/pmbr" -p freebsd-boot:="$BOOT_DIR/gptboot" -p freebsd-ufs:="$tmp/root.img" \
       -o "$tmp/disk.img" || die "$TARGET: mkimg failed"
     rm -rf "$tmp/root" "$tmp/root.img"

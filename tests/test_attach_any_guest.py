@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ROOT, assert_one_line_error, run_cli, wait_until
-from helpers.libvirt import names, virsh
+from helpers.libvirt import firmware_xml, names, virsh
 from helpers.refvm import arp_replies_to_guest, dhcp_to_guest, offered_then_acked
 from tandem import artifacts
 from tandem.formats import bundle
@@ -33,20 +33,7 @@ def refvm_xml(tmp_path: Path, name: str = "refvm") -> str:
         shutil.copyfile(artifacts.refvm()["disk"], disk)
     with open(data, "wb") as f:
         f.truncate(8 << 20)
-    return f"""<domain type='qemu'>
-  <name>{name}</name>
-  <memory unit='MiB'>1024</memory>
-  <vcpu>1</vcpu>
-  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
-  <devices>
-    <emulator>{artifacts.qemu()['binary']}</emulator>
-    <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>
-      <source file='{disk}'/><target dev='vda' bus='virtio'/></disk>
-    <disk type='file' device='disk'><driver name='qemu' type='raw'/>
-      <source file='{data}'/><target dev='vdb' bus='virtio'/></disk>
-    <interface type='user'><mac address='{MAC}'/><model type='virtio'/></interface>
-  </devices>
-</domain>"""
+    return firmware_xml(name, [(disk, "qcow2"), (data, "raw")], memory_mb=1024, mac=MAC)
 
 
 @pytest.mark.timeout(2400)

@@ -233,8 +233,10 @@ def test_attach_follows_a_freebsd_domain_live(libvirtd, tmp_path, boot):
     if boot == "direct":
         xml, reach = native_xml(tmp_path, "fb", flavor="freebsd-native", mac=mac), ["--port", str(port)]
     else:
-        xml, reach = firmware_xml(tmp_path, "fb", artifacts.freebsd_disk()["disk"], mac=mac), \
-            ["--forward", f"tcp:{port}:7000"]
+        disk = tmp_path / "fb.qcow2"       # a standalone image, as a user's is
+        subprocess.run([artifacts.qemu()["img"], "convert", "-f", "raw", "-O", "qcow2",
+                        artifacts.freebsd_disk()["disk"], str(disk)], check=True, capture_output=True)
+        xml, reach = firmware_xml("fb", [(disk, "qcow2")], mac=mac), ["--forward", f"tcp:{port}:7000"]
     (tmp_path / "fb.xml").write_text(xml)
     virsh(uri, "define", str(tmp_path / "fb.xml"))
     original = virsh(uri, "dumpxml", "--inactive", "fb")

@@ -46,22 +46,22 @@ def native_xml(tmp_path: Path, name: str = "web", nic: str = "virtio", flavor: s
 </domain>"""
 
 
-def firmware_xml(tmp_path: Path, name: str, base: str, base_format: str = "raw", memory_mb: int = 512,
+def firmware_xml(name: str, disks: list[tuple[Path, str]], memory_mb: int = 512,
                  mac: str = "52:54:00:7a:6e:01") -> str:
-    """A domain its firmware boots from its own disk (a standalone qcow2 made from `base`, no
-    <kernel>), as a user defines a VM installed from an image; user networking."""
-    disk = tmp_path / f"{name}.qcow2"
-    subprocess.run([artifacts.qemu()["img"], "convert", "-f", base_format, "-O", "qcow2", base, str(disk)],
-                   check=True, capture_output=True)
+    """A domain its firmware boots from its first disk (no <kernel>), as a user defines a VM
+    installed from an image: its disks [(file, format)] on virtio (vda, vdb, ...), one virtio
+    NIC on user networking."""
+    devices = "".join(f"""
+    <disk type='file' device='disk'><driver name='qemu' type='{fmt}'/>
+      <source file='{path}'/><target dev='vd{chr(ord("a") + i)}' bus='virtio'/></disk>"""
+                      for i, (path, fmt) in enumerate(disks))
     return f"""<domain type='qemu'>
   <name>{name}</name>
   <memory unit='MiB'>{memory_mb}</memory>
   <vcpu>1</vcpu>
   <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
   <devices>
-    <emulator>{artifacts.qemu()['binary']}</emulator>
-    <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>
-      <source file='{disk}'/><target dev='vda' bus='virtio'/></disk>
+    <emulator>{artifacts.qemu()['binary']}</emulator>{devices}
     <interface type='user'><mac address='{mac}'/><model type='virtio'/></interface>
   </devices>
 </domain>"""

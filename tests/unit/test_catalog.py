@@ -43,7 +43,7 @@ def test_each_freebsd_flavor_is_a_meson_target_with_its_config():
     configs = {p.name for p in (ROOT / "guest-kernel" / "freebsd").glob("TANDEM-*")}
     assert configs == {f"TANDEM-{f.removeprefix('freebsd-').upper()}" for f in catalog.FREEBSD_FLAVORS}
     assert build.GROUPS["freebsd"] == ["freebsd-toolchain", *(f"kernel-{f}" for f in catalog.FREEBSD_FLAVORS),
-                                       "freebsd-guest"]
+                                       "freebsd-guest", "freebsd-boot", "freebsd-disk"]
     assert not set(build.GROUPS["freebsd"]) & set(build.GROUPS["all"])     # a Linux user builds none
     assert all(catalog.KERNELS[f].os == "freebsd" for f in catalog.FREEBSD_FLAVORS)
 
