@@ -31,7 +31,8 @@
 # Everything lands in ${TANDEM_CACHE:-~/.cache/tandem}/freebsd/NAME-KEY, published by an
 # atomic rename; KEY = sha256 of what it is built from and this script, [:16].
 # Needs (Debian 12): scripts/host-deps.sh --freebsd (clang-19 lld-19 llvm-19 libarchive-dev
-# libbz2-dev); it is run when clang-19 is missing.
+# libbz2-dev zstd); it is run when one of its programs is missing. A tree without LLVM's
+# source also needs Debian's llvm-toolchain-19 source package (freebsd-boot: compiler_rt).
 set -euo pipefail
 # One function, parsed whole before it runs: editing this file cannot corrupt a build.
 main() {
@@ -92,6 +93,13 @@ if [ -z "$SRC" ]; then
 fi
 [ -e "$SRC" ] || die "TANDEM_FREEBSD_SRC=$SRC: no such file or directory"
 mkdir -p "$FB"
+# What FreeBSD builds take from Debian (scripts/host-deps.sh --freebsd: LLVM 19, zstd for a
+# .tar.zst tree), installed before the tree is unpacked
+host_tools=1; for p in clang-19 ld.lld-19 zstd; do command -v "$p" >/dev/null || host_tools=; done
+if [ -z "${TANDEM_KEY_ONLY:-}" ] && [ -z "$host_tools" ]; then
+  log "installing what FreeBSD builds need: Debian's LLVM 19, zstd (scripts/host-deps.sh --freebsd)"
+  bash "$HERE/host-deps.sh" --freebsd >&2 || die "scripts/host-deps.sh --freebsd failed"
+fi
 if [ -f "$SRC" ]; then
   # A source archive: its hash (memoized by path, size and time; 155 MB hash in ~1 s) names
   # the tree unpacked from it.
@@ -205,12 +213,6 @@ with open(tmp, "w") as f:
 os.replace(tmp, out)
 PY
 }
-
-# -- the host's LLVM 19 ------------------------------------------------------------------
-if ! command -v clang-19 >/dev/null || ! command -v ld.lld-19 >/dev/null; then
-  log "installing Debian's LLVM 19 for FreeBSD builds (scripts/host-deps.sh --freebsd)"
-  bash "$HERE/host-deps.sh" --freebsd >&2 || die "scripts/host-deps.sh --freebsd failed"
-fi
 
 mk() {   # make.py in the tree with Debian's LLVM, objects under $OBJ; its output to $LOG
   # bmake's bootstrap runs its unit tests, two of which send SIGINT: a job started in the

@@ -63,6 +63,8 @@ TEST_PKGS=(
 # user's ./tandem demo does not wait for them (about 250 MB).
 FREEBSD_PKGS=(
   clang-19 lld-19 llvm-19 libarchive-dev libbz2-dev
+  # a FreeBSD source archive compressed with zstd (.tar.zst), as tar unpacks it
+  zstd
 )
 
 dev=''; test=''; freebsd=''; check=''; list=''

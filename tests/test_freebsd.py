@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_one_line_error, console, run_cli, wait_for_service
+from helpers import assert_one_line_error, console, run_cli, start_cli, wait_for_service
 from helpers.live import analyses_caught_up, drive, run_until_native_stops
 from tandem import artifacts, catalog
 from tandem.exact.replay import replay as exact_replay
@@ -306,10 +306,7 @@ def test_a_freebsd_vm_its_own_loader_boots_is_recorded_replayed_and_analysed(tmp
     shutil.copyfile(artifacts.freebsd_disk()["disk"], disk)
     port = free_port()
     tdm = tmp_path / "gpt.tdm"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "replay")}
-    proc = subprocess.Popen([sys.executable, "-m", "tandem", "record", str(tdm), "--disk", str(disk), "--memory",
-                             "512M", "--forward", f"tcp:{port}:7000"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = start_cli("record", str(tdm), "--disk", str(disk), "--memory", "512M", "--forward", f"tcp:{port}:7000")
     try:
         wait_for_service(port, proc, timeout=300)
         demo_traffic(port, rounds=3)

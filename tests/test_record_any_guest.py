@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 
 import pytest
-from helpers import ROOT, assert_one_line_error, run_cli, start_client, wait_for_service, wait_until
+from helpers import assert_one_line_error, run_cli, start_cli, start_client, wait_for_service, wait_until
 from tandem import artifacts
 from tandem.formats import bundle, pcapng
 from tandem.qemu.vm import free_port
@@ -37,12 +35,6 @@ def user_files(tmp_path):
     return out
 
 
-def record_cli(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "replay")}
-    return subprocess.Popen([sys.executable, "-m", "tandem", "record", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-
-
 def test_user_disk_direct_boot_forwards_and_exact_replay(tmp_path, user_files):
     """A disk, kernel and initramfs of the user's, booted directly with --append; a forward
     to the service and one to a port where nothing listens (said once, the recording goes
@@ -50,9 +42,9 @@ def test_user_disk_direct_boot_forwards_and_exact_replay(tmp_path, user_files):
     port, dead = free_port(), free_port()
     tdm = tmp_path / "vm.tdm"
     before = sha256(user_files["disk"])
-    proc = record_cli(str(tdm), "--disk", str(user_files["disk"]), "--kernel-image", str(user_files["kernel"]),
-                      "--initrd", str(user_files["initrd"]), "--append", "panic=-1 oops=panic", "--memory", "512M",
-                      "--forward", f"tcp:{port}:7000", "--forward", f"tcp:{dead}:81")
+    proc = start_cli("record", str(tdm), "--disk", str(user_files["disk"]), "--kernel-image",
+                     str(user_files["kernel"]), "--initrd", str(user_files["initrd"]), "--append", "panic=-1 oops=panic",
+                     "--memory", "512M", "--forward", f"tcp:{port}:7000", "--forward", f"tcp:{dead}:81")
     try:
         wait_for_service(port, proc)
         with KV(port) as kv:

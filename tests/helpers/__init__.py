@@ -145,6 +145,14 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, env=env)
 
 
+def start_cli(*args: str) -> subprocess.Popen:
+    """The tandem CLI started as a user would (a subprocess), its output piped: for a
+    command that runs until stopped (record, attach)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    return subprocess.Popen([sys.executable, "-m", "tandem", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
 def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
     """A user error: non-zero exit, one line on stderr naming the culprit, no traceback."""
     assert r.returncode != 0, r.stderr

@@ -111,6 +111,8 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("qemu-utils", "the reference VM's raw disk converted to qcow2 (not tandem's: this build does not wait for QEMU's)",
         "qemu-img"),
     *_p("clang-19", "the FreeBSD guest's init (scripts/build-freebsd.sh)", "clang-19"),
+    *_p("zstd", "tar's decompressor for a FreeBSD source archive .tar.zst (scripts/build-freebsd.sh)", "zstd",
+        implicit=True),
     *_p("clang-19", "the FreeBSD guest's kernel: make.py --cross-bindir=/usr/lib/llvm-19/bin", "clang-cpp-19",
         implicit=True),
     *_p("lld-19", "the FreeBSD guest's kernel and init (ld.lld)", "ld.lld-19", implicit=True),
