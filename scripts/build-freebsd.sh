@@ -95,10 +95,14 @@ fi
 mkdir -p "$FB"
 # What FreeBSD builds take from Debian (scripts/host-deps.sh --freebsd: LLVM 19, zstd for a
 # .tar.zst tree), installed before the tree is unpacked
-host_tools=1; for p in clang-19 ld.lld-19 zstd; do command -v "$p" >/dev/null || host_tools=; done
-if [ -z "${TANDEM_KEY_ONLY:-}" ] && [ -z "$host_tools" ]; then
-  log "installing what FreeBSD builds need: Debian's LLVM 19, zstd (scripts/host-deps.sh --freebsd)"
-  bash "$HERE/host-deps.sh" --freebsd >&2 || die "scripts/host-deps.sh --freebsd failed"
+host_tools() { local p; for p in clang-19 ld.lld-19 zstd; do command -v "$p" >/dev/null || return 1; done; }
+if [ -z "${TANDEM_KEY_ONLY:-}" ] && ! host_tools; then
+  exec 5>"$FB/.lock-host-deps"; flock 5      # one apt at a time: targets build two at once
+  if ! host_tools; then
+    log "installing what FreeBSD builds need: Debian's LLVM 19, zstd (scripts/host-deps.sh --freebsd)"
+    bash "$HERE/host-deps.sh" --freebsd >&2 || die "scripts/host-deps.sh --freebsd failed"
+  fi
+  exec 5>&-
 fi
 if [ -f "$SRC" ]; then
   # A source archive: its hash (memoized by path, size and time; 155 MB hash in ~1 s) names
@@ -108,6 +112,7 @@ if [ -f "$SRC" ]; then
   if [ -s "$memo" ]; then TREE_KEY=$(cat "$memo"); else
     TREE_KEY=$(sha "$SRC"); echo "$TREE_KEY" >"$memo.$$" && mv -f "$memo.$$" "$memo"; fi
   TREE="$FB/src-${TREE_KEY:0:16}"
+  [ -n "${TANDEM_KEY_ONLY:-}" ] || { exec 4>"$FB/.lock-unpack"; flock 4; }    # one unpacking at a time
   if [ -z "${TANDEM_KEY_ONLY:-}" ] && [ ! -d "$TREE" ]; then
     log "unpacking $SRC into $TREE"
     tmp="$TREE.tmp$$"; rm -rf "$tmp"; mkdir -p "$tmp"
@@ -118,6 +123,7 @@ if [ -f "$SRC" ]; then
     mv "$top" "$TREE.new$$" && rm -rf "$tmp" && mv -T "$TREE.new$$" "$TREE" || die "unpacking $SRC failed"
     trap - EXIT
   fi
+  [ -n "${TANDEM_KEY_ONLY:-}" ] || exec 4>&-
 elif [ -d "$SRC" ]; then
   TREE=$(cd "$SRC" && pwd)
   TREE_KEY=$(cd "$TREE" && find . -path ./.git -prune -o -type f -printf '%P %s %T@\n' | LC_ALL=C sort | sha256sum | cut -d' ' -f1)
