@@ -31,7 +31,7 @@
 # Everything lands in ${TANDEM_CACHE:-~/.cache/tandem}/freebsd/NAME-KEY, published by an
 # atomic rename; KEY = sha256 of what it is built from and this script, [:16].
 # Needs (Debian 12): scripts/host-deps.sh --freebsd (clang-19 lld-19 llvm-19 libarchive-dev
-# libbz2-dev zstd); it is run when one of its programs is missing. A tree without LLVM's
+# libbz2-dev zstd time); it is run when one of its programs is missing. A tree without LLVM's
 # source also needs Debian's llvm-toolchain-19 source package (freebsd-boot: compiler_rt).
 set -euo pipefail
 # One function, parsed whole before it runs: editing this file cannot corrupt a build.
@@ -94,12 +94,12 @@ fi
 [ -e "$SRC" ] || die "TANDEM_FREEBSD_SRC=$SRC: no such file or directory"
 mkdir -p "$FB"
 # What FreeBSD builds take from Debian (scripts/host-deps.sh --freebsd: LLVM 19, zstd for a
-# .tar.zst tree), installed before the tree is unpacked
-host_tools() { local p; for p in clang-19 ld.lld-19 zstd; do command -v "$p" >/dev/null || return 1; done; }
+# .tar.zst tree, GNU time), installed before the tree is unpacked
+host_tools() { local p; for p in clang-19 ld.lld-19 zstd /usr/bin/time; do command -v "$p" >/dev/null || return 1; done; }
 if [ -z "${TANDEM_KEY_ONLY:-}" ] && ! host_tools; then
   exec 5>"$FB/.lock-host-deps"; flock 5      # one apt at a time: targets build two at once
   if ! host_tools; then
-    log "installing what FreeBSD builds need: Debian's LLVM 19, zstd (scripts/host-deps.sh --freebsd)"
+    log "installing what FreeBSD builds need: Debian's LLVM 19, zstd, time (scripts/host-deps.sh --freebsd)"
     bash "$HERE/host-deps.sh" --freebsd >&2 || die "scripts/host-deps.sh --freebsd failed"
   fi
   exec 5>&-

@@ -65,6 +65,8 @@ FREEBSD_PKGS=(
   clang-19 lld-19 llvm-19 libarchive-dev libbz2-dev
   # a FreeBSD source archive compressed with zstd (.tar.zst), as tar unpacks it
   zstd
+  # GNU time: make.py links it among the host tools of a FreeBSD build (tools/build/Makefile)
+  time
 )
 
 dev=''; test=''; freebsd=''; check=''; list=''

@@ -95,7 +95,8 @@ def test_program_comes_from_an_installed_package(name):
     assert p.optional or installed_by_us or priority(p.package) in ("required", "important"), (
         f"{name}: its package {p.package} is neither installed by scripts/host-deps.sh nor in "
         f"Debian's required/important set (priority {priority(p.package) or 'unknown'})")
-    path = subprocess.run(["bash", "-c", f"command -v {name}"], capture_output=True, text=True,
+    # type -P: the file on PATH, not a shell keyword or builtin of that name (time, echo)
+    path = subprocess.run(["bash", "-c", f"type -P {name}"], capture_output=True, text=True,
                           env={"PATH": DEBIAN_PATH}).stdout.strip() or programs.off_path(p)
     if not path:
         grouped = p.package not in host_deps_packages(groups=False)

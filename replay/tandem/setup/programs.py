@@ -113,6 +113,8 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("clang-19", "the FreeBSD guest's init (scripts/build-freebsd.sh)", "clang-19"),
     *_p("zstd", "tar's decompressor for a FreeBSD source archive .tar.zst (scripts/build-freebsd.sh)", "zstd",
         implicit=True),
+    *_p("time", "the FreeBSD build: make.py links the host's time among its tools (tools/build/Makefile)", "time",
+        implicit=True),
     *_p("clang-19", "the FreeBSD guest's kernel: make.py --cross-bindir=/usr/lib/llvm-19/bin", "clang-cpp-19",
         implicit=True),
     *_p("lld-19", "the FreeBSD guest's kernel and init (ld.lld)", "ld.lld-19", implicit=True),
