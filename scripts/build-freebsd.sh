@@ -293,11 +293,11 @@ compiler_rt() {
   if [ ! -d "$dir/lib/builtins" ]; then
     mkdir -p "$FB/llvm-src"
     log "the tree has no compiler-rt (LLVM $ver): taking its builtins from Debian's llvm-toolchain-$major source"
-    orig=$(ls "$FB"/llvm-src/llvm-toolchain-"$major"_*.orig.tar.xz 2>/dev/null | tail -n1)
+    orig=$(ls "$FB"/llvm-src/llvm-toolchain-"$major"_*.orig.tar.xz 2>/dev/null | tail -n1 || true)
     if [ -z "$orig" ]; then
       # only the upstream tarball is used; a .dsc or .debian.tar.xz that 404s does not matter
       (cd "$FB/llvm-src" && apt-get source --download-only "llvm-toolchain-$major") >"$FB/logs/llvm-src.log" 2>&1 || true
-      orig=$(ls "$FB"/llvm-src/llvm-toolchain-"$major"_*.orig.tar.xz 2>/dev/null | tail -n1)
+      orig=$(ls "$FB"/llvm-src/llvm-toolchain-"$major"_*.orig.tar.xz 2>/dev/null | tail -n1 || true)
       [ -n "$orig" ] || die "$TREE has no compiler-rt and Debian's llvm-toolchain-$major source could not be had (a deb-src line in apt's sources? log: $FB/logs/llvm-src.log)"
     fi
     rm -rf "$dir.tmp$$"; mkdir -p "$dir.tmp$$"
