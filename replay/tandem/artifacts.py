@@ -195,6 +195,11 @@ def plugin_calls() -> PluginBuild:
     return cast(PluginBuild, _load("plugin-calls", required(PluginBuild)))
 
 
+def plugin_stop() -> PluginBuild:
+    """{plugin (.so path), key}: the TCG plugin that stops a replay for `tandem explain`"""
+    return cast(PluginBuild, _load("plugin-stop", required(PluginBuild)))
+
+
 def guest() -> GuestBuild:
     """{initramfs_native, initramfs_asan, disk_base, and their _sha256}"""
     return cast(GuestBuild, _load("guest", required(GuestBuild)))

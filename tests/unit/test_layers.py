@@ -28,8 +28,8 @@ LAYERS = {
     "tandem.libvirt": 3,
     "tandem.record": 4,
     "tandem.exact": 5,
-    "tandem.semantic": 6,
-    "tandem.assertions": 7, "tandem.live": 7, "tandem.plan": 7, "tandem.farm": 7,
+    "tandem.semantic": 6, "tandem.assertions.trace": 6,
+    "tandem.assertions": 7, "tandem.live": 7, "tandem.plan": 7, "tandem.farm": 7, "tandem.explain": 7,
     "tandem.cli": 8, "tandem.__main__": 9,
 }
 # What drives processes or talks to people.

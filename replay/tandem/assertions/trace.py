@@ -27,9 +27,9 @@ from ..errors import InfraError, TandemError
 from ..exact.replay import Verdict, replay
 from ..formats import bundle, pcapng
 from ..machine import ICOUNT_SHIFT
-from . import kernel
 from .events import Event
-from .kernel import Func, Kernel
+from .kernel import Func, Kernel, comm_offset, kld_bases, kld_sections, module_sections
+from .kernel import load as load_kernel
 
 MAGIC = b"TDMCALL1"
 HEADER = struct.Struct("<8sII")
@@ -132,7 +132,7 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
                           f"assertions support uniprocessor kernels only")
     console = b"".join(e.data for e in pcapng.iter_events(d / bundle.DEVLOG)
                        if e.kind == "serial" and e.direction == "out")
-    sections = kernel.module_sections(console)
+    sections = module_sections(console)
     mods = []
     if sections:
         initrd = Path(m.input_paths.get("initrd", ""))
@@ -143,13 +143,13 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
                 raise TandemError(f"{d}: module {name} was loaded but no module build in "
                                   f"{artifacts.cache_dir() / 'modules'} matches its initrd {initrd}")
             mods.append((name, str(ko), tuple(sorted(secs.items()))))
-    for name, base in sorted(kernel.kld_bases(console).items()):     # FreeBSD: the KLDs built with the kernel
+    for name, base in sorted(kld_bases(console).items()):     # FreeBSD: the KLDs built with the kernel
         ko = kpath.parent / f"{name}.ko"
         if not ko.is_file():
             raise TandemError(f"{d}: KLD {name} was loaded but its kernel {kpath} has no {name}.ko beside it")
-        mods.append((name, str(ko), tuple(sorted(kernel.kld_sections(ko, base).items()))))
+        mods.append((name, str(ko), tuple(sorted(kld_sections(ko, base).items()))))
     # FreeBSD's kernel.debug has no code: the recorded kernel has it
-    return kernel.load(str(vmlinux), str(smap), tuple(mods), str(kpath) if vmlinux.name == "kernel.debug" else None)
+    return load_kernel(str(vmlinux), str(smap), tuple(mods), str(kpath) if vmlinux.name == "kernel.debug" else None)
 
 
 def _module_build(initrd: Path) -> dict[str, Path]:
@@ -181,7 +181,7 @@ class Trace:
 
 def plugin_args(kern: Kernel, p: Plan, watch: Path, out: Path, scan: int = STACK_SCAN_WORDS) -> str:
     return ",".join([artifacts.plugin_calls()["plugin"], f"watch={watch}", f"out={out}",
-                     f"task={current_thread(kern)}", f"comm={kernel.comm_offset(kern.vmlinux) or 0}",
+                     f"task={current_thread(kern)}", f"comm={comm_offset(kern.vmlinux) or 0}",
                      f"scan={scan}"])
 
 
@@ -199,15 +199,16 @@ def current_thread(kern: Kernel) -> str:
 
 
 def run(bundle_dir: str | Path, kern: Kernel, p: Plan, *, progress=None,
-        keep: Path | None = None, scan: int = STACK_SCAN_WORDS) -> Trace:
-    """Replay the bundle exactly with the plugin watching `p`; decode its events."""
+        keep: Path | None = None, scan: int = STACK_SCAN_WORDS, extra: Sequence[str] = ()) -> Trace:
+    """Replay the bundle exactly with the plugin watching `p`; decode its events.
+    extra: more QEMU arguments (another plugin: explain/)."""
     tmp = Path(tempfile.mkdtemp(prefix="tandem-trace-"))
     try:
         watch, out = tmp / "watch.txt", tmp / "events.bin"
         p.write(watch)
         t0 = time.monotonic()
         verdict = replay(bundle_dir, progress=progress,
-                         extra=["-plugin", plugin_args(kern, p, watch, out, scan)])
+                         extra=["-plugin", plugin_args(kern, p, watch, out, scan), *extra])
         wall = time.monotonic() - t0
         if keep:
             private.copy_file(out, keep)

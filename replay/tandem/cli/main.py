@@ -11,11 +11,11 @@ import sys
 
 from .. import __version__
 from ..errors import EXIT_INTERRUPTED, TandemError
-from . import assertions, attach, demo, farm, host, inspect, plan, record, replay, shadow, terminal
+from . import assertions, attach, demo, explain, farm, host, inspect, plan, record, replay, shadow, terminal
 from .render import console
 
 # The commands, in the order `tandem --help` lists them: each module adds its own.
-COMMANDS = (shadow, record, terminal, replay, assertions, inspect, plan, farm, attach, host, demo)
+COMMANDS = (shadow, record, terminal, replay, assertions, explain, inspect, plan, farm, attach, host, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 GROUPS = {
     "record": ["qemu", f"kernel-{DEFAULT_KERNEL}", f"modules-{DEFAULT_KERNEL}", "guest"],
     "analyses": [t for f in FLAVORS if f != DEFAULT_KERNEL for t in (f"kernel-{f}", f"modules-{f}")]
-    + ["plugin-calls"],
+    + ["plugin-calls", "plugin-stop"],
     "guests": ["refvm", "refvm-tandem", "asan-redis"],
     # FreeBSD guests, from the tree TANDEM_FREEBSD_SRC names; not in "all" (a Linux user has none)
     "freebsd": list(state.FREEBSD_TARGETS),

@@ -42,7 +42,7 @@ KEYED = {"qemu": ["build-qemu.sh", "OUT"], "guest": ["build-guest.sh", "OUT"], "
          **{t: ["build-freebsd.sh", t, "OUT"] for t in FREEBSD_TARGETS}}
 # Builds whose key comes from another build's output (a module from its kernel's image,
 # the plugin from QEMU's header).
-UNKEYED = [*(f"modules-{f}" for f in FLAVORS), "plugin-calls"]
+UNKEYED = [*(f"modules-{f}" for f in FLAVORS), "plugin-calls", "plugin-stop"]
 # The fields of a build's JSON that name the files it made.
 ARTIFACTS = ("binary", "bzImage", "vmlinux", "disk_base", "initramfs_native", "cpio", "plugin", "disk", "kernel", "initrd",
              "deb", "obj", "root_image", "loader", "pmbr", "gptboot", "mkimg")
@@ -53,7 +53,7 @@ ARTIFACTS = ("binary", "bzImage", "vmlinux", "disk_base", "initramfs_native", "c
 # and lockdep) and stock (Debian's, fetched) from the run at 3ec99a7.
 REFERENCE_S = {"qemu": 278, "guest": 7, "kernel-native": 379, "kernel-kasan": 563, "kernel-ubsan": 482,
                "kernel-lockdep": 270, "kernel-kcsan": 482, "kernel-debug": 395, "kernel-stock": 5,
-               "plugin-calls": 5, "refvm": 374, "refvm-tandem": 249, "asan-redis": 171, "qemu-stock": 278,
+               "plugin-calls": 5, "plugin-stop": 3, "refvm": 374, "refvm-tandem": 249, "asan-redis": 171, "qemu-stock": 278,
                **{f"modules-{f}": 4 for f in FLAVORS},
                # FreeBSD 15.1, cold, two at a time beside a test loop (docs/freebsd.md); native
                # alone at its first build (docs/freebsd-boot-notes.md)
