@@ -15,6 +15,9 @@
  *   update K   audit hook, then table update of key K (keys >= 1000 are refused)
  *   update-nocheck K
  *              table update without the audit hook   (tandem's temporal assertions)
+ *   dbg-note   a debugging copy of the last note, made slab-out-of-bounds write of
+ *              only by a kernel with CONFIG_KASAN       1 byte (KASAN; the native
+ *                                                       never runs it)
  *   race       sample the byte counter a timer bumps   data race: plain read in a
  *              for 100 timer ticks                     task, plain write in a softirq
  *                                                      (KCSAN)
@@ -80,6 +83,35 @@ static noinline int tb_note_store(const char *text, size_t len)
 	note->text[len] = '\0';
 	kfree(tb_last_note);
 	tb_last_note = note;
+	return 0;
+}
+
+/*
+ * --- dbg-note: checking code that only a sanitizer build runs ---------------------
+ *
+ * A debugging copy of the last note, made only when the kernel has CONFIG_KASAN: the
+ * kind of extra checking a debug build carries, with a bug of its own. The function is
+ * in every build (it is global), but only a KASAN kernel calls it: a finding the native
+ * cannot have made (`tandem explain` says so, tests/test_explain.py).
+ */
+int tb_note_debug_copy(void);
+
+noinline int tb_note_debug_copy(void)
+{
+	char *copy;
+	size_t len;
+
+	if (!tb_last_note)
+		return 0;
+	len = tb_last_note->len;
+	/* BUG: no room for the terminating NUL */
+	copy = kmalloc(len, GFP_KERNEL);
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, tb_last_note->text, len);
+	copy[len] = '\0';
+	pr_debug("tandem_bugs: last note %s\n", copy);
+	kfree(copy);
 	return 0;
 }
 
@@ -312,6 +344,8 @@ static __always_inline int tb_dispatch(char *cmd)
 		return tb_hist_read(n);
 	if (!strcmp(cmd, "race") && !arg)
 		return tb_rate_sample();
+	if (!strcmp(cmd, "dbg-note") && !arg)
+		return IS_ENABLED(CONFIG_KASAN) ? tb_note_debug_copy() : 0;
 	return -EINVAL;
 }
 

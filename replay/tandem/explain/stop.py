@@ -57,7 +57,10 @@ class StopClient:
 
     def _recv(self) -> bool:
         assert self.sock is not None
-        data = self.sock.recv(1 << 16)
+        try:
+            data = self.sock.recv(1 << 16)
+        except ConnectionResetError:     # QEMU exited with the connection still queued
+            return False
         if not data:
             return False
         self.buf += data
