@@ -19,7 +19,12 @@
  *   mem ADDR LEN       "ok LEN\n" and LEN bytes of guest virtual memory, or "fault\n"
  *   go PC SP [PC SP]   run on until an instruction of the window at PC executes with rsp
  *                      SP (SP 0: any rsp); then "stop PC ICOUNT VM_NS\n" again. PC must be
- *                      in the window. Up to MAX_TARGETS pairs.
+ *                      in a window. Up to MAX_TARGETS pairs.
+ *   arm ENTRY SIZE NS  watch [ENTRY, ENTRY+SIZE) too and run on until ENTRY's first
+ *                      execution at VM time NS or later; then "stop ..." again. For code
+ *                      not yet run when the replay started (a module's, its address read
+ *                      while stopped in the kernel's module loader): instructions already
+ *                      translated get no callback. Up to MAX_WINDOWS windows.
  *   detach             "ok\n"; the plugin stops watching and the replay runs to its end
  * A closed connection detaches too.
  *
@@ -53,7 +58,15 @@ struct target {
     uint64_t pc, sp;
 };
 
-static uint64_t entry, size, after_ns;
+#define MAX_WINDOWS 8
+
+struct range {
+    uint64_t lo, size;
+};
+
+static struct range windows[MAX_WINDOWS];
+static unsigned n_windows;
+static uint64_t entry, after_ns;        /* the armed stop */
 static char *sock_path;
 static int listen_fd = -1, conn = -1;
 static FILE *cin;
@@ -149,7 +162,26 @@ static bool send_mem(uint64_t addr, uint64_t len)
     return sendf("ok %" PRIu64 "\n", len) && send_all(membuf->data, len);
 }
 
-/* Answer commands until one lets the vCPU run on (go, detach) or the client is gone. */
+static bool add_window(uint64_t lo, uint64_t n)
+{
+    if (n_windows == MAX_WINDOWS) {
+        return false;
+    }
+    windows[n_windows++] = (struct range){ lo, n };
+    return true;
+}
+
+static bool in_window(uint64_t pc)
+{
+    for (unsigned i = 0; i < n_windows; i++) {
+        if (pc - windows[i].lo < windows[i].size) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Answer commands until one lets the vCPU run on (go, arm, detach) or the client is gone. */
 static void serve(uint64_t pc, uint64_t icount, uint64_t vm_ns)
 {
     char line[64 + MAX_TARGETS * 40];
@@ -188,6 +220,18 @@ static void serve(uint64_t pc, uint64_t icount, uint64_t vm_ns)
                 return;         /* the vCPU runs on to a target */
             }
             sendf("error go: expected PC SP pairs in hex\n");
+        } else if (!strncmp(line, "arm ", 4)) {
+            uint64_t e, n, ns;
+            if (sscanf(line + 4, "%" SCNx64 " %" SCNu64 " %" SCNu64, &e, &n, &ns) != 3 || !n) {
+                sendf("error arm: expected ENTRY SIZE NS\n");
+            } else if (!add_window(e, n)) {
+                sendf("error arm: more than %d windows\n", MAX_WINDOWS);
+            } else {
+                entry = e;
+                after_ns = ns;
+                armed = true;
+                return;         /* the vCPU runs on to the armed entry */
+            }
         } else if (!strcmp(line, "detach\n")) {
             sendf("ok\n");
             break;
@@ -269,7 +313,7 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     for (size_t i = 0; i < n; i++) {
         struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
         uint64_t pc = qemu_plugin_insn_vaddr(insn);
-        if (pc - entry < size) {
+        if (in_window(pc)) {
             struct insn_ud *ud = g_new(struct insn_ud, 1);
             ud->pc = pc;
             ud->back = (uint16_t)(n - i);
@@ -310,6 +354,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
 {
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     bool have_entry = false;
+    uint64_t size = 0;
 
     for (int i = 0; i < argc; i++) {
         char *eq = strchr(argv[i], '=');
@@ -339,6 +384,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
         fprintf(stderr, "tandem-stop: entry=, size= and sock= are required\n");
         return -1;
     }
+    add_window(entry, size);
     if (strlen(sock_path) >= sizeof(sa.sun_path)) {
         fprintf(stderr, "tandem-stop: %s: socket path too long\n", sock_path);
         return -1;

@@ -31,7 +31,7 @@ from ..exact.replay import Verdict
 from ..machine import ICOUNT_SHIFT
 from ..semantic import inputs
 from ..semantic.findings import Finding
-from . import kasan, window
+from . import kasan, native, window
 from .heap import ALLOCS, FREES, Heap, Place
 from .stop import StopClient
 
@@ -149,16 +149,21 @@ def _heap_plan(kern: Kernel) -> trace.Plan:
     return trace.plan(kern, needed)
 
 
-def explain(bundle: Path, f: Finding, n: int = 0, progress=None) -> Explanation:
+def explain(bundle: Path, f: Finding, n: int = 0, progress=None, vmlinux: Path | None = None) -> Explanation:
+    """Explain finding f (number n) of an analysis of the recording `bundle` on its native
+    (vmlinux: the native's kernel, when tandem did not build it)."""
     bundle = Path(bundle)
     name = function_of(f)
-    kern = trace.kernel_for_bundle(bundle)
-    try:
-        func = kern.function(name)
-    except TandemError:
-        raise ExplainError(f"{name}: not a function of the native's kernel or its modules: the native "
-                           f"cannot have run it (the analysis kernel's config or code has it, the "
-                           f"native's has not)") from None
+    nat = native.find(bundle, vmlinux)
+    kern = nat.load()
+    module = None           # the module, not placed yet, that holds the function
+    if name not in kern.function_names:
+        module = nat.module_of(name)
+        if module is None:
+            raise ExplainError(f"{name}: not a function of the native's kernel or its modules: the native "
+                               f"cannot have run it (the analysis kernel's config or code has it, the "
+                               f"native's has not)")
+    func = kern.function(native.LOADER if module else name)
     t_in = input_time(bundle, f)
     e = Explanation(str(bundle), n, f.title, f.analysis, name, f.after_input, t_in,
                     asdict(x) if (x := kasan.expected(f.text)) else {})
@@ -166,7 +171,7 @@ def explain(bundle: Path, f: Finding, n: int = 0, progress=None) -> Explanation:
     tmp = Path(tempfile.mkdtemp(prefix="tandem-explain-"))
     sock = tmp / "stop.sock"
     stop_args = ",".join([artifacts.plugin_stop()["plugin"], f"entry={func.addr:#x}", f"size={func.size}",
-                          f"after={t_in}", f"shift={ICOUNT_SHIFT}", f"sock={sock}"])
+                          f"after={0 if module else t_in}", f"shift={ICOUNT_SHIFT}", f"sock={sock}"])
     client = StopClient(sock)
     out: dict = {}
     done = threading.Event()
@@ -187,6 +192,10 @@ def explain(bundle: Path, f: Finding, n: int = 0, progress=None) -> Explanation:
     try:
         client.connect(CONNECT_S, alive=lambda: not done.is_set())
         stop = client.first()
+        if module is not None and stop is not None:
+            kern, stop = _place(client, stop, nat, module, kern)
+            func = kern.function(name)
+            stop = client.arm(func.addr, func.size, t_in)
         e.to_stop_s = time.monotonic() - t0
         t1 = time.monotonic()
         while stop is not None and len(wins) < MAX_WINDOWS:
@@ -208,6 +217,19 @@ def explain(bundle: Path, f: Finding, n: int = 0, progress=None) -> Explanation:
     v: Verdict = tr.verdict
     e.replay_ok, e.replay = v.ok, v.summary()
     return e
+
+
+def _place(client: StopClient, stop, nat: native.Native, module: str, kern: Kernel):
+    """Run the replay through the module loader until `module` is initialised; the kernel
+    with it placed, and the stop there."""
+    offsets = native.module_offsets(nat.vmlinux, kern)
+    loader = kern.function(native.LOADER)
+    while stop is not None:
+        secs = native.placed_module(client, client.regs()["rdi"], module, nat.kos[module], offsets)
+        if secs:
+            return nat.load(((module, str(nat.kos[module]), secs),)), stop
+        stop = client.go([(loader.addr, 0)])
+    raise ExplainError(f"module {module}: the native never loaded it (its function cannot have run)")
 
 
 def _matches(w: window.Window, exp: dict) -> bool:

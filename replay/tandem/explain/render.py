@@ -12,7 +12,8 @@ def text(e: Explanation, around: int = 60) -> str:
            f"  exact replay: {e.replay}",
            f"  {e.function} entered {len(e.windows)} time(s) after the input; Unicorn ran {e.emulated} "
            f"instructions in {e.emulate_s:.2f} s; the replay took {e.to_stop_s:.1f} s to reach the window, "
-           f"{e.explain_s:.2f} s to explain it"]
+           f"{e.explain_s:.2f} s to explain it" if e.windows else
+           f"  {e.function} never entered after the input: the replay ran to its end in {e.to_stop_s:.1f} s"]
     focus = e.access
     for k, w in enumerate(e.windows):
         entry = w["entry"]

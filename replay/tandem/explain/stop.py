@@ -133,6 +133,12 @@ class StopClient:
         self._send("go " + " ".join(f"{pc:x} {sp:x}" for pc, sp in targets))
         return self._stop()
 
+    def arm(self, entry: int, size: int, after_ns: int) -> Stop | None:
+        """Watch [entry, entry+size) too (code the replay has not run yet: a module's) and run
+        on to entry's first execution at after_ns or later; its Stop, or None at the end."""
+        self._send(f"arm {entry:x} {size} {after_ns}")
+        return self._stop()
+
     def detach(self) -> None:
         """Let the replay run to its end unwatched."""
         if self.sock is None:

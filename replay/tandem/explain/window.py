@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import capstone
 from unicorn import (UC_ARCH_X86, UC_CTL_IO_WRITE, UC_CTL_TLB_FLUSH, UC_HOOK_CODE, UC_HOOK_MEM_READ, UC_HOOK_MEM_WRITE, UC_HOOK_TLB_FILL,
@@ -78,7 +78,7 @@ class Emulator:
 
     def __init__(self, client: StopClient):
         self.client = client
-        self.uc: Any = Uc(UC_ARCH_X86, UC_MODE_64)     # UcIntel: its ctl_* are not on Uc's type
+        self.uc: Any = cast(Any, Uc(UC_ARCH_X86, UC_MODE_64))     # UcIntel: its ctl_* are not on Uc's type
         self.uc.ctl_set_tlb_mode(UC_TLB_VIRTUAL)    # pages by the TLB fill hook: guest virtual addresses as they are
         self.phys: dict[int, int] = {}        # guest virtual page -> Unicorn physical page
         self.virt: dict[int, int] = {}        # and back
