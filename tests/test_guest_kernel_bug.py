@@ -6,6 +6,7 @@ the same disk with its own build of the module written over the native's, report
 attributed to that datagram, offline and live."""
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import time
@@ -14,6 +15,7 @@ import pytest
 from helpers import analyses, start_client, wait_until
 from helpers.live import run_until_native_stops
 from tandem import artifacts
+from tandem.explain.explain import explain, load_finding
 from tandem.live.shadow import ShadowOptions, ShadowRun
 from tandem.machine import Forward, Guest
 from tandem.qemu.vm import free_port
@@ -68,9 +70,16 @@ def datagram_recording(built, tmp_path_factory):
     return tdm
 
 
+@pytest.fixture(scope="module")
+def kasan_analysis(datagram_recording, tmp_path_factory):
+    """The KASAN analysis of the recording: (its summary, its workdir)."""
+    workdir = tmp_path_factory.mktemp("kbug-kasan")
+    return analyze(datagram_recording, analyses("kasan"), noise=False, workdir=workdir, record=False), workdir
+
+
 @pytest.mark.timeout(1500)
-def test_kasan_finds_the_bug_a_datagram_reached_in_the_guests_own_kernel(datagram_recording, tmp_path):
-    s = analyze(datagram_recording, analyses("kasan"), noise=False, workdir=tmp_path, record=False)
+def test_kasan_finds_the_bug_a_datagram_reached_in_the_guests_own_kernel(kasan_analysis):
+    s, _ = kasan_analysis
     (r,) = s.results
     assert r.run.outcome in ("poweroff", "finished"), (r.run.outcome, r.run.detail, r.run.qemu_log[-2000:])
     (bug,) = the_bug(r.findings) or [None]
@@ -83,6 +92,24 @@ def test_kasan_finds_the_bug_a_datagram_reached_in_the_guests_own_kernel(datagra
     assert [f.title for f in r.findings if f is not bug and "tb_note_store" not in f.title] == [], r.findings
     assert not r.divergences and r.complete, ([d.diff for d in r.divergences][:3], r.failure)
     assert s.exit_status() == 1
+
+
+@pytest.mark.timeout(900)
+def test_the_native_made_the_same_write_its_kernel_found_by_its_banner(datagram_recording, kasan_analysis):
+    """tandem explain on a VM its GRUB booted: no kernel in the recording, so the native's is
+    found by its banner among tandem's builds, and the module modprobe loaded is placed
+    while the replay stops in the kernel's module loader."""
+    s, workdir = kasan_analysis
+    findings = workdir / "findings.jsonl"
+    n = next(i for i, line in enumerate(findings.read_text().splitlines(), 1)
+             if "slab-out-of-bounds Write in tb_note_store" in json.loads(line)["title"])
+    e = explain(datagram_recording, load_finding(findings, n), n)
+    assert e.replay_ok, e.replay
+    assert e.same, e.verdict
+    a = e.access
+    assert a is not None and (a.kind, a.size, a.offset, a.region, a.state) == ("write", 1, 56, 56, "allocated")
+    assert a.where.startswith("tb_note_store+") and a.line.startswith("tandem_bugs.c:"), a
+    assert all(not w["mismatches"] for w in e.windows)
 
 
 @pytest.mark.timeout(2400)

@@ -19,6 +19,9 @@ def add_parsers(sub) -> None:
                    help="the findings file (default: BUNDLE/analysis/findings.jsonl, tandem replay's)")
     r.add_argument("--trace", type=int, default=60, metavar="N",
                    help="instructions of the trace shown around the access (default 60; 0: all)")
+    r.add_argument("--vmlinux", metavar="PATH",
+                   help="the native's kernel with its debug info, when tandem did not build it (System.map "
+                        "and its modules' .ko files beside it)")
     r.add_argument("--json", action="store_true", help="also print the explanation as JSON on stdout")
     r.set_defaults(func=cmd_explain)
 
@@ -30,8 +33,8 @@ def cmd_explain(args) -> int:
     explain.function_of(f)          # a finding with no kernel function: one line, before any build
     build_for(["qemu", "plugin-calls", "plugin-stop"], "explaining a finding")
     with console.status("replaying the native to the finding's input") as status:
-        e = explain.explain(Path(args.bundle), f, args.finding,
-                            progress=progress("replaying the native", status))
+        e = explain.explain(Path(args.bundle), f, args.finding, progress=progress("replaying the native", status),
+                            vmlinux=Path(args.vmlinux) if args.vmlinux else None)
     console.print(render.text(e, args.trace), markup=False, highlight=False)
     if args.json:
         print(json.dumps(e.to_json(), indent=1))

@@ -33,6 +33,9 @@ def add_parsers(sub) -> None:
                         "which `tandem replay` replays exactly)")
     add_cpu_idle_option(r)
     r.add_argument("--workdir", help="where analysis logs go (default BUNDLE/analysis)")
+    r.add_argument("--explain", action="store_true",
+                   help="with --analysis: explain each finding that names a kernel function on the native "
+                        "(tandem explain: did the native make the same access?); a section of the summary")
     r.add_argument("--json", action="store_true", help="also print the verdict as JSON on stdout")
     r.set_defaults(func=cmd_replay)
 
@@ -67,7 +70,30 @@ def cmd_analyze(args) -> int:
                     workdir=Path(args.workdir) if args.workdir else None, progress=progress,
                     record=not args.no_record, root=args.root, cpu_idle=args.cpu_idle)
     print_summary(s)
+    workdir = Path(args.workdir) if args.workdir else Path(args.bundle) / "analysis"
+    if args.explain:
+        explain_findings(Path(args.bundle), workdir)
     if args.json:
-        print((Path(args.workdir) if args.workdir else Path(args.bundle) / "analysis").joinpath(
-            "summary.json").read_text())
+        print(workdir.joinpath("summary.json").read_text())
     return s.exit_status()
+
+
+def explain_findings(bundle: Path, workdir: Path) -> None:
+    """The summary's explanations: each finding with a kernel function, on the native
+    (explain.explain_all), printed and added to summary.json."""
+    from ..explain.explain import explain_all
+    from ..private import write_text
+    build_for(["plugin-calls", "plugin-stop"], "explaining findings")
+    with console.status("explaining findings on the native") as status:
+        done = explain_all(bundle, workdir / "findings.jsonl",
+                           progress=lambda n, title: status.update(f"explaining finding {n}: {title}"))
+    console.print("\nExplained on the native (tandem explain):")
+    for x in done:
+        mark = {True: "MADE", False: "not made", None: "unknown"}[x["same"]]
+        console.print(f"  {x['finding']}. [{mark}] {x['title']}: {x['verdict']}", markup=False)
+    if not done:
+        console.print("  no finding names a kernel function")
+    summary = workdir / "summary.json"
+    doc = json.loads(summary.read_text())
+    doc["explanations"] = done
+    write_text(summary, json.dumps(doc, indent=1))

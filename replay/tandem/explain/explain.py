@@ -124,20 +124,22 @@ def function_of(f: Finding) -> str:
 
 
 def input_time(bundle: Path, f: Finding) -> int:
-    """The native's VM time of the input the finding is attributed to."""
+    """The native's VM time from which the function is looked for: that of the earliest of
+    the inputs the finding came after (after_input, and those delivered just before it: an
+    analysis kernel slower than the native takes several inputs in a row, and the one that
+    reached the bug need not be the last; the calls in between are looked at in turn)."""
     if f.input_flow is None and f.input_channel is None:
         return 0
-    rec = inputs.load(bundle)
-    for i in rec.inputs:
-        if i.describe() == f.after_input:
-            return i.vm_ns
-    for i in rec.inputs:
-        if i.flow == f.input_flow and i.offset == f.input_offset and i.flow is not None:
-            return i.vm_ns
-    m = re.search(r"at VM ([0-9.]+)s", f.after_input)
-    if m is None:
+    said = [f.after_input, *f.before]
+    times = {i.describe(): i.vm_ns for i in inputs.load(bundle).inputs}
+    found = [times[x] for x in said if x in times]
+    for x in said:
+        m = re.search(r"at VM ([0-9.]+)s", x)
+        if x not in times and m:
+            found.append(int(float(m.group(1)) * 1e9) - 1000)     # printed to the microsecond
+    if not found:
         raise ExplainError(f"{bundle}: the input {f.after_input!r} is not in this recording")
-    return int(float(m.group(1)) * 1e9)
+    return min(found)
 
 
 # --- running -----------------------------------------------------------------------
@@ -333,3 +335,34 @@ def _window_json(w: window.Window, placed: list[Matched], kern: Kernel, lines: d
             "steps": [{"pc": s.pc, "where": kern.describe(s.pc), "line": _line(lines, s.pc), "text": _named(s.text, kern),
                        "icount": s.icount, "stepped": s.stepped} for s in w.steps],
             "accesses": [asdict(m) for m in placed]}
+
+
+def explain_all(bundle: Path, findings: Path, progress=None) -> list[dict]:
+    """The summary's section: each distinct finding (by title, its first line in findings)
+    that names a kernel function, explained on the native; what could not be, with why."""
+    out: list[dict] = []
+    seen: set[str] = set()
+    try:
+        lines = [ln for ln in findings.read_text().splitlines() if ln.strip()]
+    except OSError:
+        return out
+    for n in range(1, len(lines) + 1):
+        f = load_finding(findings, n)
+        if f.title in seen:
+            continue
+        seen.add(f.title)
+        try:
+            name = function_of(f)
+        except ExplainError:
+            continue            # no kernel function: nothing of the native's kernel to look at
+        if progress:
+            progress(n, f.title)
+        entry = {"finding": n, "title": f.title, "analysis": f.analysis, "function": name}
+        try:
+            e = explain(bundle, f, n)
+            entry.update(same=e.same, verdict=e.verdict, replay_ok=e.replay_ok)
+        except TandemError as err:
+            entry.update(same=None, verdict=f"not explained: {err}", replay_ok=None)
+        out.append(entry)
+    return out
+

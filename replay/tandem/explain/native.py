@@ -153,19 +153,27 @@ def placed_module(client, rdi: int, want: str, ko: Path, offsets: tuple[int, int
     table = client.mem(symtab, num * ELF64_SYM.size) if 0 < num < 1 << 16 else None
     if table is None:
         return None
-    loaded: dict[str, int] = {}
+    loaded: dict[str, tuple[int, int]] = {}       # name -> (address, size)
     for i in range(num):
-        st_name, _, _, _, value, _ = ELF64_SYM.unpack_from(table, i * ELF64_SYM.size)
+        st_name, _, _, _, value, size = ELF64_SYM.unpack_from(table, i * ELF64_SYM.size)
         name = client.mem(strtab + st_name, 128)
         if name:
-            loaded.setdefault(name.split(b"\0", 1)[0].decode(errors="replace"), value)
+            loaded.setdefault(name.split(b"\0", 1)[0].decode(errors="replace"), (value, size))
     bases: dict[str, int] = {}
+    differ = []
     with open(ko, "rb") as f:
         elf = ELFFile(f)
         secs = list(elf.iter_sections())
         symtab_sec = elf.get_section_by_name(".symtab")
         for sym in symtab_sec.iter_symbols() if symtab_sec else ():
             ndx = sym["st_shndx"]
-            if sym.name in loaded and isinstance(ndx, int) and sym["st_info"]["type"] in ("STT_FUNC", "STT_OBJECT"):
-                bases.setdefault(secs[ndx].name, loaded[sym.name] - sym["st_value"])
+            kind = sym["st_info"]["type"]
+            if sym.name in loaded and isinstance(ndx, int) and kind in ("STT_FUNC", "STT_OBJECT"):
+                bases.setdefault(secs[ndx].name, loaded[sym.name][0] - sym["st_value"])
+                if kind == "STT_FUNC" and loaded[sym.name][1] != sym["st_size"]:
+                    differ.append(sym.name)
+    if differ:
+        raise TandemError(f"{ko}: not the {want}.ko the native loaded ({len(differ)} functions differ in size, "
+                          f"{differ[0]} first): rebuild it (./tandem build) or give the native's kernel "
+                          f"directory, with its modules, through --vmlinux")
     return tuple(sorted(bases.items()))
