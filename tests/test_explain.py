@@ -121,3 +121,15 @@ def test_bad_input_is_one_line(findings_bundle, demo_bundle, tmp_path):
     junk.write_text('{"title": 3}\n')
     r = run_cli("explain", str(findings_bundle), "--finding", "1", "--findings", str(junk))
     assert_one_line_error(r, "is not a finding")
+
+
+def test_the_semantic_replays_summary_explains_each_kernel_finding(findings_bundle, tmp_path):
+    r = run_cli("replay", str(findings_bundle), "--analysis", "kasan", "--no-noise", "--no-record",
+                "--explain", "--workdir", str(tmp_path), timeout=900)
+    assert r.returncode == 1, r.stderr[-2000:]       # found
+    assert "Explained on the native" in r.stderr, r.stderr[-2000:]
+    done = {x["title"]: x for x in json.loads((tmp_path / "summary.json").read_text())["explanations"]}
+    for words in SHARED:
+        x = done[f"KASAN: {words}"]
+        assert x["same"] is True and x["replay_ok"], x
+    assert done[f"KASAN: {KASAN_ONLY}"]["same"] is False, done

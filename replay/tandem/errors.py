@@ -13,6 +13,7 @@ not come up) and InfraError (the VMM's own failure), beside the user's input:
       OptionError             (machine/options.py) a value that cannot be part of a QEMU option
       AssertionLangError      (assertions/lang.py) a malformed assertion file: FILE:LINE:COL
       FarmSpecError           (farm/spec.py) a farm file or farm flag that cannot be used
+      ExplainError            (explain/explain.py) a finding that cannot be explained on the native
       BootError               the guest's: its kernel did not boot, it never answered (a
                               console line, a service), it did not shut down, it answered wrong
       InfraError              tandem's own machinery: QEMU crashed, refused to start or stopped
@@ -20,6 +21,7 @@ not come up) and InfraError (the VMM's own failure), beside the user's input:
         QMPUnavailable        (qemu/vm.py) QEMU's QMP did not answer, or QEMU went away meanwhile
         TraceError            (assertions/trace.py) the assertion plugin's events missing or damaged
         StoreError            (farm/store.py) the farm's database cannot be opened or used
+        StopError             (explain/stop.py) the stopped replay did not answer as its plugin says
 
 A class that lives in another module (the layers let this one import nothing of tandem)
 subclasses one of these and is listed above. Which one to raise: would the same command

@@ -26,7 +26,7 @@ from pathlib import Path
 from .. import artifacts
 import tandem.assertions.trace as trace
 from ..assertions.kernel import Kernel
-from ..errors import TandemError
+from ..errors import InfraError, TandemError
 from ..exact.replay import Verdict
 from ..machine import ICOUNT_SHIFT
 from ..semantic import inputs
@@ -182,7 +182,7 @@ def explain(bundle: Path, f: Finding, n: int = 0, progress=None, vmlinux: Path |
         try:
             out["trace"] = trace.run(bundle, kern, plan, scan=1, extra=["-plugin", stop_args],
                                      progress=progress)
-        except Exception as ex:     # noqa: BLE001 - carried to the caller's thread
+        except (TandemError, OSError) as ex:        # carried to the caller's thread
             out["error"] = ex
         finally:
             done.set()
@@ -212,8 +212,8 @@ def explain(bundle: Path, f: Finding, n: int = 0, progress=None, vmlinux: Path |
     finally:
         client.detach()
         th.join()
-    if "error" in out:
-        raise out["error"]
+    if "trace" not in out:
+        raise out.get("error") or InfraError("the exact replay's thread failed (its traceback is above)")
     tr: trace.Trace = out["trace"]
     _judge(e, wins, tr, kern)
     v: Verdict = tr.verdict

@@ -25,8 +25,7 @@ from elftools.elf.elffile import ELFFile
 
 import tandem.assertions.trace as trace
 from .. import artifacts, catalog
-from ..assertions import kernel
-from ..assertions.kernel import Kernel
+from ..assertions.kernel import Kernel, _member_offset, load, module_functions, module_sections
 from ..errors import TandemError
 from ..formats import bundle, pcapng
 
@@ -48,13 +47,13 @@ class Native:
     def load(self, more: tuple = ()) -> Kernel:
         if self.kernel is not None and not more:
             return self.kernel
-        return kernel.load(str(self.vmlinux), str(self.system_map), tuple(sorted((*self.placed, *more))))
+        return load(str(self.vmlinux), str(self.system_map), tuple(sorted((*self.placed, *more))))
 
     def module_of(self, func: str) -> str | None:
         """The module (not yet placed) whose .ko defines func."""
         placed = {name for name, _, _ in self.placed}
         for name, ko in sorted(self.kos.items()):
-            if name not in placed and func in kernel.module_functions(ko):
+            if name not in placed and func in module_functions(ko):
                 return name
         return None
 
@@ -113,7 +112,7 @@ def find(d: Path, vmlinux: Path | None = None) -> Native:
             mods = {ko.stem: ko for ko in kos}
             mods.update({ko.stem: ko for ko in vm.parent.glob("*.ko")})
             placed = tuple((name, str(mods[name]), tuple(sorted(secs.items())))
-                           for name, secs in sorted(kernel.module_sections(out).items()) if name in mods)
+                           for name, secs in sorted(module_sections(out).items()) if name in mods)
             return Native(vm, smap, mods, placed)
     where = f"{vmlinux} (with System.map beside it)" if vmlinux else "the kernels tandem built (./tandem build)"
     raise TandemError(f"{d}: no vmlinux of {where} printed the native's banner "
@@ -129,8 +128,8 @@ def module_offsets(vmlinux: Path, kern: Kernel) -> tuple[int, int]:
             if not elf.has_dwarf_info():
                 raise TandemError(f"{vmlinux}: no debug info: where a module was loaded cannot be read")
             a = kern.function(LOADER).addr
-            name = kernel._member_offset(elf, a, b"main.c", b"module", b"name")
-            syms = kernel._member_offset(elf, a, b"main.c", b"module", b"kallsyms")
+            name = _member_offset(elf, a, b"main.c", b"module", b"name")
+            syms = _member_offset(elf, a, b"main.c", b"module", b"kallsyms")
     except (OSError, ELFError) as e:
         raise TandemError(f"{vmlinux}: cannot read its debug info ({e})") from None
     if name is None or syms is None:
