@@ -330,7 +330,8 @@ def _named(text: str, kern: Kernel) -> str:
 
 def _window_json(w: window.Window, placed: list[Matched], kern: Kernel, lines: dict) -> dict:
     return {"entry": asdict(w.entry), "end": _named(w.end, kern), "exit": asdict(w.exit) if w.exit else None,
-            "emulated": w.emulated, "stepped_over": w.stepovers, "outside": w.outside,
+            "emulated": w.emulated, "stepped_over": w.stepovers, "outside": w.outside, "pages": w.pages,
+            "emulate_s": w.emulate_s,
             "mismatches": w.mismatches,
             "steps": [{"pc": s.pc, "where": kern.describe(s.pc), "line": _line(lines, s.pc), "text": _named(s.text, kern),
                        "icount": s.icount, "stepped": s.stepped} for s in w.steps],

@@ -71,6 +71,7 @@ class Window:
     outside: int = 0               # instructions the replay ran outside the window (calls, interrupts)
     emulated: int = 0              # instructions Unicorn ran
     emulate_s: float = 0.0         # wall time Unicorn took for them
+    pages: int = 0                 # guest pages Unicorn read from the stopped replay
 
 
 class Emulator:
@@ -85,6 +86,7 @@ class Emulator:
         self.free: list[int] = []             # Unicorn pages unmapped since
         self.next_phys = PAGE
         self.fault: int | None = None         # the guest page that could not be read
+        self.fetched = 0                      # pages read from the stopped replay
         self.on_access: Callable[[str, int, int, int], None] | None = None
         self.uc.hook_add(UC_HOOK_TLB_FILL, self._fill)
         self.uc.hook_add(UC_HOOK_MEM_READ | UC_HOOK_MEM_WRITE, self._access)
@@ -97,6 +99,7 @@ class Emulator:
             if data is None:
                 self.fault = vaddr
                 return False
+            self.fetched += 1
             p = self.free.pop() if self.free else self._new_phys()
             uc.mem_write(p, data)
             self.phys[page], self.virt[p] = p, page
@@ -129,6 +132,9 @@ class Emulator:
         for name, r in UC_REGS.items():
             if name in regs:
                 self.uc.reg_write(r, regs[name])
+        for i in range(16):          # a kernel uses SSE between kernel_fpu_begin and _end
+            if f"xmm{i}" in regs:
+                self.uc.reg_write(X.UC_X86_REG_XMM0 + i, regs[f"xmm{i}"])
 
     def reg(self, name: str) -> int:
         return self.uc.reg_read(UC_REGS[name])
@@ -211,6 +217,7 @@ class Runner:
         pc = w.entry.pc
         while not w.end:
             pc = self._advance(pc)
+        w.pages = emu.fetched
         return w
 
     def _on_code(self, uc, addr, size, _user) -> None:
