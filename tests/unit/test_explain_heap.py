@@ -35,6 +35,7 @@ def test_inside_past_the_end_and_freed():
     past = h.at(P + 56, 150)                    # in the slot's slack: KASAN's "0 bytes to the right"
     assert (past.offset, past.state) == (56, "allocated")
     assert past.describe().startswith("0 bytes to the right of allocated 56-byte region")
+    assert past.describe().endswith("(cache kmalloc-64)")
     freed = h.at(P + 8, 250)
     assert (freed.state, freed.obj.freed_icount, freed.obj.freed_by) == ("freed", 200, "caller@200")
     assert freed.describe().startswith("8 bytes inside of freed 56-byte region")

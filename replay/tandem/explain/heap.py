@@ -52,6 +52,15 @@ class Alloc:
     def slot(self) -> int:
         return slot_size(self.size or 8)
 
+    @property
+    def cache(self) -> str:
+        """The kmalloc cache a kmalloc of this size takes its slot from (as KASAN names it), ""
+        for a named cache's object or a page-sized allocation."""
+        if self.func.startswith("kmem_cache") or "large" in self.func or self.slot > KMALLOC_SIZES[-1]:
+            return ""
+        s = self.slot
+        return f"kmalloc-{s // 1024}k" if s >= 1024 else f"kmalloc-{s}"
+
 
 @dataclass(frozen=True)
 class Place:
@@ -67,7 +76,8 @@ class Place:
             where = f"{self.offset - o.size} bytes to the right of {self.state} {size} region"
         else:
             where = f"{self.offset} bytes inside of {self.state} {size} region"
-        return f"{where} [{o.ptr:#x}, {o.ptr + (o.size or 0):#x})"
+        cache = f" (cache {o.cache})" if o.cache else ""
+        return f"{where} [{o.ptr:#x}, {o.ptr + (o.size or 0):#x}){cache}"
 
 
 class Heap:

@@ -302,7 +302,13 @@ class Runner:
         return s
 
     def _ran_to(self, s: Stop) -> None:
-        self.w.outside += max(0, s.icount - self.last.icount - self.since)
+        """The replay caught up with Unicorn at s: instructions it ran besides Unicorn's (an
+        interrupt or exception it took on the way) are marked where they were seen."""
+        extra = s.icount - self.last.icount - self.since
+        if extra > 0:
+            self.w.outside += extra
+            self.w.steps.append(Step(s.pc, "", stepped=f"{extra} instructions outside the window before here "
+                                     f"(an interrupt or exception the replay took)", icount=s.icount))
         self.last, self.since = s, 0
 
     def _step_over(self, insn, why: str) -> int:
