@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -190,7 +191,6 @@ def explain(bundle: Path, f: Finding, n: int = 0, progress=None, vmlinux: Path |
     t0 = time.monotonic()
     th = threading.Thread(target=replaying, name="explain-replay", daemon=True)
     th.start()
-    wins: list[window.Window] = []
     try:
         client.connect(CONNECT_S, alive=lambda: not done.is_set())
         stop = client.first()
@@ -200,18 +200,12 @@ def explain(bundle: Path, f: Finding, n: int = 0, progress=None, vmlinux: Path |
             stop = client.arm(func.addr, func.size, t_in)
         e.to_stop_s = time.monotonic() - t0
         t1 = time.monotonic()
-        while stop is not None and len(wins) < MAX_WINDOWS:
-            w = window.run(client, stop, func.addr, func.addr + func.size, name, kern.return_thunk)
-            wins.append(w)
-            if e.expected and _matches(w, e.expected):
-                break           # its heap is known once the replay has ended: judged below
-            if not e.expected and w.accesses:
-                break
-            stop = client.go([(func.addr, 0)])
+        wins = _windows(client, stop, func, kern, e.expected)
         e.explain_s = time.monotonic() - t1
     finally:
         client.detach()
         th.join()
+        shutil.rmtree(tmp, ignore_errors=True)
     if "trace" not in out:
         raise out.get("error") or InfraError("the exact replay's thread failed (its traceback is above)")
     tr: trace.Trace = out["trace"]
@@ -234,9 +228,29 @@ def _place(client: StopClient, stop, nat: native.Native, module: str, kern: Kern
     raise ExplainError(f"module {module}: the native never loaded it (its function cannot have run)")
 
 
-def _matches(w: window.Window, exp: dict) -> bool:
-    """Could an access of the window be the report's (kind and size)? The heap decides later."""
-    return any(a.kind == exp["kind"] and a.size == exp["size"] for a in w.accesses)
+def _windows(client: StopClient, stop, func, kern: Kernel, expected: dict) -> list[window.Window]:
+    """The function's calls from the first stop on, each re-executed, until one made an access
+    that may be the report's (any access at all, for a report that is not KASAN's), up to
+    MAX_WINDOWS, or the replay's end."""
+    wins: list[window.Window] = []
+    while stop is not None and len(wins) < MAX_WINDOWS:
+        w = window.run(client, stop, func.addr, func.addr + func.size, func.name, kern.return_thunk)
+        wins.append(w)
+        if _plausible(w, expected) if expected else w.accesses:
+            break           # the heap is known once the replay has ended: judged then
+        stop = client.go([(func.addr, 0)])
+    return wins
+
+
+STACK_NEAR = 16 << 10           # a kernel thread's stack is 16 KiB on x86-64
+KERNEL_IMAGE = 0xFFFFFFFF80000000
+
+
+def _plausible(w: window.Window, exp: dict) -> bool:
+    """Could an access of the window be the report's: its kind and size, and neither on the
+    thread's stack nor in the kernel's or a module's image (a slab object is in neither)?"""
+    return any(a.kind == exp["kind"] and a.size == exp["size"] and a.addr < KERNEL_IMAGE
+               and abs(a.addr - w.entry_rsp) >= STACK_NEAR for a in w.accesses)
 
 
 def _caller(kern: Kernel):

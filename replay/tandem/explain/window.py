@@ -72,6 +72,7 @@ class Window:
     emulated: int = 0              # instructions Unicorn ran
     emulate_s: float = 0.0         # wall time Unicorn took for them
     pages: int = 0                 # guest pages Unicorn read from the stopped replay
+    entry_rsp: int = 0             # the stack pointer at the window's entry
 
 
 class Emulator:
@@ -203,7 +204,7 @@ class Runner:
         w, emu = self.w, self.emu
         regs = self.client.regs()
         emu.load(regs)
-        self.entry_rsp = regs["rsp"]
+        self.entry_rsp = w.entry_rsp = regs["rsp"]
         code = self.client.mem(self.lo, self.hi - self.lo)
         if code is None:
             w.end = "its code could not be read from the replay"
