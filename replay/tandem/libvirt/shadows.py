@@ -161,7 +161,7 @@ def _shadow_nic(binary: str, native: NativeInfo) -> str:
     dev = NIC_MODELS.get(model)
     if dev is None or not _has_device(binary, dev):
         raise TandemError(f"{native.name}: NIC model {model!r}: tandem's QEMU has no such "
-                          f"device (its device set is qemu-patches/0003: virtio-net)")
+                          f"device (its device set is qemu-patches/0001: virtio-net)")
     return dev
 
 

@@ -193,7 +193,7 @@ def _check_native(n: NativeInfo, users: bool) -> None:
                           f"user networking (type 'user') only")
     if n.nic_model != "virtio":
         raise TandemError(f"{domain}: NIC model {n.nic_model!r}: tandem's QEMU has virtio-net only "
-                          f"(qemu-patches/0003)")
+                          f"(qemu-patches/0001)")
     if n.disk_readonly:
         raise TandemError(f"{domain}: a disk of it is read-only; tandem's recording writes through an overlay")
     for path, _ in n.disks:

@@ -46,7 +46,7 @@ class Nic:
         check_id(self.netdev, "netdev id")
         if self.model not in NIC_DEVICES:
             raise OptionError(f"NIC model {self.model!r}: tandem's QEMU has "
-                              f"{', '.join(sorted(NIC_DEVICES))} (qemu-patches/0003)")
+                              f"{', '.join(sorted(NIC_DEVICES))} (qemu-patches/0001)")
         check_mac(self.mac)
 
     def device(self, *, deterministic_tx: bool = False) -> str:

@@ -36,7 +36,7 @@ _KEY = re.compile(r"[a-z][a-z0-9_.-]*")
 RTC_BASE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")   # -rtc base=, a time of day
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")    # -uuid (SMBIOS)
 
-# The NIC models tandem's QEMU build has (qemu-patches/0003 is its device set), keyed by
+# The NIC models tandem's QEMU build has (qemu-patches/0001 is its device set), keyed by
 # libvirt's <model type>. A domain's model outside this table is refused by name.
 NIC_MODELS = {"virtio": "virtio-net-pci", "e1000": "e1000", "e1000e": "e1000e",
               "rtl8139": "rtl8139", "ne2k_pci": "ne2k_pci", "pcnet": "pcnet"}
