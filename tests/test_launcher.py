@@ -100,8 +100,8 @@ def test_doctor_on_this_host_finds_nothing_to_fix(built):
     target = {l: l.split()[1].rstrip(":") for l in lines}
     builds = [l for l, t in target.items() if t.startswith(("qemu", "kernel-", "modules-", "guest", "plugin"))
               and t not in FREEBSD_TARGETS]
-    # qemu, guest, the plugin, and a kernel and its modules per flavor of the catalogue
-    assert len(builds) == 3 + 2 * len(catalog.FLAVORS) and all(l.startswith("ok") for l in builds), r.stdout
+    # qemu, guest, the two plugins (calls, stop), and a kernel and its modules per flavor of the catalogue
+    assert len(builds) == 4 + 2 * len(catalog.FLAVORS) and all(l.startswith("ok") for l in builds), r.stdout
     # and the FreeBSD guests' builds when the suite has a FreeBSD tree (.ci/run)
     freebsd = [l for l, t in target.items() if t in FREEBSD_TARGETS]
     if os.environ.get("TANDEM_FREEBSD_SRC"):
