@@ -304,10 +304,10 @@ def _judge(e: Explanation, wins: list[window.Window], tr: trace.Trace, kern: Ker
 
 
 def _vm_of(wins: list[window.Window], m: Matched) -> float:
-    for w in wins:
-        if w.entry.icount <= m.icount:
-            return (w.entry.vm_ns + ((m.icount - w.entry.icount) << ICOUNT_SHIFT)) / 1e9
-    return 0.0
+    """The VM time of an access, from its window's entry: a running vCPU's clock moves with its
+    instructions (no idle warp happens inside a window)."""
+    w = max((w for w in wins if w.entry.icount <= m.icount), key=lambda w: w.entry.icount, default=None)
+    return 0.0 if w is None else (w.entry.vm_ns + ((m.icount - w.entry.icount) << ICOUNT_SHIFT)) / 1e9
 
 
 def _line(lines: dict, pc: int) -> str:
