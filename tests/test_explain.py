@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,13 @@ def test_bad_input_is_one_line(findings_bundle, demo_bundle, tmp_path):
     # a bundle whose kernel has no vmlinux (Debian's, the demo's default)
     r = run_cli("explain", str(demo_bundle), "--finding", "1", "--findings", str(path))
     assert_one_line_error(r, "no vmlinux")
+    # a recording torn part way: the replay's own one line, not the plugin's silence
+    torn = tmp_path / "torn.tdm"
+    shutil.copytree(findings_bundle, torn, ignore=shutil.ignore_patterns("analysis"))
+    stream = torn / "replay.tdrs"
+    stream.write_bytes(stream.read_bytes()[: stream.stat().st_size // 2])
+    r = run_cli("explain", str(torn), "--finding", "1", "--findings", str(path))
+    assert_one_line_error(r, "truncated", "replay.tdrs")
     # findings that are not findings
     junk = tmp_path / "junk.jsonl"
     junk.write_text('{"title": 3}\n')

@@ -34,7 +34,7 @@ from ..semantic import inputs
 from ..semantic.findings import Finding
 from . import kasan, native, window
 from .heap import ALLOCS, FREES, Heap, Place
-from .stop import StopClient
+from .stop import StopClient, StopError
 
 MAX_WINDOWS = 8          # calls of the function looked at after the input
 CONNECT_S = 120          # QEMU's start, until the plugin listens
@@ -191,6 +191,7 @@ def explain(bundle: Path, f: Finding, n: int = 0, progress=None, vmlinux: Path |
     t0 = time.monotonic()
     th = threading.Thread(target=replaying, name="explain-replay", daemon=True)
     th.start()
+    stop_error: StopError | None = None
     try:
         client.connect(CONNECT_S, alive=lambda: not done.is_set())
         stop = client.first()
@@ -202,12 +203,18 @@ def explain(bundle: Path, f: Finding, n: int = 0, progress=None, vmlinux: Path |
         t1 = time.monotonic()
         wins = _windows(client, stop, func, kern, e.expected)
         e.explain_s = time.monotonic() - t1
+    except StopError as err:      # the replay's own failure, when it has one, says why
+        stop_error = err
     finally:
         client.detach()
         th.join()
         shutil.rmtree(tmp, ignore_errors=True)
+    if "error" in out:
+        raise out["error"]
+    if stop_error is not None:
+        raise stop_error
     if "trace" not in out:
-        raise out.get("error") or InfraError("the exact replay's thread failed (its traceback is above)")
+        raise InfraError("the exact replay's thread failed (its traceback is above)")
     tr: trace.Trace = out["trace"]
     _judge(e, wins, tr, kern)
     v: Verdict = tr.verdict
