@@ -56,7 +56,7 @@ def raw_qemu(rundir: Path, *, rrfile: Path, devlog: Path, stop_after_ns: int = 0
 
 def test_qemu_creates_its_logs_0600(built, tmp_path, usual_umask):
     """QEMU's side on its own: the record log and device log 0600 under umask 022 (not the
-    umask's 0644: qemu-patches/0016)."""
+    umask's 0644: qemu-patches/0017)."""
     rr, dl = tmp_path / "r.tdrs", tmp_path / "d.pcapng"
     r = raw_qemu(tmp_path / "run", rrfile=rr, devlog=dl, stop_after_ns=50_000_000)
     assert r.returncode == 0, r.stderr

@@ -1,5 +1,5 @@
 """Release rules: a client's next segment handed to QEMU ahead, to go when the guest's
-output lets it (qemu-patches/0023), instead of at a stop of the VM.
+output lets it (qemu-patches/0024), instead of at a stop of the VM.
 
 Offline, most stops of an analysis VM release one input: a client's next request,
 which waited only for the guest's reply on its connection and for the outputs the
@@ -163,7 +163,7 @@ def conditions(inp: Input, peer: Peer, met: Callable[[int, int], bool],
         if met(flow, need):
             continue
         fl = peer.flows.get(flow)
-        # QEMU follows IPv4 TCP alone (qemu-patches/0023): an IPv6 connection's inputs go at stops.
+        # QEMU follows IPv4 TCP alone (qemu-patches/0024): an IPv6 connection's inputs go at stops.
         if fl is None or fl.state != TcpState.ESTABLISHED or fl.index != flow or not fl.ipv4:
             return None
         out.append((fl.guest_key(), guest_seq(fl, need - short.get(flow, 0)), flow == inp.flow))
