@@ -140,23 +140,6 @@ class Emulator:
     def reg(self, name: str) -> int:
         return self.uc.reg_read(UC_REGS[name])
 
-    def read(self, addr: int, n: int) -> bytes | None:
-        """Guest memory as Unicorn has it now (its own writes included)."""
-        out = b""
-        while n:
-            page, off = addr & ~(PAGE - 1), addr & (PAGE - 1)
-            take = min(n, PAGE - off)
-            p = self.phys.get(page)
-            if p is None:
-                data = self.client.mem(addr, take)
-                if data is None:
-                    return None
-                out += data
-            else:
-                out += bytes(self.uc.mem_read(p + off, take))
-            addr, n = addr + take, n - take
-        return out
-
 
 def _target(insn) -> int | None:
     """A direct branch's target."""
