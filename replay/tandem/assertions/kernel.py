@@ -574,13 +574,15 @@ def comm_offset(vmlinux: str | Path) -> int | None:
             for func, source, struct_name, member in _THREAD_NAMES:
                 syms = symtab.get_symbol_by_name(func) if symtab else None
                 if syms:
-                    return _member_offset(elf, syms[0]["st_value"], source, struct_name, member)
+                    return member_offset(elf, syms[0]["st_value"], source, struct_name, member)
     except (OSError, ELFError, KeyError):
         return None
     return None
 
 
-def _member_offset(elf: ELFFile, addr: int, source: bytes, struct_name: bytes, member: bytes) -> int | None:
+def member_offset(elf: ELFFile, addr: int, source: bytes, struct_name: bytes, member: bytes) -> int | None:
+    """The offset of member in struct_name, from the DWARF of the compilation unit holding addr
+    (by .debug_aranges; else the unit whose source name ends with source)."""
     dwarf = elf.get_dwarf_info()
     aranges = dwarf.get_aranges()
     off = aranges.cu_offset_at_addr(addr) if aranges else None

@@ -130,8 +130,7 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
     if config.is_file() and "\nCONFIG_SMP=y" in config.read_text():
         raise TandemError(f"{config}: an SMP kernel (the current task is per CPU): "
                           f"assertions support uniprocessor kernels only")
-    console = b"".join(e.data for e in pcapng.iter_events(d / bundle.DEVLOG)
-                       if e.kind == "serial" and e.direction == "out")
+    console = pcapng.console(d / bundle.DEVLOG)
     sections = module_sections(console)
     mods = []
     if sections:

@@ -25,7 +25,7 @@ from elftools.elf.elffile import ELFFile
 
 import tandem.assertions.trace as trace
 from .. import artifacts, catalog
-from ..assertions.kernel import Kernel, _member_offset, load, module_functions, module_sections
+from ..assertions.kernel import Kernel, load, member_offset, module_functions, module_sections
 from ..errors import TandemError
 from ..formats import bundle, pcapng
 
@@ -56,11 +56,6 @@ class Native:
             if name not in placed and func in module_functions(ko):
                 return name
         return None
-
-
-def console(d: Path) -> bytes:
-    return b"".join(e.data for e in pcapng.iter_events(d / bundle.DEVLOG)
-                    if e.kind == "serial" and e.direction == "out")
 
 
 def banner(vmlinux: Path, system_map: Path) -> bytes | None:
@@ -101,7 +96,7 @@ def find(d: Path, vmlinux: Path | None = None) -> Native:
     if m.input_paths.get("kernel") and vmlinux is None:
         kern = trace.kernel_for_bundle(d)
         return Native(kern.vmlinux, kern.system_map, {}, (), kern)
-    out = console(d)
+    out = pcapng.console(d / bundle.DEVLOG)
     said = BANNER.search(out)
     if said is None:
         raise TandemError(f"{d}: the native printed no 'Linux version' banner: which kernel it ran is "
@@ -109,6 +104,10 @@ def find(d: Path, vmlinux: Path | None = None) -> Native:
     candidates = [(vmlinux, vmlinux.parent / "System.map", [])] if vmlinux else _built()
     for vm, smap, kos in candidates:
         if vm.is_file() and smap.is_file() and banner(vm, smap) == said.group(0).rstrip(b"\r"):
+            config = vm.parent / "config"
+            if config.is_file() and "\nCONFIG_SMP=y" in config.read_text():
+                raise TandemError(f"{config}: an SMP kernel (the current task is per CPU): the native's "
+                                  f"heap is watched on uniprocessor kernels only")
             mods = {ko.stem: ko for ko in kos}
             mods.update({ko.stem: ko for ko in vm.parent.glob("*.ko")})
             placed = tuple((name, str(mods[name]), tuple(sorted(secs.items())))
@@ -128,8 +127,8 @@ def module_offsets(vmlinux: Path, kern: Kernel) -> tuple[int, int]:
             if not elf.has_dwarf_info():
                 raise TandemError(f"{vmlinux}: no debug info: where a module was loaded cannot be read")
             a = kern.function(LOADER).addr
-            name = _member_offset(elf, a, b"main.c", b"module", b"name")
-            syms = _member_offset(elf, a, b"main.c", b"module", b"kallsyms")
+            name = member_offset(elf, a, b"main.c", b"module", b"name")
+            syms = member_offset(elf, a, b"main.c", b"module", b"kallsyms")
     except (OSError, ELFError) as e:
         raise TandemError(f"{vmlinux}: cannot read its debug info ({e})") from None
     if name is None or syms is None:

@@ -433,6 +433,12 @@ def iter_events(path: str | os.PathLike[str], *, allow_torn: bool = True) -> Ite
     return iter(DevlogReader(path, allow_torn=allow_torn))
 
 
+def console(path: str | os.PathLike[str]) -> bytes:
+    """Everything the guest wrote to its serial console, in order: what its kernel printed
+    (module sections, its banner) for the readers that place its code."""
+    return b"".join(e.data for e in iter_events(path) if e.kind == "serial" and e.direction == "out")
+
+
 def read_devlog(path: str | os.PathLike[str], *, allow_torn: bool = True) -> Devlog:
     reader = DevlogReader(path, allow_torn=allow_torn)
     events = list(reader)
