@@ -89,6 +89,9 @@ if [ ! -f "$DIR/.complete" ]; then
     [ -f "$f" ] || { say "firmware $f missing (install seabios and qemu-system-data)"; exit 1; }
     ln -sf "$f" "$DIR/firmware/"
   done
+  # ...also where an installed QEMU looks for it (its datadir, PREFIX/share/qemu): the binary
+  # run without -L, as QEMU's own functional tests run it (tests/test_qemu_functional.py).
+  mkdir -p "$DIR/install/share" && ln -sfn ../../firmware "$DIR/install/share/qemu"
   cd "$DIR" && rm -rf build   # objects live on in ccache; keep src for reference
   touch "$DIR/.complete"
 fi
@@ -98,7 +101,7 @@ BUILD_ID=$(sha256sum "$BIN" | cut -d' ' -f1)
 mkdir -p "$(dirname "$OUT")"
 cat > "$OUT.tmp" <<JSON
 {"key": "$KEY", "binary": "$BIN", "img": "$DIR/install/bin/qemu-img",
- "firmware_dir": "$DIR/firmware", "plugin_include": "$DIR/install/include",
+ "firmware_dir": "$DIR/firmware", "plugin_include": "$DIR/install/include", "source": "$DIR/src",
  "build_id": "$BUILD_ID", "patch_series": "$PATCH_HASH", "version": "$VERSION",
  "stock": $([ "$FLAVOR" = stock ] && echo true || echo false)}
 JSON

@@ -44,6 +44,7 @@ class QemuBuild(TypedDict):
     img: str
     firmware_dir: str
     plugin_include: NotRequired[str]      # read by scripts/build-plugin.sh only
+    source: NotRequired[str]    # the patched source tree it was built from (QEMU's functional tests)
     build_id: str
     patch_series: str
     version: str

@@ -37,6 +37,13 @@ def add_parsers(sub) -> None:
                    help="with --analysis: explain each finding that names a kernel function on the native "
                         "(tandem explain: did the native make the same access?); a section of the summary")
     r.add_argument("--json", action="store_true", help="also print the verdict as JSON on stdout")
+    r.add_argument("--gdb", type=int, metavar="PORT",
+                   help="reverse debugging: replay under gdb (its stub on 127.0.0.1:PORT, 0 for a free "
+                        "port), paused at power-on once snapshots are taken through the recording; "
+                        "gdb's reverse-stepi and reverse-continue, QMP replay-seek (docs/reverse-debugging.md)")
+    r.add_argument("--snapshot-every", type=float, metavar="SECONDS", default=None,
+                   help="with --gdb: host seconds of replay between snapshots, the most a seek replays "
+                        "(default 0.5)")
     r.set_defaults(func=cmd_replay)
 
 
@@ -44,6 +51,10 @@ def cmd_replay(args) -> int:
     from ..exact.replay import replay
     if args.analysis or args.analysis_kernel or args.overlay:
         return cmd_analyze(args)
+    if args.gdb is not None:
+        return cmd_debug(args)
+    if args.snapshot_every is not None:
+        raise TandemError("--snapshot-every: only with --gdb")
     build_for(["qemu"], "an exact replay")
     with console.status("replaying") as status:
         v = replay(args.bundle, follow=args.follow, partial=args.partial,
@@ -53,6 +64,35 @@ def cmd_replay(args) -> int:
                           "replay_wall_s": v.replay_wall_s, "partial": v.partial}))
     console.print(("[bold green]" if v.ok else "[bold red]") + v.summary())
     return EXIT_CLEAN if v.ok else EXIT_FOUND
+
+
+def cmd_debug(args) -> int:
+    """Reverse debugging: the replay paused under gdb until QEMU exits or Ctrl-C."""
+    from ..exact.debug import SPACING_S, debug
+    from ..qemu.vm import free_port
+    if args.follow or args.partial:
+        raise TandemError("--gdb: a finished recording only; not with --follow or --partial")
+    if not 0 <= args.gdb <= 65535:
+        raise TandemError(f"--gdb {args.gdb}: not a TCP port")
+    spacing = SPACING_S if args.snapshot_every is None else args.snapshot_every
+    if not spacing > 0:
+        raise TandemError(f"--snapshot-every {args.snapshot_every}: must be more than 0 seconds")
+    build_for(["qemu"], "a replay under gdb")
+    port = args.gdb or free_port()
+    with console.status("snapshots through the recording") as status, \
+            debug(args.bundle, port, spacing_s=spacing, progress=status.update) as session:
+        status.stop()
+        last = session.snapshots[-1]
+        console.print(f"replay paused at power-on, {len(session.snapshots)} snapshots up to instruction "
+                      f"{last.icount} (VM time {last.vm_ns / 1e9:.3f}s) of {session.end[1]}\n"
+                      f"  gdb: target remote 127.0.0.1:{port}   (reverse-stepi, reverse-continue)\n"
+                      f"  QMP: {session.vm.run.rundir / 'qmp.sock'}   (replay-seek, replay-break, query-replay)\n"
+                      f"Ctrl-C or gdb's kill ends it.", markup=False)
+        try:
+            session.vm.process().wait()
+        except KeyboardInterrupt:
+            pass
+    return EXIT_CLEAN
 
 
 def cmd_analyze(args) -> int:

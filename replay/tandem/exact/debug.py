@@ -1,0 +1,217 @@
+"""Reverse debugging of a bundle: its exact replay under gdb, with snapshots to seek by.
+
+QEMU's reverse debugging (QMP `replay-seek`, gdb's reverse-stepi and reverse-continue)
+loads the nearest snapshot at or before an instruction count and replays on from it to
+the instruction; the snapshot's log position is found again in tandem's segmented log by
+its segment index (qemu-patches/0003). tandem gives it the snapshots: one at power-on and
+then one every `spacing_s` of the replay's host time, each taken where the replay is stopped
+(`stop`) and saved (`savevm`) into the run's qcow2 overlay.
+
+A seek then costs one snapshot load (0.02-0.2 s for the demo guest's 256 MiB: each snapshot
+holds the RAM the guest uses, 40-90 MB) and at most `spacing_s` of replay. Snapshots stop
+when they would pass `budget` bytes; the seeks after the last one replay on further.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import artifacts
+from ..errors import BundleError, InfraError
+from ..formats import bundle, pcapng, rrstream
+from ..machine import Guest, Host
+from ..machine.guest import ICOUNT_SHIFT
+from ..machine.section import recorded
+from ..qemu.image import make_overlays
+from ..qemu.vm import VM
+from .replay import HANG_SECONDS, replay_run
+from .verify import final_state
+
+SPACING_S = 0.5            # replay host seconds between snapshots: a seek replays at most this long
+BUDGET = 8 << 30           # bytes of snapshots at most (QEMU stores each guest RAM page in use)
+RETRY_S = 0.02             # host seconds on, when the replay cannot be snapshotted where it stopped
+POLL_S = 0.01
+START = "tandem-0"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    name: str
+    icount: int
+    vm_ns: int
+
+
+@dataclass
+class Session:
+    """A bundle's replay under gdb: QEMU paused, its gdbstub on `port`."""
+    vm: VM
+    port: int
+    snapshots: list[Snapshot]
+    end: tuple[int | None, int | None]     # the recording's (VM time, instruction count) at its end
+    recording: pcapng.Devlog
+
+    def images(self) -> list[dict]:
+        """The run's block images (query-block), the snapshots' qcow2 overlay among them."""
+        return _images(self.vm)
+
+    def icount(self) -> int:
+        return int(_qmp(self.vm, "query-replay")["icount"])
+
+    def vm_ns(self) -> int:
+        return int(self.vm.vm_status(("vm-clock-ns",))["vm-clock-ns"])
+
+    def seek(self, icount: int) -> None:
+        """Stop the replay at this instruction count (QEMU's replay-seek: the nearest
+        snapshot at or before it, then replay on)."""
+        if self.end[1] is not None and not 0 <= icount <= self.end[1]:
+            raise BundleError(f"instruction count {icount}: the recording has 0..{self.end[1]}")
+        try:
+            _qmp(self.vm, "replay-seek", icount=icount)
+        except Exception as e:       # QMP gone: QEMU died, its log says why
+            raise InfraError(f"replay-seek {icount}: {e.__class__.__name__} ({self.vm.log_tail()})") from e
+        _wait_paused(self.vm)
+
+    def icount_at(self, vm_ns: int) -> int:
+        """The instruction count at which the replay's VM clock reaches vm_ns, from the
+        recording's device log: its events give (VM time, instruction count) pairs, and in
+        between the guest either ran (1 << ICOUNT_SHIFT ns an instruction) or idled (the
+        clock warped: no instruction)."""
+        events = [e for e in self.recording.events if e.icount is not None]
+        times = [e.vm_ns for e in events]
+        i = bisect.bisect_right(times, vm_ns)
+        t0, n0 = (events[i - 1].vm_ns, int(events[i - 1].icount or 0)) if i else (0, 0)
+        limit = events[i].icount if i < len(events) else self.end[1]
+        n = n0 + max(0, vm_ns - t0) // (1 << ICOUNT_SHIFT)
+        return int(min(n, limit)) if limit is not None else int(n)
+
+
+def _qmp(vm: VM, name: str, **args: Any) -> Any:
+    """A QMP command's answer (qemu.qmp types it as object)."""
+    return vm._monitor().command(name, **args)
+
+
+def _wait_paused(vm: VM) -> None:
+    """Until the replay stops (a break, a seek's end); QEMU exiting or no progress for
+    HANG_SECONDS is an error."""
+    last, since = None, time.monotonic()
+    while _qmp(vm, "query-status")["status"] == "running":
+        if vm.process().poll() is not None:
+            raise InfraError(f"replay QEMU exited: {vm.log_tail()}")
+        now = _qmp(vm, "query-replay")["icount"]
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > HANG_SECONDS:
+            raise InfraError(f"replay hung at instruction {now} for {HANG_SECONDS}s ({vm.log_tail()})")
+        time.sleep(POLL_S)
+
+
+def _hmp(vm: VM, line: str) -> str:
+    return str(_qmp(vm, "human-monitor-command", **{"command-line": line}))
+
+
+def _save(vm: VM, name: str) -> str:
+    """savevm; QEMU's refusal as text ("" when saved)."""
+    return _hmp(vm, f"savevm {name}").strip()
+
+
+def _snapshot_bytes(vm: VM) -> int:
+    return sum(int(img.get("actual-size", 0)) for img in _images(vm))
+
+
+def _images(vm: VM) -> list[dict]:
+    return [b["inserted"]["image"] for b in _qmp(vm, "query-block") if b.get("inserted")]
+
+
+def take_snapshots(vm: VM, end_icount: int, *, spacing_s: float = SPACING_S, budget: int = BUDGET,
+                   progress: Callable[[str], None] | None = None) -> list[Snapshot]:
+    """Replay from power-on (QEMU started paused, -S) to the end, stopping every spacing_s
+    of host time to save a snapshot; then load the first again. Returns them in order.
+
+    The replay is stopped by the clock, not at instruction counts: a boot runs 400 million
+    instructions in 0.4 s of host time where the guest idles and 50 million where it works,
+    and spacing by an instruction rate measured on the step before overshot 3 times (a 1.3 s
+    seek). A point where QEMU cannot snapshot (an I/O in flight) is retried RETRY_S later."""
+    shots: list[Snapshot] = []
+
+    def status() -> str:
+        return str(_qmp(vm, "query-status")["status"])
+
+    def save(name: str) -> bool:
+        if _save(vm, name):
+            return False
+        shots.append(Snapshot(name, int(_qmp(vm, "query-replay")["icount"]),
+                              int(vm.vm_status(("vm-clock-ns",))["vm-clock-ns"])))
+        return True
+
+    if not save(START):
+        raise InfraError(f"replay: no snapshot at power-on ({_save(vm, START)})")
+    wait, last, since = spacing_s, 0, time.monotonic()
+    while _snapshot_bytes(vm) < budget:
+        _qmp(vm, "cont")
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and status() == "running":
+            time.sleep(POLL_S)
+        if status() != "running":
+            break       # the recorded end (-no-shutdown: the replay pauses there)
+        _qmp(vm, "stop")
+        now = int(_qmp(vm, "query-replay")["icount"])
+        if now >= end_icount:
+            break
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > HANG_SECONDS:
+            raise InfraError(f"replay hung at instruction {now} for {HANG_SECONDS}s ({vm.log_tail()})")
+        wait = spacing_s if save(f"tandem-{len(shots)}") else RETRY_S
+        if progress and wait == spacing_s:
+            progress(f"snapshot {len(shots)} at instruction {now} (VM time {shots[-1].vm_ns / 1e9:.3f}s)")
+    if vm.process().poll() is not None:
+        raise InfraError(f"replay QEMU exited: {vm.log_tail()}")
+    # Back to power-on as a seek goes there (the snapshot, then a break at once): after a
+    # bare loadvm, gdb's first stepi never returned.
+    _qmp(vm, "replay-seek", icount=0)
+    _wait_paused(vm)
+    return shots
+
+
+@contextmanager
+def debug(bundle_dir: str | Path, port: int, *, spacing_s: float = SPACING_S, budget: int = BUDGET,
+          progress: Callable[[str], None] | None = None) -> Iterator[Session]:
+    """The bundle's exact replay, paused at power-on with its gdbstub on 127.0.0.1:port
+    and snapshots taken through the whole recording; QEMU is stopped on exit."""
+    d = Path(bundle_dir)
+    manifest = bundle.check_bundle(d, qemu_build_id=artifacts.qemu()["build_id"])
+    if recorded(manifest).machine.mode == "analysis":
+        raise BundleError(f"{d}: an analysis run's recording replays through its feed, whose "
+                          f"state a snapshot does not hold: reverse debugging needs a native's bundle")
+    info = rrstream.scan(d / bundle.STREAM)
+    if not info.finished:
+        raise BundleError(f"{d / bundle.STREAM}: unfinished recording: reverse debugging needs a finished one")
+    rec = pcapng.read_devlog(d / bundle.DEVLOG)
+    end = final_state(rec)
+    if end[1] is None:
+        raise BundleError(f"{d / bundle.DEVLOG}: no final instruction count (the device log did not close)")
+    guest = Guest.from_manifest(manifest)
+    tmp = Path(tempfile.mkdtemp(prefix="tandem-debug-"))
+    try:
+        overlay = tmp / "disk.qcow2"
+        make_overlays(guest, overlay)
+        with bundle.open_member(d, bundle.STREAM) as f:
+            stream = Path(f"/dev/fd/{f.fileno()}")
+            # -S: paused at power-on; -no-shutdown: the recorded shutdown pauses the
+            # replay instead of ending it, so that gdb can step back from there.
+            run = replay_run(manifest, tmp, stream, overlay,
+                             extra=["-gdb", f"tcp:127.0.0.1:{port}", "-S", "-no-shutdown"])
+            run = dataclasses.replace(run, host=Host(pass_fds=(f.fileno(),)))
+            with VM(guest, run, name="debug") as vm:
+                shots = take_snapshots(vm, end[1], spacing_s=spacing_s, budget=budget, progress=progress)
+                yield Session(vm, port, shots, end, rec)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,128 @@
+"""Reverse debugging on a real recording: the demo guest's bundle replayed under gdb
+(`tandem replay --gdb`, exact/debug.py) with QEMU's replay-seek and gdb's reverse-stepi and
+reverse-continue, driven by the real gdb (helpers/gdb_reverse.py runs inside it)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, assert_one_line_error, run_cli, start_cli, wait_until
+from tandem.exact.debug import debug
+from tandem.qemu.vm import free_port
+
+GDB_SCRIPT = ROOT / "tests" / "helpers" / "gdb_reverse.py"
+STEPS = 12
+FAR = 3_000_000
+
+
+def gdb_reverse(port: int, steps: int = STEPS, far: int = FAR) -> dict:
+    """helpers/gdb_reverse.py in gdb against the stub on port: what it saw."""
+    r = subprocess.run(["gdb", "-batch", "-nx", "-x", str(GDB_SCRIPT)], capture_output=True, text=True,
+                       timeout=180, env={**os.environ, "PORT": str(port), "STEPS": str(steps), "FAR": str(far)})
+    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert lines, f"gdb saw nothing (exit {r.returncode}): {r.stdout[-2000:]} {r.stderr[-2000:]}"
+    return json.loads(lines[0][len("RESULT "):])
+
+
+def registers(session) -> str:
+    """The vCPU's registers as the monitor prints them (every general, segment and control
+    register, the flags and the FPU's): equal text, equal state."""
+    return str(session.vm._monitor().command("human-monitor-command", **{"command-line": "info registers"}))
+
+
+def check_reverse(seen: dict) -> None:
+    forward, backward, again = seen["forward"], seen["backward"], seen["again"]
+    counts = [w["icount"] for w in forward]
+    assert counts == sorted(set(counts)), counts
+    # reverse-stepi lands on each instruction stepped, in reverse, with the same state
+    assert backward == forward[::-1]
+    assert again == forward
+    # a replay break FAR instructions on, then reverse-continue to the breakpoint on the
+    # first instruction stepped: its latest execution before the break, state and all
+    assert seen["ran_to"]["icount"] == seen["end"]["icount"] + FAR
+    back = seen["back_at"]
+    assert back["rip"] == forward[0]["rip"]
+    assert forward[0]["icount"] <= back["icount"] < seen["ran_to"]["icount"]
+    if back["icount"] == forward[0]["icount"]:
+        assert back == forward[0]
+
+
+def test_seek_and_gdb_reverse_on_the_demo_guest(demo_bundle):
+    with debug(demo_bundle, free_port(), spacing_s=0.5) as s:
+        shots = s.snapshots
+        assert len(shots) >= 3 and shots[0].icount == 0
+        assert [x.icount for x in shots] == sorted({x.icount for x in shots})
+        assert s.icount() == 0                     # paused at power-on once they are taken
+        end = s.end[1]
+        assert end is not None
+        mid = end // 2 + 12_345
+        s.seek(mid)
+        assert s.icount() == mid
+        here = registers(s)
+        seen = gdb_reverse(s.port)
+        check_reverse(seen)
+        # the same instruction reached again from a later point (a snapshot before it, then
+        # replay) and from an earlier one (replay on): the same state each time
+        s.seek(end - 1000)
+        s.seek(mid)
+        assert s.icount() == mid and registers(s) == here
+        s.seek(1000)
+        s.seek(mid)
+        assert registers(s) == here
+        # the VM clock of a seek by VM time is the time asked for, to the instruction or
+        # the idle warp it falls in
+        t = s.recording.events[len(s.recording.events) // 2].vm_ns
+        s.seek(s.icount_at(t))
+        assert s.vm_ns() <= t
+        # on to the recorded end without a divergence
+        s.vm._monitor().command("cont")
+        wait_until(lambda: s.vm._monitor().command("query-status")["status"] != "running", 120,
+                   "the replay reaching the recorded end")
+        assert s.vm._monitor().command("query-status")["status"] == "shutdown"
+        # the device log's end is the shutdown request; the vCPU runs on a little until
+        # the main loop stops it (qemu-patches/0020)
+        assert s.icount() >= end
+        assert "diverged" not in s.vm.log_tail()
+
+
+def test_the_cli_serves_gdb_until_interrupted(demo_bundle):
+    port = free_port()
+    p = start_cli("replay", str(demo_bundle), "--gdb", str(port), "--snapshot-every", "1")
+    try:
+        out: list[str] = []
+
+        def announced() -> bool:
+            line = p.stderr.readline() if p.stderr else ""
+            out.append(line)
+            return "target remote" in line or p.poll() is not None
+
+        wait_until(announced, 300, lambda: "tandem replay --gdb to announce its stub: " + "".join(out))
+        assert p.poll() is None, "".join(out)
+        check_reverse(gdb_reverse(port, steps=4))
+        p.send_signal(signal.SIGINT)
+        assert p.wait(60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--gdb", "0", "--partial"], ["--gdb", "--partial"]),
+    (["--snapshot-every", "1"], ["--snapshot-every", "--gdb"]),
+    (["--gdb", "0", "--snapshot-every", "0"], ["--snapshot-every"]),
+    (["--gdb", "70000"], ["--gdb", "70000"]),
+])
+def test_bad_gdb_options(demo_bundle, args, needles):
+    assert_one_line_error(run_cli("replay", str(demo_bundle), *args), *needles)
+
+
+def test_an_unfinished_bundle_is_refused(bundle_copy: Path):
+    stream = bundle_copy / "replay.tdrs"
+    stream.write_bytes(stream.read_bytes()[:-100])
+    assert_one_line_error(run_cli("replay", str(bundle_copy), "--gdb", "0"), "unfinished")
