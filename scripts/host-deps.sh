@@ -56,6 +56,8 @@ TEST_PKGS=(
   # a private PostgreSQL cluster two farms share a night in (Debian 12's server; the
   # metapackage postgresql is only this)
   postgresql-15
+  # reverse debugging's tests drive the real gdb against a replay's gdbstub
+  gdb
 )
 # FreeBSD guests (scripts/build-freebsd.sh): Debian's LLVM 19 as FreeBSD's cross toolchain
 # (FreeBSD 14.x and 15.x are built with LLVM 18 and 19), and what its bootstrap tools
