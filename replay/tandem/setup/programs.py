@@ -126,6 +126,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("postgresql-15", "a private PostgreSQL cluster the farm's tests share a night in",
         "initdb", "pg_ctl", where="/usr/lib/postgresql/*/bin"),
     *_p("util-linux", "runs that PostgreSQL server as nobody: it refuses root (tests)", "setpriv"),
+    *_p("gdb", "reverse debugging against a replay's gdbstub (tests)", "gdb"),
     # The launcher's venv.
     *_p(VENV, "runs the meson build", "meson"),
     *_p(VENV, "the venv's interpreter", "python"),
