@@ -66,8 +66,9 @@ def test_seek_and_gdb_reverse_on_the_demo_guest(demo_bundle):
         here = registers(s)
         seen = gdb_reverse(s.port)
         check_reverse(seen)
-        # the same instruction reached again from a later point (a snapshot before it, then
-        # replay) and from an earlier one (replay on): the same state each time
+        # gdb detached, which resumed the replay: a seek stops it first (qemu-patches/0033).
+        # The same instruction reached again from a later point (a snapshot before it, then
+        # replay) and from an earlier one (replay on): the same state each time.
         s.seek(end - 1000)
         s.seek(mid)
         assert s.icount() == mid and registers(s) == here
