@@ -25,7 +25,7 @@ from ..machine import RR, Feed, Guest, Host, Recorded, RRMode, Run, UserNet, rep
 from ..machine.section import recorded
 from ..qemu.vm import VM
 from ..qemu.image import make_overlays
-from .verify import Mismatch, final_state, first_mismatch
+from .verify import Mismatch, final_state, first_departure
 
 HANG_SECONDS = 60   # no VM-clock progress for this long (wall time) is a hang
 
@@ -115,8 +115,14 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
                                                  extra=extra), host=Host(pass_fds=pass_fds))
             vm = VM(guest, run)
             t0 = time.monotonic()
+            died: InfraError | None = None
             with vm:
-                _run_to_end(vm, partial, progress)
+                try:
+                    _run_to_end(vm, partial, progress)
+                except InfraError as e:
+                    # QEMU ends a replay that has departed from its log ("REPLAY: read
+                    # clock 0 failed"), or it hangs: the logs so far say where it departed.
+                    died = e
             wall = time.monotonic() - t0
         if keep:
             private.copy_file(tmp / "replay.pcapng", keep)
@@ -130,9 +136,11 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
             manifest = bundle.load_manifest(d)
         recorded = pcapng.read_devlog(d / bundle.DEVLOG)
         replayed = pcapng.read_devlog(tmp / "replay.pcapng")
-        mm = first_mismatch(recorded, replayed, prefix=partial)
+        mm = first_departure(recorded, replayed, prefix=partial or died is not None)
+        if died is not None and mm is None:
+            raise died
         rec_end, rep_end = final_state(recorded), final_state(replayed)
-        note = ""
+        note = f" (then the replay stopped: {died})" if died is not None else ""
         if mm is None and not partial and rec_end[1] != rep_end[1]:
             mm = Mismatch(len(replayed.events), "-", rep_end[0],
                           f"final instruction count: recorded {rec_end[1]}, replayed {rep_end[1]}")
@@ -169,7 +177,8 @@ def replay_run(manifest: Recorded | Mapping[str, Any], tmp: Path, stream: Path, 
     # Recorded in a libvirt domain: what libvirt added that the guest sees.
     extra = [*replay_args(machine), *extra]
     return Run(tmp, net=net, rr=RR(RRMode.REPLAY, stream, follow=follow, partial=partial), devlog=tmp / "replay.pcapng",
-               overlay=overlay, stop_after_ns=machine.stop_after_ns or 0, extra=tuple(extra))
+               overlay=overlay, stop_after_ns=machine.stop_after_ns or 0,
+               state_every_ns=machine.state_every_ns or 0, extra=tuple(extra))
 
 
 def _missing(key: str) -> BundleError:

@@ -384,6 +384,7 @@ _MACHINE: FieldRules = {
     "os": (lambda v: v in catalog.GUEST_OSES, f"a guest OS ({', '.join(catalog.GUEST_OSES)})"),
     "nic_model": (lambda v: v in NIC_DEVICES, f"a NIC model of tandem's QEMU ({', '.join(sorted(NIC_DEVICES))})"),
     "stop_after_ns": (_int, "a whole number of nanoseconds"),
+    "state_every_ns": (lambda v: _int(v, 100_000, 10**12), "a whole number of nanoseconds, 100000 to 10^12"),
     "lookahead_ns": (_int, "a whole number of nanoseconds"),
     "rtc_base": (lambda v: isinstance(v, str) and bool(RTC_BASE.fullmatch(v)), "a time YYYY-MM-DDTHH:MM:SS"),
     "mode": (lambda v: v in ("record", "analysis"), "'record' or 'analysis'"),

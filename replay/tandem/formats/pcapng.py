@@ -43,9 +43,10 @@ REC_CONTINUED, REC_HAS_ICOUNT = 1, 2
 # dissector, which cannot see custom options; the options stay what tandem reads.
 _REC_HDR = struct.Struct("<BBHIQ")
 
-LINKTYPES = {"net": 1, "serial": 147, "block": 148, "rng": 149}
+LINKTYPES = {"net": 1, "serial": 147, "block": 148, "rng": 149, "state": 150}
 KIND_OF_LINKTYPE = {v: k for k, v in LINKTYPES.items()}
-OWN_LINKTYPES = frozenset((147, 148, 149))  # tandem's payloads, and its record header in format 2
+OWN_LINKTYPES = frozenset((147, 148, 149, 150))  # tandem's payloads, and its record header in format 2
+STATE = "state"     # state checkpoints (devlog state-every): Devlog.states, not its events
 DIRECTIONS = {1: "in", 2: "out"}
 
 _BLOCK_HDR = struct.Struct("<B7xQQ")
@@ -66,6 +67,7 @@ class Interface(NamedTuple):
     kind: str
     linktype: int
     tsresol: int
+    comment: str = ""   # opt_comment: a state interface's register names
 
 
 class Event(NamedTuple):
@@ -94,6 +96,7 @@ class Devlog:
     torn_at: int | None = None
     records: list[int] = field(default_factory=list)  # EPBs per interface (what pcapng tools count)
     format: int = 1
+    states: list[Event] = field(default_factory=list)   # state checkpoints, in order
 
     @property
     def closed_cleanly(self) -> bool:
@@ -205,6 +208,7 @@ class DevlogReader:
         self.clock_ns = 0       # the latest clock mark read
         self.format = 1         # until the SHB says otherwise
         self.records: list[int] = []    # EPBs per interface
+        self.states: list[Event] = []   # the state checkpoints read (not yielded as events)
         self._hdr_len: list[int] = []   # per interface: record header bytes before the payload
 
     def _fail(self, what: str, offset: int) -> BundleError:
@@ -224,7 +228,14 @@ class DevlogReader:
         self.torn_at = offset
 
     def __iter__(self) -> Iterator[Event]:
-        return self._read()
+        """The events; the state checkpoints go to `states` (numbered apart: an event's
+        seq counts the events alone)."""
+        states = self.states
+        for ev in self._read():
+            if ev.kind == STATE:
+                states.append(ev)
+            else:
+                yield ev
 
     def _read(self) -> Iterator[Event]:
         """Blocks are parsed in place from a large read buffer with struct.unpack_from.
@@ -264,7 +275,7 @@ class DevlogReader:
                                 seq, iface_id, iface.name, iface.kind, DIRECTIONS.get(flags & 3),
                                 ts if ns_resol[iface_id] else _ts_to_ns(ts, iface.tsresol),
                                 icount, buf[i + 28 + h:i + 28 + caplen], offset))
-                            seq += 1
+                            seq += iface.kind != STATE
                             records[iface_id] += 1
                             offset += blen
                             continue
@@ -339,7 +350,7 @@ class DevlogReader:
                             if pieces is not None:
                                 ev = self._joined(pieces, seq)
                                 pieces = None
-                            seq += 1
+                            seq += ev.kind != STATE
                             yield ev
                     elif btype == ISB:
                         self._isb(body, offset)
@@ -361,7 +372,7 @@ class DevlogReader:
 
     def _idb(self, body: bytes) -> None:
         linktype, _snaplen = struct.unpack_from("<H2xI", body)
-        name, kind, tsresol = f"if{len(self.interfaces)}", None, 6  # pcapng default: us
+        name, kind, tsresol, comment = f"if{len(self.interfaces)}", None, 6, ""  # pcapng default: us
         for code, value in _options(body, 8):
             if code == IF_NAME:
                 name = value.decode("utf-8", "replace")
@@ -369,8 +380,12 @@ class DevlogReader:
                 kind = value.decode("utf-8", "replace")
             elif code == IF_TSRESOL and value:
                 tsresol = value[0]
+            elif code == OPT_COMMENT:
+                comment = value.decode("utf-8", "replace")
         kind = kind or KIND_OF_LINKTYPE.get(linktype, "unknown")
-        self.interfaces.append(Interface(len(self.interfaces), name, kind, linktype, tsresol))
+        if (kind == STATE) != (linktype == LINKTYPES[STATE]):
+            raise ValueError(f"interface {name!r}: kind {kind!r} with link type {linktype}")
+        self.interfaces.append(Interface(len(self.interfaces), name, kind, linktype, tsresol, comment))
         self.stats.append(None)
         self.records.append(0)
         self._hdr_len.append(_REC_HDR.size if self.format >= 2 and linktype in OWN_LINKTYPES else 0)
@@ -442,7 +457,8 @@ def console(path: str | os.PathLike[str]) -> bytes:
 def read_devlog(path: str | os.PathLike[str], *, allow_torn: bool = True) -> Devlog:
     reader = DevlogReader(path, allow_torn=allow_torn)
     events = list(reader)
-    return Devlog(reader.interfaces, events, reader.stats, reader.torn_at, reader.records, reader.format)
+    return Devlog(reader.interfaces, events, reader.stats, reader.torn_at, reader.records, reader.format,
+                  reader.states)
 
 
 # --- writer (tests and tools; the real writer is the QEMU devlog object) ---
@@ -480,12 +496,12 @@ class PcapngWriter:
         self.f.write(_block(SHB, struct.pack("<IHHq", BYTE_ORDER_MAGIC, 1, 0, -1)
                             + _opts(_opt(4, b"tandem"), *fmt)))
 
-    def add_interface(self, name: str, kind: str, linktype: int | None = None) -> int:
+    def add_interface(self, name: str, kind: str, linktype: int | None = None, comment: str = "") -> int:
         linktype = LINKTYPES[kind] if linktype is None else linktype
         snaplen = SNAPLEN if self.format >= 2 else 0
         self.f.write(_block(IDB, struct.pack("<HHI", linktype, 0, snaplen) + _opts(
             _opt(IF_NAME, name.encode()), _opt(IF_DESCRIPTION, kind.encode()),
-            _opt(IF_TSRESOL, bytes([9])))))
+            _opt(IF_TSRESOL, bytes([9])), *([_opt(OPT_COMMENT, comment.encode())] if comment else []))))
         self.counts.append(0)
         self._linktypes.append(linktype)
         return len(self.counts) - 1

@@ -101,6 +101,7 @@ class Run:
     rr: RR | None = None
     devlog: Path | None = None      # tandem's device log (pcapng)
     stop_after_ns: int = 0          # the device log stops the VM at this VM time (0: never)
+    state_every_ns: int = 0         # the device log's state checkpoints: their period (0: none)
     overlay: Path | None = None     # the run's qcow2 over the disk's base image
     gate: Gate | None = None
     icount: bool = True             # plain runs only: with or without -icount

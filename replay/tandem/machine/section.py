@@ -70,6 +70,7 @@ class MachineSection(Table):
     nic_model: str | None = None            # the one-NIC form
     mac: str | None = None                  # the one-NIC form
     stop_after_ns: int | None = None
+    state_every_ns: int | None = None       # the device log's state checkpoints (devlog state-every)
     net: NetSection | None = optional(NetSection)
     libvirt: LibvirtSection | None = optional(LibvirtSection)
     mode: str | None = None                 # 'analysis': an analysis run's own recording

@@ -71,6 +71,7 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
                      "qom-type": "devlog", "id": "devlog", "path": str(run.devlog), "chardev": "serial0",
                      "rng": "rng0", "drives": [disk.id for disk in guest.disks] or None,
                      "stop-after": run.stop_after_ns or None,
+                     "state-every": run.state_every_ns or None,
                      "clock-marks": True if run.mode == Mode.RECORD else None}),
                  "-object", json_option({"qom-type": "filter-devlog", "id": "devlog-net0", "netdev": nic.netdev,
                                          "devlog": "devlog", "position": "tail"})]
