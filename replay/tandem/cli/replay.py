@@ -44,6 +44,12 @@ def add_parsers(sub) -> None:
     r.add_argument("--snapshot-every", type=float, metavar="SECONDS", default=None,
                    help="with --gdb: host seconds of replay between snapshots, the most a seek replays "
                         "(default 0.5)")
+    r.add_argument("--locate", action="store_true",
+                   help="a replay that does not match: find where it departs from the recording (the "
+                        "instruction, the guest's code and registers there, the output it led to)")
+    r.add_argument("--vmlinux", type=Path, metavar="PATH",
+                   help="with --locate: the native's vmlinux, to name its code (default: the kernel "
+                        "beside a directly booted recording, or the built one whose banner it printed)")
     r.set_defaults(func=cmd_replay)
 
 
@@ -55,6 +61,10 @@ def cmd_replay(args) -> int:
         return cmd_debug(args)
     if args.snapshot_every is not None:
         raise TandemError("--snapshot-every: only with --gdb")
+    if args.locate:
+        return cmd_locate(args)
+    if args.vmlinux is not None:
+        raise TandemError("--vmlinux: only with --locate")
     build_for(["qemu"], "an exact replay")
     with console.status("replaying") as status:
         v = replay(args.bundle, follow=args.follow, partial=args.partial,
@@ -93,6 +103,61 @@ def cmd_debug(args) -> int:
         except KeyboardInterrupt:
             pass
     return EXIT_CLEAN
+
+
+def cmd_locate(args) -> int:
+    """A failed exact replay located (exact/locate.py)."""
+    from ..exact.locate import locate
+    from ..explain.native import describe_pc
+    if args.follow or args.partial:
+        raise TandemError("--locate: a finished recording only; not with --follow or --partial")
+    if args.vmlinux is not None and not args.vmlinux.is_file():
+        raise TandemError(f"--vmlinux {args.vmlinux}: not a file")
+    build_for(["qemu"], "locating a replay's departure")
+    with console.status("replaying") as status:
+        dep = locate(args.bundle, name=lambda pc: describe_pc(Path(args.bundle), pc, args.vmlinux),
+                     progress=status.update)
+    if args.json:
+        print(json.dumps(None if dep is None else departure_json(dep)))
+    if dep is None:
+        console.print("[bold green]the replay matches its recording: nothing to locate")
+        return EXIT_CLEAN
+    console.print(render_departure(dep), markup=False)
+    return EXIT_FOUND
+
+
+def departure_json(dep) -> dict:
+    return {"how": dep.how, "first_difference": str(dep.mismatch), "icount": dep.icount, "vm_ns": dep.vm_ns,
+            "agreed_icount": dep.agreed_icount, "window": dep.window, "pc": dep.pc, "symbol": dep.symbol,
+            "registers": {name: {"recorded": a, "replayed": b} for name, a, b in dep.registers},
+            "led_to": str(dep.led_to) if dep.led_to else None, "checkpoints": dep.checkpoints}
+
+
+REGISTERS_SHOWN = 20
+
+
+def render_departure(dep) -> str:
+    t = f"{dep.vm_ns / 1e9:.6f}s" if dep.vm_ns is not None else "?"
+    where = {"input": f"exactly at instruction {dep.icount} (VM time {t}): an input the replay delivered "
+                      f"differs from the one recorded",
+             "state": f"at or before instruction {dep.icount} (VM time {t}): a state checkpoint's "
+                      f"registers differ",
+             "output": f"at or before instruction {dep.icount} (VM time {t}): an output differs"}[dep.how]
+    lines = [f"the replay departs from its recording {where}", f"  first difference: {dep.mismatch}"]
+    if dep.how != "input":
+        lines.append(f"  after: instruction {dep.agreed_icount}, the last state checkpoint that agreed "
+                     f"({dep.window} instructions before)" if dep.agreed_icount is not None else
+                     "  after: power-on (no state checkpoint before it; a bundle recorded without them "
+                     "has none)" if not dep.checkpoints else "  after: power-on (no checkpoint agreed)")
+    pc = f"{dep.pc:#x}" if dep.pc is not None else "?"
+    lines.append(f"  guest pc: {pc} {dep.symbol or ''}".rstrip())
+    rows = [f"{name}={'' if a is None or a == b else f'{a:#x}->'}{'-' if b is None else f'{b:#x}'}"
+            for name, a, b in dep.registers[:REGISTERS_SHOWN]]
+    if rows:
+        lines.append("  registers" + (" (recorded->replayed where they differ)" if dep.how == "state" else "")
+                     + ": " + " ".join(rows))
+    lines.append(f"  led to: {dep.led_to}" if dep.led_to else "  led to: no output that differs")
+    return "\n".join(lines)
 
 
 def cmd_analyze(args) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import re
 import shutil
 import tempfile
 import time
@@ -41,6 +42,9 @@ BUDGET = 8 << 30           # bytes of snapshots at most (QEMU stores each guest 
 RETRY_S = 0.02             # host seconds on, when the replay cannot be snapshotted where it stopped
 POLL_S = 0.01
 START = "tandem-0"
+# x86's `info registers`: "RAX=ffffffff81e0b0c0 RBX=... R8 =0000000000000000"; the segment
+# lines ("CS =0010 ...") name no register matched here.
+HMP_REGISTER = re.compile(r"\b(R[A-Z0-9]{1,2}|RIP|RFL|CR[0-4]) ?=([0-9a-f]+)\b")
 
 
 @dataclass(frozen=True)
@@ -52,9 +56,9 @@ class Snapshot:
 
 @dataclass
 class Session:
-    """A bundle's replay under gdb: QEMU paused, its gdbstub on `port`."""
+    """A bundle's replay under gdb: QEMU paused, its gdbstub on `port` (None: no gdbstub)."""
     vm: VM
-    port: int
+    port: int | None
     snapshots: list[Snapshot]
     end: tuple[int | None, int | None]     # the recording's (VM time, instruction count) at its end
     recording: pcapng.Devlog
@@ -79,6 +83,28 @@ class Session:
         except Exception as e:       # QEMU's refusal, or QEMU gone: its log says why
             raise InfraError(f"replay-seek {icount}: {e} ({self.vm.log_tail()})") from e
         _wait_paused(self.vm)
+
+    def run_to(self, icount: int) -> None:
+        """Replay on to this instruction count (QEMU's replay-break), without a snapshot:
+        forward only."""
+        if icount < self.icount():
+            raise BundleError(f"instruction count {icount}: the replay is already at {self.icount()}")
+        if icount > self.icount():
+            _qmp(self.vm, "replay-break", icount=icount)
+            _qmp(self.vm, "cont")
+            _wait_paused(self.vm)
+        if self.icount() != icount:
+            raise InfraError(f"replay-break {icount}: the replay stopped at {self.icount()} "
+                             f"({self.vm.log_tail()})")
+
+    def registers(self) -> dict[str, int]:
+        """vCPU 0's registers where the replay stands, from QEMU's `info registers` (x86:
+        RAX..R15, RIP, RFL, CR0..CR4; lower-cased, RFL as eflags: gdb's names)."""
+        text = _hmp(self.vm, "info registers")
+        regs = {m.group(1).lower(): int(m.group(2), 16) for m in HMP_REGISTER.finditer(text)}
+        if "rfl" in regs:
+            regs["eflags"] = regs.pop("rfl")
+        return regs
 
     def icount_at(self, vm_ns: int) -> int:
         """The instruction count at which the replay's VM clock reaches vm_ns, from the
@@ -183,10 +209,11 @@ def take_snapshots(vm: VM, end_icount: int, *, spacing_s: float = SPACING_S, bud
 
 
 @contextmanager
-def debug(bundle_dir: str | Path, port: int, *, spacing_s: float = SPACING_S, budget: int = BUDGET,
-          progress: Callable[[str], None] | None = None) -> Iterator[Session]:
+def debug(bundle_dir: str | Path, port: int | None, *, spacing_s: float = SPACING_S, budget: int = BUDGET,
+          progress: Callable[[str], None] | None = None, index: bool = True) -> Iterator[Session]:
     """The bundle's exact replay, paused at power-on with its gdbstub on 127.0.0.1:port
-    and snapshots taken through the whole recording; QEMU is stopped on exit."""
+    (None: none) and snapshots taken through the whole recording (index=False: none, the
+    replay only goes forward, Session.run_to); QEMU is stopped on exit."""
     d = Path(bundle_dir)
     manifest = bundle.check_bundle(d, qemu_build_id=artifacts.qemu()["build_id"])
     if recorded(manifest).machine.mode == "analysis":
@@ -208,11 +235,12 @@ def debug(bundle_dir: str | Path, port: int, *, spacing_s: float = SPACING_S, bu
             stream = Path(f"/dev/fd/{f.fileno()}")
             # -S: paused at power-on; -no-shutdown: the recorded shutdown pauses the
             # replay instead of ending it, so that gdb can step back from there.
-            run = replay_run(manifest, tmp, stream, overlay,
-                             extra=["-gdb", f"tcp:127.0.0.1:{port}", "-S", "-no-shutdown"])
+            gdb = ["-gdb", f"tcp:127.0.0.1:{port}"] if port is not None else []
+            run = replay_run(manifest, tmp, stream, overlay, extra=[*gdb, "-S", "-no-shutdown"])
             run = dataclasses.replace(run, host=Host(pass_fds=(f.fileno(),)))
             with VM(guest, run, name="debug") as vm:
-                shots = take_snapshots(vm, end[1], spacing_s=spacing_s, budget=budget, progress=progress)
+                shots = (take_snapshots(vm, end[1], spacing_s=spacing_s, budget=budget, progress=progress)
+                         if index else [])
                 yield Session(vm, port, shots, end, rec)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -175,3 +175,16 @@ def placed_module(client, rdi: int, want: str, ko: Path, offsets: tuple[int, int
                           f"{differ[0]} first): rebuild it (./tandem build) or give the native's kernel "
                           f"directory, with its modules, through --vmlinux")
     return tuple(sorted(bases.items()))
+
+
+def describe_pc(d: Path, pc: int, vmlinux: Path | None = None) -> str:
+    """A program counter of the native in d as a symbol of its kernel ("default_idle+0x13/0x15"),
+    or a sentence saying why it is not named."""
+    try:
+        kern = find(d, vmlinux).load()
+    except TandemError as e:
+        return f"not named: {e}"
+    name = kern.describe(pc)
+    if name != f"{pc:#x}":
+        return name
+    return "not in the kernel's symbols" + (" (user space)" if pc < 1 << 63 else "")
