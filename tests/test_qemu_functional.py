@@ -6,6 +6,11 @@ process, TAP on stdout, the binary in QEMU_TEST_QEMU_BINARY.
   replay under the gdbstub: stepi, reverse-stepi, reverse-continue). Upstream marks it flaky
   on x86_64 (skipped unless QEMU_TEST_FLAKY_TESTS is set); here it runs, and it fails on
   the series before the replay log could seek (qemu-patches/0003's snapshot loads).
+- test_x86_64_tandem_record: the series' own (qemu-patches/0035): a boot sector recorded
+  and replayed; the segmented log's segments, the device log's interfaces and records
+  (serial, block, state checkpoints), the replay's device log equal to the recording's, a
+  torn log replayed with rrpartial=on and refused without, a replay following a growing
+  log with rrfollow=on.
 """
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ def tap_results(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith(("ok ", "not ok "))]
 
 
-@pytest.mark.parametrize("test", ["test_x86_64_reverse_debug"])
+@pytest.mark.parametrize("test", ["test_x86_64_reverse_debug", "test_x86_64_tandem_record"])
 def test_qemu_functional(test, tmp_path):
     r = run_functional(test, tmp_path)
     results = tap_results(r.stdout)
