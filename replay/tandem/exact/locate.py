@@ -65,7 +65,7 @@ def locate(bundle_dir: str | Path, *, name: Callable[[int], str] | None = None,
     d = Path(bundle_dir)
     tmp = Path(tempfile.mkdtemp(prefix="tandem-locate-"))
     try:
-        verdict = replay(d, keep=tmp / "replay.pcapng",
+        verdict = replay(d, keep=tmp / "replay.pcapng", until_departure=True,
                          progress=(lambda st: progress(f"replaying: VM time {st.get('vm-clock-ns', 0) / 1e9:.1f}s"))
                          if progress else None)
         if verdict.ok or verdict.mismatch is None:

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from ..machine.section import recorded
 from ..qemu.vm import VM
 from ..qemu.image import make_overlays
 from .verify import Mismatch, final_state, first_departure
+from .watch import DepartureWatch
 
 HANG_SECONDS = 60   # no VM-clock progress for this long (wall time) is a hang
 
@@ -74,8 +75,11 @@ def _wait_for(path: Path, timeout: float) -> None:
 
 
 def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = False,
-           progress=None, keep: Path | None = None, extra: Sequence[str] = ()) -> Verdict:
-    """extra: QEMU arguments appended to the replay's (a TCG plugin: assertions/trace.py)."""
+           progress=None, keep: Path | None = None, extra: Sequence[str] = (),
+           until_departure: bool = False) -> Verdict:
+    """extra: QEMU arguments appended to the replay's (a TCG plugin: assertions/trace.py).
+    until_departure: stop a replay that departs from its recording once it has shown what
+    that led to (exact/watch.py), not at its end."""
     d = Path(bundle_dir)
     q = artifacts.qemu()
     if follow:
@@ -116,9 +120,15 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
             vm = VM(guest, run)
             t0 = time.monotonic()
             died: InfraError | None = None
-            with vm:
+            with vm, contextlib.ExitStack() as watching:
+                stop = None
+                if until_departure:
+                    watch = DepartureWatch(pcapng.read_devlog(d / bundle.DEVLOG), tmp / "replay.pcapng").start()
+                    watching.callback(watch.close)
+                    stop = watch.done
                 try:
-                    _run_to_end(vm, partial, progress)
+                    if _run_to_end(vm, partial, progress, stop):
+                        died = InfraError("stopped where it had departed from its recording")
                 except InfraError as e:
                     # QEMU ends a replay that has departed from its log ("REPLAY: read
                     # clock 0 failed"), or it hangs: the logs so far say where it departed.
@@ -188,8 +198,9 @@ def _missing(key: str) -> BundleError:
 STATUS_EVERY_S = 1.0    # how often the replay's progress is asked over QMP
 
 
-def _run_to_end(vm: VM, partial: bool, progress) -> None:
-    """Run until QEMU exits (the recorded shutdown) or, for a prefix, pauses at its end.
+def _run_to_end(vm: VM, partial: bool, progress, stop: Callable[[int | None], bool] | None = None) -> bool:
+    """Run until QEMU exits (the recorded shutdown) or, for a prefix, pauses at its end, or
+    `stop` (given the VM clock) says to quit it early: whether it did.
 
     Its progress (VM clock, for the hang check and the progress line) is asked once every
     STATUS_EVERY_S: each QMP command runs in QEMU's main loop under the big lock, which the
@@ -207,15 +218,20 @@ def _run_to_end(vm: VM, partial: bool, progress) -> None:
         if progress:
             progress(st)
         clock = st.get("vm-clock-ns")
+        if stop is not None and stop(clock):
+            vm.quit()
+            vm.wait(30)
+            return True
         if clock != last_clock:
             last_clock, last_change = clock, time.monotonic()
         elif vm.status() == "paused":
             # A prefix replay pauses at the end of its log ("replay file is over").
             vm.quit()
             vm.wait(30)
-            return
+            return False
         elif time.monotonic() - last_change > HANG_SECONDS:
             raise InfraError(f"replay hung: VM clock stuck at {clock} ns for {HANG_SECONDS}s "
                              f"({vm.log_tail()})")
     if proc.returncode != 0:
         raise InfraError(f"replay QEMU exited with status {proc.returncode}: {vm.log_tail()}")
+    return False

@@ -80,7 +80,7 @@ class Recording:
                  duration_ns: int = 0, port: int | None = None, forwards: tuple[Forward, ...] | None = None,
                  gate_socket: Path | None = None, gate_outputs: bool = True, gate_overflow: str = "block",
                  assertions: DeclaredPack | None = None, launcher: Launcher | None = None, stop: str = "powerdown",
-                 powerdown_wait_s: float | None = None):
+                 powerdown_wait_s: float | None = None, state_every_ns: int = STATE_EVERY_NS):
         """port: the demo guest's service forward (host port to its port 7000); without
         forwards, a free port is chosen for it. forwards: the host ports forwarded to the
         guest (`tandem record --forward`); given (even empty), no demo port is added unless
@@ -91,7 +91,7 @@ class Recording:
         stop: what a stop request (Ctrl-C) does, as `virsh shutdown` and `virsh destroy`:
         "powerdown" presses the power button and waits powerdown_wait_s for the guest to
         power off, quitting on a second request or when the wait is over; "quit" quits at
-        once."""
+        once. state_every_ns: VM time between state checkpoints (0: none)."""
         if stop not in STOP_POLICIES:
             raise TandemError(f"stop policy {stop!r}: not one of {', '.join(STOP_POLICIES)}")
         if powerdown_wait_s is not None and not 0 < powerdown_wait_s < 1e6:
@@ -101,6 +101,7 @@ class Recording:
         self.assertions = assertions
         self.guest = guest or Guest.default(catalog.ASSERTIONS_KERNEL if assertions else catalog.DEFAULT_KERNEL)
         self.duration_ns = duration_ns
+        self.state_every_ns = state_every_ns
         self.forwards = forwards or ()
         self.port = port or (free_port() if forwards is None else None)
         self.gate_socket, self.gate_outputs, self.gate_overflow = gate_socket, gate_outputs, gate_overflow
@@ -126,7 +127,7 @@ class Recording:
         net = UserNet(self.port, self.forwards)
         check_host_ports(net.all_forwards(GUEST_PORT))
         self.manifest = start_bundle(self.path, g, dataclasses.replace(
-            g.section(), stop_after_ns=self.duration_ns, state_every_ns=STATE_EVERY_NS,
+            g.section(), stop_after_ns=self.duration_ns, state_every_ns=self.state_every_ns or None,
             net=NetSection(backend="user", forwards=tuple(str(f) for f in self.all_forwards()),
                            hostfwd_port=self.port or None, guest_port=GUEST_PORT if self.port else None),
             libvirt=self.launcher.section() if self.launcher else None), self.assertions)
@@ -135,7 +136,7 @@ class Recording:
         gate = Gate(self.gate_socket, self.gate_outputs, self.gate_overflow) if self.gate_socket else None
         run = Run(Path(tmp), net=net, rr=RR(RRMode.RECORD, self.path / bundle.STREAM),
                   devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
-                  stop_after_ns=self.duration_ns, state_every_ns=STATE_EVERY_NS, gate=gate)
+                  stop_after_ns=self.duration_ns, state_every_ns=self.state_every_ns, gate=gate)
         vm = self.vm = VM(g, run, launcher=self.launcher, name="native")
         self.t0 = time.monotonic()
         try:
