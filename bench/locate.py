@@ -18,7 +18,6 @@ import argparse
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -28,32 +27,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers.tamper import alter_frame  # noqa: E402
-from record_replay import publish  # noqa: E402
+from record_replay import publish, record_hammered  # noqa: E402
 from tandem.exact.locate import locate  # noqa: E402
 from tandem.exact.replay import replay  # noqa: E402
 from tandem.explain.native import describe_pc  # noqa: E402
 from tandem.formats import bundle, pcapng  # noqa: E402
-from tandem.machine import Guest  # noqa: E402
-from tandem.record.recording import Recording  # noqa: E402
-from tandem.record.workload import Hammer  # noqa: E402
 
 SECTION = "locate"
 PERIODS = (0, 100_000_000, 10_000_000)
-
-
-def record(path: Path, seconds: int, every: int) -> int:
-    """The recording; how many requests the client had answered."""
-    with Recording(path, Guest.default("native"), duration_ns=seconds * 10**9, state_every_ns=every) as rec:
-        rec.wait_ready()
-        time.sleep(seconds / 4)
-        hammer = Hammer(rec.port)
-        t = threading.Thread(target=hammer.run, daemon=True)
-        t.start()
-        time.sleep(seconds / 2)
-        hammer.stop.set()
-        t.join(30)
-        rec.wait(timeout=600)
-    return hammer.replies
 
 
 def main() -> int:
@@ -65,7 +46,7 @@ def main() -> int:
     rows, replay_s = [], {}
     for every in PERIODS:
         b = tmp / f"every-{every}.tdm"
-        replies = record(b, args.seconds, every)
+        replies = record_hammered(b, args.seconds, args.seconds / 4, state_every_ns=every)
         log = pcapng.read_devlog(b / bundle.DEVLOG)
         t0 = time.monotonic()
         v = replay(b)

@@ -207,6 +207,23 @@ def run_heavy(runs: int) -> str:
 SECTION = "record_replay"
 
 
+def record_hammered(path: Path, seconds: int, lead_s: float, **recording) -> int:
+    """A recording of the demo guest on the native kernel, `seconds` of VM time long, with
+    a client hammering its service for half of it from `lead_s` on; how many requests the
+    client had answered. recording: more of Recording's options."""
+    with Recording(path, Guest.default("native"), duration_ns=seconds * 10**9, **recording) as rec:
+        rec.wait_ready()
+        time.sleep(lead_s)
+        hammer = Hammer(rec.port)
+        t = threading.Thread(target=hammer.run, daemon=True)
+        t.start()
+        time.sleep(seconds / 2)
+        hammer.stop.set()
+        t.join(30)
+        rec.wait(timeout=600)
+    return hammer.replies
+
+
 def publish(text: str, out: Path | None, section: str) -> int:
     """Print a benchmark's results and, given --out, put them in their section of it."""
     print(text)

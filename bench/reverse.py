@@ -17,7 +17,6 @@ import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -25,30 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record_replay import publish  # noqa: E402
+from record_replay import publish, record_hammered  # noqa: E402
 from tandem.exact.debug import debug  # noqa: E402
-from tandem.machine import Guest  # noqa: E402
 from tandem.qemu.vm import free_port  # noqa: E402
-from tandem.record.recording import Recording  # noqa: E402
-from tandem.record.workload import Hammer  # noqa: E402
 
 SECTION = "reverse"
 SECONDS = 60
-
-
-def record(path: Path) -> int:
-    """The recording; how many requests the client made."""
-    with Recording(path, Guest.default("native"), duration_ns=SECONDS * 10**9) as rec:
-        rec.wait_ready()
-        time.sleep(5)
-        hammer = Hammer(rec.port)
-        t = threading.Thread(target=hammer.run, daemon=True)
-        t.start()
-        time.sleep(SECONDS / 2)
-        hammer.stop.set()
-        t.join(30)
-        rec.wait(timeout=300)
-    return hammer.replies
 
 
 def main() -> int:
@@ -58,7 +39,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     b = Path(tempfile.mkdtemp(prefix="bench-reverse-")) / "demo.tdm"
-    requests = record(b)
+    requests = record_hammered(b, SECONDS, 5)
     t0 = time.monotonic()
     with debug(b, free_port(), spacing_s=args.spacing) as s:
         index_s = time.monotonic() - t0
