@@ -83,7 +83,7 @@ def test_tshark_reads_devlog_and_counts_match(demo_bundle, tshark):
     rows = [l.split("\t") for l in r.stdout.splitlines() if l]
     assert len(rows) == want == sum(c.records for c in m.channels.values())
     names = {row[0] for row in rows}
-    assert {"net0", "serial0", "disk0", "rng0"} <= names
+    assert {"net0", "serial0", "disk0", "rng0", "cpus"} <= names
 
 
 def test_tshark_decodes_guest_tcp(demo_bundle, tshark):
@@ -145,7 +145,9 @@ def test_dissector_fields_match_tandems_reader(which, demo_bundle, heavy_bundle,
     log = pcapng.read_devlog(path)
     rows = dissect(tshark, path, FIELDS)
     assert len(rows) == sum(log.records)
-    assert dissected_events(rows) == tandem_events(log)
+    assert dissected_events([r for r in rows if r[1] != "state"]) == tandem_events(log)
+    states = [(r[0], int(r[3]), int(r[4])) for r in rows if r[1] == "state"]
+    assert states and states == [(s.channel, s.vm_ns, s.icount) for s in log.states]
 
 
 def test_dissector_filters_block_offsets(heavy_bundle, tshark):

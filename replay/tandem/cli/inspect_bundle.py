@@ -48,6 +48,11 @@ def _channels(path: Path, problems: list[str], wire: WireSummary) -> tuple[dict[
                                           "in": {"events": 0, "bytes": 0},
                                           "out": {"events": 0, "bytes": 0}})
         c["records"] = reader.records[iface.id]
+        if iface.kind == pcapng.STATE:      # its checkpoints, kept apart from the events
+            mine = [s for s in reader.states if s.iface == iface.id]
+            c["events"] = c["out"]["events"] = len(mine)
+            c["bytes"] = c["out"]["bytes"] = sum(len(s.data) for s in mine)
+            c["first_vm_ns"], c["last_vm_ns"] = (mine[0].vm_ns, mine[-1].vm_ns) if mine else (None, None)
         if stats is not None and stats.count is not None and stats.count != c["records"]:
             problems.append(f"{path}: channel {iface.name}: {c['records']} records, "
                             f"statistics block says {stats.count}")

@@ -69,7 +69,7 @@ def cmd_record(args) -> int:
                       markup=False)
     console.print(f"[bold]recorded[/] {args.bundle}: stop={m.stop.reason}, "
                   f"VM time {(m.stop.vm_ns or 0) / 1e9:.2f}s, "
-                  f"{sum((c.inbound.events or 0) + (c.outbound.events or 0) for c in m.channels.values())} "
+                  f"{sum((c.inbound.events or 0) + (c.outbound.events or 0) for c in m.channels.values() if c.kind != 'state')} "
                   f"device events, wall {m.wall_time_s or 0:.1f}s")
     return 0
 

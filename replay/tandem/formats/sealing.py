@@ -8,6 +8,7 @@ Both tandem's recordings (record/recording.py) and an analysis run's own recordi
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -73,7 +74,7 @@ def channel_stats(devlog: pcapng.Devlog) -> dict[str, Channel]:
     counts: a long event is several in format 2), and its events and bytes each way."""
     events: Counter[tuple[str, str]] = Counter()
     sizes: Counter[tuple[str, str]] = Counter()
-    for e in devlog.events:
+    for e in itertools.chain(devlog.events, devlog.states):    # a checkpoint counts as an output
         events[(e.channel, e.direction or "out")] += 1
         sizes[(e.channel, e.direction or "out")] += len(e.data)
 

@@ -3,9 +3,11 @@
 -- Installed by `tandem wireshark install` into Wireshark's personal Lua plugins folder,
 -- or loaded for one run with `tshark -X lua_script:tandem.lua -r devices.pcapng`.
 -- The format is docs/formats.md's. What this decodes:
---   serial (link type USER0), block (USER1), rng (USER2): format 2's 16-byte record
---     header (format, flags, header length, instruction count), then the payload: serial
---     bytes, a block request (op, offset, length, data) or entropy;
+--   serial (link type USER0), block (USER1), rng (USER2), state (USER3): format 2's
+--     16-byte record header (format, flags, header length, instruction count), then the
+--     payload: serial bytes, a block request (op, offset, length, data), entropy, or a
+--     state checkpoint (per vCPU: its index and its registers, each a width and its
+--     bytes; their names are in the interface's comment, which dissectors cannot see);
 --   net (Ethernet): Wireshark's own dissectors decode the frame; a `tandem` tree beside it
 --     gives the channel, direction and VM time. The instruction count of a net frame is in
 --     a pcapng custom option, which Wireshark (4.0) does not show to dissectors.
@@ -38,6 +40,9 @@ local f = {
     block_data = ProtoField.bytes("tandem.block.data", "Data"),
     rng_length = ProtoField.uint32("tandem.rng.length", "Length"),
     rng_data = ProtoField.bytes("tandem.rng.data", "Entropy"),
+    state_cpu = ProtoField.uint32("tandem.state.cpu", "vCPU"),
+    state_registers = ProtoField.uint32("tandem.state.registers", "Registers"),
+    state_register = ProtoField.bytes("tandem.state.register", "Register"),
 }
 tandem.fields = {}
 for _, field in pairs(f) do table.insert(tandem.fields, field) end
@@ -47,7 +52,8 @@ local iface_description = Field.new("frame.interface_description")
 local time_epoch = Field.new("frame.time_epoch")
 
 local ENCAP_USER0 = (wtap_encaps and wtap_encaps.USER0) or 45
-local KIND_OF_ENCAP = { [ENCAP_USER0] = "serial", [ENCAP_USER0 + 1] = "block", [ENCAP_USER0 + 2] = "rng" }
+local KIND_OF_ENCAP = { [ENCAP_USER0] = "serial", [ENCAP_USER0 + 1] = "block", [ENCAP_USER0 + 2] = "rng",
+                        [ENCAP_USER0 + 3] = "state" }
 
 local function direction(pinfo)
     -- epb_flags inbound (1) is P2P_DIR_RECV, outbound (2) P2P_DIR_SENT
@@ -127,7 +133,27 @@ local function rng(tvb, pinfo, tree, name, dir, cont)
     return string.format("%s %s: %d bytes of entropy", name, dir, tvb:len())
 end
 
-local DECODE = { serial = serial, block = block, rng = rng }
+local function state(tvb, pinfo, tree, name, dir, cont)
+    local off, cpus = 0, 0
+    while off + 8 <= tvb:len() do
+        local len = tvb(off + 4, 4):le_uint()
+        if off + 8 + len > tvb:len() then break end
+        local c = tree:add(tandem, tvb(off, 8 + len), "vCPU " .. tvb(off, 4):le_uint())
+        c:add_le(f.state_cpu, tvb(off, 4))
+        local r, n = off + 8, 0
+        while r < off + 8 + len do
+            local w = tvb(r, 1):uint()
+            if r + 1 + w > off + 8 + len then break end
+            if w > 0 then c:add(f.state_register, tvb(r + 1, w)) end
+            r, n = r + 1 + w, n + 1
+        end
+        c:add(f.state_registers, n):set_generated()
+        off, cpus = off + 8 + len, cpus + 1
+    end
+    return string.format("%s: state checkpoint, %d vCPU%s", name, cpus, cpus == 1 and "" or "s")
+end
+
+local DECODE = { serial = serial, block = block, rng = rng, state = state }
 
 function tandem.dissector(tvb, pinfo, root)
     local kind = KIND_OF_ENCAP[pinfo.match_uint]
