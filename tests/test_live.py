@@ -204,8 +204,11 @@ def test_overflow_block_holds_the_native_until_the_analysis_has_room(tmp_path):
     buf = sh.followers[0].buffer
     assert r.run.outcome in ("poweroff", "finished"), r.run.detail
     assert buf.blocks >= 1 and buf.blocked_s > 0, (buf.blocks, buf.blocked_s)
-    # The client saw the native held: some answer came much later than the pacing.
-    assert max(b - a for a, b in itertools.pairwise(times)) > 0.2
+    # The client saw the native held: an answer waited through a hold, at least half as long
+    # as the average hold the buffer measured (not a fixed time: under load the holds are
+    # shorter and more; a CI run at load saw its longest wait 0.16 s).
+    gap = max(b - a for a, b in itertools.pairwise(times))
+    assert gap > 0.5 * buf.blocked_s / buf.blocks, (gap, buf.blocked_s, buf.blocks)
     # Inputs already in the device log when the hold began count too, so the peak passes
     # the bound by what the native made before the hold took effect: a latency, not a
     # count (41 over it in a run at load average 7, 3 at rest). What the hold must show
