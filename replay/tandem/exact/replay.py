@@ -82,6 +82,8 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
     that led to (exact/watch.py), not at its end."""
     d = Path(bundle_dir)
     q = artifacts.qemu()
+    if until_departure and follow:
+        raise BundleError(f"{d}: a replay stopped at its departure compares with a finished recording")
     if follow:
         _wait_for(d / bundle.MANIFEST, 30)
         manifest = bundle.check_bundle(d, qemu_build_id=q["build_id"], partial=True)
@@ -120,10 +122,12 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
             vm = VM(guest, run)
             t0 = time.monotonic()
             died: InfraError | None = None
+            recorded: pcapng.Devlog | None = None
             with vm, contextlib.ExitStack() as watching:
                 stop = None
-                if until_departure:
-                    watch = DepartureWatch(pcapng.read_devlog(d / bundle.DEVLOG), tmp / "replay.pcapng").start()
+                if until_departure:     # the recording is finished: its log is read once
+                    recorded = pcapng.read_devlog(d / bundle.DEVLOG)
+                    watch = DepartureWatch(recorded, tmp / "replay.pcapng").start()
                     watching.callback(watch.close)
                     stop = watch.done
                 try:
@@ -144,7 +148,8 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
                     raise BundleError(f"{d}: recording did not finish within 120s of the replay")
                 time.sleep(0.2)
             manifest = bundle.load_manifest(d)
-        recorded = pcapng.read_devlog(d / bundle.DEVLOG)
+        if recorded is None:
+            recorded = pcapng.read_devlog(d / bundle.DEVLOG)
         replayed = pcapng.read_devlog(tmp / "replay.pcapng")
         mm = first_departure(recorded, replayed, prefix=partial or died is not None)
         if died is not None and mm is None:

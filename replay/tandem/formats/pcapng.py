@@ -228,14 +228,25 @@ class DevlogReader:
         self.torn_at = offset
 
     def __iter__(self) -> Iterator[Event]:
-        """The events; the state checkpoints go to `states` (numbered apart: an event's
-        seq counts the events alone)."""
-        states = self.states
-        for ev in self._read():
-            if ev.kind == STATE:
-                states.append(ev)
-            else:
-                yield ev
+        """The events; the state checkpoints go to `states` (an event's seq counts the
+        events alone)."""
+        return self._read()
+
+    def _first_block(self, f: BinaryIO, buf: bytes, base: int, offset: int, btype: int) -> tuple[bytes, int] | None:
+        """The first block is an SHB whose byte-order magic is checked before its length is
+        trusted (a swapped one would be garbage): the buffer filled that far, or None if
+        the file ends there."""
+        if btype != SHB:
+            raise self._fail("bad SHB magic (not a pcapng file)", offset)
+        buf, base = _fill(f, buf, base, offset, 12)
+        if len(buf) - (offset - base) < 12:
+            return None
+        order = _U32.unpack_from(buf, offset - base + 8)[0]
+        if order == 0x4D3C2B1A:
+            raise self._fail("big-endian pcapng section (unsupported)", offset)
+        if order != BYTE_ORDER_MAGIC:
+            raise self._fail("bad SHB byte-order magic", offset)
+        return buf, base
 
     def _read(self) -> Iterator[Event]:
         """Blocks are parsed in place from a large read buffer with struct.unpack_from.
@@ -248,7 +259,7 @@ class DevlogReader:
             buf, base = b"", 0          # buf holds the file's bytes from offset `base` on
             offset, seq, seen_shb = 0, 0, False
             pieces: _Pieces | None = None   # an event continued in the next record
-            ifaces, records, hdr_len = self.interfaces, self.records, self._hdr_len
+            ifaces, records, hdr_len, states = self.interfaces, self.records, self._hdr_len, self.states
             ns_resol: list[bool] = []   # per interface: timestamps already in ns
             hdr, u32, epb_head, epb_opts = _HDR.unpack_from, _U32.unpack_from, _EPB.unpack_from, _EPB_OPTS.unpack_from
             new_event = tuple.__new__
@@ -271,11 +282,15 @@ class DevlogReader:
                                                and not buf[i + 29] & REC_CONTINUED))):
                             iface = ifaces[iface_id]
                             ts = (ts_hi << 32) | ts_lo
-                            yield new_event(Event, (
+                            ev = new_event(Event, (
                                 seq, iface_id, iface.name, iface.kind, DIRECTIONS.get(flags & 3),
                                 ts if ns_resol[iface_id] else _ts_to_ns(ts, iface.tsresol),
                                 icount, buf[i + 28 + h:i + 28 + caplen], offset))
-                            seq += iface.kind != STATE
+                            if iface.kind == STATE:
+                                states.append(ev)
+                            else:
+                                yield ev
+                                seq += 1
                             records[iface_id] += 1
                             offset += blen
                             continue
@@ -297,18 +312,9 @@ class DevlogReader:
                 i = offset - base
                 btype, blen = hdr(buf, i)
                 if not seen_shb:
-                    if btype != SHB:
-                        raise self._fail("bad SHB magic (not a pcapng file)", offset)
-                    # Check the byte order before trusting the (maybe swapped) length.
-                    buf, base = _fill(f, buf, base, offset, 12)
-                    if len(buf) - (offset - base) < 12:
+                    if (filled := self._first_block(f, buf, base, offset, btype)) is None:
                         return self._torn(offset)
-                    i = offset - base
-                    order = u32(buf, i + 8)[0]
-                    if order == 0x4D3C2B1A:
-                        raise self._fail("big-endian pcapng section (unsupported)", offset)
-                    if order != BYTE_ORDER_MAGIC:
-                        raise self._fail("bad SHB byte-order magic", offset)
+                    buf, base = filled
                 elif btype == SHB:
                     raise self._fail("second section header (tandem writes one section)", offset)
                 if blen < 12 or blen % 4:
@@ -350,8 +356,11 @@ class DevlogReader:
                             if pieces is not None:
                                 ev = self._joined(pieces, seq)
                                 pieces = None
-                            seq += ev.kind != STATE
-                            yield ev
+                            if ev.kind == STATE:
+                                states.append(ev)
+                            else:
+                                seq += 1
+                                yield ev
                     elif btype == ISB:
                         self._isb(body, offset)
                 except (ValueError, struct.error) as e:
