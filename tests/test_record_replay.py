@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 
 import pytest
 from helpers import run_cli, start_client, unsent_bytes, wait_until
@@ -44,8 +45,10 @@ def test_replay_cli_prints_verdict(demo_bundle):
 
 def test_interleaving_of_sources_is_reproduced(tmp_path):
     """One request makes the guest write disk, flush, print on serial and answer on the
-    network; the replay must produce the same sequence at the same VM times."""
+    network; the replay must produce the same sequence at the same VM times. The
+    recording leaves no thread of its console behind (close() wakes its accept())."""
     path = tmp_path / "mix.tdm"
+    before = set(threading.enumerate())
     with Recording(path) as rec:
         rec.wait_ready()
         with KV(rec.port) as kv:
@@ -54,6 +57,8 @@ def test_interleaving_of_sources_is_reproduced(tmp_path):
                 assert kv.request("SYNC") == "OK"      # kvd logs "kvd: sync" on the console
         rec.serial.type("poweroff")
         rec.wait(timeout=120)
+    wait_until(lambda: not [t for t in set(threading.enumerate()) - before if t.name.startswith("console-")],
+               10, "the console's threads to end")
     log = pcapng.read_devlog(path / bundle.DEVLOG)
     kinds = [(e.channel, e.direction) for e in log.events]
     flushes = [i for i, e in enumerate(log.events)

@@ -138,11 +138,31 @@ def unsent_bytes(sock) -> int:
     return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
 
 
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the tandem CLI as a user would (a subprocess), capturing its output."""
+def run_cli(*args: str, timeout: float = 270) -> subprocess.CompletedProcess:
+    """Run the tandem CLI as a user would (a subprocess), capturing its output.
+
+    One that outlives `timeout` fails the test with what it printed and every thread's
+    stack (SIGUSR1, faulthandler: the CLI registers it), then it and its QEMUs are killed.
+    The default is below pytest's 300 s, or the test's deadline would fire first and the
+    command's output would be lost with it."""
+    import signal
     env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
-    return subprocess.run([sys.executable, "-m", "tandem", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    p = subprocess.Popen([sys.executable, "-m", "tandem", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(p.pid, signal.SIGUSR1)
+        try:
+            p.communicate(timeout=2)        # the stacks, written at once
+        except subprocess.TimeoutExpired:
+            pass
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise AssertionError(f"tandem {' '.join(args)}: still running after {timeout:.0f} s\n"
+                             f"--- stderr (thread stacks at the end) ---\n{err[-8000:]}\n"
+                             f"--- stdout (tail) ---\n{out[-2000:]}") from None
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def start_cli(*args: str) -> subprocess.Popen:

@@ -6,7 +6,9 @@ the culprit and a non-zero exit; tracebacks are for bugs only.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 import sys
 
 from .. import __version__
@@ -31,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # `kill -USR1 PID` prints every thread's stack to stderr, tandem going on: for a
+    # command that seems stuck (the tests' run_cli does it before killing one).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, format="tandem: %(message)s")
     if not args.debug:
         # qemu.qmp logs what happens on its socket itself: "Task.Reader: EOFError" at INFO

@@ -118,6 +118,12 @@ class ConsoleServer:
         self.closed = True
         self.serial.remove_listener(self._from_guest)
         try:
+            # shutdown() first: close() alone does not wake the accept() of _accept's
+            # thread, which would then wait for ever on a socket nobody can reach.
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self.sock.close()
         finally:
             self.path.unlink(missing_ok=True)
