@@ -34,6 +34,10 @@ def main() -> None:
     steps, far = int(os.environ["STEPS"]), int(os.environ["FAR"])
     run("set pagination off")
     run("set confirm off")
+    # gdb waits 2 s for a packet's answer, then sends it again: a stub slowed by a busy
+    # host then answers twice, and gdb reads the first answer as the next packet's
+    # ("Remote replied unexpectedly to 'vMustReplyEmpty'", seen in a CI run beside a bench).
+    run("set remotetimeout 60")
     run(f"target remote 127.0.0.1:{os.environ['PORT']}")
     forward = []
     for _ in range(steps):
