@@ -56,7 +56,7 @@ def raw_qemu(rundir: Path, *, rrfile: Path, devlog: Path, stop_after_ns: int = 0
 
 def test_qemu_creates_its_logs_0600(built, tmp_path, usual_umask):
     """QEMU's side on its own: the record log and device log 0600 under umask 022 (not the
-    umask's 0644: qemu-patches/0017)."""
+    umask's 0644: qemu-patches/0012, 0015)."""
     rr, dl = tmp_path / "r.tdrs", tmp_path / "d.pcapng"
     r = raw_qemu(tmp_path / "run", rrfile=rr, devlog=dl, stop_after_ns=50_000_000)
     assert r.returncode == 0, r.stderr
@@ -98,7 +98,7 @@ def test_second_recorder_refused_first_replays_exactly(built, tmp_path, usual_um
 
         assert_one_line_error(run_cli("record", str(path), "--duration", "1s"), str(path), "not empty")
 
-        # (stop-after: a QEMU that took the log anyway, as before 0016, ends by itself)
+        # (stop-after: a QEMU that took the log anyway, as before the lock of qemu-patches/0012, ends by itself)
         second = raw_qemu(tmp_path / "second", rrfile=path / bundle.STREAM, devlog=tmp_path / "second.pcapng",
                           stop_after_ns=50_000_000)
         third = raw_qemu(tmp_path / "third", rrfile=tmp_path / "third.tdrs", devlog=path / bundle.DEVLOG,

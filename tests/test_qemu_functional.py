@@ -5,8 +5,8 @@ process, TAP on stdout, the binary in QEMU_TEST_QEMU_BINARY.
 - test_x86_64_reverse_debug: QEMU's reverse-debugging test (record with rrsnapshot=init,
   replay under the gdbstub: stepi, reverse-stepi, reverse-continue). Upstream marks it flaky
   on x86_64 (skipped unless QEMU_TEST_FLAKY_TESTS is set); here it runs, and it fails on
-  the series before the replay log could seek (qemu-patches/0003's snapshot loads).
-- test_x86_64_tandem_record: the series' own (qemu-patches/0035): a boot sector recorded
+  the series before the replay log could seek (qemu-patches/0012's snapshot loads).
+- test_x86_64_tandem_record: the series' own (qemu-patches/0036): a boot sector recorded
   and replayed; the segmented log's segments, the device log's interfaces and records
   (serial, block, state checkpoints), the replay's device log equal to the recording's, a
   torn log replayed with rrpartial=on and refused without, a replay following a growing

@@ -73,7 +73,7 @@ def test_acpi_power_button_is_replayed(built, tmp_path):
     """The ACPI power button (QMP system_powerdown, how a recording of an ordinary VM ends)
     is pressed from outside the VM: its SCI reaches the guest when the host's main loop
     gets to it. The recording logs where the press took effect and the replay presses it
-    there (qemu-patches/0022); before, the replay waited forever for the SCI's interrupt
+    there (qemu-patches/0003); before, the replay waited forever for the SCI's interrupt
     ('replay hung'). The demo guest powers off on it (acpid, then its agent)."""
     path = tmp_path / "button.tdm"
     with Recording(path) as rec:

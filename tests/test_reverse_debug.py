@@ -66,7 +66,7 @@ def test_seek_and_gdb_reverse_on_the_demo_guest(demo_bundle):
         here = registers(s)
         seen = gdb_reverse(s.port)
         check_reverse(seen)
-        # gdb detached, which resumed the replay: a seek stops it first (qemu-patches/0033).
+        # gdb detached, which resumed the replay: a seek stops it first (qemu-patches/0011).
         # The same instruction reached again from a later point (a snapshot before it, then
         # replay) and from an earlier one (replay on): the same state each time. (Not near
         # the end: docs/reverse-debugging.md, "Not yet".)
@@ -87,7 +87,7 @@ def test_seek_and_gdb_reverse_on_the_demo_guest(demo_bundle):
                    "the replay reaching the recorded end")
         assert s.vm._monitor().command("query-status")["status"] == "shutdown"
         # the device log's end is the shutdown request; the vCPU runs on a little until
-        # the main loop stops it (qemu-patches/0020)
+        # the main loop stops it (qemu-patches/0015)
         assert s.icount() >= end
         assert "diverged" not in s.vm.log_tail()
 

@@ -31,7 +31,7 @@
  * instruction's address is looked up in a hash set, so unrelated code runs exactly
  * as it would without the plugin.
  *
- * Instruction count and VM time come from qemu_plugin_vm_clock() (qemu-patches/0011).
+ * Instruction count and VM time come from qemu_plugin_vm_clock() (qemu-patches/0004).
  * Under -icount a TB subtracts all of its instructions from the budget before its
  * first one runs, so mid-TB the count is that of the end of the TB. Each callback
  * knows its instruction's distance to the end of its TB ("back", fixed at

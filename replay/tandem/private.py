@@ -5,7 +5,7 @@ workdir holds its findings and the analyses' own recordings; bundles travel (to 
 to a colleague, into a bug report). Under the usual umask 022 a plain mkdir/open makes
 them 0755/0644, readable by every user of the machine, so every directory and file
 tandem creates for a bundle or a workdir goes through here. QEMU's own logs are
-opened 0600 by the patches (qemu-patches/0017); the QEMUs and qemu-imgs tandem starts
+opened 0600 by the patches (qemu-patches/0012, 0015); the QEMUs and qemu-imgs tandem starts
 itself also run under umask 077 (CHILD_UMASK), for whatever else they create.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""QEMU's OVERFLOW message (filter-gate reached max-frames/max-bytes, qemu-patches/0018)
+"""QEMU's OVERFLOW message (filter-gate reached max-frames/max-bytes, qemu-patches/0033)
 as the host reads it: an event of the run, and under policy detach nothing more to decide.
 What QEMU writes on the gate socket is input like any other: a malformed one is ignored."""
 from __future__ import annotations

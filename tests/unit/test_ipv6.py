@@ -93,7 +93,7 @@ def test_the_guests_udp_over_ipv6_is_kept_for_comparison_and_answered_as_a_reque
 
 
 def test_no_release_rule_is_made_for_an_ipv6_connection():
-    """QEMU's release rules (qemu-patches/0024) follow and patch IPv4 segments alone: an
+    """QEMU's release rules (qemu-patches/0034) follow and patch IPv4 segments alone: an
     input on an IPv6 connection, or one waiting on an IPv6 connection's output, goes at a
     stop."""
     from tandem.semantic.network import rules

@@ -276,7 +276,7 @@ FORMAT1 = Path(__file__).resolve().parent / "data" / "format1-devices.pcapng"
 
 
 def test_a_real_format_1_log_reads_as_it_did():
-    """A device log the QEMU before qemu-patches/0016 wrote (the demo guest: boot, two
+    """A device log the QEMU before qemu-patches/0015's format 2 wrote (the demo guest: boot, two
     rounds of client traffic, a console line, poweroff). The digest is of the events the
     format-1 reader (2c78cf1) gave for it: channel, direction, VM time, icount, offset, data."""
     log = read_devlog(FORMAT1)

@@ -152,8 +152,8 @@ def deliberate_changes(argv: list[str]) -> list[str]:
       and `-mon chardev=qmp,mode=control` (the same monitor; -qmp's implied path reads a
       PATH with '=' before its first ',' as a key);
     - filter-gate says its overflow policy (`overflow=block`, the host's default;
-      qemu-patches/0018 bounds what the gate holds);
-    - the device log takes every disk of the guest as `drives` (qemu-patches/0021), not
+      qemu-patches/0033 bounds what the gate holds);
+    - the device log takes every disk of the guest as `drives` (qemu-patches/0017), not
       one `drive`;
     - the demo guest's command line turns IPv6 off (`ipv6.disable=1`): the kernels have it
       since issue 24, for ordinary guests' services."""
@@ -365,7 +365,7 @@ def test_forward_parse():
 
 def test_every_disk_has_its_overlay_and_is_in_the_device_log():
     """Two disks recorded: each on its own overlay behind its own blkreplay, and the
-    device log takes both (qemu-patches/0021: one pcapng block interface per drive)."""
+    device log takes both (qemu-patches/0017: one pcapng block interface per drive)."""
     two_disks = dataclasses.replace(G, disks=(Disk("/k/disk.raw"), Disk("/data.qcow2", "qcow2", id="disk1")))
     argv = qemu_argv(two_disks, Run(R, net=UserNet(5555), rr=RR("record", R / "r"), devlog=R / "d",
                                     overlay=R / "b/disk-overlay.qcow2", host=H))

@@ -1,4 +1,4 @@
-"""Release rules (semantic/network/rules.py, qemu-patches/0024): a client's next request, which
+"""Release rules (semantic/network/rules.py, qemu-patches/0034): a client's next request, which
 waits only for the guest's reply, goes to QEMU ahead with the sequence numbers the
 guest's output must reach; QEMU fires it and says FIRED. Scripted as
 test_guest_connections.py scripts a guest (scripted_tcp.py): here the recorded client opens a connection to
@@ -115,7 +115,7 @@ def test_conditions_are_the_unmet_dependencies_as_sequence_numbers():
 
 
 def test_a_rule_on_the_wire_is_what_qemu_reads(tmp_path):
-    """qemu-patches/0024: u16 entries, u16 frames; per entry the 12-byte 4-tuple, u32
+    """qemu-patches/0034: u16 entries, u16 frames; per entry the 12-byte 4-tuple, u32
     sequence number, u32 flags (1: where the frames' ACK reaches, 2: own connection);
     per frame u32 length and the bytes."""
     feed = FeedServer(tmp_path / "feed.sock")

@@ -3,7 +3,7 @@
 QEMU's reverse debugging (QMP `replay-seek`, gdb's reverse-stepi and reverse-continue)
 loads the nearest snapshot at or before an instruction count and replays on from it to
 the instruction; the snapshot's log position is found again in tandem's segmented log by
-its segment index (qemu-patches/0003). tandem gives it the snapshots: one at power-on and
+its segment index (qemu-patches/0012). tandem gives it the snapshots: one at power-on and
 then one every `spacing_s` of the replay's host time, each taken where the replay is stopped
 (`stop`) and saved (`savevm`) into the run's qcow2 overlay.
 

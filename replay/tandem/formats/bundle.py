@@ -55,7 +55,7 @@ def new_bundle(path: str | os.PathLike[str], manifest: Manifest | None = None) -
     Two recorders started together on one path must not both find it empty: the check
     and the first manifest happen under an exclusive flock on the directory, so the
     second finds the first's manifest (or the lock) and is refused before it writes
-    anything. (QEMU's logs have their own lock, qemu-patches/0017; qemu-img refuses
+    anything. (QEMU's logs have their own lock, qemu-patches/0012 and 0015; qemu-img refuses
     to recreate an overlay a running QEMU holds.)"""
     p = Path(path)
     refuse_existing(p)

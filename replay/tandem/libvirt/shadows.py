@@ -3,7 +3,7 @@
 `attach` reads an existing domain (its disk, NIC model and MAC), and per analysis
 defines and starts `DOMAIN-tandem-NAME` (a `ShadowDomain`): the analysis kernel, a qcow2
 overlay over the native's disk, the native's NIC model and MAC, and the feed
-(qemu-patches/0007) on a unix socket the caller serves with a `qemu.feed.FeedServer`.
+(qemu-patches/0027) on a unix socket the caller serves with a `qemu.feed.FeedServer`.
 What tandem created is kept in each domain's own `<metadata>`, so `detach` removes
 exactly that. live/attach.py's `follow` is `tandem attach` itself.
 """

@@ -1,6 +1,6 @@
 """Release policy "agreed": a native output leaves only once every analysis agrees.
 
-QEMU's filter-gate (qemu-patches/0013) holds every frame the native guest sends and
+QEMU's filter-gate (qemu-patches/0033) holds every frame the native guest sends and
 offers it here (HELD); this decides RELEASE or DROP. Frames without TCP payload (ACKs,
 handshakes, ARP, ...) go at once. A TCP payload frame of the guest's service is the
 native's bytes [a, b) of that connection's output stream; it is released when every
@@ -20,7 +20,7 @@ QEMU (HOLD_INPUT) and are delivered in order when it has room again (PASS_INPUT)
 With release "now" the gate holds no outputs (filter-gate outputs=off).
 
 QEMU bounds what it holds each way (filter-gate max-frames, max-bytes: a guest that
-sends fast while the analyses lag must not grow QEMU without limit, qemu-patches/0018).
+sends fast while the analyses lag must not grow QEMU without limit, qemu-patches/0033).
 A frame past the bound meets the overflow policy, the same as the analyses' buffers:
 "detach" (the held frames leave without agreement and the gate holds nothing from then
 on: the native no longer waits for its analyses) or "block" (the frame is refused, as a

@@ -44,7 +44,7 @@ NIC_DEVICES = frozenset(NIC_MODELS.values())
 # Properties only virtio-net has: tx=timer (a frame leaves at the same VM time in every
 # run) and ioeventfd=off (a queue kick taken in the vCPU thread); see vm.qemu_argv.
 VIRTIO_NET = "virtio-net-pci"
-# The analysis feed's lookahead (qemu-patches/0007): each output of the guest pulls the
+# The analysis feed's lookahead (qemu-patches/0027): each output of the guest pulls the
 # horizon in by this much VM time, so the replayer answers within it, as the network did.
 LOOKAHEAD_NS = 1_000_000
 

@@ -27,7 +27,7 @@ class Mode(StrEnum):
     PLAIN = "plain"         # no record/replay: benchmarks' baseline, planted-bug checks
     RECORD = "record"       # a native recorded (QEMU's record/replay + tandem's device log)
     REPLAY = "replay"       # an exact replay of a recording
-    ANALYSIS = "analysis"   # fed by tandem (qemu-patches/0007): semantic replay, live shadows
+    ANALYSIS = "analysis"   # fed by tandem (qemu-patches/0027): semantic replay, live shadows
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class RR:
     given as its value ("record", "replay"): it is made an RRMode."""
     mode: RRMode
     rrfile: Path
-    follow: bool = False        # replay: a recording still being written (qemu-patches/0009)
+    follow: bool = False        # replay: a recording still being written (qemu-patches/0012)
     partial: bool = False       # replay: up to the last intact segment
 
     def __post_init__(self) -> None:
@@ -64,7 +64,7 @@ class UserNet:
 
 @dataclass(frozen=True)
 class Feed:
-    """tandem's feed (qemu-patches/0007) as the network, the serial input and the entropy
+    """tandem's feed (qemu-patches/0027-0029) as the network, the serial input and the entropy
     of an analysis VM; the VM clock runs from the recording's start (rtc_base)."""
     socket: Path | None             # None: an analysis run's own recording replayed (inputs in the log)
     lookahead_ns: int = LOOKAHEAD_NS
@@ -78,7 +78,7 @@ class Feed:
 
 @dataclass(frozen=True)
 class Gate:
-    """filter-gate (qemu-patches/0011, 0018): the native's frames held for tandem."""
+    """filter-gate (qemu-patches/0033): the native's frames held for tandem."""
     socket: Path
     outputs: bool = True            # hold its outgoing frames (release "agreed"); inputs on request
     overflow: str = "block"         # past its bound: "detach" (lets go) or "block" (refuses frames)

@@ -110,7 +110,7 @@ def _clock_options(run: Run, q: QemuBuild) -> list[str]:
         rr_opts = {"rr": "record", "rrfile": str(rr.rrfile)}
     elif rr is not None:
         # The VM clock's idle warps come from the log, so the replay need not
-        # wait them out: rrskipidle=on (qemu-patches/0006) stops the main loop
+        # wait them out: rrskipidle=on (qemu-patches/0022) stops the main loop
         # sleeping while the replay waits on it.
         rr_opts = {"rr": "replay", "rrfile": str(rr.rrfile), "rrskipidle": None if q.get("stock") else True,
                    "rrfollow": rr.follow or None, "rrpartial": rr.partial or None}
@@ -177,10 +177,10 @@ def _net_and_rng_options(run: Run, nics: tuple[Nic, ...]) -> list[str]:
 
 
 def _feed_options(run: Run, feed_net: Feed, nic: Nic) -> list[str]:
-    """The feed (qemu-patches/0007) as the network, the serial input and the entropy: the
+    """The feed (qemu-patches/0027-0029) as the network, the serial input and the entropy: the
     NIC's backend is an unconnected hub port whose frames filter-feed replaces. A
     recorded analysis run replays without its controller: the feed's inputs are in the
-    log (qemu-patches/0012)."""
+    log (qemu-patches/0030)."""
     argv: list[str] = []
     feed: dict[str, Value] = {"qom-type": "feed", "id": "feed", "serial": "serial0", "lookahead": int(feed_net.lookahead_ns)}
     if run.rr_mode != "replay":

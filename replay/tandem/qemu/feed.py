@@ -1,11 +1,11 @@
-"""The feed's wire protocol between tandem and an analysis QEMU (qemu-patches/0007).
+"""The feed's wire protocol between tandem and an analysis QEMU (qemu-patches/0027).
 
 Both directions: a 16-byte little-endian header {u32 payload length, u16 type,
 u16 channel, u64 VM-clock ns} and the payload. tandem sends inputs and horizon
 advances; QEMU sends what the guest outputs and WAIT when the VM stops (its
 channel says why: at the horizon, or idle at the warp bound a horizon may carry,
-qemu-patches/0015), and SHUTDOWN (with QEMU's reason) after the guest's last output.
-tandem may also send release rules (RULE, qemu-patches/0024): frames QEMU delivers
+qemu-patches/0031), and SHUTDOWN (with QEMU's reason) after the guest's last output.
+tandem may also send release rules (RULE, qemu-patches/0034): frames QEMU delivers
 itself once the guest's TCP output has reached given sequence numbers; QEMU says
 FIRED, with the acknowledgements the frames carried, for each in order.
 QEMU connects to tandem's unix socket at start.

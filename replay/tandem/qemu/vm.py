@@ -350,7 +350,7 @@ class VM(Lifecycle):
         return cpu_seconds(self.proc.pid) if self.proc else None
 
     def feed_counters(self) -> str:
-        """The input feed's counters (qemu-patches/0007), for diagnosing a stuck analysis
+        """The input feed's counters (qemu-patches/0027), for diagnosing a stuck analysis
         VM: QMP may be as stuck as the feed, so it is asked with a 2 s deadline."""
         qmp = self._monitor()
         qmp.settimeout(2.0)

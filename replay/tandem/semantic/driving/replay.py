@@ -1,7 +1,7 @@
 """Semantic replay: a recording's inputs re-delivered into an analysis VM.
 
 The analysis VM runs a different kernel or userland. Its network, serial input
-and entropy come from a feed (qemu-patches/0007): tandem sends each input with
+and entropy come from a feed (qemu-patches/0027-0029): tandem sends each input with
 the VM time to deliver it at and grants the VM clock a horizon it may not pass;
 QEMU returns every frame and serial byte the guest sends and stops at the
 horizon. Each output also pulls the horizon in by the link's lookahead, so the

@@ -92,7 +92,7 @@ class PeerFlow:
 
     @property
     def ipv4(self) -> bool:
-        """An IPv4 connection (QEMU's release rules follow no other: qemu-patches/0024)."""
+        """An IPv4 connection (QEMU's release rules follow no other: qemu-patches/0034)."""
         return len(self.server[0]) == 4
 
     def guest_key(self) -> bytes:

@@ -1,5 +1,5 @@
 """Release rules: a client's next segment handed to QEMU ahead, to go when the guest's
-output lets it (qemu-patches/0024), instead of at a stop of the VM.
+output lets it (qemu-patches/0034), instead of at a stop of the VM.
 
 Offline, most stops of an analysis VM release one input: a client's next request,
 which waited only for the guest's reply on its connection and for the outputs the
@@ -126,7 +126,7 @@ class Rules:
             return False
         fl = peer.flows.get(inp.flow)
         conds = conditions(inp, peer, deps.bytes_met, deps.short) if fl is not None else None
-        if fl is None or conds is None or not fl.ipv4:   # QEMU patches IPv4 segments alone (0023)
+        if fl is None or conds is None or not fl.ipv4:   # QEMU patches IPv4 segments alone (0034)
             return False
         # The guest's bytes on this connection its segment will acknowledge: as many
         # as the native had sent before it, fewer if it came first.
@@ -163,7 +163,7 @@ def conditions(inp: Input, peer: Peer, met: Callable[[int, int], bool],
         if met(flow, need):
             continue
         fl = peer.flows.get(flow)
-        # QEMU follows IPv4 TCP alone (qemu-patches/0024): an IPv6 connection's inputs go at stops.
+        # QEMU follows IPv4 TCP alone (qemu-patches/0034): an IPv6 connection's inputs go at stops.
         if fl is None or fl.state != TcpState.ESTABLISHED or fl.index != flow or not fl.ipv4:
             return None
         out.append((fl.guest_key(), guest_seq(fl, need - short.get(flow, 0)), flow == inp.flow))
