@@ -75,7 +75,8 @@ case ${1:-} in
     base=$(git -C "$2" rev-list --max-parents=0 HEAD)
     out=$(mktemp -d)
     trap 'rm -rf "$out"' EXIT
-    git -C "$2" "${IDENT[@]}" format-patch -q --no-signature --zero-commit --cover-letter -o "$out" "$base..HEAD"
+    # core.abbrev fixed: the index lines do not change with the tree's object count
+    git -C "$2" "${IDENT[@]}" -c core.abbrev=8 format-patch -q --no-signature --zero-commit --cover-letter -o "$out" "$base..HEAD"
     cover=$PATCHES/cover-letter.txt
     [ -f "$cover" ] || die "$cover: missing (its first line is the cover letter's subject)"
     python3 - "$out"/0000-cover-letter.patch "$cover" <<'EOF'
