@@ -6,11 +6,17 @@ process, TAP on stdout, the binary in QEMU_TEST_QEMU_BINARY.
   replay under the gdbstub: stepi, reverse-stepi, reverse-continue). Upstream marks it flaky
   on x86_64 (skipped unless QEMU_TEST_FLAKY_TESTS is set); here it runs, and it fails on
   the series before the replay log could seek (qemu-patches/0012's snapshot loads).
-- test_x86_64_tandem_record: the series' own (qemu-patches/0036): a boot sector recorded
-  and replayed; the segmented log's segments, the device log's interfaces and records
-  (serial, block, state checkpoints), the replay's device log equal to the recording's, a
-  torn log replayed with rrpartial=on and refused without, a replay following a growing
-  log with rrfollow=on.
+- test_x86_64_tandem_record, the series' own: a guest that uses every channel (a boot
+  sector that loads the rest of itself and drives legacy virtio-rng and virtio-net by
+  polling: tandem_guest.py) recorded and replayed; the segmented log's segments, the device
+  log's interfaces and records (serial, block, net both ways, rng, state checkpoints), the
+  replay's device log equal to the recording's, a torn log replayed with rrpartial=on and
+  refused without, a replay following a growing log with rrfollow=on.
+- test_x86_64_tandem_feed, the series' own: the feed (the test as its controller: entropy,
+  a serial line and a frame delivered at chosen VM times, outputs stamped with the VM time,
+  the VM held at the horizon; the recorded run replayed without the controller to the same
+  device log) and filter-gate (frames held, released, dropped; inputs held and passed; the
+  detach overflow; the counters at shutdown).
 """
 from __future__ import annotations
 
@@ -43,10 +49,25 @@ def tap_results(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith(("ok ", "not ok "))]
 
 
-@pytest.mark.parametrize("test", ["test_x86_64_reverse_debug", "test_x86_64_tandem_record"])
+@pytest.mark.parametrize("test", ["test_x86_64_reverse_debug", "test_x86_64_tandem_record",
+                                  "test_x86_64_tandem_feed"])
 def test_qemu_functional(test, tmp_path):
     r = run_functional(test, tmp_path)
     results = tap_results(r.stdout)
     assert results, f"{test}: no TAP result (exit {r.returncode}): {r.stdout[-2000:]} {r.stderr[-2000:]}"
     failed = [x for x in results if x.startswith("not ok") or "# SKIP" in x]
     assert r.returncode == 0 and not failed, f"{test}: {results}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+
+
+def test_the_functional_tests_guest_is_its_source_assembled(tmp_path):
+    """tandem_guest.py carries the guest as bytes (QEMU's tests need no assembler); they
+    are tandem_guest.S assembled as its header says, so the source is the guest."""
+    import importlib.util
+    functional = Path(artifacts.qemu()["source"]) / "tests" / "functional"
+    spec = importlib.util.spec_from_file_location("tandem_guest", functional / "tandem_guest.py")
+    guest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guest)
+    subprocess.run(["as", "--32", str(functional / "tandem_guest.S"), "-o", str(tmp_path / "g.o")], check=True)
+    subprocess.run(["ld", "-m", "elf_i386", "-Ttext", "0x7c00", "--oformat", "binary", str(tmp_path / "g.o"),
+                    "-o", str(tmp_path / "g.bin")], check=True)
+    assert (tmp_path / "g.bin").read_bytes() == guest.GUEST

@@ -78,10 +78,20 @@ class Session:
         snapshot at or before it, then replay on)."""
         if self.end[1] is not None and not 0 <= icount <= self.end[1]:
             raise BundleError(f"instruction count {icount}: the recording has 0..{self.end[1]}")
+        # QEMU answers once it has loaded the snapshot: a load that never ends (it waited
+        # for the block requests in flight, qemu-patches' "a snapshot's load completes the
+        # block requests in flight") would otherwise hold this call for ever.
+        qmp = self.vm._monitor()
+        qmp.settimeout(HANG_SECONDS)
         try:
             _qmp(self.vm, "replay-seek", icount=icount)
+        except TimeoutError:
+            raise InfraError(f"replay-seek {icount}: QEMU did not answer within {HANG_SECONDS}s "
+                             f"(loading a snapshot) ({self.vm.log_tail()})") from None
         except Exception as e:       # QEMU's refusal, or QEMU gone: its log says why
             raise InfraError(f"replay-seek {icount}: {e} ({self.vm.log_tail()})") from e
+        finally:
+            qmp.settimeout(None)
         _wait_paused(self.vm)
 
     def run_to(self, icount: int) -> None:
