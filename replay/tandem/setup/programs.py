@@ -79,6 +79,8 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("binutils", "guest binaries (strip, readelf), FreeBSD kernels' System.map (nm), report source "
         "lines (addr2line)", "strip", "readelf", "nm"),
     *_p("binutils", "source lines of kernel report frames", "addr2line", optional=True),
+    *_p("binutils", "the QEMU functional tests' guest, assembled to check the bytes they carry (tests)",
+        "as", "ld"),
     *_p("patch", "tandem's QEMU patches", "patch"),
     *_p("dpkg-dev", "unpacking Debian's QEMU source", "dpkg-source"),
     *_p("pkgconf", "the TCG plugin's glib flags", "pkg-config"),
