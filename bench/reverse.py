@@ -13,6 +13,7 @@ Usage: python bench/reverse.py [--seeks 20] [--spacing 0.5] [--out docs/benchmar
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -76,7 +77,8 @@ def main() -> int:
         shots = len(s.snapshots)
     text = "\n".join([
         "## Seeking a replay under gdb (demo guest, native kernel)", "",
-        f"`python bench/reverse.py --seeks {args.seeks} --spacing {args.spacing}`: a {SECONDS} s recording "
+        f"`python bench/reverse.py --seeks {args.seeks} --spacing {args.spacing}` on {os.cpu_count()} cores "
+        f"(TCG): a {SECONDS} s recording "
         f"({requests} requests from one client in its middle 30 s, {end_icount} instructions); the "
         f"replay under gdb took {index_s:.1f} s from power-on to its end, taking {shots} snapshots "
         f"({size / 2**30:.2f} GiB in the run's qcow2 overlay). Then {args.seeks} seeks (QMP replay-seek) "
