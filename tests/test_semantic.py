@@ -228,8 +228,8 @@ def test_a_heavy_recording_is_analysed_whole_reading_no_further_ahead_than_its_w
     with Recording(path) as rec:
         rec.wait_ready()
         # Hammered in rounds of 3 s until 4,000 requests (about 2,000 inputs: 3,972 for
-        # 7,916 requests beside another test's VMs), for 60 s at most: a round on a host
-        # busy elsewhere once made 8.
+        # 7,916 requests beside another test's VMs), for 60 s at most: one round on a busy
+        # host can make a handful.
         requests, until = 0, time.monotonic() + 60
         while requests < 4000 and time.monotonic() < until:
             requests += hammer(rec.port, 3)

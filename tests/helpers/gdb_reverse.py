@@ -36,7 +36,7 @@ def main() -> None:
     run("set confirm off")
     # gdb waits 2 s for a packet's answer, then sends it again: a stub slowed by a busy
     # host then answers twice, and gdb reads the first answer as the next packet's
-    # ("Remote replied unexpectedly to 'vMustReplyEmpty'", seen in a CI run beside a bench).
+    # ("Remote replied unexpectedly to 'vMustReplyEmpty'").
     run("set remotetimeout 60")
     run(f"target remote 127.0.0.1:{os.environ['PORT']}")
     forward = []

@@ -73,8 +73,7 @@ def test_the_upstream_series_is_tandems_general_fixes():
 @pytest.mark.parametrize("which", SERIESES)
 def test_every_new_file_has_an_spdx_line(which):
     """QEMU wants an SPDX-License-Identifier line in every new file; QEMU 10.0's checkpatch.pl
-    asks for it only when another new file follows in the same patch (a series passed it with
-    three files missing theirs)."""
+    asks for it only when another new file follows in the same patch."""
     d, names = patches(which)
     missing = []
     for name in names:

@@ -78,9 +78,8 @@ class Session:
         snapshot at or before it, then replay on)."""
         if self.end[1] is not None and not 0 <= icount <= self.end[1]:
             raise BundleError(f"instruction count {icount}: the recording has 0..{self.end[1]}")
-        # QEMU answers once it has loaded the snapshot: a load that never ends (it waited
-        # for the block requests in flight, qemu-patches' "a snapshot's load completes the
-        # block requests in flight") would otherwise hold this call for ever.
+        # QEMU answers once it has loaded the snapshot: a load that never ends (a drain
+        # waiting on the log, as before qemu-patches/0009) would hold this call for ever.
         qmp = self.vm._monitor()
         qmp.settimeout(HANG_SECONDS)
         try:
