@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from helpers import run_cli
+from tandem import private
 from tandem.record.console import console_socket
 
 
@@ -17,7 +18,7 @@ def test_a_command_past_its_deadline_fails_with_its_stacks_and_is_killed(tmp_pat
     bundle = tmp_path / "b.tdm"
     bundle.mkdir()
     path = console_socket(bundle)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private.make_dir(path.parent)       # 0700, as the recordings' consoles require of it
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(str(path))
         listener.listen()
