@@ -41,6 +41,11 @@ def cases(rundir: Path = R) -> dict[str, tuple[Guest, Run]]:
         "record-gate": (Guest(kernel="/k/bzImage", initrd=None, nics=(Nic(mac="52:54:00:12:34:56"),)),
                         Run(r, net=UserNet(5555), rr=RR("record", r / "r"), devlog=r / "d",
                             gate=Gate(r / "gate.sock", outputs=False), host=H)),
+        "device": (dataclasses.replace(G, vcpus=2), Run(r, net=UserNet(5555), devlog=r / "b/devices.pcapng",
+                                                         overlay=r / "b/o.qcow2", icount=False,
+                                                         stop_after_ns=3_000_000_000, host=H)),
+        "device-kvm-gate": (Guest(kernel="/k/bzImage", initrd=None, vcpus=4, accel="kvm"),
+                            Run(r, net=UserNet(5555), devlog=r / "d", gate=Gate(r / "gate.sock"), host=H)),
         "replay": (G, Run(r, rr=RR("replay", r / "r", follow=True, partial=True), devlog=r / "d",
                           overlay=r / "o.qcow2", stop_after_ns=5, host=H, extra=("-plugin", "x.so"))),
         "replay-stock": (G, Run(r, rr=RR("replay", r / "r"), devlog=r / "d", overlay=r / "o.qcow2",
@@ -143,6 +148,8 @@ def test_same_options_as_before():
     order, same keys and values."""
     before = json.loads((DATA / "qemu-argv-keyval-62870f3.json").read_text())
     for name, argv in argvs().items():
+        if name.startswith("device"):   # device mode came after
+            continue
         assert options(argv) == options(deliberate_changes(before[name])), name
 
 
@@ -311,6 +318,37 @@ def test_a_freebsd_guest_gets_its_cpu_and_keeps_it_through_the_manifest():
          "machine": g.machine_section()}
     assert m["machine"]["cpu"] == "tcg-intel" and Guest.from_manifest(m) == g
     assert "-cpu" not in qemu_argv(G, Run(R, net=UserNet(5555), overlay=R / "o.qcow2", host=H))      # a Linux guest: QEMU's default
+
+
+def test_device_mode_runs_the_native_as_it_is_and_logs_its_devices_only():
+    """Device mode: no -icount, no record/replay stream, no blkreplay, no state checkpoints;
+    the device log with its clock marks; several vCPUs on a thread each under TCG, or KVM."""
+    argv = argvs()
+    for name in ("device", "device-kvm-gate"):
+        a = argv[name]
+        assert "-icount" not in a and not any("blkreplay" in x or "filter-replay" in x for x in a), name
+        devlog = next(json.loads(a[i + 1]) for i, x in enumerate(a)
+                      if x == "-object" and json.loads(a[i + 1])["qom-type"] == "devlog")
+        assert devlog["clock-marks"] is True and "state-every" not in devlog, name
+    assert argv["device"][argv["device"].index("-accel") + 1] == "tcg,thread=multi"
+    assert argv["device"][argv["device"].index("-smp") + 1] == "2"
+    assert argv["device-kvm-gate"][argv["device-kvm-gate"].index("-accel") + 1] == "kvm"
+    assert any('"filter-gate"' in x for x in argv["device-kvm-gate"])
+
+
+def test_what_only_device_mode_can_run_is_refused_elsewhere():
+    """One vCPU and TCG for record/replay and analysis runs (QEMU's record/replay refuses
+    more than one, and -icount is TCG's); no state checkpoints without instruction counts."""
+    r = R
+    with pytest.raises(OptionError, match="2 vCPUs: record runs need record/replay's one vCPU"):
+        qemu_argv(dataclasses.replace(G, vcpus=2), Run(r, rr=RR("record", r / "r"), devlog=r / "d",
+                                                      overlay=r / "o", host=H))
+    with pytest.raises(OptionError, match="accelerator 'kvm': replay runs need -icount"):
+        qemu_argv(dataclasses.replace(G, accel="kvm"), Run(r, rr=RR("replay", r / "r"), overlay=r / "o", host=H))
+    with pytest.raises(OptionError, match="state checkpoints need record/replay"):
+        Run(r, devlog=r / "d", icount=False, state_every_ns=100_000_000)
+    with pytest.raises(OptionError, match="filter-gate holds"):
+        Run(r, gate=Gate(r / "g"))
 
 
 def test_device_lists_past_what_the_modes_take_are_refused():

@@ -18,6 +18,13 @@ def parse_memory(text: str) -> int:
     return int(num) * units[unit]
 
 
+def parse_vcpus(text: str) -> int:
+    """'2' -> 2: a vCPU count QEMU's pc machine takes (1 to 255)."""
+    if not text.isdigit() or not 1 <= int(text) <= 255:
+        raise argparse.ArgumentTypeError(f"not a vCPU count: {text!r} (1 to 255)")
+    return int(text)
+
+
 def parse_forward(text: str) -> Forward:
     try:
         return Forward.parse(text)
@@ -41,6 +48,11 @@ def add_guest_options(p: argparse.ArgumentParser) -> None:
                    help="with --disk: your VM's OS, whose console dialect its reports are in (default: "
                         "what boots says, a FreeBSD kernel given to --kernel-image, or FreeBSD's partition "
                         "types on the boot disk its loader boots from; else linux)")
+    g.add_argument("--smp", type=parse_vcpus, metavar="N",
+                   help="vCPUs (default 1; more than one needs --mode device: QEMU's record/replay runs one)")
+    g.add_argument("--accel", choices=("tcg", "kvm"),
+                   help="accelerator (default tcg; kvm needs --mode device, which has no -icount, and a "
+                        "/dev/kvm that boots a guest: tandem doctor says whether this host's does)")
     g.add_argument("--memory", type=parse_memory, metavar="SIZE", help="guest memory (1G, 512M; default "
                                                                         "1G with --disk, the flavor's otherwise)")
     g.add_argument("--nic", action="append", metavar="MODEL", default=[], choices=sorted(NIC_MODELS),
@@ -65,7 +77,18 @@ def kernel_flavor(args: argparse.Namespace) -> str:
 
 
 def guest_from_args(args: argparse.Namespace) -> Guest:
-    """The guest the options describe; a disk that is not one is a one-line error naming it."""
+    """The guest the options describe, with its vCPUs and accelerator; a disk that is
+    not one is a one-line error naming it."""
+    guest = _guest(args)
+    vcpus, accel = getattr(args, "smp", None), getattr(args, "accel", None)
+    if vcpus is not None:
+        guest.vcpus = vcpus
+    if accel is not None:
+        guest.accel = accel
+    return guest
+
+
+def _guest(args: argparse.Namespace) -> Guest:
     nics = tuple(NIC_MODELS[m] for m in args.nic) or None
     if not args.disk:
         if args.initrd or args.append or args.os:

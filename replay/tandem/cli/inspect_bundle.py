@@ -143,8 +143,14 @@ def _machine(manifest: Manifest) -> dict[str, Any]:
             [{"netdev": "net0", "model": machine.nic_model or "virtio-net-pci", "mac": machine.mac}])
     return {"boot": boot, "kernel": manifest.input_paths.get("kernel") if boot == "direct" else None,
             "cmdline": machine.cmdline if boot == "direct" else None, "memory_mb": machine.memory_mb,
-            "os": machine.os or "linux", "cpu": machine.cpu,
+            "os": machine.os or "linux", "cpu": machine.cpu, "mode": _mode(machine.mode),
+            "vcpus": machine.smp or 1, "accel": machine.accel or "tcg",
             "disks": disks, "nics": nics, "forwards": list(forwards or ())}
+
+
+def _mode(mode: str | None) -> str:
+    """How the bundle was recorded: exact (the default), device, or an analysis run's own."""
+    return {None: "exact", "record": "exact"}.get(mode, mode or "exact")
 
 
 def exposure_warning(d: Path, exposed: dict[str, str]) -> str:
@@ -168,13 +174,22 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join([fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]])
 
 
+_MODE_LINE = {
+    "exact": "recorded in exact mode ({cpus}, {accel}, -icount): replays exactly and semantically",
+    "device": "recorded in device mode ({cpus}, {accel}, no -icount): replays semantically, not exactly",
+    "analysis": "an analysis run's own recording ({cpus}, {accel}, -icount): replays exactly",
+}
+
+
 def _machine_lines(machine: dict[str, Any], channels: dict[str, Any]) -> list[str]:
     """Boot, disks (with the bytes the guest wrote, from the device log's block channel of
     each drive), NICs and forwards."""
     boot = (f"boot: direct, kernel {machine['kernel']}, command line {machine['cmdline']!r}" if machine["boot"] == "direct"
             else "boot: firmware (SeaBIOS, the first disk's own bootloader)")
     cpu = f", CPU {machine['cpu']}" if machine.get("cpu") else ""
-    lines = [bundle.printable(f"guest OS {machine['os']}{cpu}; {boot}") + f"; memory {machine.get('memory_mb')} MiB"]
+    lines = [bundle.printable(f"guest OS {machine['os']}{cpu}; {boot}") + f"; memory {machine.get('memory_mb')} MiB",
+             _MODE_LINE[machine["mode"]].format(cpus=f"{machine['vcpus']} vCPU{'s' if machine['vcpus'] > 1 else ''}",
+                                                accel=machine["accel"])]
     if machine["disks"]:
         rows = [[d["id"], d["format"], d["base"], (d["sha256"] or "")[:16], d["size"],
                  (channels.get(d["id"]) or {}).get("out", {}).get("bytes")] for d in machine["disks"]]

@@ -29,6 +29,10 @@ def add_parsers(sub) -> None:
     r.add_argument("--duration", type=parse_duration, help="stop after this much VM time (e.g. 30s)")
     r.add_argument("--port", type=int, help="demo guest: the host port forwarded to its service "
                                             "(port 7000; default a free port)")
+    r.add_argument("--mode", choices=("exact", "device"), default="exact",
+                   help="exact (default): QEMU's record/replay under -icount, one vCPU, TCG, replayed "
+                        "exactly; device: the device log alone, any --smp, multi-threaded TCG or KVM "
+                        "(--accel), replayed semantically and shadowed, never exactly")
     add_guest_options(r)
     add_stop_option(r)
     r.add_argument("--assertions", metavar="FILE",
@@ -50,7 +54,7 @@ def cmd_record(args) -> int:
     if not args.disk and port is None:    # the demo guest's service is always forwarded
         port = free_port()
     rec = Recording(args.bundle, guest, duration_ns=args.duration or 0, port=port, forwards=tuple(args.forward),
-                    assertions=declared, stop=args.stop, powerdown_wait_s=args.shutdown_timeout)
+                    assertions=declared, stop=args.stop, powerdown_wait_s=args.shutdown_timeout, mode=args.mode)
     with rec:       # should anything fail before finish(), closing quits and seals it
         console.print(f"recording {args.bundle}: {_what(rec, guest)}; stop with "
                       f"{'--duration, ' if args.duration else ''}guest poweroff or Ctrl-C", markup=False)
@@ -80,4 +84,6 @@ def _what(rec, guest) -> str:
     disks = ", ".join(d.base for d in guest.disks) if guest.boot == "firmware" or len(guest.disks) > 1 else ""
     parts = [f"booting {disks} through its bootloader" if guest.boot == "firmware" else f"kernel {guest.kernel}",
              f"forwards {fwd}" if fwd else "no forwards"]
+    if rec.mode == "device":
+        parts.append(f"device mode, {guest.vcpus} vCPU{'s' if guest.vcpus > 1 else ''} under {guest.accel}")
     return "; ".join(parts)

@@ -34,7 +34,7 @@ from ..machine.guest import ICOUNT_SHIFT
 from ..machine.section import recorded
 from ..qemu.image import make_overlays
 from ..qemu.vm import VM
-from .replay import HANG_SECONDS, replay_run
+from .replay import HANG_SECONDS, refuse_device_mode, replay_run
 from .verify import final_state
 
 SPACING_S = 0.5            # replay host seconds between snapshots: a seek replays at most this long
@@ -225,6 +225,7 @@ def debug(bundle_dir: str | Path, port: int | None, *, spacing_s: float = SPACIN
     replay only goes forward, Session.run_to); QEMU is stopped on exit."""
     d = Path(bundle_dir)
     manifest = bundle.check_bundle(d, qemu_build_id=artifacts.qemu()["build_id"])
+    refuse_device_mode(d, manifest)
     if recorded(manifest).machine.mode == "analysis":
         raise BundleError(f"{d}: an analysis run's recording replays through its feed, whose "
                           f"state a snapshot does not hold: reverse debugging needs a native's bundle")

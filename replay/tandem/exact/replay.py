@@ -90,6 +90,7 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
         _wait_for(d / bundle.STREAM, 30)
     else:
         manifest = bundle.check_bundle(d, qemu_build_id=q["build_id"], partial=partial)
+    refuse_device_mode(d, manifest)
     guest = Guest.from_manifest(manifest)
 
     tmp = Path(tempfile.mkdtemp(prefix="tandem-replay-"))
@@ -172,6 +173,14 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
                        reports=console_reports(replayed, guest.os))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def refuse_device_mode(d: Path, manifest: Recorded) -> None:
+    """A one-line error for a device-mode recording: it has no replay log (no -icount), so
+    nothing can replay it instruction for instruction."""
+    if recorded(manifest).machine.mode == "device":
+        raise BundleError(f"{d}: recorded in device mode (no replay log): it cannot be replayed exactly; "
+                          f"replay it semantically (tandem replay {d} --analysis NAME)")
 
 
 def replay_run(manifest: Recorded | Mapping[str, Any], tmp: Path, stream: Path, overlay: Path, *,

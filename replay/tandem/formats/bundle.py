@@ -387,7 +387,7 @@ _MACHINE: FieldRules = {
     "state_every_ns": (lambda v: _int(v, 100_000, 10**12), "a whole number of nanoseconds, 100000 to 10^12"),
     "lookahead_ns": (_int, "a whole number of nanoseconds"),
     "rtc_base": (lambda v: isinstance(v, str) and bool(RTC_BASE.fullmatch(v)), "a time YYYY-MM-DDTHH:MM:SS"),
-    "mode": (lambda v: v in ("record", "analysis"), "'record' or 'analysis'"),
+    "mode": (lambda v: v in ("record", "device", "analysis"), "'record', 'device' or 'analysis'"),
     "analysis": (lambda v: _text(v, 64), "an analysis name"),
     "libvirt": (lambda v: isinstance(v, dict), "a table"),
     "boot": (lambda v: v in ("direct", "firmware"), "'direct' or 'firmware'"),

@@ -1,9 +1,10 @@
-"""How a machine runs: the mode (record, exact replay, analysis, plain) and what that mode
-needs, as typed parts; qemu/argv.py composes QEMU's options from a Guest and a Run.
+"""How a machine runs: the mode (record, device, exact replay, analysis, plain) and what
+that mode needs, as typed parts; qemu/argv.py composes QEMU's options from a Guest and a Run.
 
 The mode is not a field: it follows from the parts (the feed as the network: an analysis
-run; record/replay: a recording or its exact replay; neither: plain), so no Run can say
-"replay" and carry a host port forward, or "analysis" without a feed. Each part is
+run; record/replay: a recording or its exact replay; a device log without record/replay:
+a device-mode recording; none of these: plain), so no Run can say "replay" and carry a
+host port forward, or "analysis" without a feed. Each part is
 checked when made; the combinations a mode cannot have are refused when the Run is made.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ class RRMode(StrEnum):
 class Mode(StrEnum):
     PLAIN = "plain"         # no record/replay: benchmarks' baseline, planted-bug checks
     RECORD = "record"       # a native recorded (QEMU's record/replay + tandem's device log)
+    DEVICE = "device"       # a native recorded by its device log alone: no -icount, any vCPUs, KVM
     REPLAY = "replay"       # an exact replay of a recording
     ANALYSIS = "analysis"   # fed by tandem (qemu-patches/0027): semantic replay, live shadows
 
@@ -104,7 +106,7 @@ class Run:
     state_every_ns: int = 0         # the device log's state checkpoints: their period (0: none)
     overlay: Path | None = None     # the run's qcow2 over the disk's base image
     gate: Gate | None = None
-    icount: bool = True             # plain runs only: with or without -icount
+    icount: bool = True             # plain runs only: with or without -icount (device mode: never)
     host: Host = Host()
     extra: tuple[str, ...] = ()     # options libvirt added that the guest saw (a replay repeats them)
 
@@ -114,10 +116,12 @@ class Run:
             raise OptionError("a replay forwards no host port (its network input is in the log)")
         if isinstance(self.net, Feed) and self.net.socket is None and (self.rr is None or self.rr.mode != RRMode.REPLAY):
             raise OptionError("an analysis run needs its feed's socket (unless its recording is replayed)")
-        if self.gate is not None and mode != Mode.RECORD:
-            raise OptionError("filter-gate holds a recorded native's frames: record mode only")
-        if not self.icount and mode != Mode.PLAIN:
+        if self.gate is not None and mode not in (Mode.RECORD, Mode.DEVICE):
+            raise OptionError("filter-gate holds a recorded native's frames: record and device modes only")
+        if not self.icount and mode not in (Mode.PLAIN, Mode.DEVICE):
             raise OptionError(f"{mode} runs need -icount")
+        if mode == Mode.DEVICE and self.state_every_ns:
+            raise OptionError("state checkpoints need record/replay's instruction counts: not in device mode")
 
     @property
     def mode(self) -> Mode:
@@ -125,6 +129,8 @@ class Run:
             return Mode.ANALYSIS
         if self.rr is not None:
             return Mode(self.rr.mode)
+        if self.devlog is not None:
+            return Mode.DEVICE
         return Mode.PLAIN
 
     @property

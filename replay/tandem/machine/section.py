@@ -73,7 +73,7 @@ class MachineSection(Table):
     state_every_ns: int | None = None       # the device log's state checkpoints (devlog state-every)
     net: NetSection | None = optional(NetSection)
     libvirt: LibvirtSection | None = optional(LibvirtSection)
-    mode: str | None = None                 # 'analysis': an analysis run's own recording
+    mode: str | None = None                 # 'device': a device-mode recording; 'analysis': an analysis run's own recording
     analysis: str | None = None             # ... of this analysis
     source: str | None = None               # ... of the recording it replayed
     rtc_base: str | None = None             # ... its RTC's start

@@ -33,13 +33,16 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     machine/options.py: -device/-object/-netdev as JSON, the rest as key=value lists with their
     values escaped, so no value (a bundle's MAC, a path with a comma) can add a key."""
     q = run.host.qemu or artifacts.qemu()
-    if run.mode != Mode.PLAIN and guest.accel != "tcg":
+    if run.mode not in (Mode.PLAIN, Mode.DEVICE) and guest.accel != "tcg":
         raise OptionError(f"accelerator {guest.accel!r}: {run.mode} runs need -icount, which QEMU has only under TCG")
+    if guest.vcpus > 1 and run.mode not in (Mode.PLAIN, Mode.DEVICE):
+        raise OptionError(f"{guest.vcpus} vCPUs: {run.mode} runs need record/replay's one vCPU "
+                          "(record a native with several in device mode)")
     if run.mode == Mode.ANALYSIS and len(guest.nics) != 1:
         raise OptionError(f"{len(guest.nics)} NICs: tandem's analysis feed takes one (for now)")
     argv = [q["binary"], "-L", q["firmware_dir"], "-M", guest.machine_type, "-m", str(int(guest.memory_mb)),
             "-smp", str(int(guest.vcpus)), "-nodefaults", "-no-user-config", "-display", "none",
-            "-no-reboot", "-accel", guest.accel, *_cpu_options(guest), *_boot_options(guest),
+            "-no-reboot", "-accel", _accel(guest, run), *_cpu_options(guest), *_boot_options(guest),
             # QMP on a keyed chardev: -qmp unix:PATH reads a PATH with '=' before its
             # first ',' as a key (QEMU's implied first option).
             "-chardev", qmp_chardev(run.rundir),
@@ -72,13 +75,22 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
                      "rng": "rng0", "drives": [disk.id for disk in guest.disks] or None,
                      "stop-after": run.stop_after_ns or None,
                      "state-every": run.state_every_ns or None,
-                     "clock-marks": True if run.mode == Mode.RECORD else None}),
+                     "clock-marks": True if run.mode in (Mode.RECORD, Mode.DEVICE) else None}),
                  "-object", json_option({"qom-type": "filter-devlog", "id": "devlog-net0", "netdev": nic.netdev,
                                          "devlog": "devlog", "position": "tail"})]
         for other in guest.nics[1:]:
             argv += ["-object", json_option({"qom-type": "filter-devlog", "id": f"devlog-{other.netdev}",
                                              "netdev": other.netdev, "devlog": "devlog", "position": "tail"})]
     return argv + list(run.extra)
+
+
+def _accel(guest: Guest, run: Run) -> str:
+    """-accel: the guest's accelerator; TCG with several vCPUs (plain and device mode)
+    runs one host thread each (thread=multi), as KVM does, rather than QEMU's round-robin
+    on one thread, which -icount needs and which would serialise a native's vCPUs."""
+    if guest.accel == "tcg" and guest.vcpus > 1 and run.mode in (Mode.PLAIN, Mode.DEVICE):
+        return keyval_option("tcg", {"thread": "multi"})
+    return guest.accel
 
 
 def _cpu_options(guest: Guest) -> list[str]:
@@ -123,9 +135,9 @@ def _clock_options(run: Run, q: QemuBuild) -> list[str]:
         # would interrupt the guest at host-dependent VM times.
         return ["-icount", keyval_option(None, {"shift": ICOUNT_SHIFT, "sleep": False, **rr_opts}),
                 "-rtc", keyval_option(None, {"base": run.net.rtc_base, "clock": "vm"})]
-    if run.icount:
+    if run.icount and run.mode == Mode.PLAIN:
         return ["-icount", keyval_option(None, {"shift": ICOUNT_SHIFT, "sleep": True})]
-    return []
+    return []       # device mode: the VM clock is the host's while the VM runs
 
 
 def _serial_options(run: Run) -> list[str]:

@@ -1,4 +1,5 @@
-"""Record a guest: boot it under rr=record with the device tap, write a bundle.
+"""Record a guest: boot it under rr=record with the device tap (exact mode), or with the
+device tap alone (device mode: any vCPU count, any accelerator), and write a bundle.
 
 The caller (CLI, demo, tests) drives traffic through `Recording.port` and the
 serial console while the recording runs; the bundle is readable up to its last
@@ -68,6 +69,22 @@ POWERDOWN_WAIT_S = 60.0
 # they add about 7.6 KB a second of busy VM time (27 MB an hour), and none while a vCPU
 # stays halted (an unchanged checkpoint is left out).
 STATE_EVERY_NS = 100_000_000
+# How a native is recorded: "exact" (QEMU's record/replay under -icount, one vCPU, TCG:
+# replayed instruction for instruction, every output verified) or "device" (the device log
+# alone: no -icount, any vCPU count, multi-threaded TCG or KVM; its inputs re-delivered by
+# semantic replay and live shadows, never replayed exactly).
+RECORD_MODES = ("exact", "device")
+
+
+def check_record_mode(mode: str, guest: Guest) -> None:
+    """A one-line error when `guest` cannot be recorded in `mode` (before any bundle is made)."""
+    if mode not in RECORD_MODES:
+        raise TandemError(f"--mode {mode!r}: not one of {', '.join(RECORD_MODES)}")
+    if mode == "exact" and guest.vcpus != 1:
+        raise TandemError(f"{guest.vcpus} vCPUs: exact mode records one (QEMU's record/replay refuses more); "
+                          "record with --mode device, or give the guest one vCPU")
+    if mode == "exact" and guest.accel != "tcg":
+        raise TandemError(f"accelerator {guest.accel}: exact mode needs TCG's -icount; record with --mode device")
 
 
 class Recording:
@@ -80,7 +97,8 @@ class Recording:
                  duration_ns: int = 0, port: int | None = None, forwards: tuple[Forward, ...] | None = None,
                  gate_socket: Path | None = None, gate_outputs: bool = True, gate_overflow: str = "block",
                  assertions: DeclaredPack | None = None, launcher: Launcher | None = None, stop: str = "powerdown",
-                 powerdown_wait_s: float | None = None, state_every_ns: int = STATE_EVERY_NS):
+                 powerdown_wait_s: float | None = None, state_every_ns: int = STATE_EVERY_NS,
+                 mode: str = "exact"):
         """port: the demo guest's service forward (host port to its port 7000); without
         forwards, a free port is chosen for it. forwards: the host ports forwarded to the
         guest (`tandem record --forward`); given (even empty), no demo port is added unless
@@ -91,7 +109,8 @@ class Recording:
         stop: what a stop request (Ctrl-C) does, as `virsh shutdown` and `virsh destroy`:
         "powerdown" presses the power button and waits powerdown_wait_s for the guest to
         power off, quitting on a second request or when the wait is over; "quit" quits at
-        once. state_every_ns: VM time between state checkpoints (0: none)."""
+        once. state_every_ns: VM time between state checkpoints (0: none; device mode has
+        none). mode: RECORD_MODES."""
         if stop not in STOP_POLICIES:
             raise TandemError(f"stop policy {stop!r}: not one of {', '.join(STOP_POLICIES)}")
         if powerdown_wait_s is not None and not 0 < powerdown_wait_s < 1e6:
@@ -100,8 +119,10 @@ class Recording:
         self.path = Path(path)
         self.assertions = assertions
         self.guest = guest or Guest.default(catalog.ASSERTIONS_KERNEL if assertions else catalog.DEFAULT_KERNEL)
+        check_record_mode(mode, self.guest)
+        self.mode = mode
         self.duration_ns = duration_ns
-        self.state_every_ns = state_every_ns
+        self.state_every_ns = state_every_ns if mode == "exact" else 0
         self.forwards = forwards or ()
         self.port = port or (free_port() if forwards is None else None)
         self.gate_socket, self.gate_outputs, self.gate_overflow = gate_socket, gate_outputs, gate_overflow
@@ -126,16 +147,18 @@ class Recording:
         g = self.guest
         net = UserNet(self.port, self.forwards)
         check_host_ports(net.all_forwards(GUEST_PORT))
+        device = self.mode == "device"
         self.manifest = start_bundle(self.path, g, dataclasses.replace(
             g.section(), stop_after_ns=self.duration_ns, state_every_ns=self.state_every_ns or None,
+            mode="device" if device else None, icount_shift=None if device else g.section().icount_shift,
             net=NetSection(backend="user", forwards=tuple(str(f) for f in self.all_forwards()),
                            hostfwd_port=self.port or None, guest_port=GUEST_PORT if self.port else None),
             libvirt=self.launcher.section() if self.launcher else None), self.assertions)
         # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).
         tmp = self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
         gate = Gate(self.gate_socket, self.gate_outputs, self.gate_overflow) if self.gate_socket else None
-        run = Run(Path(tmp), net=net, rr=RR(RRMode.RECORD, self.path / bundle.STREAM),
-                  devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY,
+        run = Run(Path(tmp), net=net, rr=None if device else RR(RRMode.RECORD, self.path / bundle.STREAM),
+                  devlog=self.path / bundle.DEVLOG, overlay=self.path / OVERLAY, icount=not device,
                   stop_after_ns=self.duration_ns, state_every_ns=self.state_every_ns, gate=gate)
         vm = self.vm = VM(g, run, launcher=self.launcher, name="native")
         self.t0 = time.monotonic()

@@ -1,0 +1,76 @@
+"""Device-mode recording (`tandem record --mode device`): a native with two vCPUs on
+multi-threaded TCG, no -icount, only its device log written; semantic replay finds the
+planted bugs in it as in an exact recording; exact replay is refused by name."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import assert_one_line_error, run_cli
+from tandem import catalog
+from tandem.formats import bundle, pcapng
+from tandem.machine import Guest
+from tandem.record.recording import Recording
+from tandem.record.workload import bad_requests, demo_traffic
+from tandem.semantic.analyze import analyze
+
+KASAN = catalog.ANALYSES["kasan"]
+# What the KASAN kernel reports for the demo's planted bugs (tests/test_semantic.py: EXPECTED)
+KASAN_TITLES = {"slab-out-of-bounds Write in tb_note_store", "slab-use-after-free Read in tb_session_account",
+                "slab-use-after-free Read in lkdtm_READ_AFTER_FREE"}
+
+
+@pytest.fixture(scope="module")
+def device_bundle(built, tmp_path_factory) -> Path:
+    """The demo guest with 2 vCPUs recorded in device mode: clean traffic from two clients,
+    every planted-bug request, then poweroff."""
+    path = tmp_path_factory.mktemp("device") / "smp2.tdm"
+    guest = Guest.default(catalog.DEFAULT_KERNEL)
+    guest.vcpus = 2
+    with Recording(path, guest, mode="device") as rec:
+        rec.wait_ready()
+        demo_traffic(rec.port, rounds=5)
+        bad_requests(rec.port)
+        rec.serial.type("poweroff")
+        rec.wait(timeout=180)
+    return path
+
+
+def test_a_device_mode_bundle_has_the_device_log_alone_and_says_its_mode(device_bundle):
+    m = json.loads((device_bundle / bundle.MANIFEST).read_text())
+    assert m["state"] == "complete" and m["stop"]["reason"] == "poweroff", m["stop"]
+    assert m["machine"]["mode"] == "device" and m["machine"]["smp"] == 2, m["machine"]
+    assert "icount_shift" not in m["machine"] and "state_every_ns" not in m["machine"]
+    assert not (device_bundle / bundle.STREAM).exists()
+    serial = b"".join(e.data for e in pcapng.read_devlog(device_bundle / bundle.DEVLOG).events
+                      if e.channel == "serial0" and e.direction == "out")
+    assert b"Brought up 1 node, 2 CPUs" in serial     # the guest ran both vCPUs
+    r = run_cli("inspect", str(device_bundle))
+    assert r.returncode == 0, r.stderr
+    assert "recorded in device mode (2 vCPUs, tcg, no -icount)" in r.stdout, r.stdout
+
+
+def test_exact_replay_of_a_device_mode_bundle_is_refused_by_name(device_bundle):
+    for args in (("replay", str(device_bundle)), ("replay", str(device_bundle), "--locate")):
+        assert_one_line_error(run_cli(*args), str(device_bundle), "recorded in device mode", "--analysis")
+
+
+def test_semantic_replay_of_a_device_mode_bundle_finds_the_planted_bugs(device_bundle, tmp_path):
+    """The analysis VM runs one vCPU under -icount (deterministic, itself recorded): the
+    native's inputs at their VM times are all it needs from the recording."""
+    s = analyze(device_bundle, [KASAN], noise=False, workdir=tmp_path)
+    (r,) = s.results
+    assert r.run.outcome == "poweroff", r.run.detail
+    assert not r.divergences, [d.diff for d in r.divergences]
+    titles = {f.title for f in r.findings}
+    assert KASAN_TITLES <= {t.removeprefix("KASAN: ") for t in titles}, titles
+
+
+def test_what_exact_mode_cannot_record_is_refused_before_a_bundle_is_made(built, tmp_path):
+    for extra, needle in ((("--smp", "2"), "2 vCPUs: exact mode records one"),
+                          (("--accel", "kvm"), "accelerator kvm: exact mode needs TCG")):
+        r = run_cli("record", str(tmp_path / "x.tdm"), *extra, "--duration", "1s")
+        assert_one_line_error(r, needle, "--mode device")
+        assert not (tmp_path / "x.tdm").exists()
