@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_one_line_error, run_cli
+from helpers import analyses, assert_one_line_error, run_cli
+from helpers.live import analyses_caught_up, drive, run_until_native_stops
 from tandem import catalog
 from tandem.formats import bundle, pcapng
+from tandem.live.shadow import ShadowOptions, ShadowRun
 from tandem.machine import Guest
 from tandem.record.recording import Recording
 from tandem.record.workload import bad_requests, demo_traffic
@@ -74,3 +76,22 @@ def test_what_exact_mode_cannot_record_is_refused_before_a_bundle_is_made(built,
         r = run_cli("record", str(tmp_path / "x.tdm"), *extra, "--duration", "1s")
         assert_one_line_error(r, needle, "--mode device")
         assert not (tmp_path / "x.tdm").exists()
+
+
+def test_a_live_shadow_trails_a_two_vcpu_native_recorded_in_device_mode(built, tmp_path):
+    """The native on two vCPUs (multi-threaded TCG), its shadow on one under -icount: the
+    shadow follows the native's device log as it is written and finds the planted bug."""
+    guest = Guest.default(catalog.DEFAULT_KERNEL)
+    guest.vcpus = 2
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("kasan"), ShadowOptions(record_mode="device"),
+                   workdir=tmp_path / "an", guest=guest)
+    with sh:
+        t = drive(sh, lambda: (demo_traffic(sh.port, rounds=3), bad_requests(sh.port, ["kasan-oob"])))
+        run_until_native_stops(sh, client=t)
+        analyses_caught_up(sh)
+        t.join(10)
+        s = sh.finish()
+    assert json.loads((tmp_path / "native.tdm" / bundle.MANIFEST).read_text())["machine"]["mode"] == "device"
+    (r,) = s.results
+    assert not r.divergences, [d.diff for d in r.divergences]
+    assert "KASAN: slab-out-of-bounds Write in tb_note_store" in {f.title for f in r.findings}

@@ -54,6 +54,14 @@ def catalogued(items: list[str] | None) -> list[catalog.Analysis]:
     return [catalog.get(name) for name in analysis_names(items)]
 
 
+def add_mode_option(p: argparse.ArgumentParser) -> None:
+    """--mode: how the native is recorded (record.recording.RECORD_MODES)."""
+    p.add_argument("--mode", choices=("exact", "device"), default="exact",
+                   help="exact (default): QEMU's record/replay under -icount, one vCPU, TCG, replayed "
+                        "exactly; device: the device log alone, any --smp, multi-threaded TCG or KVM, "
+                        "replayed semantically and shadowed, never exactly")
+
+
 def add_stop_option(p: argparse.ArgumentParser) -> None:
     """--stop: what Ctrl-C (or SIGTERM) does to the recorded VM, in libvirt's terms."""
     p.add_argument("--stop", choices=["powerdown", "quit"], default="powerdown",

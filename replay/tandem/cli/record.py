@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 
-from .common import add_stop_option, build_for, parse_duration, progress, record_targets
+from .common import add_mode_option, add_stop_option, build_for, parse_duration, progress, record_targets
 from .guest_options import add_guest_options, guest_from_args, kernel_flavor
 from .render import console
 
@@ -29,10 +29,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--duration", type=parse_duration, help="stop after this much VM time (e.g. 30s)")
     r.add_argument("--port", type=int, help="demo guest: the host port forwarded to its service "
                                             "(port 7000; default a free port)")
-    r.add_argument("--mode", choices=("exact", "device"), default="exact",
-                   help="exact (default): QEMU's record/replay under -icount, one vCPU, TCG, replayed "
-                        "exactly; device: the device log alone, any --smp, multi-threaded TCG or KVM "
-                        "(--accel), replayed semantically and shadowed, never exactly")
+    add_mode_option(r)
     add_guest_options(r)
     add_stop_option(r)
     r.add_argument("--assertions", metavar="FILE",

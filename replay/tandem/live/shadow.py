@@ -96,6 +96,7 @@ class ShadowOptions:
     cpu_idle: bool = False                  # the host's CPUs may idle (qemu/wake_latency.py)
     stop: str = "powerdown"                 # what Ctrl-C does to the native (recording.STOP_POLICIES)
     shutdown_timeout_s: float = 60.0        # ... and how long its power button is waited on
+    record_mode: str = "exact"              # how the native is recorded (recording.RECORD_MODES)
 
     def __post_init__(self) -> None:
         for name, enum in (("release", Release), ("overflow", Overflow)):
@@ -154,7 +155,7 @@ class ShadowRun(Lifecycle):
                                 # QEMU's bound on held frames: the same policy as the buffers'
                                 gate_overflow=overflow,
                                 launcher=libvirt.native_launcher() if libvirt else None, stop=o.stop,
-                                powerdown_wait_s=o.shutdown_timeout_s)
+                                powerdown_wait_s=o.shutdown_timeout_s, mode=o.record_mode)
         self.rec = inputs.RecordedInputs([], [], None, [], finished=False, path=str(self.path), native_live=True)
         per = o.buffer_events_of or {}
         buffers = {a.name: model.Buffer(per.get(a.name, o.buffer_events), o.buffer_bytes, overflow, o.block_budget_s)
