@@ -24,6 +24,12 @@ KASAN_TITLES = {"slab-out-of-bounds Write in tb_note_store", "slab-use-after-fre
                 "slab-use-after-free Read in lkdtm_READ_AFTER_FREE"}
 
 
+def serial_out(devlog: Path) -> bytes:
+    """What a run's guest wrote on its serial console, from its device log."""
+    return b"".join(e.data for e in pcapng.read_devlog(devlog).events
+                    if e.channel.startswith("serial") and e.direction == "out")
+
+
 @pytest.fixture(scope="module")
 def device_bundle(built, tmp_path_factory) -> Path:
     """The demo guest with 2 vCPUs recorded in device mode: clean traffic from two clients,
@@ -46,9 +52,7 @@ def test_a_device_mode_bundle_has_the_device_log_alone_and_says_its_mode(device_
     assert m["machine"]["mode"] == "device" and m["machine"]["smp"] == 2, m["machine"]
     assert "icount_shift" not in m["machine"] and "state_every_ns" not in m["machine"]
     assert not (device_bundle / bundle.STREAM).exists()
-    serial = b"".join(e.data for e in pcapng.read_devlog(device_bundle / bundle.DEVLOG).events
-                      if e.channel == "serial0" and e.direction == "out")
-    assert b"Brought up 1 node, 2 CPUs" in serial     # the guest ran both vCPUs
+    assert b"Brought up 1 node, 2 CPUs" in serial_out(device_bundle / bundle.DEVLOG)   # both vCPUs ran
     r = run_cli("inspect", str(device_bundle))
     assert r.returncode == 0, r.stderr
     assert "recorded in device mode (2 vCPUs, tcg, no -icount)" in r.stdout, r.stdout
@@ -68,6 +72,22 @@ def test_semantic_replay_of_a_device_mode_bundle_finds_the_planted_bugs(device_b
     assert not r.divergences, [d.diff for d in r.divergences]
     titles = {f.title for f in r.findings}
     assert KASAN_TITLES <= {t.removeprefix("KASAN: ") for t in titles}, titles
+
+
+def test_analyses_with_as_many_vcpus_as_the_native_where_their_kernel_has_smp(device_bundle, tmp_path):
+    """--analysis-vcpus native: the ASan userland on Debian's SMP kernel runs both vCPUs
+    (not recorded: QEMU's record/replay takes one) and finds its bug; KASAN's kernel has no
+    SMP, so it runs one, and the summary says both."""
+    s = analyze(device_bundle, [catalog.ANALYSES["asan-userland"], KASAN], noise=False, workdir=tmp_path, vcpus=2)
+    runs = {r.run.analysis: r for r in s.results}
+    asan, kasan = runs["asan-userland"], runs["kasan"]
+    assert b"Brought up 1 node, 2 CPUs" in serial_out(tmp_path / "asan-userland.pcapng")
+    assert asan.run.bundle is None and kasan.run.bundle is not None
+    assert any("2 vCPUs, as the native had: not reproducible" in x for x in s.limits), s.limits
+    assert any("one vCPU, not the native's 2: the kasan kernel is built without SMP" in x for x in s.limits), s.limits
+    assert not kasan.divergences, [d.diff for d in kasan.divergences]    # (ASan's service dies on its bug)
+    assert any("heap-buffer-overflow" in f.title for f in asan.findings), [f.title for f in asan.findings]
+    assert any("tb_note_store" in f.title for f in kasan.findings), [f.title for f in kasan.findings]
 
 
 def test_what_exact_mode_cannot_record_is_refused_before_a_bundle_is_made(built, tmp_path):

@@ -45,6 +45,10 @@ class Kernel:
     # is, and its vmlinux for symbolizing reports (None: reports keep addresses only).
     image: str | None = None
     vmlinux: str | None = None
+    # Whether it runs more than one CPU: tandem's Linux flavors are built without SMP
+    # (guest-kernel/linux/base.config: one CPU, so a replay into them is deterministic and
+    # the assertions read fixed addresses); Debian's, FreeBSD's and a user's have it.
+    smp: bool = True
 
 
 @dataclass(frozen=True)
@@ -85,12 +89,12 @@ class Analysis:
 # kasan_multi_shot: report every bug, not only the first one of the boot; KASAN's shadow
 # memory and quarantine need the extra memory.
 KERNELS = {k.flavor: k for k in (
-    Kernel("native"),
-    Kernel("kasan", cmdline_extra="kasan_multi_shot", memory_mb=512),
-    Kernel("ubsan"),
-    Kernel("lockdep"),
-    Kernel("kcsan"),
-    Kernel("debug", cmdline_extra="kasan_multi_shot", memory_mb=512),
+    Kernel("native", smp=False),
+    Kernel("kasan", cmdline_extra="kasan_multi_shot", memory_mb=512, smp=False),
+    Kernel("ubsan", smp=False),
+    Kernel("lockdep", smp=False),
+    Kernel("kcsan", smp=False),
+    Kernel("debug", cmdline_extra="kasan_multi_shot", memory_mb=512, smp=False),
     # Debian's own 6.12 kernel (linux-image-cloud-amd64), fetched in seconds where a kernel
     # compiled here costs 600-700 s of CPU on 2 cores: what the demo guest runs unless told.
     Kernel("stock"),

@@ -62,6 +62,19 @@ def add_mode_option(p: argparse.ArgumentParser) -> None:
                         "replayed semantically and shadowed, never exactly")
 
 
+def add_analysis_vcpus_option(p: argparse.ArgumentParser) -> None:
+    """--analysis-vcpus: one vCPU per analysis VM, or as many as the native had."""
+    p.add_argument("--analysis-vcpus", choices=("one", "native"), default="one",
+                   help="one (default): each analysis VM runs one vCPU, deterministic and recorded "
+                        "(reproducible exactly); native: as many as the native had (a device-mode "
+                        "recording's --smp), closer to it, not reproducible, not recorded")
+
+
+def analysis_vcpus(choice: str, native_vcpus: int | None) -> int:
+    """The analysis VMs' vCPU count for --analysis-vcpus."""
+    return (native_vcpus or 1) if choice == "native" else 1
+
+
 def add_stop_option(p: argparse.ArgumentParser) -> None:
     """--stop: what Ctrl-C (or SIGTERM) does to the recorded VM, in libvirt's terms."""
     p.add_argument("--stop", choices=["powerdown", "quit"], default="powerdown",

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from .. import catalog
 from ..errors import EXIT_CLEAN, EXIT_FOUND, TandemError
-from .common import (add_cpu_idle_option, add_users_analysis_options, build_for, build_for_analyses, progress,
-                     users_analyses)
+from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_users_analysis_options, analysis_vcpus,
+                     build_for, build_for_analyses, progress, users_analyses)
 from .render import console, print_summary
 
 
@@ -32,6 +32,7 @@ def add_parsers(sub) -> None:
                    help="do not record the analysis VMs (by default each leaves WORKDIR/NAME.tdm, "
                         "which `tandem replay` replays exactly)")
     add_cpu_idle_option(r)
+    add_analysis_vcpus_option(r)
     r.add_argument("--workdir", help="where analysis logs go (default BUNDLE/analysis)")
     r.add_argument("--explain", action="store_true",
                    help="with --analysis: explain each finding that names a kernel function on the native "
@@ -161,6 +162,7 @@ def render_departure(dep) -> str:
 
 
 def cmd_analyze(args) -> int:
+    from ..formats import bundle
     from ..semantic.analyze import analyze
     if args.follow or args.partial:
         raise TandemError("--follow and --partial are for exact replay; not with --analysis")
@@ -173,7 +175,8 @@ def cmd_analyze(args) -> int:
             status.update("semantic replay: " + ", ".join(state.values()))
         s = analyze(args.bundle, analyses, spec_path=args.spec, jobs=args.jobs, noise=not args.no_noise,
                     workdir=Path(args.workdir) if args.workdir else None, progress=progress,
-                    record=not args.no_record, root=args.root, cpu_idle=args.cpu_idle)
+                    record=not args.no_record, root=args.root, cpu_idle=args.cpu_idle,
+                    vcpus=analysis_vcpus(args.analysis_vcpus, bundle.load_manifest(args.bundle).machine.smp))
     print_summary(s)
     workdir = Path(args.workdir) if args.workdir else Path(args.bundle) / "analysis"
     if args.explain:

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from .. import catalog
-from .common import (add_cpu_idle_option, add_mode_option, add_stop_option, add_users_analysis_options, build_for,
+from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_mode_option, add_stop_option, add_users_analysis_options, build_for,
                      build_for_analyses, parse_duration, record_targets, users_analyses)
 from .guest_options import add_guest_options, guest_from_args, kernel_flavor
 from .render import console, print_live_finding, print_summary
@@ -62,6 +62,7 @@ def add_parsers(sub) -> None:
                         "NAME-tandem-ANALYSIS, destroyed and undefined at the end (URI default: "
                         "libvirt's; write --libvirt=URI; docs/libvirt.md)")
     add_mode_option(r)
+    add_analysis_vcpus_option(r)
     add_guest_options(r)
     r.set_defaults(func=cmd_shadow)
 
@@ -155,4 +156,4 @@ def options_from(args):
         spec_path=args.spec, idle_analyses=args.analysis_priority == "idle",
         analysis_cpus=args.analysis_cpus, metrics_port=args.metrics_port, drain=not args.no_drain,
         cpu_idle=args.cpu_idle, stop=args.stop, shutdown_timeout_s=args.shutdown_timeout,
-        record_mode=args.mode)
+        record_mode=args.mode, analysis_vcpus=args.analysis_vcpus)

@@ -97,6 +97,7 @@ class ShadowOptions:
     stop: str = "powerdown"                 # what Ctrl-C does to the native (recording.STOP_POLICIES)
     shutdown_timeout_s: float = 60.0        # ... and how long its power button is waited on
     record_mode: str = "exact"              # how the native is recorded (recording.RECORD_MODES)
+    analysis_vcpus: str = "one"             # each analysis VM's vCPUs: "one", or "native" (the native's)
 
     def __post_init__(self) -> None:
         for name, enum in (("release", Release), ("overflow", Overflow)):
@@ -250,7 +251,8 @@ class ShadowRun(Lifecycle):
                           record=self.record_analyses, stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
                           cpu_idle=self.options.cpu_idle, idle=self.idle_analyses,
                           cpus=_cpu_list(self.analysis_cpus), launcher=lv.analysis_launcher(analysis) if lv else None,
-                          line_deps=not self.users_guest, swap_from=self.path if self.users_guest else None)
+                          line_deps=not self.users_guest, swap_from=self.path if self.users_guest else None,
+                          vcpus=self.native.guest.vcpus if self.options.analysis_vcpus == "native" else 1)
 
     def _users_analysis_guest(self, analysis: catalog.Analysis) -> Guest | None:
         """For the user's VM: the machine the analysis boots, once its root device is known

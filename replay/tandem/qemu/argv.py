@@ -35,7 +35,7 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     q = run.host.qemu or artifacts.qemu()
     if run.mode not in (Mode.PLAIN, Mode.DEVICE) and guest.accel != "tcg":
         raise OptionError(f"accelerator {guest.accel!r}: {run.mode} runs need -icount, which QEMU has only under TCG")
-    if guest.vcpus > 1 and run.mode not in (Mode.PLAIN, Mode.DEVICE):
+    if guest.vcpus > 1 and run.rr is not None:
         raise OptionError(f"{guest.vcpus} vCPUs: {run.mode} runs need record/replay's one vCPU "
                           "(record a native with several in device mode)")
     if run.mode == Mode.ANALYSIS and len(guest.nics) != 1:

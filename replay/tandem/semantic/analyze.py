@@ -114,7 +114,7 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
             workdir: Path | None = None, noise: bool = True, jobs: int = 2,
             lookahead_ns: int = model.LOOKAHEAD_NS, progress=None,
             record: bool = True, guests: dict | None = None, root: str | None = None,
-            cpu_idle: bool = False, noise_from: Summary | None = None) -> Summary:
+            cpu_idle: bool = False, noise_from: Summary | None = None, vcpus: int = 1) -> Summary:
     """Replay a finished recording into analysis VMs, `jobs` at a time, each batch
     trailing one reading of the bundle's device log (trail.Trail): tandem's memory
     follows what is in flight, not the recording's length, and no bound stops an
@@ -123,7 +123,7 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
     disks, its root device `root` or the recorded one). cpu_idle: let the host's CPUs idle
     while the analyses run (driving.replay.run). noise_from: an earlier analyze() of this
     bundle whose noise run is used again rather than run once more (the demo analyses in
-    turns, as their kernels are built)."""
+    turns, as their kernels are built). vcpus: each analysis VM's (driving.replay.RunOptions)."""
     bundle_dir = Path(bundle_dir)
     manifest, analyses = check_request(bundle_dir, analyses, spec_path)
     workdir = workdir or bundle_dir / "analysis"
@@ -145,7 +145,8 @@ def analyze(bundle_dir: str | Path, analyses: list[catalog.Analysis], *, spec_pa
             trail = Trail(rec, batch, specs, {a.name: model.Buffer.unbounded() for a in batch},
                           run_options=lambda a: RunOptions(a, guests.get(a.name), workdir, record=record,
                                                            lookahead_ns=lookahead_ns, line_deps=not users,
-                                                           cpu_idle=cpu_idle, swap_from=bundle_dir if users else None),
+                                                           cpu_idle=cpu_idle, swap_from=bundle_dir if users else None,
+                                                           vcpus=vcpus),
                           findings_file=findings_file, stuck_max=OFFLINE_STUCK_MAX, progress=progress)
             with trail:         # started; its analyses stopped if reading fails
                 read_paced(trail, bundle_dir)

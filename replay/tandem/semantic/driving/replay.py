@@ -61,7 +61,10 @@ class RunOptions:
     see qemu/vm.VM). stop(): True ends the run early (outcome "detached"). swap_from: a
     user's VM's recording, whose guest gets its files swapped in first (guests.
     with_files_swapped: a preparation boot), here in the run's own thread: analyses
-    prepare side by side, and one whose preparation fails is that analysis's error."""
+    prepare side by side, and one whose preparation fails is that analysis's error.
+    vcpus: the analysis VM's vCPUs. One is deterministic and recorded (reproducible
+    exactly); more (a multi-vCPU native's count) run on QEMU's round-robin under -icount,
+    closer to the native but not recorded, since QEMU's record/replay takes one vCPU."""
     analysis: catalog.Analysis
     guest: Guest | None                 # None: tandem's guest image with the analysis's kernel and userland
     workdir: Path
@@ -76,6 +79,7 @@ class RunOptions:
     launcher: Launcher | None = None
     stop: Callable[[], bool] | None = None
     swap_from: Path | None = None
+    vcpus: int = 1
 
 
 def run(rec: inputs.RecordedInputs, o: RunOptions, *, buffer: Buffer | None = None,
@@ -98,6 +102,13 @@ def run(rec: inputs.RecordedInputs, o: RunOptions, *, buffer: Buffer | None = No
     if o.swap_from is not None:
         guest = with_files_swapped(guest, o.analysis, o.workdir, o.swap_from)
     res = AnalysisRun(o.analysis.name)
+    if o.vcpus != 1 and not o.analysis.kernel.smp:
+        res.limits.append(f"one vCPU, not the native's {o.vcpus}: the {o.analysis.flavor} kernel is built "
+                          "without SMP (guest-kernel/linux/base.config)")
+    elif o.vcpus != 1:
+        guest, o = dataclasses.replace(guest, vcpus=o.vcpus), dataclasses.replace(o, record=False)
+        res.limits.append(f"{o.vcpus} vCPUs, as the native had: not reproducible instruction for instruction "
+                          "(QEMU's record/replay takes one vCPU), so the run left no recording of its own")
     if not rec.finished:
         res.delivered, res.net_out = deque(maxlen=DELIVERED_KEPT), None
     with ExitStack() as cleanup:        # run last to first: the VM, its bundle, the feed, tmp
