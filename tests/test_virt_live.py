@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,11 +122,11 @@ def test_shadow_libvirt_cli(libvirtd, tmp_path):
         virsh(uri, "undefine", "web")
 
 
-def start_attach(uri: str, tmp_path: Path, port: int) -> subprocess.Popen:
+def start_attach(uri: str, tmp_path: Path, port: int, *extra: str) -> subprocess.Popen:
     """`tandem attach web` as a user runs it, in the background."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
     return subprocess.Popen([sys.executable, "-m", "tandem", "attach", "web", "--analysis", "native",
-                             "--uri", uri, "--bundle", str(tmp_path / "web.tdm"), "--port", str(port)],
+                             "--uri", uri, "--bundle", str(tmp_path / "web.tdm"), "--port", str(port), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
 
@@ -208,6 +209,36 @@ def test_attach_follows_a_plain_domain_live(libvirtd, tmp_path):
     v = replay(tmp_path / "web.tdm")
     assert v.ok, v.summary()
     assert_one_line_error(run_cli("detach", "web", "--uri", uri), "nothing to detach")
+    virsh(uri, "undefine", "web")
+
+
+def test_attach_records_a_two_vcpu_domain_in_device_mode(libvirtd, tmp_path):
+    """tandem attach --mode device on a domain with 2 vCPUs: recorded with its device log
+    alone on both vCPUs, its shadow (one vCPU) trailing it, the domain's definition back."""
+    uri = libvirtd.uri
+    (tmp_path / "web.xml").write_text(native_xml(tmp_path).replace("<vcpu>1</vcpu>", "<vcpu>2</vcpu>"))
+    virsh(uri, "define", str(tmp_path / "web.xml"))
+    original = virsh(uri, "dumpxml", "--inactive", "web")
+    port = free_port()
+    proc = start_attach(uri, tmp_path, port, "--mode", "device")
+    try:
+        wait_for_service(port, proc)
+        assert names(uri) == {"web", "web-tandem-native"}
+        assert re.search(r"<vcpu[^>]*>2</vcpu>", virsh(uri, "dumpxml", "web"))
+        demo_traffic(port, rounds=3)
+        wait_until(lambda: frames_taken(tmp_path / "web.tdm.analysis" / "native.tdm") > 0, 60,
+                   "the shadow to take the native's inputs")
+        err = interrupt_when_quiet(proc, tmp_path / "web.tdm", 180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    (a,) = json.loads((tmp_path / "web.tdm.analysis" / "summary.json").read_text())["analyses"]
+    assert a["outcome"] == "poweroff" and a["delivered"] > 0, a
+    assert virsh(uri, "dumpxml", "--inactive", "web") == original
+    m = bundle.load_manifest(tmp_path / "web.tdm")
+    assert m.machine.mode == "device" and m.machine.smp == 2, m.machine
+    assert_one_line_error(run_cli("replay", str(tmp_path / "web.tdm")), "recorded in device mode")
     virsh(uri, "undefine", "web")
 
 
@@ -316,7 +347,8 @@ def test_attach_refusals_are_one_line(libvirtd, tmp_path):
             (tmp_path / f"{name}.xml").write_text(text.replace("<name>web</name>", f"<name>{name}</name>")
                                                   .replace("52:54:00:7a:6e:01", "52:54:00:7a:6e:02"))
             virsh(uri, "define", str(tmp_path / f"{name}.xml"))
-        assert_one_line_error(run_cli("attach", "two", "--analysis", "native", "--uri", uri), "2 vCPUs")
+        assert_one_line_error(run_cli("attach", "two", "--analysis", "native", "--uri", uri), "2 vCPUs",
+                              "--mode device")
         assert_one_line_error(run_cli("attach", "net", "--analysis", "native", "--uri", uri), "'network'")
         assert_one_line_error(run_cli("attach", "web", "--analysis", "native", "--uri", uri,
                                       "--rtc-base", "2026-01-01T00:00:00"), "--no-follow")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from .. import catalog
 from ..errors import TandemError
-from .common import (add_cpu_idle_option, add_stop_option, add_users_analysis_options, build_for_analyses, catalogued,
-                     parse_duration, users_analyses)
+from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_mode_option, add_stop_option,
+                     add_users_analysis_options, build_for_analyses, catalogued, parse_duration, users_analyses)
 from .guest_options import parse_forward
 from .render import console, print_live_finding, print_summary
 from .shadow import watch
@@ -43,6 +43,8 @@ def add_parsers(sub) -> None:
                    help="do not analyse again offline, from the native's recording, a shadow stopped for lag")
     add_cpu_idle_option(r)
     add_stop_option(r)
+    add_mode_option(r)
+    add_analysis_vcpus_option(r)
     r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
                    help="CPU priority of the shadows: idle (SCHED_IDLE, default: they take only CPU time the "
                         "native leaves) or normal")
@@ -113,7 +115,8 @@ def _attach_live(args) -> int:
     sh = follow(args.uri, args.domain, analyses, bundle=args.bundle,
                 options=ShadowOptions(port=args.port, duration_ns=args.duration or 0, drain=not args.no_drain,
                                       idle_analyses=args.analysis_priority == "idle", cpu_idle=args.cpu_idle,
-                                      stop=args.stop, shutdown_timeout_s=args.shutdown_timeout),
+                                      stop=args.stop, shutdown_timeout_s=args.shutdown_timeout,
+                                      record_mode=args.mode, analysis_vcpus=args.analysis_vcpus),
                 forwards=tuple(args.forward) if args.forward else None, root=args.root,
                 users_options=bool(args.analysis_kernel or args.overlay),
                 workdir=Path(args.workdir) if args.workdir else None, on_finding=print_live_finding)

@@ -75,26 +75,27 @@ def _clock(run: Run) -> ET.Element:
     return clock
 
 
-def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str = "qemu",
+def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str | None = None,
                metadata: ET.Element | None = None, title: str | None = None,
                argv: list[str] | None = None, uuid: str | None = None) -> str:
     """A libvirt domain that runs exactly tandem's QEMU command line for (guest, run): its
     elements from the guest and the run, the rest of the argv passed through.
 
-    virt_type 'qemu' (TCG) or 'kvm'. record, replay and analysis runs use -icount,
-    which QEMU implements only under TCG, so they are 'qemu' domains; 'kvm' is for
-    plain runs without icount. argv: the command line the VM runs (qemu_argv(guest, run)
+    virt_type 'qemu' (TCG) or 'kvm' (default: the guest's accelerator's). record, replay
+    and analysis runs use -icount, which QEMU implements only under TCG, so they are
+    'qemu' domains; 'kvm' is for plain and device-mode runs, which have no icount. argv: the command line the VM runs (qemu_argv(guest, run)
     unless given: a launcher passes its VM's own).
     """
     argv = argv if argv is not None else qemu_argv(guest, run)
     opts = _split(argv)
+    virt_type = virt_type or ("kvm" if guest.accel == "kvm" else "qemu")
     if virt_type not in ("qemu", "kvm"):
         raise TandemError(f"domain type {virt_type!r}: tandem makes 'qemu' or 'kvm' domains")
     if virt_type == "kvm" and any(opt == "-icount" for opt, _ in opts):
         raise TandemError(f"{name}: a 'kvm' domain cannot run this: {run.mode} runs need -icount, "
                           f"which QEMU implements only under TCG (type 'qemu')")
-    if guest.accel != "tcg":
-        raise TandemError(f"accelerator {guest.accel}: the domain type says it (virt_type), the guest says tcg")
+    if guest.accel == "kvm" and virt_type != "kvm":
+        raise TandemError(f"accelerator kvm: a {virt_type!r} domain runs TCG (its type is 'kvm')")
 
     dom = ET.Element("domain", type=virt_type)
     ET.SubElement(dom, "name").text = name

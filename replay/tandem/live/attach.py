@@ -67,7 +67,8 @@ class LiveDomains:
 
     def native_launcher(self) -> Launcher:
         def metadata(vm) -> ET.Element:
-            md = ET.Element(f"{{{NS}}}native", rundir=str(vm.run.rundir), bundle=str(vm.run.rr.rrfile.parent))
+            recorded = vm.run.rr.rrfile if vm.run.rr else vm.run.devlog     # exact, or device mode
+            md = ET.Element(f"{{{NS}}}native", rundir=str(vm.run.rundir), bundle=str(recorded.parent))
             if self.original:
                 ET.SubElement(md, f"{{{NS}}}original").text = self.original
             return md
@@ -120,7 +121,7 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
         dom = native_domain(conn, domain)
         n = read_native(dom)
         users = n.kernel is None or forwards is not None
-        _check_native(n, users)
+        _check_native(n, users, (options or ShadowOptions()).record_mode)
         original = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
     finally:
         conn.close()
@@ -130,6 +131,7 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
         guest = Guest.of_disks([(str(p), fmt) for p, fmt in n.disks], kernel=n.kernel, initrd=n.initrd,
                                append=n.cmdline if n.kernel else None, memory_mb=n.memory_mib,
                                os=guest_os).with_nic(mac=n.mac)
+        guest.vcpus = n.vcpus
         domains = LiveDomains(uri, domain, analyses, native_uuid=n.uuid, original=original)
         return ShadowRun(bundle or f"{domain}.tdm", analyses, options, libvirt=domains, guest=guest,
                          forwards=forwards or (), root=root, **run_kw)
@@ -139,6 +141,7 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
     guest = Guest(kernel=n.kernel, initrd=n.initrd, memory_mb=n.memory_mib, cmdline=n.cmdline, os=guest_os,
                   cpu=OS_CPU.get(guest_os))
     guest = guest.with_disk(str(n.disk) if n.disk else None, n.disk_format or "raw").with_nic(mac=n.mac)
+    guest.vcpus = n.vcpus
     domains = LiveDomains(uri, domain, analyses, native_guest=guest, native_uuid=n.uuid,
                           original=original, info=n)
     return ShadowRun(bundle or f"{domain}.tdm", analyses, options, libvirt=domains, **run_kw)
@@ -174,8 +177,8 @@ def _check_users_disks(n: NativeInfo) -> None:
         raise TandemError(f"{n.name}: {e}") from None
 
 
-def _check_native(n: NativeInfo, users: bool) -> None:
-    """What tandem attach refuses in a native domain, each as a one-line error."""
+def _check_native(n: NativeInfo, users: bool, mode: str = "exact") -> None:
+    """What tandem attach refuses in a native domain (recorded in `mode`), each as a one-line error."""
     domain = n.name
     if n.active:
         raise TandemError(f"{domain}: running; tandem attach starts it itself, recorded from boot "
@@ -183,8 +186,9 @@ def _check_native(n: NativeInfo, users: bool) -> None:
     if not users and len(n.disks) > 1:
         raise TandemError(f"{domain}: {len(n.disks)} disks on a direct kernel boot; give --forward to attach "
                           f"it as a VM of your own (its disks booted by the analyses' kernels)")
-    if n.vcpus != 1:
-        raise TandemError(f"{domain}: {n.vcpus} vCPUs; tandem records 1-vCPU guests")
+    if n.vcpus != 1 and mode == "exact":
+        raise TandemError(f"{domain}: {n.vcpus} vCPUs; exact mode records one (QEMU's record/replay): "
+                          f"attach it with --mode device")
     if n.nic_type is None:
         raise TandemError(f"{domain}: no network interface; tandem records a guest with one "
                           f"(<interface type='user'><model type='virtio'/></interface>)")

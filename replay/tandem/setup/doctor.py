@@ -179,7 +179,8 @@ def check_lock() -> Check:
 def check_kvm(boot: bool = True) -> Check:
     dev = Path("/dev/kvm")
     if not dev.exists():
-        return Check("warn", "kvm", "/dev/kvm absent: VMs run under TCG (slower, same recordings)",
+        return Check("warn", "kvm", "/dev/kvm absent: VMs run under TCG (slower, same recordings; --mode device "
+                     "records on multi-threaded TCG)",
                      "load kvm_intel or kvm_amd, or enable nested virtualization")
     if not os.access(dev, os.R_OK | os.W_OK):
         return Check("warn", "kvm", "/dev/kvm not usable by this user: VMs run under TCG", "add the user to group kvm")
@@ -211,10 +212,11 @@ def _kvm_boot(qemu: dict, kernel: dict) -> Check:
     booted = "VFS: Unable to mount root" in out or "Kernel panic" in out
     if booted:
         return Check("ok", "kvm", f"/dev/kvm boots the {kernel['flavor']} kernel ({time.monotonic() - t0:.1f} s to its "
-                     "root-mount panic)")
+                     "root-mount panic): record --mode device --accel kvm runs the native at native speed")
     last = next((l for l in reversed(out.strip().splitlines()) if l.strip()), "no console output")
     return Check("warn", "kvm", f"/dev/kvm cannot boot a stock guest (last: {last[:100]!r}): "
-                 "VMs run under TCG", "use a host with hardware KVM for speed; recordings do not change")
+                 "VMs run under TCG (--mode device: multi-threaded TCG, not --accel kvm)",
+                 "use a host with hardware KVM for speed; recordings do not change")
 
 
 def run_all(boot_kvm: bool = True) -> list[Check]:
