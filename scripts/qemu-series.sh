@@ -19,6 +19,17 @@
 #                                        touches: make check-unit, the x86_64 qtests qmp-test
 #                                        and test-hmp, qos-test's virtio-net and virtio-rng
 #                                        tests, and the functional test_x86_64_reverse_debug
+#   scripts/qemu-series.sh each DIR [FIRST] [--suite N,N...]
+#                                        every patch at its own point (bisectability): for
+#                                        each commit of DIR after the first (from patch FIRST),
+#                                        build x86_64-softmmu (build-qemu.sh's device set) and
+#                                        run QEMU's functional tests of record/replay that
+#                                        exist at that point (test_x86_64_reverse_debug,
+#                                        test_x86_64_tandem_*); at the patches --suite names,
+#                                        also tandem's record/replay tests
+#                                        (tests/test_record_replay.py) on that point's QEMU;
+#                                        a line a patch in DIR/build/each.log; exit 1 at the
+#                                        first failure
 #
 # --upstream first (scripts/qemu-series.sh --upstream tree DIR, ...) works on
 # qemu-patches/upstream/ instead: the small general fixes, on Debian's QEMU 10.0 alone.
@@ -56,6 +67,67 @@ checkpatch() {
   echo "$dir/checkpatch.pl"
 }
 
+build_tree() {
+  # configure (once, with QEMU's defaults and the options after $1) and build the tree in
+  # $1 for x86_64-softmmu, its binary able to find Debian's firmware; the logs in $1/build
+  local tree=$1
+  shift
+  [ -e /usr/lib/ipxe/qemu/efi-virtio.rom ] ||
+    die "building a tree needs the NICs' option ROMs of Debian's ipxe-qemu (apt install ipxe-qemu)"
+  mkdir -p "$tree/build"
+  if [ ! -f "$tree/build/build.ninja" ]; then
+    # Debian's source has no firmware blobs (linked from its packages below)
+    local cc="gcc"
+    command -v ccache >/dev/null && cc="ccache gcc"
+    (cd "$tree/build" && ../configure --python="${TANDEM_PYTHON:-python3}" --cc="$cc" --target-list=x86_64-softmmu \
+      --disable-download --disable-install-blobs --disable-docs --disable-werror "$@" >configure.log 2>&1) ||
+      { tail -n 30 "$tree/build/configure.log" >&2; die "configure failed (log: $tree/build/configure.log)"; }
+  fi
+  make -C "$tree/build" -j"$(nproc)" >"$tree/build/make.log" 2>&1 ||
+    { tail -n 30 "$tree/build/make.log" >&2; die "build failed (log: $tree/build/make.log)"; }
+  # A binary in the build tree reads its data from qemu-bundle/: Debian's firmware there
+  local f
+  for f in /usr/share/seabios/*.bin /usr/share/qemu/*.bin /usr/share/qemu/*.rom /usr/lib/ipxe/qemu/*.rom; do
+    [ -e "$f" ] && ln -sf "$f" "$tree/build/qemu-bundle/usr/local/share/qemu/"
+  done
+  return 0
+}
+
+functional() {
+  # QEMU's functional test file $2 (tests/functional/$2.py) against the build in $1, as
+  # make check-functional runs it (flaky tests included); its output in $1/build/$2.log.
+  # A skipped test fails here: each one is meant to run.
+  (cd "$1/build" && QEMU_TEST_QEMU_BINARY=$PWD/qemu-system-x86_64 QEMU_TEST_QEMU_IMG=$PWD/qemu-img \
+    QEMU_BUILD_ROOT=$PWD QEMU_TEST_FLAKY_TESTS=1 PYTHONPATH=$1/python:$1/tests/functional \
+    timeout 600 "${TANDEM_PYTHON:-python3}" "$1/tests/functional/$2.py" >"$2.log" 2>&1) &&
+    grep -q '^ok ' "$1/build/$2.log" && ! grep -qE '^not ok |# SKIP' "$1/build/$2.log"
+}
+
+suite_at() {
+  # tandem's record/replay tests on the QEMU built in $1 (at patch $2, commit $3): a build
+  # directory of tandem's whose qemu.json names that binary; the rest of tandem's builds
+  # (kernels, guest image) as they are. A point before rrskipidle (qemu-patches/0022)
+  # is run as tandem runs a stock QEMU. Output in $1/build/suite-$2.log
+  local b=$1/build/tandem-build-$2 stock=false
+  rm -rf "$b" && mkdir -p "$b"
+  cp "$ROOT"/build/*.json "$b"/
+  grep -q rrskipidle "$1/qemu-options.hx" || stock=true
+  python3 -c '
+import json, sys
+path, tree, commit, stock = sys.argv[1:]
+q = json.load(open(path))
+q.update(binary=f"{tree}/build/qemu-system-x86_64", img=f"{tree}/build/qemu-img",
+         firmware_dir=f"{tree}/build/qemu-bundle/usr/local/share/qemu", source=tree,
+         plugin_include=f"{tree}/include", build_id=f"series-{commit}", stock=stock == "true")
+json.dump(q, open(path, "w"))
+' "$b/qemu.json" "$1" "$3" "$stock"
+  (cd "$ROOT" && TANDEM_BUILD_DIR=$b PYTHONPATH=replay:tests timeout 1800 "${TANDEM_PYTHON:-python3}" -m pytest -q \
+    -p no:cacheprovider --basetemp "$1/build/suite-$2" tests/test_record_replay.py) >"$1/build/suite-$2.log" 2>&1
+}
+
+# One function, so bash has read it all before it runs: editing this file while `each` runs
+# (it takes an hour) cannot change the run.
+main() {
 case ${1:-} in
   tree)
     [ $# -eq 2 ] || die "usage: $0 tree DIR"
@@ -113,23 +185,8 @@ EOF
     ;;
   make-check)
     [ $# -eq 2 ] && [ -d "$2/.git" ] || die "usage: $0 make-check DIR (a tree made by: $0 --upstream tree DIR)"
-    [ -e /usr/lib/ipxe/qemu/efi-virtio.rom ] ||
-      die "make-check needs the NICs' option ROMs of Debian's ipxe-qemu (apt install ipxe-qemu)"
-    cd "$2"
-    mkdir -p build
-    cd build
-    if [ ! -f build.ninja ]; then
-      # Debian's source has no firmware blobs (linked from its packages below)
-      cc="gcc"; command -v ccache >/dev/null && cc="ccache gcc"
-      ../configure --python="${TANDEM_PYTHON:-python3}" --cc="$cc" --target-list=x86_64-softmmu \
-        --disable-download --disable-install-blobs --disable-docs --disable-werror >configure.log 2>&1 ||
-        { tail -n 30 configure.log >&2; die "configure failed (log: $2/build/configure.log)"; }
-    fi
-    make -j"$(nproc)" >make.log 2>&1 || { tail -n 30 make.log >&2; die "build failed (log: $2/build/make.log)"; }
-    # A binary in the build tree reads its data from qemu-bundle/: Debian's firmware there
-    for f in /usr/share/seabios/*.bin /usr/share/qemu/*.bin /usr/share/qemu/*.rom /usr/lib/ipxe/qemu/*.rom; do
-      [ -e "$f" ] && ln -sf "$f" qemu-bundle/usr/local/share/qemu/
-    done
+    build_tree "$2"
+    cd "$2/build"
     # pipefail: a failing make or meson test fails this
     make -j"$(nproc)" check-unit 2>&1 | tee check-unit.log | tail -n 5
     QEMU_TEST_FLAKY_TESTS=1 pyvenv/bin/meson test --setup thorough --no-rebuild --print-errorlogs \
@@ -144,5 +201,59 @@ EOF
     ./tests/qtest/qos-test --tap -k "${args[@]}" 2>qos-test.err | tee qos-test.log | grep -c '^ok' |
       { read -r n; echo "qos-test: $n of ${#paths[@]} virtio-net and virtio-rng tests ok"; [ "$n" -eq ${#paths[@]} ]; }
     ;;
-  *) die "usage: $0 [--upstream] tree DIR | export DIR | check [PATCH...] | make-check DIR" ;;
+  each)
+    [ $# -ge 2 ] && [ -d "$2/.git" ] || die "usage: $0 each DIR [FIRST] [--suite N,N...] (a tree made by: $0 tree DIR)"
+    dir=$(realpath "$2")
+    shift 2
+    first=1 suite=,
+    while [ $# -gt 0 ]; do
+      case $1 in
+        --suite) [ $# -ge 2 ] || die "--suite: a list of patch numbers (20,26)"; suite=",$2,"; shift 2 ;;
+        *[!0-9]*) die "each: $1: not a patch number" ;;
+        *) first=$1; shift ;;
+      esac
+    done
+    git -C "$dir" diff --quiet HEAD || die "$dir: uncommitted changes (each checks out every commit)"
+    head=$(git -C "$dir" symbolic-ref -q --short HEAD || git -C "$dir" rev-parse HEAD)
+    base=$(git -C "$dir" rev-list --max-parents=0 HEAD)
+    mapfile -t commits < <(git -C "$dir" rev-list --reverse "$base..HEAD")
+    mkdir -p "$dir/build"
+    log=$dir/build/each.log
+    : >"$log"
+    bad=0
+    for i in "${!commits[@]}"; do
+      n=$((i + 1))
+      [ $n -ge "$first" ] || continue
+      c=${commits[$i]}
+      git -C "$dir" checkout -q "$c"
+      s=$(date +%s)
+      line="$(printf '%02d' $n) $(git -C "$dir" log -1 --format=%s "$c" | cut -c1-60):"
+      # build-qemu.sh's device set and options that change what is compiled
+      if (build_tree "$dir" --without-default-devices --with-devices-x86_64=tandem --enable-plugins \
+          --enable-slirp --enable-capstone --enable-zstd) 2>/dev/null; then
+        line="$line built ($(( $(date +%s) - s )) s, $(grep -c 'warning:' "$dir/build/make.log" || true) warnings)"
+        for f in "$dir"/tests/functional/test_x86_64_reverse_debug.py "$dir"/tests/functional/test_x86_64_tandem_*.py; do
+          [ -e "$f" ] || continue
+          t=$(basename "$f" .py)
+          if functional "$dir" "$t"; then line="$line, $t ok"; else line="$line, $t FAILED"; bad=1; fi
+        done
+        if [ "${suite#*,$n,}" != "$suite" ]; then
+          if suite_at "$dir" "$n" "$c"; then line="$line, tandem's record/replay tests ok"
+          else line="$line, tandem's record/replay tests FAILED (log: build/suite-$n.log)"; bad=1; fi
+        fi
+      else
+        line="$line BUILD FAILED (log: build/make.log)"
+        bad=1
+      fi
+      echo "$line" | tee -a "$log"
+      [ $bad -eq 0 ] || break
+    done
+    git -C "$dir" checkout -q "$head"
+    [ $bad -eq 0 ] && echo "qemu-series: every patch from $first builds and passes its functional tests (log: $log)"
+    exit $bad
+    ;;
+  *) die "usage: $0 [--upstream] tree DIR | export DIR | check [PATCH...] | make-check DIR | each DIR [FIRST]" ;;
 esac
+}
+
+main "$@"
