@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import analyses, assert_one_line_error, run_cli
+from helpers import analyses, assert_one_line_error, record_planted_bugs, run_cli
 from helpers.live import analyses_caught_up, drive, run_until_native_stops
 from tandem import catalog
 from tandem.formats import bundle, pcapng
 from tandem.live.shadow import ShadowOptions, ShadowRun
 from tandem.machine import Guest
-from tandem.record.recording import Recording
 from tandem.record.workload import bad_requests, demo_traffic
 from tandem.semantic.analyze import analyze
 
@@ -34,16 +33,9 @@ def serial_out(devlog: Path) -> bytes:
 def device_bundle(built, tmp_path_factory) -> Path:
     """The demo guest with 2 vCPUs recorded in device mode: clean traffic from two clients,
     every planted-bug request, then poweroff."""
-    path = tmp_path_factory.mktemp("device") / "smp2.tdm"
     guest = Guest.default(catalog.DEFAULT_KERNEL)
     guest.vcpus = 2
-    with Recording(path, guest, mode="device") as rec:
-        rec.wait_ready()
-        demo_traffic(rec.port, rounds=5)
-        bad_requests(rec.port)
-        rec.serial.type("poweroff")
-        rec.wait(timeout=180)
-    return path
+    return record_planted_bugs(tmp_path_factory.mktemp("device") / "smp2.tdm", guest=guest, mode="device")
 
 
 def test_a_device_mode_bundle_has_the_device_log_alone_and_says_its_mode(device_bundle):

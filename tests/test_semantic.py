@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, assert_one_line_error, run_cli, start_client
+from helpers import ROOT, assert_one_line_error, record_planted_bugs, run_cli, start_client
 from tandem import catalog
 from tandem.semantic import inputs
 from tandem.semantic.driving import replay
@@ -19,7 +19,7 @@ from tandem.record.recording import Recording
 from tandem.semantic.analyze import PACE_EVERY, analyze
 from tandem.semantic.trail import Trail
 from tandem.machine import Guest
-from tandem.record.workload import KV, PLANTED_BUGS, bad_requests, demo_traffic
+from tandem.record.workload import KV, PLANTED_BUGS, bad_requests
 
 # Every Linux analysis of the catalogue but the null one: a new analysis is tested here once
 # it says below what it finds in the planted bugs (FreeBSD's: tests/test_freebsd.py).
@@ -53,14 +53,7 @@ EXPECTED = {
 @pytest.fixture(scope="session")
 def planted_bugs_bundle(built, tmp_path_factory) -> Path:
     """Clean traffic, then every planted-bug request (answered normally), then poweroff."""
-    path = tmp_path_factory.mktemp("bugs") / "bugs.tdm"
-    with Recording(path) as rec:
-        rec.wait_ready()
-        demo_traffic(rec.port, rounds=5)
-        bad_requests(rec.port)
-        rec.serial.type("poweroff")
-        rec.wait(timeout=120)
-    return path
+    return record_planted_bugs(tmp_path_factory.mktemp("bugs") / "bugs.tdm")
 
 
 def client_line(rec: inputs.RecordedInputs, flow: int, offset: int) -> bytes:

@@ -200,6 +200,20 @@ def record_demo(path: Path, *, rounds: int = 10, flavor: str | None = None) -> P
     return path
 
 
+def record_planted_bugs(path: Path, **recording) -> Path:
+    """Record the demo guest (Recording(path, **recording)): clean traffic, then every
+    planted-bug request (answered normally), then poweroff."""
+    from tandem.record.recording import Recording
+    from tandem.record.workload import bad_requests, demo_traffic
+    with Recording(path, **recording) as rec:
+        rec.wait_ready()
+        demo_traffic(rec.port, rounds=5)
+        bad_requests(rec.port)
+        rec.serial.type("poweroff")
+        rec.wait(timeout=180)
+    return path
+
+
 def service_answers(port: int) -> bool:
     """The demo service behind `port` answers a SET now. Not yet: a refused connection or
     one closed without an answer (tandem's TandemError: slirp accepts before the guest
