@@ -55,7 +55,7 @@ def catalogued(items: list[str] | None) -> list[catalog.Analysis]:
 
 
 def add_mode_option(p: argparse.ArgumentParser) -> None:
-    """--mode: how the native is recorded (record.recording.RECORD_MODES)."""
+    """--mode: how the native is recorded (record.recording.RecordMode)."""
     p.add_argument("--mode", choices=("exact", "device"), default="exact",
                    help="exact (default): QEMU's record/replay under -icount, one vCPU, TCG, replayed "
                         "exactly; device: the device log alone, any --smp, multi-threaded TCG or KVM, "

@@ -44,7 +44,7 @@ from ..lifecycle import Lifecycle
 from ..formats import bundle, pcapng
 from ..machine import Forward, Guest, analyses_given
 from ..qemu.vm import cpu_seconds
-from ..record.recording import Recording
+from ..record.recording import Recording, RecordMode
 from ..semantic.comparison import equivalence
 from ..semantic import guests, inputs, model
 from ..semantic.model import Overflow
@@ -96,11 +96,11 @@ class ShadowOptions:
     cpu_idle: bool = False                  # the host's CPUs may idle (qemu/wake_latency.py)
     stop: str = "powerdown"                 # what Ctrl-C does to the native (recording.STOP_POLICIES)
     shutdown_timeout_s: float = 60.0        # ... and how long its power button is waited on
-    record_mode: str = "exact"              # how the native is recorded (recording.RECORD_MODES)
+    record_mode: RecordMode = RecordMode.EXACT  # how the native is recorded
     analysis_vcpus: str = "one"             # each analysis VM's vCPUs: "one", or "native" (the native's)
 
     def __post_init__(self) -> None:
-        for name, enum in (("release", Release), ("overflow", Overflow)):
+        for name, enum in (("release", Release), ("overflow", Overflow), ("record_mode", RecordMode)):
             value = getattr(self, name)
             if value not in set(enum):
                 raise TandemError(f"unknown {name} policy {value!r} (known: {', '.join(enum)})")

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from enum import StrEnum
 from pathlib import Path
 
 from .. import catalog, private
@@ -69,22 +70,25 @@ POWERDOWN_WAIT_S = 60.0
 # they add about 7.6 KB a second of busy VM time (27 MB an hour), and none while a vCPU
 # stays halted (an unchanged checkpoint is left out).
 STATE_EVERY_NS = 100_000_000
-# How a native is recorded: "exact" (QEMU's record/replay under -icount, one vCPU, TCG:
-# replayed instruction for instruction, every output verified) or "device" (the device log
-# alone: no -icount, any vCPU count, multi-threaded TCG or KVM; its inputs re-delivered by
-# semantic replay and live shadows, never replayed exactly).
-RECORD_MODES = ("exact", "device")
+class RecordMode(StrEnum):
+    """How a native is recorded (`--mode`)."""
+    EXACT = "exact"     # QEMU's record/replay under -icount, one vCPU, TCG: replayed exactly, every output verified
+    DEVICE = "device"   # the device log alone: no -icount, any vCPUs, multi-threaded TCG or KVM; replayed semantically
 
 
-def check_record_mode(mode: str, guest: Guest) -> None:
-    """A one-line error when `guest` cannot be recorded in `mode` (before any bundle is made)."""
-    if mode not in RECORD_MODES:
-        raise TandemError(f"--mode {mode!r}: not one of {', '.join(RECORD_MODES)}")
-    if mode == "exact" and guest.vcpus != 1:
+def record_mode(mode: str, guest: Guest) -> RecordMode:
+    """`mode` as a RecordMode; a one-line error when it is none, or `guest` cannot be
+    recorded in it (before any bundle is made)."""
+    try:
+        mode = RecordMode(mode)
+    except ValueError:
+        raise TandemError(f"--mode {mode!r}: not one of {', '.join(RecordMode)}") from None
+    if mode == RecordMode.EXACT and guest.vcpus != 1:
         raise TandemError(f"{guest.vcpus} vCPUs: exact mode records one (QEMU's record/replay refuses more); "
                           "record with --mode device, or give the guest one vCPU")
-    if mode == "exact" and guest.accel != "tcg":
+    if mode == RecordMode.EXACT and guest.accel != "tcg":
         raise TandemError(f"accelerator {guest.accel}: exact mode needs TCG's -icount; record with --mode device")
+    return mode
 
 
 class Recording:
@@ -98,7 +102,7 @@ class Recording:
                  gate_socket: Path | None = None, gate_outputs: bool = True, gate_overflow: str = "block",
                  assertions: DeclaredPack | None = None, launcher: Launcher | None = None, stop: str = "powerdown",
                  powerdown_wait_s: float | None = None, state_every_ns: int = STATE_EVERY_NS,
-                 mode: str = "exact"):
+                 mode: RecordMode | str = RecordMode.EXACT):
         """port: the demo guest's service forward (host port to its port 7000); without
         forwards, a free port is chosen for it. forwards: the host ports forwarded to the
         guest (`tandem record --forward`); given (even empty), no demo port is added unless
@@ -110,7 +114,7 @@ class Recording:
         "powerdown" presses the power button and waits powerdown_wait_s for the guest to
         power off, quitting on a second request or when the wait is over; "quit" quits at
         once. state_every_ns: VM time between state checkpoints (0: none; device mode has
-        none). mode: RECORD_MODES."""
+        none). mode: exact or device (RecordMode)."""
         if stop not in STOP_POLICIES:
             raise TandemError(f"stop policy {stop!r}: not one of {', '.join(STOP_POLICIES)}")
         if powerdown_wait_s is not None and not 0 < powerdown_wait_s < 1e6:
@@ -119,10 +123,9 @@ class Recording:
         self.path = Path(path)
         self.assertions = assertions
         self.guest = guest or Guest.default(catalog.ASSERTIONS_KERNEL if assertions else catalog.DEFAULT_KERNEL)
-        check_record_mode(mode, self.guest)
-        self.mode = mode
+        self.mode = record_mode(mode, self.guest)
         self.duration_ns = duration_ns
-        self.state_every_ns = state_every_ns if mode == "exact" else 0
+        self.state_every_ns = state_every_ns if self.mode == RecordMode.EXACT else 0
         self.forwards = forwards or ()
         self.port = port or (free_port() if forwards is None else None)
         self.gate_socket, self.gate_outputs, self.gate_overflow = gate_socket, gate_outputs, gate_overflow
@@ -147,7 +150,7 @@ class Recording:
         g = self.guest
         net = UserNet(self.port, self.forwards)
         check_host_ports(net.all_forwards(GUEST_PORT))
-        device = self.mode == "device"
+        device = self.mode == RecordMode.DEVICE
         self.manifest = start_bundle(self.path, g, dataclasses.replace(
             g.section(), stop_after_ns=self.duration_ns, state_every_ns=self.state_every_ns or None,
             mode="device" if device else None, icount_shift=None if device else g.section().icount_shift,
