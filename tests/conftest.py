@@ -51,8 +51,8 @@ TAIL_BYTES = 3000
 # only cost balance: the order is a hint, the groups are what keeps a module's VMs apart.
 SLOWEST_FIRST = {
     "test_farm.py": 336, "test_record_any_guest.py": 294, "test_semantic.py": 159, "test_freebsd.py": 136,
-    "test_live.py": 132, "test_virt_live.py": 98, "test_gate_bound.py": 95, "test_record_replay.py": 82,
-    "test_assertions.py": 65, "test_planted_bugs.py": 54, "test_bad_input.py": 38,
+    "test_live.py": 132, "test_virt_live.py": 98, "test_gate_bound.py": 95, "test_device_mode.py": 90,
+    "test_record_replay.py": 82, "test_assertions.py": 65, "test_planted_bugs.py": 54, "test_bad_input.py": 38,
     "test_launcher.py": 26, "test_virt.py": 26, "test_private_modes.py": 18,
     "test_devlog_tshark.py": 16, "test_devlog_devices.py": 9,
 }
