@@ -105,6 +105,8 @@ class ShadowOptions:
             if value not in set(enum):
                 raise TandemError(f"unknown {name} policy {value!r} (known: {', '.join(enum)})")
             object.__setattr__(self, name, enum(value))
+        if self.analysis_vcpus not in ("one", "native"):
+            raise TandemError(f"--analysis-vcpus {self.analysis_vcpus!r}: 'one' or 'native'")
         if self.block_budget_s <= 0:
             raise TandemError(f"--block-budget must be positive, not {self.block_budget_s:g}s")
         for name in ("buffer_events", "buffer_bytes"):

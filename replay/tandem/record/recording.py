@@ -70,6 +70,8 @@ POWERDOWN_WAIT_S = 60.0
 # they add about 7.6 KB a second of busy VM time (27 MB an hour), and none while a vCPU
 # stays halted (an unchanged checkpoint is left out).
 STATE_EVERY_NS = 100_000_000
+
+
 class RecordMode(StrEnum):
     """How a native is recorded (`--mode`)."""
     EXACT = "exact"     # QEMU's record/replay under -icount, one vCPU, TCG: replayed exactly, every output verified
