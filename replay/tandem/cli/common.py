@@ -70,11 +70,6 @@ def add_analysis_vcpus_option(p: argparse.ArgumentParser) -> None:
                         "recording's --smp), closer to it, not reproducible, not recorded")
 
 
-def analysis_vcpus(choice: str, native_vcpus: int | None) -> int:
-    """The analysis VMs' vCPU count for --analysis-vcpus."""
-    return (native_vcpus or 1) if choice == "native" else 1
-
-
 def add_stop_option(p: argparse.ArgumentParser) -> None:
     """--stop: what Ctrl-C (or SIGTERM) does to the recorded VM, in libvirt's terms."""
     p.add_argument("--stop", choices=["powerdown", "quit"], default="powerdown",

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from .. import catalog
 from ..errors import EXIT_CLEAN, EXIT_FOUND, TandemError
-from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_users_analysis_options, analysis_vcpus,
-                     build_for, build_for_analyses, progress, users_analyses)
+from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_users_analysis_options, build_for,
+                     build_for_analyses, progress, users_analyses)
 from .render import console, print_summary
 
 
@@ -167,6 +167,8 @@ def cmd_analyze(args) -> int:
     if args.follow or args.partial:
         raise TandemError("--follow and --partial are for exact replay; not with --analysis")
     analyses = users_analyses(args)
+    # --analysis-vcpus native: as many as the recording's machine had
+    vcpus = (bundle.load_manifest(args.bundle).machine.smp or 1) if args.analysis_vcpus == "native" else 1
     build_for_analyses(analyses, noise=not args.no_noise, bundles=[args.bundle])
     state: dict[str, str] = {}
     with console.status("replaying into analysis VMs") as status:
@@ -176,7 +178,7 @@ def cmd_analyze(args) -> int:
         s = analyze(args.bundle, analyses, spec_path=args.spec, jobs=args.jobs, noise=not args.no_noise,
                     workdir=Path(args.workdir) if args.workdir else None, progress=progress,
                     record=not args.no_record, root=args.root, cpu_idle=args.cpu_idle,
-                    vcpus=analysis_vcpus(args.analysis_vcpus, bundle.load_manifest(args.bundle).machine.smp))
+                    vcpus=vcpus)
     print_summary(s)
     workdir = Path(args.workdir) if args.workdir else Path(args.bundle) / "analysis"
     if args.explain:

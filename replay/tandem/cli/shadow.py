@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 
 from .. import catalog
-from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_mode_option, add_stop_option, add_users_analysis_options, build_for,
-                     build_for_analyses, parse_duration, record_targets, users_analyses)
+from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_mode_option, add_stop_option,
+                     add_users_analysis_options, build_for, build_for_analyses, parse_duration, record_targets,
+                     users_analyses)
 from .guest_options import add_guest_options, guest_from_args, kernel_flavor
 from .render import console, print_live_finding, print_summary
 

@@ -83,7 +83,8 @@ def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str | None = Non
 
     virt_type 'qemu' (TCG) or 'kvm' (default: the guest's accelerator's). record, replay
     and analysis runs use -icount, which QEMU implements only under TCG, so they are
-    'qemu' domains; 'kvm' is for plain and device-mode runs, which have no icount. argv: the command line the VM runs (qemu_argv(guest, run)
+    'qemu' domains; 'kvm' is for plain and device-mode runs, which have no icount.
+    argv: the command line the VM runs (qemu_argv(guest, run)
     unless given: a launcher passes its VM's own).
     """
     argv = argv if argv is not None else qemu_argv(guest, run)
