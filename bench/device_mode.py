@@ -3,7 +3,8 @@
 
 The reference VM (scripts/build-refvm.sh: Debian 12 booted by its own GRUB, nginx and
 redis) with 2 vCPUs on multi-threaded TCG, in two configurations run side by side, round
-by round (the machine is shared and noisy; medians of per-round ratios):
+by round, which goes first alternating (the machine is shared and noisy; medians of
+per-round ratios):
   plain    tandem's QEMU running the VM, nothing recorded (the baseline)
   device   `tandem record --mode device --smp 2` of the same disk (the device log alone)
 The workload, every round: power-on to nginx answering, then wrk for --wrk-seconds over
@@ -103,8 +104,10 @@ def report(runs: int, wrk_seconds: int) -> str:
     rows: dict[str, list[dict[str, float]]] = {"plain": [], "device": []}
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as t:
         for i in range(runs):
-            rows["plain"].append(run_plain(Path(t), wrk_seconds))
-            rows["device"].append(run_device(Path(t), wrk_seconds))
+            # which goes first alternates: what a run leaves (its overlay's writeback and
+            # removal) falls on the next one
+            for kind in ("plain", "device") if i % 2 == 0 else ("device", "plain"):
+                rows[kind].append((run_plain if kind == "plain" else run_device)(Path(t), wrk_seconds))
             print(f"round {i + 1}/{runs}: " + ", ".join(f"{k} {v[-1]['wrk_rps']:.0f} req/s" for k, v in rows.items()),
                   file=sys.stderr)
 
@@ -116,7 +119,7 @@ def report(runs: int, wrk_seconds: int) -> str:
     thr, p99 = ratio("wrk_rps", inverse=True), ratio("wrk_p99_ms")
     lines = [
         f"Reference VM (Debian 12, its own GRUB and systemd; nginx), {VCPUS} vCPUs on multi-threaded TCG, "
-        f"{runs} interleaved rounds; ratios are the median of each round's device/plain. Workload: power-on to "
+        f"{runs} interleaved rounds, which goes first alternating; ratios are the median of each round's device/plain. Workload: power-on to "
         f"nginx answering, wrk {wrk_seconds} s x 4 kept-alive connections. Measured on this project's 2-core "
         f"machine, nothing else running. Command: `python bench/device_mode.py --runs {runs} --out "
         f"docs/benchmarks.md`.",
