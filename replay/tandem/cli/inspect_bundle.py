@@ -150,7 +150,7 @@ def _machine(manifest: Manifest) -> dict[str, Any]:
 
 def _mode(mode: str | None) -> str:
     """How the bundle was recorded: exact (the default), device, or an analysis run's own."""
-    return {None: "exact", "record": "exact"}.get(mode, mode or "exact")
+    return "exact" if mode in (None, "record") else mode
 
 
 def exposure_warning(d: Path, exposed: dict[str, str]) -> str:
