@@ -278,7 +278,10 @@ def test_attach_follows_a_freebsd_domain_live(libvirtd, tmp_path, boot):
                             start_new_session=True)
     try:
         wait_for_service(port, proc, timeout=300)
-        assert names(uri) == {"fb", "fb-tandem-freebsd-debug"}
+        # The loader's boot names its root only on the console, so the shadow is defined
+        # once the native's kernel has printed it: its services may answer first.
+        wait_until(lambda: names(uri) == {"fb", "fb-tandem-freebsd-debug"}, 60,
+                   lambda: f"the shadow to be defined beside the native (domains: {sorted(names(uri))})")
         assert "vendor=GenuineIntel" in virsh(uri, "dumpxml", "fb")
         demo_traffic(port, rounds=2)
         with KV(port) as kv:
