@@ -58,6 +58,9 @@ TEST_PKGS=(
   postgresql-15
   # reverse debugging's tests drive the real gdb against a replay's gdbstub
   gdb
+  # libvirt's default network in the tests' private libvirtd, in a network namespace of
+  # its own: its bridge (ip), DHCP (dnsmasq) and NAT (iptables), and clients in there (nsenter)
+  iproute2 dnsmasq-base iptables
 )
 # FreeBSD guests (scripts/build-freebsd.sh): Debian's LLVM 19 as FreeBSD's cross toolchain
 # (FreeBSD 14.x and 15.x are built with LLVM 18 and 19), and what its bootstrap tools

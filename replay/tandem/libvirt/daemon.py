@@ -63,6 +63,20 @@ cgroup_controllers = [ ]
 seccomp_sandbox = 0
 """
 
+# Debian's libvirt-daemon-config-network's /etc/libvirt/qemu/networks/default.xml.
+DEFAULT_NETWORK = """\
+<network>
+  <name>default</name>
+  <forward mode='nat'/>
+  <bridge name='virbr0' stp='on' delay='0'/>
+  <ip address='192.168.122.1' netmask='255.255.255.0'>
+    <dhcp>
+      <range start='192.168.122.2' end='192.168.122.254'/>
+    </dhcp>
+  </ip>
+</network>
+"""
+
 VIRTLOGD_CONF = """\
 log_outputs = "3:file:{log}/virtlogd.log"
 """
@@ -81,7 +95,9 @@ mount -t overlay tandem-libvirt -o "lowerdir=/etc,upperdir=$D/etc,workdir=$D/.et
 mount -t overlay tandem-libvirt -o "lowerdir=/var,upperdir=$D/var,workdir=$D/.var-work" /var
 for f in passwd group; do
   grep -q '^libvirt-qemu:' /etc/$f || echo "libvirt-qemu:x:64055:$([ $f = passwd ] && echo '64055:libvirt:/var/lib/libvirt:/usr/sbin/nologin')" >> /etc/$f
+  grep -q '^libvirt-dnsmasq:' /etc/$f || echo "libvirt-dnsmasq:x:64056:$([ $f = passwd ] && echo '64056:libvirt:/var/lib/libvirt/dnsmasq:/usr/sbin/nologin')" >> /etc/$f
 done
+[ "$2" = netns ] && ip link set lo up
 virtlogd -f "$D/virtlogd.conf" -p /run/virtlogd.pid &
 libvirtd -f "$D/libvirtd.conf" -p /run/libvirtd.pid &
 wait
@@ -96,13 +112,18 @@ class Libvirtd(Lifecycle):
 
         with Libvirtd(tmp / "libvirt") as d:
             conn = connect(d.uri)          # or: virsh -c "$URI" list
+
+    netns: the daemons in a network namespace of their own too, with libvirt's `default`
+    network started there (tests: a NAT network and its DHCP that touch nothing of the
+    host's; run_in_netns reaches the guests on it).
     """
 
     SHADOWED = ("/etc", "/var", "/run")    # the namespace's own views of these
     OWN = ("etc/libvirt", "var/lib/libvirt", "var/log/libvirt", "var/cache/libvirt")  # only ours in there
 
-    def __init__(self, dir: str | Path):
+    def __init__(self, dir: str | Path, *, netns: bool = False):
         self.dir = Path(dir).absolute()
+        self.netns = netns
         self.proc: subprocess.Popen | None = None
         self.mntns: str | None = None
 
@@ -153,9 +174,9 @@ class Libvirtd(Lifecycle):
         env["PATH"] = env.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin"
         with open(self.log_dir / "daemons.out", "wb") as out:
             self.proc = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", LAUNCH, "sh",
-                 str(self.dir)], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True)
+                ["unshare", "--mount", *(["--net"] if self.netns else []), "--propagation", "private", "--",
+                 "sh", "-c", LAUNCH, "sh", str(self.dir), "netns" if self.netns else ""],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         libvirt = binding()
         deadline = time.monotonic() + timeout
         while True:
@@ -175,7 +196,38 @@ class Libvirtd(Lifecycle):
                 raise InfraError(f"private libvirtd did not answer on {self.socket} within {timeout:.0f}s: {msg}")
             time.sleep(0.1)
         self.mntns = os.readlink(f"/proc/{self.proc.pid}/ns/mnt")
+        if self.netns:
+            self._default_network()
         return self
+
+    def _default_network(self) -> None:
+        """libvirt's `default` network as Debian's libvirt-daemon-config-network defines
+        it (NAT, virbr0, 192.168.122.0/24 with DHCP), started: in the daemon's own network
+        namespace, so its bridge, dnsmasq and NAT rules touch nothing of the host's."""
+        libvirt = binding()
+        conn = libvirt.open(self.uri)
+        try:
+            net = conn.networkDefineXML(DEFAULT_NETWORK)
+            net.create()
+        except libvirt.libvirtError as e:
+            msg = self._log_tail()
+            self.close()
+            raise InfraError(f"private libvirtd: its default network did not start: "
+                             f"{e.get_error_message()} ({msg})") from None
+        finally:
+            conn.close()
+
+    @property
+    def netns_path(self) -> str:
+        """The daemons' network namespace (netns=True), as nsenter --net takes it."""
+        if not self.netns or self.proc is None:
+            raise TandemError("this private libvirtd has no network namespace of its own")
+        return f"/proc/{self.proc.pid}/ns/net"
+
+    def run_in_netns(self, argv: list[str], **kw) -> subprocess.CompletedProcess:
+        """subprocess.run(argv, **kw) in the daemon's network namespace (netns=True), where
+        its domains' networks are: how a client reaches a guest on `default`."""
+        return subprocess.run(["nsenter", f"--net={self.netns_path}", "--", *argv], **kw)
 
     def pids(self) -> dict[str, int]:
         """{'libvirtd': pid, 'virtlogd': pid} of the running daemons."""

@@ -129,6 +129,11 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
         "initdb", "pg_ctl", where="/usr/lib/postgresql/*/bin"),
     *_p("util-linux", "runs that PostgreSQL server as nobody: it refuses root (tests)", "setpriv"),
     *_p("gdb", "reverse debugging against a replay's gdbstub (tests)", "gdb"),
+    *_p("iproute2", "the private libvirtd's own network namespace: its loopback up (tests)", "ip"),
+    *_p("util-linux", "clients inside that namespace, where libvirt's default network is (tests)", "nsenter"),
+    *_p("dnsmasq-base", "DHCP and DNS on that default network, run by libvirtd (tests)", "dnsmasq",
+        implicit=True),
+    *_p("iptables", "that default network's NAT rules, set by libvirtd (tests)", "iptables", implicit=True),
     # The launcher's venv.
     *_p(VENV, "runs the meson build", "meson"),
     *_p(VENV, "the venv's interpreter", "python"),
