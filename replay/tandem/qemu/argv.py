@@ -4,6 +4,7 @@ typed values by machine/options.py (-device/-object/-netdev as JSON, the rest as
 key=value lists with their values escaped), so no value can add a key."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import artifacts
@@ -43,10 +44,7 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     argv = [q["binary"], "-L", q["firmware_dir"], "-M", guest.machine_type, "-m", str(int(guest.memory_mb)),
             "-smp", str(int(guest.vcpus)), "-nodefaults", "-no-user-config", "-display", "none",
             "-no-reboot", "-accel", _accel(guest, run), *_cpu_options(guest), *_boot_options(guest),
-            # QMP on a keyed chardev: -qmp unix:PATH reads a PATH with '=' before its
-            # first ',' as a key (QEMU's implied first option).
-            "-chardev", qmp_chardev(run.rundir),
-            "-mon", keyval_option(None, {"chardev": "qmp", "mode": "control"})]
+            *qmp_monitor(run.rundir)]
     argv += _clock_options(run, q)
     argv += _serial_options(run)
     for disk in guest.disks:
@@ -55,7 +53,30 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     if run.mode in ("record", "replay"):   # analysis runs: the feed is logged instead
         argv += [a for nic in guest.nics for a in
                  ("-object", json_option({"qom-type": "filter-replay", "id": f"rr-{nic.netdev}", "netdev": nic.netdev}))]
-    nic = guest.nics[0]
+    argv += recording_objects(run, DeviceIds.of(guest))
+    return argv + list(run.extra)
+
+
+@dataclass(frozen=True)
+class DeviceIds:
+    """The ids QEMU knows a guest's devices by, which the recording's objects (the devlog,
+    its filters, the gate) name: tandem's own (DeviceIds.of), or the ones libvirt gives
+    the devices of a domain's own command line (libvirt/domain.recorded_domain_xml)."""
+    serial: str | None          # the serial port's chardev
+    rng: str | None             # the entropy device's backend object
+    drives: tuple[str, ...]     # each disk: a drive's id, or a block device's (qemu-patches/0017)
+    netdevs: tuple[str, ...]    # each NIC's netdev; the gate holds the first's frames
+
+    @classmethod
+    def of(cls, guest: Guest) -> DeviceIds:
+        """The ids qemu_argv gives guest's devices."""
+        return cls("serial0", "rng0", tuple(d.id for d in guest.disks), tuple(n.netdev for n in guest.nics))
+
+
+def recording_objects(run: Run, ids: DeviceIds) -> list[str]:
+    """The objects that record the run at its device boundary: the gate on the first NIC
+    (run.gate), the device log over every device in ids and a filter on every netdev."""
+    argv: list[str] = []
     if run.gate:
         # The guest's outgoing frames wait for tandem (release policy "agreed"), and its
         # incoming ones while tandem holds them (overflow policy "block"). At the head of
@@ -63,7 +84,7 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         # when the guest sent it; on the way in before filter-replay and the device log,
         # so a held frame is recorded when the guest gets it.
         argv += ["-chardev", keyval_option("socket", {"id": "gatesock", "path": str(run.gate.socket)}),
-                 "-object", json_option({"qom-type": "filter-gate", "id": "gate0", "netdev": nic.netdev,
+                 "-object", json_option({"qom-type": "filter-gate", "id": "gate0", "netdev": ids.netdevs[0],
                                          "queue": "all", "chardev": "gatesock", "position": "head",
                                          "overflow": run.gate.overflow,
                                          "outputs": None if run.gate.outputs else False})]
@@ -71,17 +92,16 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
         # A recording's log says how far the VM clock has got every 100 ms: a live
         # shadow follows it without asking the native over QMP.
         argv += ["-object", json_option({
-                     "qom-type": "devlog", "id": "devlog", "path": str(run.devlog), "chardev": "serial0",
-                     "rng": "rng0", "drives": [disk.id for disk in guest.disks] or None,
+                     "qom-type": "devlog", "id": "devlog", "path": str(run.devlog), "chardev": ids.serial,
+                     "rng": ids.rng, "drives": list(ids.drives) or None,
                      "stop-after": run.stop_after_ns or None,
                      "state-every": run.state_every_ns or None,
-                     "clock-marks": True if run.mode in (Mode.RECORD, Mode.DEVICE) else None}),
-                 "-object", json_option({"qom-type": "filter-devlog", "id": "devlog-net0", "netdev": nic.netdev,
-                                         "devlog": "devlog", "position": "tail"})]
-        for other in guest.nics[1:]:
-            argv += ["-object", json_option({"qom-type": "filter-devlog", "id": f"devlog-{other.netdev}",
-                                             "netdev": other.netdev, "devlog": "devlog", "position": "tail"})]
-    return argv + list(run.extra)
+                     "clock-marks": True if run.mode in (Mode.RECORD, Mode.DEVICE) else None})]
+        for i, netdev in enumerate(ids.netdevs):
+            argv += ["-object", json_option({"qom-type": "filter-devlog", "id": "devlog-net0" if i == 0 else
+                                             f"devlog-{netdev}", "netdev": netdev, "devlog": "devlog",
+                                             "position": "tail"})]
+    return argv
 
 
 def _accel(guest: Guest, run: Run) -> str:
@@ -107,6 +127,12 @@ def _boot_options(guest: Guest) -> list[str]:
     if guest.kernel is None:
         return []
     return ["-kernel", guest.kernel, *(["-initrd", guest.initrd] if guest.initrd else []), "-append", guest.cmdline]
+
+
+def qmp_monitor(rundir: Path) -> list[str]:
+    """tandem's QMP monitor on its socket in rundir. On a keyed chardev: -qmp unix:PATH
+    reads a PATH with '=' before its first ',' as a key (QEMU's implied first option)."""
+    return ["-chardev", qmp_chardev(rundir), "-mon", keyval_option(None, {"chardev": "qmp", "mode": "control"})]
 
 
 def qmp_chardev(rundir: Path) -> str:
