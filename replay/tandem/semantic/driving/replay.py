@@ -102,13 +102,17 @@ def run(rec: inputs.RecordedInputs, o: RunOptions, *, buffer: Buffer | None = No
     if o.swap_from is not None:
         guest = with_files_swapped(guest, o.analysis, o.workdir, o.swap_from)
     res = AnalysisRun(o.analysis.name)
+    # o.vcpus, not the guest's: a user's VM's analysis guest is made from its native's machine.
+    vcpus = o.vcpus if o.analysis.kernel.smp else 1
     if o.vcpus != 1 and not o.analysis.kernel.smp:
         res.limits.append(f"one vCPU, not the native's {o.vcpus}: the {o.analysis.flavor} kernel is built "
                           "without SMP (guest-kernel/linux/base.config)")
     elif o.vcpus != 1:
-        guest, o = dataclasses.replace(guest, vcpus=o.vcpus), dataclasses.replace(o, record=False)
+        o = dataclasses.replace(o, record=False)
         res.limits.append(f"{o.vcpus} vCPUs, as the native had: not reproducible instruction for instruction "
                           "(QEMU's record/replay takes one vCPU), so the run left no recording of its own")
+    if guest.vcpus != vcpus:
+        guest = dataclasses.replace(guest, vcpus=vcpus)
     if not rec.finished:
         res.delivered, res.net_out = deque(maxlen=DELIVERED_KEPT), None
     with ExitStack() as cleanup:        # run last to first: the VM, its bundle, the feed, tmp
