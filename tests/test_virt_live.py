@@ -8,18 +8,16 @@ import re
 import signal
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from helpers import ROOT, analyses, assert_one_line_error, console, quiet, run_cli, wait_for_service, wait_until
-from helpers.libvirt import firmware_xml, names, native_xml, virsh
+from helpers.libvirt import firmware_xml, names, native_xml, tandem_metadata, virsh
 from helpers.live import drive, run_until_native_stops
 from tandem import artifacts
 from tandem.formats import bundle, pcapng
 from tandem.exact.replay import replay
-from tandem.libvirt import shadows
 from tandem.live import attach
 from tandem.errors import BundleError
 from tandem.live.shadow import ShadowRun
@@ -129,19 +127,6 @@ def start_attach(uri: str, tmp_path: Path, port: int, *extra: str) -> subprocess
                              "--uri", uri, "--bundle", str(tmp_path / "web.tdm"), "--port", str(port), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
-
-
-def tandem_metadata(uri: str, name: str) -> dict[str, str]:
-    """Paths tandem names in a domain's <metadata> (run directory, sockets)."""
-    root = ET.fromstring(virsh(uri, "dumpxml", name))
-    md = root.find(f"metadata/{{{shadows.NS}}}*")
-    out = {k: v for k, v in md.attrib.items()}
-    for e in md:
-        if shadows._local(e.tag) == "original":
-            out["original"] = e.text
-        elif e.get("path"):
-            out[e.get("role") or shadows._local(e.tag)] = e.get("path")
-    return out
 
 
 def frames_taken(bundle_dir: Path) -> int:

@@ -3,10 +3,11 @@ domain's XML as a user writes it."""
 from __future__ import annotations
 
 import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from tandem import artifacts
-from tandem.libvirt import daemon
+from tandem.libvirt import daemon, shadows
 from tandem.machine import Guest
 from tandem.qemu.image import make_overlay
 
@@ -69,3 +70,16 @@ def firmware_xml(name: str, disks: list[tuple[Path, str]], memory_mb: int = 512,
 
 def shadow_pid(d: daemon.Libvirtd, name: str) -> int:
     return int((d.dir / "run" / "libvirt" / "qemu" / f"{name}.pid").read_text())
+
+
+def tandem_metadata(uri: str, name: str) -> dict[str, str]:
+    """Paths tandem names in a domain's <metadata> (run directory, sockets)."""
+    root = ET.fromstring(virsh(uri, "dumpxml", name))
+    md = root.find(f"metadata/{{{shadows.NS}}}*")
+    out = {k: v for k, v in md.attrib.items()}
+    for e in md:
+        if shadows._local(e.tag) == "original":
+            out["original"] = e.text
+        elif e.get("path"):
+            out[e.get("role") or shadows._local(e.tag)] = e.get("path")
+    return out

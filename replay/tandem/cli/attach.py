@@ -19,9 +19,9 @@ def add_parsers(sub) -> None:
     r = sub.add_parser("attach", help="record a shut-off libvirt domain from boot (started by tandem) "
                        "while shadow analysis domains DOMAIN-tandem-NAME trail it live, until it stops; "
                        "its own definition is put back at the end")
-    r.add_argument("domain", help="the native libvirt domain (shut off; one virtio NIC on user networking, "
-                   "file disks on virtio; booted by its firmware and a disk's bootloader, or directly by its "
-                   "kernel)")
+    r.add_argument("domain", help="the native libvirt domain (shut off; one virtio NIC on user networking, or "
+                   "with --mode device on a libvirt network or bridge; file disks on virtio; booted by its "
+                   "firmware and a disk's bootloader, or directly by its kernel)")
     r.add_argument("--analysis", action="append", metavar="NAME", default=[],
                    help="analysis VM to create (repeatable, or comma-separated): "
                         + catalog.help_lines())
@@ -121,9 +121,13 @@ def _attach_live(args) -> int:
                 users_options=bool(args.analysis_kernel or args.overlay),
                 workdir=Path(args.workdir) if args.workdir else None, on_finding=print_live_finding)
     with sh:        # closed whatever happens: the native's own definition is put back
-        where = (", ".join(f"{f.protocol} 127.0.0.1:{f.host_port} -> guest {f.guest_port}"
-                           for f in sh.native.all_forwards()) or "no forwards") if sh.users_guest \
-            else f"guest service on 127.0.0.1:{sh.port}"
+        if sh.libvirt.own_line:
+            where = "on libvirt's own command line, its network as libvirt makes it"
+        elif sh.users_guest:
+            where = ", ".join(f"{f.protocol} 127.0.0.1:{f.host_port} -> guest {f.guest_port}"
+                              for f in sh.native.all_forwards()) or "no forwards"
+        else:
+            where = f"guest service on 127.0.0.1:{sh.port}"
         console.print(f"attached to {args.domain}: recording into {sh.path}, {where}; "
                       f"shadows {', '.join(sh.libvirt.shadow_names())} trail it; "
                       f"findings in {sh.workdir / 'findings.jsonl'}; stop with guest poweroff, "

@@ -104,6 +104,13 @@ wait
 """
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 class Libvirtd(Lifecycle):
     """libvirtd and virtlogd with every file under dir, for tests and for hosts without
     a system libvirtd. Nothing of the host's libvirt is used or changed: config, sockets,
@@ -255,9 +262,10 @@ class Libvirtd(Lifecycle):
         return found
 
     def others(self) -> list[int]:
-        """processes() less the daemons and their launcher: the domains' QEMU, mostly."""
+        """processes() less the daemons, their launcher and the networks' dnsmasq (netns):
+        the domains' QEMU, mostly."""
         ours = set(self.pids().values()) | ({self.proc.pid} if self.proc else set())
-        return [p for p in self.processes() if p not in ours]
+        return [p for p in self.processes() if p not in ours and _comm(p) != "dnsmasq"]
 
     def close(self, timeout: float = 20.0) -> None:
         """Destroy the running domains, end the daemons, remove the directory."""

@@ -9,8 +9,9 @@ import os
 import signal
 import subprocess
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, Callable
 from uuid import uuid4
 
 from ..errors import InfraError, TandemError
@@ -154,27 +155,32 @@ class Launcher(vm.Launcher):
     metadata(vm): tandem's <metadata> element (what detach removes if tandem dies).
     restore: a domain definition release() puts back (tandem attach: the native's own)
     instead of undefining the domain.
+    xml(vm, metadata): the domain's definition, if not domain_xml of the VM's argv (a
+    user's domain on libvirt's own command line: recorded.recorded_domain_xml).
     """
 
     def __init__(self, uri: str | None, name: str, *, uuid: str | None = None, metadata=None,
-                 title: str | None = None, restore: str | None = None):
+                 title: str | None = None, restore: str | None = None,
+                 xml: Callable[[VM, ET.Element | None], str] | None = None):
         self.uri, self.name, self.title = uri, name, title
         self.uuid = uuid or str(uuid4())
         self.metadata = metadata
         self.restore = restore
+        self.xml = xml
         self.conn: libvirt.virConnect | None = None
         self.dom: libvirt.virDomain | None = None
         self.proc: DomainProcess | None = None
 
     def section(self) -> LibvirtSection:
         """The manifest's machine.libvirt of a run in this domain."""
-        return LibvirtSection(uuid=self.uuid, domain=self.name)
+        return LibvirtSection(uuid=self.uuid, domain=self.name, command_line="libvirt" if self.xml else None)
 
     def start(self, vm: VM, log: BinaryIO) -> DomainProcess:
         libvirt = binding()
         conn = self.conn = connect(self.uri)
-        xml = domain_xml(self.name, vm.guest, vm.run, argv=vm.argv, uuid=self.uuid, title=self.title,
-                         metadata=self.metadata(vm) if self.metadata else None)
+        metadata = self.metadata(vm) if self.metadata else None
+        xml = self.xml(vm, metadata) if self.xml else \
+            domain_xml(self.name, vm.guest, vm.run, argv=vm.argv, uuid=self.uuid, title=self.title, metadata=metadata)
         try:
             if self.restore is None and self.name in {d.name() for d in conn.listAllDomains()}:
                 raise TandemError(f"domain {self.name}: already defined in libvirt "

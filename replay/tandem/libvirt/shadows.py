@@ -93,6 +93,11 @@ class NativeInfo:
     cmdline: str = ""
     vcpus: int = 1
     disks: tuple[tuple[Path, str], ...] = ()    # every disk, (file, format), in the domain's order
+    virt_type: str = "qemu"         # <domain type>: qemu (TCG) or kvm
+    clock: str = "utc"              # <clock offset>
+    acpi: bool = True               # <features><acpi/>
+    nic_source: str | None = None   # the NIC's libvirt network or bridge
+    passthrough: str | None = None  # the first device whose work is outside QEMU (<hostdev>, a vhost-user NIC)
 
 
 def shadow_name(native: str, analysis: str) -> str:
@@ -128,9 +133,11 @@ def read_native(dom) -> NativeInfo:
     nics = root.findall("devices/interface")
     if len(nics) > 1:
         raise TandemError(f"{name}: {len(nics)} network interfaces; tandem feeds one")
-    model = mac = nic_type = None
+    model = mac = nic_type = nic_source = None
     if nics:
         nic_type = nics[0].get("type")
+        src = nics[0].find("source")
+        nic_source = (src.get("network") or src.get("bridge")) if src is not None else None
         m = nics[0].find("model")
         model = m.get("type") if m is not None else "rtl8139"    # libvirt's default on pc
         a = nics[0].find("mac")
@@ -140,9 +147,26 @@ def read_native(dom) -> NativeInfo:
         raise TandemError(f"{name}: its <memory> is missing or not a number of KiB")
     scale = {"KiB": 1 / 1024, "k": 1 / 1024, "MiB": 1, "M": 1, "GiB": 1024, "G": 1024}
     memory = int(int(mem.text or "") * scale.get(mem.get("unit", "KiB"), 1 / 1024))
+    clock = root.find("clock")
     return NativeInfo(name, root.findtext("uuid", ""), bool(dom.isActive()), disk, fmt, readonly,
                       model, mac, memory, nic_type, root.findtext("os/kernel"), root.findtext("os/initrd"),
-                      root.findtext("os/cmdline") or "", int(root.findtext("vcpu") or 1), tuple(disks))
+                      root.findtext("os/cmdline") or "", int(root.findtext("vcpu") or 1), tuple(disks),
+                      virt_type=root.get("type", "qemu"),
+                      clock=clock.get("offset", "utc") if clock is not None else "utc",
+                      acpi=root.find("features/acpi") is not None, nic_source=nic_source,
+                      passthrough=_passthrough(root))
+
+
+def _passthrough(root: ET.Element) -> str | None:
+    """The first device of the domain whose work QEMU does not see: a host device passed
+    through (<hostdev>, a NIC of type hostdev) or a vhost-user NIC (its frames go between
+    the guest's memory and another process)."""
+    for el in root.iter():
+        if el.tag == "hostdev":
+            return f"a host device passed through (<hostdev type='{el.get('type', '')}'>)"
+        if el.tag == "interface" and el.get("type") in ("hostdev", "vhostuser", "vdpa"):
+            return f"a NIC of type {el.get('type')!r}"
+    return None
 
 
 _device_help: dict[str, str] = {}

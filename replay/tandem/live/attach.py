@@ -14,8 +14,9 @@ from .. import catalog
 from ..errors import TandemError
 from ..libvirt.daemon import binding, connect
 from ..libvirt.launcher import Launcher
+from ..libvirt.recorded import recorded_domain_xml
 from ..libvirt.shadows import NS, NativeInfo, native_domain, read_native, shadow_name
-from ..machine import Forward, Guest, analyses_given
+from ..machine import Forward, Guest, analyses_given, overlay_path
 from ..machine.guest import OS_CPU
 from ..qemu import kernel_image
 from ..qemu.image import check_bootable, disk_os, probe_disk
@@ -37,11 +38,14 @@ class LiveDomains:
 
     def __init__(self, uri: str | None, native: str, analyses: list[catalog.Analysis], *,
                  native_guest: Guest | None = None, native_uuid: str | None = None,
-                 original: str | None = None, info: NativeInfo | None = None):
+                 original: str | None = None, info: NativeInfo | None = None, own_line: bool = False):
         if not native or "/" in native or native.startswith("."):
             raise TandemError(f"{native!r}: not usable as a libvirt domain name")
+        if own_line and original is None:
+            raise TandemError(f"{native}: libvirt's own command line needs the domain's own definition")
         self.uri, self.native, self.analyses = uri, native, list(dict.fromkeys(analyses))
         self.guest, self.uuid, self.original, self.info = native_guest, native_uuid, original, info
+        self.own_line = own_line
         conn = connect(uri)
         try:
             taken = {d.name() for d in conn.listAllDomains()}
@@ -72,8 +76,12 @@ class LiveDomains:
             if self.original:
                 ET.SubElement(md, f"{{{NS}}}original").text = self.original
             return md
+        def own_line(vm, md: ET.Element | None) -> str:
+            overlays = [overlay_path(vm.run.overlay, d.id) for d in vm.guest.disks]
+            return recorded_domain_xml(self.original or "", vm.run, overlays, emulator=vm.argv[0], metadata=md)
         return Launcher(self.uri, self.native, uuid=self.uuid, metadata=metadata, restore=self.original,
-                        title=f"tandem: {self.native} recorded" + (", analyses trailing it live" if self.analyses else ""))
+                        title=f"tandem: {self.native} recorded" + (", analyses trailing it live" if self.analyses else ""),
+                        xml=own_line if self.own_line else None)
 
     def analysis_guest(self, analysis: catalog.Analysis) -> Guest | None:
         if self.info is None:
@@ -120,8 +128,18 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
     try:
         dom = native_domain(conn, domain)
         n = read_native(dom)
-        users = n.kernel is None or forwards is not None
-        _check_native(n, users, (options or ShadowOptions()).record_mode)
+        mode = (options or ShadowOptions()).record_mode
+        own = own_command_line(n, mode)
+        users = n.kernel is None or forwards is not None or own
+        _check_native(n, users, mode)
+        o = options or ShadowOptions()
+        if own and (o.release != "now" or o.overflow != "detach"):
+            raise TandemError(f"{domain}: release 'agreed' and overflow 'block' hold the native's frames in "
+                              f"tandem's gate, which does not take a tap's yet (its virtio-net header); "
+                              f"attach it with release 'now' and overflow 'detach'")
+        if own and forwards:
+            raise TandemError(f"{domain}: --forward is for a NIC on user networking; this one is on "
+                              f"{n.nic_type} {n.nic_source!r}, where the guest has an address of its own")
         original = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
     finally:
         conn.close()
@@ -132,7 +150,9 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
                                append=n.cmdline if n.kernel else None, memory_mb=n.memory_mib,
                                os=guest_os).with_nic(mac=n.mac)
         guest.vcpus = n.vcpus
-        domains = LiveDomains(uri, domain, analyses, native_uuid=n.uuid, original=original)
+        if own:
+            guest.accel = "kvm" if n.virt_type == "kvm" else "tcg"
+        domains = LiveDomains(uri, domain, analyses, native_uuid=n.uuid, original=original, own_line=own)
         return ShadowRun(bundle or f"{domain}.tdm", analyses, options, libvirt=domains, guest=guest,
                          forwards=forwards or (), root=root, **run_kw)
     if root is not None or users_options:
@@ -177,12 +197,35 @@ def _check_users_disks(n: NativeInfo) -> None:
         raise TandemError(f"{n.name}: {e}") from None
 
 
+# The NICs a domain recorded on libvirt's own command line may have (device mode):
+# backends whose frames pass through QEMU's net layer, where tandem's filters are.
+OWN_LINE_NICS = ("network", "bridge")
+
+
+def own_command_line(n: NativeInfo, mode: str) -> bool:
+    """Is the native recorded on libvirt's own command line (libvirt/recorded.py)? In
+    device mode, when its NIC is on a network libvirt provides (a libvirt network, a
+    bridge): a tap whose descriptor libvirt opens, which tandem's command line cannot
+    make. A NIC on user networking keeps tandem's, whose backend carries --forward."""
+    return mode == "device" and n.nic_type in OWN_LINE_NICS
+
+
 def _check_native(n: NativeInfo, users: bool, mode: str = "exact") -> None:
     """What tandem attach refuses in a native domain (recorded in `mode`), each as a one-line error."""
     domain = n.name
     if n.active:
         raise TandemError(f"{domain}: running; tandem attach starts it itself, recorded from boot "
                           f"(shut it down first)")
+    if n.passthrough:
+        raise TandemError(f"{domain}: {n.passthrough}: what it does never crosses QEMU's device "
+                          f"boundary, where tandem records; remove it from the domain to attach it")
+    if mode == "exact" and n.clock not in ("utc", "variable"):
+        raise TandemError(f"{domain}: <clock offset='{n.clock}'>: an exact recording runs the guest's RTC "
+                          f"on UTC; give the domain <clock offset='utc'/>, or attach it with --mode device")
+    if own_command_line(n, mode):
+        if not n.acpi:
+            raise TandemError(f"{domain}: no <features><acpi/>: libvirt then passes -no-acpi, which "
+                              f"QEMU 10 no longer has; add <acpi/> to its <features>")
     if not users and len(n.disks) > 1:
         raise TandemError(f"{domain}: {len(n.disks)} disks on a direct kernel boot; give --forward to attach "
                           f"it as a VM of your own (its disks booted by the analyses' kernels)")
@@ -192,9 +235,12 @@ def _check_native(n: NativeInfo, users: bool, mode: str = "exact") -> None:
     if n.nic_type is None:
         raise TandemError(f"{domain}: no network interface; tandem records a guest with one "
                           f"(<interface type='user'><model type='virtio'/></interface>)")
-    if n.nic_type != "user":
-        raise TandemError(f"{domain}: interface type {n.nic_type!r}; tandem records a NIC on "
-                          f"user networking (type 'user') only")
+    if n.nic_type != "user" and not own_command_line(n, mode):
+        if mode == "exact" and n.nic_type in OWN_LINE_NICS:
+            raise TandemError(f"{domain}: interface type {n.nic_type!r}: an exact recording runs a NIC on "
+                              f"user networking only; attach it with --mode device (libvirt's own network)")
+        raise TandemError(f"{domain}: interface type {n.nic_type!r}; tandem records a NIC on user "
+                          f"networking, or in device mode on a libvirt network or a bridge")
     if n.nic_model != "virtio":
         raise TandemError(f"{domain}: NIC model {n.nic_model!r}: tandem's QEMU has virtio-net only "
                           f"(qemu-patches/0001)")

@@ -34,7 +34,8 @@ class NicEntry(Table):
 @dataclasses.dataclass(frozen=True)
 class NetSection(Table):
     """machine.net: how the guest's network ran. backend 'user' (a recording: the host's
-    forwards, and the demo service's port and its forward) or 'feed' (an analysis run)."""
+    forwards, and the demo service's port and its forward), 'libvirt' (a recording on a
+    domain's own command line: its network as libvirt made it) or 'feed' (an analysis run)."""
     backend: str | None = None
     forwards: tuple[str, ...] | None = texts()
     hostfwd_port: int | None = None
@@ -47,6 +48,7 @@ class LibvirtSection(Table):
     (a replay outside libvirt gives QEMU the same: guest.replay_args)."""
     uuid: str | None = None
     domain: str | None = None
+    command_line: str | None = None     # "libvirt": the domain's own (libvirt/recorded.py); absent: tandem's
 
 
 @dataclasses.dataclass(frozen=True)

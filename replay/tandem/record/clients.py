@@ -1,5 +1,5 @@
-"""Debian's own clients against a guest's services through its forwards: what a user
-drives their VM with, used by `tandem demo --guest debian`, the tests and the benchmarks.
+"""Debian's own clients against a guest's services (through its forwards, or at its
+address on a libvirt network: Via): what a user drives their VM with, used by `tandem demo --guest debian`, the tests and the benchmarks.
 Each run is bounded in requests or time, checks what came back, and returns
 the client's own figures (requests, requests a second, p99 latency).
 
@@ -29,6 +29,21 @@ from ..setup import programs
 HOST = "127.0.0.1"
 
 
+@dataclass(frozen=True)
+class Via:
+    """Where a client reaches the guest from: the host's loopback, through a forward
+    (default), or the guest's own address from inside a network namespace (netns, a
+    /proc/PID/ns/net: where a libvirt network is, as in the tests' private libvirtd)."""
+    host: str = HOST
+    netns: str | None = None
+
+    def argv(self, argv: list[str]) -> list[str]:
+        return ["nsenter", f"--net={self.netns}", "--", *argv] if self.netns else argv
+
+
+LOOPBACK = Via()
+
+
 @dataclass
 class Load:
     """What one client run reported."""
@@ -50,7 +65,8 @@ def _run(argv: list[str], timeout: float) -> str:
         raise BootError(f"{argv[0]}: no result within {timeout:.0f}s") from None
     if r.returncode:
         why = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or [f"status {r.returncode}"]
-        raise BootError(f"{' '.join(argv[:3])}...: failed ({why[0]})")
+        shown = argv[argv.index("--") + 1:] if argv[0] == "nsenter" else argv
+        raise BootError(f"{' '.join(shown[:3])}...: failed ({why[0]})")
     return r.stdout
 
 
@@ -99,25 +115,25 @@ def wait_for(up: Callable[[], bool], what: str, timeout: float, alive: Callable[
     return time.monotonic() - t0
 
 
-def fetch_files(port: int, files: dict[str, str]) -> int:
+def fetch_files(port: int, files: dict[str, str], via: Via = LOOPBACK) -> int:
     """curl each path and check its sha256 (files: path -> hex digest); the bytes fetched."""
     total = 0
     for path, digest in files.items():
-        body = subprocess.run([programs.require("curl"), "-sf", "--max-time", "120", f"http://{HOST}:{port}{path}"],
+        url = f"http://{via.host}:{port}{path}"
+        body = subprocess.run(via.argv([programs.require("curl"), "-sf", "--max-time", "120", url]),
                               capture_output=True, timeout=180)
         if body.returncode:
-            raise BootError(f"curl http://{HOST}:{port}{path}: failed (status {body.returncode})")
+            raise BootError(f"curl {url}: failed (status {body.returncode})")
         if hashlib.sha256(body.stdout).hexdigest() != digest:
-            raise BootError(f"http://{HOST}:{port}{path}: {len(body.stdout)} bytes, not the file served "
-                            f"(sha256 differs)")
+            raise BootError(f"{url}: {len(body.stdout)} bytes, not the file served (sha256 differs)")
         total += len(body.stdout)
     return total
 
 
-def ab(port: int, path: str = "/", requests: int = 500, concurrency: int = 4) -> Load:
+def ab(port: int, path: str = "/", requests: int = 500, concurrency: int = 4, via: Via = LOOPBACK) -> Load:
     """ApacheBench: a new connection per request."""
-    out = _run([programs.require("ab"), "-q", "-n", str(requests), "-c", str(concurrency), "-s", "60",
-                f"http://{HOST}:{port}{path}"], timeout=600)
+    out = _run(via.argv([programs.require("ab"), "-q", "-n", str(requests), "-c", str(concurrency), "-s", "60",
+                         f"http://{via.host}:{port}{path}"]), timeout=600)
     done = int(_field(out, r"Complete requests:\s+(\d+)"))
     failed = int(_field(out, r"Failed requests:\s+(\d+)")) + int(_field(out, r"Non-2xx responses:\s+(\d+)", "0"))
     return Load("ab", done, float(_field(out, r"Requests per second:\s+([\d.]+)")),
@@ -138,10 +154,11 @@ def wrk(port: int, path: str = "/", seconds: int = 10, connections: int = 4) -> 
                 float(p99.group(1)) * _WRK_UNITS[p99.group(2)] if p99 else None, errors + non2xx)
 
 
-def redis_benchmark(port: int, requests: int = 2000, clients: int = 4, tests: str = "set,get") -> list[Load]:
+def redis_benchmark(port: int, requests: int = 2000, clients: int = 4, tests: str = "set,get",
+                    via: Via = LOOPBACK) -> list[Load]:
     """redis-benchmark: one Load per test, from its --csv output."""
-    out = _run([programs.require("redis-benchmark"), "-h", HOST, "-p", str(port), "-n", str(requests), "-c", str(clients),
-                "-t", tests, "--csv"], timeout=600)
+    out = _run(via.argv([programs.require("redis-benchmark"), "-h", via.host, "-p", str(port), "-n", str(requests),
+                         "-c", str(clients), "-t", tests, "--csv"]), timeout=600)
     loads = []
     for row in csv.DictReader(io.StringIO(out)):
         loads.append(Load(f"redis-benchmark {row['test']}", requests, float(row["rps"]),

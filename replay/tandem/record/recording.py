@@ -153,12 +153,14 @@ class Recording:
         net = UserNet(self.port, self.forwards)
         check_host_ports(net.all_forwards(GUEST_PORT))
         device = self.mode == RecordMode.DEVICE
+        domain = self.launcher.section() if self.launcher else None
         self.manifest = start_bundle(self.path, g, dataclasses.replace(
             g.section(), stop_after_ns=self.duration_ns, state_every_ns=self.state_every_ns or None,
             mode="device" if device else None, icount_shift=None if device else g.section().icount_shift,
-            net=NetSection(backend="user", forwards=tuple(str(f) for f in self.all_forwards()),
+            net=NetSection(backend="libvirt" if domain and domain.command_line else "user",
+                           forwards=tuple(str(f) for f in self.all_forwards()),
                            hostfwd_port=self.port or None, guest_port=GUEST_PORT if self.port else None),
-            libvirt=self.launcher.section() if self.launcher else None), self.assertions)
+            libvirt=domain), self.assertions)
         # Sockets live in a short temp path (unix socket paths are limited to 108 bytes).
         tmp = self._tmp = tempfile.mkdtemp(prefix="tandem-rec-")
         gate = Gate(self.gate_socket, self.gate_outputs, self.gate_overflow) if self.gate_socket else None

@@ -1,0 +1,173 @@
+"""`tandem attach --mode device` on a domain as libvirt's users define one: the reference
+VM booted by its firmware, 2 vCPUs, its NIC on libvirt's `default` NAT network, two
+disks, a serial console and libvirt's default devices; recorded on libvirt's own command
+line (libvirt/recorded.py) while a KASAN shadow trails it. The private libvirtd runs in
+a network namespace of its own with its default network there (its bridge, dnsmasq and
+NAT rules touch nothing of the host's), and Debian's clients reach the guest at its
+address from inside that namespace (real libvirtd, real QEMU, real dnsmasq)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, assert_one_line_error, run_cli, wait_until
+from helpers.libvirt import names, tandem_metadata, virsh
+from helpers.refvm import dhcp_to_guest, offered_then_acked
+from tandem import artifacts
+from tandem.formats import bundle
+from tandem.record import clients
+
+MAC = "52:54:00:7a:6e:31"
+
+
+@pytest.fixture(scope="module")
+def netns_libvirtd(built, tmp_path_factory):
+    """A private libvirtd in a network namespace of its own, its `default` network started."""
+    from tandem.libvirt import daemon
+    d = daemon.Libvirtd(tmp_path_factory.mktemp("libvirt") / "libvirt", netns=True)
+    d.start()
+    yield d
+    d.close()
+
+
+def domain_xml(tmp_path: Path, name: str = "refvm", *, nic: str | None = None, extra: str = "",
+               clock: str = "utc", features: str = "<acpi/><apic/>") -> str:
+    """The reference VM as virt-install writes a domain: firmware boot, 2 vCPUs, its qcow2
+    disk and a raw data disk on virtio, a virtio NIC on the `default` network, a serial
+    port and its console, a virtio rng; libvirt adds its balloon and USB controller."""
+    disk, data = tmp_path / f"{name}.qcow2", tmp_path / f"{name}-data.raw"
+    if not disk.exists():
+        shutil.copyfile(artifacts.refvm()["disk"], disk)
+    with open(data, "wb") as f:
+        f.truncate(8 << 20)
+    nic = nic or f"""<interface type='network'><source network='default'/><mac address='{MAC}'/>
+      <model type='virtio'/></interface>"""
+    return f"""<domain type='qemu'>
+  <name>{name}</name>
+  <memory unit='MiB'>1024</memory>
+  <vcpu placement='static'>2</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
+  <features>{features}</features>
+  <clock offset='{clock}'/>
+  <devices>
+    <emulator>{artifacts.qemu()['binary']}</emulator>
+    <disk type='file' device='disk'><driver name='qemu' type='qcow2'/>
+      <source file='{disk}'/><target dev='vda' bus='virtio'/></disk>
+    <disk type='file' device='disk'><driver name='qemu' type='raw'/>
+      <source file='{data}'/><target dev='vdb' bus='virtio'/></disk>
+    {nic}
+    <serial type='pty'><target port='0'/></serial>
+    <console type='pty'><target type='serial' port='0'/></console>
+    <rng model='virtio'><backend model='random'>/dev/urandom</backend></rng>{extra}
+  </devices>
+</domain>"""
+
+
+def leased(uri: str, mac: str) -> str | None:
+    """The address libvirt's dnsmasq leased to mac on `default`, if it has."""
+    m = re.search(rf"{mac}\s+ipv4\s+([\d.]+)/", virsh(uri, "net-dhcp-leases", "default"))
+    return m.group(1) if m else None
+
+
+@pytest.mark.timeout(2400)
+def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(netns_libvirtd, tmp_path):
+    d, uri = netns_libvirtd, netns_libvirtd.uri
+    (tmp_path / "refvm.xml").write_text(domain_xml(tmp_path))
+    virsh(uri, "define", str(tmp_path / "refvm.xml"))
+    original = virsh(uri, "dumpxml", "--inactive", "refvm")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    stderr = tmp_path / "attach.err"
+    with open(stderr, "w") as err_file:
+        proc = subprocess.Popen([sys.executable, "-m", "tandem", "attach", "refvm", "--mode", "device",
+                                 "--analysis", "kasan", "--uri", uri, "--bundle", str(tmp_path / "refvm.tdm"),
+                                 "--analysis-priority", "normal"],
+                                stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=env,
+                                start_new_session=True)
+    said = lambda: stderr.read_text()[-3000:]     # noqa: E731
+    try:
+        ip = wait_until(lambda: leased(uri, MAC) or proc.poll() is not None, 900,
+                        "the guest's DHCP lease on libvirt's default network", poll=1.0)
+        assert proc.poll() is None, said()
+        via = clients.Via(host=ip, netns=d.netns_path)
+        wait_until(lambda: d.run_in_netns(["curl", "-sf", "-o", "/dev/null", f"http://{ip}/"],
+                                          capture_output=True).returncode == 0, 300, "nginx at the guest's address",
+                   poll=1.0)
+        # The shadow is defined once the native's kernel has printed its root device.
+        wait_until(lambda: names(uri) == {"refvm", "refvm-tandem-kasan"}, 120,
+                   lambda: f"the shadow beside the native (domains {sorted(names(uri))}; tandem said: {said()})")
+        native = tandem_metadata(uri, "refvm")
+        live = virsh(uri, "dumpxml", "refvm")
+        # libvirt's own command line: its network (a tap on virbr0), tandem's QEMU, vhost off
+        assert "<interface type='network'>" in live and "<driver name='qemu'/>" in live, live
+        assert f"<emulator>{artifacts.qemu()['binary']}</emulator>" in live
+        pid = int((d.dir / "run/libvirt/qemu/refvm.pid").read_text())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert any(b'"type":"tap"' in a and b'"id":"hostnet0"' in a for a in argv), argv
+        assert any(b'"netdev":"hostnet0"' in a and b"filter-devlog" in a for a in argv), argv
+        clients.fetch_files(80, {f["path"]: f["sha256"] for f in artifacts.refvm()["site"]}, via=via)
+        clients.ab(80, requests=50, via=via)
+        clients.redis_benchmark(6379, requests=200, via=via)
+        proc.send_signal(signal.SIGINT)         # Ctrl-C: the power button, as virsh shutdown
+        proc.wait(timeout=1800)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            virsh(uri, "destroy", "refvm", check=False)     # libvirt's QEMU is not in tandem's group
+    err = stderr.read_text()
+    assert proc.returncode == 0, err[-3000:]
+    assert "its own definition is back" in err
+    (a,) = json.loads((tmp_path / "refvm.tdm.analysis" / "summary.json").read_text())["analyses"]
+    assert a["outcome"] in ("poweroff", "finished") and a["delivered"] > 0, a
+    assert not a["findings"] and not a["divergences"], a
+    # the shadow's own recording: its DHCP answered from the native's, libvirt's dnsmasq's
+    assert offered_then_acked(dhcp_to_guest(tmp_path / "refvm.tdm.analysis" / "kasan.tdm" / bundle.DEVLOG))
+    assert names(uri, "--all") == {"refvm"} and virsh(uri, "dumpxml", "--inactive", "refvm") == original
+    assert d.others() == [], "a QEMU left running"
+    assert not Path(native["rundir"]).exists(), "the native's run directory (its sockets) left"
+    m = bundle.load_manifest(tmp_path / "refvm.tdm")
+    assert (m.machine.mode, m.machine.smp, len(m.machine.disks)) == ("device", 2, 2), m.machine
+    assert m.machine.net.backend == "libvirt" and m.machine.libvirt.command_line == "libvirt"
+    assert_one_line_error(run_cli("replay", str(tmp_path / "refvm.tdm")), "recorded in device mode")
+    virsh(uri, "undefine", "refvm")
+
+
+def test_attach_refuses_what_a_recording_cannot_see_or_replay(netns_libvirtd, tmp_path):
+    """Each before anything starts, as a one-line error naming what to change: device
+    passthrough and a vhost-user NIC in any mode; a local-time RTC and a libvirt network in
+    exact mode; --forward on a libvirt network; no ACPI on libvirt's own command line."""
+    uri = netns_libvirtd.uri
+    vhost_user = """<interface type='vhostuser'><mac address='52:54:00:7a:6e:32'/>
+      <source type='unix' path='/tmp/tandem-no-vhost.sock' mode='client'/><model type='virtio'/></interface>"""
+    hostdev = """
+    <hostdev mode='subsystem' type='pci' managed='no'>
+      <source><address domain='0x0000' bus='0x00' slot='0x1f' function='0x0'/></source></hostdev>"""
+    variants = {
+        "vhostuser": (domain_xml(tmp_path, "vhostuser", nic=vhost_user), ["--mode", "device"], "a NIC of type 'vhostuser'"),
+        "hostdev": (domain_xml(tmp_path, "hostdev", extra=hostdev), ["--mode", "device"], "a host device passed through"),
+        "localtime": (domain_xml(tmp_path, "localtime", clock="localtime").replace("<vcpu placement='static'>2", "<vcpu placement='static'>1"),
+                      [], "<clock offset='localtime'>"),
+        "network": (domain_xml(tmp_path, "network").replace("<vcpu placement='static'>2", "<vcpu placement='static'>1"),
+                    [], "attach it with --mode device"),
+        "forward": (domain_xml(tmp_path, "forward"), ["--mode", "device", "--forward", "tcp:18080:80"],
+                    "--forward is for a NIC on user networking"),
+        "noacpi": (domain_xml(tmp_path, "noacpi", features="<apic/>"), ["--mode", "device"], "no <features><acpi/>"),
+    }
+    try:
+        for name, (text, _, _) in variants.items():
+            (tmp_path / f"{name}.xml").write_text(text)
+            virsh(uri, "define", str(tmp_path / f"{name}.xml"))
+        for name, (_, args, said) in variants.items():
+            assert_one_line_error(run_cli("attach", name, "--analysis", "kasan", "--uri", uri,
+                                          "--bundle", str(tmp_path / f"{name}.tdm"), *args), said)
+            assert not (tmp_path / f"{name}.tdm").exists(), name
+        assert names(uri, "--all") == set(variants)
+    finally:
+        for n in variants:
+            virsh(uri, "undefine", n, check=False)
