@@ -7,13 +7,14 @@ by round, which goes first alternating (the machine is shared and noisy; medians
 per-round ratios):
   plain    tandem's QEMU running the VM, nothing recorded (the baseline)
   device   `tandem record --mode device --smp 2` of the same disk (the device log alone)
+  N shadows (--shadows) the device-mode recording with N live shadows trailing it
 The workload, every round: power-on to nginx answering, then wrk for --wrk-seconds over
 4 kept-alive connections. Besides wrk's throughput and p99, what the native's QEMU used
 per request, which the p99 of a shared 2-core machine cannot resolve: its CPU time, its
 threads' time waiting on the run queue (/proc/PID/task/TID/schedstat, the second field),
 and their involuntary context switches.
 
-Usage: python bench/device_mode.py --runs 3 --out docs/benchmarks.md
+Usage: python bench/device_mode.py --runs 3 [--shadows 1,2] --out docs/benchmarks.md
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 
 from record_replay import replace_section  # noqa: E402
 
-from tandem import artifacts  # noqa: E402
+from tandem import artifacts, catalog  # noqa: E402
+from tandem.live.shadow import ShadowOptions, ShadowRun  # noqa: E402
 from tandem.machine import Forward, Guest, Run, UserNet  # noqa: E402
 from tandem.qemu.image import make_overlays  # noqa: E402
 from tandem.qemu.vm import VM, free_port  # noqa: E402
@@ -100,19 +102,47 @@ def run_device(tmp: Path, wrk_seconds: int) -> dict[str, float]:
     return fig
 
 
-def report(runs: int, wrk_seconds: int) -> str:
-    rows: dict[str, list[dict[str, float]]] = {"plain": [], "device": []}
+SHADOWS = ("kasan", "lockdep")     # the live shadows of the "N shadows" configurations, in order
+
+
+def run_shadows(tmp: Path, wrk_seconds: int, n: int) -> dict[str, float]:
+    """The device-mode recording with n live shadows trailing it (release now, SCHED_IDLE,
+    as `tandem shadow` runs them): the native's figures while wrk runs; whether every
+    shadow still had room in its buffer at wrk's end (none detached or blocked)."""
+    path = Path(tempfile.mkdtemp(dir=tmp)) / "refvm.tdm"
+    http = free_port()
+    t0 = time.monotonic()
+    sh = ShadowRun(path, [catalog.ANALYSES[a] for a in SHADOWS[:n]], ShadowOptions(record_mode="device"),
+                   guest=refvm_guest(), forwards=(Forward("tcp", http, 80),), workdir=path.with_name("an"))
+    with sh:
+        vm = sh.native.started()
+        fig = drive(http, sh.native.running, vm.process().pid, lambda: vm.cpu_seconds() or 0.0, wrk_seconds, t0)
+        shadows = sh.status()[1:]
+        fig["room"] = float(all(s["state"] not in ("detached",) and not s["blocking"] for s in shadows))
+        fig["shadows_started"] = float(sum(s["state"] != "starting" for s in shadows))
+    return fig
+
+
+def report(runs: int, wrk_seconds: int, shadows: tuple[int, ...] = ()) -> str:
+    kinds = ["plain", "device", *(f"{n} shadows" for n in shadows)]
+    rows: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as t:
         for i in range(runs):
-            # which goes first alternates: what a run leaves (its overlay's writeback and
-            # removal) falls on the next one
-            for kind in ("plain", "device") if i % 2 == 0 else ("device", "plain"):
-                rows[kind].append((run_plain if kind == "plain" else run_device)(Path(t), wrk_seconds))
+            # which goes first turns round by round: what a run leaves (its overlay's
+            # writeback and removal) falls on the next one
+            for kind in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:
+                if kind == "plain":
+                    fig = run_plain(Path(t), wrk_seconds)
+                elif kind == "device":
+                    fig = run_device(Path(t), wrk_seconds)
+                else:
+                    fig = run_shadows(Path(t), wrk_seconds, int(kind.split()[0]))
+                rows[kind].append(fig)
             print(f"round {i + 1}/{runs}: " + ", ".join(f"{k} {v[-1]['wrk_rps']:.0f} req/s" for k, v in rows.items()),
                   file=sys.stderr)
 
-    def ratio(field: str, inverse: bool = False) -> float:
-        r = [(p[field] / d[field]) if inverse else (d[field] / p[field]) for p, d in zip(rows["plain"], rows["device"])
+    def ratio(field: str, inverse: bool = False, of: str = "device", to: str = "plain") -> float:
+        r = [(p[field] / d[field]) if inverse else (d[field] / p[field]) for p, d in zip(rows[to], rows[of])
              if (d[field] if inverse else p[field])]
         return statistics.median(r) if r else float("nan")
     yes = lambda ok: "yes" if ok else "no"  # noqa: E731
@@ -141,6 +171,26 @@ def report(runs: int, wrk_seconds: int) -> str:
         m = {f: statistics.median(r[f] for r in v) for f in v[0]}
         lines.append(f"| {k} | {m['boot_s']:.1f} | {m['wrk_rps']:.0f} | {m['wrk_p99_ms']:.2f} | "
                      f"{m['cpu_ms_per_req']:.3f} | {m['runq_us_per_req']:.1f} | {m['invol_per_req']:.3f} |")
+    if shadows:
+        lines += ["", f"Live shadows ({', '.join(SHADOWS)}, in that order; release now, at idle CPU priority, "
+                  "as `tandem shadow` runs them) trailing the device-mode recording, against the recording alone "
+                  "(median of each round's ratio):", "",
+                  "| shadows | run-queue wait/req | CPU/req | invol. switches/req | wrk req/s (plain over) | "
+                  "wrk p99 (over plain) | rounds every shadow had buffer room |",
+                  "|---|---|---|---|---|---|---|"]
+        for n in shadows:
+            k = f"{n} shadows"
+            room = sum(int(r["room"]) for r in rows[k])
+            lines.append(f"| {n} | {ratio('runq_us_per_req', of=k, to='device'):.3f}x | "
+                         f"{ratio('cpu_ms_per_req', of=k, to='device'):.3f}x | "
+                         f"{ratio('invol_per_req', of=k, to='device'):.3f}x | "
+                         f"{ratio('wrk_rps', inverse=True, of=k):.3f}x | {ratio('wrk_p99_ms', of=k):.3f}x | "
+                         f"{room}/{runs} |")
+        if max(shadows) == 2:
+            rq = ratio("runq_us_per_req", of="2 shadows", to="device")
+            lines += ["", "| target | measured | met |", "|---|---|---|",
+                      f"| run-queue wait per request with 2 shadows within 3% of recording only | {rq:.3f}x | "
+                      f"{yes(rq <= 1.03)} |"]
     return "\n".join(lines) + "\n"
 
 
@@ -148,9 +198,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--wrk-seconds", type=int, default=10)
+    ap.add_argument("--shadows", default="", help="also the recording with this many live shadows "
+                    "(comma-separated, of 1 and 2; e.g. 1,2)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    text = report(args.runs, args.wrk_seconds)
+    shadows = tuple(int(n) for n in args.shadows.split(",") if n)
+    if any(not 1 <= n <= len(SHADOWS) for n in shadows):
+        ap.error(f"--shadows {args.shadows}: each between 1 and {len(SHADOWS)}")
+    text = report(args.runs, args.wrk_seconds, shadows)
     print(text)
     if args.out:
         replace_section(args.out, f"{TITLE}\n\n{text}", SECTION)
