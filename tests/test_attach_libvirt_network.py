@@ -147,6 +147,9 @@ def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(netn
     assert (m.machine.mode, m.machine.smp, len(m.machine.disks)) == ("device", 2, 2), m.machine
     assert m.machine.net.backend == "libvirt" and m.machine.libvirt.command_line == "libvirt"
     assert_one_line_error(run_cli("replay", str(tmp_path / "refvm.tdm")), "recorded in device mode")
+    shown = run_cli("inspect", str(tmp_path / "refvm.tdm")).stdout
+    assert "recorded in device mode (2 vCPUs" in shown and "on libvirt's own command line" in shown, shown
+    assert re.search(r"^disk0 .* [1-9]\d*$", shown, re.M), shown       # the guest's writes, from its channel
     virsh(uri, "undefine", "refvm")
 
 

@@ -48,6 +48,7 @@ def _channels(path: Path, problems: list[str], wire: WireSummary) -> tuple[dict[
                                           "in": {"events": 0, "bytes": 0},
                                           "out": {"events": 0, "bytes": 0}})
         c["records"] = reader.records[iface.id]
+        c["iface"] = iface.id
         if iface.kind == pcapng.STATE:      # its checkpoints, kept apart from the events
             mine = [s for s in reader.states if s.iface == iface.id]
             c["events"] = c["out"]["events"] = len(mine)
@@ -145,7 +146,7 @@ def _machine(manifest: Manifest) -> dict[str, Any]:
             "cmdline": machine.cmdline if boot == "direct" else None, "memory_mb": machine.memory_mb,
             "os": machine.os or "linux", "cpu": machine.cpu, "mode": _mode(machine.mode),
             "vcpus": machine.smp or 1, "accel": machine.accel or "tcg",
-            "disks": disks, "nics": nics, "forwards": list(forwards or ())}
+            "disks": disks, "nics": nics, "forwards": list(forwards or ()), "network": net.backend}
 
 
 def _mode(mode: str | None) -> str:
@@ -191,13 +192,23 @@ def _machine_lines(machine: dict[str, Any], channels: dict[str, Any]) -> list[st
              _MODE_LINE[machine["mode"]].format(cpus=f"{machine['vcpus']} vCPU{'s' if machine['vcpus'] > 1 else ''}",
                                                 accel=machine["accel"])]
     if machine["disks"]:
+        # A disk's channel is named by its drive id; on libvirt's own command line by the
+        # device libvirt made for it, in the disks' order.
+        blocks = sorted((c for c in channels.values() if c["kind"] == "block"), key=lambda c: c.get("iface", 0))
+        by_order = dict(zip((d["id"] for d in machine["disks"]), blocks)) if len(blocks) == len(machine["disks"]) \
+            else {}
         rows = [[d["id"], d["format"], d["base"], (d["sha256"] or "")[:16], d["size"],
-                 (channels.get(d["id"]) or {}).get("out", {}).get("bytes")] for d in machine["disks"]]
+                 (channels.get(d["id"]) or by_order.get(d["id"]) or {}).get("out", {}).get("bytes")]
+                for d in machine["disks"]]
         lines += [_table(["disk", "format", "base image", "sha256", "base bytes", "bytes written"], rows)]
     nics = ", ".join(f"{n.get('netdev')} {n.get('model')}{' ' + n['mac'] if n.get('mac') else ''}"
                      for n in machine["nics"])
-    lines.append(bundle.printable(f"NICs: {nics}; forwards (host 127.0.0.1 to guest, on net0): "
-                                  f"{', '.join(machine['forwards']) or 'none'}"))
+    if machine.get("network") == "libvirt":
+        lines.append(bundle.printable(f"NICs: {nics}; on libvirt's own command line: its network as libvirt "
+                                      f"made it (no forwards)"))
+    else:
+        lines.append(bundle.printable(f"NICs: {nics}; forwards (host 127.0.0.1 to guest, on net0): "
+                                      f"{', '.join(machine['forwards']) or 'none'}"))
     return lines
 
 
