@@ -1,7 +1,8 @@
 """Live runs as libvirt domains: `tandem shadow --libvirt` and `tandem attach DOMAIN`.
 
 `follow` is `tandem attach` itself: the native redefined for the run as tandem's
-record-mode QEMU, the shadows fed live by live.shadow.ShadowRun, the native's own
+record-mode QEMU (or, on a libvirt network or a bridge in device mode, as itself with
+tandem's recording added: libvirt/recorded.py), the shadows fed live by live.shadow.ShadowRun, the native's own
 definition put back at the end (libvirt/shadows.py keeps what tandem created in each
 domain's `<metadata>`).
 """
@@ -76,6 +77,7 @@ class LiveDomains:
             if self.original:
                 ET.SubElement(md, f"{{{NS}}}original").text = self.original
             return md
+
         def own_line(vm, md: ET.Element | None) -> str:
             overlays = [overlay_path(vm.run.overlay, d.id) for d in vm.guest.disks]
             return recorded_domain_xml(self.original or "", vm.run, overlays, emulator=vm.argv[0], metadata=md)
@@ -111,15 +113,16 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
            options: ShadowOptions | None = None, forwards: tuple[Forward, ...] | None = None,
            root: str | None = None, users_options: bool = False, **run_kw):
     """`tandem attach DOMAIN`: a live.shadow.ShadowRun (not started) whose native is the libvirt domain
-    `domain`, redefined for the run as tandem's record-mode QEMU, and whose analyses are
-    shadow domains fed live. start() starts the native; when it stops, its own definition
+    `domain`, redefined for the run as tandem's record-mode QEMU (or as itself with the
+    recording added: own_command_line), and whose analyses are shadow domains fed live. start() starts the native; when it stops, its own definition
     is put back and the shadows are undefined.
 
     A domain that boots through its firmware (a disk's bootloader), or is given
     `forwards`, is a VM of the user's as `tandem record --disk` takes it: its disks (all
     of them, each through the bundle's overlay), its MAC, user networking with the
     forwards; its analyses boot its disks with their kernels (semantic/guests.py, `root`
-    as given or as its kernel prints it). Otherwise it is a guest of tandem's kind (its
+    as given or as its kernel prints it); so is one on a libvirt network or a bridge in
+    device mode. Otherwise it is a guest of tandem's kind (its
     kernel, one disk, the demo service's port forward); `users_options`
     (--analysis-kernel, --overlay given) is refused there."""
     libvirt = binding()
@@ -128,11 +131,10 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
     try:
         dom = native_domain(conn, domain)
         n = read_native(dom)
-        mode = (options or ShadowOptions()).record_mode
-        own = own_command_line(n, mode)
-        users = n.kernel is None or forwards is not None or own
-        _check_native(n, users, mode)
         o = options or ShadowOptions()
+        own = own_command_line(n, o.record_mode)
+        users = n.kernel is None or forwards is not None or own
+        _check_native(n, users, o.record_mode)
         if own and (o.release != "now" or o.overflow != "detach"):
             raise TandemError(f"{domain}: release 'agreed' and overflow 'block' hold the native's frames in "
                               f"tandem's gate, which does not take a tap's yet (its virtio-net header); "
@@ -222,10 +224,9 @@ def _check_native(n: NativeInfo, users: bool, mode: str = "exact") -> None:
     if mode == "exact" and n.clock not in ("utc", "variable"):
         raise TandemError(f"{domain}: <clock offset='{n.clock}'>: an exact recording runs the guest's RTC "
                           f"on UTC; give the domain <clock offset='utc'/>, or attach it with --mode device")
-    if own_command_line(n, mode):
-        if not n.acpi:
-            raise TandemError(f"{domain}: no <features><acpi/>: libvirt then passes -no-acpi, which "
-                              f"QEMU 10 no longer has; add <acpi/> to its <features>")
+    if own_command_line(n, mode) and not n.acpi:
+        raise TandemError(f"{domain}: no <features><acpi/>: libvirt then passes -no-acpi, which "
+                          f"QEMU 10 no longer has; add <acpi/> to its <features>")
     if not users and len(n.disks) > 1:
         raise TandemError(f"{domain}: {len(n.disks)} disks on a direct kernel boot; give --forward to attach "
                           f"it as a VM of your own (its disks booted by the analyses' kernels)")
