@@ -43,7 +43,7 @@ from ..errors import TandemError
 from ..lifecycle import Lifecycle
 from ..formats import bundle, pcapng
 from ..machine import Forward, Guest, analyses_given
-from ..qemu.vm import cpu_seconds
+from ..qemu.vm import cpu_seconds, drop_idle_cgroup, make_thread_idle
 from ..record.recording import Recording, RecordMode
 from ..semantic.comparison import equivalence
 from ..semantic import guests, inputs, model
@@ -243,6 +243,7 @@ class ShadowRun(Lifecycle):
                 self._metrics.shutdown()
                 self._metrics.server_close()
             shutil.rmtree(self._tmp, ignore_errors=True)
+            drop_idle_cgroup()      # once its threads and VMs have left it
 
     def _run_options(self, analysis: catalog.Analysis) -> RunOptions:
         """How each analysis VM runs, from this thread of it."""
@@ -308,6 +309,7 @@ class ShadowRun(Lifecycle):
                     os.sched_setaffinity(0, self.analysis_cpus)
             except OSError:
                 pass
+            make_thread_idle()      # out of tandem's own task group too (qemu/vm.make_idle)
 
     def _follow(self) -> None:
         self._idle_thread()

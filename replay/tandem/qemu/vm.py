@@ -226,6 +226,89 @@ class AnalysisVM(Protocol):
     def cpu_seconds(self) -> float | None: ...
 
 
+# SCHED_IDLE alone does not keep a QEMU off the native's CPU time: the scheduler shares a
+# CPU between task groups before it looks at the tasks in them, and a QEMU in a session of
+# its own (start_new_session; libvirt's daemonized QEMU) is a group of its own under
+# Linux's autogroup (CONFIG_SCHED_AUTOGROUP, on in Debian's kernels), which got a group's
+# equal share however idle its threads. So an idle VM goes into a cgroup marked idle
+# (cpu.idle, Linux 5.15: the group itself is SCHED_IDLE against its siblings), or, where
+# tandem cannot make one, its autogroup gets nice 19 (weight 15 against 1024).
+# bench/device_mode.py --shadows 1,2 (docs/benchmarks.md) measures what is left.
+IDLE_CGROUP = "tandem-idle"
+IDLE_AUTOGROUP_NICE = 19
+
+
+def _cpu_cgroup_root() -> Path | None:
+    """The root of the hierarchy the cpu controller is in: a cgroup v1 mount with the cpu
+    option, or the cgroup2 mount whose root offers cpu; None if neither is mounted."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        pre, _, post = line.partition(" - ")
+        fields, rest = pre.split(), post.split()
+        if len(fields) < 5 or len(rest) < 3:
+            continue
+        mount = Path(fields[4])
+        if rest[0] == "cgroup" and "cpu" in rest[2].split(","):
+            return mount
+        try:
+            if rest[0] == "cgroup2" and "cpu" in (mount / "cgroup.subtree_control").read_text().split():
+                return mount
+        except OSError:
+            continue
+    return None
+
+
+def make_idle(pid: int) -> str:
+    """Process pid (all its threads) off the CPU time of everything not idle: into the
+    idle cgroup, else its autogroup reniced; how ('cgroup', 'autogroup' or 'none')."""
+    root = _cpu_cgroup_root()
+    if root is not None:
+        group = root / IDLE_CGROUP
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "cpu.idle").write_text("1\n")
+            (group / "cgroup.procs").write_text(f"{pid}\n")
+            return "cgroup"
+        except OSError as e:
+            log.debug("pid %d: not into cgroup %s: %s", pid, group, e)
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{IDLE_AUTOGROUP_NICE}\n")
+        return "autogroup"
+    except OSError as e:
+        log.debug("pid %d: its autogroup not reniced: %s", pid, e)
+        return "none"
+
+
+def make_thread_idle() -> bool:
+    """The calling thread into the idle cgroup (cgroup v1, which moves single threads:
+    tandem's own analysis work, beside threads that are not idle); True if it went."""
+    root = _cpu_cgroup_root()
+    group = root / IDLE_CGROUP if root else None
+    if group is None or not (root / "tasks").exists():     # "tasks": v1's per-thread file
+        return False
+    try:
+        group.mkdir(exist_ok=True)
+        (group / "cpu.idle").write_text("1\n")
+        (group / "tasks").write_text(f"{threading.get_native_id()}\n")
+        return True
+    except OSError as e:
+        log.debug("thread %d: not into cgroup %s: %s", threading.get_native_id(), group, e)
+        return False
+
+
+def drop_idle_cgroup() -> None:
+    """The idle cgroup removed once no process is left in it (another idle VM's keeps it)."""
+    root = _cpu_cgroup_root()
+    if root is not None:
+        try:
+            (root / IDLE_CGROUP).rmdir()
+        except OSError:
+            pass
+
+
 class VM(Lifecycle):
     """A running QEMU: process, QMP connection, optional serial console.
 
@@ -272,6 +355,7 @@ class VM(Lifecycle):
             if self.run.host.idle:   # a domain's QEMU: all its threads to SCHED_IDLE once started
                 subprocess.run(["chrt", "--idle", "--all-tasks", "--pid", "0", str(self.proc.pid)],
                                capture_output=True)
+                make_idle(self.proc.pid)
             if self.run.host.cpus:
                 subprocess.run(["taskset", "--all-tasks", "--pid", "--cpu-list", self.run.host.cpus,
                                 str(self.proc.pid)], capture_output=True)
@@ -284,6 +368,8 @@ class VM(Lifecycle):
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
                                          umask=private.CHILD_UMASK, pass_fds=self.run.host.pass_fds)
+            if self.run.host.idle:
+                make_idle(self.proc.pid)
         proc = self.proc
         try:
             self.qmp = qmp_connect(self.run.rundir / "qmp.sock", timeout, alive=lambda: proc.poll() is None)
@@ -404,6 +490,8 @@ class VM(Lifecycle):
         self.kill()
         if self.launcher is not None:
             self.launcher.release()
+        if self.run.host.idle:
+            drop_idle_cgroup()
         if self._log is not None:
             self._log.close()
 
