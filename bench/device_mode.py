@@ -149,10 +149,10 @@ def report(runs: int, wrk_seconds: int, shadows: tuple[int, ...] = ()) -> str:
     thr, p99 = ratio("wrk_rps", inverse=True), ratio("wrk_p99_ms")
     lines = [
         f"Reference VM (Debian 12, its own GRUB and systemd; nginx), {VCPUS} vCPUs on multi-threaded TCG, "
-        f"{runs} interleaved rounds, which goes first alternating; ratios are the median of each round's device/plain. Workload: power-on to "
+        f"{runs} interleaved rounds, which goes first turning round by round; ratios are the median of each round's device/plain. Workload: power-on to "
         f"nginx answering, wrk {wrk_seconds} s x 4 kept-alive connections. Measured on this project's 2-core "
-        f"machine, nothing else running. Command: `python bench/device_mode.py --runs {runs} --out "
-        f"docs/benchmarks.md`.",
+        f"machine, nothing else running. Command: `python bench/device_mode.py --runs {runs}"
+        f"{' --shadows ' + ','.join(map(str, shadows)) if shadows else ''} --out docs/benchmarks.md`.",
         "",
         "| target | measured | met |",
         "|---|---|---|",

@@ -286,9 +286,9 @@ def make_thread_idle() -> bool:
     """The calling thread into the idle cgroup (cgroup v1, which moves single threads:
     tandem's own analysis work, beside threads that are not idle); True if it went."""
     root = _cpu_cgroup_root()
-    group = root / IDLE_CGROUP if root else None
-    if group is None or not (root / "tasks").exists():     # "tasks": v1's per-thread file
+    if root is None or not (root / "tasks").exists():     # "tasks": v1's per-thread file
         return False
+    group = root / IDLE_CGROUP
     try:
         group.mkdir(exist_ok=True)
         (group / "cpu.idle").write_text("1\n")
