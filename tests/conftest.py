@@ -37,6 +37,11 @@ from tandem.qemu.vm import VM
 settings.register_profile("tandem", deadline=None)
 settings.load_profile("tandem")
 
+# The suite's two workers each run their own VMs side by side: an idle analysis of one
+# test must not wait for the other test's native (qemu/vm.make_idle), or its waits time out.
+# tests/unit/test_idle_vms.py and bench/device_mode.py check the idle groups themselves.
+os.environ["TANDEM_IDLE_GROUP"] = "0"
+
 VMS = pytest.StashKey[list]()
 TAIL_BYTES = 3000
 

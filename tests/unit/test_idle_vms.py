@@ -10,7 +10,8 @@ from pathlib import Path
 from tandem.qemu import vm
 
 
-def test_an_idle_process_is_in_an_idle_cgroup_or_a_reniced_autogroup():
+def test_an_idle_process_is_in_an_idle_cgroup_or_a_reniced_autogroup(monkeypatch):
+    monkeypatch.setenv(vm.IDLE_GROUP_SETTING, "1")      # the suite turns it off (tests/conftest.py)
     p = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
         how = vm.make_idle(p.pid)
@@ -30,3 +31,14 @@ def test_an_idle_process_is_in_an_idle_cgroup_or_a_reniced_autogroup():
     group = root / vm.IDLE_CGROUP if root else None
     # gone, unless another idle VM (a test running beside this one) is still in it
     assert group is None or not group.exists() or (group / "cgroup.procs").read_text().strip()
+
+
+def test_the_setting_leaves_idle_groups_out(monkeypatch):
+    monkeypatch.setenv(vm.IDLE_GROUP_SETTING, "0")
+    p = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert vm.make_idle(p.pid) == "none"
+        assert f"/{vm.IDLE_CGROUP}\n" not in Path(f"/proc/{p.pid}/cgroup").read_text()
+    finally:
+        p.kill()
+        p.wait()

@@ -234,8 +234,16 @@ class AnalysisVM(Protocol):
 # (cpu.idle, Linux 5.15: the group itself is SCHED_IDLE against its siblings), or, where
 # tandem cannot make one, its autogroup gets nice 19 (weight 15 against 1024).
 # bench/device_mode.py --shadows 1,2 (docs/benchmarks.md) measures what is left.
+# TANDEM_IDLE_GROUP=0 leaves that out (SCHED_IDLE threads only): for a host where several
+# runs share the CPUs and one run's analyses must not wait on another's natives, as the
+# test suite's two workers do (tests/conftest.py).
 IDLE_CGROUP = "tandem-idle"
 IDLE_AUTOGROUP_NICE = 19
+IDLE_GROUP_SETTING = "TANDEM_IDLE_GROUP"
+
+
+def _idle_groups() -> bool:
+    return os.environ.get(IDLE_GROUP_SETTING, "1") != "0"
 
 
 def _cpu_cgroup_root() -> Path | None:
@@ -263,7 +271,10 @@ def _cpu_cgroup_root() -> Path | None:
 
 def make_idle(pid: int) -> str:
     """Process pid (all its threads) off the CPU time of everything not idle: into the
-    idle cgroup, else its autogroup reniced; how ('cgroup', 'autogroup' or 'none')."""
+    idle cgroup, else its autogroup reniced; how ('cgroup', 'autogroup' or 'none': also
+    under TANDEM_IDLE_GROUP=0)."""
+    if not _idle_groups():
+        return "none"
     root = _cpu_cgroup_root()
     if root is not None:
         group = root / IDLE_CGROUP
@@ -285,6 +296,8 @@ def make_idle(pid: int) -> str:
 def make_thread_idle() -> bool:
     """The calling thread into the idle cgroup (cgroup v1, which moves single threads:
     tandem's own analysis work, beside threads that are not idle); True if it went."""
+    if not _idle_groups():
+        return False
     root = _cpu_cgroup_root()
     if root is None or not (root / "tasks").exists():     # "tasks": v1's per-thread file
         return False
