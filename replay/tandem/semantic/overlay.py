@@ -184,10 +184,9 @@ def prepare(guest: Guest, trees: list[str], root: str, workdir: Path, name: str)
 def _prepare_boot(prep: Guest, rundir: Path, first: Path, name: str, here: Path) -> bytes:
     """Boot the preparation VM; its console once it has said it is done (a one-line
     error with what it said instead, if it did not)."""
-    # -icount: the boot's clock counts instructions, as every analysis VM's does, not the
-    # host's time. Without it the KASAN kernel's boot took a host-timing-dependent path
-    # and oopsed in mask_ioapic_irq at "Switch to symmetric I/O mode" (twice in a row
-    # in CI beside the other worker's VMs; never alone, nor beside stress-ng here).
+    # -icount: the boot's clock counts instructions, as every analysis VM's does, so the
+    # kernel's early timer and IO-APIC setup do not see the host's load (the KASAN kernel
+    # oopsed there on a loaded host).
     with VM(prep, Run(rundir, overlay=first, icount=True), name=f"{name} overlay") as vm:
         assert vm.serial is not None        # a plain run has its console on a socket
         try:
