@@ -269,6 +269,13 @@ def _cpu_cgroup_root() -> Path | None:
     return None
 
 
+def _idle_group(group: Path) -> Path:
+    """The idle cgroup, made if missing and marked idle (OSError where tandem cannot)."""
+    group.mkdir(exist_ok=True)
+    (group / "cpu.idle").write_text("1\n")
+    return group
+
+
 def make_idle(pid: int) -> str:
     """Process pid (all its threads) off the CPU time of everything not idle: into the
     idle cgroup, else its autogroup reniced; how ('cgroup', 'autogroup' or 'none': also
@@ -279,9 +286,7 @@ def make_idle(pid: int) -> str:
     if root is not None:
         group = root / IDLE_CGROUP
         try:
-            group.mkdir(exist_ok=True)
-            (group / "cpu.idle").write_text("1\n")
-            (group / "cgroup.procs").write_text(f"{pid}\n")
+            _idle_group(group).joinpath("cgroup.procs").write_text(f"{pid}\n")
             return "cgroup"
         except OSError as e:
             log.debug("pid %d: not into cgroup %s: %s", pid, group, e)
@@ -303,9 +308,7 @@ def make_thread_idle() -> bool:
         return False
     group = root / IDLE_CGROUP
     try:
-        group.mkdir(exist_ok=True)
-        (group / "cpu.idle").write_text("1\n")
-        (group / "tasks").write_text(f"{threading.get_native_id()}\n")
+        _idle_group(group).joinpath("tasks").write_text(f"{threading.get_native_id()}\n")
         return True
     except OSError as e:
         log.debug("thread %d: not into cgroup %s: %s", threading.get_native_id(), group, e)
