@@ -42,7 +42,8 @@ VERSION=$(apt-cache showsrc redis 2>/dev/null | awk '/^Version:/ {print $2}' | g
 [ -n "$VERSION" ] || die "no bookworm redis in the deb-src lists (run scripts/host-deps.sh)"
 KEY=$({ grep -v '^[[:space:]]*#' "$SELF"; echo "$VERSION"; gcc --version | head -1; } | sha256sum | cut -c1-16)
 FINAL="$ADIR/$KEY"
-[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
+# TANDEM_KEY_ONLY=1: print the key and the file whose presence says its build is cached.
+[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; echo "$FINAL/asan-redis.json"; exit 0; }
 
 write_json() {
   python3 - "$OUT_JSON" "$FINAL" "$VERSION" <<'PY'

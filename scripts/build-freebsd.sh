@@ -201,7 +201,22 @@ case $TARGET in
   freebsd-boot) KEY=$BOOT_KEY ;;
   freebsd-disk) KEY=$(key "$BOOT_KEY" "$(guest_key)" disk) ;;
 esac
-[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
+# TANDEM_KEY_ONLY=1: print the key, the file whose presence says the build of that key is
+# cached, and the directories under the cache it shares with other targets; build nothing
+# (tandem doctor, setup/state.py).
+if [ -n "${TANDEM_KEY_ONLY:-}" ]; then
+  echo "$KEY"
+  case $TARGET in
+    freebsd-toolchain) echo "$OBJ/.toolchain-done"; echo "$FB/tree-$TREE_KEY"
+                       case $TREE in "$FB"/src-*) echo "$TREE" ;; esac ;;
+    kernel-freebsd-config) echo "$FB/kernel-config-$KERNCONF-$KEY/kernel" ;;
+    kernel-freebsd-*) echo "$FB/kernel-$FLAVOR-$KEY/kernel" ;;
+    freebsd-guest) echo "$FB/guest-$KEY/root.img" ;;
+    freebsd-boot) echo "$FB/boot-$BOOT_KEY/loader"; echo "$FB/obj-boot-$BOOT_KEY" ;;
+    freebsd-disk) echo "$FB/disk-$KEY/disk.img" ;;
+  esac
+  exit 0
+fi
 
 write_json() {    # KEY=VALUE or KEY[]=VALUE (a list of each)... into OUT_JSON (atomically), with key and target
   python3 - "$OUT_JSON" "target=$TARGET" "key=$KEY" "tree=$TREE" "$@" <<'PY'

@@ -45,8 +45,9 @@ KEY=$({
   "$CC" --version | head -n1
 } | sha256sum | cut -c1-16)
 FINAL="$GDIR/$KEY"
-# TANDEM_KEY_ONLY=1: print the key these sources give, build nothing (tandem doctor).
-[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
+# TANDEM_KEY_ONLY=1: print the key these sources give and the file whose presence says
+# the build of that key is cached; build nothing (tandem doctor, setup/state.py).
+[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; echo "$FINAL/disk-base.img"; exit 0; }
 [ "$(id -u)" = 0 ] || die "needs root (mknod of /dev/console, chroot smoke test)"
 
 write_json() {

@@ -53,8 +53,10 @@ fi
 TB_KEY=${TB_SHA:0:16}
 KEY=$({ echo "$TB_SHA"; sha "$BASE_CFG"; sha "$FLAVOR_CFG"; sha "$SELF"; } | sha256sum | cut -c1-16)
 FINAL="$KDIR/$FLAVOR-$KEY"
-# TANDEM_KEY_ONLY=1: print the key these sources give, build nothing (tandem doctor).
-[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
+# TANDEM_KEY_ONLY=1: print the key these sources give, the file whose presence says the
+# build of that key is cached, and the source tree it shares with the other flavors;
+# build nothing (tandem doctor, setup/state.py).
+[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; echo "$FINAL/version"; echo "$CACHE/linux-src/$TB_KEY"; exit 0; }
 
 write_json() {
   local d=$1
@@ -128,7 +130,9 @@ BUILD_LOG="$KDIR/build-$FLAVOR.log"
 
 export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache}
 export CCACHE_BASEDIR="$CACHE"
-export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-10G}
+# Every build script caps the shared ccache alike (ccache's own default): the cache's disk
+# need (setup/state.py GROWTH) counts on it.
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
 export KBUILD_BUILD_TIMESTAMP="1970-01-01 00:00:00 UTC"
 export KBUILD_BUILD_USER=tandem KBUILD_BUILD_HOST=tandem KBUILD_BUILD_VERSION=1
 # ccache when installed (scripts/host-deps.sh installs it); plain gcc otherwise.

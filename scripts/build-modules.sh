@@ -105,7 +105,7 @@ fail() {
   exit 1
 }
 export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache}
-export CCACHE_BASEDIR="$CACHE"
+export CCACHE_BASEDIR="$CACHE" CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
 export KBUILD_BUILD_TIMESTAMP="1970-01-01 00:00:00 UTC"
 export KBUILD_BUILD_USER=tandem KBUILD_BUILD_HOST=tandem KBUILD_BUILD_VERSION=1
 # ccache when installed (scripts/host-deps.sh installs it); plain gcc otherwise.

@@ -42,9 +42,10 @@ KEY=$( { sha256sum "$DSC"; cat "$ROOT/qemu-patches/$SERIES";
          (cd "$ROOT/qemu-patches" && sha256sum $(cat $SERIES)); sha256sum <"$0";
          echo "${CONFIGURE[*]}"; } | sha256sum | cut -c1-16)
 PATCH_HASH=$( (cd "$ROOT/qemu-patches" && cat $SERIES $(cat $SERIES)) | sha256sum | cut -d' ' -f1)
-# TANDEM_KEY_ONLY=1: print the key these sources give, build nothing (tandem doctor).
-[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
 DIR=$CACHE/qemu/$KEY
+# TANDEM_KEY_ONLY=1: print the key these sources give and the file whose presence says
+# the build of that key is cached; build nothing (tandem doctor, setup/state.py).
+[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; echo "$DIR/.complete"; exit 0; }
 BIN=$DIR/install/bin/qemu-system-x86_64
 
 # One build per key at a time (the test suite and a user may both ask for it).
@@ -61,7 +62,7 @@ if [ ! -f "$DIR/.complete" ]; then
    done)
   mkdir build && cd build
   # ccache with paths relative to the key dir, so a rebuild under a new key reuses objects.
-  export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache} CCACHE_BASEDIR=$DIR
+  export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache} CCACHE_BASEDIR=$DIR CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
   cc="gcc"; command -v ccache >/dev/null && cc="ccache gcc"
   if ! ../src/configure --python="$PY" --cc="$cc" --prefix="$DIR/install" "${CONFIGURE[@]}" > ../configure.log 2>&1; then
     tail -n 30 ../configure.log >&2; say "QEMU configure failed (log: $DIR/configure.log)"; exit 1

@@ -148,8 +148,9 @@ KEY=$({
   fi
 } | sha256sum | cut -c1-16)
 FINAL="$RDIR/$KEY"
-# TANDEM_KEY_ONLY=1: print the key these sources give, build nothing (tandem doctor).
-[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
+# TANDEM_KEY_ONLY=1: print the key these sources give and the file whose presence says
+# the build of that key is cached; build nothing (tandem doctor, setup/state.py).
+[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; echo "$FINAL/refvm.json"; exit 0; }
 
 write_json() {
   python3 - "$OUT_JSON" "$FINAL" <<'PY'

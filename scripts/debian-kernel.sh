@@ -77,8 +77,9 @@ if [ "$MODE" = modules ]; then
 else
   KEY=$KKEY FINAL=$KFINAL
 fi
-# TANDEM_KEY_ONLY=1: print the key these sources give, build nothing (tandem doctor).
-[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; exit 0; }
+# TANDEM_KEY_ONLY=1: print the key these sources give and the file whose presence says
+# that key's build is cached; build nothing (tandem doctor, setup/state.py).
+[ -z "${TANDEM_KEY_ONLY:-}" ] || { echo "$KEY"; echo "$FINAL/version"; exit 0; }
 
 json() {   # OUT_JSON for this mode, from the finished directory
   python3 - "$MODE" "$OUT_JSON" "$FLAVOR" "$KEY" "$KKEY" "$FINAL" <<'PY'

@@ -138,6 +138,42 @@ def test_preflight_stops_a_build_with_one_line_when_the_disk_is_full(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("tandem: error: disk:") and "fix:" in lines[0], r.stderr
 
 
+def test_a_build_the_disk_cannot_hold_is_one_line_naming_what_it_would_build(tmp_path):
+    """Room enough for recordings (the preflight passes) but not for a kernel and the source
+    tree it unpacks: the build stops before meson with one line naming the target."""
+    small = tmp_path / "small"
+    small.mkdir()
+    r = subprocess.run(["unshare", "--mount", "sh", "-c", f"mount -t tmpfs -o size=1536m tmpfs {small} && "
+                        f"exec {sys.executable} -m tandem.setup.build --no-parser kernel-kasan"],
+                       env=env_with(small / "cache", PYTHONPATH=str(ROOT / "replay"),
+                                    TANDEM_BUILD_DIR=str(small / "build")),
+                       capture_output=True, text=True, timeout=60)
+    line = assert_one_line_error(r, "tandem: error: disk: 1.5 GiB free under", "building kernel-kasan adds about",
+                                 "fix:")
+    assert "TANDEM_CACHE" in line
+
+
+def test_a_build_removes_its_superseded_builds_but_the_last_used_other(tmp_path):
+    """A new key of a build (a kernel config changed) leaves the old key's build behind:
+    the next build removes all but the most recently used other key's, saying so."""
+    cache = tmp_path / "cache"
+    env = env_with(cache, PYTHONPATH=str(ROOT / "replay"), TANDEM_BUILD_DIR=str(tmp_path / "build"))
+    key = subprocess.run(["bash", str(ROOT / "scripts/build-asan-redis.sh"), os.devnull], env=dict(env, TANDEM_KEY_ONLY="1"),
+                         capture_output=True, text=True, check=True).stdout.split()
+    here = Path(key[1]).parent
+    olds = [here.parent / f"{k:016x}" for k in (1, 2)]
+    for i, d in enumerate(olds):
+        (d / "redis").mkdir(parents=True)
+        os.utime(d, (1_000_000 + i, 1_000_000 + i))
+    r = subprocess.run([sys.executable, "-c", "import logging, sys; from tandem.setup import build, state; "
+                        "logging.basicConfig(level=logging.INFO, format='%(message)s'); "
+                        "build.prune({'asan-redis': state.cached('asan-redis')})"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert not olds[0].exists() and olds[1].exists(), r.stderr
+    assert f"removed 1 superseded build from the cache (0.0 GiB): asan-redis/{olds[0].name}" in r.stderr
+
+
 def test_a_freebsd_source_that_is_no_tree_is_one_line_before_any_build(tmp_path):
     """`./tandem build freebsd --freebsd-src PATH` with PATH naming nothing, or a directory
     that is not a FreeBSD tree: one line naming it, before meson or ninja say anything."""

@@ -88,3 +88,49 @@ def test_an_analysis_builds_its_own_kernel_and_nothing_else(names, wanted):
 def test_a_kernel_the_user_brought_needs_no_kernel_build(tmp_path):
     mine = catalog.brought_kernel("mine", str(tmp_path / "bzImage"))
     assert catalog.build_targets([mine]) == ["qemu", "guest"]
+
+
+def test_each_script_says_where_its_build_of_the_current_key_is_cached(dirs):
+    """What `tandem build` counts and prunes by: the file whose presence says a key's build
+    is cached, as the script itself prints it (TANDEM_KEY_ONLY=1)."""
+    _, cache = dirs
+    for target in ("kernel-kasan", "guest", "refvm", "asan-redis"):
+        c = state.cached(target)
+        assert c is not None and c.key == state.current_key(target), target
+        assert c.marker.is_relative_to(cache) and c.key in str(c.marker.parent), c
+        assert not c.present
+    kasan = state.cached("kernel-kasan")
+    assert [d.parent.name for d in kasan.shares] == ["linux-src"]     # the source tree every flavor builds from
+    need, todo = state.growth(["kernel-kasan", "kernel-ubsan", "modules-kasan"])
+    assert todo == ["kernel-kasan", "kernel-ubsan"]
+    # the source tree once, not once a flavor
+    assert need == state.GROWTH["kernel-kasan"] + state.GROWTH["kernel-ubsan"] + state.SHARED_GROWTH["linux-src/KEY"]
+    # cached by another checkout (the clone CI makes): nothing to add
+    kasan.marker.parent.mkdir(parents=True)
+    kasan.marker.write_text("6.12\n")
+    assert state.growth(["kernel-kasan"]) == (0, [])
+
+
+def test_superseded_builds_are_other_keys_of_the_same_build_beyond_the_last_used(dirs):
+    import os
+    _, cache = dirs
+    kasan = state.cached("kernel-kasan")
+    kdir = kasan.marker.parent.parent
+    old = [kdir / f"kasan-{k:016x}" for k in (1, 2, 3)]
+    for i, d in enumerate(old):
+        d.mkdir(parents=True)
+        os.utime(d, (1_000_000 + i, 1_000_000 + i))
+    # not kasan's: another flavor's key, its object tree (no key), a build cut short
+    for name in (f"native-{4:016x}", "obj-kasan", f".tmp-kasan-{5:016x}-42"):
+        (kdir / name).mkdir()
+    src = cache / "linux-src" / f"{6:016x}"       # the source tree of another kernel release
+    src.mkdir(parents=True)
+    # the most recently used other key is kept, of the build and of the tree it shares
+    assert sorted(state.superseded(kasan)) == old[:2]
+    assert state.superseded(kasan, keep=0) == [old[2], old[1], old[0], src]
+    assert state.superseded(state.cached("kernel-ubsan")) == []
+    state.used(kasan)       # its own directory does not exist yet: nothing to mark, no error
+    kasan.marker.parent.mkdir()
+    os.utime(kasan.marker.parent, (1, 1))
+    state.used(kasan)
+    assert kasan.marker.parent.stat().st_mtime > old[2].stat().st_mtime

@@ -153,6 +153,9 @@ def build(targets: list[str], command: str = "tandem", compile_parser: bool = Tr
             # The console parser compiled by mypyc (report/compiled.py): 1.3x faster on
             # long consoles; the .py modules run until it is built. A no-op when built.
             compiled_parser.build()
+        caches = {t: state.cached(t) for t in targets if t in state.KEYED}
+        prune(caches)
+        room(targets, caches)
         _meson_setup()
         log_offset = state.ninja_log_size()
         logfile = cache_dir() / "logs" / "build.log"
@@ -173,7 +176,43 @@ def build(targets: list[str], command: str = "tandem", compile_parser: bool = Tr
             raise InfraError(f"build of {failed[0] if failed else ', '.join(targets)} failed "
                              f"(whole log: {logfile})")
         state.record_times(targets, log_offset)
+        for c in caches.values():
+            if c:
+                state.used(c)
         log.info("built %s in %s", ", ".join(targets), _duration(time.monotonic() - t0))
+
+
+def prune(caches: dict[str, state.Cached | None]) -> None:
+    """Remove the cache's builds of these targets for keys other than their current one
+    but the most recently used (state.superseded): each change to a kernel config or the
+    QEMU series makes a new key, and a cache that kept them all grew without bound. Under
+    the setup lock, which every build of every checkout takes, so no build is using them."""
+    gone = [d for c in caches.values() if c for d in state.superseded(c) if d.is_relative_to(cache_dir())]
+    if not gone:
+        return
+    probe = _existing(cache_dir())
+    before = shutil.disk_usage(probe).free
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    log.info("removed %d superseded build%s from the cache (%.1f GiB): %s", len(gone), "s" * (len(gone) > 1),
+             (shutil.disk_usage(probe).free - before) / 2**30, ", ".join(str(d.relative_to(cache_dir())) for d in gone))
+
+
+def room(targets: list[str], caches: dict[str, state.Cached | None]) -> None:
+    """Refuse before building when the disk under the cache cannot hold what these targets
+    add to it (state.growth) and a test run's recordings besides (doctor.WARM_BYTES)."""
+    from .doctor import WARM_BYTES
+    need, todo = state.growth(targets, caches)
+    probe = _existing(cache_dir())
+    free = shutil.disk_usage(probe).free
+    if free < need + WARM_BYTES:
+        raise InfraError(f"disk: {free / 2**30:.1f} GiB free under {probe}; building {', '.join(todo)} adds about "
+                         f"{need / 2**30:.1f} GiB and recordings need {WARM_BYTES / 2**30:.0f} GiB more; fix: free "
+                         "space there, or set TANDEM_CACHE to a larger disk")
+
+
+def _existing(path: Path) -> Path:
+    return next(p for p in (path, *path.parents) if p.exists())
 
 
 def _wait_showing_progress(proc: subprocess.Popen, targets: list[str]) -> None:

@@ -29,13 +29,11 @@ from pathlib import Path
 from ..artifacts import REPO, build_dir, cache_dir
 from ..catalog import DEFAULT_KERNEL
 from ..errors import EXIT_CLEAN, EXIT_FOUND
-from . import lock, programs
+from . import lock, programs, state
 from .state import FREEBSD_TARGETS, KEYED, UNKEYED, current_key, gone
 
-# Measured (scripts/fresh-check.sh): a cold build fills the cache with 4.8 GiB (the
-# four kernel object trees 2.4, the kernel source 1.6, QEMU 0.5, the venv 0.3); 10 GiB
-# leaves room for ccache to grow on rebuilds and for the recordings of a test run.
-COLD_BUILD_BYTES = 10 << 30
+# Room for a test run's recordings, overlays and logs beside the builds, whatever is built
+# (docs/setup.md, "Disk").
 WARM_BYTES = 1 << 30
 KVM_BOOT_TIMEOUT = 20.0   # seconds; a KVM boot to the root-mount panic takes under 2
 @dataclass
@@ -101,20 +99,20 @@ def check_programs() -> Check:
     return Check("ok", "programs", f"every program tandem calls is on PATH{note}")
 
 
-def _builds_missing() -> bool:
-    return not all((build_dir() / f"{t}.json").is_file() for t in KEYED if t not in FREEBSD_TARGETS)
-
-
-def check_disk() -> Check:
+def check_disk(targets: list[str] | None = None) -> Check:
+    """Free disk under the cache against what building these targets adds to it and a test
+    run's recordings (the launcher's preflight passes none: the build itself checks its
+    targets' room once it knows which are not cached, setup/build.room)."""
     d = cache_dir()
     probe = next(p for p in (d, *d.parents) if p.exists())
     free = shutil.disk_usage(probe).free
-    need = COLD_BUILD_BYTES if _builds_missing() else WARM_BYTES
-    what = "a cold build" if need == COLD_BUILD_BYTES else "recordings and rebuilds"
+    grow, todo = state.growth(targets) if targets else (0, [])
+    need = grow + WARM_BYTES
+    what = f"building {len(todo)} target{'s' * (len(todo) != 1)} and recordings" if todo else "recordings"
     if free < need:
-        return Check("FAIL", "disk", f"{free / 2**30:.1f} GiB free under {probe}, {what} needs "
-                     f"{need / 2**30:.0f} GiB", "free space there, or set TANDEM_CACHE to a larger disk")
-    return Check("ok", "disk", f"{free / 2**30:.1f} GiB free under {probe} ({what} needs {need / 2**30:.0f} GiB)")
+        return Check("FAIL", "disk", f"{free / 2**30:.1f} GiB free under {probe}, {what} need "
+                     f"{need / 2**30:.1f} GiB", "free space there, or set TANDEM_CACHE to a larger disk")
+    return Check("ok", "disk", f"{free / 2**30:.1f} GiB free under {probe} ({what} need {need / 2**30:.1f} GiB)")
 
 
 def check_venv() -> Check:
@@ -220,7 +218,8 @@ def _kvm_boot(qemu: dict, kernel: dict) -> Check:
 
 
 def run_all(boot_kvm: bool = True) -> list[Check]:
-    return [*check_host(), check_packages(), check_programs(), check_disk(), check_venv(),
+    wanted = [t for t in KEYED if t not in FREEBSD_TARGETS or os.environ.get("TANDEM_FREEBSD_SRC")]
+    return [*check_host(), check_packages(), check_programs(), check_disk(wanted), check_venv(),
             *check_builds(), check_lock(), check_kvm(boot_kvm)]
 
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifacts import REPO, build_dir, cache_dir
@@ -73,16 +75,115 @@ def _json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def current_key(target: str) -> str | None:
-    """The key target's sources give now (None: it cannot be computed, e.g. QEMU's source
-    not downloaded yet)."""
+@dataclass(frozen=True)
+class Cached:
+    """Where a keyed target's build lives in the cache, as its script says (TANDEM_KEY_ONLY=1
+    prints the key, the file whose presence says that key's build is cached, then the
+    directories under the cache it shares with other targets, e.g. the Linux source tree)."""
+    key: str
+    marker: Path
+    shares: tuple[Path, ...] = ()
+
+    @property
+    def present(self) -> bool:
+        return self.marker.is_file()
+
+    @property
+    def dirs(self) -> tuple[Path, ...]:
+        """The directories this key's build owns or uses, each named with a key of its own."""
+        return (self.marker.parent, *self.shares)
+
+
+def _key_only(target: str) -> list[str]:
+    """What target's script prints with TANDEM_KEY_ONLY=1 (nothing: it cannot say)."""
     script, *args = KEYED[target]
     env = dict(os.environ, TANDEM_KEY_ONLY="1")
     argv = [os.devnull if a == "OUT" else str(build_dir() / a[len("BUILD/"):]) if a.startswith("BUILD/") else a
             for a in args]
     r = subprocess.run(["bash", str(REPO / "scripts" / script), *argv],
                        capture_output=True, text=True, env=env, timeout=120)
-    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
+    return [l for l in r.stdout.splitlines() if l.strip()] if r.returncode == 0 else []
+
+
+def current_key(target: str) -> str | None:
+    """The key target's sources give now (None: it cannot be computed, e.g. QEMU's source
+    not downloaded yet)."""
+    lines = _key_only(target)
+    return lines[0].strip() if lines else None
+
+
+def cached(target: str) -> Cached | None:
+    """Where target's build for the key its sources give now is, or would be, cached (None:
+    the key cannot be computed)."""
+    lines = _key_only(target)
+    if len(lines) < 2:
+        return None
+    return Cached(lines[0].strip(), Path(lines[1]), tuple(Path(l) for l in lines[2:]))
+
+
+# A key in a cache directory's name (every script's keys are 16 hex digits).
+KEY_IN_NAME = re.compile(r"[0-9a-f]{16}")
+# Builds of other keys kept beside the current one: one, the most recently used, so that a
+# second checkout at another commit (a CI clone beside a work tree) does not rebuild at
+# every switch, while a cache that sees a new key at every change stays bounded.
+KEEP_OTHER = 1
+
+
+def used(c: Cached) -> None:
+    """Mark this key's build as used now (its directories' times order superseded())."""
+    for d in c.dirs:
+        if d.is_dir():
+            os.utime(d)
+
+
+def superseded(c: Cached, keep: int = KEEP_OTHER) -> list[Path]:
+    """The cache directories that are this build's but for other keys, beyond the `keep`
+    most recently used: each sibling of c's directories whose name differs from it only in
+    its keys."""
+    out = []
+    for d in c.dirs:
+        pattern = re.compile(KEY_IN_NAME.sub("[0-9a-f]{16}", re.escape(d.name)))
+        try:
+            others = [p for p in d.parent.iterdir()
+                      if p.name != d.name and pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+        except OSError:
+            continue
+        others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        out += others[keep:]
+    return out
+
+
+# Bytes the cache grows by when a target is built cold (its output, its object tree, its
+# share of ccache), and by the directories builds share, each made once, measured by
+# scripts/fresh-check.sh's cold build (docs/setup.md, "Disk"). A figure, not a bound: a
+# rebuild into an existing object tree grows it by less.
+GROWTH = {"qemu": 500 << 20, "guest": 50 << 20, "refvm": 1200 << 20, "refvm-tandem": 1200 << 20,
+          "asan-redis": 300 << 20, **{f"kernel-{f}": 700 << 20 for f in FLAVORS}, "kernel-stock": 300 << 20,
+          "freebsd-toolchain": 2 << 30, **{f"kernel-freebsd-{f}": 500 << 20 for f in FREEBSD_FLAVORS},
+          "freebsd-guest": 20 << 20, "freebsd-boot": 1 << 30, "freebsd-disk": 100 << 20}
+SHARED_GROWTH = {"linux-src/KEY": 1500 << 20, "freebsd/src-KEY": 1500 << 20, "freebsd/tree-KEY": 100 << 20,
+                 "freebsd/obj-boot-KEY": 0}
+UNKNOWN_GROWTH = 1 << 30
+
+
+def growth(targets: list[str], known: dict[str, Cached | None] | None = None) -> tuple[int, list[str]]:
+    """About how many bytes building these targets adds to the cache, and which of them are
+    not cached already (a keyed target whose current key's build is in the cache, from
+    another checkout or an earlier commit, costs nothing: its script only describes it).
+    known: cached() of some of them, already asked."""
+    total, todo, shared = 0, [], set()
+    for t in targets:
+        c = known[t] if known and t in known else cached(t) if t in KEYED else None
+        if t not in KEYED or (c is not None and c.present):
+            continue
+        todo.append(t)
+        total += GROWTH.get(t, UNKNOWN_GROWTH)
+        for d in c.shares if c else ():
+            kind = f"{d.parent.name}/{KEY_IN_NAME.sub('KEY', d.name)}"
+            if not d.exists() and kind not in shared:
+                shared.add(kind)
+                total += SHARED_GROWTH.get(kind, UNKNOWN_GROWTH)
+    return total, todo
 
 
 def gone(built: dict) -> str | None:
