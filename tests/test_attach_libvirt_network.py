@@ -85,11 +85,14 @@ def leased(uri: str, mac: str) -> str | None:
 
 
 @pytest.mark.timeout(2400)
-@pytest.mark.parametrize("nic", ["network", "bridge"])
-def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(netns_libvirtd, tmp_path, nic):
+@pytest.mark.parametrize("nic, release", [("network", "now"), ("bridge", "now"), ("network", "agreed")])
+def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(netns_libvirtd, tmp_path, nic, release):
     """The reference VM (its Debian kernel runs both vCPUs) with a KASAN and a lockdep
     shadow, its NIC on libvirt's default network or on a bridge: served, shut down by
-    Ctrl-C, nothing found, nothing different, nothing left."""
+    Ctrl-C, nothing found, nothing different, nothing left. With release 'agreed', every
+    frame the native sends on the tap (a virtio-net header before each) waits in tandem's
+    gate until both shadows sent its equal: the clients' files arrive whole only if the
+    gate hands tandem the frames and passes them on as they were."""
     d, uri = netns_libvirtd, netns_libvirtd.uri
     (tmp_path / "refvm.xml").write_text(domain_xml(tmp_path, nic=NICS[nic]))
     virsh(uri, "define", str(tmp_path / "refvm.xml"))
@@ -99,7 +102,7 @@ def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(netn
     with open(stderr, "w") as err_file:
         proc = subprocess.Popen([sys.executable, "-m", "tandem", "attach", "refvm", "--mode", "device",
                                  "--analysis", "kasan,lockdep", "--uri", uri, "--bundle", str(tmp_path / "refvm.tdm"),
-                                 "--analysis-priority", "normal"],
+                                 "--analysis-priority", "normal", "--release", release],
                                 stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=env,
                                 start_new_session=True)
     said = lambda: stderr.read_text()[-3000:]     # noqa: E731
@@ -123,6 +126,7 @@ def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(netn
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         assert any(b'"type":"tap"' in a and b'"id":"hostnet0"' in a for a in argv), argv
         assert any(b'"netdev":"hostnet0"' in a and b"filter-devlog" in a for a in argv), argv
+        assert any(b'"netdev":"hostnet0"' in a and b"filter-gate" in a for a in argv) == (release == "agreed"), argv
         clients.fetch_files(80, {f["path"]: f["sha256"] for f in artifacts.refvm()["site"]}, via=via)
         clients.ab(80, requests=50, via=via)
         clients.redis_benchmark(6379, requests=200, via=via)
