@@ -336,6 +336,17 @@ def test_device_mode_runs_the_native_as_it_is_and_logs_its_devices_only():
     assert any('"filter-gate"' in x for x in argv["device-kvm-gate"])
 
 
+def test_several_vcpus_under_icount_share_tcgs_one_thread():
+    """QEMU refuses -icount with multi-threaded TCG ("No MTTCG when icount is enabled"): a
+    plain run of a 2-vCPU guest under -icount (an analysis disk's overlay preparation boot
+    of a user's 2-vCPU VM) keeps round-robin TCG; without -icount it gets a thread each."""
+    g = dataclasses.replace(G, vcpus=2)
+    with_icount = qemu_argv(g, Run(R, overlay=R / "o.qcow2", icount=True, host=H))
+    assert "-icount" in with_icount and with_icount[with_icount.index("-accel") + 1] == "tcg"
+    without = qemu_argv(g, Run(R, overlay=R / "o.qcow2", icount=False, host=H))
+    assert "-icount" not in without and without[without.index("-accel") + 1] == "tcg,thread=multi"
+
+
 def test_what_only_device_mode_can_run_is_refused_elsewhere():
     """One vCPU and TCG for record/replay and analysis runs (QEMU's record/replay refuses
     more than one, and -icount is TCG's); no state checkpoints without instruction counts."""

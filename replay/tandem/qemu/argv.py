@@ -105,12 +105,19 @@ def recording_objects(run: Run, ids: DeviceIds) -> list[str]:
 
 
 def _accel(guest: Guest, run: Run) -> str:
-    """-accel: the guest's accelerator; TCG with several vCPUs (plain and device mode)
-    runs one host thread each (thread=multi), as KVM does, rather than QEMU's round-robin
-    on one thread, which -icount needs and which would serialise a native's vCPUs."""
-    if guest.accel == "tcg" and guest.vcpus > 1 and run.mode in (Mode.PLAIN, Mode.DEVICE):
+    """-accel: the guest's accelerator; TCG with several vCPUs and no -icount (device mode,
+    plain runs without it) runs one host thread each (thread=multi), as KVM does, rather
+    than QEMU's round-robin on one thread, which -icount needs (QEMU refuses the two
+    together) and which would serialise a native's vCPUs."""
+    if guest.accel == "tcg" and guest.vcpus > 1 and not _icount(run):
         return keyval_option("tcg", {"thread": "multi"})
     return guest.accel
+
+
+def _icount(run: Run) -> bool:
+    """Whether the run's VM clock counts instructions (_clock_options gives -icount)."""
+    return run.mode in (Mode.RECORD, Mode.REPLAY) or isinstance(run.net, Feed) or \
+        (run.icount and run.mode == Mode.PLAIN)
 
 
 def _cpu_options(guest: Guest) -> list[str]:
