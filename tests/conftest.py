@@ -20,6 +20,7 @@ import contextlib
 import os
 import shutil
 import signal
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -41,6 +42,27 @@ settings.load_profile("tandem")
 # test must not wait for the other test's native (qemu/vm.make_idle), or its waits time out.
 # tests/unit/test_idle_vms.py and bench/device_mode.py check the idle groups themselves.
 os.environ["TANDEM_IDLE_GROUP"] = "0"
+
+# What a whole run of the suite writes under pytest's base temp directory at its peak: its
+# VMs' recordings, overlays and run directories (5.4 GiB, df sampled every 20 s through a
+# clean-clone CI at 85b2c0a), and a little room besides.
+SUITE_DISK_BYTES = 6 << 30
+
+
+def pytest_configure(config):
+    """Before any test: one line and exit 1 when the disk under pytest's base temp cannot
+    hold a whole run (a full disk would fail VM tests far apart, each its own way). The
+    controller checks, not each xdist worker; a run of some tests (-k, a path) is not."""
+    if hasattr(config, "workerinput") or config.args_source != pytest.Config.ArgsSource.TESTPATHS:
+        return
+    base = Path(config.option.basetemp) if config.option.basetemp else Path(tempfile.gettempdir())
+    probe = next(p for p in (base, *base.parents) if p.exists())
+    free = shutil.disk_usage(probe).free
+    if free < SUITE_DISK_BYTES:
+        pytest.exit(f"tandem: error: disk: {free / 2**30:.1f} GiB free under {probe}, the whole suite writes up to "
+                    f"{SUITE_DISK_BYTES / 2**30:.0f} GiB there; fix: free space there, or give --basetemp on a "
+                    "larger disk", returncode=1)
+
 
 VMS = pytest.StashKey[list]()
 TAIL_BYTES = 3000
