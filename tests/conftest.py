@@ -185,9 +185,11 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(autouse=True)
-def devlogs_readable_by_wireshark(request, tmp_path_factory):
+def devlogs_readable_by_wireshark(request, tmp_path_factory, tmp_path):
     """A guard around every test: the device logs it made (its own, a session
-    fixture's, an analysis's) open in capinfos and tshark with tandem's record count."""
+    fixture's, an analysis's) open in capinfos and tshark with tandem's record count.
+    It asks for tmp_path so that it ends before tmp_path does: a passed test's directory
+    is removed as its tmp_path ends (pytest.ini), and its logs with it."""
     base = tmp_path_factory.getbasetemp()
     start = time.time()
     yield
