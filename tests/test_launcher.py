@@ -125,14 +125,20 @@ def test_doctor_names_what_is_broken_and_the_fix(tmp_path):
     assert "not built" in kernel and "fix: ./tandem build" in kernel, kernel
 
 
-def test_preflight_stops_a_build_with_one_line_when_the_disk_is_full(tmp_path):
+def on_small_disk(tmp_path: Path, size: str, command: str) -> subprocess.CompletedProcess:
+    """command (sh) with its cache and build directory on a tmpfs of `size` of its own (a
+    mount namespace of its own: nothing is left mounted)."""
     small = tmp_path / "small"
     small.mkdir()
-    r = subprocess.run(["unshare", "--mount", "sh", "-c", f"mount -t tmpfs -o size=16m tmpfs {small} && "
-                        f"exec /usr/bin/python3 -m tandem.setup.doctor --preflight"],
-                       env=env_with(small / "cache", PYTHONPATH=str(ROOT / "replay"),
-                                    TANDEM_BUILD_DIR=str(tmp_path / "nobuild")),
-                       capture_output=True, text=True, timeout=60)
+    return subprocess.run(["unshare", "--mount", "sh", "-c", f"mount -t tmpfs -o size={size} tmpfs {small} && "
+                           f"exec {command}"],
+                          env=env_with(small / "cache", PYTHONPATH=str(ROOT / "replay"),
+                                       TANDEM_BUILD_DIR=str(small / "build")),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_preflight_stops_a_build_with_one_line_when_the_disk_is_full(tmp_path):
+    r = on_small_disk(tmp_path, "16m", "/usr/bin/python3 -m tandem.setup.doctor --preflight")
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tandem: error: disk:") and "fix:" in lines[0], r.stderr
@@ -141,13 +147,7 @@ def test_preflight_stops_a_build_with_one_line_when_the_disk_is_full(tmp_path):
 def test_a_build_the_disk_cannot_hold_is_one_line_naming_what_it_would_build(tmp_path):
     """Room enough for recordings (the preflight passes) but not for a kernel and the source
     tree it unpacks: the build stops before meson with one line naming the target."""
-    small = tmp_path / "small"
-    small.mkdir()
-    r = subprocess.run(["unshare", "--mount", "sh", "-c", f"mount -t tmpfs -o size=1536m tmpfs {small} && "
-                        f"exec {sys.executable} -m tandem.setup.build --no-parser kernel-kasan"],
-                       env=env_with(small / "cache", PYTHONPATH=str(ROOT / "replay"),
-                                    TANDEM_BUILD_DIR=str(small / "build")),
-                       capture_output=True, text=True, timeout=60)
+    r = on_small_disk(tmp_path, "1536m", f"{sys.executable} -m tandem.setup.build --no-parser kernel-kasan")
     line = assert_one_line_error(r, "tandem: error: disk: 1.5 GiB free under", "building kernel-kasan adds about",
                                  "fix:")
     assert "TANDEM_CACHE" in line
