@@ -190,7 +190,7 @@ def prune(caches: dict[str, state.Cached | None]) -> None:
     gone = [d for c in caches.values() if c for d in state.superseded(c) if d.is_relative_to(cache_dir())]
     if not gone:
         return
-    probe = _existing(cache_dir())
+    probe = state.disk_of(cache_dir())
     before = shutil.disk_usage(probe).free
     for d in gone:
         shutil.rmtree(d, ignore_errors=True)
@@ -203,16 +203,12 @@ def room(targets: list[str], caches: dict[str, state.Cached | None]) -> None:
     add to it (state.growth) and a test run's recordings besides (doctor.WARM_BYTES)."""
     from .doctor import WARM_BYTES
     need, todo = state.growth(targets, caches)
-    probe = _existing(cache_dir())
+    probe = state.disk_of(cache_dir())
     free = shutil.disk_usage(probe).free
     if free < need + WARM_BYTES:
         raise InfraError(f"disk: {free / 2**30:.1f} GiB free under {probe}; building {', '.join(todo)} adds about "
                          f"{need / 2**30:.1f} GiB and recordings need {WARM_BYTES / 2**30:.0f} GiB more; fix: free "
                          "space there, or set TANDEM_CACHE to a larger disk")
-
-
-def _existing(path: Path) -> Path:
-    return next(p for p in (path, *path.parents) if p.exists())
 
 
 def _wait_showing_progress(proc: subprocess.Popen, targets: list[str]) -> None:

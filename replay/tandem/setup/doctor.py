@@ -103,8 +103,7 @@ def check_disk(targets: list[str] | None = None) -> Check:
     """Free disk under the cache against what building these targets adds to it and a test
     run's recordings (the launcher's preflight passes none: the build itself checks its
     targets' room once it knows which are not cached, setup/build.room)."""
-    d = cache_dir()
-    probe = next(p for p in (d, *d.parents) if p.exists())
+    probe = state.disk_of(cache_dir())
     free = shutil.disk_usage(probe).free
     grow, todo = state.growth(targets) if targets else (0, [])
     need = grow + WARM_BYTES

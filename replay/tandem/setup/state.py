@@ -191,6 +191,12 @@ def growth(targets: list[str], known: dict[str, Cached | None] | None = None) ->
     return total, todo
 
 
+def disk_of(path: Path) -> Path:
+    """path, or its nearest ancestor that exists (the cache before the first command made
+    it): what to ask the free space of."""
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
 def gone(built: dict) -> str | None:
     """A file a build's JSON names that is no longer there."""
     return next((v for k, v in built.items() if k in ARTIFACTS and isinstance(v, str) and not Path(v).exists()), None)
