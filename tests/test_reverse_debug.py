@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, assert_one_line_error, run_cli, start_cli, wait_until
+from helpers import ROOT, assert_one_line_error, drain, interrupt_cli, run_cli, start_cli, wait_until
 from tandem.exact.debug import debug
 from tandem.qemu.vm import free_port
 
@@ -105,9 +104,9 @@ def test_the_cli_serves_gdb_until_interrupted(demo_bundle):
 
         wait_until(announced, 300, lambda: "tandem replay --gdb to announce its stub: " + "".join(out))
         assert p.poll() is None, "".join(out)
+        drain(p, out)
         check_reverse(gdb_reverse(port, steps=4))
-        p.send_signal(signal.SIGINT)
-        assert p.wait(60) == 0
+        assert interrupt_cli(p, out) == 0, "".join(out)
     finally:
         if p.poll() is None:
             p.kill()

@@ -173,6 +173,30 @@ def start_cli(*args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
+def drain(p: subprocess.Popen, into: list[str]) -> None:
+    """Keep reading a start_cli command's stdout and stderr into `into`, in threads, once
+    the test has read what it waited for: a pipe nobody reads fills at 64 KiB and blocks
+    the command in its next write, which looks like a command that will not exit."""
+    for stream in (p.stdout, p.stderr):
+        if stream is not None:
+            threading.Thread(target=lambda s=stream: into.extend(iter(s.readline, "")), daemon=True).start()
+
+
+def interrupt_cli(p: subprocess.Popen, out: list[str], timeout: float = 60) -> int:
+    """Ctrl-C a start_cli command (drained into `out`) and its exit status; one that is
+    still running after `timeout` fails the test with what it printed and every thread's
+    stack (SIGUSR1, faulthandler: the CLI registers it)."""
+    import signal
+    p.send_signal(signal.SIGINT)
+    try:
+        return p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(2)       # the stacks, written at once
+        raise AssertionError(f"tandem: still running {timeout:.0f} s after Ctrl-C; its output, thread stacks "
+                             f"at the end:\n{''.join(out)[-8000:]}") from None
+
+
 def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
     """A user error: non-zero exit, one line on stderr naming the culprit, no traceback."""
     assert r.returncode != 0, r.stderr
