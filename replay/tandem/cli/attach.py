@@ -8,8 +8,9 @@ from pathlib import Path
 
 from .. import catalog
 from ..errors import TandemError
-from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_mode_option, add_stop_option,
-                     add_users_analysis_options, build_for_analyses, catalogued, parse_duration, users_analyses)
+from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_gate_options, add_mode_option,
+                     add_stop_option, add_users_analysis_options, build_for_analyses, catalogued, gate_options,
+                     parse_duration, users_analyses)
 from .guest_options import parse_forward
 from .render import console, print_live_finding, print_summary
 from .shadow import watch
@@ -41,6 +42,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--duration", type=parse_duration, help="stop the native after this much VM time")
     r.add_argument("--no-drain", action="store_true",
                    help="do not analyse again offline, from the native's recording, a shadow stopped for lag")
+    add_gate_options(r)
     add_cpu_idle_option(r)
     add_stop_option(r)
     add_mode_option(r)
@@ -83,6 +85,10 @@ def cmd_attach(args) -> int:
                        ("--overlay", args.overlay)):
         if given:
             raise TandemError(f"{opt}: not with --no-follow (its shadows boot tandem's guest setup)")
+    for opt, given in (("--release", args.release != "now"), ("--overflow", args.overflow != "detach"),
+                       ("--spec", args.spec)):
+        if given:
+            raise TandemError(f"{opt}: not with --no-follow (tandem does not feed the shadows it leaves waiting)")
     analyses = catalogued(args.analysis)
     build_for_analyses(analyses, noise=False)
     conn = daemon.connect(args.uri)
@@ -114,6 +120,7 @@ def _attach_live(args) -> int:
     build_for_analyses(analyses, noise=False)
     sh = follow(args.uri, args.domain, analyses, bundle=args.bundle,
                 options=ShadowOptions(port=args.port, duration_ns=args.duration or 0, drain=not args.no_drain,
+                                      **gate_options(args),
                                       idle_analyses=args.analysis_priority == "idle", cpu_idle=args.cpu_idle,
                                       stop=args.stop, shutdown_timeout_s=args.shutdown_timeout,
                                       record_mode=args.mode, analysis_vcpus=args.analysis_vcpus),

@@ -83,6 +83,37 @@ def add_stop_option(p: argparse.ArgumentParser) -> None:
                         "SHUTDOWN_TIMEOUT)")
 
 
+def add_gate_options(p: argparse.ArgumentParser) -> None:
+    """What a live run does when an analysis falls behind (its buffer, --overflow) and when
+    the native's outputs leave (--release, checked under --spec): shadow's and attach's."""
+    p.add_argument("--buffer-events", type=int, default=100_000,
+                   help="inputs an analysis may trail by (default 100000); over that, --overflow applies")
+    p.add_argument("--buffer-bytes", type=int, default=64 << 20,
+                   help="bytes of inputs an analysis may trail by (default 64 MiB); over that, --overflow applies")
+    p.add_argument("--overflow", choices=["detach", "block"], default="detach",
+                   help="an analysis whose buffer is full: detach it and go on (default), or block: hold "
+                        "the native's incoming frames until it has room, for at most --block-budget")
+    p.add_argument("--block-budget", type=float, default=10.0, metavar="SECONDS",
+                   help="with --overflow block: wall time the native may be held at a stretch before "
+                        "the analysis is detached after all (default 10)")
+    p.add_argument("--release", choices=["now", "agreed"], default="now",
+                   help="now: the native's outputs leave at once (default); agreed: each network output "
+                        "leaves only once every analysis produced the same one")
+    p.add_argument("--agree-timeout", type=parse_duration, default=2_000_000_000,
+                   help="with --release agreed: VM time an analysis may take to answer before the "
+                        "output is released without it (default 2s)")
+    p.add_argument("--spec", help="equivalence spec (TOML, docs/equivalence.md) for comparing outputs and "
+                   "for --release agreed (default: the built-in rules, and for tandem's demo guest its "
+                   "service's, agent/kvd.equiv.toml)")
+
+
+def gate_options(args: argparse.Namespace) -> dict:
+    """add_gate_options' values, as live.shadow.ShadowOptions' fields."""
+    return dict(buffer_events=args.buffer_events, buffer_bytes=args.buffer_bytes, overflow=args.overflow,
+                block_budget_s=args.block_budget, release=args.release, agree_timeout_ns=args.agree_timeout,
+                spec_path=args.spec)
+
+
 def add_cpu_idle_option(p: argparse.ArgumentParser) -> None:
     """--cpu-idle: the analyses' lockstep with tandem may wait for the host's CPUs to wake."""
     p.add_argument("--cpu-idle", action="store_true",

@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 from .. import catalog
-from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_mode_option, add_stop_option,
-                     add_users_analysis_options, build_for, build_for_analyses, parse_duration, record_targets,
-                     users_analyses)
+from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_gate_options, add_mode_option,
+                     add_stop_option, add_users_analysis_options, build_for, build_for_analyses, gate_options,
+                     parse_duration, record_targets, users_analyses)
 from .guest_options import add_guest_options, guest_from_args, kernel_flavor
 from .render import console, print_live_finding, print_summary
 
@@ -25,28 +25,11 @@ def add_parsers(sub) -> None:
                         "kernel booted with, a UUID or LABEL found on its disks; e.g. /dev/vda1)")
     r.add_argument("--duration", type=parse_duration, help="stop after this much VM time (e.g. 30s)")
     r.add_argument("--port", type=int, help="host port forwarded to the guest service (default: free port)")
-    r.add_argument("--buffer-events", type=int, default=100_000,
-                   help="inputs an analysis may trail by (default 100000); over that, --overflow applies")
-    r.add_argument("--buffer-bytes", type=int, default=64 << 20,
-                   help="bytes of inputs an analysis may trail by (default 64 MiB); over that, --overflow applies")
-    r.add_argument("--overflow", choices=["detach", "block"], default="detach",
-                   help="an analysis whose buffer is full: detach it and go on (default), or block: hold "
-                        "the native's incoming frames until it has room, for at most --block-budget")
-    r.add_argument("--block-budget", type=float, default=10.0, metavar="SECONDS",
-                   help="with --overflow block: wall time the native may be held at a stretch before "
-                        "the analysis is detached after all (default 10)")
-    r.add_argument("--release", choices=["now", "agreed"], default="now",
-                   help="now: the native's outputs leave at once (default); agreed: each network output "
-                        "leaves only once every analysis produced the same one")
-    r.add_argument("--agree-timeout", type=parse_duration, default=2_000_000_000,
-                   help="with --release agreed: VM time an analysis may take to answer before the "
-                        "output is released without it (default 2s)")
+    add_gate_options(r)
     r.add_argument("--no-record", action="store_true", help="do not record the analysis VMs themselves")
     r.add_argument("--no-drain", action="store_true",
                    help="do not analyse again offline, from the native's recording, an analysis stopped "
                         "for lag (by default it is, so that every recorded input is analysed)")
-    r.add_argument("--spec", help="equivalence spec (TOML, docs/equivalence.md) for comparing outputs and "
-                   "for --release agreed (default: the demo service's, agent/kvd.equiv.toml)")
     add_cpu_idle_option(r)
     add_stop_option(r)
     r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
@@ -151,10 +134,8 @@ def options_from(args):
     checked as they are made."""
     from ..live.shadow import ShadowOptions
     return ShadowOptions(
-        duration_ns=args.duration or 0, port=args.port, buffer_events=args.buffer_events,
-        buffer_bytes=args.buffer_bytes, overflow=args.overflow, block_budget_s=args.block_budget,
-        release=args.release, agree_timeout_ns=args.agree_timeout, record_analyses=not args.no_record,
-        spec_path=args.spec, idle_analyses=args.analysis_priority == "idle",
+        duration_ns=args.duration or 0, port=args.port, **gate_options(args), record_analyses=not args.no_record,
+        idle_analyses=args.analysis_priority == "idle",
         analysis_cpus=args.analysis_cpus, metrics_port=args.metrics_port, drain=not args.no_drain,
         cpu_idle=args.cpu_idle, stop=args.stop, shutdown_timeout_s=args.shutdown_timeout,
         record_mode=args.mode, analysis_vcpus=args.analysis_vcpus)

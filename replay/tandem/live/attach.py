@@ -135,10 +135,6 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
         own = own_command_line(n, o.record_mode)
         users = n.kernel is None or forwards is not None or own
         _check_native(n, users, o.record_mode)
-        if own and (o.release != "now" or o.overflow != "detach"):
-            raise TandemError(f"{domain}: release 'agreed' and overflow 'block' hold the native's frames in "
-                              f"tandem's gate, not run yet on a tap of libvirt's; attach it with release 'now' "
-                              f"and overflow 'detach'")
         if own and forwards:
             raise TandemError(f"{domain}: --forward is for a NIC on user networking; this one is on "
                               f"{n.nic_type} {n.nic_source!r}, where the guest has an address of its own")
