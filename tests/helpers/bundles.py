@@ -13,7 +13,7 @@ def make_bundle(tmp_path, *, finish=True, state="complete"):
     kernel.write_bytes(b"kernel" * 100)
     w = PcapngWriter(d / bundle.DEVLOG)
     s0, n0 = w.add_interface("serial0", "serial"), w.add_interface("net0", "net")
-    w.event(s0, "out", 1_000, b"boot\n", 5)
+    w.event(s0, "out", 1_000, b"boot\n", 5, vcpu=0)
     w.event(n0, "in", 2_000, b"\x00" * 60, 7)
     w.event(n0, "out", 5_000, b"\x01" * 42, 9)
     w.close(end_vm_ns=6_000 if finish else None, icount=10)

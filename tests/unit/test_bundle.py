@@ -113,8 +113,10 @@ def test_inspect_complete(tmp_path):
     s = info["stream"]
     assert (s["segments"], s["raw_bytes"], s["last_icount"], s["finished"]) == (2, 4100, 10, True)
     assert s["ratio"] > 1
+    assert info["channels"]["serial0"]["vcpus"] == {"0": 1} and "vcpus" not in net     # frames name none
     text = render(info)
     assert "net0" in text and "integrity: ok" in text and "replay.tdrs" in text
+    assert "vCPU:events" in text and " 0:1 " in text
 
 
 def test_inspect_torn(tmp_path):

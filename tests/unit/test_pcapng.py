@@ -194,6 +194,27 @@ def test_long_events_read_back_whole(tmp_path, fmt):
         assert log.records == [1, 1, 3, 1] and max(epb_lengths(data)) > SNAPLEN
 
 
+def test_the_vcpu_of_an_event_reads_back_where_the_log_has_one(tmp_path):
+    """The vCPU rides in the record header of tandem's own link types (the fast path
+    reads a single record's, the general path a long event's first piece's); a frame
+    (Ethernet, no header) and an event no vCPU made have none, nor has format 1."""
+    serial, net, disk, rng = range(4)
+    written = [(serial, "out", 1_000, b"from vcpu 1\n", 10, 1), (serial, "out", 2_000, b"from vcpu 0\n", 20, 0),
+               (net, "out", 3_000, b"\xff" * 60, 30, 1), (rng, "in", 4_000, b"\x01" * 8, 40, None),
+               (disk, "out", 5_000, struct.pack("<B7xQQ", 1, 0, 3 * PIECE) + b"\x07" * (3 * PIECE), 50, 1)]
+    for fmt, want in ((2, [1, 0, None, None, 1]), (1, [None] * 5)):
+        buf = io.BytesIO()
+        w = PcapngWriter(buf, format=fmt)
+        for name, kind in [("serial0", "serial"), ("net0", "net"), ("disk0", "block"), ("rng0", "rng")]:
+            w.add_interface(name, kind)
+        for iface, direction, ns, data, icount, vcpu in written:
+            w.event(iface, direction, ns, data, icount, vcpu=vcpu if iface != net else None)
+        w.close(end_vm_ns=9_000, icount=99)
+        log = read_devlog(write(tmp_path, buf.getvalue(), f"f{fmt}.pcapng"))
+        assert [e.vcpu for e in log.events] == want, fmt
+        assert [e.data for e in log.events] == [x[3] for x in written]
+
+
 def test_block_pieces_carry_their_own_offset(tmp_path):
     data = build_long()
     offs = [o for o in block_offsets(data) if struct.unpack_from("<II", data, o)[0] == EPB

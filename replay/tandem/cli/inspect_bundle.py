@@ -35,6 +35,9 @@ def _channels(path: Path, problems: list[str], wire: WireSummary) -> tuple[dict[
             c["events"] += 1
             c["bytes"] += len(ev.data)
             c["last_vm_ns"] = ev.vm_ns
+            if ev.vcpu is not None:     # the vCPU whose access made it (docs/formats.md)
+                by = c.setdefault("vcpus", {})
+                by[str(ev.vcpu)] = by.get(str(ev.vcpu), 0) + 1
             if ev.direction:
                 c[ev.direction]["events"] += 1
                 c[ev.direction]["bytes"] += len(ev.data)
@@ -223,6 +226,12 @@ def _wire_lines(w: dict[str, Any]) -> list[str]:
     return [bundle.printable(line) for line in lines]
 
 
+def _vcpus(by: dict[str, int] | None) -> str:
+    """A channel's events by the vCPU that made them, `0:12,1:30`; `-` when the log names
+    none (frames, a device's own completions, a log older than the field)."""
+    return ",".join(f"{v}:{n}" for v, n in sorted(by.items(), key=lambda x: int(x[0]))) if by else "-"
+
+
 def render(info: dict[str, Any]) -> str:
     out = [f"bundle {info['bundle']}"]
     head = info.get("manifest")
@@ -236,13 +245,14 @@ def render(info: dict[str, Any]) -> str:
         out += ["", *_machine_lines(info["machine"], info["channels"])]
     if info["channels"]:
         rows = [[name, c["kind"], c["events"], c.get("records"), c["bytes"], c["in"]["events"],
-                 c["in"]["bytes"], c["out"]["events"], c["out"]["bytes"], c["first_vm_ns"], c["last_vm_ns"]]
+                 c["in"]["bytes"], c["out"]["events"], c["out"]["bytes"], _vcpus(c.get("vcpus")),
+                 c["first_vm_ns"], c["last_vm_ns"]]
                 for name, c in info["channels"].items()]
         dl = info.get("devlog") or {}
         out += ["", f"device log: format {dl.get('format')}, {dl.get('records')} pcapng records "
                     "(what Wireshark counts)",
                 _table(["channel", "kind", "events", "records", "bytes", "in ev", "in bytes",
-                        "out ev", "out bytes", "first vm_ns", "last vm_ns"], rows)]
+                        "out ev", "out bytes", "vCPU:events", "first vm_ns", "last vm_ns"], rows)]
     if info.get("wire"):
         out += ["", *_wire_lines(info["wire"])]
     s = info.get("stream")

@@ -38,10 +38,13 @@ FORMAT = 2             # what tandem's writers write; a file without the SHB opt
 SNAPLEN = 262144       # no record is longer: Wireshark's and libpcap's cap for these link types
 PIECE = 65536          # data bytes per record of tandem's own link types (serial, block, rng)
 REC_CONTINUED, REC_HAS_ICOUNT = 1, 2
-# Format 2's record header on tandem's own link types: format, flags, header length,
-# reserved, icount. It repeats the icount and the continuation mark for a Wireshark
-# dissector, which cannot see custom options; the options stay what tandem reads.
+# Format 2's record header on tandem's own link types: format, flags, header length, the
+# vCPU, icount. It repeats the icount and the continuation mark for a Wireshark dissector,
+# which cannot see custom options; the options stay what tandem reads. The vCPU field is
+# the index of the vCPU whose access made the event, plus one: 0 where no vCPU did (a
+# device's completion in QEMU's main loop or an iothread) and in logs written before it.
 _REC_HDR = struct.Struct("<BBHIQ")
+_VCPU = struct.Struct("<I")
 
 LINKTYPES = {"net": 1, "serial": 147, "block": 148, "rng": 149, "state": 150}
 KIND_OF_LINKTYPE = {v: k for k, v in LINKTYPES.items()}
@@ -80,6 +83,7 @@ class Event(NamedTuple):
     icount: int | None
     data: bytes
     file_offset: int    # offset of its (first) EPB
+    vcpu: int | None = None     # the vCPU whose access made it, where the log says (_REC_HDR)
 
 
 class IfaceStats(NamedTuple):
@@ -182,12 +186,12 @@ def _flags_option(value: bytes) -> int | None:
 
 class _Pieces:
     """The records so far of an event continued in the next record."""
-    __slots__ = ("iface", "direction", "vm_ns", "icount", "offset", "parts")
+    __slots__ = ("iface", "direction", "vm_ns", "icount", "offset", "parts", "vcpu")
 
     def __init__(self, iface: int, direction: str | None, vm_ns: int, icount: int | None,
-                 offset: int):
+                 offset: int, vcpu: int | None):
         self.iface, self.direction, self.vm_ns, self.icount = iface, direction, vm_ns, icount
-        self.offset = offset
+        self.offset, self.vcpu = offset, vcpu
         self.parts: list[bytes] = []
 
 
@@ -262,6 +266,7 @@ class DevlogReader:
             ifaces, records, hdr_len, states = self.interfaces, self.records, self._hdr_len, self.states
             ns_resol: list[bool] = []   # per interface: timestamps already in ns
             hdr, u32, epb_head, epb_opts = _HDR.unpack_from, _U32.unpack_from, _EPB.unpack_from, _EPB_OPTS.unpack_from
+            vcpu = _VCPU.unpack_from
             new_event = tuple.__new__
 
             while True:
@@ -285,7 +290,8 @@ class DevlogReader:
                             ev = new_event(Event, (
                                 seq, iface_id, iface.name, iface.kind, DIRECTIONS.get(flags & 3),
                                 ts if ns_resol[iface_id] else _ts_to_ns(ts, iface.tsresol),
-                                icount, buf[i + 28 + h:i + 28 + caplen], offset))
+                                icount, buf[i + 28 + h:i + 28 + caplen], offset,
+                                (v - 1 if h and (v := vcpu(buf, i + 32)[0]) else None)))
                             if iface.kind == STATE:
                                 states.append(ev)
                             else:
@@ -350,7 +356,7 @@ class DevlogReader:
                                                  f"is cut by another event (channel {ev.channel})")
                             pieces.parts.append(ev.data)
                         elif continued:
-                            pieces = _Pieces(ev.iface, ev.direction, ev.vm_ns, ev.icount, offset)
+                            pieces = _Pieces(ev.iface, ev.direction, ev.vm_ns, ev.icount, offset, ev.vcpu)
                             pieces.parts.append(ev.data)
                         if not continued:
                             if pieces is not None:
@@ -377,7 +383,7 @@ class DevlogReader:
     def _joined(self, p: _Pieces, seq: int) -> Event:
         iface = self.interfaces[p.iface]
         data = _join_block(p.parts) if iface.linktype == LINKTYPES["block"] else b"".join(p.parts)
-        return Event(seq, p.iface, iface.name, iface.kind, p.direction, p.vm_ns, p.icount, data, p.offset)
+        return Event(seq, p.iface, iface.name, iface.kind, p.direction, p.vm_ns, p.icount, data, p.offset, p.vcpu)
 
     def _idb(self, body: bytes) -> None:
         linktype, _snaplen = struct.unpack_from("<H2xI", body)
@@ -419,17 +425,19 @@ class DevlogReader:
                 icount = _icount_option(value) if icount is None else icount
                 flags |= _flags_option(value) or 0
         continued = bool(flags & REC_CONTINUED)
+        vcpu = None
         if h := self._hdr_len[iface_id]:
             if caplen < h:
                 raise ValueError(f"record of {caplen} bytes, shorter than its {h}-byte header")
-            fmt, hflags, hlen, _, _ = _REC_HDR.unpack_from(data)
+            fmt, hflags, hlen, vcpu_field, _ = _REC_HDR.unpack_from(data)
+            vcpu = vcpu_field - 1 if vcpu_field else None
             if fmt != FORMAT or hlen != h:
                 raise ValueError(f"record header says format {fmt}, {hlen} bytes (want {FORMAT}, {h})")
             if bool(hflags & REC_CONTINUED) != continued:
                 raise ValueError("record header and options disagree on whether the event continues")
             data = data[h:]
         vm_ns = _ts_to_ns((ts_hi << 32) | ts_lo, iface.tsresol)
-        return Event(seq, iface_id, iface.name, iface.kind, direction, vm_ns, icount, data, offset), continued
+        return Event(seq, iface_id, iface.name, iface.kind, direction, vm_ns, icount, data, offset, vcpu), continued
 
     def _isb(self, body: bytes, offset: int) -> None:
         iface_id, ts_hi, ts_lo = struct.unpack_from("<3I", body)
@@ -531,7 +539,7 @@ class PcapngWriter:
                 for k in range(0, len(payload), PIECE)]
 
     def event(self, iface: int, direction: str, vm_ns: int, data: bytes,
-              icount: int | None = None) -> None:
+              icount: int | None = None, vcpu: int | None = None) -> None:
         flags = {"in": 1, "out": 2}[direction]
         pieces = self._pieces(iface, data)
         for n, piece in enumerate(pieces):
@@ -543,7 +551,8 @@ class PcapngWriter:
                 opts.append(_opt(OPT_CUSTOM_BIN, struct.pack("<II", TANDEM_PEN, REC_CONTINUED)))
             if self.format >= 2 and self._linktypes[iface] in OWN_LINKTYPES:
                 rflags = (REC_CONTINUED if continued else 0) | (REC_HAS_ICOUNT if icount is not None else 0)
-                piece = _REC_HDR.pack(self.format, rflags, _REC_HDR.size, 0, icount or 0) + piece
+                piece = _REC_HDR.pack(self.format, rflags, _REC_HDR.size, 0 if vcpu is None else vcpu + 1,
+                                      icount or 0) + piece
             body = struct.pack("<5I", iface, vm_ns >> 32, vm_ns & 0xFFFFFFFF, len(piece), len(piece))
             body += piece + b"\0" * (-len(piece) % 4) + _opts(*opts)
             self.f.write(_block(EPB, body))

@@ -393,7 +393,7 @@ class InputExtractor:
         rec, limits, closing, by_tuple, tcp4 = self.rec, self.limits, self.closing, self.by_tuple, netpkt.tcp4
         guest_segment, client_segment = self._guest_segment, self._client_segment     # bound once: the hot path
         for e in events:
-            _, _, _, kind, direction, vm_ns, _, data, _ = e
+            _, _, _, kind, direction, vm_ns, _, data, _, _ = e
             if kind == "net":
                 seg = tcp4(data)        # the common case, without building a Frame
                 # A frame that is not a TCP segment, and the guest's own segments, leave the
