@@ -57,10 +57,11 @@ NICS = {
 
 
 def domain_xml(tmp_path: Path, name: str = "refvm", *, nic: str | None = None, extra: str = "",
-               clock: str = "utc", features: str = "<acpi/><apic/>") -> str:
+               clock: str = "utc", features: str = "<acpi/><apic/>", machine: str = "pc") -> str:
     """The reference VM as virt-install writes a domain: firmware boot, 2 vCPUs, its qcow2
     disk and a raw data disk on virtio, a virtio NIC on the `default` network, a serial
-    port and its console, a virtio rng; libvirt adds its balloon and USB controller."""
+    port and its console, a virtio rng; libvirt adds its balloon and USB controller (and
+    on q35, virt-install's machine, a pcie-root-port for each PCIe device)."""
     disk, data = tmp_path / f"{name}.qcow2", tmp_path / f"{name}-data.raw"
     if not disk.exists():
         shutil.copyfile(artifacts.refvm()["disk"], disk)
@@ -71,7 +72,7 @@ def domain_xml(tmp_path: Path, name: str = "refvm", *, nic: str | None = None, e
   <name>{name}</name>
   <memory unit='MiB'>1024</memory>
   <vcpu placement='static'>2</vcpu>
-  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
+  <os><type arch='x86_64' machine='{machine}'>hvm</type><boot dev='hd'/></os>
   <features>{features}</features>
   <clock offset='{clock}'/>
   <devices>
@@ -101,14 +102,15 @@ GATED = ["--release", "agreed", "--overflow", "block"]
 
 
 @pytest.mark.timeout(2400)
-@pytest.mark.parametrize("nic,policy", [("network", []), ("bridge", GATED)])
-def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(clean_libvirtd, tmp_path, nic, policy):
+@pytest.mark.parametrize("nic,machine,policy", [("network", "q35", []), ("bridge", "pc", GATED)])
+def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(clean_libvirtd, tmp_path, nic, machine,
+                                                                             policy):
     """The reference VM (its Debian kernel runs both vCPUs) with a KASAN and a lockdep
-    shadow, its NIC on libvirt's default network or on a bridge (its outputs released as
-    the shadows agree): served, shut down by Ctrl-C, nothing found, nothing different,
-    nothing held back that agreed, nothing left."""
+    shadow: on q35 with its NIC on libvirt's default network, or on i440FX on a bridge
+    with its outputs released as the shadows agree. Served, shut down by Ctrl-C, nothing
+    found, nothing different, nothing held back that agreed, nothing left."""
     d, uri = clean_libvirtd, clean_libvirtd.uri
-    (tmp_path / "refvm.xml").write_text(domain_xml(tmp_path, nic=NICS[nic]))
+    (tmp_path / "refvm.xml").write_text(domain_xml(tmp_path, nic=NICS[nic], machine=machine))
     virsh(uri, "define", str(tmp_path / "refvm.xml"))
     original = virsh(uri, "dumpxml", "--inactive", "refvm")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
@@ -136,6 +138,7 @@ def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(clea
         # libvirt's own command line: its network (a tap on virbr0), tandem's QEMU, vhost off
         assert f"<interface type='{nic}'>" in live and "<driver name='qemu'/>" in live, live
         assert f"<emulator>{artifacts.qemu()['binary']}</emulator>" in live
+        assert re.search(rf"machine='pc-{'q35' if machine == 'q35' else 'i440fx'}-", live), live
         pid = int((d.dir / "run/libvirt/qemu/refvm.pid").read_text())
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         assert any(b'"type":"tap"' in a and b'"id":"hostnet0"' in a for a in argv), argv
