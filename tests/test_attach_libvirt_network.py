@@ -168,7 +168,8 @@ def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(clea
     assert d.others() == [], "a QEMU left running"
     assert not Path(native["rundir"]).exists(), "the native's run directory (its sockets) left"
     m = bundle.load_manifest(tmp_path / "refvm.tdm")
-    assert (m.machine.mode, m.machine.smp, len(m.machine.disks)) == ("device", 2, 2), m.machine
+    assert (m.machine.mode, m.machine.smp, len(m.machine.disks), m.machine.machine_type) == \
+        ("device", 2, 2, machine), m.machine
     assert m.machine.net.backend == "libvirt" and m.machine.libvirt.command_line == "libvirt"
     assert_one_line_error(run_cli("replay", str(tmp_path / "refvm.tdm")), "recorded in device mode")
     shown = run_cli("inspect", str(tmp_path / "refvm.tdm")).stdout

@@ -98,6 +98,7 @@ class NativeInfo:
     acpi: bool = True               # <features><acpi/>
     nic_source: str | None = None   # the NIC's libvirt network or bridge
     passthrough: str | None = None  # the first device whose work is outside QEMU (<hostdev>, a vhost-user NIC)
+    machine: str = "pc"             # <os><type machine>: "q35" for any pc-q35-*, else "pc" (i440FX)
 
 
 def shadow_name(native: str, analysis: str) -> str:
@@ -154,7 +155,14 @@ def read_native(dom) -> NativeInfo:
                       virt_type=root.get("type", "qemu"),
                       clock=clock.get("offset", "utc") if clock is not None else "utc",
                       acpi=root.find("features/acpi") is not None, nic_source=nic_source,
-                      passthrough=_passthrough(root))
+                      passthrough=_passthrough(root), machine=_machine(root))
+
+
+def _machine(root: ET.Element) -> str:
+    """The domain's machine as tandem's manifest names it: q35 for libvirt's pc-q35-*
+    (or plain q35), else pc (pc, pc-i440fx-*, or none given: libvirt's default on x86)."""
+    t = root.find("os/type")
+    return "q35" if t is not None and "q35" in t.get("machine", "") else "pc"
 
 
 def _passthrough(root: ET.Element) -> str | None:

@@ -148,8 +148,9 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
                                append=n.cmdline if n.kernel else None, memory_mb=n.memory_mib,
                                os=guest_os).with_nic(mac=n.mac)
         guest.vcpus = n.vcpus
-        if own:
+        if own:     # what libvirt runs it on, as the manifest says it
             guest.accel = "kvm" if n.virt_type == "kvm" else "tcg"
+            guest.machine_type = n.machine
         domains = LiveDomains(uri, domain, analyses, native_uuid=n.uuid, original=original, own_line=own)
         return ShadowRun(bundle or f"{domain}.tdm", analyses, options, libvirt=domains, guest=guest,
                          forwards=forwards or (), root=root, **run_kw)
