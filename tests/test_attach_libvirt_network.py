@@ -181,7 +181,8 @@ def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(clea
 def test_attach_refuses_what_a_recording_cannot_see_or_replay(clean_libvirtd, tmp_path):
     """Each before anything starts, as a one-line error naming what to change: device
     passthrough and a vhost-user NIC in any mode; a local-time RTC and a libvirt network in
-    exact mode; --forward on a libvirt network; no ACPI on libvirt's own command line."""
+    exact mode; --forward on a libvirt network; no ACPI, or a graphical console, on
+    libvirt's own command line."""
     uri = clean_libvirtd.uri
     vhost_user = """<interface type='vhostuser'><mac address='52:54:00:7a:6e:32'/>
       <source type='unix' path='/tmp/tandem-no-vhost.sock' mode='client'/><model type='virtio'/></interface>"""
@@ -198,6 +199,10 @@ def test_attach_refuses_what_a_recording_cannot_see_or_replay(clean_libvirtd, tm
         "forward": (domain_xml(tmp_path, "forward"), ["--mode", "device", "--forward", "tcp:18080:80"],
                     "--forward is for a NIC on user networking"),
         "noacpi": (domain_xml(tmp_path, "noacpi", features="<apic/>"), ["--mode", "device"], "no <features><acpi/>"),
+        # as virt-install gives one a graphical console: its display and what comes with it
+        "graphics": (domain_xml(tmp_path, "graphics", extra="""
+    <input type='tablet' bus='usb'/>
+    <graphics type='vnc' port='-1'/>"""), ["--mode", "device"], "<input type='tablet' bus='usb'>: a graphical console"),
     }
     try:
         for name, (text, _, _) in variants.items():

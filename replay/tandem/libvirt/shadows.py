@@ -99,6 +99,7 @@ class NativeInfo:
     nic_source: str | None = None   # the NIC's libvirt network or bridge
     passthrough: str | None = None  # the first device whose work is outside QEMU (<hostdev>, a vhost-user NIC)
     machine: str = "pc"             # <os><type machine>: "q35" for any pc-q35-*, else "pc" (i440FX)
+    display: str | None = None      # the first device of a graphical console (<graphics>, <video>, ...)
 
 
 def shadow_name(native: str, analysis: str) -> str:
@@ -155,7 +156,27 @@ def read_native(dom) -> NativeInfo:
                       virt_type=root.get("type", "qemu"),
                       clock=clock.get("offset", "utc") if clock is not None else "utc",
                       acpi=root.find("features/acpi") is not None, nic_source=nic_source,
-                      passthrough=_passthrough(root), machine=_machine(root))
+                      passthrough=_passthrough(root), machine=_machine(root), display=_display(root))
+
+
+def _display(root: ET.Element) -> str | None:
+    """The first device of the domain that belongs to a graphical console, as its XML
+    says it: what virt-install adds beside <graphics> (a <video> card, <sound>, a USB
+    tablet, SPICE's channels and USB redirection)."""
+    devices = root.find("devices")
+    for el in devices if devices is not None else ():
+        model = el.find("model")
+        if el.tag == "graphics":
+            return f"<graphics type='{el.get('type', '')}'>"
+        if el.tag == "video" and (model is None or model.get("type") != "none"):
+            return f"<video> model {model.get('type') if model is not None else 'default'!r}"
+        if el.tag in ("sound", "redirdev", "smartcard"):
+            return f"<{el.tag}>"
+        if el.tag == "input" and el.get("bus") == "usb":
+            return f"<input type='{el.get('type', '')}' bus='usb'>"
+        if el.tag == "channel" and el.get("type") in ("spicevmc", "spiceport", "qemu-vdagent"):
+            return f"<channel type='{el.get('type')}'>"
+    return None
 
 
 def _machine(root: ET.Element) -> str:

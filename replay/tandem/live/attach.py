@@ -221,6 +221,10 @@ def _check_native(n: NativeInfo, users: bool, mode: str = "exact") -> None:
     if mode == "exact" and n.clock not in ("utc", "variable"):
         raise TandemError(f"{domain}: <clock offset='{n.clock}'>: an exact recording runs the guest's RTC "
                           f"on UTC; give the domain <clock offset='utc'/>, or attach it with --mode device")
+    if own_command_line(n, mode) and n.display:
+        raise TandemError(f"{domain}: {n.display}: a graphical console, which tandem's QEMU is built without "
+                          f"(and what is typed there is not recorded); remove the domain's <graphics>, <video>, "
+                          f"<sound>, USB <input> and SPICE devices to attach it (its serial console stays)")
     if own_command_line(n, mode) and not n.acpi:
         raise TandemError(f"{domain}: no <features><acpi/>: libvirt then passes -no-acpi, which "
                           f"QEMU 10 no longer has; add <acpi/> to its <features>")
