@@ -43,6 +43,14 @@ settings.load_profile("tandem")
 # tests/unit/test_idle_vms.py and bench/device_mode.py check the idle groups themselves.
 os.environ["TANDEM_IDLE_GROUP"] = "0"
 
+# A suite started in the background by a script (`./tandem test &`, `setsid cmd &`) has
+# SIGINT ignored, and every command it starts inherits that: a CLI told to stop with
+# Ctrl-C, as the tests tell one, then never hears it (Python installs its KeyboardInterrupt
+# handler only over SIGINT's default). A handled signal is reset to the default in a
+# child, so catching it here gives the commands what a terminal's foreground job has.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # What a whole run of the suite writes under pytest's base temp directory at its peak: its
 # VMs' recordings, overlays and run directories (5.4 GiB, df sampled every 20 s through a
 # clean-clone CI at 85b2c0a), and a little room besides.

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -91,7 +93,8 @@ def test_seek_and_gdb_reverse_on_the_demo_guest(demo_bundle):
         assert "diverged" not in s.vm.log_tail()
 
 
-def test_the_cli_serves_gdb_until_interrupted(demo_bundle):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_the_cli_serves_gdb_until_interrupted(demo_bundle, sig):
     port = free_port()
     p = start_cli("replay", str(demo_bundle), "--gdb", str(port), "--snapshot-every", "1")
     try:
@@ -106,7 +109,10 @@ def test_the_cli_serves_gdb_until_interrupted(demo_bundle):
         assert p.poll() is None, "".join(out)
         drain(p, out)
         check_reverse(gdb_reverse(port, steps=4))
-        assert interrupt_cli(p, out) == 0, "".join(out)
+        assert interrupt_cli(p, out, sig=sig) == 0, "".join(out)
+        # its QEMU ended and its snapshots' directory gone (VM.close before the rmtree)
+        qmp = re.search(r"QMP: (\S+)/qmp.sock", "".join(out))
+        assert qmp and not Path(qmp.group(1)).exists(), "".join(out)
     finally:
         if p.poll() is None:
             p.kill()

@@ -182,12 +182,13 @@ def drain(p: subprocess.Popen, into: list[str]) -> None:
             threading.Thread(target=lambda s=stream: into.extend(iter(s.readline, "")), daemon=True).start()
 
 
-def interrupt_cli(p: subprocess.Popen, out: list[str], timeout: float = 60) -> int:
-    """Ctrl-C a start_cli command (drained into `out`) and its exit status; one that is
-    still running after `timeout` fails the test with what it printed and every thread's
-    stack (SIGUSR1, faulthandler: the CLI registers it)."""
+def interrupt_cli(p: subprocess.Popen, out: list[str], timeout: float = 60, sig: int = 2) -> int:
+    """Ctrl-C (sig: SIGINT, or another, e.g. SIGTERM) a start_cli command (drained into
+    `out`) and its exit status; one that is still running after `timeout` fails the test
+    with what it printed and every thread's stack (SIGUSR1, faulthandler: the CLI
+    registers it)."""
     import signal
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     try:
         return p.wait(timeout)
     except subprocess.TimeoutExpired:

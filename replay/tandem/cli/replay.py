@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 from .. import catalog
@@ -99,11 +100,16 @@ def cmd_debug(args) -> int:
                       f"  gdb: target remote 127.0.0.1:{port}   (reverse-stepi, reverse-continue)\n"
                       f"  QMP: {session.vm.run.rundir / 'qmp.sock'}   (replay-seek, replay-break, query-replay)\n"
                       f"Ctrl-C or gdb's kill ends it.", markup=False)
-        try:
+        signal.signal(signal.SIGTERM, _interrupted)     # kill PID ends it as Ctrl-C does: QEMU is
+        try:                                            # in a session of its own and would stay
             session.vm.process().wait()
         except KeyboardInterrupt:
             pass
     return EXIT_CLEAN
+
+
+def _interrupted(*_) -> None:
+    raise KeyboardInterrupt
 
 
 def cmd_locate(args) -> int:
