@@ -89,13 +89,19 @@ def domain_xml(tmp_path: Path, name: str = "refvm", *, nic: str | None = None, e
 </domain>"""
 
 
-def leased(uri: str, mac: str) -> str | None:
-    """The address libvirt's dnsmasq leased last to mac on `default`, if it has: the lease
-    with the latest expiry. An earlier test's guest with the same MAC may hold another
-    (its DHCP client id follows the NIC's name, enp1s0 on q35, ens3 on i440FX)."""
-    leases = re.findall(rf"^\s*(\S+ \S+)\s+{mac}\s+ipv4\s+([\d.]+)/", virsh(uri, "net-dhcp-leases", "default"),
-                        re.M)
-    return max(leases)[1] if leases else None
+def leases(uri: str, mac: str) -> list[tuple[str, str]]:
+    """The leases libvirt's dnsmasq has given mac on `default`: (expiry, address), the
+    expiry as virsh prints it (YYYY-MM-DD HH:MM:SS, so in order as text)."""
+    return re.findall(rf"^\s*(\S+ \S+)\s+{mac}\s+ipv4\s+([\d.]+)/", virsh(uri, "net-dhcp-leases", "default"),
+                      re.M)
+
+
+def leased(uri: str, mac: str, since: str) -> str | None:
+    """The address of a lease given to mac after the newest of `since` (an expiry): an
+    earlier test's guest with the same MAC leaves its own (another address when its DHCP
+    client id differs: it follows the NIC's name, enp1s0 on q35, ens3 on i440FX)."""
+    newer = [lease for lease in leases(uri, mac) if lease[0] > since]
+    return max(newer)[1] if newer else None
 
 
 # On the bridge, the gate (qemu-patches/0033) on libvirt's tap: each of the guest's
@@ -118,6 +124,7 @@ def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(clea
     original = virsh(uri, "dumpxml", "--inactive", "refvm")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
     stderr = tmp_path / "attach.err"
+    since = max((expiry for expiry, _ in leases(uri, MAC)), default="")
     with open(stderr, "w") as err_file:
         proc = subprocess.Popen([sys.executable, "-m", "tandem", "attach", "refvm", "--mode", "device",
                                  "--analysis", "kasan,lockdep", "--uri", uri, "--bundle", str(tmp_path / "refvm.tdm"),
@@ -126,7 +133,7 @@ def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(clea
                                 start_new_session=True)
     said = lambda: stderr.read_text()[-3000:]     # noqa: E731
     try:
-        ip = wait_until(lambda: leased(uri, MAC) or proc.poll() is not None, 900,
+        ip = wait_until(lambda: leased(uri, MAC, since) or proc.poll() is not None, 900,
                         "the guest's DHCP lease on libvirt's default network", poll=1.0)
         assert proc.poll() is None, said()
         via = clients.Via(host=ip, netns=d.netns_path)
