@@ -115,13 +115,14 @@ def wait_for(up: Callable[[], bool], what: str, timeout: float, alive: Callable[
     return time.monotonic() - t0
 
 
-def fetch_files(port: int, files: dict[str, str], via: Via = LOOPBACK) -> int:
-    """curl each path and check its sha256 (files: path -> hex digest); the bytes fetched."""
+def fetch_files(port: int, files: dict[str, str], via: Via = LOOPBACK, max_time: float = 120) -> int:
+    """curl each path and check its sha256 (files: path -> hex digest); the bytes fetched.
+    max_time: seconds a file may take (a gated native's answer waits for its shadows)."""
     total = 0
     for path, digest in files.items():
         url = f"http://{via.host}:{port}{path}"
-        body = subprocess.run(via.argv([programs.require("curl"), "-sf", "--max-time", "120", url]),
-                              capture_output=True, timeout=180)
+        body = subprocess.run(via.argv([programs.require("curl"), "-sf", "--max-time", f"{max_time:g}", url]),
+                              capture_output=True, timeout=max_time + 60)
         if body.returncode:
             raise BootError(f"curl {url}: failed (status {body.returncode})")
         if hashlib.sha256(body.stdout).hexdigest() != digest:
