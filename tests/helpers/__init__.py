@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -145,7 +146,6 @@ def run_cli(*args: str, timeout: float = 270) -> subprocess.CompletedProcess:
     stack (SIGUSR1, faulthandler: the CLI registers it), then it and its QEMUs are killed.
     The default is below pytest's 300 s, or the test's deadline would fire first and the
     command's output would be lost with it."""
-    import signal
     env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
     p = subprocess.Popen([sys.executable, "-m", "tandem", *args], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
@@ -182,12 +182,11 @@ def drain(p: subprocess.Popen, into: list[str]) -> None:
             threading.Thread(target=lambda s=stream: into.extend(iter(s.readline, "")), daemon=True).start()
 
 
-def interrupt_cli(p: subprocess.Popen, out: list[str], timeout: float = 60, sig: int = 2) -> int:
+def interrupt_cli(p: subprocess.Popen, out: list[str], timeout: float = 60, sig: int = signal.SIGINT) -> int:
     """Ctrl-C (sig: SIGINT, or another, e.g. SIGTERM) a start_cli command (drained into
     `out`) and its exit status; one that is still running after `timeout` fails the test
     with what it printed and every thread's stack (SIGUSR1, faulthandler: the CLI
     registers it)."""
-    import signal
     p.send_signal(sig)
     try:
         return p.wait(timeout)
