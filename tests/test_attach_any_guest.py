@@ -111,6 +111,8 @@ def test_attach_refuses_what_it_cannot_record_of_a_users_domain(libvirtd, tmp_pa
                                       "--forward", "tcp:8080:80"), "--forward: not with --no-follow")
         assert_one_line_error(run_cli("attach", "ide", "--analysis", "kasan", "--uri", uri, "--no-follow",
                                       "--release", "agreed"), "--release: not with --no-follow")
+        assert_one_line_error(run_cli("attach", "ide", "--analysis", "kasan", "--uri", uri, "--no-follow",
+                                      "--metrics-port", "0"), "--metrics-port: not with --no-follow")
         assert names(uri, "--all") == set(variants)
     finally:
         for n in variants:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from .. import catalog
 from ..errors import TandemError
-from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_gate_options, add_mode_option,
-                     add_stop_option, add_users_analysis_options, build_for_analyses, catalogued, gate_options,
-                     parse_duration, users_analyses)
+from .common import (add_analysis_run_options, add_analysis_vcpus_option, add_cpu_idle_option, add_gate_options,
+                     add_mode_option, add_stop_option, add_users_analysis_options, analysis_run_options,
+                     build_for_analyses, catalogued, gate_options, parse_duration, users_analyses)
 from .guest_options import parse_forward
 from .render import console, print_live_finding, print_summary
 from .shadow import watch
@@ -47,9 +47,7 @@ def add_parsers(sub) -> None:
     add_stop_option(r)
     add_mode_option(r)
     add_analysis_vcpus_option(r)
-    r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
-                   help="CPU priority of the shadows: idle (SCHED_IDLE, default: they take only CPU time the "
-                        "native leaves) or normal")
+    add_analysis_run_options(r)
     r.add_argument("--no-follow", action="store_true",
                    help="only define and start the shadows (the native is untouched): each waits for a "
                         "feeder on its feed socket (--json)")
@@ -86,7 +84,9 @@ def cmd_attach(args) -> int:
         if given:
             raise TandemError(f"{opt}: not with --no-follow (its shadows boot tandem's guest setup)")
     for opt, given in (("--release", args.release != "now"), ("--overflow", args.overflow != "detach"),
-                       ("--spec", args.spec)):
+                       ("--spec", args.spec), ("--metrics-port", args.metrics_port is not None),
+                       ("--analysis-cpus", args.analysis_cpus != "auto"),
+                       ("--analysis-priority", args.analysis_priority != "idle")):
         if given:
             raise TandemError(f"{opt}: not with --no-follow (tandem does not feed the shadows it leaves waiting)")
     analyses = catalogued(args.analysis)
@@ -121,7 +121,7 @@ def _attach_live(args) -> int:
     sh = follow(args.uri, args.domain, analyses, bundle=args.bundle,
                 options=ShadowOptions(port=args.port, duration_ns=args.duration or 0, drain=not args.no_drain,
                                       **gate_options(args),
-                                      idle_analyses=args.analysis_priority == "idle", cpu_idle=args.cpu_idle,
+                                      **analysis_run_options(args), cpu_idle=args.cpu_idle,
                                       stop=args.stop, shutdown_timeout_s=args.shutdown_timeout,
                                       record_mode=args.mode, analysis_vcpus=args.analysis_vcpus),
                 forwards=tuple(args.forward) if args.forward else None, root=args.root,
@@ -137,7 +137,9 @@ def _attach_live(args) -> int:
             where = f"guest service on 127.0.0.1:{sh.port}"
         console.print(f"attached to {args.domain}: recording into {sh.path}, {where}; "
                       f"shadows {', '.join(sh.libvirt.shadow_names())} trail it; "
-                      f"findings in {sh.workdir / 'findings.jsonl'}; stop with guest poweroff, "
+                      f"findings in {sh.workdir / 'findings.jsonl'}; "
+                      + (f"metrics on http://127.0.0.1:{sh.metrics_port}/metrics; " if sh.metrics_port is not None else "")
+                      + f"stop with guest poweroff, "
                       f"virsh destroy {args.domain} or Ctrl-C", markup=False)
         s = watch(sh)
     print_summary(s)

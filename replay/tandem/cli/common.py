@@ -114,6 +114,24 @@ def gate_options(args: argparse.Namespace) -> dict:
                 spec_path=args.spec)
 
 
+def add_analysis_run_options(p: argparse.ArgumentParser) -> None:
+    """Where a live run's analysis VMs run and how it is watched: shadow's and attach's."""
+    p.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
+                   help="CPU priority of the analysis VMs: idle (SCHED_IDLE, default: they take only "
+                        "CPU time the native leaves) or normal")
+    p.add_argument("--analysis-cpus", default="auto", metavar="auto|all|LIST",
+                   help="CPUs the analysis VMs run on: auto (default: every CPU but the first, left to "
+                        "the native), all, or a list such as 1,3-5")
+    p.add_argument("--metrics-port", type=int,
+                   help="serve Prometheus metrics (lag, buffer, findings) on 127.0.0.1:PORT (0: any free port)")
+
+
+def analysis_run_options(args: argparse.Namespace) -> dict:
+    """add_analysis_run_options' values, as live.shadow.ShadowOptions' fields."""
+    return dict(idle_analyses=args.analysis_priority == "idle", analysis_cpus=args.analysis_cpus,
+                metrics_port=args.metrics_port)
+
+
 def add_cpu_idle_option(p: argparse.ArgumentParser) -> None:
     """--cpu-idle: the analyses' lockstep with tandem may wait for the host's CPUs to wake."""
     p.add_argument("--cpu-idle", action="store_true",

@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 from .. import catalog
-from .common import (add_analysis_vcpus_option, add_cpu_idle_option, add_gate_options, add_mode_option,
-                     add_stop_option, add_users_analysis_options, build_for, build_for_analyses, gate_options,
-                     parse_duration, record_targets, users_analyses)
+from .common import (add_analysis_run_options, add_analysis_vcpus_option, add_cpu_idle_option, add_gate_options,
+                     add_mode_option, add_stop_option, add_users_analysis_options, analysis_run_options, build_for,
+                     build_for_analyses, gate_options, parse_duration, record_targets, users_analyses)
 from .guest_options import add_guest_options, guest_from_args, kernel_flavor
 from .render import console, print_live_finding, print_summary
 
@@ -32,14 +32,7 @@ def add_parsers(sub) -> None:
                         "for lag (by default it is, so that every recorded input is analysed)")
     add_cpu_idle_option(r)
     add_stop_option(r)
-    r.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
-                   help="CPU priority of the analysis VMs: idle (SCHED_IDLE, default: they take only "
-                        "CPU time the native leaves) or normal")
-    r.add_argument("--analysis-cpus", default="auto", metavar="auto|all|LIST",
-                   help="CPUs the analysis VMs run on: auto (default: every CPU but the first, left to "
-                        "the native), all, or a list such as 1,3-5")
-    r.add_argument("--metrics-port", type=int,
-                   help="serve Prometheus metrics (lag, buffer, findings) on 127.0.0.1:PORT (0: any free port)")
+    add_analysis_run_options(r)
     r.add_argument("--workdir", help="analysis logs and findings.jsonl (default NAME.tdm.analysis)")
     r.add_argument("--libvirt", nargs="?", const="", metavar="URI",
                    help="run the native and the analysis VMs as libvirt domains NAME and "
@@ -135,7 +128,6 @@ def options_from(args):
     from ..live.shadow import ShadowOptions
     return ShadowOptions(
         duration_ns=args.duration or 0, port=args.port, **gate_options(args), record_analyses=not args.no_record,
-        idle_analyses=args.analysis_priority == "idle",
-        analysis_cpus=args.analysis_cpus, metrics_port=args.metrics_port, drain=not args.no_drain,
+        **analysis_run_options(args), drain=not args.no_drain,
         cpu_idle=args.cpu_idle, stop=args.stop, shutdown_timeout_s=args.shutdown_timeout,
         record_mode=args.mode, analysis_vcpus=args.analysis_vcpus)
