@@ -347,13 +347,20 @@ def test_several_vcpus_under_icount_share_tcgs_one_thread():
     assert "-icount" not in without and without[without.index("-accel") + 1] == "tcg,thread=multi"
 
 
-def test_what_only_device_mode_can_run_is_refused_elsewhere():
-    """One vCPU and TCG for record/replay and analysis runs (QEMU's record/replay refuses
-    more than one, and -icount is TCG's); no state checkpoints without instruction counts."""
+def test_a_recording_of_two_vcpus_runs_them_in_turns_on_one_thread():
+    """Record/replay of several vCPUs (qemu-patches/0038) is QEMU's round-robin TCG under
+    -icount, whose turns the log says: -smp as the guest has, no thread=multi."""
     r = R
-    with pytest.raises(OptionError, match="2 vCPUs: record runs need record/replay's one vCPU"):
-        qemu_argv(dataclasses.replace(G, vcpus=2), Run(r, rr=RR("record", r / "r"), devlog=r / "d",
-                                                      overlay=r / "o", host=H))
+    argv = qemu_argv(dataclasses.replace(G, vcpus=2), Run(r, rr=RR("record", r / "r"), devlog=r / "d",
+                                                         overlay=r / "o", host=H))
+    assert argv[argv.index("-smp") + 1] == "2" and argv[argv.index("-accel") + 1] == "tcg"
+    assert any(a.startswith("shift=") and "rr=record" in a for a in argv), argv
+
+
+def test_what_only_device_mode_can_run_is_refused_elsewhere():
+    """TCG for record/replay and analysis runs (-icount is TCG's); no state checkpoints
+    without instruction counts."""
+    r = R
     with pytest.raises(OptionError, match="accelerator 'kvm': replay runs need -icount"):
         qemu_argv(dataclasses.replace(G, accel="kvm"), Run(r, rr=RR("replay", r / "r"), overlay=r / "o", host=H))
     with pytest.raises(OptionError, match="state checkpoints need record/replay"):

@@ -57,17 +57,17 @@ def catalogued(items: list[str] | None) -> list[catalog.Analysis]:
 def add_mode_option(p: argparse.ArgumentParser) -> None:
     """--mode: how the native is recorded (record.recording.RecordMode)."""
     p.add_argument("--mode", choices=("exact", "device"), default="exact",
-                   help="exact (default): QEMU's record/replay under -icount, one vCPU, TCG, replayed "
-                        "exactly; device: the device log alone, any --smp, multi-threaded TCG or KVM, "
-                        "replayed semantically and shadowed, never exactly")
+                   help="exact (default): QEMU's record/replay under -icount, TCG, the vCPUs in turns on "
+                        "one host thread, replayed exactly; device: the device log alone, any --smp, "
+                        "multi-threaded TCG or KVM, replayed semantically and shadowed, never exactly")
 
 
 def add_analysis_vcpus_option(p: argparse.ArgumentParser) -> None:
     """--analysis-vcpus: one vCPU per analysis VM, or as many as the native had."""
     p.add_argument("--analysis-vcpus", choices=("one", "native"), default="one",
-                   help="one (default): each analysis VM runs one vCPU, deterministic and recorded "
-                        "(reproducible exactly); native: as many as the native had (a device-mode "
-                        "recording's --smp), closer to it, not reproducible, not recorded")
+                   help="one (default): each analysis VM runs one vCPU; native: as many as the native "
+                        "had (its --smp), in turns on one host thread, closer to it; either way recorded "
+                        "and reproducible exactly")
 
 
 def add_stop_option(p: argparse.ArgumentParser) -> None:

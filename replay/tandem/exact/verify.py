@@ -44,6 +44,8 @@ def compare_events(rec: Event, rep: Event) -> str | None:
         return f"VM time differs: recorded {rec.vm_ns} ns, replayed {rep.vm_ns} ns"
     if rec.icount != rep.icount:
         return f"instruction count differs: recorded {rec.icount}, replayed {rep.icount}"
+    if rec.vcpu != rep.vcpu and None not in (rec.vcpu, rep.vcpu):   # a log from before qemu-patches/0036 has none
+        return f"vCPU differs: recorded vCPU {rec.vcpu}, replayed vCPU {rep.vcpu}"
     return None
 
 

@@ -27,7 +27,7 @@ SEG_MAGIC = b"SEG1"
 FILE_HDR = struct.Struct("<8sII")
 SEG_HDR = struct.Struct("<4sIIIIIQQII")
 FLAG_END, FLAG_ZSTD = 1, 2
-DEFAULT_REPLAY_VERSION = 0xE0200E   # qemu-patches/0003 added a checkpoint kind, 0030 an event kind
+DEFAULT_REPLAY_VERSION = 0xE0200F   # qemu-patches/0003 added a checkpoint kind, 0030 an async event kind, 0038 EVENT_CPU
 # The largest raw payload a segment may declare. QEMU's writer (qemu-patches/0012) ends a
 # segment once it holds FLUSH_BYTES = 256 KiB, so a segment is 256 KiB plus one event; the
 # bound leaves 256 times that. A bundle is input from outside: the declared size is

@@ -231,9 +231,6 @@ def _check_native(n: NativeInfo, users: bool, mode: str = "exact") -> None:
     if not users and len(n.disks) > 1:
         raise TandemError(f"{domain}: {len(n.disks)} disks on a direct kernel boot; give --forward to attach "
                           f"it as a VM of your own (its disks booted by the analyses' kernels)")
-    if n.vcpus != 1 and mode == "exact":
-        raise TandemError(f"{domain}: {n.vcpus} vCPUs; exact mode records one (QEMU's record/replay): "
-                          f"attach it with --mode device")
     if n.nic_type is None:
         raise TandemError(f"{domain}: no network interface; tandem records a guest with one "
                           f"(<interface type='user'><model type='virtio'/></interface>)")

@@ -36,9 +36,6 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
     q = run.host.qemu or artifacts.qemu()
     if run.mode not in (Mode.PLAIN, Mode.DEVICE) and guest.accel != "tcg":
         raise OptionError(f"accelerator {guest.accel!r}: {run.mode} runs need -icount, which QEMU has only under TCG")
-    if guest.vcpus > 1 and run.rr is not None:
-        raise OptionError(f"{guest.vcpus} vCPUs: {run.mode} runs need record/replay's one vCPU "
-                          "(record a native with several in device mode)")
     if run.mode == Mode.ANALYSIS and len(guest.nics) != 1:
         raise OptionError(f"{len(guest.nics)} NICs: tandem's analysis feed takes one (for now)")
     argv = [q["binary"], "-L", q["firmware_dir"], "-M", guest.machine_type, "-m", str(int(guest.memory_mb)),
