@@ -83,4 +83,6 @@ def _what(rec, guest) -> str:
              f"forwards {fwd}" if fwd else "no forwards"]
     if rec.mode == "device":
         parts.append(f"device mode, {guest.vcpus} vCPU{'s' if guest.vcpus > 1 else ''} under {guest.accel}")
+    elif guest.vcpus > 1:
+        parts.append(f"{guest.vcpus} vCPUs in turns on one host thread")
     return "; ".join(parts)
