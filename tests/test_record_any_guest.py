@@ -157,14 +157,16 @@ def file_in_overlay(overlay, path_in_fs: str, tmp_path) -> bytes:
 
 
 @pytest.mark.timeout(1200)
-def test_reference_vm_from_power_on_under_debians_clients_with_a_data_disk_replayed_exactly(tmp_path):
+@pytest.mark.parametrize("vcpus", [1, 2])
+def test_reference_vm_from_power_on_under_debians_clients_with_a_data_disk_replayed_exactly(tmp_path, vcpus):
     """The reference VM (Debian 12) from its own disk, recorded from power-on with no
     agent and no kernel given: SeaBIOS, its GRUB, its kernel and systemd, DHCP; a second
     disk it mounts and writes (nginx logs every request there); Debian's clients drive
     both services at once: curl fetches every site file (hashes checked), wrk
     (kept-alive connections), ab (a connection per request) and redis-benchmark; powered
     off by its ACPI button; the exact replay verifies; inspect shows the boot and the
-    guest's DHCP exchange; neither base image is written."""
+    guest's DHCP exchange; neither base image is written. On one vCPU and on two
+    (qemu-patches/0038: their turns logged; the kernel brings both up)."""
     from tandem.machine import Forward, Guest
     from tandem.record import clients
     from tandem.record.recording import Recording, overlay_name
@@ -174,6 +176,7 @@ def test_reference_vm_from_power_on_under_debians_clients_with_a_data_disk_repla
     make_data_disk(data, ref["data_disk"]["label"])
     before = {p: sha256(p) for p in (base, data)}
     guest = Guest.of_disks([(str(base), "qcow2"), (str(data), "raw")])
+    guest.vcpus = vcpus
     http, redis = free_port(), free_port()
     tdm = tmp_path / "load.tdm"
     with Recording(tdm, guest, forwards=(Forward("tcp", http, 80), Forward("tcp", redis, 6379))) as rec:
@@ -201,6 +204,7 @@ def test_reference_vm_from_power_on_under_debians_clients_with_a_data_disk_repla
     assert b"Booting `Debian GNU/Linux 12" in console, console[:3000]
     assert f"BOOT_IMAGE=/vmlinuz {ref['cmdline']}".encode() in console, console[:3000]
     assert b"Reached target" in console and b"nginx" in console, console[-2000:]
+    assert vcpus == 1 or b"smp: Brought up 1 node, 2 CPUs" in console, console[:6000]
     # The guest mounted its data disk and nginx logged there: a line per request at least.
     dd = ref["data_disk"]
     log = file_in_overlay(tdm / overlay_name("disk1"), dd["log"].removeprefix(dd["mount"]), tmp_path)
