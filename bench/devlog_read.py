@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record_replay import replace_section  # noqa: E402
+from record_replay import publish  # noqa: E402
 from tandem.formats.pcapng import PcapngWriter, read_devlog  # noqa: E402
 
 SECTION = "devlog_read"
@@ -129,10 +129,7 @@ def main() -> int:
         "|---|---|---|---|---|---|---|---|",
         *rows,
     ])
-    print(text)
-    if args.out:
-        replace_section(args.out, text, SECTION)
-    return 0
+    return publish(text, args.out, SECTION)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record_replay import replace_section  # noqa: E402
+from record_replay import publish  # noqa: E402
 
 from tandem import catalog  # noqa: E402
 from tandem.exact.replay import replay  # noqa: E402
@@ -143,10 +143,7 @@ def main() -> int:
         f"| 2 over 1 | {ratio['record']:.2f}x | {ratio['replay']:.2f}x | {ratio['vm']:.2f}x | "
         f"{ratio['log']:.2f}x | | |",
     ])
-    print(text)
-    if args.out:
-        replace_section(args.out, text, SECTION)
-    return 0
+    return publish(text, args.out, SECTION)
 
 
 if __name__ == "__main__":
