@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -69,6 +70,9 @@ class DomainProcess:
             raise InfraError(f"domain {name}: started, but its QEMU is not a process on this host "
                              f"(tandem needs a local libvirtd: its QMP and serial sockets are in {rundir})")
         self.pid = pid
+        # The main thread ends the run (kill, close) while a live shadow's follow thread
+        # (tandem-follow) polls the native: copy_log and close take turns on the log.
+        self._lock = threading.Lock()
         self._src: BinaryIO | None
         try:        # the log as the QEMU's mount namespace names it (a private libvirtd has its own /var)
             self._src = open(f"/proc/{pid}/root/var/log/libvirt/qemu/{name}.log", "rb")
@@ -121,27 +125,29 @@ class DomainProcess:
 
     def copy_log(self) -> None:
         """This run's part of libvirt's domain log (it appends every start) into vm.VM's log."""
-        if self._src is None or self.log.closed:
-            return
-        self._src.seek(0)
-        text = self._src.read()
-        start = text.rfind(b": starting up libvirt")
-        start = text.rfind(b"\n", 0, start) + 1 if start >= 0 else 0
-        try:
-            self.log.seek(0)
-            self.log.truncate()
-            self.log.write(text[start:])
-            self.log.flush()
-        except ValueError:
-            # vm.VM.close() closed the log meanwhile: a live shadow's follow thread
-            # (tandem-follow) polls the native while the run ends. Its own poll (kill) has
-            # copied the log: poll sets the returncode only after the copy.
-            return
+        with self._lock:
+            if self._src is None or self.log.closed:
+                return
+            self._src.seek(0)
+            text = self._src.read()
+            start = text.rfind(b": starting up libvirt")
+            start = text.rfind(b"\n", 0, start) + 1 if start >= 0 else 0
+            try:
+                self.log.seek(0)
+                self.log.truncate()
+                self.log.write(text[start:])
+                self.log.flush()
+            except ValueError:
+                # vm.VM.close() closed the log meanwhile (it is not ours to lock): the
+                # main thread's own poll (kill) has copied it, as poll sets the returncode
+                # only after the copy.
+                return
 
     def close(self) -> None:
-        if self._src:
-            self._src.close()
-            self._src = None
+        with self._lock:
+            if self._src:
+                self._src.close()
+                self._src = None
 
 
 class Launcher(vm.Launcher):

@@ -318,6 +318,10 @@ class ShadowRun(Lifecycle):
             inputs.InputExtractor(self.rec).feed(reader)
         except TandemError as e:        # a damaged log: the analyses end, the native goes on
             self.rec.limits.append(f"following the native's device log stopped: {e}")
+        except BaseException as e:      # tandem's own fault: said, raised, and the analyses still end
+            self.rec.limits.append(f"following the native's device log stopped: {type(e).__name__}: {e}")
+            self.rec.end_ns, self.rec.finished = self.rec.known_ns, True
+            raise
         self.rec.end_ns = next((s.end_vm_ns for s in reader.stats if s and s.end_vm_ns), None) \
             or self.rec.known_ns
         # Did the native power off by itself (its ACPI button, a shutdown in the guest)?
