@@ -190,12 +190,30 @@ def prune(caches: dict[str, state.Cached | None]) -> None:
     gone = [d for c in caches.values() if c for d in state.superseded(c) if d.is_relative_to(cache_dir())]
     if not gone:
         return
-    probe = state.disk_of(cache_dir())
-    before = shutil.disk_usage(probe).free
+    freed = _disk_bytes(gone)
     for d in gone:
         shutil.rmtree(d, ignore_errors=True)
     log.info("removed %d superseded build%s from the cache (%.1f GiB): %s", len(gone), "s" * (len(gone) > 1),
-             (shutil.disk_usage(probe).free - before) / 2**30, ", ".join(str(d.relative_to(cache_dir())) for d in gone))
+             freed / 2**30, ", ".join(str(d.relative_to(cache_dir())) for d in gone))
+
+
+def _disk_bytes(dirs: list[Path]) -> int:
+    """The disk space the files under dirs take, each inode once: what removing them frees
+    (the file system's free space before and after is not: other writers change it
+    meanwhile, and can make a removal read as negative)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for d in dirs:
+        for root, subdirs, files in os.walk(d):
+            for name in subdirs + files:
+                try:
+                    st = os.lstat(os.path.join(root, name))
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
+    return total
 
 
 def room(targets: list[str], caches: dict[str, state.Cached | None]) -> None:
