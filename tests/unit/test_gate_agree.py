@@ -3,12 +3,14 @@ an analysis's output on the same connection, under the analysis's spec."""
 from __future__ import annotations
 
 import re
+import threading
+from types import SimpleNamespace
 
 from hypothesis import given
 from hypothesis import strategies as st
 from tandem.semantic.comparison.equivalence import ChannelRules
 from tandem.semantic.comparison.compare import kept_lines
-from tandem.live.gate import Agreement, Stream, agree
+from tandem.live.gate import Agreement, Gate, Held, Stream, agree
 
 PLAIN = ChannelRules()
 
@@ -122,3 +124,20 @@ def test_carried_forward_decides_as_over_the_whole_streams(data):
         n.trim(keep)
         t.trim(ag.t0 if ag.lines else keep)
         assert n.base == keep or n.base == n.end
+
+
+def test_a_frame_waits_until_the_recording_has_read_up_to_it():
+    """QEMU offers the guest's frame before tandem has read the device log up to it: the
+    client's request before it (the connection's protocol, and so its rules: HTTP's Date
+    mask) may not be read yet. The gate decides nothing on it until the log's clock has
+    passed the frame, or the recording has ended."""
+    flow = SimpleNamespace(index=0, client=("192.168.122.1", 47486), server=("192.168.122.85", 80),
+                           protocol=None)
+    rec = SimpleNamespace(flows=[flow], known_ns=1_000, finished=False, lock=threading.Lock())
+    g = Gate(None, rec, [])
+    h = Held(7, 2_000, b"", key=("192.168.122.1", 47486, "192.168.122.85", 80), a=0, b=581)
+    assert g._agreement(h) is None and not g._agreements
+    rec.known_ns = 2_000
+    assert g._agreement(h) is True          # no analysis with a say: nothing to wait for
+    rec.known_ns, rec.finished = 0, True
+    assert g._agreement(h) is True
