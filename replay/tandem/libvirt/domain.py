@@ -110,6 +110,12 @@ def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str | None = Non
     # argv passes through (LIBVIRT_OWNS: the options these elements make QEMU say).
     ET.SubElement(dom, "memory", unit="MiB").text = str(int(guest.memory_mb))
     ET.SubElement(dom, "vcpu").text = str(int(guest.vcpus))
+    if guest.vcpus > 1:
+        # tandem's -smp N is QEMU's one socket of N cores, libvirt's <vcpu> alone N sockets:
+        # the topology is the guest's to see (CPUID, APIC ids, the firmware's tables), and a
+        # recording on one did not replay on the other (the firmware hung within 7 ms).
+        ET.SubElement(ET.SubElement(dom, "cpu"), "topology", sockets="1", dies="1", cores=str(int(guest.vcpus)),
+                      threads="1")
     os_ = ET.SubElement(dom, "os")
     ET.SubElement(os_, "type", arch="x86_64", machine=guest.machine_type).text = "hvm"
     for tag, value in (("kernel", guest.kernel), ("initrd", guest.initrd), ("cmdline", guest.cmdline)):
