@@ -62,6 +62,24 @@ def test_the_freebsd_demo_guest_is_recorded_and_replays_exactly(freebsd_bundle):
     assert v.ok, v.summary()
 
 
+def test_a_freebsd_guest_on_two_vcpus_is_replayed_exactly(tmp_path):
+    """FreeBSD's SMP kernel starting its second vCPU and scheduling on both, recorded and
+    replayed with QEMU's round-robin turns in the log (qemu-patches/0038)."""
+    guest = Guest.default("freebsd-native")
+    guest.vcpus = 2
+    path = tmp_path / "fb2.tdm"
+    with Recording(path, guest=guest) as rec:
+        rec.wait_ready()
+        demo_traffic(rec.port, rounds=3)
+        rec.serial.type("poweroff")
+        rec.wait(timeout=120)
+    assert b"Multiprocessor System Detected: 2 CPUs" in rec.serial.output()
+    m = bundle.load_manifest(path)
+    assert (m.state, m.machine.os, m.machine.smp) == ("complete", "freebsd", 2)
+    v = exact_replay(path)
+    assert v.ok, v.summary()
+
+
 def test_a_freebsd_kernel_without_tandems_tsc_settings_boots_on_qemus_default_cpu(tmp_path):
     """A kernel as a FreeBSD developer configures one (GENERIC's TSC handling: calibrated
     with DELAY(), not taken from the brand string), on QEMU's default CPU (qemu64, an AMD

@@ -208,13 +208,17 @@ def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
     return lines[0]
 
 
-def record_demo(path: Path, *, rounds: int = 10, flavor: str | None = None) -> Path:
-    """Record the demo guest (on its default kernel, or `flavor`): client traffic, serial
-    lines, disk writes, poweroff."""
+def record_demo(path: Path, *, rounds: int = 10, flavor: str | None = None, vcpus: int = 1) -> Path:
+    """Record the demo guest (on its default kernel, or `flavor`; on `vcpus` vCPUs): client
+    traffic, serial lines, disk writes, poweroff."""
+    from tandem import catalog
     from tandem.machine import Guest
     from tandem.record.recording import Recording
     from tandem.record.workload import demo_traffic
-    with Recording(path, guest=Guest.default(flavor) if flavor else None) as rec:
+    guest = Guest.default(flavor or catalog.DEFAULT_KERNEL) if flavor or vcpus > 1 else None
+    if guest is not None:
+        guest.vcpus = vcpus
+    with Recording(path, guest=guest) as rec:
         rec.wait_ready()
         demo_traffic(rec.port, rounds=rounds)
         rec.serial.type("echo serial says hi")
