@@ -112,8 +112,8 @@ def domain_xml(name: str, guest: Guest, run: Run, *, virt_type: str | None = Non
     ET.SubElement(dom, "vcpu").text = str(int(guest.vcpus))
     if guest.vcpus > 1:
         # tandem's -smp N is QEMU's one socket of N cores, libvirt's <vcpu> alone N sockets:
-        # the topology is the guest's to see (CPUID, APIC ids, the firmware's tables), and a
-        # recording on one did not replay on the other (the firmware hung within 7 ms).
+        # the topology is the guest's to see (CPUID, APIC ids, the firmware's tables), so a
+        # recording replays only on the one it ran on, which tandem's argv gives the replay.
         ET.SubElement(ET.SubElement(dom, "cpu"), "topology", sockets="1", dies="1", cores=str(int(guest.vcpus)),
                       threads="1")
     os_ = ET.SubElement(dom, "os")

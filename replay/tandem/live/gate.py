@@ -437,10 +437,10 @@ class Gate(Lifecycle):
         flow = self._flow(key) if key is not None else None
         if key is None or flow is None or (self.rec.known_ns < h.vm_ns and not self.rec.finished):
             # Not before tandem has read the device log up to the frame (its clock marks
-            # come every 100 ms of VM time): what the client sent before it says the
-            # connection's protocol, whose rules (HTTP's Date mask) the agreement is made
-            # with once. QEMU offers the frame at once, and a request not read yet when
-            # its SYN was left the response compared byte for byte.
+            # come every 100 ms of VM time): QEMU offers the frame at once, and what the
+            # client sent before it says the connection's protocol, whose rules (HTTP's
+            # Date mask) the agreement is made with, once; made before, it would compare
+            # that connection byte for byte.
             return None
         waiting = False
         for f in self.followers:
