@@ -221,11 +221,70 @@ def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(clea
     virsh(uri, "undefine", "refvm")
 
 
+@pytest.mark.timeout(2400)
+def test_attach_records_a_domain_on_libvirts_default_network_exactly(clean_libvirtd, tmp_path):
+    """The reference VM on q35, 2 vCPUs, two disks, its NIC on libvirt's `default` network,
+    attached in exact mode with a lockdep shadow: recorded on libvirt's own command line
+    with -icount rr=record, each disk behind blkreplay (libvirt's node names, the devices'
+    drives overridden) and its rng on QEMU's generator; served, shut down by Ctrl-C, its
+    definition back. Its replay repeats libvirt's command line (its own overlays, a tap of
+    its own in a network namespace) and reproduces every device event."""
+    d, uri = clean_libvirtd, clean_libvirtd.uri
+    (tmp_path / "refvm.xml").write_text(domain_xml(tmp_path, machine="q35"))
+    virsh(uri, "define", str(tmp_path / "refvm.xml"))
+    original = virsh(uri, "dumpxml", "--inactive", "refvm")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    stderr = tmp_path / "attach.err"
+    since = max((expiry for expiry, _ in leases(uri, MAC)), default="")
+    with open(stderr, "w") as err_file:
+        proc = subprocess.Popen([sys.executable, "-m", "tandem", "attach", "refvm", "--mode", "exact",
+                                 "--analysis", "lockdep", "--uri", uri, "--bundle", str(tmp_path / "refvm.tdm")],
+                                stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=env,
+                                start_new_session=True)
+    said = lambda: stderr.read_text()[-3000:]     # noqa: E731
+    try:
+        ip = wait_until(lambda: leased(uri, MAC, since) or proc.poll() is not None, 900,
+                        "the guest's DHCP lease on libvirt's default network", poll=1.0)
+        assert proc.poll() is None, said()
+        via = clients.Via(host=ip, netns=d.netns_path)
+        wait_until(lambda: d.run_in_netns(["curl", "-sf", "-o", "/dev/null", f"http://{ip}/"],
+                                          capture_output=True).returncode == 0, 300, "nginx at the guest's address",
+                   poll=1.0)
+        pid = int((d.dir / "run/libvirt/qemu/refvm.pid").read_text())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert any(a.startswith(b"shift=") and b"rr=record" in a for a in argv), argv
+        assert sum(b'"driver":"blkreplay"' in a for a in argv) == 2, argv
+        assert any(b'"driver":"virtio-blk-pci"' in a and b'"drive":"tandem-rr-ua-tandem-disk1"' in a for a in argv)
+        assert any(b'"qom-type":"rng-builtin"' in a for a in argv), argv
+        site = {f["path"]: f["sha256"] for f in artifacts.refvm()["site"] if f["path"] != "/4m.bin"}
+        clients.fetch_files(80, site, via=via)
+        proc.send_signal(signal.SIGINT)         # Ctrl-C: the power button, as virsh shutdown
+        proc.wait(timeout=1800)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            virsh(uri, "destroy", "refvm", check=False)
+    err = stderr.read_text()
+    assert proc.returncode == 0, err[-3000:]
+    (a,) = json.loads((tmp_path / "refvm.tdm.analysis" / "summary.json").read_text())["analyses"]
+    assert a["outcome"] in ("poweroff", "finished") and a["delivered"] > 0 and not a["findings"], a
+    assert names(uri, "--all") == {"refvm"} and virsh(uri, "dumpxml", "--inactive", "refvm") == original
+    assert d.others() == [], "a QEMU left running"
+    m = bundle.load_manifest(tmp_path / "refvm.tdm")
+    own = m.machine.libvirt.own
+    assert (m.machine.mode, m.machine.smp, len(m.machine.disks)) == (None, 2, 2), m.machine
+    assert own is not None and own.argv[0] == artifacts.qemu()["binary"] and "-S" in own.argv, own
+    assert not any("rr=record" in a for a in own.argv), own.argv
+    r = run_cli("replay", str(tmp_path / "refvm.tdm"), timeout=1800)
+    assert r.returncode == 0 and "VERIFIED" in r.stdout, r.stdout + r.stderr
+    virsh(uri, "undefine", "refvm")
+
+
 def test_attach_refuses_what_a_recording_cannot_see_or_replay(clean_libvirtd, tmp_path):
     """Each before anything starts, as a one-line error naming what to change: device
-    passthrough and a vhost-user NIC in any mode; a local-time RTC and a libvirt network in
-    exact mode; --forward on a libvirt network; no ACPI, or a graphical console, on
-    libvirt's own command line."""
+    passthrough and a vhost-user NIC in any mode; a local-time RTC and the guest agent's
+    channel in exact mode; --forward on a libvirt network; no ACPI, or a graphical console,
+    on libvirt's own command line."""
     uri = clean_libvirtd.uri
     vhost_user = """<interface type='vhostuser'><mac address='52:54:00:7a:6e:32'/>
       <source type='unix' path='/tmp/tandem-no-vhost.sock' mode='client'/><model type='virtio'/></interface>"""
@@ -237,8 +296,9 @@ def test_attach_refuses_what_a_recording_cannot_see_or_replay(clean_libvirtd, tm
         "hostdev": (domain_xml(tmp_path, "hostdev", extra=hostdev), ["--mode", "device"], "a host device passed through"),
         "localtime": (domain_xml(tmp_path, "localtime", clock="localtime").replace("<vcpu placement='static'>2", "<vcpu placement='static'>1"),
                       [], "<clock offset='localtime'>"),
-        "network": (domain_xml(tmp_path, "network").replace("<vcpu placement='static'>2", "<vcpu placement='static'>1"),
-                    [], "attach it with --mode device"),
+        "agent": (domain_xml(tmp_path, "agent", extra="""
+    <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>"""),
+                  ["--mode", "exact"], "<channel type='unix'> (org.qemu.guest_agent.0): an exact recording records"),
         "forward": (domain_xml(tmp_path, "forward"), ["--mode", "device", "--forward", "tcp:18080:80"],
                     "--forward is for a NIC on user networking"),
         "noacpi": (domain_xml(tmp_path, "noacpi", features="<apic/>"), ["--mode", "device"], "no <features><acpi/>"),

@@ -1,13 +1,13 @@
 """What `tandem attach` reads of a native domain's XML (libvirt/shadows.read_native's
-helpers): its machine, and the first device of a graphical console, on the devices
-virt-install writes (virt-install 4.1, Debian 12, `--osinfo debian12`, default graphics)."""
+helpers): its machine, the first device of a graphical console and the first character
+device beside the serial console, on the devices virt-install writes (virt-install 4.1, Debian 12, `--osinfo debian12`, default graphics)."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from tandem.libvirt.shadows import _display, _machine
+from tandem.libvirt.shadows import _display, _machine, _side_channel
 
 VIRT_INSTALL = """<domain type='kvm'>
   <name>web</name>
@@ -66,3 +66,20 @@ def test_a_console_of_its_own_a_ps2_keyboard_and_no_video_are_no_graphical_conso
 def test_the_machine_is_q35_or_pc(machine, want):
     attr = f" machine='{machine}'" if machine else ""
     assert _machine(ET.fromstring(f"<domain><os><type arch='x86_64'{attr}>hvm</type></os></domain>")) == want
+
+
+@pytest.mark.parametrize("devices,first", [
+    ("<serial type='pty'><target port='0'/></serial><console type='pty'><target type='serial' port='0'/></console>",
+     None),
+    ("<console type='pty'/>", None),
+    ("", None),
+    ("<serial type='pty'/><serial type='pty'><target port='1'/></serial>", "a second <serial> (port 1)"),
+    ("<serial type='pty'/><console type='pty'><target type='virtio'/></console>", "<console> of target type 'virtio'"),
+    ("<parallel type='pty'/>", "<parallel>"),
+])
+def test_the_first_character_device_beside_the_serial_console_is_named(devices, first):
+    assert _side_channel(ET.fromstring(f"<domain><devices>{devices}</devices></domain>")) == first
+
+
+def test_virt_installs_guest_agent_channel_is_a_character_device_beside_the_console():
+    assert _side_channel(without(VIRT_INSTALL, "input")) == "<channel type='unix'> (org.qemu.guest_agent.0)"

@@ -244,6 +244,11 @@ TYPED = [   # (where, value, the field the one-line error names)
     (("machine", "net"), {"guest_port": "7000"}, "machine.net.guest_port"),
     (("machine", "net"), {"forwards": "tcp:1:2"}, "machine.net.forwards"),
     (("machine", "libvirt"), {"uuid": 5}, "machine.libvirt.uuid"),
+    (("machine", "libvirt"), {"own": ["-S"]}, "machine.libvirt.own"),
+    (("machine", "libvirt"), {"own": {"argv": "qemu -S"}}, "machine.libvirt.own.argv"),
+    (("machine", "libvirt"), {"own": {"argv": []}}, "machine.libvirt.own.argv"),
+    (("machine", "libvirt"), {"own": {"argv": ["q"], "images": [3]}}, "machine.libvirt.own.images"),
+    (("machine", "libvirt"), {"own": {"argv": ["q"], "serial": {"x": 1}}}, "machine.libvirt.own.serial"),
     (("machine", "disks"), [{"id": None}], "machine.disks"),
 ]
 

@@ -21,7 +21,8 @@ from typing import Any
 from .. import artifacts, private, report
 from ..errors import BundleError, InfraError
 from ..formats import bundle, pcapng, rrstream
-from ..machine import RR, Feed, Guest, Host, Recorded, RRMode, Run, UserNet, replay_args
+from ..libvirt.command_line import replay_command_line
+from ..machine import RR, Feed, Guest, Host, OwnLine, Recorded, RRMode, Run, UserNet, replay_args
 from ..machine.section import recorded
 from ..qemu.vm import VM
 from ..qemu.image import make_overlays
@@ -118,9 +119,10 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
                 # a link planted in its place after the check is not QEMU's to follow.
                 f = held.enter_context(bundle.open_member(d, bundle.STREAM))
                 stream, pass_fds = Path(f"/dev/fd/{f.fileno()}"), (f.fileno(),)
+            own = own_line(manifest)
             run = dataclasses.replace(replay_run(manifest, tmp, stream, overlay, follow=follow, partial=partial,
-                                                 extra=extra), host=Host(pass_fds=pass_fds))
-            vm = VM(guest, run)
+                                                 extra=extra), host=Host(pass_fds=pass_fds, netns=own is not None))
+            vm = VM(guest, run, argv=replay_command_line(own, guest, run, where=str(d)) if own else None)
             t0 = time.monotonic()
             died: InfraError | None = None
             recorded: pcapng.Devlog | None = None
@@ -198,11 +200,18 @@ def replay_run(manifest: Recorded | Mapping[str, Any], tmp: Path, stream: Path, 
         if machine.lookahead_ns is None:
             raise _missing("lookahead_ns")
         net = Feed(None, lookahead_ns=machine.lookahead_ns, rtc_base=machine.rtc_base)
-    # Recorded in a libvirt domain: what libvirt added that the guest sees.
-    extra = [*replay_args(machine), *extra]
+    # Recorded in a libvirt domain: what libvirt added that the guest sees (on its own
+    # command line, libvirt's options are repeated: own_line).
+    extra = [*([] if own_line(manifest) else replay_args(machine)), *extra]
     return Run(tmp, net=net, rr=RR(RRMode.REPLAY, stream, follow=follow, partial=partial), devlog=tmp / "replay.pcapng",
                overlay=overlay, stop_after_ns=machine.stop_after_ns or 0,
                state_every_ns=machine.state_every_ns or 0, extra=tuple(extra))
+
+
+def own_line(manifest: Recorded | Mapping[str, Any]) -> OwnLine | None:
+    """libvirt's command line of a recording on a domain's own (libvirt/command_line.py), if it is one."""
+    lv = recorded(manifest).machine.libvirt
+    return lv.own if lv is not None else None
 
 
 def _missing(key: str) -> BundleError:

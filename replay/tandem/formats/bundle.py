@@ -410,7 +410,14 @@ _NET: FieldRules = {"backend": (lambda v: _text(v, 64), "text"),
                     "forwards": (lambda v: _texts(v, 64, 256), "a list of forwards (tcp:HOST:GUEST)"),
                     "hostfwd_port": (lambda v: _int(v, 0, 1 << 16), "a port number"),
                     "guest_port": (lambda v: _int(v, 0, 1 << 16), "a port number")}
-_LIBVIRT: FieldRules = {"uuid": (lambda v: _text(v, 64), "text"), "domain": (_text, "text")}
+_LIBVIRT: FieldRules = {"uuid": (lambda v: _text(v, 64), "text"), "domain": (_text, "text"),
+                        "command_line": (lambda v: _text(v, 64), "text"),
+                        "own": (lambda v: isinstance(v, dict), "a table")}
+_IDS = (lambda v: _texts(v, _MAX_DEVICES, 256), f"a list of at most {_MAX_DEVICES} QEMU ids")
+_OWN_LINE: FieldRules = {"argv": (lambda v: _texts(v, 4096, 1 << 16) and len(v) > 0, "a QEMU command line (a list of text)"),
+                         "overlays": (lambda v: _texts(v, _MAX_DEVICES, 4096), "a list of file paths"),
+                         "images": _IDS, "drives": _IDS, "netdevs": _IDS,
+                         "serial": (lambda v: _text(v, 256), "a QEMU id"), "rng": (lambda v: _text(v, 256), "a QEMU id")}
 _TOP: FieldRules = {"created": (lambda v: _text(v, 64), "a time (text)"),
                     "tandem_version": (lambda v: _text(v, 64), "text"),
                     "devlog_format": (lambda v: _int(v, 0, 1 << 16), "a device log format number"),
@@ -495,7 +502,9 @@ def _typed_problem(m: dict[str, Any]) -> str | None:
     libvirt domain) whose shape is wrong; checked after every other field."""
     machine = m.get("machine") or {}
     tables = [("", m, _TOP), ("assertions", m.get("assertions"), _PACK), ("machine.net", machine.get("net"), _NET),
-              ("machine.libvirt", machine.get("libvirt"), _LIBVIRT)]
+              ("machine.libvirt", machine.get("libvirt"), _LIBVIRT),
+              ("machine.libvirt.own", (machine.get("libvirt") or {}).get("own")
+               if isinstance(machine.get("libvirt"), dict) else None, _OWN_LINE)]
     tables += [(f"channels.{name if name.isprintable() else _shown(name)}", entry, _CHANNEL)
                for name, entry in (m.get("channels") or {}).items()]
     for where, table, rules in tables:

@@ -10,21 +10,23 @@ import signal
 import subprocess
 import threading
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from typing import TYPE_CHECKING, BinaryIO
 from uuid import uuid4
 
 from ..errors import InfraError, TandemError
-from ..machine import LibvirtSection
+from ..machine import LibvirtSection, OwnLine
 from ..qemu import vm
 from ..qemu.argv import qmp_chardev
 from ..qemu.vm import VM, alive
+from .command_line import native_argv
 from .daemon import binding, connect
 from .domain import SHADOW_SUFFIX, domain_xml
 
 if TYPE_CHECKING:     # libvirt-python has no type information: these names say what is held
     import libvirt
+
+    from .recorded import OwnCommandLine
 
 # How a domain's QEMU ended, as libvirt tells it, in subprocess terms (returncode).
 # SHUTDOWN: QEMU said SHUTDOWN first (guest poweroff, tandem's QMP quit) and exited.
@@ -78,6 +80,14 @@ class DomainProcess:
             self._src = open(f"/proc/{pid}/root/var/log/libvirt/qemu/{name}.log", "rb")
         except OSError:
             self._src = None
+
+    def argv(self) -> list[str]:
+        """The QEMU's command line."""
+        try:
+            raw = Path(f"/proc/{self.pid}/cmdline").read_bytes()
+        except OSError as e:
+            raise InfraError(f"domain {self.name}: its QEMU's command line: {e.strerror}") from None
+        return [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]]
 
     def poll(self) -> int | None:
         if self.returncode is not None:
@@ -161,39 +171,45 @@ class Launcher(vm.Launcher):
     metadata(vm): tandem's <metadata> element (what detach removes if tandem dies).
     restore: a domain definition release() puts back (tandem attach: the native's own)
     instead of undefining the domain.
-    xml(vm, metadata): the domain's definition, if not domain_xml of the VM's argv (a
-    user's domain on libvirt's own command line: recorded.recorded_domain_xml).
+    own: a user's domain on libvirt's own command line (recorded.OwnCommandLine): its
+    definition for the run instead of domain_xml of the VM's argv; it is started paused
+    and runs once `own` has read what the manifest keeps of its QEMU's command line.
     """
 
     def __init__(self, uri: str | None, name: str, *, uuid: str | None = None, metadata=None,
-                 title: str | None = None, restore: str | None = None,
-                 xml: Callable[[VM, ET.Element | None], str] | None = None):
+                 title: str | None = None, restore: str | None = None, own: OwnCommandLine | None = None):
         self.uri, self.name, self.title = uri, name, title
         self.uuid = uuid or str(uuid4())
         self.metadata = metadata
         self.restore = restore
-        self.xml = xml
+        self.own = own
+        self.own_line: OwnLine | None = None    # what own read of the started QEMU's command line
         self.conn: libvirt.virConnect | None = None
         self.dom: libvirt.virDomain | None = None
         self.proc: DomainProcess | None = None
 
     def section(self) -> LibvirtSection:
         """The manifest's machine.libvirt of a run in this domain."""
-        return LibvirtSection(uuid=self.uuid, domain=self.name, command_line="libvirt" if self.xml else None)
+        return LibvirtSection(uuid=self.uuid, domain=self.name, command_line="libvirt" if self.own else None,
+                              own=self.own_line)
 
     def start(self, vm: VM, log: BinaryIO) -> DomainProcess:
         libvirt = binding()
         conn = self.conn = connect(self.uri)
         metadata = self.metadata(vm) if self.metadata else None
-        xml = self.xml(vm, metadata) if self.xml else \
-            domain_xml(self.name, vm.guest, vm.run, argv=vm.argv, uuid=self.uuid, title=self.title, metadata=metadata)
         try:
+            xml = self.own.xml(vm, metadata, lambda x: native_argv(conn.domainXMLToNative("qemu-argv", x, 0))) \
+                if self.own else domain_xml(self.name, vm.guest, vm.run, argv=vm.argv, uuid=self.uuid,
+                                            title=self.title, metadata=metadata)
             if self.restore is None and self.name in {d.name() for d in conn.listAllDomains()}:
                 raise TandemError(f"domain {self.name}: already defined in libvirt "
                                   f"(tandem detach {self.name.split(SHADOW_SUFFIX)[0]}, or virsh undefine)")
             dom = self.dom = conn.defineXML(xml)
-            dom.create()
+            dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED if self.own else 0)
             self.proc = DomainProcess(dom, self.name, vm.run.rundir, log)
+            if self.own:
+                self.own_line = self.own.started(self.proc.argv())
+                dom.resume()
             return self.proc
         except BaseException as e:
             self._drop()

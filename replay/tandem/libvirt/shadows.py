@@ -100,6 +100,7 @@ class NativeInfo:
     passthrough: str | None = None  # the first device whose work is outside QEMU (<hostdev>, a vhost-user NIC)
     machine: str = "pc"             # <os><type machine>: "q35" for any pc-q35-*, else "pc" (i440FX)
     display: str | None = None      # the first device of a graphical console (<graphics>, <video>, ...)
+    side_channel: str | None = None     # the first character device beside the first serial port (<channel>, ...)
 
 
 def shadow_name(native: str, analysis: str) -> str:
@@ -156,7 +157,8 @@ def read_native(dom) -> NativeInfo:
                       virt_type=root.get("type", "qemu"),
                       clock=clock.get("offset", "utc") if clock is not None else "utc",
                       acpi=root.find("features/acpi") is not None, nic_source=nic_source,
-                      passthrough=_passthrough(root), machine=_machine(root), display=_display(root))
+                      passthrough=_passthrough(root), machine=_machine(root), display=_display(root),
+                      side_channel=_side_channel(root))
 
 
 def _display(root: ET.Element) -> str | None:
@@ -176,6 +178,28 @@ def _display(root: ET.Element) -> str | None:
             return f"<input type='{el.get('type', '')}' bus='usb'>"
         if el.tag == "channel" and el.get("type") in ("spicevmc", "spiceport", "qemu-vdagent"):
             return f"<channel type='{el.get('type')}'>"
+    return None
+
+
+def _side_channel(root: ET.Element) -> str | None:
+    """The first character device of the domain beside its first serial port and the
+    console that stands for it: a <channel> (the guest agent's), another <serial>, a
+    <parallel>, a <console> of its own (virtio)."""
+    devices = root.find("devices")
+    serials = 0
+    for el in devices if devices is not None else ():
+        target = el.find("target")
+        if el.tag == "serial":
+            serials += 1
+            if serials > 1:
+                return f"a second <serial> (port {target.get('port', '?') if target is not None else '?'})"
+        elif el.tag == "console" and target is not None and target.get("type", "serial") != "serial":
+            return f"<console> of target type {target.get('type')!r}"
+        elif el.tag == "channel":
+            name = target.get("name") if target is not None else None
+            return f"<channel type='{el.get('type', '')}'>" + (f" ({name})" if name else "")
+        elif el.tag == "parallel":
+            return "<parallel>"
     return None
 
 

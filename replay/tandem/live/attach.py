@@ -1,8 +1,8 @@
 """Live runs as libvirt domains: `tandem shadow --libvirt` and `tandem attach DOMAIN`.
 
 `follow` is `tandem attach` itself: the native redefined for the run as tandem's
-record-mode QEMU (or, on a libvirt network or a bridge in device mode, as itself with
-tandem's recording added: libvirt/recorded.py), the shadows fed live by live.shadow.ShadowRun, the native's own
+record-mode QEMU (or, on a libvirt network or a bridge, as itself with tandem's
+recording added: libvirt/recorded.py), the shadows fed live by live.shadow.ShadowRun, the native's own
 definition put back at the end (libvirt/shadows.py keeps what tandem created in each
 domain's `<metadata>`).
 """
@@ -15,9 +15,9 @@ from .. import catalog
 from ..errors import TandemError
 from ..libvirt.daemon import binding, connect
 from ..libvirt.launcher import Launcher
-from ..libvirt.recorded import recorded_domain_xml
+from ..libvirt.recorded import OwnCommandLine
 from ..libvirt.shadows import NS, NativeInfo, native_domain, read_native, shadow_name
-from ..machine import Forward, Guest, analyses_given, overlay_path
+from ..machine import Forward, Guest, analyses_given
 from ..machine.guest import OS_CPU
 from ..qemu import kernel_image
 from ..qemu.image import check_bootable, disk_os, probe_disk
@@ -78,12 +78,9 @@ class LiveDomains:
                 ET.SubElement(md, f"{{{NS}}}original").text = self.original
             return md
 
-        def own_line(vm, md: ET.Element | None) -> str:
-            overlays = [overlay_path(vm.run.overlay, d.id) for d in vm.guest.disks]
-            return recorded_domain_xml(self.original or "", vm.run, overlays, emulator=vm.argv[0], metadata=md)
         return Launcher(self.uri, self.native, uuid=self.uuid, metadata=metadata, restore=self.original,
                         title=f"tandem: {self.native} recorded" + (", analyses trailing it live" if self.analyses else ""),
-                        xml=own_line if self.own_line else None)
+                        own=OwnCommandLine(self.original or "") if self.own_line else None)
 
     def analysis_guest(self, analysis: catalog.Analysis) -> Guest | None:
         if self.info is None:
@@ -132,7 +129,7 @@ def follow(uri: str | None, domain: str, analyses: list[catalog.Analysis], *, bu
         dom = native_domain(conn, domain)
         n = read_native(dom)
         o = options or ShadowOptions()
-        own = own_command_line(n, o.record_mode)
+        own = own_command_line(n)
         users = n.kernel is None or forwards is not None or own
         _check_native(n, users, o.record_mode)
         if own and forwards:
@@ -196,17 +193,17 @@ def _check_users_disks(n: NativeInfo) -> None:
         raise TandemError(f"{n.name}: {e}") from None
 
 
-# The NICs a domain recorded on libvirt's own command line may have (device mode):
-# backends whose frames pass through QEMU's net layer, where tandem's filters are.
+# The NICs a domain recorded on libvirt's own command line may have: backends whose
+# frames pass through QEMU's net layer, where tandem's filters are.
 OWN_LINE_NICS = ("network", "bridge")
 
 
-def own_command_line(n: NativeInfo, mode: str) -> bool:
-    """Is the native recorded on libvirt's own command line (libvirt/recorded.py)? In
-    device mode, when its NIC is on a network libvirt provides (a libvirt network, a
-    bridge): a tap whose descriptor libvirt opens, which tandem's command line cannot
-    make. A NIC on user networking keeps tandem's, whose backend carries --forward."""
-    return mode == "device" and n.nic_type in OWN_LINE_NICS
+def own_command_line(n: NativeInfo) -> bool:
+    """Is the native recorded on libvirt's own command line (libvirt/recorded.py)? When
+    its NIC is on a network libvirt provides (a libvirt network, a bridge): a tap whose
+    descriptor libvirt opens, which tandem's command line cannot make. A NIC on user
+    networking keeps tandem's, whose backend carries --forward."""
+    return n.nic_type in OWN_LINE_NICS
 
 
 def _check_native(n: NativeInfo, users: bool, mode: str = "exact") -> None:
@@ -221,11 +218,11 @@ def _check_native(n: NativeInfo, users: bool, mode: str = "exact") -> None:
     if mode == "exact" and n.clock not in ("utc", "variable"):
         raise TandemError(f"{domain}: <clock offset='{n.clock}'>: an exact recording runs the guest's RTC "
                           f"on UTC; give the domain <clock offset='utc'/>, or attach it with --mode device")
-    if own_command_line(n, mode) and n.display:
+    if own_command_line(n) and n.display:
         raise TandemError(f"{domain}: {n.display}: a graphical console, which tandem's QEMU is built without "
                           f"(and what is typed there is not recorded); remove the domain's <graphics>, <video>, "
                           f"<sound>, USB <input> and SPICE devices to attach it (its serial console stays)")
-    if own_command_line(n, mode) and not n.acpi:
+    if own_command_line(n) and not n.acpi:
         raise TandemError(f"{domain}: no <features><acpi/>: libvirt then passes -no-acpi, which "
                           f"QEMU 10 no longer has; add <acpi/> to its <features>")
     if not users and len(n.disks) > 1:
@@ -234,12 +231,13 @@ def _check_native(n: NativeInfo, users: bool, mode: str = "exact") -> None:
     if n.nic_type is None:
         raise TandemError(f"{domain}: no network interface; tandem records a guest with one "
                           f"(<interface type='user'><model type='virtio'/></interface>)")
-    if n.nic_type != "user" and not own_command_line(n, mode):
-        if mode == "exact" and n.nic_type in OWN_LINE_NICS:
-            raise TandemError(f"{domain}: interface type {n.nic_type!r}: an exact recording runs a NIC on "
-                              f"user networking only; attach it with --mode device (libvirt's own network)")
+    if n.nic_type != "user" and not own_command_line(n):
         raise TandemError(f"{domain}: interface type {n.nic_type!r}; tandem records a NIC on user "
-                          f"networking, or in device mode on a libvirt network or a bridge")
+                          f"networking, a libvirt network or a bridge")
+    if mode == "exact" and own_command_line(n) and n.side_channel:
+        raise TandemError(f"{domain}: {n.side_channel}: an exact recording records the input of the first serial "
+                          f"port only, and a replay would depart at the first byte this one gave the guest; "
+                          f"remove it from the domain, or attach it with --mode device")
     if n.nic_model != "virtio":
         raise TandemError(f"{domain}: NIC model {n.nic_model!r}: tandem's QEMU has virtio-net only "
                           f"(qemu-patches/0001)")

@@ -32,10 +32,10 @@ from .options import (
                       keyval_option,
 )
 from .run import RR, Feed, Gate, Host, Mode, RRMode, Run, UserNet, overlay_path
-from .section import DiskEntry, LibvirtSection, MachineSection, NetSection, NicEntry, Recorded
+from .section import DiskEntry, LibvirtSection, MachineSection, NetSection, NicEntry, OwnLine, Recorded
 
 __all__ = ["ACCEL", "CPUS", "DEFAULT_CMDLINE", "DISK_FORMATS", "Disk", "Feed", "Forward", "Gate", "Guest", "Host", "ICOUNT_SHIFT",
            "LOOKAHEAD_NS", "MAC", "MACHINE_TYPE", "Mode", "NIC_DEVICES", "NIC_MODELS", "Nic", "OptionError", "RR", "RRMode",
            "RTC_BASE", "Run", "UserNet", "VCPUS", "VIRTIO_NET", "Value", "analyses_given", "check_id", "disk_input", "check_mac",
            "escape", "json_option", "keyval_option", "overlay_path", "replay_args",
-           "DiskEntry", "LibvirtSection", "MachineSection", "NetSection", "NicEntry", "Recorded"]
+           "DiskEntry", "LibvirtSection", "MachineSection", "NetSection", "NicEntry", "OwnLine", "Recorded"]

@@ -43,12 +43,27 @@ class NetSection(Table):
 
 
 @dataclasses.dataclass(frozen=True)
+class OwnLine(Table):
+    """machine.libvirt.own: an exact recording on a domain's own command line, as its replay
+    repeats it (libvirt/command_line.py): libvirt's part of QEMU's command line (from the
+    binary on, before what tandem added), and what tandem's recording named in it."""
+    argv: tuple[str, ...] | None = texts()
+    overlays: tuple[str, ...] | None = texts()  # each disk's overlay, as the argv names it, in the disks' order
+    images: tuple[str, ...] | None = texts()    # each disk's format node, under its blkreplay
+    drives: tuple[str, ...] | None = texts()    # each disk's block device, as the device log names it
+    netdevs: tuple[str, ...] | None = texts()   # each NIC's netdev
+    serial: str | None = None                   # the serial port's chardev
+    rng: str | None = None                      # the entropy device's backend
+
+
+@dataclasses.dataclass(frozen=True)
 class LibvirtSection(Table):
     """machine.libvirt: the domain a run was in, and its SMBIOS UUID, which the guest saw
     (a replay outside libvirt gives QEMU the same: guest.replay_args)."""
     uuid: str | None = None
     domain: str | None = None
     command_line: str | None = None     # "libvirt": the domain's own (libvirt/recorded.py); absent: tandem's
+    own: OwnLine | None = optional(OwnLine)     # an exact recording's, on the domain's own command line
 
 
 @dataclasses.dataclass(frozen=True)

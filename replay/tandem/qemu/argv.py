@@ -42,14 +42,13 @@ def qemu_argv(guest: Guest, run: Run) -> list[str]:
             "-smp", str(int(guest.vcpus)), "-nodefaults", "-no-user-config", "-display", "none",
             "-no-reboot", "-accel", _accel(guest, run), *_cpu_options(guest), *_boot_options(guest),
             *qmp_monitor(run.rundir)]
-    argv += _clock_options(run, q)
+    argv += clock_options(run, q)
     argv += _serial_options(run)
     for disk in guest.disks:
         argv += _disk_options(run, disk, overlay_path(run.overlay, disk.id) if run.overlay else None, boot=guest.boot == "firmware" and disk is guest.disks[0])
     argv += _net_and_rng_options(run, guest.nics)
     if run.mode in ("record", "replay"):   # analysis runs: the feed is logged instead
-        argv += [a for nic in guest.nics for a in
-                 ("-object", json_option({"qom-type": "filter-replay", "id": f"rr-{nic.netdev}", "netdev": nic.netdev}))]
+        argv += replay_filters([nic.netdev for nic in guest.nics])
     argv += recording_objects(run, DeviceIds.of(guest))
     return argv + list(run.extra)
 
@@ -101,6 +100,12 @@ def recording_objects(run: Run, ids: DeviceIds) -> list[str]:
     return argv
 
 
+def replay_filters(netdevs) -> list[str]:
+    """filter-replay on each netdev: record/replay logs the frames each gives the guest."""
+    return [a for netdev in netdevs for a in
+            ("-object", json_option({"qom-type": "filter-replay", "id": f"rr-{netdev}", "netdev": netdev}))]
+
+
 def _accel(guest: Guest, run: Run) -> str:
     """-accel: the guest's accelerator; TCG with several vCPUs and no -icount (device mode,
     plain runs without it) runs one host thread each (thread=multi), as KVM does, rather
@@ -112,7 +117,7 @@ def _accel(guest: Guest, run: Run) -> str:
 
 
 def _icount(run: Run) -> bool:
-    """Whether the run's VM clock counts instructions (_clock_options gives -icount)."""
+    """Whether the run's VM clock counts instructions (clock_options gives -icount)."""
     return run.mode in (Mode.RECORD, Mode.REPLAY) or isinstance(run.net, Feed) or \
         (run.icount and run.mode == Mode.PLAIN)
 
@@ -144,8 +149,10 @@ def qmp_chardev(rundir: Path) -> str:
     return keyval_option("socket", {"id": "qmp", "path": f"{rundir}/qmp.sock", "server": True, "wait": False})
 
 
-def _clock_options(run: Run, q: QemuBuild) -> list[str]:
-    """-icount (and the analysis runs' -rtc): how the VM clock runs in this mode."""
+def clock_options(run: Run, q: QemuBuild | None = None) -> list[str]:
+    """-icount (and the analysis runs' -rtc): how the VM clock runs in this mode.
+    q: the QEMU build that runs it (default: tandem's)."""
+    q = q or artifacts.qemu()
     rr = run.rr
     rr_opts: dict[str, str | int | bool | None] = {}
     if rr is not None and rr.mode == RRMode.RECORD:

@@ -329,10 +329,13 @@ class VM(Lifecycle):
     """A running QEMU: process, QMP connection, optional serial console.
 
     launcher: start the QEMU some other way than as tandem's child process (a Launcher:
-    as a libvirt domain); close() has it release what it made.
+    as a libvirt domain); close() has it release what it made. argv: QEMU's command line
+    when not qemu_argv's of (guest, run) (the replay of a domain's own:
+    libvirt/command_line.py).
     """
 
-    def __init__(self, guest: Guest, run: Run, launcher: Launcher | None = None, name: str | None = None):
+    def __init__(self, guest: Guest, run: Run, launcher: Launcher | None = None, name: str | None = None,
+                 argv: list[str] | None = None):
         self.guest, self.run, self.launcher = guest, run, launcher
         self.name = name or run.mode        # for messages: "native", an analysis, "replay"
         # The guest's console so far, for a failure's report: the serial socket's when
@@ -341,7 +344,7 @@ class VM(Lifecycle):
         # QEMU's QMP and serial sockets go here: 0700 even when the caller made it.
         private.make_dir(run.rundir)
         os.chmod(run.rundir, private.DIR_MODE)
-        self.argv = qemu_argv(guest, run)
+        self.argv = argv or qemu_argv(guest, run)
         self.log_path = run.rundir / "qemu.log"
         self.proc: Process | None = None
         self.qmp: QEMUMonitorProtocol | None = None
@@ -379,6 +382,8 @@ class VM(Lifecycle):
             # SCHED_IDLE (chrt, util-linux): the VM gets only CPU time nothing else wants;
             # taskset: only on these CPUs.
             argv = ["chrt", "--idle", "0", *self.argv] if self.run.host.idle else self.argv
+            if self.run.host.netns:     # root needs no user namespace to make one
+                argv = ["unshare", "--net", *([] if os.geteuid() == 0 else ["--user", "--map-root-user"]), "--", *argv]
             if self.run.host.cpus:
                 argv = ["taskset", "--cpu-list", self.run.host.cpus, *argv]
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,

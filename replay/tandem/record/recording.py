@@ -177,6 +177,11 @@ class Recording:
             private.copy_file(vm.log_path, self.path / "qemu.log")
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        if self.launcher and (started := self.launcher.section()) != domain:
+            # what libvirt's start showed (a domain's own command line, which its replay repeats)
+            self.manifest = dataclasses.replace(self.manifest, machine=dataclasses.replace(
+                self.manifest.machine, libvirt=started))
+            bundle.write_manifest(self.path, self.manifest)
         if vm.serial is not None:       # tandem console BUNDLE, while this runs
             try:
                 self.console = ConsoleServer(vm.serial, self.path)
