@@ -37,7 +37,7 @@ def own() -> OwnLine:
 
 def replayed(line: OwnLine | None = None, **kw) -> list[str]:
     args = dict(binary="/q/qemu", overlays=[Path("/R/ov.qcow2"), Path("/R/ov-disk1.qcow2")], disks=BASES,
-                kernel=None, initrd=None, where="B.tdm")
+                kernel=None, initrd=None, taps=[9], where="B.tdm")
     return replay_argv(line or own(), **{**args, **kw})
 
 
@@ -73,8 +73,8 @@ def test_the_replay_repeats_libvirts_machine_on_its_own_overlays_tap_and_null_ch
     files = {b["filename"]: b for b in blocks if b["driver"] == "file"}
     assert set(files) == {"/R/ov.qcow2", "/R/ov-disk1.qcow2", *BASES}
     assert all(files[b]["read-only"] is True and "auto-read-only" not in files[b] for b in BASES)
-    assert [json.loads(v) for o, v in opts if o == "-netdev"] == [
-        {"type": "tap", "id": "hostnet0", "ifname": "tandem0", "script": "no", "downscript": "no", "vhost": False}]
+    assert [json.loads(v) for o, v in opts if o == "-netdev"] == [{"type": "tap", "id": "hostnet0", "fd": "9",
+                                                                  "vhost": False}]
     assert [v for o, v in opts if o == "-chardev"] == ["null,id=charmonitor", "null,id=charua-tandem-serial0"]
     assert not any("secret" in v or "/var/lib/libvirt" in v for _, v in opts)
     assert ("-machine", "pc-q35-10.0,usb=off,dump-guest-core=off,memory-backend=pc.ram") in opts
@@ -133,6 +133,13 @@ def test_an_option_a_replay_does_not_repeat_is_a_one_line_error_naming_it(opt, v
         replayed(with_option(opt, value))
     msg = str(e.value)
     assert msg.startswith("B.tdm: machine.libvirt.own") and named in msg and "\n" not in msg, msg
+
+
+def test_a_netdev_beyond_the_recordings_nics_is_refused():
+    line = own()
+    argv = [*ARGV[:QMP], "-netdev", '{"type":"tap","fd":"26","id":"hostnet1"}']
+    with pytest.raises(BundleError, match="more netdevs than the recording's NICs"):
+        replayed(OwnLine(**{**line.to_json(), "argv": argv}))
 
 
 def test_the_disks_and_overlays_must_match_the_manifests():

@@ -15,6 +15,7 @@ when they would pass `budget` bytes; the seeks after the last one replay on furt
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import re
 import shutil
@@ -34,7 +35,7 @@ from ..machine.guest import ICOUNT_SHIFT
 from ..machine.section import recorded
 from ..qemu.image import make_overlays
 from ..qemu.vm import VM
-from .replay import HANG_SECONDS, refuse_device_mode, replay_run
+from .replay import HANG_SECONDS, refuse_device_mode, replay_run, replay_vm
 from .verify import final_state
 
 SPACING_S = 0.5            # replay host seconds between snapshots: a seek replays at most this long
@@ -241,14 +242,14 @@ def debug(bundle_dir: str | Path, port: int | None, *, spacing_s: float = SPACIN
     try:
         overlay = tmp / "disk.qcow2"
         make_overlays(guest, overlay)
-        with bundle.open_member(d, bundle.STREAM) as f:
+        with bundle.open_member(d, bundle.STREAM) as f, contextlib.ExitStack() as held:
             stream = Path(f"/dev/fd/{f.fileno()}")
             # -S: paused at power-on; -no-shutdown: the recorded shutdown pauses the
             # replay instead of ending it, so that gdb can step back from there.
             gdb = ["-gdb", f"tcp:127.0.0.1:{port}"] if port is not None else []
             run = replay_run(manifest, tmp, stream, overlay, extra=[*gdb, "-S", "-no-shutdown"])
             run = dataclasses.replace(run, host=Host(pass_fds=(f.fileno(),)))
-            with VM(guest, run, name="debug") as vm:
+            with replay_vm(manifest, guest, run, held, where=str(d), name="debug") as vm:
                 shots = (take_snapshots(vm, end[1], spacing_s=spacing_s, budget=budget, progress=progress)
                          if index else [])
                 yield Session(vm, port, shots, end, rec)

@@ -24,6 +24,7 @@ from ..formats import bundle, pcapng, rrstream
 from ..libvirt.command_line import replay_command_line
 from ..machine import RR, Feed, Guest, Host, OwnLine, Recorded, RRMode, Run, UserNet, replay_args
 from ..machine.section import recorded
+from ..qemu.tap import private_taps
 from ..qemu.vm import VM
 from ..qemu.image import make_overlays
 from .verify import Mismatch, final_state, first_departure
@@ -119,10 +120,9 @@ def replay(bundle_dir: str | Path, *, follow: bool = False, partial: bool = Fals
                 # a link planted in its place after the check is not QEMU's to follow.
                 f = held.enter_context(bundle.open_member(d, bundle.STREAM))
                 stream, pass_fds = Path(f"/dev/fd/{f.fileno()}"), (f.fileno(),)
-            own = own_line(manifest)
             run = dataclasses.replace(replay_run(manifest, tmp, stream, overlay, follow=follow, partial=partial,
-                                                 extra=extra), host=Host(pass_fds=pass_fds, netns=own is not None))
-            vm = VM(guest, run, argv=replay_command_line(own, guest, run, where=str(d)) if own else None)
+                                                 extra=extra), host=Host(pass_fds=pass_fds))
+            vm = replay_vm(manifest, guest, run, held, where=str(d))
             t0 = time.monotonic()
             died: InfraError | None = None
             recorded: pcapng.Devlog | None = None
@@ -206,6 +206,19 @@ def replay_run(manifest: Recorded | Mapping[str, Any], tmp: Path, stream: Path, 
     return Run(tmp, net=net, rr=RR(RRMode.REPLAY, stream, follow=follow, partial=partial), devlog=tmp / "replay.pcapng",
                overlay=overlay, stop_after_ns=machine.stop_after_ns or 0,
                state_every_ns=machine.state_every_ns or 0, extra=tuple(extra))
+
+
+def replay_vm(manifest: Recorded, guest: Guest, run: Run, held: contextlib.ExitStack, *, where: str,
+              name: str | None = None) -> VM:
+    """The VM of a bundle's replay run: tandem's command line for (guest, run), or, recorded
+    on a domain's own command line, libvirt's repeated (libvirt/command_line.py) with a tap
+    of the replay's own for each NIC (qemu/tap.py), held open by `held`."""
+    own = own_line(manifest)
+    if own is None:
+        return VM(guest, run, name=name)
+    taps = held.enter_context(private_taps(len(own.netdevs or ())))
+    run = dataclasses.replace(run, host=dataclasses.replace(run.host, pass_fds=(*run.host.pass_fds, *taps)))
+    return VM(guest, run, name=name, argv=replay_command_line(own, guest, run, taps=taps, where=where))
 
 
 def own_line(manifest: Recorded | Mapping[str, Any]) -> OwnLine | None:

@@ -10,7 +10,8 @@ null one of the same id, and libvirt's monitor, pid file and start paused go. Th
 backend was a tap whose descriptor libvirt opened; virtio-net shows the guest the
 offloads of a backend with a virtio-net header, which only a tap (among the backends of
 tandem's QEMU) has, so the replay has a tap of its own, in a network namespace of its
-own (its frames come from the log: record/replay's filter drops what the tap gives).
+own (qemu/tap.py; its frames come from the log: record/replay's filter drops what the
+tap gives).
 """
 from __future__ import annotations
 
@@ -168,12 +169,12 @@ class Translation:
     """libvirt's recorded options made the replay's (replay_argv), each checked."""
 
     def __init__(self, own: OwnLine, *, overlays: Sequence[Path], disks: Sequence[str],
-                 kernel: Mapping[str, str | None], where: str):
+                 kernel: Mapping[str, str | None], taps: Sequence[int], where: str):
         self.own, self.where = own, where
         self.overlays = dict(zip(own.overlays or (), (str(p) for p in overlays)))
         self.disks = set(disks)          # the bases: the manifest's disk inputs
         self.kernel = kernel
-        self.taps = 0
+        self.taps = list(taps)
 
     def refuse(self, what: str) -> BundleError:
         what = what[:160]
@@ -284,10 +285,9 @@ class Translation:
         if dev is None or dev.get("type") != "tap" or not isinstance(dev.get("id"), str) or \
                 set(dev) - {"type", "fd", "vhost", "id", "vnet_hdr", "sndbuf"}:
             raise self.refuse(f"{opt} {value}")
-        ifname = f"tandem{self.taps}"
-        self.taps += 1
-        return [opt, json_option({"type": "tap", "id": dev["id"], "ifname": ifname, "script": "no",
-                                  "downscript": "no", "vhost": False})]
+        if not self.taps:
+            raise self.refuse(f"{opt} {value} (more netdevs than the recording's NICs)")
+        return [opt, json_option({"type": "tap", "id": dev["id"], "fd": str(self.taps.pop(0)), "vhost": False})]
 
     def chardev(self, opt: str, value: str) -> list[str]:
         cid = (_json(value) or _keyval(value, "backend")).get("id")
@@ -297,16 +297,17 @@ class Translation:
 
 
 def replay_argv(own: OwnLine, *, binary: str, overlays: Sequence[Path], disks: Sequence[str],
-                kernel: str | None, initrd: str | None, where: str) -> list[str]:
+                kernel: str | None, initrd: str | None, taps: Sequence[int], where: str) -> list[str]:
     """libvirt's recorded part of a domain's command line (own.argv) for its replay by
     `binary`: each option checked (a BundleError names the first not repeated), the
     recorded overlays (own.overlays) replaced by `overlays` (in the disks' order), every
     file named one of them or of `disks` (the recorded bases, then only read) or the
-    manifest's kernel and initrd, each chardev a null one, each tap one of the replay's
-    own (run it in a network namespace of its own: machine.Host.netns)."""
+    manifest's kernel and initrd, each chardev a null one, each tap one of `taps` (the
+    replay's own, descriptors QEMU is given: qemu.tap.private_taps)."""
     if not own.argv:
         raise BundleError(f"{where}: machine.libvirt.own.argv: empty")
-    t = Translation(own, overlays=overlays, disks=disks, kernel={"-kernel": kernel, "-initrd": initrd}, where=where)
+    t = Translation(own, overlays=overlays, disks=disks, kernel={"-kernel": kernel, "-initrd": initrd}, taps=taps,
+                    where=where)
     out = [binary]
     for opt, value in _options(own.argv[1:], f"{where}: machine.libvirt.own.argv"):
         out += t.option(opt, value)
@@ -327,12 +328,12 @@ def blkreplay_options(drives: Sequence[str], images: Sequence[str]) -> list[str]
                                                 "image": image}))]
 
 
-def replay_command_line(own: OwnLine, guest: Guest, run: Run, *, where: str) -> list[str]:
+def replay_command_line(own: OwnLine, guest: Guest, run: Run, *, taps: Sequence[int], where: str) -> list[str]:
     """The exact replay of a domain recorded on its own command line (own): libvirt's
-    options (replay_argv) on the run's overlays of the guest's disks, then what the
-    recording added, for the replay: tandem's monitor, -icount rr=replay, each disk's
-    blkreplay, the netdevs' filter-replay, the device log over the same ids, and
-    run.extra (a plugin). Run it in a network namespace of its own (Host.netns)."""
+    options (replay_argv) on the run's overlays of the guest's disks and on `taps` (one
+    per netdev, in run.host.pass_fds), then what the recording added, for the replay:
+    tandem's monitor, -icount rr=replay, each disk's blkreplay, the netdevs'
+    filter-replay, the device log over the same ids, and run.extra (a plugin, gdb)."""
     if len(own.overlays or ()) != len(guest.disks) or len(own.images or ()) != len(guest.disks) \
             or len(own.drives or ()) != len(guest.disks):
         raise BundleError(f"{where}: machine.libvirt.own: {len(own.overlays or ())} overlays, {len(own.images or ())} "
@@ -341,7 +342,8 @@ def replay_command_line(own: OwnLine, guest: Guest, run: Run, *, where: str) -> 
         raise InfraError(f"{where}: the replay has no overlay for its disks")
     q = run.host.qemu or artifacts.qemu()
     argv = replay_argv(own, binary=q["binary"], overlays=[overlay_path(run.overlay, d.id) for d in guest.disks],
-                       disks=[d.base for d in guest.disks], kernel=guest.kernel, initrd=guest.initrd, where=where)
+                       disks=[d.base for d in guest.disks], kernel=guest.kernel, initrd=guest.initrd, taps=taps,
+                       where=where)
     ids = DeviceIds(own.serial, own.rng, own.drives or (), own.netdevs or ())
     return argv + qmp_monitor(run.rundir) + clock_options(run, q) + blkreplay_options(ids.drives, own.images or ()) \
         + replay_filters(ids.netdevs) + recording_objects(run, ids) + list(run.extra)

@@ -93,7 +93,6 @@ class Host:
     idle: bool = False              # SCHED_IDLE (live analyses: the native first)
     cpus: str | None = None         # pinned to these CPUs (a taskset list)
     pass_fds: tuple[int, ...] = ()  # files QEMU gets open (/dev/fd/N in its argv), not by path
-    netns: bool = False             # in a network namespace of its own (a replay's tap: libvirt/command_line.py)
 
 
 @dataclass(frozen=True)

@@ -382,8 +382,6 @@ class VM(Lifecycle):
             # SCHED_IDLE (chrt, util-linux): the VM gets only CPU time nothing else wants;
             # taskset: only on these CPUs.
             argv = ["chrt", "--idle", "0", *self.argv] if self.run.host.idle else self.argv
-            if self.run.host.netns:     # root needs no user namespace to make one
-                argv = ["unshare", "--net", *([] if os.geteuid() == 0 else ["--user", "--map-root-user"]), "--", *argv]
             if self.run.host.cpus:
                 argv = ["taskset", "--cpu-list", self.run.host.cpus, *argv]
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
