@@ -105,6 +105,28 @@ def leased(uri: str, mac: str, since: str) -> str | None:
     return max(newer)[1] if newer else None
 
 
+def start_attach(uri: str, tmp_path: Path, stderr: Path, *args: str) -> subprocess.Popen:
+    """`tandem attach refvm` (bundle refvm.tdm) started as a user starts it, its stderr to a file."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
+    with open(stderr, "w") as err_file:
+        return subprocess.Popen([sys.executable, "-m", "tandem", "attach", "refvm", "--uri", uri,
+                                 "--bundle", str(tmp_path / "refvm.tdm"), *args],
+                                stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=env,
+                                start_new_session=True)
+
+
+def nginx_at_its_lease(d, proc: subprocess.Popen, since: str, said, timeout: float) -> tuple[str, clients.Via]:
+    """The guest's address on `default` (a lease newer than `since`) once nginx answers
+    there within `timeout` s, and the clients' way to it (from the libvirtd's namespace)."""
+    ip = wait_until(lambda: leased(d.uri, MAC, since) or proc.poll() is not None, 900,
+                    "the guest's DHCP lease on libvirt's default network", poll=1.0)
+    assert proc.poll() is None, said()
+    wait_until(lambda: d.run_in_netns(["curl", "-sf", "-o", "/dev/null", f"http://{ip}/"],
+                                      capture_output=True).returncode == 0, timeout, "nginx at the guest's address",
+               poll=1.0)
+    return ip, clients.Via(host=ip, netns=d.netns_path)
+
+
 # On the bridge, the gate (qemu-patches/0033) on libvirt's tap: each of the guest's
 # responses leaves only once both shadows gave it, and a shadow that falls behind holds the
 # clients' requests rather than being let go. Its metrics say how far the shadows trail.
@@ -145,25 +167,14 @@ def test_attach_records_a_domain_on_libvirts_default_network_in_device_mode(clea
     (tmp_path / "refvm.xml").write_text(domain_xml(tmp_path, nic=NICS[nic], machine=machine))
     virsh(uri, "define", str(tmp_path / "refvm.xml"))
     original = virsh(uri, "dumpxml", "--inactive", "refvm")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
     stderr = tmp_path / "attach.err"
     since = max((expiry for expiry, _ in leases(uri, MAC)), default="")
-    with open(stderr, "w") as err_file:
-        proc = subprocess.Popen([sys.executable, "-m", "tandem", "attach", "refvm", "--mode", "device",
-                                 "--analysis", "kasan,lockdep", "--uri", uri, "--bundle", str(tmp_path / "refvm.tdm"),
-                                 "--analysis-priority", "normal", *policy],
-                                stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=env,
-                                start_new_session=True)
+    proc = start_attach(uri, tmp_path, stderr, "--mode", "device", "--analysis", "kasan,lockdep",
+                        "--analysis-priority", "normal", *policy)
     said = lambda: stderr.read_text()[-3000:]     # noqa: E731
     try:
-        ip = wait_until(lambda: leased(uri, MAC, since) or proc.poll() is not None, 900,
-                        "the guest's DHCP lease on libvirt's default network", poll=1.0)
-        assert proc.poll() is None, said()
-        via = clients.Via(host=ip, netns=d.netns_path)
         # gated, the first response leaves once both shadows have booted and given it too
-        wait_until(lambda: d.run_in_netns(["curl", "-sf", "-o", "/dev/null", f"http://{ip}/"],
-                                          capture_output=True).returncode == 0, 900 if policy else 300,
-                   "nginx at the guest's address", poll=1.0)
+        _, via = nginx_at_its_lease(d, proc, since, said, 900 if policy else 300)
         # The shadow is defined once the native's kernel has printed its root device.
         wait_until(lambda: names(uri) == {"refvm", "refvm-tandem-kasan", "refvm-tandem-lockdep"}, 120,
                    lambda: f"the shadow beside the native (domains {sorted(names(uri))}; tandem said: {said()})")
@@ -233,23 +244,12 @@ def test_attach_records_a_domain_on_libvirts_default_network_exactly(clean_libvi
     (tmp_path / "refvm.xml").write_text(domain_xml(tmp_path, machine="q35"))
     virsh(uri, "define", str(tmp_path / "refvm.xml"))
     original = virsh(uri, "dumpxml", "--inactive", "refvm")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "replay"))
     stderr = tmp_path / "attach.err"
     since = max((expiry for expiry, _ in leases(uri, MAC)), default="")
-    with open(stderr, "w") as err_file:
-        proc = subprocess.Popen([sys.executable, "-m", "tandem", "attach", "refvm", "--mode", "exact",
-                                 "--analysis", "lockdep", "--uri", uri, "--bundle", str(tmp_path / "refvm.tdm")],
-                                stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=env,
-                                start_new_session=True)
+    proc = start_attach(uri, tmp_path, stderr, "--mode", "exact", "--analysis", "lockdep")
     said = lambda: stderr.read_text()[-3000:]     # noqa: E731
     try:
-        ip = wait_until(lambda: leased(uri, MAC, since) or proc.poll() is not None, 900,
-                        "the guest's DHCP lease on libvirt's default network", poll=1.0)
-        assert proc.poll() is None, said()
-        via = clients.Via(host=ip, netns=d.netns_path)
-        wait_until(lambda: d.run_in_netns(["curl", "-sf", "-o", "/dev/null", f"http://{ip}/"],
-                                          capture_output=True).returncode == 0, 300, "nginx at the guest's address",
-                   poll=1.0)
+        _, via = nginx_at_its_lease(d, proc, since, said, 300)
         pid = int((d.dir / "run/libvirt/qemu/refvm.pid").read_text())
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         assert any(a.startswith(b"shift=") and b"rr=record" in a for a in argv), argv
