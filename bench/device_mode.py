@@ -39,6 +39,7 @@ from tandem.record.recording import Recording  # noqa: E402
 
 SECTION, TITLE = "device_mode", "## Device-mode recording of a 2-vCPU native under load"
 VCPUS = 2
+WRK_SECONDS = 10
 
 
 def sched(pid: int) -> tuple[float, int]:
@@ -152,6 +153,7 @@ def report(runs: int, wrk_seconds: int, shadows: tuple[int, ...] = ()) -> str:
         f"{runs} interleaved rounds, which goes first turning round by round; ratios are the median of each round's device/plain. Workload: power-on to "
         f"nginx answering, wrk {wrk_seconds} s x 4 kept-alive connections. Measured on this project's 2-core "
         f"machine, nothing else running. Command: `python bench/device_mode.py --runs {runs}"
+        f"{f' --wrk-seconds {wrk_seconds}' if wrk_seconds != WRK_SECONDS else ''}"
         f"{' --shadows ' + ','.join(map(str, shadows)) if shadows else ''} --out docs/benchmarks.md`.",
         "",
         "| target | measured | met |",
@@ -197,7 +199,7 @@ def report(runs: int, wrk_seconds: int, shadows: tuple[int, ...] = ()) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--wrk-seconds", type=int, default=10)
+    ap.add_argument("--wrk-seconds", type=int, default=WRK_SECONDS)
     ap.add_argument("--shadows", default="", help="also the recording with this many live shadows "
                     "(comma-separated, of 1 and 2; e.g. 1,2)")
     ap.add_argument("--out", type=Path)
