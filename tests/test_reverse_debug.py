@@ -93,11 +93,29 @@ def test_seek_and_gdb_reverse_on_the_demo_guest(demo_bundle):
         assert "diverged" not in s.vm.log_tail()
 
 
-def test_seek_on_two_vcpus(built, tmp_path):
+def check_reverse_of_one_vcpu(seen: dict) -> None:
+    """gdb's reverse-stepi and reverse-continue on one vCPU of several (qemu-patches/0039):
+    gdb sees the stepped vCPU's state. A forward stepi may run the other vCPU's turn
+    before the stepped one's instruction, so going back lands where that instruction
+    begins: the stepped vCPU's registers as they were, at a count no lower."""
+    forward, backward, again = seen["forward"], seen["backward"], seen["again"]
+    regs = lambda w: {k: v for k, v in w.items() if k != "icount"}     # noqa: E731
+    counts = [w["icount"] for w in forward]
+    assert counts == sorted(set(counts)), counts
+    assert [regs(w) for w in backward] == [regs(w) for w in forward[::-1]]
+    assert all(b["icount"] >= f["icount"] for b, f in zip(backward, forward[::-1])), (backward, forward)
+    assert [w["icount"] for w in backward] == sorted({w["icount"] for w in backward}, reverse=True)
+    assert [regs(w) for w in again] == [regs(w) for w in forward]
+    assert seen["ran_to"]["icount"] == seen["end"]["icount"] + FAR
+    assert seen["back_at"]["rip"] == forward[0]["rip"]
+    assert forward[0]["icount"] <= seen["back_at"]["icount"] < seen["ran_to"]["icount"]
+
+
+def test_seek_and_gdb_reverse_on_two_vcpus(built, tmp_path):
     """The demo guest on 2 vCPUs (qemu-patches/0038: the round-robin turns in the log):
     a seek lands on the same instruction count with both vCPUs' state the same whichever
-    way it came, and the replay goes on to the recorded end. (gdb's reverse-stepi and
-    reverse-continue on 2 vCPUs: docs/reverse-debugging.md, "Not yet".)"""
+    way it came; gdb's reverse-stepi and reverse-continue go back on the vCPU gdb steps;
+    the replay goes on to the recorded end."""
     path = record_demo(tmp_path / "smp2.tdm", rounds=3, vcpus=2)
     with debug(path, free_port(), spacing_s=0.5) as s:
         end = s.end[1]
@@ -113,6 +131,7 @@ def test_seek_on_two_vcpus(built, tmp_path):
         s.seek(1000)
         s.seek(mid)
         assert registers(s) == here
+        check_reverse_of_one_vcpu(gdb_reverse(s.port))
         s.vm._monitor().command("cont")
         wait_until(lambda: s.vm._monitor().command("query-status")["status"] != "running", 120,
                    "the replay reaching the recorded end")
