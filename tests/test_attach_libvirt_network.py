@@ -276,7 +276,7 @@ def test_attach_records_a_domain_on_libvirts_default_network_exactly(clean_libvi
     assert own is not None and own.argv[0] == artifacts.qemu()["binary"] and "-S" in own.argv, own
     assert not any("rr=record" in a for a in own.argv), own.argv
     r = run_cli("replay", str(tmp_path / "refvm.tdm"), timeout=1800)
-    assert r.returncode == 0 and "VERIFIED" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "VERIFIED" in r.stderr, r.stdout + r.stderr
     virsh(uri, "undefine", "refvm")
 
 
