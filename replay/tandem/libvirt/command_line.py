@@ -29,7 +29,7 @@ from ..qemu.argv import DeviceIds, clock_options, qmp_monitor, recording_objects
 BLKREPLAY = "tandem-rr-"     # the node name of each disk's blkreplay, then the disk device's alias
 # Options that take no value.
 FLAGS = {"-S", "-no-user-config", "-nodefaults", "-no-shutdown", "-no-reboot", "-no-hpet", "-enable-kvm"}
-# Flags and options of libvirt's the replay leaves out: tandem's own monitor, its own end.
+# libvirt's options the replay leaves out: tandem's monitor stands for libvirt's, and the replay ends with the guest.
 DROPPED = {"-S", "-no-shutdown", "-mon", "-pidfile", "-daemonize"}
 # Options kept as they are: none of these names a file or a program.
 KEPT = {"-name", "-m", "-smp", "-uuid", "-overcommit", "-no-user-config", "-nodefaults", "-no-reboot",
