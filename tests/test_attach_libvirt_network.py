@@ -21,8 +21,11 @@ import pytest
 from helpers import ROOT, assert_one_line_error, run_cli, wait_until
 from helpers.libvirt import names, tandem_metadata, virsh
 from helpers.refvm import dhcp_to_guest, offered_then_acked
+from helpers.reverse import check_reverse_of_one_vcpu, gdb_reverse
 from tandem import artifacts
+from tandem.exact.debug import debug
 from tandem.formats import bundle
+from tandem.qemu.vm import free_port
 from tandem.record import clients
 
 MAC = "52:54:00:7a:6e:31"
@@ -277,6 +280,13 @@ def test_attach_records_a_domain_on_libvirts_default_network_exactly(clean_libvi
     assert not any("rr=record" in a for a in own.argv), own.argv
     r = run_cli("replay", str(tmp_path / "refvm.tdm"), timeout=1800)
     assert r.returncode == 0 and "VERIFIED" in r.stderr, r.stdout + r.stderr
+    # under gdb: snapshots through the recording (savevm into the replay's blank qcow2,
+    # not through a disk's blkreplay) and gdb's reverse steps on one of the 2 vCPUs
+    with debug(tmp_path / "refvm.tdm", free_port(), spacing_s=10) as s:
+        assert len(s.snapshots) >= 2 and s.snapshots[0].icount == 0, s.snapshots
+        assert s.end[1] is not None
+        s.seek(s.end[1] // 2)
+        check_reverse_of_one_vcpu(gdb_reverse(s.port, steps=6))
     virsh(uri, "undefine", "refvm")
 
 

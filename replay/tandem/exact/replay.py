@@ -26,7 +26,7 @@ from ..machine import RR, Feed, Guest, Host, OwnLine, Recorded, RRMode, Run, Use
 from ..machine.section import recorded
 from ..qemu.tap import private_taps
 from ..qemu.vm import VM
-from ..qemu.image import make_overlays
+from ..qemu.image import make_blank, make_overlays
 from .verify import Mismatch, final_state, first_departure
 from .watch import DepartureWatch
 
@@ -218,7 +218,11 @@ def replay_vm(manifest: Recorded, guest: Guest, run: Run, held: contextlib.ExitS
         return VM(guest, run, name=name)
     taps = held.enter_context(private_taps(len(own.netdevs or ())))
     run = dataclasses.replace(run, host=dataclasses.replace(run.host, pass_fds=(*run.host.pass_fds, *taps)))
-    return VM(guest, run, name=name, argv=replay_command_line(own, guest, run, taps=taps, where=where))
+    private.make_dir(run.rundir)
+    vmstate = run.rundir / "vmstate.qcow2"
+    make_blank(vmstate)
+    return VM(guest, run, name=name, argv=replay_command_line(own, guest, run, taps=taps, vmstate=vmstate,
+                                                              where=where))
 
 
 def own_line(manifest: Recorded | Mapping[str, Any]) -> OwnLine | None:

@@ -27,6 +27,7 @@ from ..machine import Guest, OwnLine, Run, json_option, keyval_option, overlay_p
 from ..qemu.argv import DeviceIds, clock_options, qmp_monitor, recording_objects, replay_filters
 
 BLKREPLAY = "tandem-rr-"     # the node name of each disk's blkreplay, then the disk device's alias
+VMSTATE = "tandem-vmstate"   # the drive of the replay's blank qcow2, where savevm puts the VM state
 # Options that take no value.
 FLAGS = {"-S", "-no-user-config", "-nodefaults", "-no-shutdown", "-no-reboot", "-no-hpet", "-enable-kvm"}
 # libvirt's options the replay leaves out: tandem's monitor stands for libvirt's, and the replay ends with the guest.
@@ -328,12 +329,19 @@ def blkreplay_options(drives: Sequence[str], images: Sequence[str]) -> list[str]
                                                 "image": image}))]
 
 
-def replay_command_line(own: OwnLine, guest: Guest, run: Run, *, taps: Sequence[int], where: str) -> list[str]:
+def replay_command_line(own: OwnLine, guest: Guest, run: Run, *, taps: Sequence[int], vmstate: Path,
+                        where: str) -> list[str]:
     """The exact replay of a domain recorded on its own command line (own): libvirt's
     options (replay_argv) on the run's overlays of the guest's disks and on `taps` (one
     per netdev, in run.host.pass_fds), then what the recording added, for the replay:
     tandem's monitor, -icount rr=replay, each disk's blkreplay, the netdevs'
-    filter-replay, the device log over the same ids, and run.extra (a plugin, gdb)."""
+    filter-replay, the device log over the same ids, and run.extra (a plugin, gdb).
+
+    `vmstate`, a blank qcow2, is a drive of no device: savevm (`tandem replay --gdb`'s
+    snapshots) writes the VM state into the first block backend that can hold it, a
+    -drive's coming before any device's. Without it that is a disk's blkreplay node,
+    whose flush waits for the replay's next block event while the VM is stopped, so the
+    first snapshot never ends."""
     if len(own.overlays or ()) != len(guest.disks) or len(own.images or ()) != len(guest.disks) \
             or len(own.drives or ()) != len(guest.disks):
         raise BundleError(f"{where}: machine.libvirt.own: {len(own.overlays or ())} overlays, {len(own.images or ())} "
@@ -345,5 +353,6 @@ def replay_command_line(own: OwnLine, guest: Guest, run: Run, *, taps: Sequence[
                        disks=[d.base for d in guest.disks], kernel=guest.kernel, initrd=guest.initrd, taps=taps,
                        where=where)
     ids = DeviceIds(own.serial, own.rng, own.drives or (), own.netdevs or ())
-    return argv + qmp_monitor(run.rundir) + clock_options(run, q) + blkreplay_options(ids.drives, own.images or ()) \
+    scratch = ["-drive", keyval_option(None, {"if": "none", "id": VMSTATE, "format": "qcow2", "file": str(vmstate)})]
+    return argv[:1] + scratch + argv[1:] + qmp_monitor(run.rundir) + clock_options(run, q) + blkreplay_options(ids.drives, own.images or ()) \
         + replay_filters(ids.netdevs) + recording_objects(run, ids) + list(run.extra)

@@ -86,14 +86,23 @@ def check_bootable(image: DiskImage) -> None:
 
 def make_overlay(base: str, overlay: Path, fmt: str = "raw") -> None:
     """A qcow2 overlay so the base image (of format fmt) is never written."""
+    _qcow2(overlay, ["-b", str(Path(base).resolve()), "-F", fmt])
+
+
+def make_blank(path: Path, size: int = 1 << 20) -> None:
+    """An empty qcow2 of `size` bytes (a store for savevm's VM state, which qcow2 keeps
+    past the disk's end, so the size is only the disk's)."""
+    _qcow2(path, [], str(size))
+
+
+def _qcow2(path: Path, backing: list[str], *size: str) -> None:
     img = artifacts.qemu()["img"]
-    r = subprocess.run([img, "create", "-q", "-f", "qcow2", "-b", str(Path(base).resolve()),
-                        "-F", fmt, str(overlay)], capture_output=True, text=True,
-                       umask=private.CHILD_UMASK)      # the overlay holds the guest's disk writes
+    r = subprocess.run([img, "create", "-q", "-f", "qcow2", *backing, str(path), *size], capture_output=True,
+                       text=True, umask=private.CHILD_UMASK)      # it holds the guest's disk writes or RAM
     if r.returncode:
         why = r.stderr.strip() or r.stdout.strip() or (f"killed by signal {-r.returncode}" if r.returncode < 0
                                                         else "no message")
-        raise InfraError(f"{overlay}: qemu-img create failed (status {r.returncode}): {why}")
+        raise InfraError(f"{path}: qemu-img create failed (status {r.returncode}): {why}")
 
 
 def make_overlays(guest: Guest, first: Path) -> None:
