@@ -411,7 +411,9 @@ def test_a_connection_whose_syn_went_unanswered_then_reset_before_an_answer_is_r
     """The guest's network not up yet (the SYN unanswered, sent again), then accepted and
     reset before a byte of answer while its service starts: tried again from its SYN
     with the whole request, as a refused one is (else the first request is a false
-    "missing"). A connection answered at once and then reset is the guest's."""
+    "missing"). So is one answered at once and reset before its service has answered
+    any connection here (a listening socket of `nginx -t`); once it has, a reset is
+    the guest's."""
     from tandem.semantic.network.peer import RTO_NS
     request = b"GET / HTTP/1.1\r\n\r\n"
 
@@ -435,10 +437,19 @@ def test_a_connection_whose_syn_went_unanswered_then_reset_before_an_answer_is_r
     replies = guest(peer, 40000, SYN | ACK, 900, syn.seq + 1, now=RTO_NS + 60_000_001)
     assert third.flags == SYN and [r.payload for r in replies if r.payload] == [request]
 
-    syn, pf = opened(peer, 40001)                                     # answered at once
-    guest(peer, 40001, SYN | ACK, 500, syn.seq + 1, now=1)
-    peer.send(40001, request, 2)
-    guest(peer, 40001, RST | ACK, 501, syn.seq + 1 + len(request), now=3)
+    def answered_at_once_then_reset(peer: Peer, port: int):
+        syn, pf = opened(peer, port)
+        guest(peer, port, SYN | ACK, 500, syn.seq + 1, now=1)
+        peer.send(port, request, 2)
+        guest(peer, port, RST | ACK, 501, syn.seq + 1 + len(request), now=3)
+        return pf
+    pf = answered_at_once_then_reset(peer, 40001)                     # no answer on port 80 yet
+    assert pf.state == "refused" and pf.out.reset is None
+    first = peer.flows[40000]
+    peer.on_frame(netpkt.tcp(GMAC, SMAC, GUEST_IP, HOST_IP, 80, 40000, 901, third.seq + 1 + len(request),
+                             ACK | PSH, 29200, b"HTTP/1.1 200 OK\r\n"), RTO_NS + 60_000_002)
+    assert first.guest_bytes == 17                                    # port 80 has answered
+    pf = answered_at_once_then_reset(peer, 40002)
     assert pf.state == "done" and pf.out.reset == "reset by the guest"
 
 
