@@ -115,6 +115,23 @@ def test_a_retired_connection_is_waited_on_no_more():
     assert d.retired(0) and d.bytes_met(0, 1 << 40) and d.met(Input("serial", 0, b"x", needs_bytes={0: 5}))
 
 
+def test_a_connection_forgotten_here_is_waited_on_no_more_before_the_recording_retires_it():
+    """Compared to its end by this analysis (Remote.forget) while the recording keeps it
+    (another analysis needs it, or the next trim is to come): its bytes do not count as
+    none; once the recording retires it, it leaves `forgotten`."""
+    rec = RecordedInputs([], [flow(0), flow(1)], None, [])
+    d = deps(rec)
+    established(d, 0, guest_bytes=5)
+    established(d, 1)
+    inp = Input("serial", 0, b"x", needs_bytes={0: 5})
+    assert d.met(inp)
+    d.remote.forget([0])
+    assert d.have(0) == 0 and d.retired(0) and d.met(inp)
+    rec.flows[0] = None
+    d.remote.forget([1])
+    assert d.remote.forgotten == {1} and d.retired(0) and d.met(inp)
+
+
 def test_the_wait_times_out_after_the_guests_last_output():
     rec = RecordedInputs([], [flow(0)], None, [])
     d = deps(rec)

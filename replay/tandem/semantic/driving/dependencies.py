@@ -38,8 +38,11 @@ class Dependencies:
         return (pf.guest_bytes if pf else 0) + self.short.get(flow, 0)
 
     def retired(self, flow: int) -> bool:
-        """Compared to its end by every analysis (and forgotten here): nothing waits on it."""
-        return flow not in self.remote.peer.flows and self.rec.flows[flow] is None
+        """Compared to its end here (forgotten), or by every analysis: nothing waits on
+        it. Not the first alone: the recording retires a connection at most every
+        trail.FLOWS_TRIM_S, and an input that waited on one this analysis had forgotten
+        counted its bytes as none and waited out DEP_TIMEOUT_NS for them."""
+        return flow in self.remote.forgotten or (flow not in self.remote.peer.flows and self.rec.flows[flow] is None)
 
     def bytes_met(self, flow: int, need: int) -> bool:
         return self.retired(flow) or self.have(flow) >= need

@@ -31,6 +31,9 @@ class Remote:
         self.connections = Connections()
         self.connecting: dict[tuple[bytes, int, bytes, int], netpkt.Frame] = {}
         self.given_up: set[int] = set()
+        # Connections forgotten here (forget) whose recording keeps them yet (live: retired
+        # once every analysis is done, trail.Trail.trim): nothing more comes on them.
+        self.forgotten: set[int] = set()
 
     @property
     def out(self) -> NetOutput:
@@ -162,6 +165,13 @@ class Remote:
         self.connections.take(fl)
 
     def forget(self, indices: Iterable[int]) -> None:
-        """Connections done with (compared to their end, or never opened here)."""
+        """Connections done with (compared to their end, or never opened here). Those the
+        recording has retired meanwhile leave `forgotten` (a long run's would fill it)."""
+        indices = list(indices)
+        if not indices:
+            return
+        flows = self.rec.flows
+        self.forgotten = {i for i in self.forgotten if flows[i] is not None}
         for index in indices:
             self.peer.forget(index)
+            self.forgotten.add(index)
