@@ -49,3 +49,24 @@ def test_output_on_a_connection_is_attributed_to_that_connections_last_input():
     assert run.input_before(50).input.kind == "tcp-fin"         # entropy is no one's request
     assert run.input_before(15, flow=1).input.data == b"GET /a"  # none on the flow yet: the last of all
     assert run.input_before(5) is None
+
+
+def test_a_finding_names_the_inputs_before_its_last_one_a_connection_once():
+    """The datagram that reached the bug, then two connections a user network had held
+    (open, request and FIN each, 6 inputs): the 4 named before the last input are the
+    other connection's request, the datagram and what came before it, not 4 pieces of
+    2 requests."""
+    from tandem.semantic.findings import BEFORE_KEPT, of_report
+    from tandem.report import Report
+    datagram = netpkt.udp(HOST_MAC, GUEST_MAC, bytes([10, 0, 2, 2]), bytes([10, 0, 2, 15]), 5555, 4444, b"oob")
+    inputs = [Input("tcp-data", 1, b"GET /old HTTP/1.1\r\n", flow=0), Input("tcp-fin", 2, flow=0, offset=19),
+              Input("serial", 3, b"root\n"), Input("frame", 4, datagram, seq=40),
+              Input("tcp-open", 5, flow=1), Input("tcp-open", 6, flow=2),
+              Input("tcp-data", 7, b"GET / HTTP/1.1\r\n", flow=1), Input("tcp-fin", 8, flow=1, offset=16),
+              Input("tcp-data", 9, b"GET / HTTP/1.1\r\n", flow=2), Input("tcp-fin", 10, flow=2, offset=16)]
+    run = AnalysisRun("kasan")
+    run.delivered = [Delivered(i.vm_ns, i) for i in inputs]
+    run.console, run.console_times = bytearray(b"x" * 10), [(0, 20)]
+    f = of_report(run, Report("linux", "KASAN", "KASAN: slab-out-of-bounds Write in tb_note_store", [], "", 0, 10))
+    assert f.after_input == inputs[-1].describe() and len(f.before) == BEFORE_KEPT
+    assert f.before == [inputs[6].describe(), inputs[3].describe(), inputs[2].describe(), inputs[0].describe()]

@@ -13,6 +13,7 @@ from pathlib import Path
 from .. import artifacts, catalog, report
 from ..errors import TandemError
 from ..report.symbolize import short_path
+from .inputs import Input, InputKind
 from .model import AnalysisRun, Outcome
 
 log = logging.getLogger(__name__)
@@ -31,16 +32,18 @@ class Finding:
     text: str
     frames: list[str]
     locations: list[tuple[str, str, int]]
-    # The inputs delivered just before after_input, newest first: an analysis kernel that
-    # was slower than the native's takes several inputs in a row, and the one that
-    # reached the bug (a datagram queued while a service started) need not be the last.
+    # The inputs delivered just before after_input, newest first, a connection once
+    # (_before): an analysis kernel that was slower than the native's takes several
+    # inputs in a row, and the one that reached the bug (a datagram queued while a
+    # service started) need not be the last.
     before: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
 
-BEFORE_KEPT = 4         # inputs named before the last one a finding came after
+BEFORE_KEPT = 4         # inputs named before the last one a finding came after (a connection once)
+BEFORE_LOOKED = 64      # the delivered inputs looked through for them
 
 
 def _attributed(run: AnalysisRun, vm_ns: int) -> dict:
@@ -52,7 +55,27 @@ def _attributed(run: AnalysisRun, vm_ns: int) -> dict:
     chan = "net" if i.kind.startswith("tcp") or i.kind == "frame" else i.kind
     earlier = [x.input for x in run.delivered if x.vm_ns <= vm_ns and x.input.kind != "rng" and x is not d]
     return {"after_input": i.describe(), "input_channel": chan, "input_flow": i.flow,
-            "input_offset": i.offset, "before": [x.describe() for x in earlier[-BEFORE_KEPT:][::-1]]}
+            "input_offset": i.offset, "before": [x.describe() for x in _before(earlier, i)]}
+
+
+def _before(earlier: Sequence[Input], last: Input) -> list[Input]:
+    """The inputs delivered before `last`, newest first, BEFORE_KEPT of them, a connection
+    counting once (by its request's bytes where it has any among the last BEFORE_LOOKED,
+    else its newest input), `last`'s own not at all. A connection's open, request and FIN
+    are one request to the person reading: counted apart, two connections a user network
+    had held till the guest's service came up (6 inputs in 7 ms of VM time) pushed the
+    datagram that reached the bug out of the 4 named."""
+    chosen: dict[tuple[str, int], Input] = {}
+    for x in reversed(earlier[-BEFORE_LOOKED:]):
+        key = ("flow", x.flow) if x.flow is not None else ("input", id(x))
+        if x.flow is not None and x.flow == last.flow:
+            continue
+        if key in chosen:
+            if x.kind == InputKind.TCP_DATA and chosen[key].kind != InputKind.TCP_DATA:
+                chosen[key] = x
+        elif len(chosen) < BEFORE_KEPT:
+            chosen[key] = x
+    return list(chosen.values())
 
 
 def of_report(run: AnalysisRun, rep: report.Report) -> Finding:
