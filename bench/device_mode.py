@@ -72,13 +72,13 @@ def drive(http: int, alive, pid: int, cpu, wrk_seconds: int, t0: float) -> dict[
     """Power-on to nginx, then wrk; the figures per request."""
     clients.wait_for(lambda: clients.http_up(http), "nginx", 900, alive)
     boot = time.monotonic() - t0
-    c0, (w0, s0), t0, st0 = cpu(), sched(pid), time.process_time(), steal()
+    c0, (w0, s0), p0, st0 = cpu(), sched(pid), time.process_time(), steal()
     w = clients.wrk(http, seconds=wrk_seconds)
-    c1, (w1, s1), t1, st1 = cpu(), sched(pid), time.process_time(), steal()
+    c1, (w1, s1), p1, st1 = cpu(), sched(pid), time.process_time(), steal()
     n = max(1, w.requests)
     return {"boot_s": boot, "wrk_rps": w.per_s, "wrk_p99_ms": w.p99_ms or 0.0, "requests": w.requests,
             "cpu_ms_per_req": 1000 * (c1 - c0) / n, "runq_us_per_req": 1e6 * (w1 - w0) / n,
-            "invol_per_req": (s1 - s0) / n, "tandem_ms_per_req": 1000 * (t1 - t0) / n,
+            "invol_per_req": (s1 - s0) / n, "tandem_ms_per_req": 1000 * (p1 - p0) / n,
             "steal_us_per_req": 1e6 * (st1 - st0) / n}
 
 
