@@ -63,7 +63,7 @@ def _before(earlier: Sequence[Input], last: Input) -> list[Input]:
     counting once (by its request's bytes where it has any among the last BEFORE_LOOKED,
     else its newest input), `last`'s own not at all. A connection's open, request and FIN
     are one request to the person reading: counted apart, two connections a user network
-    had held till the guest's service came up (6 inputs in 7 ms of VM time) pushed the
+    holds till the guest's service comes up (6 inputs in 7 ms of VM time) push the
     datagram that reached the bug out of the 4 named."""
     chosen: dict[tuple[str, int], Input] = {}
     for x in reversed(earlier[-BEFORE_LOOKED:]):

@@ -39,9 +39,9 @@ class Dependencies:
 
     def retired(self, flow: int) -> bool:
         """Compared to its end here (forgotten), or by every analysis: nothing waits on
-        it. Not the first alone: the recording retires a connection at most every
-        trail.FLOWS_TRIM_S, and an input that waited on one this analysis had forgotten
-        counted its bytes as none and waited out DEP_TIMEOUT_NS for them."""
+        it. Not the second alone: the recording retires a connection at most every
+        trail.FLOWS_TRIM_S, and until then an input waiting on one forgotten here would
+        count its bytes as none and wait out DEP_TIMEOUT_NS for them."""
         return flow in self.remote.forgotten or (flow not in self.remote.peer.flows and self.rec.flows[flow] is None)
 
     def bytes_met(self, flow: int, need: int) -> bool:
