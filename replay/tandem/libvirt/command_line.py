@@ -354,5 +354,6 @@ def replay_command_line(own: OwnLine, guest: Guest, run: Run, *, taps: Sequence[
                        where=where)
     ids = DeviceIds(own.serial, own.rng, own.drives or (), own.netdevs or ())
     scratch = ["-drive", keyval_option(None, {"if": "none", "id": VMSTATE, "format": "qcow2", "file": str(vmstate)})]
-    return argv[:1] + scratch + argv[1:] + qmp_monitor(run.rundir) + clock_options(run, q) + blkreplay_options(ids.drives, own.images or ()) \
-        + replay_filters(ids.netdevs) + recording_objects(run, ids) + list(run.extra)
+    return argv[:1] + scratch + argv[1:] + qmp_monitor(run.rundir) + clock_options(run, q) \
+        + blkreplay_options(ids.drives, own.images or ()) + replay_filters(ids.netdevs) \
+        + recording_objects(run, ids) + list(run.extra)

@@ -92,12 +92,14 @@ def make_overlay(base: str, overlay: Path, fmt: str = "raw") -> None:
 def make_blank(path: Path, size: int = 1 << 20) -> None:
     """An empty qcow2 of `size` bytes (a store for savevm's VM state, which qcow2 keeps
     past the disk's end, so the size is only the disk's)."""
-    _qcow2(path, [], str(size))
+    _qcow2(path, [], [str(size)])
 
 
-def _qcow2(path: Path, backing: list[str], *size: str) -> None:
+def _qcow2(path: Path, backing: list[str], size: list[str] | None = None) -> None:
+    """qemu-img create of a qcow2 at path: over a backing file (backing's options), or
+    of a size (an overlay takes its backing file's)."""
     img = artifacts.qemu()["img"]
-    r = subprocess.run([img, "create", "-q", "-f", "qcow2", *backing, str(path), *size], capture_output=True,
+    r = subprocess.run([img, "create", "-q", "-f", "qcow2", *backing, str(path), *(size or [])], capture_output=True,
                        text=True, umask=private.CHILD_UMASK)      # it holds the guest's disk writes or RAM
     if r.returncode:
         why = r.stderr.strip() or r.stdout.strip() or (f"killed by signal {-r.returncode}" if r.returncode < 0
