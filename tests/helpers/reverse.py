@@ -16,12 +16,13 @@ IF = 0x200      # x86's interrupt flag in eflags
 
 
 def gdb_reverse(port: int, steps: int = STEPS, far: int = FAR) -> dict:
-    """helpers/gdb_reverse.py in gdb against the stub on port: what it saw."""
+    """helpers/gdb_reverse.py in gdb against the stub on port: what it saw, and `far`, the
+    replay break's distance that the checks hold it to."""
     r = subprocess.run(["gdb", "-batch", "-nx", "-x", str(GDB_SCRIPT)], capture_output=True, text=True,
                        timeout=180, env={**os.environ, "PORT": str(port), "STEPS": str(steps), "FAR": str(far)})
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     assert lines, f"gdb saw nothing (exit {r.returncode}): {r.stdout[-2000:]} {r.stderr[-2000:]}"
-    return json.loads(lines[0][len("RESULT "):])
+    return {**json.loads(lines[0][len("RESULT "):]), "far": far}
 
 
 def check_reverse(seen: dict) -> None:
@@ -31,9 +32,9 @@ def check_reverse(seen: dict) -> None:
     # reverse-stepi lands on each instruction stepped, in reverse, with the same state
     assert backward == forward[::-1]
     assert again == forward
-    # a replay break FAR instructions on, then reverse-continue to the breakpoint on the
+    # a replay break `far` instructions on, then reverse-continue to the breakpoint on the
     # first instruction stepped: its latest execution before the break, state and all
-    assert seen["ran_to"]["icount"] == seen["end"]["icount"] + FAR
+    assert seen["ran_to"]["icount"] == seen["end"]["icount"] + seen["far"]
     back = seen["back_at"]
     assert back["rip"] == forward[0]["rip"]
     assert forward[0]["icount"] <= back["icount"] < seen["ran_to"]["icount"]
@@ -67,6 +68,6 @@ def check_reverse_of_one_vcpu(seen: dict) -> None:
     assert matched >= len(forward) - 2, (backward, forward)
     if regs(backward[-1]) == walked[0]:    # back where it began: the log's path on again
         assert [regs(w) for w in again] == walked
-    assert seen["ran_to"]["icount"] == seen["end"]["icount"] + FAR
+    assert seen["ran_to"]["icount"] == seen["end"]["icount"] + seen["far"]
     assert seen["back_at"]["rip"] == forward[0]["rip"]
     assert seen["back_at"]["icount"] < seen["ran_to"]["icount"]
