@@ -287,6 +287,10 @@ def test_attach_records_a_domain_on_libvirts_default_network_exactly(clean_libvi
         assert s.end[1] is not None
         s.seek(s.end[1] // 2)
         check_reverse_of_one_vcpu(gdb_reverse(s.port, steps=6))
+        # each snapshot loaded and replayed on across its whole span: the frames that were
+        # waiting in the NIC's queue when it was saved come back with it (qemu-patches/0040)
+        for later in s.snapshots[1:]:
+            s.seek(later.icount - 1)
     # stopped just after each frame given to the guest, the replay still runs to its end: a
     # frame that came before the guest's network was up waits in the NIC's queue, and a
     # stop there lost it, so the replay hung at the log's interrupt for it (qemu-patches/0040)
