@@ -70,6 +70,12 @@ POWERDOWN_WAIT_S = 60.0
 # they add about 7.6 KB a second of busy VM time (27 MB an hour), and none while a vCPU
 # stays halted (an unchanged checkpoint is left out).
 STATE_EVERY_NS = 100_000_000
+# Wall seconds between the CLI's progress lines while it records: each asks QEMU three
+# qom-gets, which its main loop answers under the BQL the vCPUs also take. At five a
+# second, running `tandem record`'s process against stopping it raised a 2-vCPU native's
+# run-queue wait per request under wrk 1.164x (95% interval 1.037-1.316x); at one a
+# second 0.997x (0.886-1.081x) (bench/device_mode.py --slices, docs/benchmarks.md).
+PROGRESS_S = 1.0
 
 
 class RecordMode(StrEnum):
@@ -262,10 +268,12 @@ class Recording:
         vm = self.started()
         proc = vm.process()
         deadline = None if timeout is None else time.monotonic() + timeout
+        shown = float("-inf")
         while proc.poll() is None:
             self.act_on_stop_requests(say)
             vm.poll_events()
-            if progress:
+            if progress and time.monotonic() - shown >= PROGRESS_S:
+                shown = time.monotonic()
                 progress(vm.vm_status())
             if deadline and time.monotonic() > deadline:
                 raise BootError(f"{self.path}: guest still running after {timeout:.0f}s")
