@@ -74,7 +74,8 @@ STATE_EVERY_NS = 100_000_000
 # qom-gets, which its main loop answers under the BQL the vCPUs also take. At five a
 # second, running `tandem record`'s process against stopping it raised a 2-vCPU native's
 # run-queue wait per request under wrk 1.164x (95% interval 1.037-1.316x); at one a
-# second 0.997x (0.886-1.081x) (bench/device_mode.py --slices, docs/benchmarks.md).
+# second 0.997x (0.886-1.081x) in a run of the same 30 pairs and 1.072x (0.984-1.217x)
+# in one of 40 (bench/device_mode.py --slices, docs/benchmarks.md).
 PROGRESS_S = 1.0
 
 
