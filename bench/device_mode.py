@@ -237,8 +237,9 @@ def slice_run(tmp: Path, kind: str, pairs: int) -> list[dict[str, float]]:
     else:
         cmd = ["record", *guest]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "replay")}
-    tandem = subprocess.Popen([sys.executable, "-m", "tandem", *cmd, str(d / "refvm.tdm")], env=env,
-                              stdout=subprocess.DEVNULL, stderr=open(d / "tandem.log", "wb"), start_new_session=True)
+    with open(d / "tandem.log", "wb") as said:
+        tandem = subprocess.Popen([sys.executable, "-m", "tandem", *cmd, str(d / "refvm.tdm")], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=said, start_new_session=True)
     loops: list[subprocess.Popen] = []
     native: int | None = None
     try:
