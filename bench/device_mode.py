@@ -32,6 +32,8 @@ the native's QEMU), which goes first alternating pair by pair; the ratio of the 
 run-queue wait per request, on over off, is taken pair by pair (slices seconds apart see
 the same machine) and its median given with a bootstrap interval:
   slices: 2 shadows   `tandem shadow --mode device` with kasan and lockdep
+  slices: 2 shadows' VMs the same, only the analysis VMs stopped (tandem's process runs
+                       in both halves): the VMs' part of the shadows' cost
   slices: 2 idle loops the recording with 2 busy loops where the shadows run (control)
   slices: recorder     `tandem record --mode device`, its own process stopped and run
                        (the QEMU writes the device log either way)
@@ -186,7 +188,8 @@ def run_shadows(tmp: Path, wrk_seconds: int, n: int, work: Path | None = None) -
 
 SLICE_S = 2
 SLICE_BUFFER_EVENTS, SLICE_BUFFER_BYTES = 4_000_000, 4 << 30
-SLICE_KINDS = ("2 shadows", "2 idle loops", "recorder", "A/A")
+SLICE_KINDS = ("2 shadows", "2 shadows' VMs", "2 idle loops", "recorder", "A/A")
+SHADOW_KINDS = ("2 shadows", "2 shadows' VMs")
 
 
 def _children(pid: int) -> list[int]:
@@ -227,7 +230,7 @@ def slice_run(tmp: Path, kind: str, pairs: int) -> list[dict[str, float]]:
     http = free_port()
     ref = artifacts.refvm()
     guest = ["--mode", "device", "--smp", str(VCPUS), "--disk", ref["disk"], "--forward", f"tcp:{http}:80"]
-    if kind == "2 shadows":
+    if kind in SHADOW_KINDS:
         metrics = free_port()
         # buffers for every input of the slices: a shadow at idle priority takes only what
         # the saturated native leaves, and one that detached would cost nothing
@@ -253,13 +256,14 @@ def slice_run(tmp: Path, kind: str, pairs: int) -> list[dict[str, float]]:
                                        "while True: pass"], start_new_session=True) for _ in range(2)]
             for p in loops:
                 make_idle(p.pid)
-        elif kind == "2 shadows":     # the shadows booted (at idle priority) before the slices begin
+        elif kind in SHADOW_KINDS:     # the shadows booted (at idle priority) before the slices begin
             up = _clocks(metrics).get("native", 0.0)
             clients.wait_for(lambda: _shadows_caught_up(metrics, up), "the shadows' boot", 900,
                              lambda: tandem.poll() is None)
 
         def one(running: bool) -> dict[str, float]:
-            tandems = [tandem.pid, *(c for c in _children(tandem.pid) if c != native)] if kind != "A/A" else []
+            vms = [c for c in _children(tandem.pid) if c != native]
+            tandems = [] if kind == "A/A" else vms if kind == "2 shadows' VMs" else [tandem.pid, *vms]
             for pid in [*tandems, *(p.pid for p in loops)]:
                 try:
                     os.kill(pid, signal.SIGCONT if running else signal.SIGSTOP)
@@ -277,7 +281,7 @@ def slice_run(tmp: Path, kind: str, pairs: int) -> list[dict[str, float]]:
             on, off = (a, b) if first else (b, a)
             out.append({k: on[k] / off[k] for k in on if off[k]})
         one(True)
-        if kind == "2 shadows":     # still trailing it at the end: none detached or failed
+        if kind in SHADOW_KINDS:     # still trailing it at the end: none detached or failed
             states = _states(metrics)
             if sorted(a for a, st in states.items() if st == "running") != sorted(SHADOWS):
                 log = (d / "tandem.log").read_text(errors="replace")[-2000:]
