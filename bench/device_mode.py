@@ -34,6 +34,8 @@ the same machine) and its median given with a bootstrap interval:
   slices: 2 shadows   `tandem shadow --mode device` with kasan and lockdep
   slices: 2 shadows' VMs the same, only the analysis VMs stopped (tandem's process runs
                        in both halves): the VMs' part of the shadows' cost
+  slices: 2 shadows' tandem the same, only tandem's process stopped (the VMs run in both
+                       halves, on what they were given before the stop)
   slices: 2 idle loops the recording with 2 busy loops where the shadows run (control)
   slices: recorder     `tandem record --mode device`, its own process stopped and run
                        (the QEMU writes the device log either way)
@@ -188,8 +190,8 @@ def run_shadows(tmp: Path, wrk_seconds: int, n: int, work: Path | None = None) -
 
 SLICE_S = 2
 SLICE_BUFFER_EVENTS, SLICE_BUFFER_BYTES = 4_000_000, 4 << 30
-SLICE_KINDS = ("2 shadows", "2 shadows' VMs", "2 idle loops", "recorder", "A/A")
-SHADOW_KINDS = ("2 shadows", "2 shadows' VMs")
+SLICE_KINDS = ("2 shadows", "2 shadows' VMs", "2 shadows' tandem", "2 idle loops", "recorder", "A/A")
+SHADOW_KINDS = ("2 shadows", "2 shadows' VMs", "2 shadows' tandem")
 
 
 def _children(pid: int) -> list[int]:
@@ -263,7 +265,8 @@ def slice_run(tmp: Path, kind: str, pairs: int) -> list[dict[str, float]]:
 
         def one(running: bool) -> dict[str, float]:
             vms = [c for c in _children(tandem.pid) if c != native]
-            tandems = [] if kind == "A/A" else vms if kind == "2 shadows' VMs" else [tandem.pid, *vms]
+            tandems = ([] if kind == "A/A" else vms if kind == "2 shadows' VMs" else
+                       [tandem.pid] if kind == "2 shadows' tandem" else [tandem.pid, *vms])
             for pid in [*tandems, *(p.pid for p in loops)]:
                 try:
                     os.kill(pid, signal.SIGCONT if running else signal.SIGSTOP)
