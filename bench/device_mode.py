@@ -50,6 +50,7 @@ import argparse
 import os
 import random
 import re
+import shlex
 import signal
 import shutil
 import statistics
@@ -363,11 +364,13 @@ def slices_report(pairs: int, kinds: tuple[str, ...] = SLICE_KINDS) -> str:
             rows[kind] = slice_run(Path(t), kind, pairs)
             print(f"slices {kind}: run-queue on/off median {statistics.median(r['runq'] for r in rows[kind]):.3f}",
                   file=sys.stderr)
+    kinds_arg = "" if kinds == SLICE_KINDS else f"--slice-kinds {shlex.quote(','.join(kinds))} "
     lines = [f"Paired slices: each configuration one run of the reference VM recorded in device mode "
              f"under tandem's CLI; {pairs} pairs of {SLICE_S}-second wrk slices (4 connections), one slice "
              f"with what the configuration adds stopped (SIGSTOP) and one with it running, which goes first "
              f"alternating; per pair the ratio on/off of the native QEMU's figure per request; the median "
              f"of the pairs with a 95% bootstrap interval. Command: `python bench/device_mode.py --slices {pairs} "
+             f"{kinds_arg}"
              f"--out docs/benchmarks.md`.", "",
              "| configuration (running over stopped) | run-queue wait/req | 95% interval | CPU/req | "
              "invol. switches/req | met (<= 1.03x) |",
