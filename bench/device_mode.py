@@ -69,7 +69,7 @@ from tandem import artifacts, catalog  # noqa: E402
 from tandem.live.shadow import ShadowOptions, ShadowRun, analysis_cpuset  # noqa: E402
 from tandem.machine import Forward, Guest, Run, UserNet  # noqa: E402
 from tandem.qemu.image import make_overlays  # noqa: E402
-from tandem.qemu.vm import VM, alive, free_port, make_idle  # noqa: E402
+from tandem.qemu.vm import VM, alive, cpu_seconds, free_port, make_idle  # noqa: E402
 from tandem.record import clients  # noqa: E402
 from tandem.record.recording import Recording  # noqa: E402
 
@@ -151,15 +151,22 @@ def run_device(tmp: Path, wrk_seconds: int) -> dict[str, float]:
 SHADOWS = ("kasan", "lockdep")     # the live shadows of the "N shadows" configurations, in order
 
 
-def run_idle_loops(tmp: Path, wrk_seconds: int, n: int) -> dict[str, float]:
-    """The device-mode recording with n busy loops where live shadows run (the analysis
-    CPUs of --analysis-cpus auto, SCHED_IDLE, the idle cgroup), no tandem in them."""
+def start_idle_loops(n: int) -> list[subprocess.Popen]:
+    """n busy loops where live shadows run: the analysis CPUs of --analysis-cpus auto,
+    SCHED_IDLE, the idle cgroup."""
     cpus = ",".join(map(str, sorted(analysis_cpuset("auto") or os.sched_getaffinity(0))))
     loops = [subprocess.Popen(["taskset", "--cpu-list", cpus, "chrt", "--idle", "0", sys.executable, "-c",
                                "while True: pass"], start_new_session=True) for _ in range(n)]
+    for p in loops:
+        make_idle(p.pid)
+    return loops
+
+
+def run_idle_loops(tmp: Path, wrk_seconds: int, n: int) -> dict[str, float]:
+    """The device-mode recording with n busy loops where live shadows run (the analysis
+    CPUs of --analysis-cpus auto, SCHED_IDLE, the idle cgroup), no tandem in them."""
+    loops = start_idle_loops(n)
     try:
-        for p in loops:
-            make_idle(p.pid)
         return run_device(tmp, wrk_seconds)
     finally:
         for p in loops:
@@ -254,11 +261,7 @@ def slice_run(tmp: Path, kind: str, pairs: int) -> list[dict[str, float]]:
         if native is None:
             raise RuntimeError(f"{kind}: the native's QEMU not found among tandem's processes")
         if kind == "2 idle loops":
-            cpus = ",".join(map(str, sorted(analysis_cpuset("auto") or os.sched_getaffinity(0))))
-            loops = [subprocess.Popen(["taskset", "--cpu-list", cpus, "chrt", "--idle", "0", sys.executable, "-c",
-                                       "while True: pass"], start_new_session=True) for _ in range(2)]
-            for p in loops:
-                make_idle(p.pid)
+            loops = start_idle_loops(2)
         elif kind in SHADOW_KINDS:     # the shadows booted (at idle priority) before the slices begin
             up = _clocks(metrics).get("native", 0.0)
             clients.wait_for(lambda: _shadows_caught_up(metrics, up), "the shadows' boot", 900,
@@ -273,9 +276,9 @@ def slice_run(tmp: Path, kind: str, pairs: int) -> list[dict[str, float]]:
                     os.kill(pid, signal.SIGCONT if running else signal.SIGSTOP)
                 except ProcessLookupError:
                     pass        # a short-lived helper of tandem's (qemu-img, chrt), gone
-            (w0, s0), c0 = sched(native), _cpu(native)
+            (w0, s0), c0 = sched(native), cpu_seconds(native) or 0.0
             w = clients.wrk(http, seconds=SLICE_S)
-            (w1, s1), c1 = sched(native), _cpu(native)
+            (w1, s1), c1 = sched(native), cpu_seconds(native) or 0.0
             n = max(1, w.requests)
             return {"runq": (w1 - w0) / n, "cpu": (c1 - c0) / n, "invol": (s1 - s0) / n}
         out = []
@@ -341,13 +344,6 @@ def _shadows_caught_up(port: int, vm_s: float) -> bool:
     """Every shadow's VM clock at vm_s or past it (booted as far as the native was)."""
     clocks = _clocks(port)
     return all(clocks.get(a, 0.0) >= vm_s for a in SHADOWS)
-
-
-def _cpu(pid: int) -> float:
-    """The process's CPU seconds so far (utime + stime)."""
-    f = Path(f"/proc/{pid}/stat").read_text()
-    f = f[f.rindex(")") + 2:].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _interval(xs: list[float], n: int = 2000) -> tuple[float, float]:
