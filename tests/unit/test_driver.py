@@ -196,6 +196,47 @@ def test_a_live_analysis_idles_until_the_native_gives_it_more():
     assert res.outcome == "detached"
 
 
+def test_a_yielding_live_analysis_is_granted_nothing_while_its_native_is_busy():
+    """--analysis-priority yield (live/yielding.py): held, the VM stays at its stop, for
+    longer than the hang bound without being called hung; once the native is calm the
+    stop it was held at (not idle) is granted as it would have been."""
+    rec = RecordedInputs(serial_inputs(1 * MS, 2 * MS), [], None, [], known_ns=2 * MS, finished=False)
+    busy = [True]
+
+    def a_while(feed):      # receive() waits 50 ms while held: here longer, and no word from QEMU
+        feed.clock.now += 0.75 * HANG_WALL_S
+        return []
+
+    def native_calms(feed):
+        assert feed.horizons == [] and feed.inputs == []
+        busy[0] = False
+        return []
+
+    res, feed, _ = drive(rec, [[wait(0)], a_while, a_while, a_while, native_calms, [wait(1 * MS)], [wait(2 * MS)]],
+                         hold=lambda: busy[0], stop_when=lambda feed: len(feed.inputs) >= 2)
+    assert feed.horizons[0] == (1 * MS, 2 * MS)
+    assert feed.inputs == [(SERIAL, 1 * MS, b"x0\n"), (SERIAL, 2 * MS, b"x1\n")]
+    assert (res.outcome, res.detail) == ("detached", "stopped by tandem")
+
+
+def test_a_yielding_analysis_silent_while_held_is_not_hung():
+    """Held, its QEMU is stopped (live/yielding.py) between two stops: no word from it for
+    longer than the hang bound is not a hang; the same silence unheld is."""
+    rec = RecordedInputs(serial_inputs(1 * MS), [], None, [], known_ns=1 * MS, finished=False)
+
+    def a_while(feed):
+        feed.clock.now += 0.75 * HANG_WALL_S
+        return []
+
+    first = iter([False])       # the first stop granted, then held
+    res, feed, _ = drive(rec, [[wait(0)], a_while, a_while, a_while, [wait(1 * MS)]], hold=lambda: next(first, True),
+                         stop_when=lambda feed: len(feed.inputs) >= 1)
+    assert feed.horizons == [(1 * MS, 1 * MS)]
+    assert (res.outcome, feed.inputs) == ("detached", [(SERIAL, 1 * MS, b"x0\n")])
+    res, _, _ = drive(rec, [[wait(0)], a_while, a_while, a_while, [wait(1 * MS)]], hold=lambda: False)
+    assert res.outcome == "hung"
+
+
 def flow(index: int, answer: str | None) -> Flow:
     return Flow(index, (b"\x0a\x00\x02\x02", 40000 + index), (b"\x0a\x00\x02\x0f", 7000), b"\x52" * 6, b"\x54" * 6,
                 0, answer=answer)

@@ -116,9 +116,10 @@ def gate_options(args: argparse.Namespace) -> dict:
 
 def add_analysis_run_options(p: argparse.ArgumentParser) -> None:
     """Where a live run's analysis VMs run and how it is watched: shadow's and attach's."""
-    p.add_argument("--analysis-priority", choices=["idle", "normal"], default="idle",
+    p.add_argument("--analysis-priority", choices=["idle", "normal", "yield"], default="idle",
                    help="CPU priority of the analysis VMs: idle (SCHED_IDLE, default: they take only "
-                        "CPU time the native leaves) or normal")
+                        "CPU time the native leaves), yield (idle, and they hold still while the native "
+                        "is busy, its work waiting in their buffers: docs/device-mode.md) or normal")
     p.add_argument("--analysis-cpus", default="auto", metavar="auto|all|LIST",
                    help="CPUs the analysis VMs run on: auto (default: every CPU but the first, left to "
                         "the native), all, or a list such as 1,3-5")
@@ -128,7 +129,8 @@ def add_analysis_run_options(p: argparse.ArgumentParser) -> None:
 
 def analysis_run_options(args: argparse.Namespace) -> dict:
     """add_analysis_run_options' values, as live.shadow.ShadowOptions' fields."""
-    return dict(idle_analyses=args.analysis_priority == "idle", analysis_cpus=args.analysis_cpus,
+    return dict(idle_analyses=args.analysis_priority in ("idle", "yield"),
+                yield_to_native=args.analysis_priority == "yield", analysis_cpus=args.analysis_cpus,
                 metrics_port=args.metrics_port)
 
 

@@ -52,10 +52,17 @@ def _shadow_table(rows: list[dict]):
     for r in rows:
         buf = f"{r['buffer_events']} ev / {r['buffer_bytes'] // 1024} KiB" if "buffer_events" in r else "-"
         peak = f"{r['peak_events']} ev / {r['peak_bytes'] // 1024} KiB" if "peak_events" in r else "-"
-        state = r["state"] + (" (holding the native)" if r.get("blocking") else "")
+        state = r["state"] + (" (holding the native)" if r.get("blocking") else "") \
+            + (" (yielding: the native is busy)" if r.get("yielding") and r["state"] == "running" else "")
         t.add_row(r["vm"], f"{r['vm_ns'] / 1e9:.3f}s", f"{r['lag_ns'] / 1e9:.3f}s / {r['lag_wall_s']:.1f}s", buf, peak,
                   str(r.get("findings", "-")), state)
     return t
+
+
+# How often the live table is drawn and the native sampled. This loop runs at normal
+# priority beside the native: at 10 a second each pass took the native's CPUs for some
+# 1 ms on the benchmark machine (perf sched, bench/device_mode.py), 8 us per request.
+WATCH_S = 0.5
 
 
 def watch(sh):
@@ -64,17 +71,16 @@ def watch(sh):
     from rich.live import Live
     from rich.text import Text
 
-    from ..live.shadow import SAMPLE_S
     signal.signal(signal.SIGINT, lambda *_: sh.native.request_stop())
     signal.signal(signal.SIGTERM, lambda *_: sh.native.request_stop())
-    with Live(_shadow_table(sh.status()), console=console, refresh_per_second=4) as live:
+    with Live(_shadow_table(sh.status()), console=console, refresh_per_second=1 / WATCH_S) as live:
         while sh.native.vm.proc.poll() is None:
             # here, not in the handler: QMP is not reentrant
             sh.native.act_on_stop_requests(lambda line: live.console.print(f"tandem: {line}", markup=False))
             sh.sample()
             sh.native.vm.poll_events()
             live.update(_shadow_table(sh.status()))
-            time.sleep(SAMPLE_S)
+            time.sleep(WATCH_S)
         sh.on_drain_progress = lambda name, run, done, total: live.update(Text(
             f"{name} stopped live for lag; analysing it again offline from {sh.path}: "
             f"VM {run.end_ns / 1e9:.1f}s, {done} inputs delivered"))

@@ -21,6 +21,8 @@ GAUGES = {   # status key -> (metric, help, scale)
     "peak_bytes": ("tandem_buffer_peak_bytes", "the most bytes the analysis ever trailed by", 1.0),
     "gate_overflows": ("tandem_gate_overflows", ("times QEMU's gate reached its bound on held frames "
                        "(filter-gate max-frames/max-bytes)"), 1.0),
+    "yield_held_s": ("tandem_yield_held_seconds", ("wall time the analyses held still while the native was busy "
+                     "(--analysis-priority yield)"), 1.0),
     "blocked_s": ("tandem_blocked_native_seconds", ("wall time the analysis's full buffer held the native "
                   "(overflow policy block)"), 1.0),
 }

@@ -54,6 +54,7 @@ from ..qemu.feed import FeedServer
 from ..semantic.trail import Trail
 from . import metrics
 from .gate import Gate
+from .yielding import NativeLoad
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ MARKS_KEPT = 3000       # the native's clock marks kept to measure wall lag: 5 m
 # its command line (GRUB and the kernel's first second: 15-20 s of wall time under TCG).
 ROOT_WAIT_S = 300.0
 STOP_REASON_WAIT_S = 120.0  # the native's exit to its stop reason (finish(), the main thread)
+YIELD_POLL_S = 0.5          # yielding: how often the waiting follower looks at _stop
+YIELD_EVENTS = 256          # yielding: events of the native's log read between looks at its load
 FOLLOW_CLOSE_S = 30.0       # close(): the native gone, its log's rest read by the following thread
 
 
@@ -89,6 +92,7 @@ class ShadowOptions:
     record_analyses: bool = True            # each analysis VM leaves its own bundle
     spec_path: str | None = None            # equivalence spec (default: the built-in ones)
     idle_analyses: bool = True              # analysis VMs under SCHED_IDLE
+    yield_to_native: bool = False           # ... and held still while the native is busy (yielding.py)
     analysis_cpus: str = "auto"             # auto (all but the first CPU), all, or a list
     metrics_port: int | None = None         # Prometheus metrics on 127.0.0.1:PORT (0: any free)
     hang_wall_s: float = model.HANG_WALL_S
@@ -109,6 +113,11 @@ class ShadowOptions:
             raise TandemError(f"--analysis-vcpus {self.analysis_vcpus!r}: 'one' or 'native'")
         if self.block_budget_s <= 0:
             raise TandemError(f"--block-budget must be positive, not {self.block_budget_s:g}s")
+        if self.yield_to_native and (self.release == Release.AGREED or self.overflow == Overflow.BLOCK):
+            raise TandemError("--analysis-priority yield: not with --release agreed or --overflow block, where the "
+                              "native would wait on analyses that hold still while it is busy")
+        if self.yield_to_native and not self.idle_analyses:
+            raise TandemError("yield_to_native: the analyses yield at idle priority (idle_analyses)")
         for name in ("buffer_events", "buffer_bytes"):
             if getattr(self, name) <= 0:
                 raise TandemError(f"--{name.replace('_', '-')} must be positive, not {getattr(self, name)}")
@@ -180,6 +189,7 @@ class ShadowRun(Lifecycle):
         self._started = self._closed = False
         self._following: threading.Thread | None = None     # the native's log into self.rec
         self._metrics: WSGIServer | None = None
+        self.load: NativeLoad | None = None             # --analysis-priority yield: the native's load
 
     @property
     def started(self) -> bool:
@@ -208,6 +218,8 @@ class ShadowRun(Lifecycle):
                 for f in self.followers:
                     f.cmp.keep_flow_from = lambda index, a=f.analysis: gate.copied(a, index)
         self.rec.created = self.native.manifest.started_at or self.rec.created
+        if self.options.yield_to_native:
+            self.load = NativeLoad(self.native.started().process().pid, self._tmp).start()
         private.make_dir(self.workdir)
         self.trail.findings_file = open(self.workdir / "findings.jsonl", "w", opener=private.opener)
         self._following = threading.Thread(target=self._follow, name="tandem-follow", daemon=True)
@@ -231,6 +243,8 @@ class ShadowRun(Lifecycle):
         finally:
             self._native_sealed.set()
             self.trail.close()
+            if self.load is not None:
+                self.load.close()
             if self._following is not None:
                 self._following.join(FOLLOW_CLOSE_S)
             if self.gate is not None:
@@ -252,6 +266,7 @@ class ShadowRun(Lifecycle):
         return RunOptions(analysis, self._users_analysis_guest(analysis) if self.users_guest or not lv
                           else lv.analysis_guest(analysis), self.workdir,
                           record=self.record_analyses, stop=lambda: self._stop, hang_wall_s=self.hang_wall_s,
+                          hold=self.load.held if self.load else None,
                           cpu_idle=self.options.cpu_idle, idle=self.idle_analyses,
                           cpus=_cpu_list(self.analysis_cpus), launcher=lv.analysis_launcher(analysis) if lv else None,
                           line_deps=not self.users_guest, swap_from=self.path if self.users_guest else None,
@@ -285,7 +300,8 @@ class ShadowRun(Lifecycle):
 
     def _native_running(self) -> bool:
         """At the device log's end (the follow thread): how far the native has reached,
-        and is it still running."""
+        and is it still running. Yielding, the log waits while the native is busy."""
+        self._yield()
         now = time.monotonic()
         mark = self._reader.clock_ns if self._reader else 0
         if not self._samples or mark > self._samples[-1][0]:
@@ -297,6 +313,24 @@ class ShadowRun(Lifecycle):
             self.trail.trim()
             self._trim_at = now
         return self.native.started().process().poll() is None
+
+    def _yield(self) -> None:
+        """Yielding (--analysis-priority yield): the analysis VMs running now told to the
+        sampler, then, while the native is busy, wait."""
+        load = self.load
+        if load is None:
+            return
+        load.register({f.run.qemu_pid for f in self.followers if f.run is not None and f.run.qemu_pid})
+        while not self._stop and not load.wait_calm(YIELD_POLL_S):
+            load.register({f.run.qemu_pid for f in self.followers if f.run is not None and f.run.qemu_pid})
+
+    def _yielding(self, events):
+        """The device log's events, waiting while the native is busy every YIELD_EVENTS
+        (a backlog is read no faster than the native leaves CPU time for)."""
+        for i, ev in enumerate(events):
+            if i % YIELD_EVENTS == 0:
+                self._yield()
+            yield ev
 
     def _idle_thread(self) -> None:
         """The calling thread to idle CPU priority, as the analysis VMs are: following
@@ -315,7 +349,7 @@ class ShadowRun(Lifecycle):
         self._idle_thread()
         reader = self._reader = pcapng.DevlogReader(self.path / bundle.DEVLOG, follow=self._native_running)
         try:
-            inputs.InputExtractor(self.rec).feed(reader)
+            inputs.InputExtractor(self.rec).feed(self._yielding(reader) if self.load else reader)
         except TandemError as e:        # a damaged log: the analyses end, the native goes on
             self.rec.limits.append(f"following the native's device log stopped: {e}")
         except BaseException as e:      # tandem's own fault: said, raised, and the analyses still end
@@ -353,6 +387,9 @@ class ShadowRun(Lifecycle):
                 if not self.rec.finished else "finished"}]
         if self.gate:       # QEMU's gate reached its bound (told in band: no QMP while serving)
             out[0]["gate_overflows"] = sum(e.kind == "overflow" for e in self.gate.events)
+        held = self.load is not None and self.load.held()
+        if self.load is not None:
+            out[0]["yield_held_s"] = self.load.figures()[0]
         for f in self.followers:
             run = f.run
             # Lag (FreeDA): how old, in the native's VM time and in wall time, is the
@@ -366,7 +403,7 @@ class ShadowRun(Lifecycle):
                         "blocking": f.buffer.full, "blocks": f.buffer.blocks,
                         "blocked_s": f.buffer.blocked_s + (time.monotonic() - f.buffer.full_since
                                                            if f.buffer.full else 0.0),
-                        "findings": len(f.live_findings),
+                        "findings": len(f.live_findings), "yielding": held,
                         "state": run.outcome if run else "starting"})
         return out
 
@@ -402,6 +439,10 @@ class ShadowRun(Lifecycle):
         s = summarize(self.path, self.rec, self.analyses, runs, self.specs, noise, self.workdir, found)
         if self.trail.findings_file is not None:
             self.trail.findings_file.close()
+        held_s, holds = self.load.figures() if self.load is not None else (0.0, 0)
+        if holds:
+            s.limits.append(f"yield: the analyses held still {held_s:.1f}s of wall time in all, {holds} time(s), "
+                            "while the native was busy (--analysis-priority yield)")
         if self.options.drain:
             self._drain(s)
         if self.gate:

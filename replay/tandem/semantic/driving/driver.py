@@ -59,6 +59,8 @@ class DriveOptions:
     buffer: Buffer | None = None        # a live run's bound on inputs not delivered (default Buffer())
     progress: Callable[[AnalysisRun, int, int], None] | None = None    # at each stop: (run, delivered, taken)
     stop: Callable[[], bool] | None = None      # True: end the run now (detached)
+    # True: grant no new horizon now (a live run's --analysis-priority yield: the native is busy)
+    hold: Callable[[], bool] | None = None
     # Every TICK_S (a live comparison): the connections it is done with, which are forgotten.
     tick: Callable[[AnalysisRun], Iterable[int] | None] | None = None
     clock: Callable[[], float] = time.monotonic     # wall seconds (a scripted test passes its own)
@@ -83,7 +85,8 @@ class AnalysisDriver:
         self.deps = Dependencies(rec, self.remote, options.line_deps)
         self.rules = Rules(feed, options.rules)
         self.clock = options.clock
-        self.stalled_at: int | None = None  # live: idle at a WAIT, waiting on the native
+        self.stalled_at: int | None = None  # live: at a WAIT, waiting on the native (its input, or its CPU)
+        self.stalled_idle = True            # ... and idle there
         self.warp_granted_ns = 0        # live: the last warp bound granted
         self.settled_at: int | None = None   # VM time the run settled after a native that powered off
         self.last_word = self.clock()   # wall time QEMU last said anything
@@ -99,7 +102,7 @@ class AnalysisDriver:
             if self.stopped() or self.overflowed():
                 return
             if self.stalled_at is not None:
-                if self.grant(self.stalled_at, True):
+                if self.grant(self.stalled_at, self.stalled_idle):
                     self.stalled_at = None
                 self.last_word = self.clock()    # waiting on the native, not on QEMU
             msgs = self.feed.receive(0.05 if self.stalled_at is not None else 1.0)
@@ -157,7 +160,7 @@ class AnalysisDriver:
         res.end_ns = now
         res.waits += 1
         if not self.grant(now, idle):     # first: what the outputs up to now let go is progress
-            self.stalled_at = now
+            self.stalled_at, self.stalled_idle = now, idle
         if self.lagging(now):
             self.end(Outcome.LAGGING, f"{self.opts.max_lag_ns / 1e9:.0f}s of VM time past the native's end, "
                      f"no input has found the outputs it waits for since VM {self.deps.met_ns / 1e9:.3f}s "
@@ -187,7 +190,7 @@ class AnalysisDriver:
 
     def grant(self, now: int, idle: bool) -> bool:
         """Release what is due at a stop and grant the next horizon; False while a live
-        native has given this VM, idle, nothing new to do."""
+        native has given this VM, idle, nothing new to do, or is busy and the run yields."""
         self.take()
         frames = self.remote.at_stop(now)
         self.rules.settle(now, self.deps)
@@ -238,6 +241,8 @@ class AnalysisDriver:
         """Say the horizon to QEMU (live: within the native's clock; past the last input:
         the power button, or quit)."""
         if not self.rec.finished:
+            if self.opts.hold is not None and self.opts.hold():
+                return False
             # Behind: an input is due and waits on this guest (not, when the native runs
             # now, on its answer to a SYN, which only the native's clock brings).
             due = self.inbox.next()
@@ -294,6 +299,9 @@ class AnalysisDriver:
         return True
 
     def check_hang(self) -> None:
+        if self.opts.hold is not None and self.opts.hold():
+            self.last_word = self.clock()     # held (its QEMU stopped while the native is busy): silent as told
+            return
         if self.clock() - self.last_word > self.opts.hang_wall_s:
             counters = self.vm.feed_counters()     # first: it puts a deadline on QMP
             self.end(Outcome.HUNG, f"QEMU silent for {self.opts.hang_wall_s:.0f}s of wall time (QEMU state "

@@ -58,7 +58,8 @@ class RunOptions:
     default they are held awake, so that each stop of the VM is not a CPU's wake-up
     longer: qemu/wake_latency.py). idle, cpus: the VM's QEMU at idle CPU priority, on
     these CPUs. launcher: run the analysis VM as a libvirt domain (libvirt/launcher.py,
-    see qemu/vm.VM). stop(): True ends the run early (outcome "detached"). swap_from: a
+    see qemu/vm.VM). stop(): True ends the run early (outcome "detached"). hold(): True
+    grants the VM no new horizon for now (live/yielding.py). swap_from: a
     user's VM's recording, whose guest gets its files swapped in first (guests.
     with_files_swapped: a preparation boot), here in the run's own thread: analyses
     prepare side by side, and one whose preparation fails is that analysis's error.
@@ -78,6 +79,7 @@ class RunOptions:
     cpus: str | None = None
     launcher: Launcher | None = None
     stop: Callable[[], bool] | None = None
+    hold: Callable[[], bool] | None = None     # True: no new horizon now (a live run yielding to its native)
     swap_from: Path | None = None
     vcpus: int = 1
 
@@ -133,7 +135,7 @@ def run(rec: inputs.RecordedInputs, o: RunOptions, *, buffer: Buffer | None = No
             server.accept(30)
             with wake_latency.held(not o.cpu_idle):
                 AnalysisDriver(rec, res, vm, server, DriveOptions(
-                    max_lag_ns=o.max_lag_ns, progress=progress, buffer=buffer, stop=o.stop,
+                    max_lag_ns=o.max_lag_ns, progress=progress, buffer=buffer, stop=o.stop, hold=o.hold,
                     hang_wall_s=o.hang_wall_s, tick=tick, line_deps=o.line_deps)).drive()
         except TandemError as e:
             res.outcome, res.detail = Outcome.ERROR, str(e)
