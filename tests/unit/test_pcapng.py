@@ -59,6 +59,27 @@ def test_round_trip(tmp_path):
     assert list(iter_events(tmp_path / "devices.pcapng")) == log.events
 
 
+@pytest.mark.parametrize("written_before", [0, 1, 3])
+def test_what_the_writer_wrote_while_the_follower_waited_is_read(tmp_path, written_before):
+    """A follower asked whether the writer goes on (follow=) may wait there a long while
+    (live/shadow.py, yielding): the writer may write the rest and finish meanwhile, and
+    what it wrote is still read, from an empty file on."""
+    data = build()
+    offs = block_offsets(data) + [len(data)]
+    p = write(tmp_path, data[:offs[written_before]])
+    asked = []
+
+    def follow() -> bool:       # the first time, the writer finishes as the follower waits
+        if not asked:
+            p.write_bytes(data)
+        asked.append(True)
+        return False
+
+    r = DevlogReader(p, follow=follow)
+    got = [(e.iface, e.direction, e.vm_ns, e.data, e.icount) for e in r]
+    assert got == EVENTS and r.torn_at is None and len(asked) == 1
+
+
 def test_no_isb_means_not_closed(tmp_path):
     log = read_devlog(write(tmp_path, build(close=False)))
     assert not log.closed_cleanly and log.stats == [None] * 4 and len(log.events) == 4

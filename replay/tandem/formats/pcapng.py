@@ -219,10 +219,15 @@ class DevlogReader:
         return BundleError(f"{self.path}: {what} at offset {offset}")
 
     def _more(self, f: BinaryIO) -> int | None:
-        """Following a live log: wait for it to grow; its new size, or None once
-        the writer is done (then read what is there as a finished log)."""
-        if self.follow is None or not self.follow():
+        """Following a live log: wait for it to grow; its new size. Once the writer is
+        done, its final size, once, then None: what it wrote while follow() was asked (a
+        follower may wait there for a long while, and the writer may finish meanwhile)
+        is read before the log is taken as finished."""
+        if self.follow is None:
             return None
+        if not self.follow():
+            self.follow = None
+            return os.fstat(f.fileno()).st_size
         time.sleep(0.02)
         return os.fstat(f.fileno()).st_size
 
