@@ -105,6 +105,12 @@ def test_the_analysis_vms_registered_are_stopped_while_held_and_continued_after(
         assert _until(lambda: _state(vm.pid) == "T")
         load.close()            # the sampler ends: what it stopped goes on
         assert _state(vm.pid) != "T"
+        load = NativeLoad(native.pid, tmp_path).start()
+        load.register({vm.pid})
+        assert _until(lambda: _state(vm.pid) == "T")
+        load._proc.kill()       # a sampler killed as it held: nothing is held any more, its VMs go on
+        load._proc.wait()
+        assert not load.held() and _state(vm.pid) != "T"
     finally:
         for p in (native, vm):
             p.kill()

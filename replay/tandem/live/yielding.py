@@ -222,6 +222,8 @@ class NativeLoad(Lifecycle):
         self.pid, self.path = pid, dir / "yield.page"
         self._page: mmap.mmap | None = None
         self._proc: subprocess.Popen | None = None
+        self._registered: dict[int, int] = {}       # the analysis VMs' pids -> their start times
+        self._orphans_continued = False
 
     @property
     def started(self) -> bool:
@@ -256,6 +258,7 @@ class NativeLoad(Lifecycle):
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        self.held()         # a sampler that had to be killed: the VMs it stopped continued
         if self._page is not None:
             PAGE.pack_into(self._page, 0, 0, *self.figures())
             self._page.close()
@@ -266,11 +269,26 @@ class NativeLoad(Lifecycle):
         return PAGE.unpack_from(self._page, 0) if self._page is not None else (0, 0.0, 0)
 
     def held(self) -> bool:
-        return self._read()[0] != 0
+        """The analyses are to hold still now (never once the sampler has gone, however
+        it ended: the page may say held still, and the VMs it stopped are continued)."""
+        if self._read()[0] == 0:
+            return False
+        if self._proc is not None and self._proc.poll() is None:
+            return True
+        if not self._orphans_continued:
+            self._orphans_continued = True
+            stopper = Stopper()
+            stopper.known = dict(self._registered)
+            stopper.stopped = set(self._registered)
+            stopper.release()
+        return False
 
     def register(self, pids: set[int]) -> None:
         """The analysis VMs' QEMUs now running: stopped while the analyses are held
         (SLOTS of them at most; the rest are held at their horizons only)."""
+        for pid in pids - self._registered.keys():
+            if (t := start_time(pid)) is not None:
+                self._registered[pid] = t
         if self._page is not None:
             slots = sorted(pids)[:SLOTS]
             PIDS.pack_into(self._page, PAGE.size, *slots, *[0] * (SLOTS - len(slots)))
