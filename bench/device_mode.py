@@ -198,8 +198,9 @@ def run_shadows(tmp: Path, wrk_seconds: int, n: int, work: Path | None = None) -
 
 SLICE_S = 2
 SLICE_BUFFER_EVENTS, SLICE_BUFFER_BYTES = 4_000_000, 4 << 30
-SLICE_KINDS = ("2 shadows", "2 shadows' VMs", "2 shadows' tandem", "2 idle loops", "recorder", "A/A")
-SHADOW_KINDS = ("2 shadows", "2 shadows' VMs", "2 shadows' tandem")
+SLICE_KINDS = ("2 shadows", "2 shadows yielding", "2 shadows' VMs", "2 shadows' tandem", "2 idle loops", "recorder",
+               "A/A")
+SHADOW_KINDS = ("2 shadows", "2 shadows yielding", "2 shadows' VMs", "2 shadows' tandem")
 
 
 def _children(pid: int) -> list[int]:
@@ -247,6 +248,8 @@ def slice_run(tmp: Path, kind: str, pairs: int) -> list[dict[str, float]]:
         cmd = ["shadow", "--analysis", ",".join(SHADOWS), "--no-drain", "--workdir", str(d / "an"),
                "--metrics-port", str(metrics), "--buffer-events", str(SLICE_BUFFER_EVENTS),
                "--buffer-bytes", str(SLICE_BUFFER_BYTES), *guest]
+        if kind == "2 shadows yielding":
+            cmd[1:1] = ["--analysis-priority", "yield"]
     else:
         cmd = ["record", *guest]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "replay")}
@@ -375,7 +378,7 @@ def slices_report(pairs: int, kinds: tuple[str, ...] = SLICE_KINDS) -> str:
         rq = [x["runq"] for x in r]
         lo, hi = _interval(rq)
         med = statistics.median(rq)
-        target = f"{'yes' if med <= 1.03 else 'no'}" if kind == "2 shadows" else "-"
+        target = f"{'yes' if med <= 1.03 else 'no'}" if kind in ("2 shadows", "2 shadows yielding") else "-"
         lines.append(f"| {kind} | {med:.3f}x | {lo:.3f}-{hi:.3f}x | "
                      f"{statistics.median(x['cpu'] for x in r):.3f}x | "
                      f"{statistics.median(x['invol'] for x in r):.3f}x | {target} |")

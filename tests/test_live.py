@@ -71,6 +71,38 @@ def test_live_analyses_find_planted_bugs_as_they_happen(tmp_path):
         assert v.reports == [f.title for f in r.findings], (r.analysis, v.reports)
 
 
+def test_yielding_analyses_hold_still_while_the_native_is_busy_then_catch_up(tmp_path):
+    """--analysis-priority yield (live/yielding.py): while the native works (its boot, its
+    clients) the analysis VM's QEMU is stopped and its VM clock stands; once the native is
+    quiet it catches up, finds the planted bug and agrees with the native."""
+    sh = ShadowRun(tmp_path / "native.tdm", analyses("kasan"),
+                   ShadowOptions(yield_to_native=True, record_analyses=False, metrics_port=0), workdir=tmp_path / "an")
+    sh.start()
+    held: list[tuple[str, int]] = []        # while held: the analysis QEMU's state, its VM clock
+
+    def each():
+        run = sh.followers[0].run
+        if run is not None and run.qemu_pid and sh.load.held():
+            try:
+                stat = Path(f"/proc/{run.qemu_pid}/stat").read_text()
+            except OSError:
+                return
+            held.append((stat[stat.rindex(")") + 2], run.end_ns))
+    t = drive(sh, lambda: (demo_traffic(sh.port, rounds=3), bad_requests(sh.port, ["kasan-oob"])))
+    run_until_native_stops(sh, each, client=t)
+    analyses_caught_up(sh)
+    t.join(10)
+    s = sh.finish()
+    stood = [a[1] == b[1] for a, b in itertools.pairwise(held) if a[0] == b[0] == "T"]
+    assert stood and sum(stood) >= 3, held
+    (lim,) = [x for x in s.limits if x.startswith("yield: ")]
+    assert "held still" in lim, lim
+    (r,) = s.results
+    assert r.run.outcome == "poweroff", r.run.detail
+    assert [f.title for f in r.findings] == ["KASAN: slab-out-of-bounds Write in tb_note_store"]
+    assert not r.divergences, [d.diff for d in r.divergences]
+
+
 def test_a_dying_or_overflowing_analysis_never_stops_the_native(tmp_path):
     sh = ShadowRun(tmp_path / "native.tdm", analyses("native", "lockdep"),
                    ShadowOptions(buffer_events_of={"lockdep": 20}, record_analyses=False),
