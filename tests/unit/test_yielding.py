@@ -6,9 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from helpers import wait_until
 from hypothesis import given, strategies as st
 from tandem.qemu import vm
 from tandem.live.yielding import CALM_WINDOWS, NativeLoad, Stopper, YieldPolicy, open_threads, start_time, threads_cpu_ns
@@ -39,24 +39,14 @@ def _busy_loop() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
-def _until(cond, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_threads_cpu_time_grows_with_a_busy_process_and_is_none_once_it_is_gone():
     p = _busy_loop()
     tasks: dict[int, int] = {}
     try:
         open_threads(p.pid, tasks)
         a = threads_cpu_ns(p.pid, tasks)
-        time.sleep(0.2)
-        b = threads_cpu_ns(p.pid, tasks)
-        assert a is not None and b is not None and b - a > 20_000_000
+        assert a is not None
+        wait_until(lambda: (threads_cpu_ns(p.pid, tasks) or 0) - a > 20_000_000, 10, "20 ms of a busy loop's CPU time")
     finally:
         p.kill()
         p.wait()
@@ -67,16 +57,17 @@ def test_the_sampler_holds_while_the_native_is_busy_and_lets_go_when_it_stops_or
     p = _busy_loop()
     load = NativeLoad(p.pid, tmp_path).start()
     try:
-        assert _until(load.held), "a busy loop not seen busy"
+        wait_until(load.held, 10, "a busy loop not seen busy")
         assert not load.wait_calm(0.1)
         os.kill(p.pid, signal.SIGSTOP)
-        assert _until(lambda: not load.held()), "a stopped process still seen busy"
+        wait_until(lambda: not load.held(), 10, "a stopped process still seen busy")
         assert load.wait_calm(0)
         os.kill(p.pid, signal.SIGCONT)
-        assert _until(load.held)
+        wait_until(load.held, 10, "the busy loop seen busy again")
         p.kill()
         p.wait()
-        assert _until(lambda: not load.held()) and _until(lambda: load._proc.poll() is not None)
+        wait_until(lambda: not load.held(), 10, "a native gone still held")
+        wait_until(lambda: load._proc.poll() is not None, 10, "the sampler's end once the native is gone")
         held_s, holds = load.figures()
         assert holds == 2 and held_s > 0
     finally:
@@ -96,18 +87,18 @@ def test_the_analysis_vms_registered_are_stopped_while_held_and_continued_after(
     load = NativeLoad(native.pid, tmp_path).start()
     try:
         load.register({vm.pid})
-        assert _until(lambda: _state(vm.pid) == "T"), "the analysis VM not stopped while the native is busy"
+        wait_until(lambda: _state(vm.pid) == "T", 10, "the analysis VM not stopped while the native is busy")
         os.kill(vm.pid, signal.SIGCONT)        # continued by someone else while held: stopped again
-        assert _until(lambda: _state(vm.pid) == "T")
+        wait_until(lambda: _state(vm.pid) == "T", 10, "the VM continued by someone else stopped again")
         os.kill(native.pid, signal.SIGSTOP)
-        assert _until(lambda: _state(vm.pid) != "T"), "the analysis VM not continued once the native is calm"
+        wait_until(lambda: _state(vm.pid) != "T", 10, "the analysis VM not continued once the native is calm")
         os.kill(native.pid, signal.SIGCONT)
-        assert _until(lambda: _state(vm.pid) == "T")
+        wait_until(lambda: _state(vm.pid) == "T", 10, "the VM stopped again once the native is busy again")
         load.close()            # the sampler ends: what it stopped goes on
         assert _state(vm.pid) != "T"
         load = NativeLoad(native.pid, tmp_path).start()
         load.register({vm.pid})
-        assert _until(lambda: _state(vm.pid) == "T")
+        wait_until(lambda: _state(vm.pid) == "T", 10, "the VM stopped by the sampler about to be killed")
         load._proc.kill()       # a sampler killed as it held: nothing is held any more, its VMs go on
         load._proc.wait()
         assert not load.held() and _state(vm.pid) != "T"
@@ -128,9 +119,10 @@ def test_a_process_id_given_again_is_not_signalled():
         stopper.update([p.pid], held=True)
         assert _state(p.pid) != "T" and stopper.known == {} and stopper.stopped == set()
         stopper.update([p.pid], held=True)                # read anew: this one is stopped
-        assert _until(lambda: _state(p.pid) == "T") and stopper.stopped == {p.pid}
+        wait_until(lambda: _state(p.pid) == "T", 10, "the process stopped")
+        assert stopper.stopped == {p.pid}
         stopper.release()
-        assert _until(lambda: _state(p.pid) != "T")
+        wait_until(lambda: _state(p.pid) != "T", 10, "the process continued on release")
     finally:
         p.kill()
         p.wait()
