@@ -41,6 +41,10 @@ the same machine) and its median given with a bootstrap interval:
                        (the QEMU writes the device log either way)
   slices: A/A          `tandem record --mode device`, nothing stopped: what the method
                        reads when the two halves differ in nothing
+  slices: 2 shadows yielding the 2 shadows under --analysis-priority yield
+With --attribute K, the last K pairs of each configuration are also traced (perf's
+scheduler events, bench/sched_trace.py): the native's run-queue wait per request behind
+the processes the configuration adds, which the trace resolves where the ratios cannot.
 
 Usage: python bench/device_mode.py --runs 3 [--shadows 1,2 [--shadows-in /dev/shm]] [--slices 20] --out docs/benchmarks.md
 """
@@ -63,6 +67,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replay"))
 
+import sched_trace  # noqa: E402
 from record_replay import replace_section  # noqa: E402
 
 from tandem import artifacts, catalog  # noqa: E402
@@ -231,12 +236,25 @@ def _native(pid: int, http: int) -> int | None:
     return None
 
 
-def slice_run(tmp: Path, kind: str, pairs: int) -> list[dict[str, float]]:
+def _tids(pids: list[int]) -> set[int]:
+    """The threads of these processes now."""
+    out: set[int] = set()
+    for pid in pids:
+        try:
+            out.update(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+    return out
+
+
+def slice_run(tmp: Path, kind: str, pairs: int, attribute: int = 0) -> tuple[list[dict[str, float]], dict | None]:
     """One device-mode recording of the reference VM, under tandem's CLI as a user runs
     it; once nginx answers (and the shadows have booted), `pairs` pairs of wrk slices,
     one with what `kind` adds to the recording stopped and one with it running. Per
     pair: the on/off ratios of the native's run-queue wait, CPU time and involuntary
-    switches per request."""
+    switches per request. The last `attribute` pairs are traced too: the native's wait
+    per request behind what the configuration adds, running and stopped (None
+    untraced)."""
     d = Path(tempfile.mkdtemp(dir=tmp))
     http = free_port()
     ref = artifacts.refvm()
@@ -270,7 +288,9 @@ def slice_run(tmp: Path, kind: str, pairs: int) -> list[dict[str, float]]:
             clients.wait_for(lambda: _shadows_caught_up(metrics, up), "the shadows' boot", 900,
                              lambda: tandem.poll() is None)
 
-        def one(running: bool) -> dict[str, float]:
+        windows: list[tuple[float, float, bool, int, set[int]]] = []    # traced: (from, to, on, requests, theirs)
+
+        def one(running: bool, traced: bool = False) -> dict[str, float]:
             vms = [c for c in _children(tandem.pid) if c != native]
             tandems = ([] if kind == "A/A" else vms if kind == "2 shadows' VMs" else
                        [tandem.pid] if kind == "2 shadows' tandem" else [tandem.pid, *vms])
@@ -279,24 +299,35 @@ def slice_run(tmp: Path, kind: str, pairs: int) -> list[dict[str, float]]:
                     os.kill(pid, signal.SIGCONT if running else signal.SIGSTOP)
                 except ProcessLookupError:
                     pass        # a short-lived helper of tandem's (qemu-img, chrt), gone
-            (w0, s0), c0 = sched(native), cpu_seconds(native) or 0.0
+            (w0, s0), c0, t0 = sched(native), cpu_seconds(native) or 0.0, time.monotonic()
             w = clients.wrk(http, seconds=SLICE_S)
             (w1, s1), c1 = sched(native), cpu_seconds(native) or 0.0
             n = max(1, w.requests)
+            if traced:      # everything of tandem's but the native, and the loops
+                windows.append((t0, time.monotonic(), running, n, _tids([tandem.pid, *vms, *(p.pid for p in loops)])))
             return {"runq": (w1 - w0) / n, "cpu": (c1 - c0) / n, "invol": (s1 - s0) / n}
         out = []
+        trace = None
         for i in range(pairs):
             first = i % 2 == 0
-            a, b = one(first), one(not first)
+            traced = i >= pairs - attribute
+            if traced and trace is None:
+                trace = sched_trace.record(d / "sched.data")
+                time.sleep(2)       # perf's start (its first events come some 0.5 s after it is run)
+            a, b = one(first, traced), one(not first, traced)
             on, off = (a, b) if first else (b, a)
             out.append({k: on[k] / off[k] for k in on if off[k]})
+        blame = None
+        if trace is not None:
+            sched_trace.stop(trace)
+            blame = _blame(d / "sched.data", _tids([native]), windows)
         one(True)
         if kind in SHADOW_KINDS:     # still trailing it at the end: none detached or failed
             states = _states(metrics)
             if sorted(a for a, st in states.items() if st == "running") != sorted(SHADOWS):
                 log = (d / "tandem.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"{kind}: the shadows' states at the end: {states}; tandem said: {log}")
-        return out
+        return out, blame
     finally:
         for p in loops:
             p.kill()
@@ -321,6 +352,18 @@ def slice_run(tmp: Path, kind: str, pairs: int) -> list[dict[str, float]]:
                 except ProcessLookupError:
                     pass
             tandem.wait()
+
+
+def _blame(data: Path, native: set[int], windows: list[tuple[float, float, bool, int, set[int]]]) -> dict:
+    """From the trace: per request, the native's run-queue wait and its part behind what
+    the configuration adds, in the slices with it running and in those with it stopped."""
+    got = sched_trace.waits(sched_trace.script(data), native, [(a, b) for a, b, *_ in windows])
+    out = {}
+    for half, on in (("on", True), ("off", False)):
+        sel = [(w, win) for w, win in zip(got, windows) if win[2] == on]
+        n = sum(win[3] for _, win in sel) or 1
+        out[half] = (sum(w.total for w, _ in sel) / n, sum(w.behind_any(win[4]) for w, win in sel) / n)
+    return out
 
 
 def _metrics(port: int) -> str:
@@ -356,20 +399,22 @@ def _interval(xs: list[float], n: int = 2000) -> tuple[float, float]:
     return meds[int(0.025 * n)], meds[int(0.975 * n)]
 
 
-def slices_report(pairs: int, kinds: tuple[str, ...] = SLICE_KINDS) -> str:
+def slices_report(pairs: int, kinds: tuple[str, ...] = SLICE_KINDS, attribute: int = 0) -> str:
     rows: dict[str, list[dict[str, float]]] = {}
+    blames: dict[str, dict | None] = {}
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as t:
         for kind in kinds:
-            rows[kind] = slice_run(Path(t), kind, pairs)
+            rows[kind], blames[kind] = slice_run(Path(t), kind, pairs, attribute)
             print(f"slices {kind}: run-queue on/off median {statistics.median(r['runq'] for r in rows[kind]):.3f}",
                   file=sys.stderr)
     kinds_arg = "" if kinds == SLICE_KINDS else f"--slice-kinds {shlex.quote(','.join(kinds))} "
+    attr_arg = f"--attribute {attribute} " if attribute else ""
     lines = [f"Paired slices: each configuration one run of the reference VM recorded in device mode "
              f"under tandem's CLI; {pairs} pairs of {SLICE_S}-second wrk slices (4 connections), one slice "
              f"with what the configuration adds stopped (SIGSTOP) and one with it running, which goes first "
              f"alternating; per pair the ratio on/off of the native QEMU's figure per request; the median "
              f"of the pairs with a 95% bootstrap interval. Command: `python bench/device_mode.py --slices {pairs} "
-             f"{kinds_arg}"
+             f"{kinds_arg}{attr_arg}"
              f"--out docs/benchmarks.md`.", "",
              "| configuration (running over stopped) | run-queue wait/req | 95% interval | CPU/req | "
              "invol. switches/req | met (<= 1.03x) |",
@@ -382,6 +427,18 @@ def slices_report(pairs: int, kinds: tuple[str, ...] = SLICE_KINDS) -> str:
         lines.append(f"| {kind} | {med:.3f}x | {lo:.3f}-{hi:.3f}x | "
                      f"{statistics.median(x['cpu'] for x in r):.3f}x | "
                      f"{statistics.median(x['invol'] for x in r):.3f}x | {target} |")
+    if attribute:
+        lines += ["", f"Traced (perf's scheduler events, the last {attribute} pairs of each; bench/sched_trace.py): "
+                  "the native's run-queue wait per request, and its part behind the processes the configuration "
+                  "adds (tandem's, its analysis VMs and their helpers, the loops), which ran on the CPU the native "
+                  "thread then ran on.", "",
+                  "| configuration | running: wait/req | behind its processes | share | "
+                  "stopped: wait/req | behind its processes |", "|---|---|---|---|---|---|"]
+        for kind, b in blames.items():
+            if b is not None:
+                (on_w, on_b), (off_w, off_b) = b["on"], b["off"]
+                lines.append(f"| {kind} | {1e6 * on_w:.1f} us | {1e6 * on_b:.2f} us | "
+                             f"{100 * on_b / on_w if on_w else 0:.1f}% | {1e6 * off_w:.1f} us | {1e6 * off_b:.2f} us |")
     return "\n".join(lines) + "\n"
 
 
@@ -486,13 +543,20 @@ def main() -> int:
                     help="instead: the paired-slice measurement, PAIRS pairs per configuration")
     ap.add_argument("--slice-kinds", metavar="KINDS", help="with --slices: only these configurations "
                     f"(comma-separated, of: {', '.join(SLICE_KINDS)})")
+    ap.add_argument("--attribute", type=int, default=0, metavar="K",
+                    help="with --slices: also trace the last K pairs of each configuration with perf "
+                         "(the native's wait behind what the configuration adds)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.slices:
         kinds = tuple(args.slice_kinds.split(",")) if args.slice_kinds else SLICE_KINDS
         if not set(kinds) <= set(SLICE_KINDS):
             ap.error(f"--slice-kinds {args.slice_kinds}: of {', '.join(SLICE_KINDS)}")
-        text = slices_report(args.slices, kinds)
+        if args.attribute and (why := sched_trace.available()):
+            ap.error(f"--attribute: {why}")
+        if not 0 <= args.attribute <= args.slices:
+            ap.error(f"--attribute {args.attribute}: between 0 and --slices ({args.slices})")
+        text = slices_report(args.slices, kinds, args.attribute)
         print(text)
         if args.out:
             replace_section(args.out, f"{SLICES_TITLE}\n\n{text}", SLICES_SECTION)
