@@ -91,6 +91,13 @@ def test_bad_flag():
     assert r.returncode == 2 and "not a duration: 'soon'" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("gate", [["--release", "agreed"], ["--overflow", "block"]])
+def test_yielding_with_a_gate_the_native_waits_on_is_one_line_before_anything_starts(tmp_path, gate):
+    r = run_cli("shadow", str(tmp_path / "x.tdm"), "--analysis", "kasan", "--analysis-priority", "yield", *gate)
+    assert_one_line_error(r, "--analysis-priority yield", gate[0])
+    assert not (tmp_path / "x.tdm").exists()
+
+
 def test_refuses_to_overwrite_a_recording(demo_bundle):
     assert_one_line_error(run_cli("record", str(demo_bundle)), str(demo_bundle), "not empty")
 

@@ -117,13 +117,12 @@ def _attach_live(args) -> int:
         raise TandemError("no analysis given (--analysis, --analysis-kernel or --overlay)")
     if args.forward and args.port is not None:
         raise TandemError("--port is tandem's guest's service; forward your VM's ports with --forward")
+    options = ShadowOptions(port=args.port, duration_ns=args.duration or 0, drain=not args.no_drain,
+                            **gate_options(args), **analysis_run_options(args), cpu_idle=args.cpu_idle,
+                            stop=args.stop, shutdown_timeout_s=args.shutdown_timeout,
+                            record_mode=args.mode, analysis_vcpus=args.analysis_vcpus)     # checked before a build
     build_for_analyses(analyses, noise=False)
-    sh = follow(args.uri, args.domain, analyses, bundle=args.bundle,
-                options=ShadowOptions(port=args.port, duration_ns=args.duration or 0, drain=not args.no_drain,
-                                      **gate_options(args),
-                                      **analysis_run_options(args), cpu_idle=args.cpu_idle,
-                                      stop=args.stop, shutdown_timeout_s=args.shutdown_timeout,
-                                      record_mode=args.mode, analysis_vcpus=args.analysis_vcpus),
+    sh = follow(args.uri, args.domain, analyses, bundle=args.bundle, options=options,
                 forwards=tuple(args.forward) if args.forward else None, root=args.root,
                 users_options=bool(args.analysis_kernel or args.overlay),
                 workdir=Path(args.workdir) if args.workdir else None, on_finding=print_live_finding)

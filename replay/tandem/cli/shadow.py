@@ -107,9 +107,10 @@ def cmd_shadow(args) -> int:
         raise TandemError("--forward, --root, --analysis-kernel and --overlay go with --disk (your own VM)")
     if users and args.port is not None:
         raise TandemError("--port is the demo guest's service; forward your VM's ports with --forward")
+    options = options_from(args)        # checked before a build
     build_for(record_targets(args), "recording")
     build_for_analyses(analyses, noise=False)
-    sh = ShadowRun(args.bundle, analyses, options_from(args), libvirt=domains, on_finding=print_live_finding,
+    sh = ShadowRun(args.bundle, analyses, options, libvirt=domains, on_finding=print_live_finding,
                    workdir=Path(args.workdir) if args.workdir else None,
                    guest=guest_from_args(args) if users or not domains else None,
                    forwards=tuple(args.forward) if users else None, root=args.root)

@@ -52,8 +52,8 @@ from pathlib import Path
 from ..lifecycle import Lifecycle
 
 WINDOW_S = 0.1          # how often the native's CPU time is read
-# Busy: over a fifth of a CPU in a window. The 2-vCPU reference VM idle at its login
-# prompt under TCG used some 2% of a CPU (its timer ticks); under wrk, 160%.
+# Busy: over a fifth of a CPU in a window. The 2-vCPU reference VM idle (nginx and redis
+# up, no client) under TCG used some 7% of a CPU; under wrk, 160%.
 BUSY_CPU = 0.2
 CALM_WINDOWS = 2        # quiet this many windows in a row (200 ms) before the analyses go on
 THREADS_S = 1.0         # how often the native's thread list is read again
@@ -134,7 +134,8 @@ def start_time(pid: int) -> int | None:
 def _stat(pid: int) -> tuple[int | None, str]:
     """(pid's start time, its state letter: T when stopped); (None, "") once gone."""
     try:
-        stat = open(f"/proc/{pid}/stat", "rb").read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
         fields = stat[stat.rindex(b")") + 2:].split()
         return int(fields[19]), fields[0].decode()
     except (OSError, ValueError, IndexError):
@@ -243,7 +244,7 @@ class NativeLoad(Lifecycle):
         # not tandem's (qemu/vm.make_idle)
         self._proc = subprocess.Popen([sys.executable, "-m", __name__, str(self.pid), str(self.path), str(os.getpid())],
                                       env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-        if make_idle(self._proc.pid) != "none":     # not under TANDEM_IDLE_GROUP=0: see IDLE_SAMPLER
+        if make_idle(self._proc.pid) != "none":     # not under TANDEM_IDLE_GROUP=0 (the module's docstring)
             try:
                 os.sched_setscheduler(self._proc.pid, os.SCHED_IDLE, os.sched_param(0))
             except OSError:
