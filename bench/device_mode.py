@@ -42,9 +42,10 @@ the same machine) and its median given with a bootstrap interval:
   slices: A/A          `tandem record --mode device`, nothing stopped: what the method
                        reads when the two halves differ in nothing
   slices: 2 shadows yielding the 2 shadows under --analysis-priority yield
-With --attribute K, the last K pairs of each configuration are also traced (perf's
-scheduler events, bench/sched_trace.py): the native's run-queue wait per request behind
-the processes the configuration adds, which the trace resolves where the ratios cannot.
+With --attribute K, K more pairs of each configuration are traced (perf's scheduler
+events, bench/sched_trace.py; not in the ratios, as the tracing is load of its own): the
+native's run-queue wait per request behind the processes the configuration adds, which
+the trace resolves where the ratios cannot.
 
 Usage: python bench/device_mode.py --runs 3 [--shadows 1,2 [--shadows-in /dev/shm]] [--slices 20] --out docs/benchmarks.md
 """
@@ -252,9 +253,8 @@ def slice_run(tmp: Path, kind: str, pairs: int, attribute: int = 0) -> tuple[lis
     it; once nginx answers (and the shadows have booted), `pairs` pairs of wrk slices,
     one with what `kind` adds to the recording stopped and one with it running. Per
     pair: the on/off ratios of the native's run-queue wait, CPU time and involuntary
-    switches per request. The last `attribute` pairs are traced too: the native's wait
-    per request behind what the configuration adds, running and stopped (None
-    untraced)."""
+    switches per request. Then `attribute` more pairs, traced: the native's wait per
+    request behind what the configuration adds, running and stopped (None untraced)."""
     d = Path(tempfile.mkdtemp(dir=tmp))
     http = free_port()
     ref = artifacts.refvm()
@@ -308,15 +308,16 @@ def slice_run(tmp: Path, kind: str, pairs: int, attribute: int = 0) -> tuple[lis
             return {"runq": (w1 - w0) / n, "cpu": (c1 - c0) / n, "invol": (s1 - s0) / n}
         out = []
         trace = None
-        for i in range(pairs):
+        for i in range(pairs + attribute):
             first = i % 2 == 0
-            traced = i >= pairs - attribute
+            traced = i >= pairs     # after the ratios' pairs: tracing is load of its own, more with more to trace
             if traced and trace is None:
                 trace = sched_trace.record(d / "sched.data")
                 time.sleep(2)       # perf's start (its first events come some 0.5 s after it is run)
             a, b = one(first, traced), one(not first, traced)
             on, off = (a, b) if first else (b, a)
-            out.append({k: on[k] / off[k] for k in on if off[k]})
+            if not traced:
+                out.append({k: on[k] / off[k] for k in on if off[k]})
         blame = None
         if trace is not None:
             sched_trace.stop(trace)
@@ -428,7 +429,8 @@ def slices_report(pairs: int, kinds: tuple[str, ...] = SLICE_KINDS, attribute: i
                      f"{statistics.median(x['cpu'] for x in r):.3f}x | "
                      f"{statistics.median(x['invol'] for x in r):.3f}x | {target} |")
     if attribute:
-        lines += ["", f"Traced (perf's scheduler events, the last {attribute} pairs of each; bench/sched_trace.py): "
+        lines += ["", f"Traced (perf's scheduler events, {attribute} more pairs of each, not in the ratios above; "
+                  "bench/sched_trace.py): "
                   "the native's run-queue wait per request, and its part behind the processes the configuration "
                   "adds (tandem's, its analysis VMs and their helpers, the loops), which ran on the CPU the native "
                   "thread then ran on.", "",
@@ -544,7 +546,7 @@ def main() -> int:
     ap.add_argument("--slice-kinds", metavar="KINDS", help="with --slices: only these configurations "
                     f"(comma-separated, of: {', '.join(SLICE_KINDS)})")
     ap.add_argument("--attribute", type=int, default=0, metavar="K",
-                    help="with --slices: also trace the last K pairs of each configuration with perf "
+                    help="with --slices: also K more pairs of each configuration, traced with perf "
                          "(the native's wait behind what the configuration adds)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -554,8 +556,8 @@ def main() -> int:
             ap.error(f"--slice-kinds {args.slice_kinds}: of {', '.join(SLICE_KINDS)}")
         if args.attribute and (why := sched_trace.available()):
             ap.error(f"--attribute: {why}")
-        if not 0 <= args.attribute <= args.slices:
-            ap.error(f"--attribute {args.attribute}: between 0 and --slices ({args.slices})")
+        if not 0 <= args.attribute <= 100:
+            ap.error(f"--attribute {args.attribute}: between 0 and 100")
         text = slices_report(args.slices, kinds, args.attribute)
         print(text)
         if args.out:

@@ -26,9 +26,8 @@ the sealed bundle at the end).
 The sampler is a process of its own, its verdict in a shared page that tandem's threads
 read. A thread of tandem's would share the interpreter's lock with the idle-priority
 threads that follow the native and drive the analyses: one of those, preempted by the
-native while it holds the lock, kept such a thread from its next sample for as long as
-the native was busy (the analyses then went on, unheld, in the perf trace of a first
-try). The sampler runs at idle priority too, in the analyses' idle cgroup: each of its
+native while it holds the lock, would keep such a thread from its next sample for as
+long as the native is busy, and the analyses would go on unheld. The sampler runs at idle priority too, in the analyses' idle cgroup: each of its
 wake-ups on this machine took some 0.3 ms of CPU, and at normal priority, 20 a second,
 the native waited behind them 4.5 us per request. Idle, it runs when a CPU is free,
 which is when it has something to decide: a native that keeps every CPU busy leaves
