@@ -2,7 +2,8 @@
 # Install the Debian packages tandem needs on a Debian 12 host.
 #
 #   scripts/host-deps.sh           install what is missing (as root, or through sudo)
-#   scripts/host-deps.sh --dev     also the developer scripts' (git: fresh-check.sh, stress-ng: ci-under-load.sh)
+#   scripts/host-deps.sh --dev     also the developer scripts' (git: fresh-check.sh, stress-ng: ci-under-load.sh,
+#                                  linux-perf: bench/device_mode.py --attribute)
 #   scripts/host-deps.sh --test    also the test suite's own (./tandem test and ./tandem bench pass it)
 #   scripts/host-deps.sh --freebsd also what building FreeBSD guests takes (Debian's LLVM 19)
 #   scripts/host-deps.sh --list    print the packages, one a line (with --dev, --test: those too)
@@ -47,6 +48,8 @@ DEV_PKGS=(
   git
   # scripts/ci-under-load.sh: CI while the machine is loaded
   stress-ng
+  # bench/device_mode.py --attribute: the scheduler traced (bench/sched_trace.py)
+  linux-perf
 )
 # Only the tests call these: a newcomer's ./tandem demo does not wait for a browser and a
 # database server (861 MB with their dependencies on a clean Debian 12 root) it never uses.
