@@ -320,9 +320,10 @@ class ShadowRun(Lifecycle):
         load = self.load
         if load is None:
             return
-        load.register({f.run.qemu_pid for f in self.followers if f.run is not None and f.run.qemu_pid})
-        while not self._stop and not load.wait_calm(YIELD_POLL_S):
+        while True:
             load.register({f.run.qemu_pid for f in self.followers if f.run is not None and f.run.qemu_pid})
+            if self._stop or load.wait_calm(YIELD_POLL_S):
+                return
 
     def _yielding(self, events):
         """The device log's events, waiting while the native is busy every YIELD_EVENTS
