@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,13 @@ def native_bundle(built, tmp_path_factory) -> Path:
     return record_demo(tmp_path_factory.mktemp("rec") / "native.tdm", rounds=4, flavor="native")
 
 
-def copy(src: Path, tmp_path: Path) -> Path:
-    dst = tmp_path / "altered.tdm"
+@pytest.fixture(scope="module")
+def smp_bundle(built, tmp_path_factory) -> Path:
+    return record_demo(tmp_path_factory.mktemp("smp") / "smp2.tdm", rounds=3, vcpus=2)
+
+
+def copy(src: Path, tmp_path: Path, name: str = "altered.tdm") -> Path:
+    dst = tmp_path / name
     shutil.copytree(src, dst)
     return dst
 
@@ -47,14 +53,17 @@ def test_an_altered_input_is_located_to_its_instruction(native_bundle, tmp_path)
     assert "departs from its recording exactly at instruction" in r.stdout + r.stderr
 
 
-def flip_rax(d: Path, k: int) -> pcapng.Event:
-    """Change one byte of vCPU 0's rax in the recorded checkpoint k, in place, and the
+def flip_rax(d: Path, k: int, cpu: int = 0) -> pcapng.Event:
+    """Change one byte of vCPU `cpu`'s rax in the recorded checkpoint k, in place, and the
     manifest's hash of the device log with it."""
     log = pcapng.read_devlog(d / bundle.DEVLOG)
     cp = log.states[k]
     assert cpustate.register_names(log, cp)[0] == "rax"
+    off = 0     # the vCPU's block in the record: its index and length (8), then its registers
+    while (head := struct.unpack_from("<II", cp.data, off))[0] != cpu:
+        off += 8 + head[1]
     # EPB head (28), tandem's record header (16), the vCPU's index and length (8), rax's length byte
-    at = cp.file_offset + 28 + 16 + 8 + 1
+    at = cp.file_offset + 28 + 16 + off + 8 + 1
     with open(d / bundle.DEVLOG, "r+b") as f:
         f.seek(at)
         b = f.read(1)
@@ -79,6 +88,34 @@ def test_a_checkpoint_that_differs_bounds_the_departure(native_bundle, tmp_path)
     assert name == "rax" and recorded is not None and recorded ^ replayed == 0x10
     assert dep.pc == cpustate.decode(log, k).pc() and dep.symbol and "+0x" in dep.symbol
     assert "rax recorded" in dep.mismatch.what
+
+
+def test_on_two_vcpus_the_departing_vcpu_is_shown_first_and_the_others_after(smp_bundle, tmp_path):
+    """The demo guest on 2 vCPUs (exact, qemu-patches/0038): a register of vCPU 1 changed in
+    a checkpoint is located to vCPU 1, its registers shown, vCPU 0's pc after it; an input
+    changed is located exactly, with both vCPUs' pcs where the replay stood."""
+    d = copy(smp_bundle, tmp_path, "state.tdm")
+    log = pcapng.read_devlog(d / bundle.DEVLOG)
+    k = len(log.states) // 2
+    flip_rax(d, k, cpu=1)
+    dep = locate(d)
+    assert dep is not None and dep.how == "state" and dep.mismatch.index == k
+    assert dep.vcpu == 1 and [v.index for v in dep.vcpus] == [1, 0], dep.vcpus
+    name, recorded, replayed = dep.registers[0]
+    assert name == "rax" and recorded is not None and recorded ^ replayed == 0x10
+    assert all(a == b for _, a, b in dep.vcpus[1].registers)
+    assert (dep.pc, dep.vcpus[1].pc) == (cpustate.decode(log, k).pc(1), cpustate.decode(log, k).pc(0))
+
+    d = copy(smp_bundle, tmp_path, "input.tdm")
+    altered = alter_frame(d, after_ns=log.events[len(log.events) // 2].vm_ns)
+    r = run_cli("replay", str(d), "--locate", "--json", timeout=900)
+    assert r.returncode == 1, r.stderr
+    dep = json.loads(r.stdout.splitlines()[0])
+    assert dep["how"] == "input" and dep["icount"] == altered.icount, dep
+    assert dep["vcpu"] is None      # a frame in is delivered from the main loop: no vCPU's access
+    assert [v["index"] for v in dep["vcpus"]] == [0, 1] and all(v["pc"] for v in dep["vcpus"]), dep["vcpus"]
+    assert dep["pc"] == dep["registers"]["rip"]["replayed"] == dep["vcpus"][0]["pc"]
+    assert f"vCPU 1: pc {dep['vcpus'][1]['pc']:#x}" in r.stdout + r.stderr, r.stderr
 
 
 def test_a_replay_that_matches_has_nothing_to_locate(native_bundle):

@@ -126,7 +126,7 @@ def kernel_for_bundle(bundle_dir: str | Path) -> Kernel:
     smap, config = kpath.parent / "System.map", kpath.parent / "config"
     if not vmlinux.is_file() or not smap.is_file():
         raise TandemError(f"{d}: its kernel {kpath} has no vmlinux (or kernel.debug) and System.map "
-                          f"next to it (assertions need the kernel's symbols: record a built kernel flavor)")
+                          f"next to it (its code is named from its symbols: record a built kernel flavor)")
     if config.is_file() and "\nCONFIG_SMP=y" in config.read_text():
         raise TandemError(f"{config}: an SMP kernel (the current task is per CPU): "
                           f"assertions support uniprocessor kernels only")

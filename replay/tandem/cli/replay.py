@@ -137,6 +137,7 @@ def departure_json(dep) -> dict:
     return {"how": dep.how, "first_difference": str(dep.mismatch), "icount": dep.icount, "vm_ns": dep.vm_ns,
             "agreed_icount": dep.agreed_icount, "window": dep.window, "pc": dep.pc, "symbol": dep.symbol,
             "registers": {name: {"recorded": a, "replayed": b} for name, a, b in dep.registers},
+            "vcpu": dep.vcpu, "vcpus": [{"index": v.index, "pc": v.pc, "symbol": v.symbol} for v in dep.vcpus],
             "led_to": str(dep.led_to) if dep.led_to else None, "checkpoints": dep.checkpoints}
 
 
@@ -156,15 +157,38 @@ def render_departure(dep) -> str:
                      f"({dep.window} instructions before)" if dep.agreed_icount is not None else
                      "  after: power-on (no state checkpoint before it; a bundle recorded without them "
                      "has none)" if not dep.checkpoints else "  after: power-on (no checkpoint agreed)")
-    pc = f"{dep.pc:#x}" if dep.pc is not None else "?"
-    lines.append(f"  guest pc: {pc} {dep.symbol or ''}".rstrip())
-    rows = [f"{name}={'' if a is None or a == b else f'{a:#x}->'}{'-' if b is None else f'{b:#x}'}"
-            for name, a, b in dep.registers[:REGISTERS_SHOWN]]
-    if rows:
-        lines.append("  registers" + (" (recorded->replayed where they differ)" if dep.how == "state" else "")
-                     + ": " + " ".join(rows))
+    lines += _vcpu_lines(dep) or ["  guest pc: ?"]
     lines.append(f"  led to: {dep.led_to}" if dep.led_to else "  led to: no output that differs")
     return "\n".join(lines)
+
+
+def _vcpu_lines(dep) -> list[str]:
+    """The first vCPU's pc and registers; on several vCPUs, whose they are and the
+    others' pcs after them."""
+    lines = []
+    for n, v in enumerate(dep.vcpus):
+        if n:
+            said = v.symbol == dep.vcpus[0].symbol and (v.symbol or "").startswith("not named")
+            lines.append(f"  vCPU {v.index}: pc {_pc(v.pc)} {'(not named, as above)' if said else v.symbol or ''}".rstrip())
+            continue
+        whose = "" if len(dep.vcpus) == 1 else f" (vCPU {v.index}: {_whose(dep)})"
+        lines.append(f"  guest pc{whose}: {_pc(v.pc)} {v.symbol or ''}".rstrip())
+        rows = [f"{name}={'' if a is None or a == b else f'{a:#x}->'}{'-' if b is None else f'{b:#x}'}"
+                for name, a, b in v.registers[:REGISTERS_SHOWN]]
+        if rows:
+            lines.append("  registers" + (" (recorded->replayed where they differ)" if dep.how == "state" else "")
+                         + ": " + " ".join(rows))
+    return lines
+
+
+def _pc(pc: int | None) -> str:
+    return f"{pc:#x}" if pc is not None else "?"
+
+
+def _whose(dep) -> str:
+    if dep.vcpu is None:
+        return "the first; the difference names no vCPU"
+    return "its registers differ" if dep.how == "state" else "its access made the event"
 
 
 def cmd_analyze(args) -> int:

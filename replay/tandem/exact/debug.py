@@ -43,9 +43,24 @@ BUDGET = 8 << 30           # bytes of snapshots at most (QEMU stores each guest 
 RETRY_S = 0.02             # host seconds on, when the replay cannot be snapshotted where it stopped
 POLL_S = 0.01
 START = "tandem-0"
-# x86's `info registers`: "RAX=ffffffff81e0b0c0 RBX=... R8 =0000000000000000"; the segment
-# lines ("CS =0010 ...") name no register matched here.
-HMP_REGISTER = re.compile(r"\b(R[A-Z0-9]{1,2}|RIP|RFL|CR[0-4]) ?=([0-9a-f]+)\b")
+# x86's `info registers`: "RAX=ffffffff81e0b0c0 RBX=... R8 =0000000000000000" in long mode,
+# "EAX=00000000 ... EIP=0000fff0 EFL=00000002" outside it; the segment lines ("CS =0010
+# ...", "ES =0000 ...") name no register matched here.
+HMP_REGISTER = re.compile(r"\b([RE](?:AX|BX|CX|DX|SI|DI|BP|SP|IP|FL)|R(?:8|9|1[0-5])|CR[0-4]) ?=([0-9a-f]+)\b")
+FLAGS = {"rfl": "eflags", "efl": "eflags"}    # gdb's name
+
+
+CPU_HEADER = re.compile(r"^CPU#(\d+)\r?$", re.M)      # HMP ends its lines with CRLF
+
+
+def parse_registers(text: str) -> dict[int, dict[str, int]]:
+    """`info registers -a`'s answer by vCPU: each vCPU's dump follows a "CPU#N" line."""
+    parts = CPU_HEADER.split(text)
+    out: dict[int, dict[str, int]] = {}
+    for index, dump in zip(parts[1::2], parts[2::2]):
+        regs = {m.group(1).lower(): int(m.group(2), 16) for m in HMP_REGISTER.finditer(dump)}
+        out[int(index)] = {FLAGS.get(name, name): v for name, v in regs.items()}
+    return out
 
 
 @dataclass(frozen=True)
@@ -107,14 +122,11 @@ class Session:
             raise InfraError(f"replay-break {icount}: the replay stopped at {self.icount()} "
                              f"({self.vm.log_tail()})")
 
-    def registers(self) -> dict[str, int]:
-        """vCPU 0's registers where the replay stands, from QEMU's `info registers` (x86:
-        RAX..R15, RIP, RFL, CR0..CR4; lower-cased, RFL as eflags: gdb's names)."""
-        text = _hmp(self.vm, "info registers")
-        regs = {m.group(1).lower(): int(m.group(2), 16) for m in HMP_REGISTER.finditer(text)}
-        if "rfl" in regs:
-            regs["eflags"] = regs.pop("rfl")
-        return regs
+    def registers_all(self) -> dict[int, dict[str, int]]:
+        """Every vCPU's registers where the replay stands, by vCPU index, from QEMU's `info
+        registers -a` (x86: RAX..R15, RIP, RFL, CR0..CR4, or EAX..EIP, EFL outside long
+        mode; lower-cased, the flags as eflags: gdb's names)."""
+        return parse_registers(_hmp(self.vm, "info registers -a"))
 
     def icount_at(self, vm_ns: int) -> int:
         """The instruction count at which the replay's VM clock reaches vm_ns, from the

@@ -19,6 +19,13 @@ The replay is then run again, paused at power-on, to the departure's instruction
 (replay-break; forward only, no snapshots needed) for its registers, and its program
 counter is named by the caller's `name` (the CLI's: explain.native.describe_pc, from the
 native's kernel). "Led to" is the first output that differs at or after the departure.
+
+On a machine with several vCPUs each is shown, the one the difference names first: the
+vCPU whose checkpointed registers differ, or the one whose access made the event (the
+device log says which for MMIO and port I/O: a disk request, a serial byte out; a frame
+in is delivered from the main loop and names none). The others follow with their program
+counters: under QEMU's round-robin TCG one vCPU ran the instruction counted, and the
+cause may lie in what another did before.
 """
 from __future__ import annotations
 
@@ -37,6 +44,15 @@ from .verify import Mismatch, first_mismatch
 
 
 @dataclass(frozen=True)
+class VcpuAt:
+    """One vCPU where the replay was stopped."""
+    index: int
+    pc: int | None
+    symbol: str | None              # the pc in the native's kernel, or why it is not named
+    registers: tuple[tuple[str, int | None, int | None], ...]   # (name, recorded, replayed)
+
+
+@dataclass(frozen=True)
 class Departure:
     how: str                        # "input", "state" or "output": what differed first
     mismatch: Mismatch              # that first difference
@@ -44,11 +60,22 @@ class Departure:
     vm_ns: int | None
     agreed_icount: int | None       # the last state checkpoint that agreed (None: none did)
     agreed_vm_ns: int | None
-    pc: int | None
-    symbol: str | None              # the pc in the native's kernel, or why it is not named
-    registers: tuple[tuple[str, int | None, int | None], ...]   # (name, recorded, replayed)
+    vcpu: int | None                # the vCPU the first difference names (None: it names none)
+    vcpus: tuple[VcpuAt, ...]       # every vCPU, that one (else the first) first
     led_to: Mismatch | None         # the first output that differs, at or after the departure
     checkpoints: int                # the recording's state checkpoints
+
+    @property
+    def pc(self) -> int | None:
+        return self.vcpus[0].pc if self.vcpus else None
+
+    @property
+    def symbol(self) -> str | None:
+        return self.vcpus[0].symbol if self.vcpus else None
+
+    @property
+    def registers(self) -> tuple[tuple[str, int | None, int | None], ...]:
+        return self.vcpus[0].registers if self.vcpus else ()
 
     @property
     def window(self) -> int | None:
@@ -83,19 +110,34 @@ def _departure(d: Path, m: Mismatch, recorded: pcapng.Devlog, replayed: pcapng.D
     at = _at(m, recorded)
     agreed = _last_agreed(recorded, m, at)
     if how == "state":
-        regs = _checkpoint_registers(recorded, replayed, m.index)
-        pc = cpustate.decode(replayed, m.index).pc()
+        cpu, regs = _checkpoint_registers(recorded, replayed, m.index)
     else:
         if progress:
             progress(f"replaying to instruction {at}")
         with debug(d, None, index=False) as session:
             session.run_to(at)
-            now = session.registers()
-        regs = tuple((reg, None, value) for reg, value in now.items())
-        pc = now.get("rip")
+            now = session.registers_all()
+        cpu = _event_vcpu(m, recorded, replayed)
+        regs = {i: tuple((reg, None, value) for reg, value in r.items()) for i, r in now.items()}
+    order = sorted(regs, key=lambda i: (i != cpu, i))
+    vcpus = tuple(_vcpu_at(i, regs[i], name) for i in order)
     return Departure(how, m, at, m.vm_ns, agreed.icount if agreed else None, agreed.vm_ns if agreed else None,
-                     pc, name(pc) if name and pc is not None else None, regs, _led_to(recorded, replayed),
-                     len(recorded.states))
+                     cpu if cpu in regs else None, vcpus, _led_to(recorded, replayed), len(recorded.states))
+
+
+def _vcpu_at(index: int, registers, name: Callable[[int], str] | None) -> VcpuAt:
+    values = {reg: b for reg, _a, b in registers}
+    pc = next((values[r] for r in ("rip", "eip", "pc") if values.get(r) is not None), None)
+    return VcpuAt(index, pc, name(pc) if name and pc is not None else None, registers)
+
+
+def _event_vcpu(m: Mismatch, recorded: pcapng.Devlog, replayed: pcapng.Devlog) -> int | None:
+    """The vCPU whose access made the event that differs, where the log says: the recorded
+    one's, else the replayed one's."""
+    for log in (recorded, replayed):
+        if m.index < len(log.events) and log.events[m.index].vcpu is not None:
+            return log.events[m.index].vcpu
+    return None
 
 
 def _how(m: Mismatch, recorded: pcapng.Devlog) -> str:
@@ -122,12 +164,18 @@ def _last_agreed(recorded: pcapng.Devlog, m: Mismatch, at: int) -> pcapng.Event 
 
 
 def _checkpoint_registers(recorded: pcapng.Devlog, replayed: pcapng.Devlog, k: int):
-    """vCPU 0's registers at checkpoint k, recorded and replayed (those that differ first)."""
+    """Every vCPU's registers at checkpoint k, recorded and replayed (per vCPU those that
+    differ first), and the first vCPU whose registers differ."""
     rec, rep = cpustate.decode(recorded, k), cpustate.decode(replayed, k)
-    a = dict(rec.cpus[0].registers) if rec.cpus else {}
-    b = dict(rep.cpus[0].registers) if rep.cpus else {}
-    rows = [(name, _int(a.get(name)), _int(b.get(name))) for name in dict.fromkeys([*a, *b])]
-    return tuple(sorted(rows, key=lambda r: r[1] == r[2]))
+    diffs = cpustate.differences(rec, rep)
+    a = {c.index: dict(c.registers) for c in rec.cpus}
+    b = {c.index: dict(c.registers) for c in rep.cpus}
+    regs = {}
+    for i in dict.fromkeys([*a, *b]):
+        ra, rb = a.get(i, {}), b.get(i, {})
+        rows = [(name, _int(ra.get(name)), _int(rb.get(name))) for name in dict.fromkeys([*ra, *rb])]
+        regs[i] = tuple(sorted(rows, key=lambda r: r[1] == r[2]))
+    return (diffs[0][0] if diffs else None), regs
 
 
 def _at(m: Mismatch, recorded: pcapng.Devlog) -> int:
