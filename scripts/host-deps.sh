@@ -48,8 +48,12 @@ DEV_PKGS=(
   git
   # scripts/ci-under-load.sh: CI while the machine is loaded
   stress-ng
-  # bench/device_mode.py --attribute: the scheduler traced (bench/sched_trace.py)
+  # bench/device_mode.py --attribute: the scheduler traced (bench/sched_trace.py);
+  # bench/devlog_profile.py: the native QEMU sampled (bench/cpu_profile.py)
   linux-perf
+  # scripts/qemu-series.sh make-check / each: a QEMU tree built from source finds its
+  # NICs' option ROMs here (Debian's QEMU package depends on it; tandem's build does not)
+  ipxe-qemu
 )
 # Only the tests call these: a newcomer's ./tandem demo does not wait for a browser and a
 # database server (861 MB with their dependencies on a clean Debian 12 root) it never uses.

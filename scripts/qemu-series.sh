@@ -45,6 +45,15 @@ if [ "${1:-}" = --upstream ]; then
   shift
 fi
 IDENT=(-c user.name=tandem -c user.email=tandem@localhost)
+# QEMU 10.0's configure needs meson 1.5 or later (Debian 12 has 1.0.1) and, with
+# --disable-download, finds it only in its Python's environment: tandem's venv has it
+# (./tandem setup), and ./tandem exports TANDEM_PYTHON as build-qemu.sh uses it.
+if [ -z "${TANDEM_PYTHON:-}" ]; then
+  for v in "$CACHE"/venv-*/bin/python3; do
+    [ -x "$v" ] && "$v" -c 'import mesonbuild' 2>/dev/null && { TANDEM_PYTHON=$v; break; }
+  done
+fi
+PY=${TANDEM_PYTHON:-python3}
 die() { echo "qemu-series: $*" >&2; exit 1; }
 
 dsc() {
@@ -79,7 +88,7 @@ build_tree() {
     # Debian's source has no firmware blobs (linked from its packages below)
     local cc="gcc"
     command -v ccache >/dev/null && cc="ccache gcc"
-    (cd "$tree/build" && ../configure --python="${TANDEM_PYTHON:-python3}" --cc="$cc" --target-list=x86_64-softmmu \
+    (cd "$tree/build" && ../configure --python="$PY" --cc="$cc" --target-list=x86_64-softmmu \
       --disable-download --disable-install-blobs --disable-docs --disable-werror "$@" >configure.log 2>&1) ||
       { tail -n 30 "$tree/build/configure.log" >&2; die "configure failed (log: $tree/build/configure.log)"; }
   fi
@@ -99,7 +108,7 @@ functional() {
   # A skipped test fails here: each one is meant to run.
   (cd "$1/build" && QEMU_TEST_QEMU_BINARY=$PWD/qemu-system-x86_64 QEMU_TEST_QEMU_IMG=$PWD/qemu-img \
     QEMU_BUILD_ROOT=$PWD QEMU_TEST_FLAKY_TESTS=1 PYTHONPATH=$1/python:$1/tests/functional \
-    timeout 600 "${TANDEM_PYTHON:-python3}" "$1/tests/functional/$2.py" >"$2.log" 2>&1) &&
+    timeout 600 "$PY" "$1/tests/functional/$2.py" >"$2.log" 2>&1) &&
     grep -q '^ok ' "$1/build/$2.log" && ! grep -qE '^not ok |# SKIP' "$1/build/$2.log"
 }
 
@@ -121,7 +130,7 @@ q.update(binary=f"{tree}/build/qemu-system-x86_64", img=f"{tree}/build/qemu-img"
          plugin_include=f"{tree}/include", build_id=f"series-{commit}", stock=stock == "true")
 json.dump(q, open(path, "w"))
 ' "$b/qemu.json" "$1" "$3" "$stock"
-  (cd "$ROOT" && TANDEM_BUILD_DIR=$b PYTHONPATH=replay:tests timeout 1800 "${TANDEM_PYTHON:-python3}" -m pytest -q \
+  (cd "$ROOT" && TANDEM_BUILD_DIR=$b PYTHONPATH=replay:tests timeout 1800 "$PY" -m pytest -q \
     -p no:cacheprovider --basetemp "$1/build/suite-$2" tests/test_record_replay.py) >"$1/build/suite-$2.log" 2>&1
 }
 
