@@ -3,7 +3,8 @@
 #
 #   scripts/host-deps.sh           install what is missing (as root, or through sudo)
 #   scripts/host-deps.sh --dev     also the developer scripts' (git: fresh-check.sh, stress-ng: ci-under-load.sh,
-#                                  linux-perf: bench/device_mode.py --attribute)
+#                                  linux-perf: bench/device_mode.py --attribute, bench/devlog_profile.py;
+#                                  ipxe-qemu: qemu-series.sh make-check)
 #   scripts/host-deps.sh --test    also the test suite's own (./tandem test and ./tandem bench pass it)
 #   scripts/host-deps.sh --freebsd also what building FreeBSD guests takes (Debian's LLVM 19)
 #   scripts/host-deps.sh --list    print the packages, one a line (with --dev, --test: those too)

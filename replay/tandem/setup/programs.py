@@ -122,7 +122,8 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     *_p("lld-19", "the FreeBSD guest's kernel and init (ld.lld)", "ld.lld-19", implicit=True),
     *_p("llvm-19", "the FreeBSD guest's kernel (llvm-ar, llvm-nm, llvm-objcopy ...)", "llvm-ar-19", implicit=True),
     *_p("stress-ng", "scripts/ci-under-load.sh loads the machine while CI runs", "stress-ng"),
-    *_p("linux-perf", "bench/device_mode.py --attribute traces the scheduler (bench/sched_trace.py)", "perf"),
+    *_p("linux-perf", "bench/device_mode.py --attribute traces the scheduler (bench/sched_trace.py); "
+        "bench/devlog_profile.py samples the native QEMU (bench/cpu_profile.py)", "perf"),
     # The tests' own (scripts/host-deps.sh --test: `./tandem test` and `./tandem bench` install them).
     *_p("chromium", "the farm's HTML report opened as a reader sees it (tests)", "chromium"),
     *_p("chromium-driver", "drives that headless Chromium (tests, through selenium)", "chromedriver"),
