@@ -48,8 +48,6 @@ START = "tandem-0"
 # ...", "ES =0000 ...") name no register matched here.
 HMP_REGISTER = re.compile(r"\b([RE](?:AX|BX|CX|DX|SI|DI|BP|SP|IP|FL)|R(?:8|9|1[0-5])|CR[0-4]) ?=([0-9a-f]+)\b")
 FLAGS = {"rfl": "eflags", "efl": "eflags"}    # gdb's name
-
-
 CPU_HEADER = re.compile(r"^CPU#(\d+)\r?$", re.M)      # HMP ends its lines with CRLF
 
 
