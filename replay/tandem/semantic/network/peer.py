@@ -129,6 +129,24 @@ def _reset_while_starting(fl: PeerFlow, answered: set[tuple[bytes, int]]) -> boo
         and (fl.refusals > 0 or fl.syns_unanswered > 0 or fl.server not in answered)
 
 
+def _reset_applies(fl: PeerFlow, f: netpkt.Frame) -> bool:
+    """Does the guest's reset apply to the connection as it stands (RFC 9293 3.10.7,
+    RFC 5961 3.2)? Opening, one that acknowledges the SYN; refused and waiting to be
+    tried again, none; after the handshake, one in the receive window. Any other answers
+    a segment of an earlier try and is dropped: a listening socket that closes while its
+    service starts (`nginx -t`) resets what it took, and the request and FIN the peer had
+    in flight then reach no socket and draw a reset each, as two SYNs a slow guest
+    answers late draw two refusals. Taken, the second ended the connection being tried
+    again, and the native's answer on it was a false "missing"."""
+    if fl.state == TcpState.SYN_SENT:
+        return bool(f.flags & ACK) and f.ack == fl.seq(1)
+    if fl.state == TcpState.REFUSED:
+        return False
+    if fl.state in (TcpState.ESTABLISHED, TcpState.SYN_RECEIVED):
+        return (f.seq - fl.rcv_nxt) & 0xFFFFFFFF < PEER_WINDOW
+    return True
+
+
 class Peer:
     def __init__(self, router_advert=lambda: None) -> None:
         """router_advert(): the router advertisement to answer a router solicitation with
@@ -308,7 +326,8 @@ class Peer:
     def _on_segment(self, fl: PeerFlow, f: netpkt.Frame, now: int) -> list[bytes]:
         """A segment of the guest's on a connection the peer plays: what to send back."""
         if f.flags & RST:
-            self._on_reset(fl, now)
+            if _reset_applies(fl, f):
+                self._on_reset(fl, now)
             return []
         if fl.state == TcpState.SYN_RECEIVED:
             if f.flags & SYN:                           # the guest's SYN again: our SYN-ACK once more
