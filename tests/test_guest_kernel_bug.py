@@ -13,7 +13,7 @@ import time
 
 import pytest
 from helpers import analyses, start_client, wait_until
-from helpers.live import run_until_native_stops
+from helpers.live import run_until_native_stops, summary_text
 from tandem import artifacts
 from tandem.explain.explain import explain, load_finding
 from tandem.live.shadow import ShadowOptions, ShadowRun
@@ -155,10 +155,10 @@ def test_a_live_shadow_reports_it_while_the_native_serves_on(built, tmp_path, mo
     s = sh.finish(timeout=1200)
     r, *others = s.results
     for o in others:        # lockdep: the bug is KASAN's to find
-        assert not o.findings and not o.divergences, ([f.title for f in o.findings], o.divergences[:2])
+        assert not o.findings and not o.divergences, summary_text(s)
     assert answers == [b"OK\n"]
     (bug,) = the_bug(r.findings) or [None]
-    assert bug is not None and not r.divergences, ([f.title for f in r.findings], r.divergences[:2])
+    assert bug is not None and not r.divergences, summary_text(s)
     port = f":{ref['udp_port']}, "
     assert [x for x in [bug.after_input, *bug.before] if x.startswith("frame") and port in x], \
         (bug.after_input, bug.before)

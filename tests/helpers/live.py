@@ -2,7 +2,12 @@
 sampled until it stops."""
 from __future__ import annotations
 
+import io
+
+from rich.console import Console
+
 from helpers import Client, start_client, wait_until
+from tandem.cli.render import print_summary
 from tandem.live.shadow import ShadowRun
 
 
@@ -36,3 +41,12 @@ def analyses_caught_up(sh: ShadowRun, each=None, timeout: float = 300) -> None:
         return not any(f.thread.is_alive() for f in sh.followers)
     wait_until(done, timeout, lambda: "the analyses to catch up: " + ", ".join(
         f"{f.analysis} {'running' if f.thread.is_alive() else 'done'}" for f in sh.followers))
+
+
+def summary_text(s) -> str:
+    """The summary as `tandem shadow` prints it (each divergence with its diff, the input
+    it came after, the replay limits), for an assertion's message: pytest shows a string
+    whole, where it cuts the repr of a list of divergences short of the lines that differ."""
+    out = io.StringIO()
+    print_summary(s, out=Console(file=out, width=200, highlight=False, soft_wrap=True))
+    return out.getvalue()
