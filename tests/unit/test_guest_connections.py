@@ -413,10 +413,9 @@ def test_resets_of_an_earlier_try_do_not_end_a_connection_being_retried(stray):
     took; the request and FIN the peer had in flight then reach no socket and draw a
     reset each (sequence number: the ACK they carried), and two SYNs a slow guest answers
     late draw two refusals. Those resets answer an earlier try: the connection, refused
-    and waiting to be tried again, goes on, and its answer is compared; ending it there
-    made the native's answer a false "missing" (1 run in 3 of the live KASAN test under
-    CI's load). Resets are taken as RFC 9293 takes them: in SYN-SENT one that acknowledges
-    the SYN, after it one in the receive window."""
+    and waiting to be tried again, goes on, and its answer is compared (ended there, the
+    native's answer would read as a false "missing"). Resets are taken as RFC 9293 takes
+    them: in SYN-SENT one that acknowledges the SYN, after it one in the receive window."""
     from tandem.semantic.network.peer import RTO_NS, SYN_RETRY_NS
     peer = Peer()
     (syn,) = map(netpkt.parse, peer.open(0, (HOST_IP, 40000), (GUEST_IP, 80), SMAC, GMAC, 0))

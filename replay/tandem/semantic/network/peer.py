@@ -136,8 +136,8 @@ def _reset_applies(fl: PeerFlow, f: netpkt.Frame) -> bool:
     a segment of an earlier try and is dropped: a listening socket that closes while its
     service starts (`nginx -t`) resets what it took, and the request and FIN the peer had
     in flight then reach no socket and draw a reset each, as two SYNs a slow guest
-    answers late draw two refusals. Taken, the second ended the connection being tried
-    again, and the native's answer on it was a false "missing"."""
+    answers late draw two refusals. Taken, such a reset would end the connection being
+    tried again, and the native's answer on it would read as a false "missing"."""
     if fl.state == TcpState.SYN_SENT:
         return bool(f.flags & ACK) and f.ack == fl.seq(1)
     if fl.state == TcpState.REFUSED:
